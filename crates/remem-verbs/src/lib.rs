@@ -1,1 +1,54 @@
-//! remem-verbs
+//! The provider-neutral RDMA verbs model of remem.
+//!
+//! Every remem provider — the userspace RoCEv2 stack (`remem-soft`) and the rdma-core
+//! provider (`remem-ibverbs`) — implements the object-safe traits in [`provider`]; the async
+//! API (`remem`) and the provider conformance suite are written once against them.
+//!
+//! The types mirror libibverbs (`ibv_*`) closely, so that an RDMA programmer recognises them:
+//! each item's documentation names the verbs type or constant it stands for.
+//!
+//! | verbs | here |
+//! |---|---|
+//! | `ibv_device`, `ibv_get_device_list` | [`DeviceInfo`], [`Provider::devices`] |
+//! | `ibv_context`, `ibv_query_device`, `ibv_query_port`, `ibv_query_gid` | [`Context`], [`DeviceAttr`], [`PortAttr`], [`GidEntry`] |
+//! | `ibv_pd`, `ibv_mr`, `ibv_reg_mr` | [`ProtectionDomain`], [`MemoryRegion`], [`MemRegion`] |
+//! | `ibv_cq`, `ibv_comp_channel`, `ibv_req_notify_cq` | [`CompletionQueue`], [`CompletionChannel`] |
+//! | `ibv_qp`, `ibv_modify_qp`, `ibv_qp_attr`, attribute masks | [`QueuePair`], [`QpAttr`], [`QpAttrMask`], [`check_modify`] |
+//! | `ibv_srq` | [`SharedReceiveQueue`] |
+//! | `ibv_ah` | [`AddressHandle`], [`AhAttr`] |
+//! | `ibv_send_wr`, `ibv_recv_wr`, `ibv_sge` | [`SendWr`], [`RecvWr`], [`Sge`] |
+//! | `ibv_wc` | [`WorkCompletion`], [`WcStatus`], [`WcOpcode`] |
+//! | `ibv_async_event` | [`AsyncEvent`] |
+//!
+//! Memory that a NIC or a remote peer reads and writes is owned by a [`MemoryBuffer`]; the
+//! module [`mem`] is the only place in remem's safe crates that uses `unsafe`.
+
+#![warn(missing_docs)]
+
+pub mod access;
+pub mod device;
+pub mod error;
+pub mod event;
+pub mod mem;
+pub mod provider;
+pub mod qp;
+pub mod types;
+pub mod wc;
+pub mod wr;
+
+pub use access::AccessFlags;
+pub use device::{AtomicCap, DeviceAttr, DeviceInfo, GidEntry, GidType, PortAttr};
+pub use error::{Error, MemError, PostError, Result};
+pub use event::{AsyncEvent, AsyncEventElement, AsyncEventType};
+pub use mem::{MemRegion, MemoryBuffer};
+pub use provider::{
+    AddressHandle, CompletionChannel, CompletionQueue, Context, Counter, CqId, MemoryRegion,
+    ProtectionDomain, Provider, QueuePair, SharedReceiveQueue, SrqAttr,
+};
+pub use qp::{
+    AhAttr, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RNR_RETRY_INFINITE,
+    check_modify,
+};
+pub use types::{Gid, LinkLayer, Mtu, PortState};
+pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
+pub use wr::{FlushLevel, FlushType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};

@@ -1,0 +1,703 @@
+//! Memory that a NIC — or, through it, a remote peer — reads and writes.
+//!
+//! This is the only module of remem's safe crates that uses `unsafe`. A [`MemoryBuffer`]
+//! owns an allocation with a stable address (heap memory it allocated, a caller's `Vec<u8>`,
+//! `Box<[u8]>` or `BytesMut`, or — through the unsafe [`MemoryBuffer::from_raw_parts`] —
+//! memory someone else owns, such as a file mapping), and never hands out references to it.
+//! Every access goes through methods that check bounds first.
+//!
+//! # The access model
+//!
+//! The software NIC writes into a buffer from its progress thread while the application may
+//! read the same buffer from another thread: a data race if both used plain loads and
+//! stores. So every access made here is an atomic access (relaxed ordering; completions
+//! carry the happens-before edges), on a grid fixed per buffer:
+//!
+//! * bytes inside an 8-byte aligned word that lies wholly in the allocation are only ever
+//!   accessed as that `AtomicU64` word (a partial write merges its bytes in with a
+//!   compare-exchange loop);
+//! * the at most 7 + 7 bytes at an unaligned start or end of the allocation are only ever
+//!   accessed as single `AtomicU8`s.
+//!
+//! Each location thus has one access size, so no two accesses of different sizes can race
+//! (which Rust's memory model does not allow). Remote atomics (compare-and-swap, fetch-add,
+//! atomic write) are 8-byte atomic operations on aligned words, as IBTA requires.
+//!
+//! A hardware NIC writes by DMA, which is outside the Rust memory model altogether; the
+//! rdma-core provider relies on the same rule: safe code reaches registered memory only
+//! through this module.
+
+#![allow(unsafe_code)]
+
+use crate::error::MemError;
+use bytes::BytesMut;
+use std::alloc::Layout;
+use std::any::Any;
+use std::ops::{Bound, RangeBounds};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
+
+/// Alignment of memory that [`MemoryBuffer::zeroed`] allocates: one page, as a NIC driver
+/// prefers for registration.
+pub const ALLOC_ALIGN: usize = 4096;
+
+const WORD: usize = 8;
+
+enum Owner {
+    /// Allocated by `zeroed` with this layout (not used for zero-length buffers).
+    Alloc(Layout),
+    /// A caller's `Vec<u8>`, taken apart; rebuilt with this capacity on drop.
+    Vec { capacity: usize },
+    /// A caller's `BytesMut`; its storage does not move while it is not touched.
+    Bytes(#[allow(dead_code)] BytesMut),
+    /// Memory owned by this value (a file mapping, a pinned arena…).
+    External(#[allow(dead_code)] Box<dyn Any + Send + Sync>),
+    /// Nothing (zero-length buffer with a dangling pointer).
+    Empty,
+}
+
+/// An owned block of memory at a stable address that can be registered with a provider
+/// (the memory behind an `ibv_mr`).
+///
+/// Shared as `Arc<MemoryBuffer>` between the application and the provider: work requests
+/// in flight hold a reference, so the memory outlives every access the NIC may still make,
+/// whatever the application drops. See the [module docs](self) for the access model.
+pub struct MemoryBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+    /// First byte (offset) of the aligned-word area.
+    words_start: usize,
+    /// One past the last byte (offset) of the aligned-word area.
+    words_end: usize,
+    owner: Owner,
+}
+
+// SAFETY: the buffer's memory is only accessed through atomic operations (see the module
+// docs) and the owner values are themselves Send (Vec/BytesMut/Layout, or the
+// `Send + Sync` box required by `from_raw_parts`).
+unsafe impl Send for MemoryBuffer {}
+// SAFETY: as for Send: `&MemoryBuffer` gives only atomic access to the memory.
+unsafe impl Sync for MemoryBuffer {}
+
+impl std::fmt::Debug for MemoryBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBuffer")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl MemoryBuffer {
+    fn new(ptr: NonNull<u8>, len: usize, owner: Owner) -> Self {
+        let base = ptr.as_ptr() as usize;
+        // Addresses of the first whole aligned word and of the end of the last one inside
+        // the allocation (base + len cannot overflow: the allocation is in the address space).
+        let first_word = base.next_multiple_of(WORD);
+        let end_words = (base + len) / WORD * WORD;
+        let (words_start, words_end) = if first_word < end_words {
+            (first_word - base, end_words - base)
+        } else {
+            (len, len) // no whole word inside: every byte is an edge byte
+        };
+        MemoryBuffer {
+            ptr,
+            len,
+            words_start,
+            words_end,
+            owner,
+        }
+    }
+
+    /// Allocates `len` zeroed bytes, page aligned.
+    ///
+    /// Fails with [`MemError::OutOfBounds`] if `len` is too large for a layout; aborts on
+    /// out-of-memory as the standard allocator does.
+    pub fn zeroed(len: usize) -> Result<Self, MemError> {
+        if len == 0 {
+            return Ok(Self::new(NonNull::dangling(), 0, Owner::Empty));
+        }
+        let layout =
+            Layout::from_size_align(len, ALLOC_ALIGN).map_err(|_| MemError::OutOfBounds {
+                offset: 0,
+                len: len as u64,
+                size: isize::MAX as u64,
+            })?;
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        Ok(Self::new(ptr, len, Owner::Alloc(layout)))
+    }
+
+    /// Takes ownership of a caller's vector (no copy); its length is the buffer's length.
+    /// [`MemoryBuffer::into_vec`] gives it back.
+    pub fn from_vec(vec: Vec<u8>) -> Self {
+        let mut vec = std::mem::ManuallyDrop::new(vec);
+        let len = vec.len();
+        let capacity = vec.capacity();
+        // A Vec's pointer is never null (dangling when capacity is 0).
+        let ptr = NonNull::new(vec.as_mut_ptr()).unwrap_or(NonNull::dangling());
+        Self::new(ptr, len, Owner::Vec { capacity })
+    }
+
+    /// Takes ownership of a boxed slice (no copy).
+    pub fn from_boxed(boxed: Box<[u8]>) -> Self {
+        Self::from_vec(boxed.into_vec())
+    }
+
+    /// Takes ownership of a `BytesMut` (no copy); its length is the buffer's length.
+    pub fn from_bytes_mut(mut bytes: BytesMut) -> Self {
+        let len = bytes.len();
+        let ptr = NonNull::new(bytes.as_mut_ptr()).unwrap_or(NonNull::dangling());
+        Self::new(ptr, len, Owner::Bytes(bytes))
+    }
+
+    /// Wraps memory that `owner` keeps alive, e.g. a file mapping.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be valid for reads and writes of `len` bytes for as long as `owner` lives,
+    /// and while this buffer exists nothing else may access those bytes except through
+    /// this buffer's methods (no references to them may exist or be created). Dropping the
+    /// buffer drops `owner`.
+    pub unsafe fn from_raw_parts(
+        ptr: NonNull<u8>,
+        len: usize,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> Self {
+        Self::new(ptr, len, Owner::External(owner))
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The virtual address of the first byte: what `ibv_reg_mr` registers and what a peer
+    /// uses as remote address.
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as usize as u64
+    }
+
+    /// A raw pointer to the first byte, for FFI registration. Using it is `unsafe` and
+    /// subject to the access model in the module docs.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Checks that `[offset, offset + len)` lies inside the buffer.
+    pub fn check(&self, offset: usize, len: usize) -> Result<(), MemError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(MemError::OutOfBounds {
+                offset: offset as u64,
+                len: len as u64,
+                size: self.len as u64,
+            }),
+        }
+    }
+
+    /// The word that holds byte `offset`, which must lie in the aligned-word area.
+    fn word(&self, word_offset: usize) -> &AtomicU64 {
+        debug_assert!((self.addr() as usize + word_offset).is_multiple_of(WORD));
+        debug_assert!(word_offset >= self.words_start && word_offset + WORD <= self.words_end);
+        // SAFETY: `word_offset` is the offset of a whole 8-byte aligned word inside the
+        // allocation (callers only pass offsets in [words_start, words_end) on the word
+        // grid), the allocation lives as long as `&self`, and all accesses to these bytes
+        // are 8-byte atomics (module docs), so no non-atomic or mixed-size access races.
+        unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(word_offset).cast::<u64>()) }
+    }
+
+    /// The byte at `offset`, which must be an edge byte outside the word area.
+    fn byte(&self, offset: usize) -> &AtomicU8 {
+        debug_assert!(offset < self.len);
+        debug_assert!(offset < self.words_start || offset >= self.words_end);
+        // SAFETY: `offset < len`, so the byte is inside the allocation, which lives as long
+        // as `&self`; edge bytes are only ever accessed as single-byte atomics.
+        unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(offset)) }
+    }
+
+    /// Offset of the aligned word that contains byte `offset` (in the word area).
+    fn word_of(&self, offset: usize) -> usize {
+        let base = self.addr() as usize;
+        offset - (base + offset) % WORD
+    }
+
+    /// Copies `dst.len()` bytes starting at `offset` out of the buffer.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemError> {
+        self.check(offset, dst.len())?;
+        let mut i = 0;
+        while i < dst.len() {
+            let at = offset + i;
+            if at < self.words_start || at >= self.words_end {
+                dst[i] = self.byte(at).load(Relaxed);
+                i += 1;
+                continue;
+            }
+            let w = self.word_of(at);
+            let bytes = self.word(w).load(Relaxed).to_ne_bytes();
+            let from = at - w;
+            let n = (WORD - from).min(dst.len() - i);
+            dst[i..i + n].copy_from_slice(&bytes[from..from + n]);
+            i += n;
+        }
+        Ok(())
+    }
+
+    /// Copies `src` into the buffer starting at `offset`.
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), MemError> {
+        self.check(offset, src.len())?;
+        let mut i = 0;
+        while i < src.len() {
+            let at = offset + i;
+            if at < self.words_start || at >= self.words_end {
+                self.byte(at).store(src[i], Relaxed);
+                i += 1;
+                continue;
+            }
+            let w = self.word_of(at);
+            let from = at - w;
+            let n = (WORD - from).min(src.len() - i);
+            let word = self.word(w);
+            if n == WORD {
+                let mut bytes = [0u8; WORD];
+                bytes.copy_from_slice(&src[i..i + WORD]);
+                word.store(u64::from_ne_bytes(bytes), Relaxed);
+            } else {
+                let part = &src[i..i + n];
+                let merge = |old: u64| {
+                    let mut bytes = old.to_ne_bytes();
+                    bytes[from..from + n].copy_from_slice(part);
+                    Some(u64::from_ne_bytes(bytes))
+                };
+                // The closure always returns Some, so this cannot fail.
+                let _ = word.fetch_update(Relaxed, Relaxed, merge);
+            }
+            i += n;
+        }
+        Ok(())
+    }
+
+    /// Sets `len` bytes starting at `offset` to `value`.
+    pub fn fill(&self, offset: usize, len: usize, value: u8) -> Result<(), MemError> {
+        self.check(offset, len)?;
+        let chunk = [value; 64];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(chunk.len());
+            self.write(offset + done, &chunk[..n])?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Copies `len` bytes starting at `offset` into a new vector.
+    pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>, MemError> {
+        self.check(offset, len)?;
+        let mut v = vec![0; len];
+        self.read(offset, &mut v)?;
+        Ok(v)
+    }
+
+    /// The aligned word at `offset` for an 8-byte atomic, or why there is none.
+    fn atomic_word(&self, offset: usize) -> Result<&AtomicU64, MemError> {
+        self.check(offset, WORD)?;
+        let addr = self.addr().wrapping_add(offset as u64);
+        if !addr.is_multiple_of(WORD as u64) {
+            return Err(MemError::Misaligned { addr });
+        }
+        // An aligned whole word inside the allocation is inside the word area.
+        Ok(self.word(offset))
+    }
+
+    /// Atomically loads the native-endian u64 at `offset` (8-byte aligned address).
+    pub fn load_u64(&self, offset: usize) -> Result<u64, MemError> {
+        Ok(self.atomic_word(offset)?.load(Relaxed))
+    }
+
+    /// Atomically stores a native-endian u64 at `offset` (RDMA ATOMIC WRITE).
+    pub fn store_u64(&self, offset: usize, value: u64) -> Result<(), MemError> {
+        self.atomic_word(offset)?.store(value, Relaxed);
+        Ok(())
+    }
+
+    /// Atomic compare-and-swap of the u64 at `offset`; returns the original value
+    /// (`IBV_WR_ATOMIC_CMP_AND_SWP` semantics: the swap happens only if it equalled
+    /// `compare`).
+    pub fn compare_swap_u64(
+        &self,
+        offset: usize,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, MemError> {
+        let word = self.atomic_word(offset)?;
+        Ok(
+            match word.compare_exchange(compare, swap, Relaxed, Relaxed) {
+                Ok(v) | Err(v) => v,
+            },
+        )
+    }
+
+    /// Atomic wrapping fetch-and-add of the u64 at `offset`; returns the original value.
+    pub fn fetch_add_u64(&self, offset: usize, add: u64) -> Result<u64, MemError> {
+        Ok(self.atomic_word(offset)?.fetch_add(add, Relaxed))
+    }
+
+    /// Gives back the memory as a vector: without copying if the buffer was made from a
+    /// `Vec<u8>` or `Box<[u8]>`, by copying otherwise.
+    pub fn into_vec(self) -> Vec<u8> {
+        let mut this = std::mem::ManuallyDrop::new(self);
+        match std::mem::replace(&mut this.owner, Owner::Empty) {
+            Owner::Vec { capacity } => {
+                // SAFETY: ptr, len and capacity are exactly those taken from a Vec<u8> in
+                // `from_vec`, and `self` is consumed, so nothing else accesses the memory.
+                unsafe { Vec::from_raw_parts(this.ptr.as_ptr(), this.len, capacity) }
+            }
+            other => {
+                let mut out = vec![0; this.len];
+                // Reading in bounds cannot fail.
+                let _ = this.read(0, &mut out);
+                // Put the owner back and drop normally (frees the memory).
+                this.owner = other;
+                // SAFETY: `this` is a ManuallyDrop we own and do not use afterwards.
+                unsafe { std::mem::ManuallyDrop::drop(&mut this) };
+                out
+            }
+        }
+    }
+}
+
+impl Drop for MemoryBuffer {
+    fn drop(&mut self) {
+        match std::mem::replace(&mut self.owner, Owner::Empty) {
+            Owner::Alloc(layout) => {
+                // SAFETY: allocated in `zeroed` with exactly this layout, freed only here.
+                unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) }
+            }
+            Owner::Vec { capacity } => {
+                // SAFETY: ptr, len and capacity came from a Vec<u8> in `from_vec`; the Vec
+                // is rebuilt once, here, and dropped.
+                drop(unsafe { Vec::from_raw_parts(self.ptr.as_ptr(), self.len, capacity) })
+            }
+            Owner::Bytes(_) | Owner::External(_) | Owner::Empty => {}
+        }
+    }
+}
+
+/// A byte range of a [`MemoryBuffer`]: what a memory region registers (`addr`, `length` of
+/// `ibv_reg_mr`). Cheap to clone; keeps the buffer alive.
+#[derive(Clone, Debug)]
+pub struct MemRegion {
+    buf: Arc<MemoryBuffer>,
+    offset: usize,
+    len: usize,
+}
+
+impl MemRegion {
+    /// The whole buffer.
+    pub fn whole(buf: Arc<MemoryBuffer>) -> Self {
+        let len = buf.len();
+        MemRegion {
+            buf,
+            offset: 0,
+            len,
+        }
+    }
+
+    /// A range of a buffer; out-of-bounds ranges are an error.
+    pub fn new(buf: Arc<MemoryBuffer>, range: impl RangeBounds<usize>) -> Result<Self, MemError> {
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => s.checked_add(1).ok_or(MemError::OutOfBounds {
+                offset: s as u64,
+                len: 0,
+                size: buf.len() as u64,
+            })?,
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&e) => e.checked_add(1).ok_or(MemError::OutOfBounds {
+                offset: start as u64,
+                len: u64::MAX,
+                size: buf.len() as u64,
+            })?,
+            Bound::Excluded(&e) => e,
+            Bound::Unbounded => buf.len(),
+        };
+        let len = end.checked_sub(start).ok_or(MemError::OutOfBounds {
+            offset: start as u64,
+            len: 0,
+            size: buf.len() as u64,
+        })?;
+        buf.check(start, len)?;
+        Ok(MemRegion {
+            buf,
+            offset: start,
+            len,
+        })
+    }
+
+    /// The buffer this region is part of.
+    pub fn buffer(&self) -> &Arc<MemoryBuffer> {
+        &self.buf
+    }
+
+    /// Offset of the region in its buffer.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Virtual address of the first byte.
+    pub fn addr(&self) -> u64 {
+        self.buf.addr() + self.offset as u64
+    }
+
+    /// The offset inside this region of the virtual address range `[addr, addr + len)`, if
+    /// the range lies wholly inside the region (checked without overflow).
+    pub fn offset_of(&self, addr: u64, len: u64) -> Result<usize, MemError> {
+        let out = MemError::OutOfBounds {
+            offset: addr.wrapping_sub(self.addr()),
+            len,
+            size: self.len as u64,
+        };
+        let off = addr.checked_sub(self.addr()).ok_or(out)?;
+        match off.checked_add(len) {
+            Some(end) if end <= self.len as u64 => usize::try_from(off).map_err(|_| out),
+            _ => Err(out),
+        }
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<usize, MemError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.offset + offset),
+            _ => Err(MemError::OutOfBounds {
+                offset: offset as u64,
+                len: len as u64,
+                size: self.len as u64,
+            }),
+        }
+    }
+
+    /// Copies out of the region (offset relative to the region).
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemError> {
+        let at = self.check(offset, dst.len())?;
+        self.buf.read(at, dst)
+    }
+
+    /// Copies into the region (offset relative to the region).
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), MemError> {
+        let at = self.check(offset, src.len())?;
+        self.buf.write(at, src)
+    }
+
+    /// Copies `len` bytes at `offset` into a new vector.
+    pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>, MemError> {
+        let at = self.check(offset, len)?;
+        self.buf.to_vec(at, len)
+    }
+
+    /// Atomic load of the u64 at `offset` (8-byte aligned address).
+    pub fn load_u64(&self, offset: usize) -> Result<u64, MemError> {
+        let at = self.check(offset, WORD)?;
+        self.buf.load_u64(at)
+    }
+
+    /// Atomic store of the u64 at `offset` (8-byte aligned address).
+    pub fn store_u64(&self, offset: usize, value: u64) -> Result<(), MemError> {
+        let at = self.check(offset, WORD)?;
+        self.buf.store_u64(at, value)
+    }
+
+    /// Atomic compare-and-swap at `offset`; returns the original value.
+    pub fn compare_swap_u64(
+        &self,
+        offset: usize,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, MemError> {
+        let at = self.check(offset, WORD)?;
+        self.buf.compare_swap_u64(at, compare, swap)
+    }
+
+    /// Atomic fetch-and-add at `offset`; returns the original value.
+    pub fn fetch_add_u64(&self, offset: usize, add: u64) -> Result<u64, MemError> {
+        let at = self.check(offset, WORD)?;
+        self.buf.fetch_add_u64(at, add)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pattern(n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i * 7 + 3) as u8).collect()
+    }
+
+    #[test]
+    fn zeroed_is_zero_and_page_aligned() {
+        let b = MemoryBuffer::zeroed(10_000).unwrap();
+        assert_eq!(b.addr() % ALLOC_ALIGN as u64, 0);
+        assert_eq!(b.to_vec(0, 10_000).unwrap(), vec![0; 10_000]);
+        let e = MemoryBuffer::zeroed(0).unwrap();
+        assert!(e.is_empty());
+        assert!(e.read(0, &mut []).is_ok());
+        assert!(e.read(0, &mut [0]).is_err());
+    }
+
+    #[test]
+    fn every_offset_and_length_round_trips() {
+        // Unaligned buffers: take sub-slices of a vector at every misalignment.
+        for misalign in 0..8 {
+            let mut v = vec![0u8; 64 + misalign];
+            v.drain(..misalign);
+            let reference = std::cell::RefCell::new(vec![0u8; v.len()]);
+            let b = MemoryBuffer::from_vec(v);
+            for off in 0..b.len() {
+                for len in 0..(b.len() - off).min(20) {
+                    let data = pattern(len + off);
+                    let src = &data[off..off + len];
+                    b.write(off, src).unwrap();
+                    reference.borrow_mut()[off..off + len].copy_from_slice(src);
+                    let mut got = vec![0; len];
+                    b.read(off, &mut got).unwrap();
+                    assert_eq!(got, src, "misalign {misalign} off {off} len {len}");
+                }
+            }
+            assert_eq!(b.to_vec(0, b.len()).unwrap(), *reference.borrow());
+            assert_eq!(b.into_vec(), *reference.borrow());
+        }
+    }
+
+    #[test]
+    fn out_of_bounds_is_an_error_and_changes_nothing() {
+        let b = MemoryBuffer::from_vec(vec![1; 16]);
+        assert!(b.write(10, &[9; 7]).is_err());
+        assert!(b.write(usize::MAX, &[9]).is_err());
+        assert!(b.read(16, &mut [0]).is_err());
+        assert_eq!(b.to_vec(0, 16).unwrap(), vec![1; 16]);
+        assert!(matches!(
+            b.check(8, 9),
+            Err(MemError::OutOfBounds {
+                offset: 8,
+                len: 9,
+                size: 16
+            })
+        ));
+    }
+
+    #[test]
+    fn atomics() {
+        let b = MemoryBuffer::zeroed(64).unwrap();
+        assert_eq!(b.fetch_add_u64(8, 5).unwrap(), 0);
+        assert_eq!(b.fetch_add_u64(8, u64::MAX).unwrap(), 5); // wraps
+        assert_eq!(b.load_u64(8).unwrap(), 4);
+        assert_eq!(b.compare_swap_u64(8, 3, 100).unwrap(), 4); // no swap
+        assert_eq!(b.load_u64(8).unwrap(), 4);
+        assert_eq!(b.compare_swap_u64(8, 4, 100).unwrap(), 4); // swap
+        assert_eq!(b.load_u64(8).unwrap(), 100);
+        b.store_u64(16, 0x0102_0304_0506_0708).unwrap();
+        let mut bytes = [0; 8];
+        b.read(16, &mut bytes).unwrap();
+        assert_eq!(u64::from_ne_bytes(bytes), 0x0102_0304_0506_0708);
+        assert!(matches!(
+            b.fetch_add_u64(4, 1),
+            Err(MemError::Misaligned { .. })
+        ));
+        assert!(b.fetch_add_u64(64, 1).is_err());
+        assert!(b.fetch_add_u64(60, 1).is_err());
+    }
+
+    #[test]
+    fn vec_and_bytes_come_back_unchanged() {
+        let v = pattern(1000);
+        let b = MemoryBuffer::from_vec(v.clone());
+        assert_eq!(b.to_vec(0, 1000).unwrap(), v);
+        b.write(10, b"hello").unwrap();
+        let mut expect = v.clone();
+        expect[10..15].copy_from_slice(b"hello");
+        assert_eq!(b.into_vec(), expect);
+
+        let boxed: Box<[u8]> = v.clone().into_boxed_slice();
+        assert_eq!(MemoryBuffer::from_boxed(boxed).into_vec(), v);
+
+        let bm = BytesMut::from(&v[..]);
+        let b = MemoryBuffer::from_bytes_mut(bm);
+        assert_eq!(b.to_vec(0, 1000).unwrap(), v);
+        assert_eq!(b.into_vec(), v);
+    }
+
+    #[test]
+    fn concurrent_writers_and_readers_see_whole_words() {
+        let b = Arc::new(MemoryBuffer::zeroed(4096).unwrap());
+        let writer = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                for round in 0..200u64 {
+                    let word = round.to_ne_bytes();
+                    for off in (0..4096).step_by(8) {
+                        b.write(off, &word).unwrap();
+                    }
+                }
+            })
+        };
+        for _ in 0..200 {
+            let mut out = vec![0; 4096];
+            b.read(0, &mut out).unwrap();
+            for w in out.chunks_exact(8) {
+                assert!(u64::from_ne_bytes(w.try_into().unwrap()) < 200);
+            }
+        }
+        writer.join().unwrap();
+        assert_eq!(b.load_u64(4088).unwrap(), 199);
+    }
+
+    #[test]
+    fn regions() {
+        let buf = Arc::new(MemoryBuffer::zeroed(100).unwrap());
+        let r = MemRegion::new(buf.clone(), 10..20).unwrap();
+        assert_eq!(r.len(), 10);
+        assert_eq!(r.addr(), buf.addr() + 10);
+        r.write(0, &[7; 10]).unwrap();
+        assert!(r.write(1, &[7; 10]).is_err());
+        assert_eq!(
+            buf.to_vec(9, 12).unwrap(),
+            [&[0][..], &[7; 10], &[0]].concat()
+        );
+        assert_eq!(r.offset_of(r.addr() + 2, 8).unwrap(), 2);
+        assert!(r.offset_of(r.addr() + 2, 9).is_err());
+        assert!(r.offset_of(r.addr() - 1, 1).is_err());
+        assert!(r.offset_of(u64::MAX, 2).is_err());
+        assert!(r.offset_of(r.addr(), u64::MAX).is_err());
+        assert!(MemRegion::new(buf.clone(), 90..101).is_err());
+        #[allow(clippy::reversed_empty_ranges)]
+        let rev = MemRegion::new(buf.clone(), 20..10);
+        assert!(rev.is_err());
+        assert_eq!(MemRegion::new(buf.clone(), ..).unwrap().len(), 100);
+        assert_eq!(MemRegion::new(buf, 5..=5).unwrap().len(), 1);
+        // region atomics are relative to the region
+        let buf = Arc::new(MemoryBuffer::zeroed(64).unwrap());
+        let r = MemRegion::new(buf.clone(), 8..24).unwrap();
+        r.fetch_add_u64(8, 3).unwrap();
+        assert_eq!(buf.load_u64(16).unwrap(), 3);
+        assert!(r.fetch_add_u64(16, 1).is_err());
+    }
+}

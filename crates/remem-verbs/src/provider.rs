@@ -1,0 +1,237 @@
+//! The provider interface: object-safe traits, one per verbs object.
+//!
+//! A provider (the soft RoCEv2 stack, rdma-core) implements these traits; everything above —
+//! the async API, the CLI, the conformance suite — holds `Arc<dyn …>` handles and is
+//! written once. Handles are reference counted like sideway's: a child keeps its parents
+//! alive (a QP its CQs and PD, a memory region its PD), and dropping the last handle
+//! destroys the object (`ibv_destroy_*`, `ibv_dereg_mr`).
+//!
+//! Every trait has `Any` as a supertrait so that a provider can recover its own concrete
+//! type from a handle it is given (e.g. the CQ named in [`QpInitAttr`]): a handle from
+//! another provider is rejected with [`Error::InvalidArgument`], never misused.
+
+use crate::access::AccessFlags;
+use crate::device::{DeviceAttr, DeviceInfo, GidEntry, PortAttr};
+use crate::error::{PostError, Result};
+use crate::event::AsyncEvent;
+use crate::mem::MemRegion;
+use crate::qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpState, QpType};
+use crate::wc::WorkCompletion;
+use crate::wr::{RecvWr, SendWr};
+use std::any::Any;
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+
+/// A source of devices: one per provider (`ibv_get_device_list` + `ibv_open_device`).
+pub trait Provider: Send + Sync {
+    /// The provider's name, e.g. `"soft"` or `"ibverbs"`.
+    fn name(&self) -> &'static str;
+
+    /// The devices this provider can open now. A provider whose library or hardware is
+    /// missing returns an empty list, not an error.
+    fn devices(&self) -> Result<Vec<DeviceInfo>>;
+
+    /// Opens a device by name (`ibv_open_device`).
+    fn open(&self, name: &str) -> Result<Arc<dyn Context>>;
+}
+
+/// An identifier of a completion queue, unique within its [`Context`]; what a completion
+/// channel reports and what CQ async events name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CqId(pub u32);
+
+/// One named device counter (rxe's `hw_counters`, e.g. `sent_pkts`, `rcvd_seq_err`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counter {
+    /// The counter's name.
+    pub name: &'static str,
+    /// Its value.
+    pub value: u64,
+}
+
+/// An open device (`struct ibv_context`).
+pub trait Context: Any + Send + Sync {
+    /// What the device is.
+    fn info(&self) -> &DeviceInfo;
+
+    /// Device attributes (`ibv_query_device`).
+    fn query_device(&self) -> Result<DeviceAttr>;
+
+    /// Port attributes (`ibv_query_port`); ports are numbered from 1.
+    fn query_port(&self, port_num: u8) -> Result<PortAttr>;
+
+    /// One GID table entry (`ibv_query_gid_ex`); an empty slot is an error.
+    fn query_gid(&self, port_num: u8, index: u32) -> Result<GidEntry>;
+
+    /// The non-empty entries of a port's GID table (`ibv_query_gid_table`).
+    fn gid_table(&self, port_num: u8) -> Result<Vec<GidEntry>> {
+        let len = self.query_port(port_num)?.gid_tbl_len;
+        Ok((0..len)
+            .filter_map(|i| self.query_gid(port_num, i).ok())
+            .collect())
+    }
+
+    /// Allocates a protection domain (`ibv_alloc_pd`).
+    fn alloc_pd(&self) -> Result<Arc<dyn ProtectionDomain>>;
+
+    /// Creates a completion channel (`ibv_create_comp_channel`).
+    fn create_comp_channel(&self) -> Result<Arc<dyn CompletionChannel>>;
+
+    /// Creates a completion queue of at least `cqe` entries (`ibv_create_cq`), reporting
+    /// its events to `channel` if given.
+    fn create_cq(
+        &self,
+        cqe: u32,
+        channel: Option<Arc<dyn CompletionChannel>>,
+    ) -> Result<Arc<dyn CompletionQueue>>;
+
+    /// A file descriptor that is readable while an async event is pending (the context's
+    /// `async_fd`), for epoll or tokio's `AsyncFd`.
+    fn async_fd(&self) -> BorrowedFd<'_>;
+
+    /// Takes the next async event without blocking (`ibv_get_async_event` on a
+    /// non-blocking `async_fd`, then `ibv_ack_async_event`).
+    fn get_async_event(&self) -> Option<AsyncEvent>;
+
+    /// The device's counters.
+    fn counters(&self) -> Vec<Counter>;
+}
+
+/// A protection domain (`struct ibv_pd`): memory regions and queue pairs of one PD can
+/// reach each other, never those of another.
+pub trait ProtectionDomain: Any + Send + Sync {
+    /// Registers memory (`ibv_reg_mr`). The region's virtual address is its buffer's
+    /// address plus offset. Remote write or atomic access without LOCAL_WRITE is an error.
+    fn reg_mr(&self, region: MemRegion, access: AccessFlags) -> Result<Arc<dyn MemoryRegion>>;
+
+    /// Creates a queue pair in RESET (`ibv_create_qp`).
+    fn create_qp(&self, init: &QpInitAttr) -> Result<Arc<dyn QueuePair>>;
+
+    /// Creates a shared receive queue (`ibv_create_srq`).
+    fn create_srq(&self, attr: SrqAttr) -> Result<Arc<dyn SharedReceiveQueue>>;
+
+    /// Creates an address handle for UD sends (`ibv_create_ah`).
+    fn create_ah(&self, attr: &AhAttr) -> Result<Arc<dyn AddressHandle>>;
+}
+
+/// A registered memory region (`struct ibv_mr`). Dropping the last handle deregisters it
+/// (`ibv_dereg_mr`): its keys stop working at once.
+pub trait MemoryRegion: Any + Send + Sync {
+    /// The local key, for scatter/gather entries.
+    fn lkey(&self) -> u32;
+    /// The remote key a peer uses.
+    fn rkey(&self) -> u32;
+    /// The registered memory.
+    fn region(&self) -> &MemRegion;
+    /// The access rights it was registered with.
+    fn access(&self) -> AccessFlags;
+    /// Virtual address of the first byte (`ibv_mr.addr`).
+    fn addr(&self) -> u64 {
+        self.region().addr()
+    }
+    /// Length in bytes (`ibv_mr.length`).
+    fn len(&self) -> usize {
+        self.region().len()
+    }
+    /// Whether the region is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A completion queue (`struct ibv_cq`).
+pub trait CompletionQueue: Any + Send + Sync {
+    /// The queue's identifier within its context.
+    fn id(&self) -> CqId;
+
+    /// The number of entries it holds (at least what was asked for).
+    fn cqe(&self) -> u32;
+
+    /// Moves up to `wc.len()` completions into `wc`, oldest first, and returns how many
+    /// (`ibv_poll_cq`). A CQ that overflowed returns an error (and its context raised
+    /// [`AsyncEventType::CqErr`](crate::AsyncEventType::CqErr)).
+    fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize>;
+
+    /// Arms the CQ (`ibv_req_notify_cq`): the next completion — or with
+    /// `solicited_only`, the next solicited or error completion — makes the CQ's channel
+    /// readable once.
+    fn req_notify(&self, solicited_only: bool) -> Result<()>;
+
+    /// Acknowledges `n` events taken from the channel for this CQ (`ibv_ack_cq_events`).
+    fn ack_events(&self, n: u32);
+}
+
+/// A completion channel (`struct ibv_comp_channel`): a file descriptor that becomes
+/// readable when an armed CQ gets a completion.
+pub trait CompletionChannel: Any + Send + Sync {
+    /// The channel's file descriptor (`ibv_comp_channel.fd`), for epoll or tokio's
+    /// `AsyncFd`. It is non-blocking.
+    fn fd(&self) -> BorrowedFd<'_>;
+
+    /// Takes the next CQ event without blocking (`ibv_get_cq_event` on a non-blocking fd):
+    /// the CQ that fired, or `None` if there is no event. Each event must later be
+    /// acknowledged with [`CompletionQueue::ack_events`].
+    fn get_cq_event(&self) -> Result<Option<CqId>>;
+}
+
+/// A queue pair (`struct ibv_qp`).
+pub trait QueuePair: Any + Send + Sync {
+    /// The QP number (24 bits).
+    fn qp_num(&self) -> u32;
+
+    /// The transport service.
+    fn qp_type(&self) -> QpType;
+
+    /// The queue sizes granted at creation.
+    fn cap(&self) -> QpCap;
+
+    /// The current state (cheap; for the full attributes use [`QueuePair::query`]).
+    fn state(&self) -> QpState;
+
+    /// Modifies attributes and/or the state (`ibv_modify_qp`), validated as
+    /// [`check_modify`](crate::check_modify) describes plus the device's limits.
+    fn modify(&self, attr: &QpAttr, mask: crate::qp::QpAttrMask) -> Result<()>;
+
+    /// The current attributes (`ibv_query_qp`).
+    fn query(&self) -> Result<QpAttr>;
+
+    /// Posts send work requests in order (`ibv_post_send`). On error, those before
+    /// [`PostError::index`] were posted.
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError>;
+
+    /// Posts receive work requests in order (`ibv_post_recv`).
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError>;
+}
+
+/// Attributes of a shared receive queue (`struct ibv_srq_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct SrqAttr {
+    /// Most outstanding receive work requests.
+    pub max_wr: u32,
+    /// Most scatter entries per receive work request.
+    pub max_sge: u32,
+    /// When armed, raise `SRQ_LIMIT_REACHED` once fewer than this many receives remain
+    /// (0 = not armed).
+    pub srq_limit: u32,
+}
+
+/// A shared receive queue (`struct ibv_srq`).
+pub trait SharedReceiveQueue: Any + Send + Sync {
+    /// The SRQ number.
+    fn srq_num(&self) -> u32;
+
+    /// Posts receive work requests (`ibv_post_srq_recv`).
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError>;
+
+    /// Arms the limit event (`ibv_modify_srq` with `IBV_SRQ_LIMIT`).
+    fn set_limit(&self, srq_limit: u32) -> Result<()>;
+
+    /// Current attributes (`ibv_query_srq`).
+    fn query(&self) -> Result<SrqAttr>;
+}
+
+/// An address handle for UD sends (`struct ibv_ah`).
+pub trait AddressHandle: Any + Send + Sync {
+    /// The address vector it was created from.
+    fn attr(&self) -> &AhAttr;
+}
