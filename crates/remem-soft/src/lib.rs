@@ -1,1 +1,61 @@
-//! remem-soft
+//! remem's userspace RoCEv2 provider: a software RDMA NIC over UDP that speaks the wire
+//! protocol of Linux Soft-RoCE (`rdma_rxe`).
+//!
+//! A soft device sits on a network interface, as `rdma link add rxe0 type rxe netdev eth0`
+//! puts an rxe device on one: its GID table holds the interface's IP addresses and its
+//! active MTU follows the interface MTU the way rxe derives it. [`SoftProvider`] lists one
+//! device per interface that has an IP address, named `soft-<interface>` (`soft-lo`,
+//! `soft-eth0`, …).
+//!
+//! Status: device discovery and the device, port and GID queries are implemented; the
+//! objects that move data (PD, MR, CQ, QP) and the RC transport are being built (issue 3)
+//! and return [`Error::Unsupported`](remem_verbs::Error::Unsupported) until then.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod context;
+mod netdev;
+
+pub use context::SoftContext;
+pub use netdev::{Netdev, list_netdevs};
+
+use remem_verbs::{Context, DeviceInfo, Error, Provider, Result};
+use std::sync::Arc;
+
+/// The UDP port of RoCEv2 (IANA-assigned), on which soft devices listen by default.
+pub const ROCEV2_UDP_PORT: u16 = 4791;
+
+/// The soft provider: lists and opens soft devices.
+#[derive(Debug, Default, Clone)]
+pub struct SoftProvider {
+    _private: (),
+}
+
+impl SoftProvider {
+    /// The provider.
+    pub fn new() -> Self {
+        SoftProvider { _private: () }
+    }
+}
+
+impl Provider for SoftProvider {
+    fn name(&self) -> &'static str {
+        "soft"
+    }
+
+    fn devices(&self) -> Result<Vec<DeviceInfo>> {
+        Ok(list_netdevs()?
+            .iter()
+            .map(|n| n.device_info(ROCEV2_UDP_PORT))
+            .collect())
+    }
+
+    fn open(&self, name: &str) -> Result<Arc<dyn Context>> {
+        let netdev = list_netdevs()?
+            .into_iter()
+            .find(|n| n.device_name() == name)
+            .ok_or_else(|| Error::NoSuchDevice(name.to_string()))?;
+        Ok(Arc::new(SoftContext::new(netdev, ROCEV2_UDP_PORT)?))
+    }
+}

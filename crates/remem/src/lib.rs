@@ -1,1 +1,78 @@
-//! remem
+//! Asynchronous RDMA for Rust.
+//!
+//! remem runs on RDMA NICs through rdma-core and, where there is no RDMA hardware or kernel
+//! module, on its own userspace RoCEv2 stack that speaks the wire protocol of Linux
+//! Soft-RoCE (`rdma_rxe`) — so RDMA code can be developed and tested on a laptop or in CI.
+//!
+//! Status: this crate currently offers device discovery over every provider and the verbs
+//! model ([`verbs`]); the async API (connections, memory regions, one-sided operations,
+//! messaging, atomics) is being built on top.
+//!
+//! ```
+//! // List the devices remem can open: at least the soft device on the loopback interface.
+//! let devices = remem::devices().unwrap();
+//! assert!(devices.iter().any(|d| d.name == "soft-lo"));
+//!
+//! let ctx = remem::open_device(Some("soft-lo")).unwrap();
+//! let port = ctx.query_port(1).unwrap();
+//! println!("{} active MTU {}", ctx.info().name, port.active_mtu);
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub use remem_verbs as verbs;
+
+use remem_verbs::{Context, DeviceInfo, Error, Provider, Result};
+use std::sync::Arc;
+
+/// The environment variable that names the device [`open_device`] opens by default.
+pub const DEVICE_ENV: &str = "REMEM_DEVICE";
+
+/// Every provider built into this binary, in order of preference (hardware first).
+pub fn providers() -> Vec<Box<dyn Provider>> {
+    vec![Box::new(remem_soft::SoftProvider::new())]
+}
+
+/// The devices every provider can open, in order of preference.
+pub fn devices() -> Result<Vec<DeviceInfo>> {
+    let mut all = Vec::new();
+    for p in providers() {
+        all.extend(p.devices()?);
+    }
+    Ok(all)
+}
+
+/// Opens a device: the one named, else the one `REMEM_DEVICE` names, else the first
+/// device of [`devices`].
+pub fn open_device(name: Option<&str>) -> Result<Arc<dyn Context>> {
+    let env = std::env::var(DEVICE_ENV).ok().filter(|s| !s.is_empty());
+    let wanted = name.map(str::to_string).or(env);
+    for p in providers() {
+        let list = p.devices()?;
+        let pick = match &wanted {
+            Some(w) => list.iter().find(|d| &d.name == w),
+            None => list.first(),
+        };
+        if let Some(d) = pick {
+            return p.open(&d.name);
+        }
+    }
+    Err(Error::NoSuchDevice(
+        wanted.unwrap_or_else(|| "(no RDMA device found)".to_string()),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_by_name_and_unknown_name() {
+        assert_eq!(open_device(Some("soft-lo")).unwrap().info().name, "soft-lo");
+        assert!(matches!(
+            open_device(Some("no-such-dev")),
+            Err(Error::NoSuchDevice(n)) if n == "no-such-dev"
+        ));
+    }
+}
