@@ -16,6 +16,7 @@
 
 mod context;
 mod netdev;
+pub mod wqe;
 
 pub use context::SoftContext;
 pub use netdev::{Netdev, list_netdevs};
