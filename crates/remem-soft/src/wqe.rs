@@ -18,3 +18,208 @@ pub struct RecvWqe {
     /// Sum of the scatter entries' lengths.
     pub total_len: u64,
 }
+
+/// Where a UD send goes (resolved from the work request's address handle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdTarget {
+    /// The address vector of the destination port.
+    pub av: remem_verbs::AhAttr,
+    /// Destination QP number.
+    pub remote_qpn: u32,
+    /// Destination Q_Key.
+    pub remote_qkey: u32,
+}
+
+/// The data a send work request carries.
+#[derive(Debug, Clone)]
+pub enum SendData {
+    /// Gather list (SEND, WRITE, ATOMIC WRITE) or scatter list (READ, atomic results):
+    /// each region covers exactly one `ibv_sge`.
+    Sges(Vec<MemRegion>),
+    /// Inline data copied at post time (`IBV_SEND_INLINE`).
+    Inline(Box<[u8]>),
+}
+
+/// A send work request, validated, with its memory resolved.
+#[derive(Debug, Clone)]
+pub struct SendWqe {
+    /// The caller's `wr_id`.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: remem_verbs::SendOp,
+    /// The data.
+    pub data: SendData,
+    /// Bytes moved: the message length (SEND/WRITE), the READ length, 8 for atomics.
+    pub len: u64,
+    /// Whether a successful completion is reported (SIGNALED or `sq_sig_all`).
+    pub signaled: bool,
+    /// Solicited event (`IBV_SEND_SOLICITED`).
+    pub solicited: bool,
+    /// Fence (`IBV_SEND_FENCE`).
+    pub fence: bool,
+    /// UD destination.
+    pub ud: Option<UdTarget>,
+}
+
+impl SendWqe {
+    /// Copies `dst.len()` bytes of the message starting at `offset` into `dst` (gather).
+    pub fn gather(&self, mut offset: u64, dst: &mut [u8]) -> Result<(), remem_verbs::MemError> {
+        match &self.data {
+            SendData::Inline(bytes) => {
+                let start = usize::try_from(offset).unwrap_or(usize::MAX);
+                match bytes.get(start..).and_then(|b| b.get(..dst.len())) {
+                    Some(src) => {
+                        dst.copy_from_slice(src);
+                        Ok(())
+                    }
+                    None => Err(remem_verbs::MemError::OutOfBounds {
+                        offset,
+                        len: dst.len() as u64,
+                        size: bytes.len() as u64,
+                    }),
+                }
+            }
+            SendData::Sges(sges) => {
+                let mut done = 0usize;
+                for sge in sges {
+                    if done == dst.len() {
+                        break;
+                    }
+                    let len = sge.len() as u64;
+                    if offset >= len {
+                        offset -= len;
+                        continue;
+                    }
+                    let n = ((len - offset) as usize).min(dst.len() - done);
+                    sge.read(offset as usize, &mut dst[done..done + n])?;
+                    done += n;
+                    offset = 0;
+                }
+                if done == dst.len() {
+                    Ok(())
+                } else {
+                    Err(remem_verbs::MemError::OutOfBounds {
+                        offset,
+                        len: dst.len() as u64,
+                        size: self.len,
+                    })
+                }
+            }
+        }
+    }
+
+    /// Writes `src` into the scatter list starting at message `offset` (READ responses,
+    /// atomic results).
+    pub fn scatter(&self, offset: u64, src: &[u8]) -> Result<(), remem_verbs::MemError> {
+        match &self.data {
+            SendData::Sges(sges) => scatter_into(sges, offset, src),
+            SendData::Inline(_) => Err(remem_verbs::MemError::OutOfBounds {
+                offset,
+                len: src.len() as u64,
+                size: 0,
+            }),
+        }
+    }
+}
+
+/// Writes `src` into a scatter list at message `offset`; fails (writing nothing past the
+/// list) if the list is too short.
+pub fn scatter_into(
+    sges: &[MemRegion],
+    mut offset: u64,
+    src: &[u8],
+) -> Result<(), remem_verbs::MemError> {
+    let total: u64 = sges.iter().map(|s| s.len() as u64).sum();
+    let end = offset.checked_add(src.len() as u64);
+    if end.is_none_or(|e| e > total) {
+        return Err(remem_verbs::MemError::OutOfBounds {
+            offset,
+            len: src.len() as u64,
+            size: total,
+        });
+    }
+    let mut done = 0usize;
+    for sge in sges {
+        if done == src.len() {
+            break;
+        }
+        let len = sge.len() as u64;
+        if offset >= len {
+            offset -= len;
+            continue;
+        }
+        let n = ((len - offset) as usize).min(src.len() - done);
+        sge.write(offset as usize, &src[done..done + n])?;
+        done += n;
+        offset = 0;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use remem_verbs::{MemoryBuffer, SendOp};
+    use std::sync::Arc;
+
+    fn regions() -> (Arc<MemoryBuffer>, Vec<MemRegion>) {
+        let buf = Arc::new(MemoryBuffer::from_vec((0..100u8).collect()));
+        let sges = vec![
+            MemRegion::new(buf.clone(), 10..13).unwrap(),
+            MemRegion::new(buf.clone(), 50..50).unwrap(),
+            MemRegion::new(buf.clone(), 20..25).unwrap(),
+        ];
+        (buf, sges)
+    }
+
+    #[test]
+    fn gather_across_sges() {
+        let (_buf, sges) = regions();
+        let wqe = SendWqe {
+            wr_id: 1,
+            op: SendOp::Send,
+            data: SendData::Sges(sges),
+            len: 8,
+            signaled: true,
+            solicited: false,
+            fence: false,
+            ud: None,
+        };
+        let mut out = [0; 8];
+        wqe.gather(0, &mut out).unwrap();
+        assert_eq!(out, [10, 11, 12, 20, 21, 22, 23, 24]);
+        let mut out = [0; 3];
+        wqe.gather(2, &mut out).unwrap();
+        assert_eq!(out, [12, 20, 21]);
+        assert!(wqe.gather(6, &mut [0; 3]).is_err());
+    }
+
+    #[test]
+    fn scatter_across_sges_and_bounds() {
+        let (buf, sges) = regions();
+        scatter_into(&sges, 1, &[0xa, 0xb, 0xc, 0xd]).unwrap();
+        assert_eq!(buf.to_vec(10, 3).unwrap(), [10, 0xa, 0xb]);
+        assert_eq!(buf.to_vec(20, 3).unwrap(), [0xc, 0xd, 22]);
+        let before = buf.to_vec(0, 100).unwrap();
+        assert!(scatter_into(&sges, 5, &[1, 2, 3, 4]).is_err());
+        assert_eq!(buf.to_vec(0, 100).unwrap(), before, "failed scatter wrote nothing");
+    }
+
+    #[test]
+    fn inline_gather() {
+        let wqe = SendWqe {
+            wr_id: 1,
+            op: SendOp::Send,
+            data: SendData::Inline(vec![1, 2, 3].into_boxed_slice()),
+            len: 3,
+            signaled: true,
+            solicited: false,
+            fence: false,
+            ud: None,
+        };
+        let mut out = [0; 2];
+        wqe.gather(1, &mut out).unwrap();
+        assert_eq!(out, [2, 3]);
+        assert!(wqe.gather(2, &mut [0; 2]).is_err());
+    }
+}
