@@ -1,0 +1,339 @@
+//! The RC transport: requester, completer and responder of one queue pair as a sans-IO state
+//! machine (quinn-proto is the model).
+//!
+//! It takes received packets ([`RcTransport::handle_packet`]) and timer expiries
+//! ([`RcTransport::handle_timeout`]) with an explicit `now`, produces packets to send
+//! ([`RcTransport::poll_transmit`]) and reports the next deadline
+//! ([`RcTransport::next_timeout`]). Memory, receive queues and completion queues are reached
+//! through the [`Env`] trait, so the same code runs under the UDP driver and in the
+//! deterministic simulation of `tests`.
+//!
+//! Packets are described by [`TxPacket`] / [`RxPacket`]: the opcode split into what the
+//! packet is ([`Kind`]) and where in its message it stands ([`Pos`]), plus the header fields
+//! the transport reads or writes. `wire_glue` turns them into and out of `remem_wire`
+//! packets.
+
+pub mod psn;
+mod rc;
+#[cfg(test)]
+mod sim;
+
+pub use rc::{RcConfig, RcTransport};
+
+use crate::wqe::RecvWqe;
+use remem_verbs::{AccessFlags, MemRegion, WorkCompletion};
+
+/// What a packet is, independent of its position in a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// SEND.
+    Send,
+    /// SEND with immediate (ImmDt on LAST/ONLY).
+    SendImm,
+    /// SEND with invalidate (IETH on LAST/ONLY).
+    SendInv,
+    /// RDMA WRITE (RETH on FIRST/ONLY).
+    Write,
+    /// RDMA WRITE with immediate (RETH on FIRST/ONLY, ImmDt on LAST/ONLY).
+    WriteImm,
+    /// RDMA READ request (RETH).
+    ReadRequest,
+    /// RDMA READ response (AETH on FIRST/LAST/ONLY).
+    ReadResponse,
+    /// ACKNOWLEDGE (AETH): ACK or NAK.
+    Ack,
+    /// ATOMIC ACKNOWLEDGE (AETH + AtomicAckETH).
+    AtomicAck,
+    /// COMPARE SWAP (AtomicETH).
+    CompareSwap,
+    /// FETCH ADD (AtomicETH).
+    FetchAdd,
+}
+
+impl Kind {
+    /// Whether packets of this kind are requests (sent by a requester, handled by a
+    /// responder) rather than responses.
+    pub fn is_request(self) -> bool {
+        !matches!(self, Kind::ReadResponse | Kind::Ack | Kind::AtomicAck)
+    }
+}
+
+/// Where a packet stands in its message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pos {
+    /// FIRST of several.
+    First,
+    /// MIDDLE.
+    Middle,
+    /// LAST of several.
+    Last,
+    /// The whole message in one packet (also used for single-packet kinds: READ request,
+    /// ACK, atomics).
+    Only,
+}
+
+impl Pos {
+    /// Position of packet `index` of `count` (`count >= 1`).
+    pub fn of(index: u32, count: u32) -> Pos {
+        match (index, count) {
+            (_, 0 | 1) => Pos::Only,
+            (0, _) => Pos::First,
+            (i, n) if i + 1 == n => Pos::Last,
+            _ => Pos::Middle,
+        }
+    }
+
+    /// FIRST or ONLY: the packet starts a message.
+    pub fn starts(self) -> bool {
+        matches!(self, Pos::First | Pos::Only)
+    }
+
+    /// LAST or ONLY: the packet ends a message.
+    pub fn ends(self) -> bool {
+        matches!(self, Pos::Last | Pos::Only)
+    }
+}
+
+/// RETH fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reth {
+    /// Virtual address.
+    pub va: u64,
+    /// Remote key.
+    pub rkey: u32,
+    /// DMA length of the whole message.
+    pub len: u32,
+}
+
+/// AtomicETH fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AtomicEth {
+    /// Virtual address.
+    pub va: u64,
+    /// Remote key.
+    pub rkey: u32,
+    /// Swap (compare-swap) or add (fetch-add) value.
+    pub swap_add: u64,
+    /// Compare value (compare-swap).
+    pub compare: u64,
+}
+
+/// An AETH syndrome, decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Syndrome {
+    /// ACK with a credit count code (31 = unlimited, as rxe sends).
+    Ack(u8),
+    /// RNR NAK with a 5-bit timer code.
+    Rnr(u8),
+    /// NAK: PSN sequence error.
+    NakSeq,
+    /// NAK: invalid request.
+    NakInvalid,
+    /// NAK: remote access error.
+    NakAccess,
+    /// NAK: remote operational error.
+    NakOperational,
+    /// NAK: invalid RD request, or a reserved code.
+    NakOther(u8),
+}
+
+impl Syndrome {
+    /// The AETH syndrome byte.
+    pub fn to_byte(self) -> u8 {
+        match self {
+            Syndrome::Ack(c) => c & 0x1f,
+            Syndrome::Rnr(t) => 0x20 | (t & 0x1f),
+            Syndrome::NakSeq => 0x60,
+            Syndrome::NakInvalid => 0x61,
+            Syndrome::NakAccess => 0x62,
+            Syndrome::NakOperational => 0x63,
+            Syndrome::NakOther(c) => 0x60 | (c & 0x1f),
+        }
+    }
+
+    /// Decodes an AETH syndrome byte (the reserved class 0b10 decodes as a NAK code).
+    pub fn from_byte(b: u8) -> Syndrome {
+        let v = b & 0x1f;
+        match (b >> 5) & 3 {
+            0 => Syndrome::Ack(v),
+            1 => Syndrome::Rnr(v),
+            3 => match v {
+                0 => Syndrome::NakSeq,
+                1 => Syndrome::NakInvalid,
+                2 => Syndrome::NakAccess,
+                3 => Syndrome::NakOperational,
+                c => Syndrome::NakOther(c),
+            },
+            _ => Syndrome::NakOther(v),
+        }
+    }
+}
+
+/// The unlimited-credit ACK syndrome rxe sends.
+pub const ACK_UNLIMITED: Syndrome = Syndrome::Ack(31);
+
+/// A packet the transport wants sent; its payload is written by the transport into the
+/// buffer the glue provides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxPacket {
+    /// What it is.
+    pub kind: Kind,
+    /// Where in its message.
+    pub pos: Pos,
+    /// Destination QP.
+    pub dest_qpn: u32,
+    /// PSN.
+    pub psn: u32,
+    /// AckReq.
+    pub ack_req: bool,
+    /// Solicited event.
+    pub solicited: bool,
+    /// RETH, where the opcode carries one.
+    pub reth: Option<Reth>,
+    /// AETH (syndrome, MSN), where the opcode carries one.
+    pub aeth: Option<(Syndrome, u32)>,
+    /// AtomicETH.
+    pub atomic: Option<AtomicEth>,
+    /// AtomicAckETH original value.
+    pub atomic_ack: Option<u64>,
+    /// Immediate data.
+    pub imm: Option<u32>,
+    /// IETH rkey.
+    pub ieth: Option<u32>,
+    /// Payload length.
+    pub payload_len: u32,
+}
+
+impl TxPacket {
+    /// A packet of `kind`/`pos` with every optional field empty.
+    pub fn new(kind: Kind, pos: Pos, dest_qpn: u32, psn: u32) -> Self {
+        TxPacket {
+            kind,
+            pos,
+            dest_qpn,
+            psn,
+            ack_req: false,
+            solicited: false,
+            reth: None,
+            aeth: None,
+            atomic: None,
+            atomic_ack: None,
+            imm: None,
+            ieth: None,
+            payload_len: 0,
+        }
+    }
+}
+
+/// A received packet, as the transport sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct RxPacket<'a> {
+    /// What it is.
+    pub kind: Kind,
+    /// Where in its message.
+    pub pos: Pos,
+    /// PSN.
+    pub psn: u32,
+    /// AckReq.
+    pub ack_req: bool,
+    /// Solicited event.
+    pub solicited: bool,
+    /// RETH.
+    pub reth: Option<Reth>,
+    /// AETH.
+    pub aeth: Option<(Syndrome, u32)>,
+    /// AtomicETH.
+    pub atomic: Option<AtomicEth>,
+    /// AtomicAckETH.
+    pub atomic_ack: Option<u64>,
+    /// Immediate data.
+    pub imm: Option<u32>,
+    /// IETH.
+    pub ieth: Option<u32>,
+    /// Payload (pad removed).
+    pub payload: &'a [u8],
+}
+
+impl<'a> RxPacket<'a> {
+    /// A packet of `kind`/`pos` with every optional field empty and no payload.
+    pub fn new(kind: Kind, pos: Pos, psn: u32) -> Self {
+        RxPacket {
+            kind,
+            pos,
+            psn,
+            ack_req: false,
+            solicited: false,
+            reth: None,
+            aeth: None,
+            atomic: None,
+            atomic_ack: None,
+            imm: None,
+            ieth: None,
+            payload: &[],
+        }
+    }
+}
+
+/// Why a remote key cannot be used for an access (all are NAKed as remote access errors;
+/// the cause is for counters and logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoteKeyError {
+    /// No memory region has this rkey (forged, stale or deregistered).
+    UnknownKey,
+    /// The region belongs to another protection domain.
+    OtherPd,
+    /// The range is outside the region (or wraps).
+    OutOfBounds,
+    /// The region lacks the access right.
+    MissingAccess,
+}
+
+/// Transport statistics the environment counts (the device counters of rxe).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stat {
+    /// A duplicate request was received (`duplicate_request`).
+    DuplicateRequest,
+    /// A request beyond the expected PSN was received (`out_of_seq_request`).
+    OutOfSeqRequest,
+    /// An RNR NAK was received (`rcvd_rnr_err`).
+    RcvdRnrNak,
+    /// An RNR NAK was sent (`send_rnr_err`).
+    SentRnrNak,
+    /// A PSN sequence error NAK was received (`rcvd_seq_err`).
+    RcvdSeqNak,
+    /// Retries ran out (`retry_exceeded_err`).
+    RetryExceeded,
+    /// RNR retries ran out (`retry_rnr_exceeded_err`).
+    RnrRetryExceeded,
+    /// The completer started a retransmission (`completer_retry_err`).
+    CompleterRetry,
+    /// A NAK other than sequence/RNR was sent or an error completion made (`send_err`).
+    SendErr,
+}
+
+/// What the transport needs from its surroundings: memory, receive queues, completion
+/// queues, counters. Implemented by the soft QP over the device's tables, and by the
+/// simulation tests over models.
+pub trait Env {
+    /// Resolves a remote access: the region covering `[va, va + len)` of the memory region
+    /// `rkey` if it is in the QP's protection domain and grants `need`.
+    fn remote(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<MemRegion, RemoteKeyError>;
+
+    /// Takes the next receive work request (from the QP's receive queue or its SRQ).
+    fn take_recv(&mut self) -> Option<RecvWqe>;
+
+    /// Reports a send-queue completion.
+    fn send_completion(&mut self, wc: WorkCompletion);
+
+    /// Reports a receive-queue completion; `solicited` from the SE bit of the last packet.
+    fn recv_completion(&mut self, wc: WorkCompletion, solicited: bool);
+
+    /// Counts an event.
+    fn count(&mut self, stat: Stat);
+}

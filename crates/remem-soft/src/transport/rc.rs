@@ -1,0 +1,1352 @@
+//! Requester, completer and responder of one RC queue pair.
+
+use super::psn::{add, diff};
+use super::{
+    ACK_UNLIMITED, AtomicEth, Env, Kind, Pos, RemoteKeyError, Reth, RxPacket, Stat, Syndrome,
+    TxPacket,
+};
+use crate::wqe::{RecvWqe, SendWqe, scatter_into};
+use remem_verbs::qp::{local_ack_timeout_ns, rnr_timer_us};
+use remem_verbs::{
+    AccessFlags, MemError, MemRegion, QpState, RNR_RETRY_INFINITE, SendOp, WcFlags, WcOpcode,
+    WcStatus, WorkCompletion,
+};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// The largest message: 2^31 bytes (IBTA).
+pub const MAX_MSG: u64 = 1 << 31;
+
+/// Ask for an ACK at least every this many packets of a long message (as rxe).
+const ACKREQ_EVERY: u32 = 64;
+
+/// The attributes the transport runs with (from `ibv_qp_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RcConfig {
+    /// This QP's number.
+    pub qpn: u32,
+    /// The peer QP.
+    pub dest_qpn: u32,
+    /// Path MTU in bytes.
+    pub mtu: u32,
+    /// First PSN the requester sends.
+    pub sq_psn: u32,
+    /// First PSN the responder expects.
+    pub rq_psn: u32,
+    /// Local ACK timeout code (0 = no timeout).
+    pub timeout: u8,
+    /// Retries after timeouts and sequence NAKs.
+    pub retry_cnt: u8,
+    /// Retries after RNR NAKs (7 = infinite).
+    pub rnr_retry: u8,
+    /// RNR timer code this responder sends.
+    pub min_rnr_timer: u8,
+    /// Outstanding READ/atomic requests this requester may have.
+    pub max_rd_atomic: u8,
+    /// READ/atomic responder resources.
+    pub max_dest_rd_atomic: u8,
+    /// Remote operations the responder accepts.
+    pub access: AccessFlags,
+    /// Most unacknowledged PSNs in flight.
+    pub window: u32,
+}
+
+impl Default for RcConfig {
+    fn default() -> Self {
+        RcConfig {
+            qpn: 0,
+            dest_qpn: 0,
+            mtu: 1024,
+            sq_psn: 0,
+            rq_psn: 0,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: RNR_RETRY_INFINITE,
+            min_rnr_timer: 12,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            access: AccessFlags::empty(),
+            window: 1024,
+        }
+    }
+}
+
+impl RcConfig {
+    fn ack_timeout(&self) -> Option<Duration> {
+        local_ack_timeout_ns(self.timeout).map(Duration::from_nanos)
+    }
+
+    /// Number of PSNs a work request consumes.
+    fn npkts(&self, wqe: &SendWqe) -> u32 {
+        match wqe.op {
+            SendOp::AtomicCmpAndSwp { .. } | SendOp::AtomicFetchAndAdd { .. } => 1,
+            _ => wqe.len.div_ceil(u64::from(self.mtu)).max(1) as u32,
+        }
+    }
+}
+
+/// A send work request on its way.
+#[derive(Debug)]
+struct SqEntry {
+    wqe: SendWqe,
+    /// Whether PSNs were assigned (transmission started).
+    started: bool,
+    first_psn: u32,
+    npkts: u32,
+    /// READ: response packets received.
+    resp_pkts: u32,
+    /// READ: the expected response PSN a re-request was sent for (to avoid re-request
+    /// storms on a burst of late responses).
+    rerequested: Option<u32>,
+    /// Set when the work request is finished.
+    status: Option<WcStatus>,
+}
+
+impl SqEntry {
+    fn last_psn(&self) -> u32 {
+        add(self.first_psn, self.npkts.saturating_sub(1))
+    }
+    fn is_rd(&self) -> bool {
+        self.wqe.op.is_read_or_atomic()
+    }
+    /// Whether `psn` is one of this entry's PSNs.
+    fn holds(&self, psn: u32) -> bool {
+        let d = diff(psn, self.first_psn);
+        d >= 0 && (d as u32) < self.npkts
+    }
+}
+
+#[derive(Debug)]
+struct Requester {
+    sq: VecDeque<SqEntry>,
+    /// Index in `sq` of the entry being transmitted.
+    cur: usize,
+    /// Next packet of it.
+    cur_pkt: u32,
+    next_psn: u32,
+    /// One past the highest PSN ever sent.
+    max_sent: u32,
+    /// Oldest unacknowledged PSN.
+    una: u32,
+    rd_outstanding: u32,
+    retry_left: u8,
+    rnr_left: u8,
+    timer: Option<Instant>,
+    rnr_until: Option<Instant>,
+    since_ackreq: u32,
+}
+
+impl Requester {
+    fn new() -> Self {
+        Requester {
+            sq: VecDeque::new(),
+            cur: 0,
+            cur_pkt: 0,
+            next_psn: 0,
+            max_sent: 0,
+            una: 0,
+            rd_outstanding: 0,
+            retry_left: 0,
+            rnr_left: 0,
+            timer: None,
+            rnr_until: None,
+            since_ackreq: 0,
+        }
+    }
+}
+
+/// What the responder is in the middle of.
+#[derive(Debug)]
+enum InProgress {
+    Idle,
+    Send {
+        wqe: RecvWqe,
+        kind: Kind,
+        offset: u64,
+    },
+    Write {
+        region: Option<MemRegion>,
+        kind: Kind,
+        offset: u64,
+        len: u64,
+    },
+}
+
+#[derive(Debug)]
+enum Resource {
+    Read {
+        psn: u32,
+        npkts: u32,
+        region: Option<MemRegion>,
+        len: u64,
+    },
+    Atomic {
+        psn: u32,
+        orig: u64,
+    },
+}
+
+/// A response waiting to be sent, in PSN order.
+#[derive(Debug)]
+enum Out {
+    Ack {
+        psn: u32,
+        syndrome: Syndrome,
+    },
+    AtomicAck {
+        psn: u32,
+        orig: u64,
+    },
+    Read {
+        region: Option<MemRegion>,
+        /// PSN of packet index 0 of the READ.
+        base_psn: u32,
+        /// Length of the whole READ.
+        len: u64,
+        /// Index of the first packet of this (re)transmission.
+        start: u32,
+        /// Next packet index to send.
+        next: u32,
+        /// Packets in the whole READ.
+        npkts: u32,
+    },
+}
+
+#[derive(Debug)]
+struct Responder {
+    epsn: u32,
+    msn: u32,
+    nak_sent: bool,
+    progress: InProgress,
+    resources: VecDeque<Resource>,
+    out: VecDeque<Out>,
+}
+
+impl Responder {
+    fn new() -> Self {
+        Responder {
+            epsn: 0,
+            msn: 0,
+            nak_sent: false,
+            progress: InProgress::Idle,
+            resources: VecDeque::new(),
+            out: VecDeque::new(),
+        }
+    }
+
+    /// Queues an ACK for `psn`, merging with an unsent ACK at the back of the queue.
+    fn push_ack(&mut self, psn: u32) {
+        if let Some(Out::Ack { psn: p, syndrome }) = self.out.back_mut()
+            && *syndrome == ACK_UNLIMITED
+        {
+            *p = psn;
+            return;
+        }
+        self.out.push_back(Out::Ack {
+            psn,
+            syndrome: ACK_UNLIMITED,
+        });
+    }
+
+    fn push_nak(&mut self, psn: u32, syndrome: Syndrome) {
+        self.out.push_back(Out::Ack { psn, syndrome });
+    }
+}
+
+/// Why the responder refuses a request: the NAK it sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refuse {
+    Invalid,
+    Access(RemoteKeyError),
+    Operational,
+}
+
+/// The RC transport of one queue pair.
+#[derive(Debug)]
+pub struct RcTransport {
+    cfg: RcConfig,
+    state: QpState,
+    req: Requester,
+    resp: Responder,
+}
+
+fn wc_opcode(op: &SendOp) -> WcOpcode {
+    match op {
+        SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => WcOpcode::Send,
+        SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
+        SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+        SendOp::AtomicCmpAndSwp { .. } => WcOpcode::CompSwap,
+        SendOp::AtomicFetchAndAdd { .. } => WcOpcode::FetchAdd,
+        SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
+        SendOp::Flush { .. } => WcOpcode::Flush,
+    }
+}
+
+impl RcTransport {
+    /// A transport in RESET.
+    pub fn new(cfg: RcConfig) -> Self {
+        RcTransport {
+            cfg,
+            state: QpState::Reset,
+            req: Requester::new(),
+            resp: Responder::new(),
+        }
+    }
+
+    /// The QP state as the transport sees it (it moves to ERR by itself on errors).
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RcConfig {
+        &self.cfg
+    }
+
+    /// Applies new attributes and moves to `state` (the QP object validated the
+    /// transition). Entering RTR starts the responder at `rq_psn`, entering RTS from RTR
+    /// the requester at `sq_psn`; RESET forgets everything; ERR flushes every work request.
+    pub fn set_state(&mut self, cfg: RcConfig, state: QpState, env: &mut dyn Env) {
+        let old = self.state;
+        self.cfg = cfg;
+        self.state = state;
+        match state {
+            QpState::Reset => {
+                self.req = Requester::new();
+                self.resp = Responder::new();
+            }
+            QpState::Rtr if old != QpState::Rtr => {
+                self.resp = Responder::new();
+                self.resp.epsn = cfg.rq_psn;
+            }
+            QpState::Rts if old == QpState::Rtr => {
+                let r = &mut self.req;
+                r.next_psn = cfg.sq_psn;
+                r.max_sent = cfg.sq_psn;
+                r.una = cfg.sq_psn;
+                r.retry_left = cfg.retry_cnt;
+                r.rnr_left = cfg.rnr_retry;
+            }
+            QpState::Err => self.flush(env),
+            _ => {}
+        }
+    }
+
+    /// Queues a validated send work request. In ERR it completes at once with
+    /// `WR_FLUSH_ERR`.
+    pub fn post_send(&mut self, wqe: SendWqe, env: &mut dyn Env) {
+        if self.state == QpState::Err {
+            env.send_completion(self.wc(&wqe, WcStatus::WrFlushErr));
+            return;
+        }
+        self.req.sq.push_back(SqEntry {
+            wqe,
+            started: false,
+            first_psn: 0,
+            npkts: 0,
+            resp_pkts: 0,
+            rerequested: None,
+            status: None,
+        });
+    }
+
+    /// Work requests posted and not yet completed.
+    pub fn send_queue_len(&self) -> usize {
+        self.req.sq.len()
+    }
+
+    /// Whether `poll_transmit` may have something to send now.
+    pub fn wants_transmit(&self, now: Instant) -> bool {
+        if !self.resp.out.is_empty() {
+            return true;
+        }
+        matches!(self.state, QpState::Rts | QpState::Sqd)
+            && self.req.cur < self.req.sq.len()
+            && self.req.rnr_until.is_none_or(|t| t <= now)
+    }
+
+    /// The earliest time `handle_timeout` must be called.
+    pub fn next_timeout(&self) -> Option<Instant> {
+        match (self.req.timer, self.req.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn wc(&self, wqe: &SendWqe, status: WcStatus) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: wqe.wr_id,
+            status,
+            opcode: wc_opcode(&wqe.op),
+            byte_len: wqe.len as u32,
+            qp_num: self.cfg.qpn,
+            ..WorkCompletion::default()
+        }
+    }
+
+    // ------------------------------------------------------------------ requester
+
+    /// Produces the next packet to send, if any: calls `emit` with its headers and a
+    /// function that writes its payload into the slice it is given (exactly
+    /// `payload_len` bytes). Responses go first, then new or retransmitted requests.
+    pub fn poll_transmit<R>(
+        &mut self,
+        now: Instant,
+        emit: impl FnOnce(&TxPacket, &mut dyn FnMut(&mut [u8]) -> Result<(), MemError>) -> R,
+    ) -> Option<R> {
+        let (pkt, src) = match self.poll_response() {
+            Some(p) => p,
+            None if matches!(self.state, QpState::Rts | QpState::Sqd) => self.poll_request(now)?,
+            None => return None,
+        };
+        let sq = &self.req.sq;
+        let mut fill = |dst: &mut [u8]| match &src {
+            PayloadSrc::None => Ok(()),
+            PayloadSrc::Wqe { index, offset } => match sq.get(*index) {
+                Some(e) => e.wqe.gather(*offset, dst),
+                None => Err(MemError::OutOfBounds {
+                    offset: *offset,
+                    len: dst.len() as u64,
+                    size: 0,
+                }),
+            },
+            PayloadSrc::Region { region, offset } => region.read(*offset, dst),
+        };
+        Some(emit(&pkt, &mut fill))
+    }
+
+    fn poll_request(&mut self, now: Instant) -> Option<(TxPacket, PayloadSrc)> {
+        let cfg = self.cfg;
+        let r = &mut self.req;
+        if r.rnr_until.is_some_and(|t| t > now) {
+            return None;
+        }
+        r.rnr_until = None;
+        let entry = r.sq.get_mut(r.cur)?;
+        if !entry.started {
+            if self.state == QpState::Sqd {
+                return None;
+            }
+            if diff(r.next_psn, r.una) >= cfg.window as i32 {
+                return None;
+            }
+            if entry.wqe.fence && r.rd_outstanding > 0 {
+                return None;
+            }
+            if entry.is_rd() {
+                if r.rd_outstanding >= u32::from(cfg.max_rd_atomic) {
+                    return None;
+                }
+                r.rd_outstanding += 1;
+            }
+            entry.started = true;
+            entry.first_psn = r.next_psn;
+            entry.npkts = cfg.npkts(&entry.wqe);
+        }
+        let index = r.cur;
+        let k = r.cur_pkt;
+        let psn = add(entry.first_psn, k);
+        let mtu = u64::from(cfg.mtu);
+        let offset = u64::from(k) * mtu;
+        let mut pkt = TxPacket::new(Kind::Send, Pos::Only, cfg.dest_qpn, psn);
+        let mut consumed = 1; // PSNs this packet uses
+        let mut payload_off = None;
+        match entry.wqe.op {
+            SendOp::RdmaRead { remote_addr, rkey } => {
+                pkt.kind = Kind::ReadRequest;
+                pkt.reth = Some(Reth {
+                    va: remote_addr.wrapping_add(offset),
+                    rkey,
+                    len: (entry.wqe.len - offset.min(entry.wqe.len)) as u32,
+                });
+                pkt.ack_req = true;
+                consumed = entry.npkts - k;
+            }
+            SendOp::AtomicCmpAndSwp {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => {
+                pkt.kind = Kind::CompareSwap;
+                pkt.atomic = Some(AtomicEth {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: swap,
+                    compare,
+                });
+                pkt.ack_req = true;
+            }
+            SendOp::AtomicFetchAndAdd {
+                remote_addr,
+                rkey,
+                add: value,
+            } => {
+                pkt.kind = Kind::FetchAdd;
+                pkt.atomic = Some(AtomicEth {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: value,
+                    compare: 0,
+                });
+                pkt.ack_req = true;
+            }
+            op => {
+                let (kind, reth) = match op {
+                    SendOp::Send => (Kind::Send, None),
+                    SendOp::SendWithImm { imm } => {
+                        pkt.imm = Some(imm);
+                        (Kind::SendImm, None)
+                    }
+                    SendOp::SendWithInv { rkey } => {
+                        pkt.ieth = Some(rkey);
+                        (Kind::SendInv, None)
+                    }
+                    SendOp::RdmaWrite { remote_addr, rkey } => (
+                        Kind::Write,
+                        Some(Reth {
+                            va: remote_addr,
+                            rkey,
+                            len: entry.wqe.len as u32,
+                        }),
+                    ),
+                    SendOp::RdmaWriteWithImm {
+                        remote_addr,
+                        rkey,
+                        imm,
+                    } => {
+                        pkt.imm = Some(imm);
+                        (
+                            Kind::WriteImm,
+                            Some(Reth {
+                                va: remote_addr,
+                                rkey,
+                                len: entry.wqe.len as u32,
+                            }),
+                        )
+                    }
+                    // The QP refuses these at post time until they are implemented.
+                    SendOp::AtomicWrite { .. } | SendOp::Flush { .. } => (Kind::Send, None),
+                    _ => (Kind::Send, None),
+                };
+                pkt.kind = kind;
+                pkt.pos = Pos::of(k, entry.npkts);
+                if pkt.pos.starts() {
+                    pkt.reth = reth;
+                }
+                if !pkt.pos.ends() {
+                    pkt.imm = None;
+                    pkt.ieth = None;
+                }
+                pkt.payload_len = (entry.wqe.len - offset).min(mtu) as u32;
+                pkt.solicited = entry.wqe.solicited && pkt.pos.ends();
+                r.since_ackreq += 1;
+                pkt.ack_req = pkt.pos.ends() || r.since_ackreq >= ACKREQ_EVERY;
+                payload_off = Some(offset);
+            }
+        }
+        if pkt.ack_req {
+            r.since_ackreq = 0;
+        }
+        // Advance the cursor.
+        r.cur_pkt += consumed;
+        if r.cur_pkt >= entry.npkts {
+            if entry.wqe.op.is_read_or_atomic() && entry.rerequested.is_none() && k > 0 {
+                entry.rerequested = Some(psn);
+            }
+            r.cur += 1;
+            r.cur_pkt = 0;
+        }
+        r.next_psn = add(psn, consumed);
+        if diff(r.next_psn, r.max_sent) > 0 {
+            r.max_sent = r.next_psn;
+        }
+        if r.timer.is_none() {
+            r.timer = cfg.ack_timeout().map(|t| now + t);
+        }
+        let src = match payload_off {
+            Some(offset) => PayloadSrc::Wqe { index, offset },
+            None => PayloadSrc::None,
+        };
+        Some((pkt, src))
+    }
+
+    /// The next queued response (ACK/NAK, atomic ACK, READ response packet).
+    fn poll_response(&mut self) -> Option<(TxPacket, PayloadSrc)> {
+        let mtu = self.cfg.mtu;
+        let dest = self.cfg.dest_qpn;
+        let msn = self.resp.msn;
+        let out = self.resp.out.front_mut()?;
+        let result = match out {
+            Out::Ack { psn, syndrome } => {
+                let mut p = TxPacket::new(Kind::Ack, Pos::Only, dest, *psn);
+                p.aeth = Some((*syndrome, msn));
+                (p, PayloadSrc::None, true)
+            }
+            Out::AtomicAck { psn, orig } => {
+                let mut p = TxPacket::new(Kind::AtomicAck, Pos::Only, dest, *psn);
+                p.aeth = Some((ACK_UNLIMITED, msn));
+                p.atomic_ack = Some(*orig);
+                (p, PayloadSrc::None, true)
+            }
+            Out::Read {
+                region,
+                base_psn,
+                len,
+                start,
+                next,
+                npkts,
+            } => {
+                let idx = *next;
+                let pos = Pos::of(idx - *start, *npkts - *start);
+                let mut p = TxPacket::new(Kind::ReadResponse, pos, dest, add(*base_psn, idx));
+                let offset = u64::from(idx) * u64::from(mtu);
+                p.payload_len = len.saturating_sub(offset).min(u64::from(mtu)) as u32;
+                if pos != Pos::Middle {
+                    p.aeth = Some((ACK_UNLIMITED, msn));
+                }
+                *next += 1;
+                let src = match region {
+                    Some(r) if p.payload_len > 0 => PayloadSrc::Region {
+                        region: r.clone(),
+                        offset: offset as usize,
+                    },
+                    _ => PayloadSrc::None,
+                };
+                (p, src, *next >= *npkts)
+            }
+        };
+        let (pkt, src, done) = result;
+        if done {
+            self.resp.out.pop_front();
+        }
+        Some((pkt, src))
+    }
+
+    /// Moves the transmit cursor back to `psn` (go-back-N).
+    fn rewind_to(&mut self, psn: u32) {
+        let r = &mut self.req;
+        for (i, e) in r.sq.iter().enumerate() {
+            if !e.started {
+                break;
+            }
+            if e.holds(psn) {
+                r.cur = i;
+                r.cur_pkt = diff(psn, e.first_psn) as u32;
+                r.next_psn = psn;
+                return;
+            }
+        }
+        // Nothing holds it (all acknowledged): continue with the first unstarted entry.
+        r.cur = r.sq.iter().position(|e| !e.started).unwrap_or(r.sq.len());
+        r.cur_pkt = 0;
+        r.next_psn = r.max_sent;
+    }
+
+    /// Acknowledges every PSN up to and including `psn`. Returns whether it made progress.
+    fn ack_through(&mut self, now: Instant, psn: u32, env: &mut dyn Env) -> bool {
+        let r = &mut self.req;
+        if diff(psn, r.una) < 0 || diff(psn, r.max_sent) >= 0 {
+            return false; // stale or acknowledging what was never sent
+        }
+        let mut new_una = add(psn, 1);
+        let mut lost_read = None;
+        for e in r.sq.iter_mut() {
+            if !e.started || e.status.is_some() {
+                if e.status.is_some() {
+                    continue;
+                }
+                break;
+            }
+            if e.is_rd() {
+                // Responses carry READ/atomic completions; an ACK past the expected
+                // response means they were lost.
+                let expected = add(e.first_psn, e.resp_pkts);
+                if diff(psn, expected) >= 0 {
+                    new_una = expected;
+                    lost_read = Some(expected);
+                }
+                break;
+            }
+            if diff(psn, e.last_psn()) >= 0 {
+                e.status = Some(WcStatus::Success);
+            } else {
+                break;
+            }
+        }
+        let progressed = diff(new_una, r.una) > 0;
+        if progressed {
+            r.una = new_una;
+            r.retry_left = self.cfg.retry_cnt;
+            r.rnr_left = self.cfg.rnr_retry;
+        }
+        if let Some(p) = lost_read {
+            self.rerequest(p);
+        }
+        self.retire(now, env);
+        progressed
+    }
+
+    /// Re-requests a READ (or resends an atomic) from its expected response PSN, once per
+    /// expected PSN.
+    fn rerequest(&mut self, expected: u32) {
+        let Some(e) = self
+            .req
+            .sq
+            .iter_mut()
+            .find(|e| e.started && e.holds(expected))
+        else {
+            return;
+        };
+        if e.rerequested == Some(expected) {
+            return;
+        }
+        e.rerequested = Some(expected);
+        // Only go back if the cursor is past it.
+        let cursor_past = diff(self.req.next_psn, expected) > 0;
+        if cursor_past {
+            self.rewind_to(expected);
+        }
+    }
+
+    /// Reports finished work requests from the head of the send queue, in order.
+    fn retire(&mut self, now: Instant, env: &mut dyn Env) {
+        while let Some(e) = self.req.sq.front() {
+            let Some(status) = e.status else { break };
+            let e = self.req.sq.pop_front().expect("front exists");
+            if e.is_rd() && e.started && status == WcStatus::Success {
+                self.req.rd_outstanding = self.req.rd_outstanding.saturating_sub(1);
+            }
+            if e.wqe.signaled || status != WcStatus::Success {
+                env.send_completion(self.wc(&e.wqe, status));
+            }
+            if self.req.cur > 0 {
+                self.req.cur -= 1;
+            } else {
+                self.req.cur_pkt = 0;
+            }
+        }
+        let r = &mut self.req;
+        if diff(r.next_psn, r.una) < 0 {
+            let una = r.una;
+            self.rewind_to(una);
+        }
+        let r = &mut self.req;
+        r.timer = if r.una == r.max_sent {
+            None
+        } else {
+            self.cfg.ack_timeout().map(|t| now + t)
+        };
+    }
+
+    /// Fails the entry holding `psn` (or the head) with `status`: the QP goes to ERR.
+    fn fail(&mut self, now: Instant, psn: Option<u32>, status: WcStatus, env: &mut dyn Env) {
+        let idx = psn
+            .and_then(|p| self.req.sq.iter().position(|e| e.started && e.holds(p)))
+            .unwrap_or(0);
+        // Entries before it were acknowledged (NAKs acknowledge earlier PSNs).
+        for e in self.req.sq.iter_mut().take(idx) {
+            e.status.get_or_insert(WcStatus::Success);
+        }
+        if let Some(e) = self.req.sq.get_mut(idx) {
+            e.status = Some(status);
+        }
+        env.count(Stat::SendErr);
+        self.retire(now, env);
+        self.state = QpState::Err;
+        self.flush(env);
+    }
+
+    /// Completes every outstanding work request with `WR_FLUSH_ERR`.
+    fn flush(&mut self, env: &mut dyn Env) {
+        let sq = std::mem::take(&mut self.req.sq);
+        for e in sq {
+            match e.status {
+                Some(WcStatus::Success) if !e.wqe.signaled => {}
+                Some(s) => env.send_completion(self.wc(&e.wqe, s)),
+                None => env.send_completion(self.wc(&e.wqe, WcStatus::WrFlushErr)),
+            }
+        }
+        self.req.cur = 0;
+        self.req.cur_pkt = 0;
+        self.req.timer = None;
+        self.req.rnr_until = None;
+        self.req.rd_outstanding = 0;
+        self.resp.progress = InProgress::Idle;
+        // Keep queued NAKs so the peer learns why; drop everything else.
+        self.resp
+            .out
+            .retain(|o| matches!(o, Out::Ack { syndrome, .. } if *syndrome != ACK_UNLIMITED));
+    }
+
+    /// Handles the retransmit and RNR timers.
+    pub fn handle_timeout(&mut self, now: Instant, env: &mut dyn Env) {
+        if self.req.rnr_until.is_some_and(|t| t <= now) {
+            self.req.rnr_until = None;
+        }
+        let Some(t) = self.req.timer else { return };
+        if t > now {
+            return;
+        }
+        self.req.timer = None;
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.req.una == self.req.max_sent {
+            return;
+        }
+        if self.req.retry_left == 0 {
+            env.count(Stat::RetryExceeded);
+            let una = self.req.una;
+            self.fail(now, Some(una), WcStatus::RetryExcErr, env);
+            return;
+        }
+        self.req.retry_left -= 1;
+        env.count(Stat::CompleterRetry);
+        let una = self.req.una;
+        for e in self.req.sq.iter_mut() {
+            e.rerequested = None;
+        }
+        self.rewind_to(una);
+    }
+
+    /// Handles a response packet (ACK, NAK, READ response, atomic ACK).
+    fn handle_response(&mut self, now: Instant, pkt: &RxPacket<'_>, env: &mut dyn Env) {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return;
+        }
+        match pkt.kind {
+            Kind::Ack => {
+                let Some((syndrome, _msn)) = pkt.aeth else {
+                    return;
+                };
+                match syndrome {
+                    Syndrome::Ack(_) => {
+                        self.ack_through(now, pkt.psn, env);
+                    }
+                    nak => self.handle_nak(now, pkt.psn, nak, env),
+                }
+            }
+            Kind::AtomicAck => {
+                let Some(orig) = pkt.atomic_ack else { return };
+                let Some(i) = self.first_pending_rd() else {
+                    return;
+                };
+                let e = &self.req.sq[i];
+                if e.first_psn != pkt.psn || matches!(e.wqe.op, SendOp::RdmaRead { .. }) {
+                    return; // duplicate or unexpected
+                }
+                self.ack_through(now, add(pkt.psn, super::psn::PSN_MASK), env);
+                let Some(i) = self.first_pending_rd() else {
+                    return;
+                };
+                let e = &mut self.req.sq[i];
+                let status = match e.wqe.scatter(0, &orig.to_ne_bytes()) {
+                    Ok(()) => WcStatus::Success,
+                    Err(_) => WcStatus::LocProtErr,
+                };
+                e.status = Some(status);
+                self.req.una = add(pkt.psn, 1);
+                self.req.retry_left = self.cfg.retry_cnt;
+                if status == WcStatus::Success {
+                    self.retire(now, env);
+                } else {
+                    self.fail(now, Some(pkt.psn), status, env);
+                }
+            }
+            Kind::ReadResponse => self.handle_read_response(now, pkt, env),
+            _ => {}
+        }
+    }
+
+    /// Index of the first READ/atomic entry awaiting its response.
+    fn first_pending_rd(&self) -> Option<usize> {
+        self.req
+            .sq
+            .iter()
+            .position(|e| e.started && e.status.is_none() && e.is_rd())
+    }
+
+    fn handle_read_response(&mut self, now: Instant, pkt: &RxPacket<'_>, env: &mut dyn Env) {
+        let Some(i) = self.first_pending_rd() else {
+            return;
+        };
+        let e = &self.req.sq[i];
+        if !matches!(e.wqe.op, SendOp::RdmaRead { .. }) {
+            return;
+        }
+        let expected = add(e.first_psn, e.resp_pkts);
+        let d = diff(pkt.psn, expected);
+        if d < 0 {
+            return; // duplicate
+        }
+        if d > 0 {
+            // Earlier responses were lost: ask again from the first missing one.
+            self.rerequest(expected);
+            return;
+        }
+        // Responses acknowledge every earlier request.
+        if diff(expected, self.req.una) > 0 {
+            self.ack_through(now, add(expected, super::psn::PSN_MASK), env);
+        }
+        let Some(i) = self.first_pending_rd() else {
+            return;
+        };
+        let mtu = u64::from(self.cfg.mtu);
+        let e = &mut self.req.sq[i];
+        let offset = u64::from(e.resp_pkts) * mtu;
+        let remaining = e.wqe.len.saturating_sub(offset);
+        let last = e.resp_pkts + 1 == e.npkts;
+        let want = if last { remaining } else { mtu };
+        if pkt.pos.ends() != last || pkt.payload.len() as u64 != want {
+            self.fail(now, Some(pkt.psn), WcStatus::BadRespErr, env);
+            return;
+        }
+        if e.wqe.scatter(offset, pkt.payload).is_err() {
+            self.fail(now, Some(pkt.psn), WcStatus::LocProtErr, env);
+            return;
+        }
+        e.resp_pkts += 1;
+        self.req.una = add(pkt.psn, 1);
+        self.req.retry_left = self.cfg.retry_cnt;
+        self.req.rnr_left = self.cfg.rnr_retry;
+        if last {
+            e.status = Some(WcStatus::Success);
+            self.retire(now, env);
+        } else {
+            self.req.timer = self.cfg.ack_timeout().map(|t| now + t);
+        }
+    }
+
+    fn handle_nak(&mut self, now: Instant, psn: u32, nak: Syndrome, env: &mut dyn Env) {
+        // A NAK acknowledges everything before its PSN.
+        let r = &self.req;
+        if diff(psn, r.una) < 0 || diff(psn, r.max_sent) >= 0 {
+            return;
+        }
+        if diff(psn, r.una) > 0 {
+            self.ack_through(now, add(psn, super::psn::PSN_MASK), env);
+        }
+        if self.req.una != psn {
+            return; // the NAK names a PSN inside a READ still being answered; stale
+        }
+        match nak {
+            Syndrome::NakSeq => {
+                env.count(Stat::RcvdSeqNak);
+                if self.req.retry_left == 0 {
+                    env.count(Stat::RetryExceeded);
+                    self.fail(now, Some(psn), WcStatus::RetryExcErr, env);
+                    return;
+                }
+                self.req.retry_left -= 1;
+                env.count(Stat::CompleterRetry);
+                self.rewind_to(psn);
+            }
+            Syndrome::Rnr(code) => {
+                env.count(Stat::RcvdRnrNak);
+                if self.cfg.rnr_retry != RNR_RETRY_INFINITE {
+                    if self.req.rnr_left == 0 {
+                        env.count(Stat::RnrRetryExceeded);
+                        self.fail(now, Some(psn), WcStatus::RnrRetryExcErr, env);
+                        return;
+                    }
+                    self.req.rnr_left -= 1;
+                }
+                self.req.rnr_until =
+                    Some(now + Duration::from_micros(u64::from(rnr_timer_us(code))));
+                self.rewind_to(psn);
+            }
+            Syndrome::NakInvalid => self.fail(now, Some(psn), WcStatus::RemInvReqErr, env),
+            Syndrome::NakAccess => self.fail(now, Some(psn), WcStatus::RemAccessErr, env),
+            Syndrome::NakOperational | Syndrome::NakOther(_) => {
+                self.fail(now, Some(psn), WcStatus::RemOpErr, env)
+            }
+            Syndrome::Ack(_) => {}
+        }
+    }
+
+    // ------------------------------------------------------------------ responder
+
+    /// Handles one received packet addressed to this QP.
+    pub fn handle_packet(&mut self, now: Instant, pkt: &RxPacket<'_>, env: &mut dyn Env) {
+        if !pkt.kind.is_request() {
+            self.handle_response(now, pkt, env);
+            return;
+        }
+        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            return;
+        }
+        let d = diff(pkt.psn, self.resp.epsn);
+        if d > 0 {
+            env.count(Stat::OutOfSeqRequest);
+            if !self.resp.nak_sent {
+                self.resp.nak_sent = true;
+                let e = self.resp.epsn;
+                self.resp.push_nak(e, Syndrome::NakSeq);
+            }
+            return;
+        }
+        if d < 0 {
+            self.duplicate(pkt, env);
+            return;
+        }
+        self.resp.nak_sent = false;
+        if let Err(refuse) = self.execute(pkt, env) {
+            let syndrome = match refuse {
+                Refuse::Invalid => Syndrome::NakInvalid,
+                Refuse::Access(_) => Syndrome::NakAccess,
+                Refuse::Operational => Syndrome::NakOperational,
+            };
+            env.count(Stat::SendErr);
+            self.resp.push_nak(pkt.psn, syndrome);
+            // Invalid requests and access errors put the responder's QP in ERR (IBTA
+            // 9.9.3, as rxe does); the NAK stays queued and is still sent.
+            self.state = QpState::Err;
+            self.flush(env);
+        }
+    }
+
+    fn duplicate(&mut self, pkt: &RxPacket<'_>, env: &mut dyn Env) {
+        env.count(Stat::DuplicateRequest);
+        let psn = pkt.psn;
+        match pkt.kind {
+            Kind::ReadRequest => {
+                let found = self.resp.resources.iter().find_map(|r| match r {
+                    Resource::Read {
+                        psn: base,
+                        npkts,
+                        region,
+                        len,
+                    } => {
+                        let d = diff(psn, *base);
+                        (d >= 0 && (d as u32) < *npkts).then(|| Out::Read {
+                            region: region.clone(),
+                            base_psn: *base,
+                            len: *len,
+                            start: d as u32,
+                            next: d as u32,
+                            npkts: *npkts,
+                        })
+                    }
+                    Resource::Atomic { .. } => None,
+                });
+                if let Some(out) = found {
+                    self.resp.out.push_back(out);
+                }
+            }
+            Kind::CompareSwap | Kind::FetchAdd => {
+                let found = self.resp.resources.iter().find_map(|r| match r {
+                    Resource::Atomic { psn: p, orig } if *p == psn => Some(*orig),
+                    _ => None,
+                });
+                if let Some(orig) = found {
+                    self.resp.out.push_back(Out::AtomicAck { psn, orig });
+                }
+            }
+            _ => {
+                if pkt.ack_req || pkt.pos.ends() {
+                    let last = add(self.resp.epsn, super::psn::PSN_MASK);
+                    self.resp.push_ack(last);
+                }
+            }
+        }
+    }
+
+    fn remote(
+        env: &mut dyn Env,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<Option<MemRegion>, Refuse> {
+        if len == 0 {
+            return Ok(None); // zero-length accesses check no key (IBTA 9.4.3, 9.4.4)
+        }
+        env.remote(rkey, va, len, need)
+            .map(Some)
+            .map_err(Refuse::Access)
+    }
+
+    fn execute(&mut self, pkt: &RxPacket<'_>, env: &mut dyn Env) -> Result<(), Refuse> {
+        let mtu = u64::from(self.cfg.mtu);
+        let plen = pkt.payload.len() as u64;
+        // Sequence: a message in progress must be continued by its own kind.
+        let continuing = match &self.resp.progress {
+            InProgress::Idle => None,
+            InProgress::Send { kind, .. } | InProgress::Write { kind, .. } => Some(*kind),
+        };
+        match continuing {
+            Some(k) => {
+                let same_family = matches!(
+                    (k, pkt.kind),
+                    (
+                        Kind::Send | Kind::SendImm | Kind::SendInv,
+                        Kind::Send | Kind::SendImm | Kind::SendInv
+                    ) | (Kind::Write | Kind::WriteImm, Kind::Write | Kind::WriteImm)
+                );
+                if !same_family || pkt.pos.starts() {
+                    return Err(Refuse::Invalid);
+                }
+            }
+            None if !pkt.pos.starts() => return Err(Refuse::Invalid),
+            None => {}
+        }
+        // Payload sizes: FIRST and MIDDLE carry exactly one MTU, LAST 1..=MTU.
+        match pkt.pos {
+            Pos::First | Pos::Middle if plen != mtu => return Err(Refuse::Invalid),
+            Pos::Last if plen == 0 || plen > mtu => return Err(Refuse::Invalid),
+            Pos::Only if plen > mtu => return Err(Refuse::Invalid),
+            _ => {}
+        }
+        let access = self.cfg.access;
+        match pkt.kind {
+            Kind::Send | Kind::SendImm | Kind::SendInv => {
+                if !self.exec_send(pkt, env)? {
+                    return Ok(()); // RNR: the PSN stays expected
+                }
+            }
+            Kind::Write | Kind::WriteImm => {
+                if !access.contains(AccessFlags::REMOTE_WRITE) {
+                    return Err(Refuse::Invalid);
+                }
+                if !self.exec_write(pkt, env)? {
+                    return Ok(());
+                }
+            }
+            Kind::ReadRequest => {
+                if !access.contains(AccessFlags::REMOTE_READ) || plen != 0 {
+                    return Err(Refuse::Invalid);
+                }
+                let reth = pkt.reth.ok_or(Refuse::Invalid)?;
+                let len = u64::from(reth.len);
+                if len > MAX_MSG {
+                    return Err(Refuse::Invalid);
+                }
+                let region = Self::remote(env, reth.rkey, reth.va, len, AccessFlags::REMOTE_READ)?;
+                let npkts = len.div_ceil(mtu).max(1) as u32;
+                self.push_resource(Resource::Read {
+                    psn: pkt.psn,
+                    npkts,
+                    region: region.clone(),
+                    len,
+                })?;
+                self.resp.out.push_back(Out::Read {
+                    region,
+                    base_psn: pkt.psn,
+                    len,
+                    start: 0,
+                    next: 0,
+                    npkts,
+                });
+                self.resp.msn = add(self.resp.msn, 1);
+                self.resp.epsn = add(pkt.psn, npkts);
+                return Ok(());
+            }
+            Kind::CompareSwap | Kind::FetchAdd => {
+                if !access.contains(AccessFlags::REMOTE_ATOMIC) || plen != 0 {
+                    return Err(Refuse::Invalid);
+                }
+                let a = pkt.atomic.ok_or(Refuse::Invalid)?;
+                if a.va % 8 != 0 {
+                    return Err(Refuse::Invalid);
+                }
+                let region = Self::remote(env, a.rkey, a.va, 8, AccessFlags::REMOTE_ATOMIC)?
+                    .ok_or(Refuse::Invalid)?;
+                let orig = match pkt.kind {
+                    Kind::CompareSwap => region.compare_swap_u64(0, a.compare, a.swap_add),
+                    _ => region.fetch_add_u64(0, a.swap_add),
+                }
+                .map_err(|_| Refuse::Operational)?;
+                self.push_resource(Resource::Atomic { psn: pkt.psn, orig })?;
+                self.resp
+                    .out
+                    .push_back(Out::AtomicAck { psn: pkt.psn, orig });
+                self.resp.msn = add(self.resp.msn, 1);
+                self.resp.epsn = add(pkt.psn, 1);
+                return Ok(());
+            }
+            _ => return Err(Refuse::Invalid),
+        }
+        self.resp.epsn = add(pkt.psn, 1);
+        if pkt.ack_req {
+            self.resp.push_ack(pkt.psn);
+        }
+        Ok(())
+    }
+
+    fn push_resource(&mut self, r: Resource) -> Result<(), Refuse> {
+        let cap = usize::from(self.cfg.max_dest_rd_atomic);
+        if cap == 0 {
+            return Err(Refuse::Invalid);
+        }
+        // Resources are reused oldest first, as rxe does.
+        while self.resp.resources.len() >= cap {
+            self.resp.resources.pop_front();
+        }
+        self.resp.resources.push_back(r);
+        Ok(())
+    }
+
+    /// Executes a SEND packet. Returns `Ok(false)` when no receive was posted (an RNR NAK
+    /// was queued and the PSN stays expected).
+    fn exec_send(&mut self, pkt: &RxPacket<'_>, env: &mut dyn Env) -> Result<bool, Refuse> {
+        let (wqe, offset) = match std::mem::replace(&mut self.resp.progress, InProgress::Idle) {
+            InProgress::Send { wqe, offset, .. } => (wqe, offset),
+            _ => match env.take_recv() {
+                Some(wqe) => (wqe, 0),
+                None => {
+                    // Receiver not ready. The requester retries from this PSN, so sequence
+                    // NAKs for the packets that follow are pointless: suppress them.
+                    env.count(Stat::SentRnrNak);
+                    let code = self.cfg.min_rnr_timer;
+                    self.resp.push_nak(pkt.psn, Syndrome::Rnr(code));
+                    self.resp.nak_sent = true;
+                    return Ok(false);
+                }
+            },
+        };
+        if offset + pkt.payload.len() as u64 > MAX_MSG
+            || scatter_into(&wqe.sges, offset, pkt.payload).is_err()
+        {
+            // Longer than the receive buffer: the receive completes with a local length
+            // error and the requester gets an invalid-request NAK.
+            env.recv_completion(
+                WorkCompletion {
+                    wr_id: wqe.wr_id,
+                    status: WcStatus::LocLenErr,
+                    opcode: WcOpcode::Recv,
+                    qp_num: self.cfg.qpn,
+                    ..WorkCompletion::default()
+                },
+                false,
+            );
+            return Err(Refuse::Invalid);
+        }
+        let offset = offset + pkt.payload.len() as u64;
+        if pkt.pos.ends() {
+            let mut wc = WorkCompletion {
+                wr_id: wqe.wr_id,
+                status: WcStatus::Success,
+                opcode: WcOpcode::Recv,
+                byte_len: offset as u32,
+                qp_num: self.cfg.qpn,
+                src_qp: self.cfg.dest_qpn,
+                ..WorkCompletion::default()
+            };
+            if let Some(imm) = pkt.imm.filter(|_| pkt.kind == Kind::SendImm) {
+                wc.imm_data = imm;
+                wc.wc_flags |= WcFlags::WITH_IMM;
+            }
+            if let Some(rkey) = pkt.ieth.filter(|_| pkt.kind == Kind::SendInv) {
+                wc.imm_data = rkey;
+                wc.wc_flags |= WcFlags::WITH_INV;
+            }
+            self.resp.msn = add(self.resp.msn, 1);
+            env.recv_completion(wc, pkt.solicited);
+        } else {
+            self.resp.progress = InProgress::Send {
+                wqe,
+                kind: pkt.kind,
+                offset,
+            };
+        }
+        Ok(true)
+    }
+
+    /// Executes an RDMA WRITE packet. Returns `Ok(false)` on RNR (WRITE with immediate
+    /// and no receive posted).
+    fn exec_write(&mut self, pkt: &RxPacket<'_>, env: &mut dyn Env) -> Result<bool, Refuse> {
+        let (region, offset, len) =
+            match std::mem::replace(&mut self.resp.progress, InProgress::Idle) {
+                InProgress::Write {
+                    region,
+                    offset,
+                    len,
+                    ..
+                } => (region, offset, len),
+                _ => {
+                    let reth = pkt.reth.ok_or(Refuse::Invalid)?;
+                    let len = u64::from(reth.len);
+                    if len > MAX_MSG {
+                        return Err(Refuse::Invalid);
+                    }
+                    let region =
+                        Self::remote(env, reth.rkey, reth.va, len, AccessFlags::REMOTE_WRITE)?;
+                    (region, 0, len)
+                }
+            };
+        let end = offset + pkt.payload.len() as u64;
+        if end > len || (pkt.pos.ends() && end != len) {
+            return Err(Refuse::Invalid);
+        }
+        // A WRITE with immediate consumes a receive at its end: check before touching
+        // memory so that an RNR retry is harmless.
+        let recv = if pkt.kind == Kind::WriteImm && pkt.pos.ends() {
+            match env.take_recv() {
+                Some(w) => Some(w),
+                None => {
+                    env.count(Stat::SentRnrNak);
+                    let code = self.cfg.min_rnr_timer;
+                    self.resp.push_nak(pkt.psn, Syndrome::Rnr(code));
+                    self.resp.nak_sent = true;
+                    // Keep the message state so the retried LAST continues it.
+                    if !pkt.pos.starts() {
+                        self.resp.progress = InProgress::Write {
+                            region,
+                            kind: pkt.kind,
+                            offset,
+                            len,
+                        };
+                    }
+                    return Ok(false);
+                }
+            }
+        } else {
+            None
+        };
+        if let Some(r) = &region
+            && !pkt.payload.is_empty()
+        {
+            r.write(offset as usize, pkt.payload)
+                .map_err(|_| Refuse::Access(RemoteKeyError::OutOfBounds))?;
+        }
+        if pkt.pos.ends() {
+            self.resp.msn = add(self.resp.msn, 1);
+            if let Some(w) = recv {
+                let wc = WorkCompletion {
+                    wr_id: w.wr_id,
+                    status: WcStatus::Success,
+                    opcode: WcOpcode::RecvRdmaWithImm,
+                    byte_len: len as u32,
+                    imm_data: pkt.imm.unwrap_or(0),
+                    wc_flags: WcFlags::WITH_IMM,
+                    qp_num: self.cfg.qpn,
+                    src_qp: self.cfg.dest_qpn,
+                    ..WorkCompletion::default()
+                };
+                env.recv_completion(wc, pkt.solicited);
+            }
+        } else {
+            self.resp.progress = InProgress::Write {
+                region,
+                kind: pkt.kind,
+                offset: end,
+                len,
+            };
+        }
+        Ok(true)
+    }
+}
+
+/// Where a packet's payload comes from.
+#[derive(Debug)]
+enum PayloadSrc {
+    None,
+    /// The send queue entry at `index`, from message offset `offset`.
+    Wqe {
+        index: usize,
+        offset: u64,
+    },
+    /// A responder memory region (READ responses).
+    Region {
+        region: MemRegion,
+        offset: usize,
+    },
+}

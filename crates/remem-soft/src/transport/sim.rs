@@ -1,0 +1,1024 @@
+//! Deterministic simulation of two RC endpoints over a faulty network, with a reference
+//! model of RC semantics (quinn-proto's pair harness is the model).
+//!
+//! Each seed builds a random workload of SENDs (with and without immediate), WRITEs (with
+//! and without immediate), READs, compare-and-swaps and fetch-and-adds in both directions,
+//! runs it on a virtual clock through a network that drops, duplicates, reorders and delays
+//! packets, and checks: every work request completes exactly once and successfully, target
+//! memory equals the reference model's, READs return what the model says, atomics return
+//! the model's original values (so each executed exactly once), and every SEND arrives once,
+//! in order, with its data and immediate.
+
+use super::{Env, Kind, RcConfig, RcTransport, RemoteKeyError, RxPacket, Stat, TxPacket};
+use crate::wqe::{RecvWqe, SendData, SendWqe};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use remem_verbs::{
+    AccessFlags, MemRegion, MemoryBuffer, QpState, SendOp, WcFlags, WcOpcode, WcStatus,
+    WorkCompletion,
+};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Faults of the simulated network (probabilities per packet).
+#[derive(Debug, Clone, Copy)]
+struct Faults {
+    drop: f64,
+    dup: f64,
+    /// Probability of an extra random delay (which reorders).
+    reorder: f64,
+    /// Base one-way delay.
+    delay: Duration,
+}
+
+impl Faults {
+    const NONE: Faults = Faults {
+        drop: 0.0,
+        dup: 0.0,
+        reorder: 0.0,
+        delay: Duration::from_micros(5),
+    };
+}
+
+#[derive(Debug, Clone)]
+struct SimPacket {
+    hdr: TxPacket,
+    payload: Vec<u8>,
+}
+
+impl SimPacket {
+    fn rx(&self) -> RxPacket<'_> {
+        let h = &self.hdr;
+        RxPacket {
+            kind: h.kind,
+            pos: h.pos,
+            psn: h.psn,
+            ack_req: h.ack_req,
+            solicited: h.solicited,
+            reth: h.reth,
+            aeth: h.aeth,
+            atomic: h.atomic,
+            atomic_ack: h.atomic_ack,
+            imm: h.imm,
+            ieth: h.ieth,
+            payload: &self.payload,
+        }
+    }
+}
+
+/// Memory regions by rkey, as a device's MR table would hold them.
+#[derive(Default)]
+struct Keys {
+    by_rkey: HashMap<u32, (MemRegion, AccessFlags)>,
+}
+
+struct NodeEnv<'a> {
+    keys: &'a Keys,
+    rq: &'a mut VecDeque<RecvWqe>,
+    send_wcs: &'a mut Vec<WorkCompletion>,
+    recv_wcs: &'a mut Vec<WorkCompletion>,
+    stats: &'a mut HashMap<&'static str, u64>,
+}
+
+impl Env for NodeEnv<'_> {
+    fn remote(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<MemRegion, RemoteKeyError> {
+        let (region, access) = self
+            .keys
+            .by_rkey
+            .get(&rkey)
+            .ok_or(RemoteKeyError::UnknownKey)?;
+        if !access.contains(need) {
+            return Err(RemoteKeyError::MissingAccess);
+        }
+        let off = region
+            .offset_of(va, len)
+            .map_err(|_| RemoteKeyError::OutOfBounds)?;
+        MemRegion::new(
+            region.buffer().clone(),
+            region.offset() + off..region.offset() + off + len as usize,
+        )
+        .map_err(|_| RemoteKeyError::OutOfBounds)
+    }
+
+    fn take_recv(&mut self) -> Option<RecvWqe> {
+        self.rq.pop_front()
+    }
+
+    fn send_completion(&mut self, wc: WorkCompletion) {
+        self.send_wcs.push(wc);
+    }
+
+    fn recv_completion(&mut self, wc: WorkCompletion, _solicited: bool) {
+        self.recv_wcs.push(wc);
+    }
+
+    fn count(&mut self, stat: Stat) {
+        *self.stats.entry(stat_name(stat)).or_default() += 1;
+    }
+}
+
+fn stat_name(s: Stat) -> &'static str {
+    match s {
+        Stat::DuplicateRequest => "duplicate_request",
+        Stat::OutOfSeqRequest => "out_of_seq_request",
+        Stat::RcvdRnrNak => "rcvd_rnr_err",
+        Stat::SentRnrNak => "send_rnr_err",
+        Stat::RcvdSeqNak => "rcvd_seq_err",
+        Stat::RetryExceeded => "retry_exceeded_err",
+        Stat::RnrRetryExceeded => "retry_rnr_exceeded_err",
+        Stat::CompleterRetry => "completer_retry_err",
+        Stat::SendErr => "send_err",
+    }
+}
+
+struct Node {
+    rc: RcTransport,
+    keys: Keys,
+    rq: VecDeque<RecvWqe>,
+    send_wcs: Vec<WorkCompletion>,
+    recv_wcs: Vec<WorkCompletion>,
+    stats: HashMap<&'static str, u64>,
+    /// Memory the peer reads, writes and runs atomics on.
+    target: Arc<MemoryBuffer>,
+    target_rkey: u32,
+    /// Local buffers: sources of sends/writes, sinks of reads/atomics.
+    local: Arc<MemoryBuffer>,
+    /// Receive buffers.
+    recv_buf: Arc<MemoryBuffer>,
+    /// Receives posted so far.
+    recv_posted: usize,
+}
+
+impl Node {
+    fn new(cfg: RcConfig, rkey: u32) -> Self {
+        let target = Arc::new(MemoryBuffer::zeroed(TARGET_LEN).unwrap());
+        let mut keys = Keys::default();
+        keys.by_rkey.insert(
+            rkey,
+            (
+                MemRegion::whole(target.clone()),
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE,
+            ),
+        );
+        Node {
+            rc: RcTransport::new(cfg),
+            keys,
+            rq: VecDeque::new(),
+            send_wcs: Vec::new(),
+            recv_wcs: Vec::new(),
+            stats: HashMap::new(),
+            target,
+            target_rkey: rkey,
+            local: Arc::new(MemoryBuffer::zeroed(LOCAL_LEN).unwrap()),
+            recv_buf: Arc::new(MemoryBuffer::zeroed(RECV_LEN).unwrap()),
+            recv_posted: 0,
+        }
+    }
+
+    fn env(&mut self) -> (&mut RcTransport, NodeEnv<'_>) {
+        (
+            &mut self.rc,
+            NodeEnv {
+                keys: &self.keys,
+                rq: &mut self.rq,
+                send_wcs: &mut self.send_wcs,
+                recv_wcs: &mut self.recv_wcs,
+                stats: &mut self.stats,
+            },
+        )
+    }
+}
+
+const TARGET_LEN: usize = 64 * 1024;
+const LOCAL_LEN: usize = 1024 * 1024;
+const RECV_LEN: usize = 1024 * 1024;
+
+/// A network between node 0 and node 1 with a virtual clock.
+struct Net {
+    now: Instant,
+    rng: StdRng,
+    faults: Faults,
+    /// (delivery time, sequence) -> (destination, packet)
+    in_flight: BTreeMap<(Instant, u64), (usize, SimPacket)>,
+    seq: u64,
+    sent: u64,
+    dropped: u64,
+}
+
+impl Net {
+    fn send(&mut self, to: usize, pkt: SimPacket) {
+        self.sent += 1;
+        if self.rng.random_bool(self.faults.drop) {
+            self.dropped += 1;
+            return;
+        }
+        let copies = if self.rng.random_bool(self.faults.dup) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let mut at = self.now + self.faults.delay;
+            if self.rng.random_bool(self.faults.reorder) {
+                at += Duration::from_micros(self.rng.random_range(1..200));
+            }
+            self.seq += 1;
+            self.in_flight.insert((at, self.seq), (to, pkt.clone()));
+        }
+    }
+}
+
+/// One operation of the workload, with what the model expects.
+#[derive(Debug, Clone)]
+enum Expect {
+    /// Success completion only.
+    Plain,
+    /// READ: local bytes at `local_off` must equal these.
+    Read { local_off: usize, data: Vec<u8> },
+    /// Atomic: local u64 at `local_off` must equal the original value.
+    Atomic { local_off: usize, orig: u64 },
+}
+
+/// An expected arrival at a receiver: opcode, data (SEND) or zeros of the length (WRITE
+/// with immediate), immediate.
+type Arrival = (WcOpcode, Vec<u8>, Option<u32>);
+
+struct Workload {
+    /// Per sender: the work requests, in post order.
+    wqes: [Vec<(SendWqe, Expect)>; 2],
+    /// Per receiver: expected SEND/WRITE-with-imm arrivals (opcode, data or len, imm).
+    arrivals: [Vec<Arrival>; 2],
+    /// Expected final target memory of each node.
+    target: [Vec<u8>; 2],
+}
+
+fn cfg(qpn: u32, dest: u32, mtu: u32, sq_psn: u32, rq_psn: u32) -> RcConfig {
+    RcConfig {
+        qpn,
+        dest_qpn: dest,
+        mtu,
+        sq_psn,
+        rq_psn,
+        timeout: 8, // ~1 ms
+        retry_cnt: 7,
+        rnr_retry: 7,
+        min_rnr_timer: 1, // 10 µs
+        max_rd_atomic: 4,
+        max_dest_rd_atomic: 4,
+        access: AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC,
+        window: 64,
+    }
+}
+
+/// Builds a random workload for both directions and its reference model.
+fn workload(rng: &mut StdRng, nodes: &[Node; 2], ops: usize) -> Workload {
+    let mut wqes: [Vec<(SendWqe, Expect)>; 2] = [Vec::new(), Vec::new()];
+    let mut arrivals: [Vec<Arrival>; 2] = [Vec::new(), Vec::new()];
+    let mut target = [vec![0u8; TARGET_LEN], vec![0u8; TARGET_LEN]];
+    for (me, peer) in [(0usize, 1usize), (1, 0)] {
+        let local = &nodes[me].local;
+        let mut local_off = 0usize;
+        // Target ranges of earlier READs: IBTA only orders a later WRITE or atomic to the
+        // same memory after a READ when it carries FENCE (table "work request operation
+        // ordering"), so overlapping operations are fenced and the model stays sequential.
+        let mut reads: Vec<(usize, usize)> = Vec::new();
+        let peer_base = nodes[peer].target.addr();
+        let rkey = nodes[peer].target_rkey;
+        for i in 0..ops {
+            let wr_id = (me as u64) << 32 | i as u64;
+            let choice = rng.random_range(0..7);
+            let len = match rng.random_range(0..4) {
+                0 => rng.random_range(0..16),
+                1 => rng.random_range(16..600),
+                2 => rng.random_range(600..3000),
+                _ => rng.random_range(3000..9000),
+            };
+            let imm = rng.random::<u32>();
+            // Source/sink bytes in the local buffer, 8-aligned.
+            local_off = local_off.next_multiple_of(8);
+            if local_off + len + 8 > LOCAL_LEN {
+                break;
+            }
+            let src: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+            local.write(local_off, &src).unwrap();
+            let region = MemRegion::new(local.clone(), local_off..local_off + len).unwrap();
+            let sge8 = MemRegion::new(local.clone(), local_off..local_off + 8).unwrap();
+            let toff = rng.random_range(0..TARGET_LEN - len.max(8)) & !7;
+            let va = peer_base + toff as u64;
+            let (op, data, wlen, expect) = match choice {
+                0 | 1 => {
+                    let op = if choice == 0 {
+                        SendOp::Send
+                    } else {
+                        SendOp::SendWithImm { imm }
+                    };
+                    arrivals[peer].push((
+                        WcOpcode::Recv,
+                        src.clone(),
+                        (choice == 1).then_some(imm),
+                    ));
+                    (op, SendData::Sges(vec![region]), len, Expect::Plain)
+                }
+                2 | 3 => {
+                    target[peer][toff..toff + len].copy_from_slice(&src);
+                    let op = if choice == 2 {
+                        SendOp::RdmaWrite {
+                            remote_addr: va,
+                            rkey,
+                        }
+                    } else {
+                        arrivals[peer].push((WcOpcode::RecvRdmaWithImm, vec![0; len], Some(imm)));
+                        SendOp::RdmaWriteWithImm {
+                            remote_addr: va,
+                            rkey,
+                            imm,
+                        }
+                    };
+                    (op, SendData::Sges(vec![region]), len, Expect::Plain)
+                }
+                4 => {
+                    let data = target[peer][toff..toff + len].to_vec();
+                    (
+                        SendOp::RdmaRead {
+                            remote_addr: va,
+                            rkey,
+                        },
+                        SendData::Sges(vec![region]),
+                        len,
+                        Expect::Read { local_off, data },
+                    )
+                }
+                5 => {
+                    let cur = u64::from_ne_bytes(target[peer][toff..toff + 8].try_into().unwrap());
+                    let compare = if rng.random_bool(0.5) { cur } else { cur ^ 1 };
+                    let swap = rng.random::<u64>();
+                    if cur == compare {
+                        target[peer][toff..toff + 8].copy_from_slice(&swap.to_ne_bytes());
+                    }
+                    (
+                        SendOp::AtomicCmpAndSwp {
+                            remote_addr: va,
+                            rkey,
+                            compare,
+                            swap,
+                        },
+                        SendData::Sges(vec![sge8]),
+                        8,
+                        Expect::Atomic {
+                            local_off,
+                            orig: cur,
+                        },
+                    )
+                }
+                _ => {
+                    let cur = u64::from_ne_bytes(target[peer][toff..toff + 8].try_into().unwrap());
+                    let add = rng.random::<u64>();
+                    target[peer][toff..toff + 8]
+                        .copy_from_slice(&cur.wrapping_add(add).to_ne_bytes());
+                    (
+                        SendOp::AtomicFetchAndAdd {
+                            remote_addr: va,
+                            rkey,
+                            add,
+                        },
+                        SendData::Sges(vec![sge8]),
+                        8,
+                        Expect::Atomic {
+                            local_off,
+                            orig: cur,
+                        },
+                    )
+                }
+            };
+            local_off += wlen.max(8);
+            let touched = match op {
+                SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => Some((toff, len)),
+                SendOp::AtomicCmpAndSwp { .. } | SendOp::AtomicFetchAndAdd { .. } => {
+                    Some((toff, 8))
+                }
+                _ => None,
+            };
+            let overlaps_read = touched
+                .is_some_and(|(o, l)| reads.iter().any(|&(ro, rl)| o < ro + rl && ro < o + l));
+            if matches!(op, SendOp::RdmaRead { .. }) {
+                reads.push((toff, len));
+            }
+            let wqe = SendWqe {
+                wr_id,
+                op,
+                data,
+                len: wlen as u64,
+                signaled: rng.random_bool(0.8),
+                solicited: false,
+                fence: overlaps_read || rng.random_bool(0.05),
+                ud: None,
+            };
+            wqes[me].push((wqe, expect));
+        }
+    }
+    Workload {
+        wqes,
+        arrivals,
+        target,
+    }
+}
+
+struct Outcome {
+    nodes: [Node; 2],
+    net_sent: u64,
+    net_dropped: u64,
+    elapsed: Duration,
+}
+
+/// Runs until both sides have nothing left to do (or `limit` of virtual time passes).
+fn run(
+    mut nodes: [Node; 2],
+    mut net: Net,
+    limit: Duration,
+    mut on_step: impl FnMut(&mut [Node; 2], &mut StdRng),
+) -> Outcome {
+    let start = net.now;
+    loop {
+        on_step(&mut nodes, &mut net.rng);
+        // Transmit everything that can go now.
+        for (i, node) in nodes.iter_mut().enumerate() {
+            let now = net.now;
+            while let Some(pkt) = node.rc.poll_transmit(now, |hdr, fill| {
+                let mut payload = vec![0u8; hdr.payload_len as usize];
+                fill(&mut payload).expect("payload source in bounds");
+                SimPacket { hdr: *hdr, payload }
+            }) {
+                net.send(1 - i, pkt);
+            }
+        }
+        // Next event: a delivery or a timer.
+        let next_delivery = net.in_flight.keys().next().map(|k| k.0);
+        let next_timer = nodes.iter().filter_map(|n| n.rc.next_timeout()).min();
+        let next = match (next_delivery, next_timer) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => match a.or(b) {
+                Some(t) => t,
+                None => break, // quiescent
+            },
+        };
+        if next - start > limit {
+            break;
+        }
+        net.now = net.now.max(next);
+        let now = net.now;
+        while let Some(entry) = net.in_flight.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let (to, pkt) = entry.remove();
+            let (rc, mut env) = nodes[to].env();
+            rc.handle_packet(now, &pkt.rx(), &mut env);
+        }
+        for n in nodes.iter_mut() {
+            if n.rc.next_timeout().is_some_and(|t| t <= now) {
+                let (rc, mut env) = n.env();
+                rc.handle_timeout(now, &mut env);
+            }
+        }
+    }
+    Outcome {
+        elapsed: net.now - start,
+        net_sent: net.sent,
+        net_dropped: net.dropped,
+        nodes,
+    }
+}
+
+fn connected_pair(seed: u64, mtu: u32) -> ([Node; 2], StdRng) {
+    connected_pair_with(seed, mtu, |_| {})
+}
+
+fn connected_pair_with(seed: u64, mtu: u32, tweak: impl Fn(&mut RcConfig)) -> ([Node; 2], StdRng) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    // Random initial PSNs, some near the 24-bit wrap.
+    let psn = |rng: &mut StdRng| {
+        if rng.random_bool(0.3) {
+            0xff_ffff - rng.random_range(0..50)
+        } else {
+            rng.random_range(0..0x100_0000)
+        }
+    };
+    let (pa, pb) = (psn(&mut rng), psn(&mut rng));
+    let mut nodes = [
+        Node::new(cfg(0x11, 0x22, mtu, pa, pb), 0xaaaa),
+        Node::new(cfg(0x22, 0x11, mtu, pb, pa), 0xbbbb),
+    ];
+    for n in nodes.iter_mut() {
+        let mut c = *n.rc.config();
+        tweak(&mut c);
+        let (rc, mut env) = n.env();
+        rc.set_state(c, QpState::Init, &mut env);
+        rc.set_state(c, QpState::Rtr, &mut env);
+        rc.set_state(c, QpState::Rts, &mut env);
+    }
+    (nodes, rng)
+}
+
+fn post_recvs(node: &mut Node, count: usize, size: usize) {
+    let have = node.recv_posted;
+    node.recv_posted += count;
+    for i in 0..count {
+        let slot = (have + i) % (RECV_LEN / size);
+        let region = MemRegion::new(node.recv_buf.clone(), slot * size..(slot + 1) * size).unwrap();
+        node.rq.push_back(RecvWqe {
+            wr_id: 1000 + (have + i) as u64,
+            sges: vec![region],
+            total_len: size as u64,
+        });
+    }
+}
+
+/// Runs one seed and checks every invariant; returns the outcome for statistics.
+fn check_seed(seed: u64, faults: Faults, ops: usize) -> Outcome {
+    let mtu = [256, 1024, 4096][(seed % 3) as usize];
+    let (mut nodes, mut rng) = connected_pair(seed, mtu);
+    let wl = workload(&mut rng, &nodes, ops);
+    for (me, list) in wl.wqes.iter().enumerate() {
+        for (wqe, _) in list {
+            let (rc, mut env) = nodes[me].env();
+            rc.post_send(wqe.clone(), &mut env);
+        }
+    }
+    // Receives trickle in (to exercise RNR): a few now, more as time passes.
+    let recv_size = 9000;
+    let need = [wl.arrivals[0].len(), wl.arrivals[1].len()];
+    for (n, need) in nodes.iter_mut().zip(need) {
+        post_recvs(n, need.min(2), recv_size);
+    }
+    let mut posted = [need[0].min(2), need[1].min(2)];
+    let net = Net {
+        now: Instant::now(),
+        rng: StdRng::seed_from_u64(seed ^ 0x5eed),
+        faults,
+        in_flight: BTreeMap::new(),
+        seq: 0,
+        sent: 0,
+        dropped: 0,
+    };
+    #[allow(clippy::needless_range_loop)]
+    let out = run(nodes, net, Duration::from_secs(120), |nodes, rng| {
+        for i in 0..2 {
+            if posted[i] < need[i] && rng.random_bool(0.3) {
+                post_recvs(&mut nodes[i], 1, recv_size);
+                posted[i] += 1;
+            }
+        }
+    });
+    for (me, n) in out.nodes.iter().enumerate() {
+        let ctx = format!("seed {seed} mtu {mtu} node {me}");
+        assert_eq!(
+            n.rc.state(),
+            QpState::Rts,
+            "{ctx}: QP left RTS; stats {:?}",
+            n.stats
+        );
+        assert_eq!(n.rc.send_queue_len(), 0, "{ctx}: work requests left over");
+        // Exactly one completion per signaled WR, in post order, all successful.
+        let signaled: Vec<u64> = wl.wqes[me]
+            .iter()
+            .filter(|(w, _)| w.signaled)
+            .map(|(w, _)| w.wr_id)
+            .collect();
+        let got: Vec<u64> = n.send_wcs.iter().map(|wc| wc.wr_id).collect();
+        assert_eq!(got, signaled, "{ctx}: send completions");
+        for wc in &n.send_wcs {
+            assert_eq!(wc.status, WcStatus::Success, "{ctx}: {wc:?}");
+        }
+        for (wqe, expect) in &wl.wqes[me] {
+            match expect {
+                Expect::Plain => {}
+                Expect::Read { local_off, data } => {
+                    same_bytes(
+                        &n.local.to_vec(*local_off, data.len()).unwrap(),
+                        data,
+                        &format!("{ctx}: READ {} result", wqe.wr_id),
+                    );
+                }
+                Expect::Atomic { local_off, orig } => {
+                    assert_eq!(
+                        n.local.load_u64(*local_off).unwrap(),
+                        *orig,
+                        "{ctx}: atomic {} original value",
+                        wqe.wr_id
+                    );
+                }
+            }
+        }
+        same_bytes(
+            &n.target.to_vec(0, TARGET_LEN).unwrap(),
+            &wl.target[me],
+            &format!("{ctx}: target memory vs model"),
+        );
+        // Arrivals: in order, once each.
+        assert_eq!(
+            n.recv_wcs.len(),
+            wl.arrivals[me].len(),
+            "{ctx}: receive completions"
+        );
+        for (i, (wc, (opcode, data, imm))) in n.recv_wcs.iter().zip(&wl.arrivals[me]).enumerate() {
+            assert_eq!(wc.status, WcStatus::Success, "{ctx}: recv {i}");
+            assert_eq!(wc.opcode, *opcode, "{ctx}: recv {i}");
+            assert_eq!(wc.imm(), *imm, "{ctx}: recv {i} imm");
+            assert_eq!(wc.byte_len as usize, data.len(), "{ctx}: recv {i} length");
+            if *opcode == WcOpcode::Recv {
+                let slot = (wc.wr_id - 1000) as usize % (RECV_LEN / recv_size);
+                same_bytes(
+                    &n.recv_buf.to_vec(slot * recv_size, data.len()).unwrap(),
+                    data,
+                    &format!("{ctx}: recv {i} data"),
+                );
+            } else {
+                assert!(wc.wc_flags.contains(WcFlags::WITH_IMM));
+            }
+        }
+    }
+    out
+}
+
+/// Asserts two byte strings are equal, reporting only the first difference.
+fn same_bytes(got: &[u8], want: &[u8], what: &str) {
+    if got == want {
+        return;
+    }
+    let at = got
+        .iter()
+        .zip(want)
+        .position(|(a, b)| a != b)
+        .unwrap_or(got.len().min(want.len()));
+    panic!(
+        "{what}: lengths {} vs {}, first difference at byte {at}: got {:?} want {:?}",
+        got.len(),
+        want.len(),
+        got.get(at..(at + 8).min(got.len())),
+        want.get(at..(at + 8).min(want.len()))
+    );
+}
+
+fn seeds() -> u64 {
+    std::env::var("REMEM_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200)
+}
+
+#[test]
+fn clean_network_all_operations() {
+    for seed in 0..20 {
+        let out = check_seed(seed, Faults::NONE, 40);
+        assert_eq!(out.net_dropped, 0);
+        for n in &out.nodes {
+            assert_eq!(
+                n.stats.get("completer_retry_err"),
+                None,
+                "seed {seed}: retries on a clean network"
+            );
+        }
+    }
+}
+
+#[test]
+fn lossy_network_many_seeds() {
+    let faults = Faults {
+        drop: 0.05,
+        dup: 0.02,
+        reorder: 0.05,
+        delay: Duration::from_micros(5),
+    };
+    let mut retries = 0;
+    let mut dropped = 0;
+    for seed in 0..seeds() {
+        let out = check_seed(1000 + seed, faults, 30);
+        dropped += out.net_dropped;
+        retries += out
+            .nodes
+            .iter()
+            .map(|n| n.stats.get("completer_retry_err").copied().unwrap_or(0))
+            .sum::<u64>();
+        assert!(out.elapsed < Duration::from_secs(120));
+    }
+    assert!(
+        dropped > 0 && retries > 0,
+        "faults must have been exercised"
+    );
+}
+
+#[test]
+fn heavy_duplication_and_reordering() {
+    let faults = Faults {
+        drop: 0.0,
+        dup: 0.3,
+        reorder: 0.5,
+        delay: Duration::from_micros(5),
+    };
+    let mut dups = 0;
+    for seed in 0..seeds() / 4 {
+        let out = check_seed(50_000 + seed, faults, 30);
+        dups += out
+            .nodes
+            .iter()
+            .map(|n| n.stats.get("duplicate_request").copied().unwrap_or(0))
+            .sum::<u64>();
+    }
+    assert!(dups > 0);
+}
+
+/// A node alone: its peer never answers.
+#[test]
+fn retry_exhaustion_fails_with_retry_exc_err_and_flushes() {
+    let (mut nodes, _) = connected_pair(7, 1024);
+    let local = nodes[0].local.clone();
+    for i in 0..3 {
+        let wqe = SendWqe {
+            wr_id: i,
+            op: SendOp::RdmaWrite {
+                remote_addr: 0,
+                rkey: 1,
+            },
+            data: SendData::Sges(vec![MemRegion::new(local.clone(), 0..100).unwrap()]),
+            len: 100,
+            signaled: i != 1,
+            solicited: false,
+            fence: false,
+            ud: None,
+        };
+        let (rc, mut env) = nodes[0].env();
+        rc.post_send(wqe, &mut env);
+    }
+    let net = Net {
+        now: Instant::now(),
+        rng: StdRng::seed_from_u64(1),
+        faults: Faults {
+            drop: 1.0,
+            ..Faults::NONE
+        },
+        in_flight: BTreeMap::new(),
+        seq: 0,
+        sent: 0,
+        dropped: 0,
+    };
+    let out = run(nodes, net, Duration::from_secs(60), |_, _| {});
+    let n = &out.nodes[0];
+    assert_eq!(n.rc.state(), QpState::Err);
+    let st: Vec<(u64, WcStatus)> = n.send_wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    // The first fails after retries; the others are flushed (unsignaled ones too).
+    assert_eq!(
+        st,
+        vec![
+            (0, WcStatus::RetryExcErr),
+            (1, WcStatus::WrFlushErr),
+            (2, WcStatus::WrFlushErr)
+        ]
+    );
+    assert_eq!(n.stats["retry_exceeded_err"], 1);
+    assert_eq!(n.stats["completer_retry_err"], 7);
+    // 8 transmissions of each of the first packets: the original and 7 retries.
+    assert!(out.net_sent >= 8);
+}
+
+fn one_op(op: SendOp, len: usize, recvs: usize, peer_rnr_retry: u8) -> Outcome {
+    let (mut nodes, _) = connected_pair_with(3, 1024, |c| c.rnr_retry = peer_rnr_retry);
+    let local = nodes[0].local.clone();
+    local.write(0, &vec![0x5a; len]).unwrap();
+    post_recvs(&mut nodes[1], recvs, 100);
+    let wqe = SendWqe {
+        wr_id: 77,
+        op,
+        data: SendData::Sges(vec![MemRegion::new(local, 0..len).unwrap()]),
+        len: len as u64,
+        signaled: true,
+        solicited: false,
+        fence: false,
+        ud: None,
+    };
+    let (rc, mut env) = nodes[0].env();
+    rc.post_send(wqe, &mut env);
+    let net = Net {
+        now: Instant::now(),
+        rng: StdRng::seed_from_u64(1),
+        faults: Faults::NONE,
+        in_flight: BTreeMap::new(),
+        seq: 0,
+        sent: 0,
+        dropped: 0,
+    };
+    run(nodes, net, Duration::from_secs(60), |_, _| {})
+}
+
+#[test]
+fn bad_rkey_is_remote_access_error_and_both_sides_error() {
+    let out = one_op(
+        SendOp::RdmaWrite {
+            remote_addr: 0x1000,
+            rkey: 0xdead,
+        },
+        64,
+        0,
+        7,
+    );
+    let a = &out.nodes[0];
+    assert_eq!(a.send_wcs.len(), 1);
+    assert_eq!(a.send_wcs[0].status, WcStatus::RemAccessErr);
+    assert_eq!(a.rc.state(), QpState::Err);
+    assert_eq!(
+        out.nodes[1].rc.state(),
+        QpState::Err,
+        "responder QP goes to ERR"
+    );
+    same_bytes(
+        &out.nodes[1].target.to_vec(0, TARGET_LEN).unwrap(),
+        &[0; TARGET_LEN],
+        "target untouched",
+    );
+}
+
+#[test]
+fn out_of_bounds_and_missing_rights_are_access_errors() {
+    // In bounds of nothing: one byte past the end of the target region.
+    let (nodes, _) = connected_pair(3, 1024);
+    let end = nodes[1].target.addr() + TARGET_LEN as u64;
+    drop(nodes);
+    let out = one_op(
+        SendOp::RdmaWrite {
+            remote_addr: end - 8,
+            rkey: 0xbbbb,
+        },
+        16,
+        0,
+        7,
+    );
+    assert_eq!(out.nodes[0].send_wcs[0].status, WcStatus::RemAccessErr);
+    same_bytes(
+        &out.nodes[1].target.to_vec(0, TARGET_LEN).unwrap(),
+        &[0; TARGET_LEN],
+        "target untouched",
+    );
+}
+
+#[test]
+fn send_longer_than_receive_buffer() {
+    let out = one_op(SendOp::Send, 300, 1, 7);
+    assert_eq!(out.nodes[0].send_wcs[0].status, WcStatus::RemInvReqErr);
+    let b = &out.nodes[1];
+    assert_eq!(b.recv_wcs.len(), 1);
+    assert_eq!(b.recv_wcs[0].status, WcStatus::LocLenErr);
+    assert_eq!(b.rc.state(), QpState::Err);
+}
+
+#[test]
+fn rnr_retry_exhaustion() {
+    let out = one_op(SendOp::Send, 10, 0, 2);
+    let a = &out.nodes[0];
+    assert_eq!(a.send_wcs[0].status, WcStatus::RnrRetryExcErr);
+    assert_eq!(a.stats["rcvd_rnr_err"], 3, "original + 2 retries");
+    assert_eq!(out.nodes[1].stats["send_rnr_err"], 3);
+    assert_eq!(
+        out.nodes[1].rc.state(),
+        QpState::Rts,
+        "RNR does not hurt the responder"
+    );
+}
+
+#[test]
+fn zero_length_operations() {
+    let out = one_op(
+        SendOp::RdmaWrite {
+            remote_addr: 0,
+            rkey: 0,
+        },
+        0,
+        0,
+        7,
+    );
+    assert_eq!(
+        out.nodes[0].send_wcs[0].status,
+        WcStatus::Success,
+        "zero-length WRITE checks no key"
+    );
+    let out = one_op(SendOp::Send, 0, 1, 7);
+    assert_eq!(out.nodes[0].send_wcs[0].status, WcStatus::Success);
+    assert_eq!(out.nodes[1].recv_wcs[0].byte_len, 0);
+    let out = one_op(
+        SendOp::RdmaRead {
+            remote_addr: 0,
+            rkey: 0,
+        },
+        0,
+        0,
+        7,
+    );
+    assert_eq!(out.nodes[0].send_wcs[0].status, WcStatus::Success);
+}
+
+#[test]
+fn misaligned_atomic_is_invalid_request() {
+    let (nodes, _) = connected_pair(3, 1024);
+    let va = nodes[1].target.addr() + 4;
+    drop(nodes);
+    let out = one_op(
+        SendOp::AtomicFetchAndAdd {
+            remote_addr: va,
+            rkey: 0xbbbb,
+            add: 1,
+        },
+        8,
+        0,
+        7,
+    );
+    assert_eq!(out.nodes[0].send_wcs[0].status, WcStatus::RemInvReqErr);
+    same_bytes(
+        &out.nodes[1].target.to_vec(0, TARGET_LEN).unwrap(),
+        &[0; TARGET_LEN],
+        "target untouched",
+    );
+}
+
+#[test]
+fn single_read() {
+    let (mut nodes, _) = connected_pair(3, 1024);
+    nodes[1].target.write(0, &[7u8; 100]).unwrap();
+    let va = nodes[1].target.addr();
+    let local = nodes[0].local.clone();
+    let wqe = SendWqe {
+        wr_id: 5,
+        op: SendOp::RdmaRead {
+            remote_addr: va,
+            rkey: 0xbbbb,
+        },
+        data: SendData::Sges(vec![MemRegion::new(local.clone(), 0..100).unwrap()]),
+        len: 100,
+        signaled: true,
+        solicited: false,
+        fence: false,
+        ud: None,
+    };
+    let (rc, mut env) = nodes[0].env();
+    rc.post_send(wqe, &mut env);
+    let net = Net {
+        now: Instant::now(),
+        rng: StdRng::seed_from_u64(1),
+        faults: Faults::NONE,
+        in_flight: BTreeMap::new(),
+        seq: 0,
+        sent: 0,
+        dropped: 0,
+    };
+    let out = run(nodes, net, Duration::from_secs(1), |_, _| {});
+    assert_eq!(out.nodes[0].send_wcs.len(), 1);
+    assert_eq!(out.nodes[0].send_wcs[0].status, WcStatus::Success);
+    same_bytes(
+        &out.nodes[0].local.to_vec(0, 100).unwrap(),
+        &[7u8; 100],
+        "read data",
+    );
+}
+
+#[test]
+fn kinds_classify() {
+    assert!(Kind::Send.is_request());
+    assert!(!Kind::Ack.is_request());
+}
+
+#[test]
+#[ignore]
+fn debug_seed() {
+    let seed: u64 = std::env::var("SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let mtu = [256, 1024, 4096][(seed % 3) as usize];
+    let (nodes, mut rng) = connected_pair(seed, mtu);
+    let wl = workload(&mut rng, &nodes, 40);
+    let ops: usize = std::env::var("OPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40);
+    drop(nodes);
+    let _ = check_seed(seed, Faults::NONE, ops);
+    for (w, e) in wl.wqes[0].iter().take(6) {
+        eprintln!(
+            "{} {:?} len {} signaled {} fence {} {:?}",
+            w.wr_id,
+            w.op,
+            w.len,
+            w.signaled,
+            w.fence,
+            match e {
+                Expect::Read { local_off, .. } => format!("read@{local_off}"),
+                Expect::Atomic { local_off, orig } => format!("atomic@{local_off}={orig}"),
+                Expect::Plain => String::new(),
+            }
+        );
+    }
+}
