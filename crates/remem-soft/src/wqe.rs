@@ -202,7 +202,11 @@ mod tests {
         assert_eq!(buf.to_vec(20, 3).unwrap(), [0xc, 0xd, 22]);
         let before = buf.to_vec(0, 100).unwrap();
         assert!(scatter_into(&sges, 5, &[1, 2, 3, 4]).is_err());
-        assert_eq!(buf.to_vec(0, 100).unwrap(), before, "failed scatter wrote nothing");
+        assert_eq!(
+            buf.to_vec(0, 100).unwrap(),
+            before,
+            "failed scatter wrote nothing"
+        );
     }
 
     #[test]
