@@ -16,6 +16,7 @@
 
 mod context;
 mod netdev;
+pub mod qp;
 pub mod transport;
 pub mod wqe;
 

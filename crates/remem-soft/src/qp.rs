@@ -1,0 +1,658 @@
+//! The soft provider's queue pair: verbs validation around the RC transport.
+
+use crate::transport::{Env, RcConfig, RcTransport, RemoteKeyError, Stat};
+use crate::wqe::{PdId, RecvWqe, SendData, SendWqe};
+use remem_verbs::{
+    AccessFlags, Error, MemRegion, PostError, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr,
+    Result, SendFlags, SendOp, SendWr, Sge, WorkCompletion, check_modify,
+};
+use std::collections::VecDeque;
+
+/// Device limits a QP is checked against.
+#[derive(Debug, Clone, Copy)]
+pub struct QpLimits {
+    /// `max_qp_wr`.
+    pub max_wr: u32,
+    /// `max_sge`.
+    pub max_sge: u32,
+    /// `max_inline_data`.
+    pub max_inline: u32,
+    /// `max_qp_init_rd_atom`.
+    pub max_rd_atomic: u8,
+    /// `max_qp_rd_atom`.
+    pub max_dest_rd_atomic: u8,
+    /// The port's active MTU in bytes.
+    pub active_mtu: u32,
+    /// Largest message.
+    pub max_msg: u64,
+}
+
+/// Checks requested queue sizes against the device and returns what is granted.
+pub fn grant_cap(req: QpCap, lim: &QpLimits) -> Result<QpCap> {
+    let check = |name: &'static str, v: u32, max: u32| {
+        if v > max {
+            Err(Error::InvalidArgument(format!(
+                "{name} {v} exceeds the device limit {max}"
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    check("max_send_wr", req.max_send_wr, lim.max_wr)?;
+    check("max_recv_wr", req.max_recv_wr, lim.max_wr)?;
+    check("max_send_sge", req.max_send_sge, lim.max_sge)?;
+    check("max_recv_sge", req.max_recv_sge, lim.max_sge)?;
+    check("max_inline_data", req.max_inline_data, lim.max_inline)?;
+    Ok(QpCap {
+        max_send_wr: req.max_send_wr.max(1),
+        max_recv_wr: req.max_recv_wr.max(1),
+        max_send_sge: req.max_send_sge.max(1),
+        max_recv_sge: req.max_recv_sge.max(1),
+        max_inline_data: req.max_inline_data,
+    })
+}
+
+/// Validates a modify request against the state machine and the device limits, and
+/// returns the next state.
+pub fn validate_modify(
+    qp_type: QpType,
+    current: QpState,
+    attr: &QpAttr,
+    mask: QpAttrMask,
+    lim: &QpLimits,
+) -> Result<QpState> {
+    let next = check_modify(qp_type, current, attr, mask)?;
+    let bad = |name: &'static str, reason: String| Error::InvalidAttribute { name, reason };
+    if mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) && attr.max_rd_atomic > lim.max_rd_atomic {
+        return Err(bad(
+            "max_rd_atomic",
+            format!(
+                "{} > device max_qp_init_rd_atom {}",
+                attr.max_rd_atomic, lim.max_rd_atomic
+            ),
+        ));
+    }
+    if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC)
+        && attr.max_dest_rd_atomic > lim.max_dest_rd_atomic
+    {
+        return Err(bad(
+            "max_dest_rd_atomic",
+            format!(
+                "{} > device max_qp_rd_atom {}",
+                attr.max_dest_rd_atomic, lim.max_dest_rd_atomic
+            ),
+        ));
+    }
+    if mask.contains(QpAttrMask::PATH_MTU) && attr.path_mtu.bytes() > lim.active_mtu {
+        return Err(bad(
+            "path_mtu",
+            format!(
+                "{} > the port's active MTU {}",
+                attr.path_mtu, lim.active_mtu
+            ),
+        ));
+    }
+    Ok(next)
+}
+
+/// Copies the attributes named by `mask` from `src` into `dst`.
+pub fn apply_attr(dst: &mut QpAttr, src: &QpAttr, mask: QpAttrMask) {
+    use QpAttrMask as M;
+    if mask.contains(M::STATE) {
+        dst.qp_state = src.qp_state;
+    }
+    if mask.contains(M::EN_SQD_ASYNC_NOTIFY) {
+        dst.en_sqd_async_notify = src.en_sqd_async_notify;
+    }
+    if mask.contains(M::ACCESS_FLAGS) {
+        dst.qp_access_flags = src.qp_access_flags;
+    }
+    if mask.contains(M::PKEY_INDEX) {
+        dst.pkey_index = src.pkey_index;
+    }
+    if mask.contains(M::PORT) {
+        dst.port_num = src.port_num;
+    }
+    if mask.contains(M::QKEY) {
+        dst.qkey = src.qkey;
+    }
+    if mask.contains(M::AV) {
+        dst.ah_attr = src.ah_attr;
+    }
+    if mask.contains(M::PATH_MTU) {
+        dst.path_mtu = src.path_mtu;
+    }
+    if mask.contains(M::TIMEOUT) {
+        dst.timeout = src.timeout;
+    }
+    if mask.contains(M::RETRY_CNT) {
+        dst.retry_cnt = src.retry_cnt;
+    }
+    if mask.contains(M::RNR_RETRY) {
+        dst.rnr_retry = src.rnr_retry;
+    }
+    if mask.contains(M::RQ_PSN) {
+        dst.rq_psn = src.rq_psn;
+    }
+    if mask.contains(M::MAX_QP_RD_ATOMIC) {
+        dst.max_rd_atomic = src.max_rd_atomic;
+    }
+    if mask.contains(M::MIN_RNR_TIMER) {
+        dst.min_rnr_timer = src.min_rnr_timer;
+    }
+    if mask.contains(M::SQ_PSN) {
+        dst.sq_psn = src.sq_psn;
+    }
+    if mask.contains(M::MAX_DEST_RD_ATOMIC) {
+        dst.max_dest_rd_atomic = src.max_dest_rd_atomic;
+    }
+    if mask.contains(M::DEST_QPN) {
+        dst.dest_qp_num = src.dest_qp_num;
+    }
+}
+
+/// The transport configuration for a QP's attributes.
+pub fn rc_config(qpn: u32, attr: &QpAttr, window: u32) -> RcConfig {
+    RcConfig {
+        qpn,
+        dest_qpn: attr.dest_qp_num,
+        mtu: attr.path_mtu.bytes(),
+        sq_psn: attr.sq_psn,
+        rq_psn: attr.rq_psn,
+        timeout: attr.timeout,
+        retry_cnt: attr.retry_cnt,
+        rnr_retry: attr.rnr_retry,
+        min_rnr_timer: attr.min_rnr_timer,
+        max_rd_atomic: attr.max_rd_atomic,
+        max_dest_rd_atomic: attr.max_dest_rd_atomic,
+        access: attr.qp_access_flags,
+        window,
+    }
+}
+
+/// Resolves scatter/gather entries to memory: `local(pd, sge, need_write)`.
+pub trait LocalMemory {
+    /// The region exactly covering `sge` if its lkey names a memory region of `pd` that
+    /// contains it (and grants LOCAL_WRITE when `need_write`).
+    fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> Result<MemRegion>;
+}
+
+/// Validates one send work request and turns it into a WQE.
+pub fn build_send_wqe(
+    wr: &SendWr<'_>,
+    qp_type: QpType,
+    cap: &QpCap,
+    sq_sig_all: bool,
+    max_msg: u64,
+    pd: PdId,
+    mem: &dyn LocalMemory,
+) -> Result<SendWqe> {
+    let op = wr.op;
+    let valid = match qp_type {
+        QpType::Rc => !matches!(op, SendOp::AtomicWrite { .. } | SendOp::Flush { .. }),
+        QpType::Uc => op.valid_on_uc(),
+        QpType::Ud => op.valid_on_ud(),
+    };
+    if !valid {
+        return Err(
+            if matches!(op, SendOp::AtomicWrite { .. } | SendOp::Flush { .. }) {
+                Error::Unsupported("ATOMIC WRITE and FLUSH on the soft provider (issue 7)")
+            } else {
+                Error::InvalidOpcode {
+                    op: op.name(),
+                    qp_type,
+                }
+            },
+        );
+    }
+    if wr.sg_list.len() > cap.max_send_sge as usize {
+        return Err(Error::TooManySge {
+            given: wr.sg_list.len(),
+            max: cap.max_send_sge,
+        });
+    }
+    let len = wr.total_len();
+    if len > max_msg {
+        return Err(Error::MessageTooLarge { len, max: max_msg });
+    }
+    let is_atomic = matches!(
+        op,
+        SendOp::AtomicCmpAndSwp { .. } | SendOp::AtomicFetchAndAdd { .. }
+    );
+    // READ and atomic results are written into the scatter list.
+    let need_write = op.is_read_or_atomic();
+    if is_atomic && len != 8 {
+        return Err(Error::InvalidArgument(format!(
+            "{} needs exactly 8 bytes of local buffer, got {len}",
+            op.name()
+        )));
+    }
+    let inline = wr.flags.contains(SendFlags::INLINE);
+    if inline {
+        if need_write {
+            return Err(Error::InvalidArgument(format!(
+                "{} cannot be inline",
+                op.name()
+            )));
+        }
+        if len > u64::from(cap.max_inline_data) {
+            return Err(Error::InlineTooLarge {
+                given: len,
+                max: cap.max_inline_data,
+            });
+        }
+    }
+    let mut sges = Vec::with_capacity(wr.sg_list.len());
+    for sge in wr.sg_list {
+        sges.push(mem.local(pd, sge, need_write)?);
+    }
+    let data = if inline {
+        let mut bytes = vec![0u8; len as usize];
+        let mut at = 0;
+        for r in &sges {
+            r.read(0, &mut bytes[at..at + r.len()])?;
+            at += r.len();
+        }
+        SendData::Inline(bytes.into_boxed_slice())
+    } else {
+        SendData::Sges(sges)
+    };
+    let ud = match (qp_type, &wr.ud) {
+        (QpType::Ud, None) => {
+            return Err(Error::InvalidArgument(
+                "a UD send needs a destination (address handle, QPN, Q_Key)".into(),
+            ));
+        }
+        (QpType::Ud, Some(d)) => Some(crate::wqe::UdTarget {
+            av: *d.ah.attr(),
+            remote_qpn: d.remote_qpn,
+            remote_qkey: d.remote_qkey,
+        }),
+        _ => None,
+    };
+    Ok(SendWqe {
+        wr_id: wr.wr_id,
+        op,
+        data,
+        len,
+        signaled: sq_sig_all || wr.flags.contains(SendFlags::SIGNALED),
+        solicited: wr.flags.contains(SendFlags::SOLICITED),
+        fence: wr.flags.contains(SendFlags::FENCE),
+        ud,
+    })
+}
+
+/// Validates one receive work request and turns it into a WQE.
+pub fn build_recv_wqe(
+    wr: &RecvWr<'_>,
+    max_sge: u32,
+    pd: PdId,
+    mem: &dyn LocalMemory,
+) -> Result<RecvWqe> {
+    if wr.sg_list.len() > max_sge as usize {
+        return Err(Error::TooManySge {
+            given: wr.sg_list.len(),
+            max: max_sge,
+        });
+    }
+    let mut sges = Vec::with_capacity(wr.sg_list.len());
+    let mut total = 0u64;
+    for sge in wr.sg_list {
+        let r = mem.local(pd, sge, true)?;
+        total += r.len() as u64;
+        sges.push(r);
+    }
+    Ok(RecvWqe {
+        wr_id: wr.wr_id,
+        sges,
+        total_len: total,
+    })
+}
+
+/// Posts a list of work requests one by one with `post`, stopping at the first failure as
+/// `ibv_post_send` does (`bad_wr`).
+pub fn post_each<T>(
+    wrs: &[T],
+    mut post: impl FnMut(&T) -> Result<()>,
+) -> std::result::Result<(), PostError> {
+    for (index, wr) in wrs.iter().enumerate() {
+        post(wr).map_err(|error| PostError { index, error })?;
+    }
+    Ok(())
+}
+
+/// The state of a QP behind its lock: attributes, its own receive queue, the transport.
+#[derive(Debug)]
+pub struct QpInner {
+    /// Current attributes.
+    pub attr: QpAttr,
+    /// Receive WQEs (unused when the QP has an SRQ).
+    pub rq: VecDeque<RecvWqe>,
+    /// The RC transport.
+    pub rc: RcTransport,
+}
+
+/// Counters, completions and memory the transport reaches through a QP.
+pub trait QpSurroundings {
+    /// `remote` of the device's MR table.
+    fn remote(
+        &self,
+        pd: PdId,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> std::result::Result<MemRegion, RemoteKeyError>;
+    /// Takes a receive from the SRQ, if the QP has one.
+    fn srq_pop(&self) -> Option<Option<RecvWqe>>;
+    /// Pushes a send completion.
+    fn send_cq(&self, wc: WorkCompletion);
+    /// Pushes a receive completion.
+    fn recv_cq(&self, wc: WorkCompletion, solicited: bool);
+    /// Counts a transport statistic.
+    fn count(&self, stat: Stat);
+}
+
+/// The [`Env`] of a QP: its receive queue plus the device around it.
+pub struct QpEnv<'a> {
+    /// The QP's protection domain.
+    pub pd: PdId,
+    /// The QP's own receive queue.
+    pub rq: &'a mut VecDeque<RecvWqe>,
+    /// Everything else.
+    pub around: &'a dyn QpSurroundings,
+}
+
+impl Env for QpEnv<'_> {
+    fn remote(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> std::result::Result<MemRegion, RemoteKeyError> {
+        self.around.remote(self.pd, rkey, va, len, need)
+    }
+
+    fn take_recv(&mut self) -> Option<RecvWqe> {
+        match self.around.srq_pop() {
+            Some(from_srq) => from_srq,
+            None => self.rq.pop_front(),
+        }
+    }
+
+    fn send_completion(&mut self, wc: WorkCompletion) {
+        self.around.send_cq(wc);
+    }
+
+    fn recv_completion(&mut self, wc: WorkCompletion, solicited: bool) {
+        self.around.recv_cq(wc, solicited);
+    }
+
+    fn count(&mut self, stat: Stat) {
+        self.around.count(stat);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use remem_verbs::{MemoryBuffer, Mtu};
+    use std::sync::Arc;
+
+    /// One region, lkey 1 in PD 1, LOCAL_WRITE only if `writable`.
+    struct OneMr {
+        region: MemRegion,
+        writable: bool,
+    }
+
+    impl LocalMemory for OneMr {
+        fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> Result<MemRegion> {
+            if sge.lkey != 1 || pd != PdId(1) {
+                return Err(Error::InvalidLkey { lkey: sge.lkey });
+            }
+            if need_write && !self.writable {
+                return Err(Error::LocalAccess { lkey: sge.lkey });
+            }
+            let off = self
+                .region
+                .offset_of(sge.addr, u64::from(sge.length))
+                .map_err(|_| Error::SgeOutOfBounds {
+                    addr: sge.addr,
+                    length: sge.length,
+                    lkey: sge.lkey,
+                })?;
+            Ok(MemRegion::new(
+                self.region.buffer().clone(),
+                off..off + sge.length as usize,
+            )?)
+        }
+    }
+
+    fn mr(writable: bool) -> OneMr {
+        let buf = Arc::new(MemoryBuffer::from_vec((0..=255u8).collect()));
+        OneMr {
+            region: MemRegion::whole(buf),
+            writable,
+        }
+    }
+
+    fn limits() -> QpLimits {
+        QpLimits {
+            max_wr: 1024,
+            max_sge: 4,
+            max_inline: 64,
+            max_rd_atomic: 16,
+            max_dest_rd_atomic: 16,
+            active_mtu: 1024,
+            max_msg: 1 << 31,
+        }
+    }
+
+    fn cap() -> QpCap {
+        QpCap {
+            max_send_wr: 8,
+            max_recv_wr: 8,
+            max_send_sge: 2,
+            max_recv_sge: 2,
+            max_inline_data: 16,
+        }
+    }
+
+    #[test]
+    fn caps_are_checked_and_rounded_up() {
+        let lim = limits();
+        assert!(grant_cap(cap(), &lim).is_ok());
+        let mut c = cap();
+        c.max_send_sge = 5;
+        assert!(grant_cap(c, &lim).is_err());
+        c = cap();
+        c.max_inline_data = 65;
+        assert!(grant_cap(c, &lim).is_err());
+        c = cap();
+        c.max_recv_wr = 0;
+        assert_eq!(grant_cap(c, &lim).unwrap().max_recv_wr, 1);
+    }
+
+    #[test]
+    fn modify_checks_device_limits() {
+        let lim = limits();
+        let mut attr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: Mtu::Mtu2048,
+            ..QpAttr::default()
+        };
+        let mask = QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER;
+        assert!(matches!(
+            validate_modify(QpType::Rc, QpState::Init, &attr, mask, &lim),
+            Err(Error::InvalidAttribute {
+                name: "path_mtu",
+                ..
+            })
+        ));
+        attr.path_mtu = Mtu::Mtu1024;
+        attr.max_dest_rd_atomic = 17;
+        assert!(validate_modify(QpType::Rc, QpState::Init, &attr, mask, &lim).is_err());
+        attr.max_dest_rd_atomic = 16;
+        assert_eq!(
+            validate_modify(QpType::Rc, QpState::Init, &attr, mask, &lim).unwrap(),
+            QpState::Rtr
+        );
+        let mut stored = QpAttr::default();
+        apply_attr(&mut stored, &attr, mask);
+        assert_eq!(stored.qp_state, QpState::Rtr);
+        assert_eq!(stored.max_dest_rd_atomic, 16);
+        let cfg = rc_config(5, &stored, 64);
+        assert_eq!(cfg.mtu, 1024);
+        assert_eq!(cfg.max_dest_rd_atomic, 16);
+    }
+
+    #[test]
+    fn send_wqe_validation() {
+        let m = mr(true);
+        let base = m.region.addr();
+        let sge = [Sge {
+            addr: base + 10,
+            length: 8,
+            lkey: 1,
+        }];
+        let c = cap();
+        let build = |wr: &SendWr<'_>, t| build_send_wqe(wr, t, &c, false, 1 << 31, PdId(1), &m);
+        let w = build(&SendWr::new(1, SendOp::Send, &sge), QpType::Rc).unwrap();
+        assert_eq!(w.len, 8);
+        assert!(w.signaled);
+        // READ on UD/UC is not allowed.
+        let read = SendOp::RdmaRead {
+            remote_addr: 0,
+            rkey: 0,
+        };
+        assert!(matches!(
+            build(&SendWr::new(1, read, &sge), QpType::Ud),
+            Err(Error::InvalidOpcode { .. })
+        ));
+        assert!(build(&SendWr::new(1, read, &sge), QpType::Uc).is_err());
+        // UD needs a destination.
+        assert!(build(&SendWr::new(1, SendOp::Send, &sge), QpType::Ud).is_err());
+        // Too many SGEs.
+        let three = [sge[0]; 3];
+        assert!(matches!(
+            build(&SendWr::new(1, SendOp::Send, &three), QpType::Rc),
+            Err(Error::TooManySge { given: 3, max: 2 })
+        ));
+        // Atomics need exactly 8 bytes.
+        let fa = SendOp::AtomicFetchAndAdd {
+            remote_addr: 0,
+            rkey: 0,
+            add: 1,
+        };
+        let sge4 = [Sge {
+            length: 4,
+            ..sge[0]
+        }];
+        assert!(build(&SendWr::new(1, fa, &sge4), QpType::Rc).is_err());
+        assert!(build(&SendWr::new(1, fa, &sge), QpType::Rc).is_ok());
+        // Bad lkey, out of bounds.
+        let bad = [Sge { lkey: 9, ..sge[0] }];
+        assert!(matches!(
+            build(&SendWr::new(1, SendOp::Send, &bad), QpType::Rc),
+            Err(Error::InvalidLkey { lkey: 9 })
+        ));
+        let oob = [Sge {
+            addr: base + 250,
+            length: 8,
+            lkey: 1,
+        }];
+        assert!(matches!(
+            build(&SendWr::new(1, SendOp::Send, &oob), QpType::Rc),
+            Err(Error::SgeOutOfBounds { .. })
+        ));
+        // Inline copies at post time, within max_inline_data.
+        let mut wr = SendWr::new(1, SendOp::Send, &sge);
+        wr.flags |= SendFlags::INLINE;
+        let w = build(&wr, QpType::Rc).unwrap();
+        match &w.data {
+            SendData::Inline(b) => assert_eq!(&b[..], &[10, 11, 12, 13, 14, 15, 16, 17]),
+            _ => panic!("not inline"),
+        }
+        let big = [Sge {
+            length: 17,
+            ..sge[0]
+        }];
+        let mut wr = SendWr::new(1, SendOp::Send, &big);
+        wr.flags |= SendFlags::INLINE;
+        assert!(matches!(
+            build(&wr, QpType::Rc),
+            Err(Error::InlineTooLarge { given: 17, max: 16 })
+        ));
+        // FLUSH and ATOMIC WRITE are not there yet: a clear error.
+        let aw = SendOp::AtomicWrite {
+            remote_addr: 0,
+            rkey: 0,
+        };
+        assert!(matches!(
+            build(&SendWr::new(1, aw, &sge), QpType::Rc),
+            Err(Error::Unsupported(_))
+        ));
+    }
+
+    #[test]
+    fn read_target_needs_local_write() {
+        let m = mr(false);
+        let sge = [Sge {
+            addr: m.region.addr(),
+            length: 8,
+            lkey: 1,
+        }];
+        let read = SendOp::RdmaRead {
+            remote_addr: 0,
+            rkey: 0,
+        };
+        let r = build_send_wqe(
+            &SendWr::new(1, read, &sge),
+            QpType::Rc,
+            &cap(),
+            true,
+            1 << 31,
+            PdId(1),
+            &m,
+        );
+        assert!(matches!(r, Err(Error::LocalAccess { .. })));
+        // A plain send from read-only memory is fine; sq_sig_all signals it.
+        let mut wr = SendWr::new(1, SendOp::Send, &sge);
+        wr.flags = SendFlags::empty();
+        let w = build_send_wqe(&wr, QpType::Rc, &cap(), true, 1 << 31, PdId(1), &m).unwrap();
+        assert!(w.signaled);
+        assert!(
+            build_recv_wqe(
+                &RecvWr {
+                    wr_id: 1,
+                    sg_list: &sge
+                },
+                2,
+                PdId(1),
+                &m
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn post_each_reports_bad_wr() {
+        let mut seen = Vec::new();
+        let r = post_each(&[1, 2, 3, 4], |x| {
+            if *x == 3 {
+                return Err(Error::QueueFull { outstanding: 2 });
+            }
+            seen.push(*x);
+            Ok(())
+        });
+        assert_eq!(r.unwrap_err().index, 2);
+        assert_eq!(seen, [1, 2]);
+    }
+}
