@@ -38,14 +38,8 @@ fn gid_type_name(t: GidType) -> &'static str {
 }
 
 fn print_devices(devices: &[DeviceInfo], verbose: bool) {
-    println!(
-        "    {:<16}\t{:<8}\t{:<16}\t{}",
-        "device", "provider", "node GUID", "netdev"
-    );
-    println!(
-        "    {:<16}\t{:<8}\t{:<16}\t{}",
-        "------", "--------", "---------", "------"
-    );
+    println!("    {:<16}\t{:<8}\t{:<16}\tnetdev", "device", "provider", "node GUID");
+    println!("    {:<16}\t{:<8}\t{:<16}\t------", "------", "--------", "---------");
     for d in devices {
         println!(
             "    {:<16}\t{:<8}\t{:016x}\t{}",
