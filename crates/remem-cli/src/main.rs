@@ -38,8 +38,14 @@ fn gid_type_name(t: GidType) -> &'static str {
 }
 
 fn print_devices(devices: &[DeviceInfo], verbose: bool) {
-    println!("    {:<16}\t{:<8}\t{:<16}\tnetdev", "device", "provider", "node GUID");
-    println!("    {:<16}\t{:<8}\t{:<16}\t------", "------", "--------", "---------");
+    println!(
+        "    {:<16}\t{:<8}\t{:<16}\tnetdev",
+        "device", "provider", "node GUID"
+    );
+    println!(
+        "    {:<16}\t{:<8}\t{:<16}\t------",
+        "------", "--------", "---------"
+    );
     for d in devices {
         println!(
             "    {:<16}\t{:<8}\t{:016x}\t{}",
