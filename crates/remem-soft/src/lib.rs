@@ -9,7 +9,7 @@
 //!
 //! Status: device discovery and the device, port and GID queries are implemented; the
 //! objects that move data (PD, MR, CQ, QP) and the RC transport are being built (issue 3)
-//! and return [`Error::Unsupported`](remem_verbs::Error::Unsupported) until then.
+//! and return [`Error::Unsupported`] until then.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -397,6 +397,284 @@ impl Env for QpEnv<'_> {
     }
 }
 
+/// Called when a QP may have packets to send (wakes the device's progress engine).
+pub type Wake = std::sync::Arc<dyn Fn(u32) + Send + Sync>;
+
+/// The soft provider's queue pair (`ibv_qp`).
+pub struct SoftQp {
+    qpn: u32,
+    qp_type: QpType,
+    cap: QpCap,
+    sq_sig_all: bool,
+    has_srq: bool,
+    pd: PdId,
+    limits: QpLimits,
+    window: u32,
+    around: std::sync::Arc<dyn QpSurroundings + Send + Sync>,
+    mem: std::sync::Arc<dyn LocalMemory + Send + Sync>,
+    wake: Wake,
+    inner: std::sync::Mutex<QpInner>,
+}
+
+impl std::fmt::Debug for SoftQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftQp")
+            .field("qpn", &self.qpn)
+            .field("qp_type", &self.qp_type)
+            .finish()
+    }
+}
+
+/// Everything a [`SoftQp`] is made from.
+pub struct SoftQpParts {
+    /// QP number (allocated by the device).
+    pub qpn: u32,
+    /// Transport service (RC for now).
+    pub qp_type: QpType,
+    /// Requested queue sizes.
+    pub cap: QpCap,
+    /// `sq_sig_all`.
+    pub sq_sig_all: bool,
+    /// Whether receives come from an SRQ.
+    pub has_srq: bool,
+    /// The protection domain.
+    pub pd: PdId,
+    /// Device limits.
+    pub limits: QpLimits,
+    /// Most unacknowledged packets in flight.
+    pub window: u32,
+    /// Memory, SRQ, CQs and counters.
+    pub around: std::sync::Arc<dyn QpSurroundings + Send + Sync>,
+    /// Local key resolution.
+    pub mem: std::sync::Arc<dyn LocalMemory + Send + Sync>,
+    /// Progress engine wake-up.
+    pub wake: Wake,
+}
+
+impl SoftQp {
+    /// Creates a QP in RESET, checking the requested caps against the device.
+    pub fn new(parts: SoftQpParts) -> Result<Self> {
+        if parts.qp_type != QpType::Rc {
+            return Err(Error::Unsupported(
+                "soft provider: only RC queue pairs so far (UD and UC are planned)",
+            ));
+        }
+        let cap = grant_cap(parts.cap, &parts.limits)?;
+        let attr = QpAttr {
+            cap,
+            ..QpAttr::default()
+        };
+        let rc = RcTransport::new(rc_config(parts.qpn, &attr, parts.window));
+        Ok(SoftQp {
+            qpn: parts.qpn,
+            qp_type: parts.qp_type,
+            cap,
+            sq_sig_all: parts.sq_sig_all,
+            has_srq: parts.has_srq,
+            pd: parts.pd,
+            limits: parts.limits,
+            window: parts.window,
+            around: parts.around,
+            mem: parts.mem,
+            wake: parts.wake,
+            inner: std::sync::Mutex::new(QpInner {
+                attr,
+                rq: VecDeque::new(),
+                rc,
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, QpInner> {
+        // A panic while holding the lock is a bug elsewhere; keep serving.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the transport with this QP's environment, then flushes the receive
+    /// queue if the QP ended up in ERR.
+    fn with_env<R>(&self, f: impl FnOnce(&mut RcTransport, &mut QpEnv<'_>) -> R) -> R {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let mut env = QpEnv {
+            pd: self.pd,
+            rq: &mut inner.rq,
+            around: &*self.around,
+        };
+        let r = f(&mut inner.rc, &mut env);
+        if inner.rc.state() == QpState::Err {
+            self.flush_rq(&mut inner.rq);
+        }
+        r
+    }
+
+    fn flush_rq(&self, rq: &mut VecDeque<RecvWqe>) {
+        for w in rq.drain(..) {
+            self.around.recv_cq(self.flushed_recv(w.wr_id), false);
+        }
+    }
+
+    fn flushed_recv(&self, wr_id: u64) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status: remem_verbs::WcStatus::WrFlushErr,
+            opcode: remem_verbs::WcOpcode::Recv,
+            qp_num: self.qpn,
+            ..WorkCompletion::default()
+        }
+    }
+
+    /// The peer's destination QP and GID (from the attributes), once in RTR or later.
+    pub fn path(&self) -> (u32, remem_verbs::AhAttr) {
+        let g = self.lock();
+        (g.attr.dest_qp_num, g.attr.ah_attr)
+    }
+
+    /// Handles a packet addressed to this QP.
+    pub fn handle_packet(&self, now: std::time::Instant, pkt: &crate::transport::RxPacket<'_>) {
+        self.with_env(|rc, env| rc.handle_packet(now, pkt, env));
+    }
+
+    /// Handles expired timers.
+    pub fn handle_timeout(&self, now: std::time::Instant) {
+        self.with_env(|rc, env| rc.handle_timeout(now, env));
+    }
+
+    /// The next deadline of this QP's timers.
+    pub fn next_timeout(&self) -> Option<std::time::Instant> {
+        self.lock().rc.next_timeout()
+    }
+
+    /// Whether the QP may have a packet to send now.
+    pub fn wants_transmit(&self, now: std::time::Instant) -> bool {
+        self.lock().rc.wants_transmit(now)
+    }
+
+    /// Produces the next packet, as [`RcTransport::poll_transmit`].
+    pub fn poll_transmit<R>(
+        &self,
+        now: std::time::Instant,
+        emit: impl FnOnce(
+            &crate::transport::TxPacket,
+            &mut dyn FnMut(&mut [u8]) -> std::result::Result<(), remem_verbs::MemError>,
+        ) -> R,
+    ) -> Option<R> {
+        self.lock().rc.poll_transmit(now, emit)
+    }
+}
+
+impl remem_verbs::QueuePair for SoftQp {
+    fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    fn cap(&self) -> QpCap {
+        self.cap
+    }
+
+    fn state(&self) -> QpState {
+        self.lock().rc.state()
+    }
+
+    fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        {
+            let mut guard = self.lock();
+            let inner = &mut *guard;
+            let current = inner.rc.state();
+            let next = validate_modify(self.qp_type, current, attr, mask, &self.limits)?;
+            if mask.contains(QpAttrMask::AV) {
+                self.around.check_av(&attr.ah_attr)?;
+            }
+            apply_attr(&mut inner.attr, attr, mask);
+            inner.attr.qp_state = next;
+            let cfg = rc_config(self.qpn, &inner.attr, self.window);
+            let mut env = QpEnv {
+                pd: self.pd,
+                rq: &mut inner.rq,
+                around: &*self.around,
+            };
+            inner.rc.set_state(cfg, next, &mut env);
+            match next {
+                QpState::Err => self.flush_rq(&mut inner.rq),
+                QpState::Reset => inner.rq.clear(),
+                _ => {}
+            }
+        }
+        (self.wake)(self.qpn);
+        Ok(())
+    }
+
+    fn query(&self) -> Result<QpAttr> {
+        let g = self.lock();
+        let mut attr = g.attr;
+        attr.qp_state = g.rc.state();
+        attr.cur_qp_state = attr.qp_state;
+        attr.cap = self.cap;
+        Ok(attr)
+    }
+
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        let r = post_each(wrs, |wr| {
+            let wqe = build_send_wqe(
+                wr,
+                self.qp_type,
+                &self.cap,
+                self.sq_sig_all,
+                self.limits.max_msg,
+                self.pd,
+                &*self.mem,
+            )?;
+            self.with_env(|rc, env| {
+                let state = rc.state();
+                if !state.can_post_send() {
+                    return Err(Error::InvalidQpState(state));
+                }
+                let outstanding = rc.send_queue_len() as u32;
+                if outstanding >= self.cap.max_send_wr {
+                    return Err(Error::QueueFull { outstanding });
+                }
+                rc.post_send(wqe, env);
+                Ok(())
+            })
+        });
+        if !wrs.is_empty() {
+            (self.wake)(self.qpn);
+        }
+        r
+    }
+
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
+        post_each(wrs, |wr| {
+            if self.has_srq {
+                return Err(Error::InvalidArgument(
+                    "this QP takes its receives from a shared receive queue".into(),
+                ));
+            }
+            let wqe = build_recv_wqe(wr, self.cap.max_recv_sge, self.pd, &*self.mem)?;
+            let mut g = self.lock();
+            let state = g.rc.state();
+            if !state.can_post_recv() {
+                return Err(Error::InvalidQpState(state));
+            }
+            if state == QpState::Err {
+                drop(g);
+                self.around.recv_cq(self.flushed_recv(wqe.wr_id), false);
+                return Ok(());
+            }
+            if g.rq.len() >= self.cap.max_recv_wr as usize {
+                return Err(Error::QueueFull {
+                    outstanding: g.rq.len() as u32,
+                });
+            }
+            g.rq.push_back(wqe);
+            Ok(())
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -657,283 +935,5 @@ mod tests {
         });
         assert_eq!(r.unwrap_err().index, 2);
         assert_eq!(seen, [1, 2]);
-    }
-}
-
-/// Called when a QP may have packets to send (wakes the device's progress engine).
-pub type Wake = std::sync::Arc<dyn Fn(u32) + Send + Sync>;
-
-/// The soft provider's queue pair (`ibv_qp`).
-pub struct SoftQp {
-    qpn: u32,
-    qp_type: QpType,
-    cap: QpCap,
-    sq_sig_all: bool,
-    has_srq: bool,
-    pd: PdId,
-    limits: QpLimits,
-    window: u32,
-    around: std::sync::Arc<dyn QpSurroundings + Send + Sync>,
-    mem: std::sync::Arc<dyn LocalMemory + Send + Sync>,
-    wake: Wake,
-    inner: std::sync::Mutex<QpInner>,
-}
-
-impl std::fmt::Debug for SoftQp {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SoftQp")
-            .field("qpn", &self.qpn)
-            .field("qp_type", &self.qp_type)
-            .finish()
-    }
-}
-
-/// Everything a [`SoftQp`] is made from.
-pub struct SoftQpParts {
-    /// QP number (allocated by the device).
-    pub qpn: u32,
-    /// Transport service (RC for now).
-    pub qp_type: QpType,
-    /// Requested queue sizes.
-    pub cap: QpCap,
-    /// `sq_sig_all`.
-    pub sq_sig_all: bool,
-    /// Whether receives come from an SRQ.
-    pub has_srq: bool,
-    /// The protection domain.
-    pub pd: PdId,
-    /// Device limits.
-    pub limits: QpLimits,
-    /// Most unacknowledged packets in flight.
-    pub window: u32,
-    /// Memory, SRQ, CQs and counters.
-    pub around: std::sync::Arc<dyn QpSurroundings + Send + Sync>,
-    /// Local key resolution.
-    pub mem: std::sync::Arc<dyn LocalMemory + Send + Sync>,
-    /// Progress engine wake-up.
-    pub wake: Wake,
-}
-
-impl SoftQp {
-    /// Creates a QP in RESET, checking the requested caps against the device.
-    pub fn new(parts: SoftQpParts) -> Result<Self> {
-        if parts.qp_type != QpType::Rc {
-            return Err(Error::Unsupported(
-                "soft provider: only RC queue pairs so far (UD and UC are planned)",
-            ));
-        }
-        let cap = grant_cap(parts.cap, &parts.limits)?;
-        let attr = QpAttr {
-            cap,
-            ..QpAttr::default()
-        };
-        let rc = RcTransport::new(rc_config(parts.qpn, &attr, parts.window));
-        Ok(SoftQp {
-            qpn: parts.qpn,
-            qp_type: parts.qp_type,
-            cap,
-            sq_sig_all: parts.sq_sig_all,
-            has_srq: parts.has_srq,
-            pd: parts.pd,
-            limits: parts.limits,
-            window: parts.window,
-            around: parts.around,
-            mem: parts.mem,
-            wake: parts.wake,
-            inner: std::sync::Mutex::new(QpInner {
-                attr,
-                rq: VecDeque::new(),
-                rc,
-            }),
-        })
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, QpInner> {
-        // A panic while holding the lock is a bug elsewhere; keep serving.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Runs `f` on the transport with this QP's environment, then flushes the receive
-    /// queue if the QP ended up in ERR.
-    fn with_env<R>(&self, f: impl FnOnce(&mut RcTransport, &mut QpEnv<'_>) -> R) -> R {
-        let mut guard = self.lock();
-        let inner = &mut *guard;
-        let mut env = QpEnv {
-            pd: self.pd,
-            rq: &mut inner.rq,
-            around: &*self.around,
-        };
-        let r = f(&mut inner.rc, &mut env);
-        if inner.rc.state() == QpState::Err {
-            self.flush_rq(&mut inner.rq);
-        }
-        r
-    }
-
-    fn flush_rq(&self, rq: &mut VecDeque<RecvWqe>) {
-        for w in rq.drain(..) {
-            self.around.recv_cq(self.flushed_recv(w.wr_id), false);
-        }
-    }
-
-    fn flushed_recv(&self, wr_id: u64) -> WorkCompletion {
-        WorkCompletion {
-            wr_id,
-            status: remem_verbs::WcStatus::WrFlushErr,
-            opcode: remem_verbs::WcOpcode::Recv,
-            qp_num: self.qpn,
-            ..WorkCompletion::default()
-        }
-    }
-
-    /// The peer's destination QP and GID (from the attributes), once in RTR or later.
-    pub fn path(&self) -> (u32, remem_verbs::AhAttr) {
-        let g = self.lock();
-        (g.attr.dest_qp_num, g.attr.ah_attr)
-    }
-
-    /// Handles a packet addressed to this QP.
-    pub fn handle_packet(&self, now: std::time::Instant, pkt: &crate::transport::RxPacket<'_>) {
-        self.with_env(|rc, env| rc.handle_packet(now, pkt, env));
-    }
-
-    /// Handles expired timers.
-    pub fn handle_timeout(&self, now: std::time::Instant) {
-        self.with_env(|rc, env| rc.handle_timeout(now, env));
-    }
-
-    /// The next deadline of this QP's timers.
-    pub fn next_timeout(&self) -> Option<std::time::Instant> {
-        self.lock().rc.next_timeout()
-    }
-
-    /// Whether the QP may have a packet to send now.
-    pub fn wants_transmit(&self, now: std::time::Instant) -> bool {
-        self.lock().rc.wants_transmit(now)
-    }
-
-    /// Produces the next packet, as [`RcTransport::poll_transmit`].
-    pub fn poll_transmit<R>(
-        &self,
-        now: std::time::Instant,
-        emit: impl FnOnce(
-            &crate::transport::TxPacket,
-            &mut dyn FnMut(&mut [u8]) -> std::result::Result<(), remem_verbs::MemError>,
-        ) -> R,
-    ) -> Option<R> {
-        self.lock().rc.poll_transmit(now, emit)
-    }
-}
-
-impl remem_verbs::QueuePair for SoftQp {
-    fn qp_num(&self) -> u32 {
-        self.qpn
-    }
-
-    fn qp_type(&self) -> QpType {
-        self.qp_type
-    }
-
-    fn cap(&self) -> QpCap {
-        self.cap
-    }
-
-    fn state(&self) -> QpState {
-        self.lock().rc.state()
-    }
-
-    fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
-        {
-            let mut guard = self.lock();
-            let inner = &mut *guard;
-            let current = inner.rc.state();
-            let next = validate_modify(self.qp_type, current, attr, mask, &self.limits)?;
-            if mask.contains(QpAttrMask::AV) {
-                self.around.check_av(&attr.ah_attr)?;
-            }
-            apply_attr(&mut inner.attr, attr, mask);
-            inner.attr.qp_state = next;
-            let cfg = rc_config(self.qpn, &inner.attr, self.window);
-            let mut env = QpEnv {
-                pd: self.pd,
-                rq: &mut inner.rq,
-                around: &*self.around,
-            };
-            inner.rc.set_state(cfg, next, &mut env);
-            match next {
-                QpState::Err => self.flush_rq(&mut inner.rq),
-                QpState::Reset => inner.rq.clear(),
-                _ => {}
-            }
-        }
-        (self.wake)(self.qpn);
-        Ok(())
-    }
-
-    fn query(&self) -> Result<QpAttr> {
-        let g = self.lock();
-        let mut attr = g.attr;
-        attr.qp_state = g.rc.state();
-        attr.cur_qp_state = attr.qp_state;
-        attr.cap = self.cap;
-        Ok(attr)
-    }
-
-    fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
-        let r = post_each(wrs, |wr| {
-            let wqe = build_send_wqe(
-                wr,
-                self.qp_type,
-                &self.cap,
-                self.sq_sig_all,
-                self.limits.max_msg,
-                self.pd,
-                &*self.mem,
-            )?;
-            self.with_env(|rc, env| {
-                let state = rc.state();
-                if !state.can_post_send() {
-                    return Err(Error::InvalidQpState(state));
-                }
-                let outstanding = rc.send_queue_len() as u32;
-                if outstanding >= self.cap.max_send_wr {
-                    return Err(Error::QueueFull { outstanding });
-                }
-                rc.post_send(wqe, env);
-                Ok(())
-            })
-        });
-        if wrs.first().is_some() {
-            (self.wake)(self.qpn);
-        }
-        r
-    }
-
-    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
-        post_each(wrs, |wr| {
-            if self.has_srq {
-                return Err(Error::InvalidArgument(
-                    "this QP takes its receives from a shared receive queue".into(),
-                ));
-            }
-            let wqe = build_recv_wqe(wr, self.cap.max_recv_sge, self.pd, &*self.mem)?;
-            let mut g = self.lock();
-            let state = g.rc.state();
-            if !state.can_post_recv() {
-                return Err(Error::InvalidQpState(state));
-            }
-            if state == QpState::Err {
-                drop(g);
-                self.around.recv_cq(self.flushed_recv(wqe.wr_id), false);
-                return Ok(());
-            }
-            if g.rq.len() >= self.cap.max_recv_wr as usize {
-                return Err(Error::QueueFull {
-                    outstanding: g.rq.len() as u32,
-                });
-            }
-            g.rq.push_back(wqe);
-            Ok(())
-        })
     }
 }

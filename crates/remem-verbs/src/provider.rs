@@ -8,7 +8,7 @@
 //!
 //! Every trait has `Any` as a supertrait so that a provider can recover its own concrete
 //! type from a handle it is given (e.g. the CQ named in [`QpInitAttr`]): a handle from
-//! another provider is rejected with [`Error::InvalidArgument`], never misused.
+//! another provider is rejected with [`Error::InvalidArgument`](crate::Error::InvalidArgument), never misused.
 
 use crate::access::AccessFlags;
 use crate::device::{DeviceAttr, DeviceInfo, GidEntry, PortAttr};
