@@ -17,8 +17,10 @@ pub mod psn;
 mod rc;
 #[cfg(test)]
 mod sim;
+mod ud;
 
 pub use rc::{RcConfig, RcTransport};
+pub use ud::{UdSource, UdTransport};
 
 use crate::wqe::RecvWqe;
 use remem_verbs::{AccessFlags, MemRegion, WorkCompletion};
@@ -200,6 +202,8 @@ pub struct TxPacket {
     pub imm: Option<u32>,
     /// IETH rkey.
     pub ieth: Option<u32>,
+    /// DETH (Q_Key, source QP), UD only.
+    pub deth: Option<(u32, u32)>,
     /// Payload length.
     pub payload_len: u32,
 }
@@ -220,6 +224,7 @@ impl TxPacket {
             atomic_ack: None,
             imm: None,
             ieth: None,
+            deth: None,
             payload_len: 0,
         }
     }
@@ -250,6 +255,8 @@ pub struct RxPacket<'a> {
     pub imm: Option<u32>,
     /// IETH.
     pub ieth: Option<u32>,
+    /// DETH (Q_Key, source QP), UD only.
+    pub deth: Option<(u32, u32)>,
     /// Payload (pad removed).
     pub payload: &'a [u8],
 }
@@ -269,6 +276,7 @@ impl<'a> RxPacket<'a> {
             atomic_ack: None,
             imm: None,
             ieth: None,
+            deth: None,
             payload: &[],
         }
     }

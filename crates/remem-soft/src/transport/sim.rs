@@ -62,6 +62,7 @@ impl SimPacket {
             atomic_ack: h.atomic_ack,
             imm: h.imm,
             ieth: h.ieth,
+            deth: h.deth,
             payload: &self.payload,
         }
     }

@@ -1,0 +1,350 @@
+//! The UD transport: unreliable datagrams, one SEND ONLY packet per message.
+
+use super::{Env, Kind, Pos, RxPacket, Stat, TxPacket};
+use crate::wqe::{SendWqe, UdTarget, scatter_into};
+use remem_verbs::{MemError, QpState, SendOp, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use std::collections::VecDeque;
+use std::net::IpAddr;
+
+/// Length of the GRH area at the start of every UD receive buffer (verbs: the first 40 bytes
+/// receive the GRH; for an IPv4 source the last 20 of them hold the IPv4 header, as on RoCEv2
+/// devices).
+pub const GRH_LEN: usize = 40;
+
+/// Where a received UD packet came from (known to the driver, not to the packet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdSource {
+    /// Source IP address.
+    pub src: IpAddr,
+    /// Destination (local) IP address.
+    pub dst: IpAddr,
+}
+
+/// The UD transport of one queue pair.
+#[derive(Debug)]
+pub struct UdTransport {
+    qpn: u32,
+    qkey: u32,
+    mtu: u32,
+    state: QpState,
+    next_psn: u32,
+    sq: VecDeque<SendWqe>,
+}
+
+impl UdTransport {
+    /// A UD transport in RESET.
+    pub fn new(qpn: u32, mtu: u32) -> Self {
+        UdTransport {
+            qpn,
+            qkey: 0,
+            mtu,
+            state: QpState::Reset,
+            next_psn: 0,
+            sq: VecDeque::new(),
+        }
+    }
+
+    /// The state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// Applies attributes (Q_Key, SQ PSN) and moves to `state`; ERR flushes the send queue.
+    pub fn set_state(&mut self, state: QpState, qkey: u32, sq_psn: u32, env: &mut dyn Env) {
+        if state == QpState::Rts && self.state == QpState::Rtr {
+            self.next_psn = sq_psn & super::psn::PSN_MASK;
+        }
+        self.qkey = qkey;
+        self.state = state;
+        match state {
+            QpState::Err => {
+                for w in std::mem::take(&mut self.sq) {
+                    env.send_completion(self.wc(&w, WcStatus::WrFlushErr));
+                }
+            }
+            QpState::Reset => self.sq.clear(),
+            _ => {}
+        }
+    }
+
+    /// Work requests queued.
+    pub fn send_queue_len(&self) -> usize {
+        self.sq.len()
+    }
+
+    fn wc(&self, w: &SendWqe, status: WcStatus) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: w.wr_id,
+            status,
+            opcode: WcOpcode::Send,
+            byte_len: w.len as u32,
+            qp_num: self.qpn,
+            ..WorkCompletion::default()
+        }
+    }
+
+    /// Queues a validated UD send. A message longer than the path MTU completes at once
+    /// with `LOC_LEN_ERR`; in ERR the send is flushed.
+    pub fn post_send(&mut self, wqe: SendWqe, env: &mut dyn Env) {
+        if self.state == QpState::Err {
+            env.send_completion(self.wc(&wqe, WcStatus::WrFlushErr));
+        } else if wqe.len > u64::from(self.mtu) || wqe.ud.is_none() {
+            env.send_completion(self.wc(&wqe, WcStatus::LocLenErr));
+        } else {
+            self.sq.push_back(wqe);
+        }
+    }
+
+    /// Sends the next datagram: `emit` gets the headers, the destination and a payload
+    /// writer. The work request completes (if signaled) once the datagram is handed over.
+    pub fn poll_transmit<R>(
+        &mut self,
+        env: &mut dyn Env,
+        emit: impl FnOnce(&TxPacket, &UdTarget, &mut dyn FnMut(&mut [u8]) -> Result<(), MemError>) -> R,
+    ) -> Option<R> {
+        if self.state != QpState::Rts {
+            return None;
+        }
+        let wqe = self.sq.pop_front()?;
+        let target = wqe.ud?;
+        let (kind, imm) = match wqe.op {
+            SendOp::SendWithImm { imm } => (Kind::SendImm, Some(imm)),
+            _ => (Kind::Send, None),
+        };
+        let mut pkt = TxPacket::new(kind, Pos::Only, target.remote_qpn, self.next_psn);
+        self.next_psn = super::psn::add(self.next_psn, 1);
+        pkt.imm = imm;
+        pkt.solicited = wqe.solicited;
+        // A Q_Key with the high bit set means "use the QP's own Q_Key" (IBTA 10.2.5).
+        let qkey = if target.remote_qkey & 0x8000_0000 != 0 {
+            self.qkey
+        } else {
+            target.remote_qkey
+        };
+        pkt.deth = Some((qkey, self.qpn));
+        pkt.payload_len = wqe.len as u32;
+        let r = emit(&pkt, &target, &mut |dst| wqe.gather(0, dst));
+        if wqe.signaled {
+            env.send_completion(self.wc(&wqe, WcStatus::Success));
+        }
+        Some(r)
+    }
+
+    /// Delivers a received datagram: takes a receive, writes the GRH area and the payload,
+    /// completes it. Datagrams with a wrong Q_Key, or with no receive posted, are dropped
+    /// (UD has no RNR); one longer than the receive buffer completes it with `LOC_LEN_ERR`.
+    pub fn handle_packet(&mut self, pkt: &RxPacket<'_>, src: &UdSource, env: &mut dyn Env) {
+        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            return;
+        }
+        let Some((qkey, src_qp)) = pkt.deth else {
+            return;
+        };
+        if !matches!(pkt.kind, Kind::Send | Kind::SendImm) || pkt.pos != Pos::Only {
+            return;
+        }
+        if qkey != self.qkey {
+            env.count(Stat::SendErr);
+            return;
+        }
+        let Some(wqe) = env.take_recv() else {
+            env.count(Stat::SentRnrNak);
+            return;
+        };
+        let mut wc = WorkCompletion {
+            wr_id: wqe.wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: (GRH_LEN + pkt.payload.len()) as u32,
+            qp_num: self.qpn,
+            src_qp,
+            wc_flags: WcFlags::GRH,
+            ..WorkCompletion::default()
+        };
+        if let Some(imm) = pkt.imm {
+            wc.imm_data = imm;
+            wc.wc_flags |= WcFlags::WITH_IMM;
+        }
+        let grh = grh_bytes(src, pkt.payload.len());
+        if scatter_into(&wqe.sges, 0, &grh).is_err()
+            || scatter_into(&wqe.sges, GRH_LEN as u64, pkt.payload).is_err()
+        {
+            wc.status = WcStatus::LocLenErr;
+            wc.byte_len = 0;
+        }
+        env.recv_completion(wc, pkt.solicited);
+    }
+}
+
+/// The 40 bytes a UD receive gets in front of the payload: an IPv6 header, or for IPv4
+/// twenty zero bytes followed by the IPv4 header (as RoCEv2 devices deliver it).
+fn grh_bytes(src: &UdSource, payload_len: usize) -> [u8; GRH_LEN] {
+    let mut g = [0u8; GRH_LEN];
+    match (src.src, src.dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let ip = &mut g[20..];
+            ip[0] = 0x45;
+            let total = (20 + 8 + 12 + 8 + payload_len + 4) as u16;
+            ip[2..4].copy_from_slice(&total.to_be_bytes());
+            ip[6] = 0x40; // DF
+            ip[8] = 64;
+            ip[9] = 17;
+            ip[12..16].copy_from_slice(&s.octets());
+            ip[16..20].copy_from_slice(&d.octets());
+        }
+        (s, d) => {
+            let to6 = |ip: IpAddr| match ip {
+                IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                IpAddr::V6(v6) => v6,
+            };
+            g[0] = 0x60;
+            let plen = (8 + 12 + 8 + payload_len + 4) as u16;
+            g[4..6].copy_from_slice(&plen.to_be_bytes());
+            g[6] = 17;
+            g[7] = 64;
+            g[8..24].copy_from_slice(&to6(s).octets());
+            g[24..40].copy_from_slice(&to6(d).octets());
+        }
+    }
+    g
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::{RemoteKeyError, RxPacket};
+    use crate::wqe::{RecvWqe, SendData};
+    use remem_verbs::{AccessFlags, AhAttr, MemRegion, MemoryBuffer};
+    use std::sync::Arc;
+
+    #[derive(Default)]
+    struct E {
+        rq: VecDeque<RecvWqe>,
+        sent: Vec<WorkCompletion>,
+        recvd: Vec<WorkCompletion>,
+        counts: usize,
+    }
+    impl Env for E {
+        fn remote(
+            &mut self,
+            _: u32,
+            _: u64,
+            _: u64,
+            _: AccessFlags,
+        ) -> Result<MemRegion, RemoteKeyError> {
+            Err(RemoteKeyError::UnknownKey)
+        }
+        fn take_recv(&mut self) -> Option<RecvWqe> {
+            self.rq.pop_front()
+        }
+        fn send_completion(&mut self, wc: WorkCompletion) {
+            self.sent.push(wc);
+        }
+        fn recv_completion(&mut self, wc: WorkCompletion, _: bool) {
+            self.recvd.push(wc);
+        }
+        fn count(&mut self, _: Stat) {
+            self.counts += 1;
+        }
+    }
+
+    fn ready(qpn: u32, env: &mut E) -> UdTransport {
+        let mut t = UdTransport::new(qpn, 1024);
+        for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
+            t.set_state(s, 0x1111_1111, 5, env);
+        }
+        t
+    }
+
+    #[test]
+    fn datagram_round_trip_with_grh_and_imm() {
+        let (mut ea, mut eb) = (E::default(), E::default());
+        let mut a = ready(0x20, &mut ea);
+        let mut b = ready(0x30, &mut eb);
+        let src = Arc::new(MemoryBuffer::from_vec(b"hello, datagram".to_vec()));
+        let wqe = SendWqe {
+            wr_id: 9,
+            op: SendOp::SendWithImm { imm: 77 },
+            data: SendData::Sges(vec![MemRegion::whole(src)]),
+            len: 15,
+            signaled: true,
+            solicited: false,
+            fence: false,
+            ud: Some(UdTarget {
+                av: AhAttr::default(),
+                remote_qpn: 0x30,
+                remote_qkey: 0x8000_0000, // use our own Q_Key
+            }),
+        };
+        a.post_send(wqe, &mut ea);
+        let recv = Arc::new(MemoryBuffer::zeroed(100).unwrap());
+        eb.rq.push_back(RecvWqe {
+            wr_id: 1,
+            sges: vec![MemRegion::whole(recv.clone())],
+            total_len: 100,
+        });
+        let (hdr, payload) = a
+            .poll_transmit(&mut ea, |h, t, fill| {
+                assert_eq!(t.remote_qpn, 0x30);
+                let mut p = vec![0; h.payload_len as usize];
+                fill(&mut p).unwrap();
+                (*h, p)
+            })
+            .unwrap();
+        assert_eq!(hdr.deth, Some((0x1111_1111, 0x20)));
+        assert_eq!(hdr.psn, 5);
+        assert_eq!(ea.sent.len(), 1);
+        let mut rx = RxPacket::new(hdr.kind, hdr.pos, hdr.psn);
+        rx.deth = hdr.deth;
+        rx.imm = hdr.imm;
+        rx.payload = &payload;
+        let from = UdSource {
+            src: "127.0.0.1".parse().unwrap(),
+            dst: "127.0.0.2".parse().unwrap(),
+        };
+        b.handle_packet(&rx, &from, &mut eb);
+        let wc = eb.recvd[0];
+        assert_eq!(wc.status, WcStatus::Success);
+        assert_eq!(wc.byte_len, 40 + 15);
+        assert_eq!(wc.src_qp, 0x20);
+        assert_eq!(wc.imm(), Some(77));
+        assert!(wc.wc_flags.contains(WcFlags::GRH));
+        let got = recv.to_vec(0, 55).unwrap();
+        assert_eq!(&got[40..], b"hello, datagram");
+        assert_eq!(got[20], 0x45);
+        assert_eq!(&got[32..36], &[127, 0, 0, 1]);
+        // Wrong Q_Key: dropped; no receive: dropped.
+        rx.deth = Some((0x2222, 0x20));
+        b.handle_packet(&rx, &from, &mut eb);
+        rx.deth = hdr.deth;
+        b.handle_packet(&rx, &from, &mut eb);
+        assert_eq!(eb.recvd.len(), 1);
+        assert_eq!(eb.counts, 2);
+    }
+
+    #[test]
+    fn too_long_for_mtu_and_flush() {
+        let mut e = E::default();
+        let mut t = ready(1, &mut e);
+        let big = Arc::new(MemoryBuffer::zeroed(2000).unwrap());
+        let mk = |wr_id| SendWqe {
+            wr_id,
+            op: SendOp::Send,
+            data: SendData::Sges(vec![MemRegion::whole(big.clone())]),
+            len: 2000,
+            signaled: true,
+            solicited: false,
+            fence: false,
+            ud: Some(UdTarget {
+                av: AhAttr::default(),
+                remote_qpn: 2,
+                remote_qkey: 1,
+            }),
+        };
+        t.post_send(mk(1), &mut e);
+        assert_eq!(e.sent[0].status, WcStatus::LocLenErr);
+        t.set_state(QpState::Err, 0, 0, &mut e);
+        t.post_send(mk(2), &mut e);
+        assert_eq!(e.sent[1].status, WcStatus::WrFlushErr);
+    }
+}
