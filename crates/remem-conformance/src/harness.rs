@@ -1,0 +1,271 @@
+//! Setting up connected queue pairs and waiting for completions.
+
+use remem_verbs::{
+    AccessFlags, AhAttr, CompletionQueue, Context, GidType, MemRegion, MemoryBuffer, MemoryRegion,
+    Mtu, ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, QueuePair,
+    WorkCompletion,
+};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Two devices to test between (they may be the same device).
+#[derive(Clone)]
+pub struct Pair {
+    /// The requester side of most cases.
+    pub a: Arc<dyn Context>,
+    /// The responder side of most cases.
+    pub b: Arc<dyn Context>,
+    /// How long a case waits for a completion before failing.
+    pub timeout: Duration,
+}
+
+impl Pair {
+    /// A pair with a 10 s completion timeout.
+    pub fn new(a: Arc<dyn Context>, b: Arc<dyn Context>) -> Self {
+        Pair {
+            a,
+            b,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Options for [`connect_rc`].
+#[derive(Debug, Clone, Copy)]
+pub struct QpOptions {
+    /// Queue sizes.
+    pub cap: QpCap,
+    /// Path MTU (clamped to both ports' active MTU).
+    pub mtu: Mtu,
+    /// Remote access the responder QP grants.
+    pub access: AccessFlags,
+    /// `rnr_retry` of the requester (7 = infinite).
+    pub rnr_retry: u8,
+    /// `retry_cnt`.
+    pub retry_cnt: u8,
+    /// `timeout` code.
+    pub timeout: u8,
+    /// `min_rnr_timer` code of the responder.
+    pub min_rnr_timer: u8,
+    /// `sq_sig_all`.
+    pub sq_sig_all: bool,
+    /// CQ depth.
+    pub cqe: u32,
+}
+
+impl Default for QpOptions {
+    fn default() -> Self {
+        QpOptions {
+            cap: QpCap {
+                max_send_wr: 64,
+                max_recv_wr: 64,
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                max_inline_data: 64,
+            },
+            mtu: Mtu::Mtu1024,
+            access: AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+            rnr_retry: 7,
+            retry_cnt: 7,
+            timeout: 14,
+            min_rnr_timer: 1,
+            sq_sig_all: false,
+            cqe: 256,
+        }
+    }
+}
+
+/// One side of a connection.
+pub struct Endpoint {
+    /// The device.
+    pub ctx: Arc<dyn Context>,
+    /// Its protection domain.
+    pub pd: Arc<dyn ProtectionDomain>,
+    /// Send and receive completions.
+    pub cq: Arc<dyn CompletionQueue>,
+    /// The queue pair.
+    pub qp: Arc<dyn QueuePair>,
+    /// The RoCE v2 GID index used.
+    pub gid_index: u8,
+}
+
+impl Endpoint {
+    /// Registers `len` zeroed bytes with `access`.
+    pub fn reg(
+        &self,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<(Arc<MemoryBuffer>, Arc<dyn MemoryRegion>), String> {
+        let buf = Arc::new(MemoryBuffer::zeroed(len).map_err(|e| e.to_string())?);
+        let mr = self
+            .pd
+            .reg_mr(MemRegion::whole(buf.clone()), access)
+            .map_err(|e| format!("reg_mr: {e}"))?;
+        Ok((buf, mr))
+    }
+}
+
+/// The first RoCE v2 GID of port 1 whose address family matches `prefer_v4`.
+fn roce_v2_gid(ctx: &dyn Context) -> Result<(u8, remem_verbs::Gid), String> {
+    let table = ctx.gid_table(1).map_err(|e| format!("gid_table: {e}"))?;
+    table
+        .iter()
+        .filter(|g| g.gid_type == GidType::RoceV2)
+        .min_by_key(|g| !g.gid.is_ipv4_mapped())
+        .map(|g| (g.index as u8, g.gid))
+        .ok_or_else(|| format!("{} has no RoCE v2 GID", ctx.info().name))
+}
+
+fn endpoint(ctx: &Arc<dyn Context>, o: &QpOptions) -> Result<Endpoint, String> {
+    let pd = ctx.alloc_pd().map_err(|e| format!("alloc_pd: {e}"))?;
+    let cq = ctx
+        .create_cq(o.cqe, None)
+        .map_err(|e| format!("create_cq: {e}"))?;
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            srq: None,
+            cap: o.cap,
+            sq_sig_all: o.sq_sig_all,
+        })
+        .map_err(|e| format!("create_qp: {e}"))?;
+    let (gid_index, _) = roce_v2_gid(&**ctx)?;
+    Ok(Endpoint {
+        ctx: ctx.clone(),
+        pd,
+        cq,
+        qp,
+        gid_index,
+    })
+}
+
+/// Moves `qp` through INIT, RTR and RTS towards the peer, as a verbs program does.
+pub fn bring_up(
+    me: &Endpoint,
+    peer_qpn: u32,
+    peer_gid: remem_verbs::Gid,
+    my_psn: u32,
+    peer_psn: u32,
+    mtu: Mtu,
+    o: &QpOptions,
+) -> Result<(), String> {
+    use QpAttrMask as M;
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qp_access_flags: o.access - AccessFlags::LOCAL_WRITE,
+        ..QpAttr::default()
+    };
+    me.qp
+        .modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+        .map_err(|e| format!("to INIT: {e}"))?;
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: mtu,
+        dest_qp_num: peer_qpn,
+        rq_psn: peer_psn,
+        max_dest_rd_atomic: 16,
+        min_rnr_timer: o.min_rnr_timer,
+        ah_attr: AhAttr {
+            dgid: peer_gid,
+            sgid_index: me.gid_index,
+            hop_limit: 64,
+            is_global: true,
+            port_num: 1,
+            ..AhAttr::default()
+        },
+        ..QpAttr::default()
+    };
+    me.qp
+        .modify(
+            &rtr,
+            M::STATE
+                | M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER,
+        )
+        .map_err(|e| format!("to RTR: {e}"))?;
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        timeout: o.timeout,
+        retry_cnt: o.retry_cnt,
+        rnr_retry: o.rnr_retry,
+        sq_psn: my_psn,
+        max_rd_atomic: 16,
+        ..QpAttr::default()
+    };
+    me.qp
+        .modify(
+            &rts,
+            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+        )
+        .map_err(|e| format!("to RTS: {e}"))?;
+    Ok(())
+}
+
+/// Creates an RC QP on each device of `pair` and connects them (`a` ↔ `b`).
+pub fn connect_rc(pair: &Pair, o: &QpOptions) -> Result<(Endpoint, Endpoint), String> {
+    let a = endpoint(&pair.a, o)?;
+    let b = endpoint(&pair.b, o)?;
+    let (_, ga) = roce_v2_gid(&*pair.a)?;
+    let (_, gb) = roce_v2_gid(&*pair.b)?;
+    let mtu_a = pair.a.query_port(1).map_err(|e| e.to_string())?.active_mtu;
+    let mtu_b = pair.b.query_port(1).map_err(|e| e.to_string())?.active_mtu;
+    let mtu = o.mtu.min(mtu_a).min(mtu_b);
+    let (pa, pb) = (0x00ab_cdef, 0x00ff_fff0); // PSNs that wrap soon on one side
+    bring_up(&a, b.qp.qp_num(), gb, pa, pb, mtu, o)?;
+    bring_up(&b, a.qp.qp_num(), ga, pb, pa, mtu, o)?;
+    Ok((a, b))
+}
+
+/// Waits for `n` completions on `cq` (bounded by `timeout`).
+pub fn poll_n(
+    cq: &dyn CompletionQueue,
+    n: usize,
+    timeout: Duration,
+) -> Result<Vec<WorkCompletion>, String> {
+    let deadline = Instant::now() + timeout;
+    let mut out = Vec::with_capacity(n);
+    let mut wc = [WorkCompletion::default(); 16];
+    while out.len() < n {
+        let want = (n - out.len()).min(wc.len());
+        let got = cq
+            .poll(&mut wc[..want])
+            .map_err(|e| format!("poll_cq: {e}"))?;
+        out.extend_from_slice(&wc[..got]);
+        if got == 0 {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "timed out after {timeout:?} with {} of {n} completions: {out:?}",
+                    out.len()
+                ));
+            }
+            std::thread::yield_now();
+        }
+    }
+    Ok(out)
+}
+
+/// Waits for one completion.
+pub fn poll_one(cq: &dyn CompletionQueue, timeout: Duration) -> Result<WorkCompletion, String> {
+    poll_n(cq, 1, timeout).map(|mut v| v.remove(0))
+}
+
+/// Checks that no completion arrives on `cq` (after the peer was given a round trip).
+pub fn expect_none(cq: &dyn CompletionQueue) -> Result<(), String> {
+    let mut wc = [WorkCompletion::default(); 4];
+    match cq.poll(&mut wc) {
+        Ok(0) => Ok(()),
+        Ok(n) => Err(format!("unexpected completions: {:?}", &wc[..n])),
+        Err(e) => Err(format!("poll_cq: {e}")),
+    }
+}
