@@ -1,0 +1,238 @@
+//! The invariant CRC, computed exactly as Linux rxe does it (`rxe_icrc.c`).
+//!
+//! CRC-32 (the zlib polynomial and conventions) over: 8 bytes of 0xff standing for the
+//! masked LRH; the IPv4 header with TOS, TTL and header checksum set to all ones — or the
+//! IPv6 header with traffic class, flow label and hop limit set to all ones; the UDP header
+//! with its checksum set to all ones; the BTH with its FECN/BECN/reserved byte (byte 4) set
+//! to all ones; then the rest of the packet up to the ICRC. The result is stored
+//! little-endian in the last four bytes of the UDP payload.
+
+use crate::packet::ICRC_LEN;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+/// The IP header fields the ICRC covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IpFields {
+    /// IPv4.
+    V4 {
+        /// Source address.
+        src: Ipv4Addr,
+        /// Destination address.
+        dst: Ipv4Addr,
+        /// Identification.
+        id: u16,
+        /// Flags and fragment offset (0x4000: DF).
+        flags_frag: u16,
+    },
+    /// IPv6.
+    V6 {
+        /// Source address.
+        src: Ipv6Addr,
+        /// Destination address.
+        dst: Ipv6Addr,
+    },
+}
+
+/// The flags/fragment field with only DF set.
+pub const IPV4_DF: u16 = 0x4000;
+
+/// The UDP ports of a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UdpPorts {
+    /// Source port.
+    pub src: u16,
+    /// Destination port (4791 for RoCEv2).
+    pub dst: u16,
+}
+
+/// The UDP payload was too short to hold a BTH and an ICRC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{0} bytes is too short for a RoCEv2 packet")]
+pub struct TooShort(pub usize);
+
+/// Computes the ICRC of `udp_payload` (whose last 4 bytes are the ICRC field, not covered).
+pub fn compute(ip: &IpFields, ports: UdpPorts, udp_payload: &[u8]) -> Result<u32, TooShort> {
+    let n = udp_payload.len();
+    if n < 12 + ICRC_LEN {
+        return Err(TooShort(n));
+    }
+    let udp_len = (8 + n) as u16;
+    let mut h = crc32fast::Hasher::new();
+    h.update(&[0xff; 8]);
+    match ip {
+        IpFields::V4 {
+            src,
+            dst,
+            id,
+            flags_frag,
+        } => {
+            let mut v4 = [0u8; 20];
+            v4[0] = 0x45;
+            v4[1] = 0xff;
+            v4[2..4].copy_from_slice(&(20 + udp_len).to_be_bytes());
+            v4[4..6].copy_from_slice(&id.to_be_bytes());
+            v4[6..8].copy_from_slice(&flags_frag.to_be_bytes());
+            v4[8] = 0xff;
+            v4[9] = 17;
+            v4[10] = 0xff;
+            v4[11] = 0xff;
+            v4[12..16].copy_from_slice(&src.octets());
+            v4[16..20].copy_from_slice(&dst.octets());
+            h.update(&v4);
+        }
+        IpFields::V6 { src, dst } => {
+            let mut v6 = [0u8; 40];
+            v6[..4].copy_from_slice(&[0x6f, 0xff, 0xff, 0xff]);
+            v6[4..6].copy_from_slice(&udp_len.to_be_bytes());
+            v6[6] = 17;
+            v6[7] = 0xff;
+            v6[8..24].copy_from_slice(&src.octets());
+            v6[24..40].copy_from_slice(&dst.octets());
+            h.update(&v6);
+        }
+    }
+    let mut udp = [0xffu8; 8];
+    udp[..2].copy_from_slice(&ports.src.to_be_bytes());
+    udp[2..4].copy_from_slice(&ports.dst.to_be_bytes());
+    udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
+    h.update(&udp);
+    let mut bth = [0u8; 12];
+    bth.copy_from_slice(&udp_payload[..12]);
+    bth[4] = 0xff;
+    h.update(&bth);
+    h.update(&udp_payload[12..n - ICRC_LEN]);
+    Ok(h.finalize())
+}
+
+/// Computes the ICRC and writes it into the last 4 bytes of `udp_payload`.
+pub fn fill(ip: &IpFields, ports: UdpPorts, udp_payload: &mut [u8]) -> Result<(), TooShort> {
+    let crc = compute(ip, ports, udp_payload)?;
+    let n = udp_payload.len();
+    udp_payload[n - ICRC_LEN..].copy_from_slice(&crc.to_le_bytes());
+    Ok(())
+}
+
+/// Whether the ICRC in `udp_payload` is right.
+pub fn verify(ip: &IpFields, ports: UdpPorts, udp_payload: &[u8]) -> bool {
+    match compute(ip, ports, udp_payload) {
+        Ok(crc) => udp_payload[udp_payload.len() - ICRC_LEN..] == crc.to_le_bytes(),
+        Err(_) => false,
+    }
+}
+
+/// The internet checksum of an IPv4 header (checksum field treated as zero).
+pub fn ipv4_checksum(header: &[u8; 20]) -> u16 {
+    let mut sum: u32 = 0;
+    for (i, pair) in header.chunks_exact(2).enumerate() {
+        if i != 5 {
+            sum += u32::from(u16::from_be_bytes([pair[0], pair[1]]));
+        }
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// A complete IPv4 header for a UDP datagram of `udp_payload_len` payload bytes (for packet
+/// captures and raw senders), with a correct checksum.
+pub fn ipv4_header(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    id: u16,
+    flags_frag: u16,
+    ttl: u8,
+    tos: u8,
+    udp_payload_len: usize,
+) -> [u8; 20] {
+    let mut h = [0u8; 20];
+    h[0] = 0x45;
+    h[1] = tos;
+    h[2..4].copy_from_slice(&((20 + 8 + udp_payload_len) as u16).to_be_bytes());
+    h[4..6].copy_from_slice(&id.to_be_bytes());
+    h[6..8].copy_from_slice(&flags_frag.to_be_bytes());
+    h[8] = ttl;
+    h[9] = 17;
+    h[12..16].copy_from_slice(&src.octets());
+    h[16..20].copy_from_slice(&dst.octets());
+    let c = ipv4_checksum(&h);
+    h[10..12].copy_from_slice(&c.to_be_bytes());
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(s: &str) -> Vec<u8> {
+        let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// The MANIFEST's worked example: an ACK from 192.168.77.2 to 192.168.77.1.
+    #[test]
+    fn manifest_example() {
+        let payload = hex("1100ffff 00000012 000e2ead 1f000001 22b65570");
+        let ip = IpFields::V4 {
+            src: Ipv4Addr::new(192, 168, 77, 2),
+            dst: Ipv4Addr::new(192, 168, 77, 1),
+            id: 0xd9ef,
+            flags_frag: IPV4_DF,
+        };
+        let ports = UdpPorts {
+            src: 0xc144,
+            dst: 4791,
+        };
+        assert_eq!(compute(&ip, ports, &payload).unwrap(), 0x7055_b622);
+        assert!(verify(&ip, ports, &payload));
+        let mut copy = payload.clone();
+        copy[19] = 0;
+        fill(&ip, ports, &mut copy).unwrap();
+        assert_eq!(copy, payload);
+        // The example's real IPv4 header checksum.
+        let h = ipv4_header(
+            Ipv4Addr::new(192, 168, 77, 2),
+            Ipv4Addr::new(192, 168, 77, 1),
+            0xd9ef,
+            IPV4_DF,
+            64,
+            0,
+            20,
+        );
+        assert_eq!(&h[..], &hex("45000030d9ef400040114579c0a84d02c0a84d01")[..]);
+    }
+
+    #[test]
+    fn masked_fields_do_not_matter_and_covered_ones_do() {
+        let mut payload = hex("11000000 00000012 000e2ead 1f000001 00000000");
+        let ip = IpFields::V6 {
+            src: "fe80::1".parse().unwrap(),
+            dst: "fe80::2".parse().unwrap(),
+        };
+        let ports = UdpPorts {
+            src: 49152,
+            dst: 4791,
+        };
+        fill(&ip, ports, &mut payload).unwrap();
+        assert!(verify(&ip, ports, &payload));
+        // FECN/BECN byte is masked.
+        let mut p = payload.clone();
+        p[4] = 0xc0;
+        assert!(verify(&ip, ports, &p));
+        // Every other byte is covered.
+        for i in (0..payload.len() - 4).filter(|i| *i != 4) {
+            let mut p = payload.clone();
+            p[i] ^= 1;
+            assert!(!verify(&ip, ports, &p), "byte {i}");
+        }
+        let other = UdpPorts {
+            src: 49153,
+            ..ports
+        };
+        assert!(!verify(&ip, other, &payload));
+        assert!(compute(&ip, ports, &[0; 15]).is_err());
+    }
+}
