@@ -274,7 +274,7 @@ impl<'a> Packet<'a> {
                 got: bytes.len(),
             });
         }
-        if bytes.len() % 4 != 0 {
+        if !bytes.len().is_multiple_of(4) {
             return Err(ParseError::Unaligned(bytes.len()));
         }
         let mut at = Bth::LEN;
