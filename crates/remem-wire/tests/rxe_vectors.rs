@@ -1,0 +1,213 @@
+//! Golden vectors: packets captured from Linux kernel Soft-RoCE (`../shared/vectors/rxe/`,
+//! beside the repository). Every packet must parse, verify its ICRC against its real IPv4
+//! and UDP headers, match Wireshark's decode field by field, and rebuild byte for byte.
+//!
+//! Without `../shared` the test says it skipped; with `REMEM_REQUIRE_VECTORS=1` (set by
+//! `.ci/run` when `../shared` exists) a missing directory is a failure.
+
+use remem_wire::icrc::{self, IpFields, UdpPorts};
+use remem_wire::{Packet, Syndrome};
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+fn vectors_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("REMEM_VECTORS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/vectors/rxe")
+        });
+    dir.is_dir().then_some(dir)
+}
+
+/// Frames of a classic pcap file (either byte order, µs or ns timestamps).
+fn pcap_frames(bytes: &[u8]) -> Vec<Vec<u8>> {
+    let magic = u32::from_le_bytes(bytes[..4].try_into().unwrap());
+    let le = match magic {
+        0xa1b2_c3d4 | 0xa1b2_3c4d => true,
+        0xd4c3_b2a1 | 0x4d3c_b2a1 => false,
+        m => panic!("not a pcap file (magic {m:#x})"),
+    };
+    let u32_at = |at: usize| {
+        let b: [u8; 4] = bytes[at..at + 4].try_into().unwrap();
+        if le {
+            u32::from_le_bytes(b)
+        } else {
+            u32::from_be_bytes(b)
+        }
+    };
+    assert_eq!(u32_at(20), 1, "linktype must be Ethernet");
+    let mut frames = Vec::new();
+    let mut at = 24;
+    while at + 16 <= bytes.len() {
+        let caplen = u32_at(at + 8) as usize;
+        let origlen = u32_at(at + 12) as usize;
+        assert_eq!(caplen, origlen, "truncated capture");
+        frames.push(bytes[at + 16..at + 16 + caplen].to_vec());
+        at += 16 + caplen;
+    }
+    frames
+}
+
+struct Frame {
+    ip: IpFields,
+    ports: UdpPorts,
+    roce: Vec<u8>,
+}
+
+fn dissect(frame: &[u8]) -> Frame {
+    assert_eq!(&frame[12..14], &[0x08, 0x00], "IPv4 ethertype");
+    let ip = &frame[14..];
+    assert_eq!(ip[0], 0x45, "IPv4 without options");
+    assert_eq!(ip[9], 17, "UDP");
+    let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+    let udp = &ip[20..total];
+    let udp_len = u16::from_be_bytes([udp[4], udp[5]]) as usize;
+    assert_eq!(udp_len, udp.len());
+    Frame {
+        ip: IpFields::V4 {
+            src: Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
+            dst: Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]),
+            id: u16::from_be_bytes([ip[4], ip[5]]),
+            flags_frag: u16::from_be_bytes([ip[6], ip[7]]),
+        },
+        ports: UdpPorts {
+            src: u16::from_be_bytes([udp[0], udp[1]]),
+            dst: u16::from_be_bytes([udp[2], udp[3]]),
+        },
+        roce: udp[8..].to_vec(),
+    }
+}
+
+/// One row of Wireshark's decode: column name -> value ("" when absent).
+fn tsv_rows(text: &str) -> Vec<HashMap<String, String>> {
+    let mut lines = text.lines();
+    let names: Vec<String> = lines
+        .next()
+        .expect("header row")
+        .split('\t')
+        .map(str::to_string)
+        .collect();
+    lines
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            names
+                .iter()
+                .cloned()
+                .zip(
+                    l.split('\t')
+                        .map(str::to_string)
+                        .chain(std::iter::repeat(String::new())),
+                )
+                .collect()
+        })
+        .collect()
+}
+
+/// A decoded number: decimal or 0x-hex; Wireshark repeats some fields as "v,v".
+fn num(row: &HashMap<String, String>, col: &str) -> Option<u64> {
+    let v = row.get(col)?.split(',').next()?.trim();
+    if v.is_empty() {
+        return None;
+    }
+    Some(match v.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).unwrap_or_else(|_| panic!("{col}={v}")),
+        None => v.parse().unwrap_or_else(|_| panic!("{col}={v}")),
+    })
+}
+
+fn check_file(pcap: &Path) -> usize {
+    let job = pcap.file_stem().unwrap().to_string_lossy().into_owned();
+    let frames = pcap_frames(&std::fs::read(pcap).unwrap());
+    let tsv = std::fs::read_to_string(pcap.with_extension("tshark.tsv")).unwrap();
+    let rows = tsv_rows(&tsv);
+    assert_eq!(rows.len(), frames.len(), "{job}: TSV rows vs frames");
+    for (i, (frame, row)) in frames.iter().zip(&rows).enumerate() {
+        let ctx = format!("{job} frame {}", i + 1);
+        assert_eq!(num(row, "frame.number"), Some(i as u64 + 1), "{ctx}");
+        let f = dissect(frame);
+        let p = Packet::parse(&f.roce).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        assert!(icrc::verify(&f.ip, f.ports, &f.roce), "{ctx}: ICRC");
+        let h = &p.headers;
+        let eq = |col: &str, got: Option<u64>| {
+            assert_eq!(got, num(row, col), "{ctx}: {col}");
+        };
+        eq(
+            "infiniband.bth.opcode",
+            Some(u64::from(h.bth.opcode.value())),
+        );
+        eq("infiniband.bth.se", Some(u64::from(h.bth.se)));
+        eq("infiniband.bth.m", Some(u64::from(h.bth.mig_req)));
+        eq("infiniband.bth.padcnt", Some(u64::from(h.bth.pad)));
+        eq("infiniband.bth.tver", Some(u64::from(h.bth.tver)));
+        eq("infiniband.bth.p_key", Some(u64::from(h.bth.pkey)));
+        eq("infiniband.bth.destqp", Some(u64::from(h.bth.dest_qp)));
+        eq("infiniband.bth.a", Some(u64::from(h.bth.ack_req)));
+        eq("infiniband.bth.psn", Some(u64::from(h.bth.psn.value())));
+        eq("infiniband.deth.q_key", h.deth.map(|d| u64::from(d.qkey)));
+        eq("infiniband.deth.srcqp", h.deth.map(|d| u64::from(d.src_qp)));
+        // Wireshark shows the AtomicETH's VA and R_Key in the RETH columns.
+        let va = h.reth.map(|r| r.va).or(h.atomic.map(|a| a.va));
+        let rkey = h.reth.map(|r| r.rkey).or(h.atomic.map(|a| a.rkey));
+        eq("infiniband.reth.va", va);
+        eq("infiniband.reth.r_key", rkey.map(u64::from));
+        eq(
+            "infiniband.reth.dmalen",
+            h.reth.map(|r| u64::from(r.dma_len)),
+        );
+        eq(
+            "infiniband.aeth.syndrome",
+            h.aeth.map(|a| u64::from(a.syndrome.to_byte())),
+        );
+        eq("infiniband.aeth.msn", h.aeth.map(|a| u64::from(a.msn)));
+        eq("infiniband.atomiceth.swapdt", h.atomic.map(|a| a.swap_add));
+        eq("infiniband.atomiceth.cmpdt", h.atomic.map(|a| a.compare));
+        eq("infiniband.atomicacketh.origremdt", h.atomic_ack);
+        eq("infiniband.immdt", h.imm.map(u64::from));
+        eq("infiniband.ieth", h.ieth.map(u64::from));
+        eq(
+            "infiniband.invariant.crc",
+            Some(u64::from(u32::from_be_bytes(p.icrc.to_le_bytes()))),
+        );
+        if let Some(a) = h.aeth {
+            assert!(!matches!(a.syndrome, Syndrome::Reserved(_)), "{ctx}");
+        }
+        // Rebuild from the parsed fields: byte for byte.
+        let mut buf = vec![0u8; f.roce.len() + 8];
+        let n = h.build(p.payload, &mut buf).unwrap();
+        icrc::fill(&f.ip, f.ports, &mut buf[..n]).unwrap();
+        assert_eq!(&buf[..n], &f.roce[..], "{ctx}: rebuilt bytes");
+    }
+    frames.len()
+}
+
+#[test]
+fn kernel_soft_roce_captures() {
+    let Some(dir) = vectors_dir() else {
+        assert!(
+            std::env::var_os("REMEM_REQUIRE_VECTORS").is_none(),
+            "REMEM_REQUIRE_VECTORS is set but ../shared/vectors/rxe is missing"
+        );
+        println!("skipping rxe vectors: ../shared/vectors/rxe not found");
+        eprintln!("skipping rxe vectors: ../shared/vectors/rxe not found");
+        return;
+    };
+    let mut pcaps: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pcap"))
+        .collect();
+    pcaps.sort();
+    assert!(!pcaps.is_empty(), "no captures in {}", dir.display());
+    let mut total = 0;
+    for p in &pcaps {
+        let n = check_file(p);
+        assert!(n > 0, "{} is empty", p.display());
+        total += n;
+    }
+    eprintln!(
+        "checked {total} kernel Soft-RoCE packets in {} captures",
+        pcaps.len()
+    );
+    assert!(total >= 200, "only {total} packets checked");
+}
