@@ -13,6 +13,7 @@
 //! the transport reads or writes. `wire_glue` turns them into and out of `remem_wire`
 //! packets.
 
+pub mod glue;
 pub mod psn;
 mod rc;
 #[cfg(test)]
@@ -96,83 +97,10 @@ impl Pos {
     }
 }
 
-/// RETH fields.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reth {
-    /// Virtual address.
-    pub va: u64,
-    /// Remote key.
-    pub rkey: u32,
-    /// DMA length of the whole message.
-    pub len: u32,
-}
-
-/// AtomicETH fields.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AtomicEth {
-    /// Virtual address.
-    pub va: u64,
-    /// Remote key.
-    pub rkey: u32,
-    /// Swap (compare-swap) or add (fetch-add) value.
-    pub swap_add: u64,
-    /// Compare value (compare-swap).
-    pub compare: u64,
-}
-
-/// An AETH syndrome, decoded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Syndrome {
-    /// ACK with a credit count code (31 = unlimited, as rxe sends).
-    Ack(u8),
-    /// RNR NAK with a 5-bit timer code.
-    Rnr(u8),
-    /// NAK: PSN sequence error.
-    NakSeq,
-    /// NAK: invalid request.
-    NakInvalid,
-    /// NAK: remote access error.
-    NakAccess,
-    /// NAK: remote operational error.
-    NakOperational,
-    /// NAK: invalid RD request, or a reserved code.
-    NakOther(u8),
-}
-
-impl Syndrome {
-    /// The AETH syndrome byte.
-    pub fn to_byte(self) -> u8 {
-        match self {
-            Syndrome::Ack(c) => c & 0x1f,
-            Syndrome::Rnr(t) => 0x20 | (t & 0x1f),
-            Syndrome::NakSeq => 0x60,
-            Syndrome::NakInvalid => 0x61,
-            Syndrome::NakAccess => 0x62,
-            Syndrome::NakOperational => 0x63,
-            Syndrome::NakOther(c) => 0x60 | (c & 0x1f),
-        }
-    }
-
-    /// Decodes an AETH syndrome byte (the reserved class 0b10 decodes as a NAK code).
-    pub fn from_byte(b: u8) -> Syndrome {
-        let v = b & 0x1f;
-        match (b >> 5) & 3 {
-            0 => Syndrome::Ack(v),
-            1 => Syndrome::Rnr(v),
-            3 => match v {
-                0 => Syndrome::NakSeq,
-                1 => Syndrome::NakInvalid,
-                2 => Syndrome::NakAccess,
-                3 => Syndrome::NakOperational,
-                c => Syndrome::NakOther(c),
-            },
-            _ => Syndrome::NakOther(v),
-        }
-    }
-}
+pub use remem_wire::{AtomicEth, Reth, Syndrome};
 
 /// The unlimited-credit ACK syndrome rxe sends.
-pub const ACK_UNLIMITED: Syndrome = Syndrome::Ack(31);
+pub const ACK_UNLIMITED: Syndrome = Syndrome::Ack { credits: 31 };
 
 /// A packet the transport wants sent; its payload is written by the transport into the
 /// buffer the glue provides.

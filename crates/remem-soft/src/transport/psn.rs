@@ -1,20 +1,20 @@
-//! 24-bit PSN helpers on plain `u32`s for the transport's bookkeeping.
-//!
-//! (`remem_wire` has the public PSN type; these free functions keep the state machine's
-//! arithmetic terse.)
+//! PSN arithmetic on the plain `u32`s of the transport's bookkeeping, by way of
+//! [`remem_wire::Psn`].
+
+use remem_wire::Psn;
 
 /// PSNs are 24 bits.
-pub const PSN_MASK: u32 = 0x00ff_ffff;
+pub const PSN_MASK: u32 = Psn::MAX;
 
 /// `psn + n` modulo 2^24.
 pub fn add(psn: u32, n: u32) -> u32 {
-    psn.wrapping_add(n) & PSN_MASK
+    Psn::new(psn).add(n).value()
 }
 
 /// The signed distance from `a` to `b` on the 24-bit circle, in `-2^23 .. 2^23`:
 /// positive when `b` is after `a`.
 pub fn diff(b: u32, a: u32) -> i32 {
-    ((b.wrapping_sub(a) << 8) as i32) >> 8
+    Psn::new(b).diff(Psn::new(a))
 }
 
 #[cfg(test)]

@@ -457,7 +457,7 @@ impl RcTransport {
                 pkt.reth = Some(Reth {
                     va: remote_addr.wrapping_add(offset),
                     rkey,
-                    len: (entry.wqe.len - offset.min(entry.wqe.len)) as u32,
+                    dma_len: (entry.wqe.len - offset.min(entry.wqe.len)) as u32,
                 });
                 pkt.ack_req = true;
                 consumed = entry.npkts - k;
@@ -507,7 +507,7 @@ impl RcTransport {
                         Some(Reth {
                             va: remote_addr,
                             rkey,
-                            len: entry.wqe.len as u32,
+                            dma_len: entry.wqe.len as u32,
                         }),
                     ),
                     SendOp::RdmaWriteWithImm {
@@ -521,7 +521,7 @@ impl RcTransport {
                             Some(Reth {
                                 va: remote_addr,
                                 rkey,
-                                len: entry.wqe.len as u32,
+                                dma_len: entry.wqe.len as u32,
                             }),
                         )
                     }
@@ -818,7 +818,7 @@ impl RcTransport {
                     return;
                 };
                 match syndrome {
-                    Syndrome::Ack(_) => {
+                    Syndrome::Ack { .. } => {
                         self.ack_through(now, pkt.psn, env);
                     }
                     nak => self.handle_nak(now, pkt.psn, nak, env),
@@ -928,7 +928,7 @@ impl RcTransport {
             return; // the NAK names a PSN inside a READ still being answered; stale
         }
         match nak {
-            Syndrome::NakSeq => {
+            Syndrome::NakPsnSeqErr => {
                 env.count(Stat::RcvdSeqNak);
                 if self.req.retry_left == 0 {
                     env.count(Stat::RetryExceeded);
@@ -939,7 +939,7 @@ impl RcTransport {
                 env.count(Stat::CompleterRetry);
                 self.rewind_to(psn);
             }
-            Syndrome::Rnr(code) => {
+            Syndrome::RnrNak { timer: code } => {
                 env.count(Stat::RcvdRnrNak);
                 if self.cfg.rnr_retry != RNR_RETRY_INFINITE {
                     if self.req.rnr_left == 0 {
@@ -953,12 +953,17 @@ impl RcTransport {
                     Some(now + Duration::from_micros(u64::from(rnr_timer_us(code))));
                 self.rewind_to(psn);
             }
-            Syndrome::NakInvalid => self.fail(now, Some(psn), WcStatus::RemInvReqErr, env),
-            Syndrome::NakAccess => self.fail(now, Some(psn), WcStatus::RemAccessErr, env),
-            Syndrome::NakOperational | Syndrome::NakOther(_) => {
+            Syndrome::NakInvalidRequest => self.fail(now, Some(psn), WcStatus::RemInvReqErr, env),
+            Syndrome::NakRemoteAccessError => {
+                self.fail(now, Some(psn), WcStatus::RemAccessErr, env)
+            }
+            Syndrome::NakInvalidRdRequest => {
+                self.fail(now, Some(psn), WcStatus::RemInvRdReqErr, env)
+            }
+            Syndrome::NakRemoteOperationalError | Syndrome::Reserved(_) => {
                 self.fail(now, Some(psn), WcStatus::RemOpErr, env)
             }
-            Syndrome::Ack(_) => {}
+            Syndrome::Ack { .. } => {}
         }
     }
 
@@ -979,7 +984,7 @@ impl RcTransport {
             if !self.resp.nak_sent {
                 self.resp.nak_sent = true;
                 let e = self.resp.epsn;
-                self.resp.push_nak(e, Syndrome::NakSeq);
+                self.resp.push_nak(e, Syndrome::NakPsnSeqErr);
             }
             return;
         }
@@ -990,9 +995,9 @@ impl RcTransport {
         self.resp.nak_sent = false;
         if let Err(refuse) = self.execute(pkt, env) {
             let syndrome = match refuse {
-                Refuse::Invalid => Syndrome::NakInvalid,
-                Refuse::Access(_) => Syndrome::NakAccess,
-                Refuse::Operational => Syndrome::NakOperational,
+                Refuse::Invalid => Syndrome::NakInvalidRequest,
+                Refuse::Access(_) => Syndrome::NakRemoteAccessError,
+                Refuse::Operational => Syndrome::NakRemoteOperationalError,
             };
             env.count(Stat::SendErr);
             self.resp.push_nak(pkt.psn, syndrome);
@@ -1115,7 +1120,7 @@ impl RcTransport {
                     return Err(Refuse::Invalid);
                 }
                 let reth = pkt.reth.ok_or(Refuse::Invalid)?;
-                let len = u64::from(reth.len);
+                let len = u64::from(reth.dma_len);
                 if len > MAX_MSG {
                     return Err(Refuse::Invalid);
                 }
@@ -1196,7 +1201,8 @@ impl RcTransport {
                     // NAKs for the packets that follow are pointless: suppress them.
                     env.count(Stat::SentRnrNak);
                     let code = self.cfg.min_rnr_timer;
-                    self.resp.push_nak(pkt.psn, Syndrome::Rnr(code));
+                    self.resp
+                        .push_nak(pkt.psn, Syndrome::RnrNak { timer: code });
                     self.resp.nak_sent = true;
                     return Ok(false);
                 }
@@ -1263,7 +1269,7 @@ impl RcTransport {
                 } => (region, offset, len),
                 _ => {
                     let reth = pkt.reth.ok_or(Refuse::Invalid)?;
-                    let len = u64::from(reth.len);
+                    let len = u64::from(reth.dma_len);
                     if len > MAX_MSG {
                         return Err(Refuse::Invalid);
                     }
@@ -1284,7 +1290,8 @@ impl RcTransport {
                 None => {
                     env.count(Stat::SentRnrNak);
                     let code = self.cfg.min_rnr_timer;
-                    self.resp.push_nak(pkt.psn, Syndrome::Rnr(code));
+                    self.resp
+                        .push_nak(pkt.psn, Syndrome::RnrNak { timer: code });
                     self.resp.nak_sent = true;
                     // Keep the message state so the retried LAST continues it.
                     if !pkt.pos.starts() {
