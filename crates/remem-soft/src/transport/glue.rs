@@ -3,13 +3,12 @@
 use super::{Kind, Pos, RxPacket, TxPacket};
 use remem_wire::{Aeth, Bth, Deth, Headers, Opcode, Packet, Psn};
 
-/// The wire opcode of a transport packet (`None` for combinations that do not exist, which
-/// the transport never produces).
-pub fn opcode(kind: Kind, pos: Pos, ud: bool) -> Option<Opcode> {
+/// The wire opcode of a transport packet (`ud`: it carries a DETH).
+pub fn opcode(kind: Kind, pos: Pos, ud: bool) -> Opcode {
     use Kind::*;
     use Opcode::*;
     use Pos::*;
-    Some(match (kind, pos) {
+    match (kind, pos) {
         (Send | SendImm, Only) if ud => {
             if kind == SendImm {
                 UdSendOnlyImm
@@ -40,8 +39,7 @@ pub fn opcode(kind: Kind, pos: Pos, ud: bool) -> Option<Opcode> {
         (AtomicAck, _) => RcAtomicAck,
         (CompareSwap, _) => RcCompareSwap,
         (FetchAdd, _) => RcFetchAdd,
-        _ => return None,
-    })
+    }
 }
 
 /// What the transport makes of a wire opcode (`None` for opcodes it does not handle:
@@ -79,8 +77,8 @@ pub fn kind_pos(op: Opcode) -> Option<(Kind, Pos)> {
 }
 
 /// The wire headers of a transport packet.
-pub fn headers(tx: &TxPacket) -> Option<Headers> {
-    let op = opcode(tx.kind, tx.pos, tx.deth.is_some())?;
+pub fn headers(tx: &TxPacket) -> Headers {
+    let op = opcode(tx.kind, tx.pos, tx.deth.is_some());
     let layout = op.layout();
     let mut bth = Bth::new(op, tx.dest_qpn, Psn::new(tx.psn));
     bth.ack_req = tx.ack_req;
@@ -99,7 +97,7 @@ pub fn headers(tx: &TxPacket) -> Option<Headers> {
         .deth
         .filter(|_| layout.deth)
         .map(|(qkey, src_qp)| Deth { qkey, src_qp });
-    Some(h)
+    h
 }
 
 /// The transport's view of a parsed packet.
@@ -132,7 +130,7 @@ mod tests {
         for op in Opcode::ALL {
             if let Some((kind, pos)) = kind_pos(*op) {
                 let ud = matches!(op, Opcode::UdSendOnly | Opcode::UdSendOnlyImm);
-                assert_eq!(opcode(kind, pos, ud), Some(*op), "{op}");
+                assert_eq!(opcode(kind, pos, ud), *op, "{op}");
             }
         }
         // The transport handles every RC opcode except FLUSH and ATOMIC WRITE.
@@ -152,7 +150,7 @@ mod tests {
             rkey: 2,
             dma_len: 3,
         });
-        let h = headers(&tx).unwrap();
+        let h = headers(&tx);
         assert_eq!(h.bth.opcode, Opcode::RcWriteFirst);
         assert_eq!(h.imm, None);
         assert!(h.reth.is_some());
