@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 mod context;
+pub mod engine;
 mod netdev;
 pub mod qp;
 pub mod transport;

@@ -1,0 +1,637 @@
+//! A soft device's packet engine: QP registry, dispatch of received packets, transmit
+//! scheduling, timers — and a simple progress thread over a UDP socket.
+//!
+//! The engine is IO-free apart from [`Progress`]: [`Engine::on_datagram`] takes a received
+//! UDP payload, [`Engine::poll_transmit`] fills a buffer with the next packet (ICRC
+//! included), [`Engine::next_timeout`] / [`Engine::on_timeout`] drive the timers.
+//!
+//! ICRC on receive: an IPv6 packet's ICRC is always verified (every covered header field is
+//! known from the socket). For IPv4 the ICRC covers the IP identification, which a UDP
+//! socket does not report: remem senders use ID 0 (DF set, unconnected socket), so the ICRC
+//! is verified assuming ID 0; a mismatch — always the case for kernel rxe, whose IDs are
+//! unpredictable — is counted as `icrc_unverified` and the packet is accepted, relying on the
+//! UDP checksum where the sender set one.
+
+use crate::qp::SoftQp;
+use crate::transport::glue;
+use remem_wire::Packet;
+use remem_wire::icrc::{self, IPV4_DF, IpFields, UdpPorts};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+/// Why a received datagram was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropCause {
+    /// Not a RoCEv2 packet remem understands.
+    Malformed,
+    /// The ICRC did not verify.
+    BadIcrc,
+    /// No QP with that number.
+    UnknownQp,
+}
+
+/// Packet counters of the engine.
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    /// Packets sent.
+    pub sent_pkts: AtomicU64,
+    /// Packets received and handed to a QP.
+    pub rcvd_pkts: AtomicU64,
+    /// Dropped: malformed.
+    pub drop_malformed: AtomicU64,
+    /// Dropped: bad ICRC.
+    pub drop_bad_icrc: AtomicU64,
+    /// Dropped: unknown destination QP.
+    pub drop_unknown_qp: AtomicU64,
+    /// IPv4 packets whose ICRC could not be checked (sender's IP ID unknown).
+    pub icrc_unverified: AtomicU64,
+}
+
+/// The packet engine of one soft device.
+#[derive(Debug)]
+pub struct Engine {
+    local: SocketAddr,
+    peer_port: u16,
+    qps: RwLock<HashMap<u32, Arc<SoftQp>>>,
+    ready: Mutex<Ready>,
+    timed: Mutex<HashSet<u32>>,
+    /// Counters.
+    pub stats: EngineStats,
+}
+
+#[derive(Debug, Default)]
+struct Ready {
+    queue: VecDeque<u32>,
+    set: HashSet<u32>,
+}
+
+fn ip_fields(src: IpAddr, dst: IpAddr) -> IpFields {
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => IpFields::V4 {
+            src: s,
+            dst: d,
+            id: 0,
+            flags_frag: IPV4_DF,
+        },
+        (s, d) => {
+            let v6 = |ip: IpAddr| match ip {
+                IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                IpAddr::V6(v6) => v6,
+            };
+            IpFields::V6 {
+                src: v6(s),
+                dst: v6(d),
+            }
+        }
+    }
+}
+
+impl Engine {
+    /// An engine for a device bound to `local`, sending to peers on `peer_port`.
+    pub fn new(local: SocketAddr, peer_port: u16) -> Self {
+        Engine {
+            local,
+            peer_port,
+            qps: RwLock::new(HashMap::new()),
+            ready: Mutex::new(Ready::default()),
+            timed: Mutex::new(HashSet::new()),
+            stats: EngineStats::default(),
+        }
+    }
+
+    /// The local address.
+    pub fn local(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Registers a QP so that packets reach it.
+    pub fn register(&self, qp: Arc<SoftQp>) {
+        let qpn = remem_verbs::QueuePair::qp_num(&*qp);
+        self.qps
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(qpn, qp);
+    }
+
+    /// Forgets a QP (destroyed).
+    pub fn unregister(&self, qpn: u32) {
+        self.qps
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&qpn);
+    }
+
+    fn qp(&self, qpn: u32) -> Option<Arc<SoftQp>> {
+        self.qps
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&qpn)
+            .cloned()
+    }
+
+    /// Marks a QP as possibly having packets to send.
+    pub fn mark_ready(&self, qpn: u32) {
+        let mut r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+        if r.set.insert(qpn) {
+            r.queue.push_back(qpn);
+        }
+    }
+
+    fn mark_timed(&self, qpn: u32) {
+        self.timed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(qpn);
+    }
+
+    /// Handles a received UDP payload from `from` to local address `to`.
+    pub fn on_datagram(
+        &self,
+        now: Instant,
+        from: SocketAddr,
+        to: IpAddr,
+        payload: &[u8],
+    ) -> Result<(), DropCause> {
+        let count = |c: &AtomicU64| {
+            c.fetch_add(1, Ordering::Relaxed);
+        };
+        let Ok(pkt) = Packet::parse(payload) else {
+            count(&self.stats.drop_malformed);
+            return Err(DropCause::Malformed);
+        };
+        let ip = ip_fields(from.ip(), to);
+        let ports = UdpPorts {
+            src: from.port(),
+            dst: self.local.port(),
+        };
+        if !icrc::verify(&ip, ports, payload) {
+            if matches!(ip, IpFields::V6 { .. }) {
+                count(&self.stats.drop_bad_icrc);
+                return Err(DropCause::BadIcrc);
+            }
+            count(&self.stats.icrc_unverified);
+        }
+        let Some(rx) = glue::rx(&pkt) else {
+            count(&self.stats.drop_malformed);
+            return Err(DropCause::Malformed);
+        };
+        let qpn = pkt.headers.bth.dest_qp;
+        let Some(qp) = self.qp(qpn) else {
+            count(&self.stats.drop_unknown_qp);
+            return Err(DropCause::UnknownQp);
+        };
+        count(&self.stats.rcvd_pkts);
+        qp.handle_packet(now, &rx);
+        self.mark_ready(qpn);
+        self.mark_timed(qpn);
+        Ok(())
+    }
+
+    /// Writes the next packet to send into `buf` (ICRC included) and returns its
+    /// destination and length.
+    pub fn poll_transmit(&self, now: Instant, buf: &mut [u8]) -> Option<(SocketAddr, usize)> {
+        loop {
+            let qpn = {
+                let mut r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+                let qpn = r.queue.pop_front()?;
+                r.set.remove(&qpn);
+                qpn
+            };
+            let Some(qp) = self.qp(qpn) else { continue };
+            let (_, av) = qp.path();
+            let dst = SocketAddr::new(av.dgid.to_ip(), self.peer_port);
+            let built = qp.poll_transmit(now, |tx, fill| {
+                let h = glue::headers(tx);
+                let (hdr, total) = h.write(tx.payload_len as usize, buf).ok()?;
+                fill(&mut buf[hdr..hdr + tx.payload_len as usize]).ok()?;
+                let ip = ip_fields(self.local.ip(), dst.ip());
+                let ports = UdpPorts {
+                    src: self.local.port(),
+                    dst: dst.port(),
+                };
+                icrc::fill(&ip, ports, &mut buf[..total]).ok()?;
+                Some(total)
+            });
+            self.mark_timed(qpn);
+            match built {
+                Some(Some(len)) => {
+                    // It may have more: keep it in the rotation.
+                    self.mark_ready(qpn);
+                    self.stats.sent_pkts.fetch_add(1, Ordering::Relaxed);
+                    return Some((dst, len));
+                }
+                Some(None) => continue, // could not build (buffer too small): skip
+                None => continue,       // nothing to send now
+            }
+        }
+    }
+
+    /// The earliest timer deadline of any QP.
+    pub fn next_timeout(&self) -> Option<Instant> {
+        let mut timed = self.timed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next: Option<Instant> = None;
+        timed.retain(|qpn| {
+            let Some(t) = self.qp(*qpn).and_then(|qp| qp.next_timeout()) else {
+                return false;
+            };
+            next = Some(next.map_or(t, |n| n.min(t)));
+            true
+        });
+        next
+    }
+
+    /// Runs expired timers.
+    pub fn on_timeout(&self, now: Instant) {
+        let qpns: Vec<u32> = self
+            .timed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .copied()
+            .collect();
+        for qpn in qpns {
+            if let Some(qp) = self.qp(qpn)
+                && qp.next_timeout().is_some_and(|t| t <= now)
+            {
+                qp.handle_timeout(now);
+                self.mark_ready(qpn);
+            }
+        }
+    }
+
+    /// Whether some QP may have something to send.
+    pub fn has_ready(&self) -> bool {
+        !self
+            .ready
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .queue
+            .is_empty()
+    }
+}
+
+/// Largest UDP payload the progress thread handles (MTU 4096 plus headers).
+const MAX_PACKET: usize = 4096 + 128;
+
+/// A progress thread moving packets between a UDP socket and an [`Engine`].
+///
+/// It blocks in `recv` until a datagram arrives or the next timer is due; a post from
+/// another thread wakes it with a zero-length datagram to its own socket ([`Progress::wake`]),
+/// sent only while the thread is waiting.
+#[derive(Debug)]
+pub struct Progress {
+    socket: Arc<UdpSocket>,
+    waiting: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Progress {
+    /// Starts the thread for `engine` on `socket` (bound to the engine's local address).
+    pub fn start(socket: UdpSocket, engine: Arc<Engine>) -> std::io::Result<Self> {
+        let local = socket.local_addr()?;
+        let socket = Arc::new(socket);
+        let waiting = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (socket, waiting, stop) = (socket.clone(), waiting.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name(format!("remem-soft {local}"))
+                .spawn(move || run(&socket, &engine, &waiting, &stop))?
+        };
+        Ok(Progress {
+            socket,
+            waiting,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.socket.local_addr()
+    }
+
+    /// Wakes the thread if it is waiting.
+    pub fn wake(&self) {
+        if self.waiting.swap(false, Ordering::AcqRel)
+            && let Ok(me) = self.socket.local_addr()
+        {
+            let _ = self.socket.send_to(&[], me);
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.waiting.store(true, Ordering::Release);
+        self.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(socket: &UdpSocket, engine: &Engine, waiting: &AtomicBool, stop: &AtomicBool) {
+    let mut rx = vec![0u8; 65536];
+    let mut tx = vec![0u8; MAX_PACKET];
+    let local_ip = engine.local().ip();
+    while !stop.load(Ordering::Acquire) {
+        // Send everything that can go.
+        let now = Instant::now();
+        engine.on_timeout(now);
+        while let Some((dst, len)) = engine.poll_transmit(now, &mut tx) {
+            let _ = socket.send_to(&tx[..len], dst);
+        }
+        // Receive: drain what is queued without blocking, then block until the next timer.
+        let _ = socket.set_nonblocking(true);
+        let mut got_any = false;
+        while let Ok((n, from)) = socket.recv_from(&mut rx) {
+            got_any = true;
+            if n > 0 {
+                let _ = engine.on_datagram(Instant::now(), from, local_ip, &rx[..n]);
+            }
+        }
+        if got_any || engine.has_ready() {
+            continue;
+        }
+        waiting.store(true, Ordering::Release);
+        if engine.has_ready() || stop.load(Ordering::Acquire) {
+            waiting.store(false, Ordering::Release);
+            continue;
+        }
+        let timeout = engine
+            .next_timeout()
+            .map(|t| t.saturating_duration_since(Instant::now()))
+            .unwrap_or(Duration::from_millis(100))
+            .max(Duration::from_micros(1));
+        let _ = socket.set_nonblocking(false);
+        let _ = socket.set_read_timeout(Some(timeout));
+        if let Ok((n, from)) = socket.recv_from(&mut rx)
+            && n > 0
+        {
+            let _ = engine.on_datagram(Instant::now(), from, local_ip, &rx[..n]);
+        }
+        waiting.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::qp::{LocalMemory, QpLimits, QpSurroundings, SoftQpParts};
+    use crate::transport::{RemoteKeyError, Stat};
+    use crate::wqe::{PdId, RecvWqe};
+    use remem_verbs::{
+        AccessFlags, AhAttr, Error, Gid, MemRegion, MemoryBuffer, Mtu, QpAttr, QpAttrMask, QpCap,
+        QpState, QpType, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+        WorkCompletion,
+    };
+
+    /// One registered buffer (lkey = rkey = 7) and a completion list.
+    struct Around {
+        region: MemRegion,
+        wcs: Mutex<Vec<WorkCompletion>>,
+    }
+
+    impl QpSurroundings for Around {
+        fn remote(
+            &self,
+            _pd: PdId,
+            rkey: u32,
+            va: u64,
+            len: u64,
+            _need: AccessFlags,
+        ) -> Result<MemRegion, RemoteKeyError> {
+            if rkey != 7 {
+                return Err(RemoteKeyError::UnknownKey);
+            }
+            let off = self
+                .region
+                .offset_of(va, len)
+                .map_err(|_| RemoteKeyError::OutOfBounds)?;
+            MemRegion::new(self.region.buffer().clone(), off..off + len as usize)
+                .map_err(|_| RemoteKeyError::OutOfBounds)
+        }
+        fn srq_pop(&self) -> Option<Option<RecvWqe>> {
+            None
+        }
+        fn send_cq(&self, wc: WorkCompletion) {
+            self.wcs.lock().unwrap().push(wc);
+        }
+        fn recv_cq(&self, wc: WorkCompletion, _solicited: bool) {
+            self.wcs.lock().unwrap().push(wc);
+        }
+        fn count(&self, _stat: Stat) {}
+        fn check_av(&self, _av: &AhAttr) -> remem_verbs::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl LocalMemory for Around {
+        fn local(&self, _pd: PdId, sge: &Sge, _w: bool) -> remem_verbs::Result<MemRegion> {
+            if sge.lkey != 7 {
+                return Err(Error::InvalidLkey { lkey: sge.lkey });
+            }
+            let off = self.region.offset_of(sge.addr, u64::from(sge.length))?;
+            Ok(MemRegion::new(
+                self.region.buffer().clone(),
+                off..off + sge.length as usize,
+            )?)
+        }
+    }
+
+    struct Side {
+        _progress: Arc<Progress>,
+        qp: Arc<SoftQp>,
+        around: Arc<Around>,
+        buf: Arc<MemoryBuffer>,
+    }
+
+    fn side(ip: &str, port: u16, qpn: u32) -> Side {
+        let local: SocketAddr = format!("{ip}:{port}").parse().unwrap();
+        let socket = UdpSocket::bind(local).unwrap();
+        let engine = Arc::new(Engine::new(socket.local_addr().unwrap(), port));
+        let progress = Arc::new(Progress::start(socket, engine.clone()).unwrap());
+        let buf = Arc::new(MemoryBuffer::zeroed(1 << 20).unwrap());
+        let around = Arc::new(Around {
+            region: MemRegion::whole(buf.clone()),
+            wcs: Mutex::new(Vec::new()),
+        });
+        let wake = {
+            let (engine, progress) = (engine.clone(), Arc::downgrade(&progress));
+            Arc::new(move |qpn: u32| {
+                engine.mark_ready(qpn);
+                if let Some(p) = progress.upgrade() {
+                    p.wake();
+                }
+            })
+        };
+        let qp = Arc::new(
+            SoftQp::new(SoftQpParts {
+                qpn,
+                qp_type: QpType::Rc,
+                cap: QpCap {
+                    max_send_wr: 256,
+                    max_recv_wr: 256,
+                    max_send_sge: 2,
+                    max_recv_sge: 2,
+                    max_inline_data: 64,
+                },
+                sq_sig_all: false,
+                has_srq: false,
+                pd: PdId(1),
+                limits: QpLimits {
+                    max_wr: 4096,
+                    max_sge: 8,
+                    max_inline: 64,
+                    max_rd_atomic: 16,
+                    max_dest_rd_atomic: 16,
+                    active_mtu: 4096,
+                    max_msg: 1 << 31,
+                },
+                window: 256,
+                around: around.clone(),
+                mem: around.clone(),
+                wake,
+            })
+            .unwrap(),
+        );
+        engine.register(qp.clone());
+        Side {
+            _progress: progress,
+            qp,
+            around,
+            buf,
+        }
+    }
+
+    fn connect(me: &Side, peer_ip: &str, peer_qpn: u32) {
+        use QpAttrMask as M;
+        let ip: IpAddr = peer_ip.parse().unwrap();
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: AccessFlags::REMOTE,
+            ..QpAttr::default()
+        };
+        me.qp
+            .modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+            .unwrap();
+        a.qp_state = QpState::Rtr;
+        a.path_mtu = Mtu::Mtu1024;
+        a.dest_qp_num = peer_qpn;
+        a.rq_psn = 0x00ff_fff0;
+        a.max_dest_rd_atomic = 16;
+        a.min_rnr_timer = 1;
+        a.ah_attr.dgid = Gid::from(ip);
+        me.qp
+            .modify(
+                &a,
+                M::STATE
+                    | M::AV
+                    | M::PATH_MTU
+                    | M::DEST_QPN
+                    | M::RQ_PSN
+                    | M::MAX_DEST_RD_ATOMIC
+                    | M::MIN_RNR_TIMER,
+            )
+            .unwrap();
+        a.qp_state = QpState::Rts;
+        a.sq_psn = 0x00ff_fff0;
+        a.timeout = 10;
+        a.max_rd_atomic = 16;
+        me.qp
+            .modify(
+                &a,
+                M::STATE
+                    | M::TIMEOUT
+                    | M::RETRY_CNT
+                    | M::RNR_RETRY
+                    | M::SQ_PSN
+                    | M::MAX_QP_RD_ATOMIC,
+            )
+            .unwrap();
+    }
+
+    fn wait_wcs(s: &Side, n: usize) -> Vec<WorkCompletion> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let wcs = s.around.wcs.lock().unwrap().clone();
+            if wcs.len() >= n {
+                return wcs;
+            }
+            assert!(Instant::now() < deadline, "timed out: {wcs:?}");
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn two_devices_over_udp_loopback() {
+        let port = 4791;
+        let a = side("127.0.1.1", port, 0x101);
+        let b = side("127.0.1.2", port, 0x202);
+        connect(&a, "127.0.1.2", 0x202);
+        connect(&b, "127.0.1.1", 0x101);
+        let sge = |s: &Side, off: u64, len: u32| Sge {
+            addr: s.buf.addr() + off,
+            length: len,
+            lkey: 7,
+        };
+        // SEND of 10 000 bytes (10 packets at MTU 1024).
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        a.buf.write(0, &data).unwrap();
+        b.qp.post_recv(&[RecvWr {
+            wr_id: 1,
+            sg_list: &[sge(&b, 100_000, 20_000)],
+        }])
+        .unwrap();
+        a.qp.post_send(&[SendWr::new(1, SendOp::Send, &[sge(&a, 0, 10_000)])])
+            .unwrap();
+        let wcs = wait_wcs(&b, 1);
+        assert_eq!(wcs[0].status, WcStatus::Success);
+        assert_eq!(wcs[0].byte_len, 10_000);
+        assert_eq!(b.buf.to_vec(100_000, 10_000).unwrap(), data);
+        // WRITE, READ, fetch-add.
+        let write = SendOp::RdmaWrite {
+            remote_addr: b.buf.addr() + 200_000,
+            rkey: 7,
+        };
+        let read = SendOp::RdmaRead {
+            remote_addr: b.buf.addr() + 100_000,
+            rkey: 7,
+        };
+        let fa = SendOp::AtomicFetchAndAdd {
+            remote_addr: b.buf.addr() + 300_000,
+            rkey: 7,
+            add: 5,
+        };
+        b.buf.store_u64(300_000, 37).unwrap();
+        a.qp.post_send(&[
+            SendWr::new(2, write, &[sge(&a, 0, 5000)]),
+            SendWr::new(3, read, &[sge(&a, 50_000, 10_000)]),
+            SendWr::new(4, fa, &[sge(&a, 80_000, 8)]),
+        ])
+        .unwrap();
+        let wcs = wait_wcs(&a, 4);
+        let ops: Vec<(u64, WcOpcode, WcStatus)> =
+            wcs.iter().map(|w| (w.wr_id, w.opcode, w.status)).collect();
+        assert_eq!(
+            ops,
+            vec![
+                (1, WcOpcode::Send, WcStatus::Success),
+                (2, WcOpcode::RdmaWrite, WcStatus::Success),
+                (3, WcOpcode::RdmaRead, WcStatus::Success),
+                (4, WcOpcode::FetchAdd, WcStatus::Success),
+            ]
+        );
+        assert_eq!(b.buf.to_vec(200_000, 5000).unwrap(), data[..5000]);
+        assert_eq!(a.buf.to_vec(50_000, 10_000).unwrap(), data);
+        assert_eq!(a.buf.load_u64(80_000).unwrap(), 37);
+        assert_eq!(b.buf.load_u64(300_000).unwrap(), 42);
+    }
+}
