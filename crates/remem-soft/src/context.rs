@@ -1,106 +1,136 @@
 //! An open soft device.
 
-use crate::netdev::Netdev;
+use crate::netdev::{Netdev, gid_table_for};
+use crate::objects::DeviceShared;
 use remem_verbs::{
     AsyncEvent, AtomicCap, CompletionChannel, CompletionQueue, Context, Counter, DeviceAttr,
-    DeviceInfo, Error, GidEntry, LinkLayer, Mtu, PortAttr, ProtectionDomain, Result,
+    DeviceInfo, Error, GidEntry, LinkLayer, Mtu, PortAttr, PortState, ProtectionDomain, Result,
 };
-use std::os::fd::{AsFd, BorrowedFd};
-use std::os::unix::net::UnixDatagram;
+use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Names of the device counters, as rxe's `hw_counters` plus drops by cause.
-pub const COUNTER_NAMES: [&str; 14] = [
-    "sent_pkts",
-    "rcvd_pkts",
-    "duplicate_request",
-    "out_of_seq_request",
-    "rcvd_rnr_err",
-    "send_rnr_err",
-    "rcvd_seq_err",
-    "retry_exceeded_err",
-    "retry_rnr_exceeded_err",
-    "completer_retry_err",
-    "send_err",
-    "drop_malformed",
-    "drop_bad_icrc",
-    "drop_unknown_qp",
-];
-
-/// An open soft device (the soft provider's `ibv_context`).
+/// An open soft device (the soft provider's `ibv_context`): a UDP socket on one local
+/// address and a progress thread moving packets between it and the device's queue pairs.
+/// The thread stops when the context and every object made from it are dropped.
+#[derive(Debug)]
 pub struct SoftContext {
-    info: DeviceInfo,
-    netdev: Netdev,
-    counters: [AtomicU64; COUNTER_NAMES.len()],
-    /// Readable end of the async event notification socket pair.
-    async_rx: UnixDatagram,
-    /// Writable end (used by the transport once it raises events).
-    _async_tx: UnixDatagram,
+    dev: Arc<DeviceShared>,
 }
 
-impl std::fmt::Debug for SoftContext {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SoftContext")
-            .field("name", &self.info.name)
-            .finish()
+/// Device attributes of a soft device: rxe's limits (rxe_param.h) where a software device
+/// has any, except the largest message, which is IBTA's 2^31 bytes rather than rxe's 8 MiB.
+fn device_attr(node_guid: u64) -> DeviceAttr {
+    const MAX: u32 = 1 << 20;
+    DeviceAttr {
+        fw_ver: format!("remem-soft {}", env!("CARGO_PKG_VERSION")),
+        node_guid,
+        sys_image_guid: node_guid,
+        max_mr_size: u64::MAX >> 1,
+        page_size_cap: 0xffff_f000,
+        vendor_id: 0x00ff_ffff,
+        vendor_part_id: 0,
+        hw_ver: 0,
+        max_qp: MAX - 16,
+        max_qp_wr: MAX,
+        max_sge: 32,
+        max_sge_rd: 32,
+        max_cq: MAX,
+        max_cqe: (1 << 15) - 1,
+        max_mr: MAX >> 1,
+        max_pd: MAX,
+        max_qp_rd_atom: 128,
+        max_qp_init_rd_atom: 128,
+        max_res_rd_atom: 0x3f000,
+        atomic_cap: AtomicCap::Hca,
+        max_srq: MAX,
+        max_srq_wr: MAX,
+        max_srq_sge: 27,
+        max_inline_data: 512,
+        max_ah: (1 << 15) - 1,
+        phys_port_cnt: 1,
+        max_msg_sz: 1 << 31,
+    }
+}
+
+fn port_attr(active_mtu: Mtu, up: bool, gids: usize) -> PortAttr {
+    PortAttr {
+        state: if up {
+            PortState::Active
+        } else {
+            PortState::Down
+        },
+        max_mtu: Mtu::Mtu4096,
+        active_mtu,
+        gid_tbl_len: gids as u32,
+        max_msg_sz: 1 << 31,
+        pkey_tbl_len: 1,
+        link_layer: LinkLayer::Ethernet,
+        active_width: 1,
+        active_speed: 1,
+        phys_state: if up { 5 } else { 3 },
     }
 }
 
 impl SoftContext {
-    /// Opens a soft device on `netdev`, serving RoCEv2 on UDP `port`.
+    /// Opens a soft device on `netdev`, serving RoCEv2 on UDP `port` of its primary address.
     pub fn new(netdev: Netdev, port: u16) -> Result<Self> {
-        let (async_rx, async_tx) = UnixDatagram::pair()?;
-        async_rx.set_nonblocking(true)?;
-        async_tx.set_nonblocking(true)?;
+        let ip = netdev.primary().ok_or_else(|| {
+            Error::DeviceUnavailable(format!("{} has no IP address", netdev.name))
+        })?;
+        let info = netdev.device_info(port);
+        let port_attr = port_attr(netdev.active_mtu(), netdev.up, info.gids.len());
+        let attr = device_attr(info.node_guid);
         Ok(SoftContext {
-            info: netdev.device_info(port),
-            netdev,
-            counters: Default::default(),
-            async_rx,
-            _async_tx: async_tx,
+            dev: DeviceShared::open(info, attr, port_attr, SocketAddr::new(ip, port))?,
         })
+    }
+
+    /// Opens a soft device bound to `addr` (any local address; port 0 picks a free port),
+    /// named `soft@<addr>`. Devices that talk to each other must use the same UDP port, as
+    /// RoCEv2 devices all use 4791. The MTU is 4096 on loopback addresses and that of the
+    /// interface carrying `addr` otherwise (1024 when unknown).
+    pub fn bind(addr: SocketAddr) -> Result<Self> {
+        let netdev = crate::netdev::list_netdevs()
+            .ok()
+            .and_then(|l| l.into_iter().find(|n| n.addrs.contains(&addr.ip())));
+        let mtu = match &netdev {
+            Some(n) => n.active_mtu(),
+            None if addr.ip().is_loopback() => Mtu::Mtu4096,
+            None => Mtu::Mtu1024,
+        };
+        let gids = gid_table_for(Some(addr.ip()), netdev.as_ref().map(|n| n.name.as_str()));
+        let node_guid = 0x0200_0000_0000_0000 | u64::from(rand::random::<u32>());
+        let mut info = DeviceInfo {
+            name: format!("soft@{addr}"),
+            provider: "soft",
+            node_guid,
+            netdev: netdev.map(|n| n.name),
+            gids,
+            udp_addr: Some(addr),
+        };
+        let port = port_attr(mtu, true, info.gids.len());
+        let attr = device_attr(node_guid);
+        let dev = DeviceShared::open(info.clone(), attr, port, addr)?;
+        // Report the port actually bound (port 0 picks one).
+        info.udp_addr = Some(dev.engine.local());
+        info.name = format!("soft@{}", dev.engine.local());
+        Ok(SoftContext { dev })
+    }
+
+    /// The bound UDP address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.dev.engine.local()
     }
 }
 
 impl Context for SoftContext {
     fn info(&self) -> &DeviceInfo {
-        &self.info
+        &self.dev.info
     }
 
     fn query_device(&self) -> Result<DeviceAttr> {
-        // rxe's limits (rxe_param.h) where a software device has any, except the largest
-        // message, which is the IBTA maximum of 2^31 bytes rather than rxe's 8 MiB.
-        const MAX: u32 = 1 << 20;
-        Ok(DeviceAttr {
-            fw_ver: format!("remem-soft {}", env!("CARGO_PKG_VERSION")),
-            node_guid: self.info.node_guid,
-            sys_image_guid: self.info.node_guid,
-            max_mr_size: u64::MAX >> 1,
-            page_size_cap: 0xffff_f000,
-            vendor_id: 0x00ff_ffff,
-            vendor_part_id: 0,
-            hw_ver: 0,
-            max_qp: MAX - 16,
-            max_qp_wr: MAX,
-            max_sge: 32,
-            max_sge_rd: 32,
-            max_cq: MAX,
-            max_cqe: (1 << 15) - 1,
-            max_mr: MAX >> 1,
-            max_pd: MAX,
-            max_qp_rd_atom: 128,
-            max_qp_init_rd_atom: 128,
-            max_res_rd_atom: 0x3f000,
-            atomic_cap: AtomicCap::Hca,
-            max_srq: MAX,
-            max_srq_wr: MAX,
-            max_srq_sge: 27,
-            max_inline_data: 512,
-            max_ah: (1 << 15) - 1,
-            phys_port_cnt: 1,
-            max_msg_sz: 1 << 31,
-        })
+        Ok(self.dev.attr.clone())
     }
 
     fn query_port(&self, port_num: u8) -> Result<PortAttr> {
@@ -109,112 +139,82 @@ impl Context for SoftContext {
                 "port {port_num} does not exist (soft devices have port 1)"
             )));
         }
-        Ok(PortAttr {
-            state: self.netdev.port_state(),
-            max_mtu: Mtu::Mtu4096,
-            active_mtu: self.netdev.active_mtu(),
-            gid_tbl_len: self.info.gids.len() as u32,
-            max_msg_sz: 1 << 31,
-            pkey_tbl_len: 1,
-            link_layer: LinkLayer::Ethernet,
-            active_width: 1,
-            active_speed: 1,
-            phys_state: if self.netdev.up { 5 } else { 3 },
-        })
+        Ok(self.dev.port.clone())
     }
 
     fn query_gid(&self, port_num: u8, index: u32) -> Result<GidEntry> {
         self.query_port(port_num)?;
-        self.info.gids.get(index as usize).cloned().ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "GID index {index} is empty (table has {} entries)",
-                self.info.gids.len()
-            ))
-        })
+        self.dev
+            .info
+            .gids
+            .get(index as usize)
+            .cloned()
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "GID index {index} is empty (table has {} entries)",
+                    self.dev.info.gids.len()
+                ))
+            })
     }
 
     fn alloc_pd(&self) -> Result<Arc<dyn ProtectionDomain>> {
-        Err(Error::Unsupported(
-            "soft provider: protection domains (issue 3)",
-        ))
+        Ok(self.dev.alloc_pd())
     }
 
     fn create_comp_channel(&self) -> Result<Arc<dyn CompletionChannel>> {
-        Err(Error::Unsupported(
-            "soft provider: completion channels (issue 3)",
-        ))
+        Ok(self.dev.create_comp_channel()?)
     }
 
     fn create_cq(
         &self,
-        _cqe: u32,
-        _channel: Option<Arc<dyn CompletionChannel>>,
+        cqe: u32,
+        channel: Option<Arc<dyn CompletionChannel>>,
     ) -> Result<Arc<dyn CompletionQueue>> {
-        Err(Error::Unsupported(
-            "soft provider: completion queues (issue 3)",
-        ))
+        Ok(self.dev.create_cq(cqe, channel)?)
     }
 
     fn async_fd(&self) -> BorrowedFd<'_> {
-        self.async_rx.as_fd()
+        self.dev.events.fd()
     }
 
     fn get_async_event(&self) -> Option<AsyncEvent> {
-        // No object raises events yet; the socket pair is the channel they will use.
-        None
+        self.dev.events.pop()
     }
 
     fn counters(&self) -> Vec<Counter> {
-        COUNTER_NAMES
-            .iter()
-            .zip(&self.counters)
-            .map(|(name, value)| Counter {
-                name,
-                value: value.load(Ordering::Relaxed),
-            })
-            .collect()
+        self.dev.counters()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::SoftProvider;
-    use remem_verbs::{GidType, PortState, Provider};
+    use remem_verbs::GidType;
 
     #[test]
-    fn open_loopback_and_query() {
-        let p = SoftProvider::new();
-        let ctx = p.open("soft-lo").unwrap();
-        assert_eq!(ctx.info().name, "soft-lo");
+    fn bind_loopback_and_query() {
+        let ctx = SoftContext::bind("127.0.3.1:0".parse().unwrap()).unwrap();
+        assert!(ctx.local_addr().port() != 0);
         let dev = ctx.query_device().unwrap();
         assert_eq!(dev.max_qp_rd_atom, 128);
-        assert_eq!(dev.phys_port_cnt, 1);
         let port = ctx.query_port(1).unwrap();
-        assert_eq!(
-            port.active_mtu,
-            Mtu::Mtu4096,
-            "loopback MTU 65536 gives 4096"
-        );
+        assert_eq!(port.active_mtu, Mtu::Mtu4096, "loopback gives 4096");
         assert_eq!(port.state, PortState::Active);
-        assert_eq!(port.link_layer, LinkLayer::Ethernet);
         assert!(ctx.query_port(2).is_err());
         let table = ctx.gid_table(1).unwrap();
-        assert!(
-            table
-                .iter()
-                .any(|g| g.gid_type == GidType::RoceV2 && g.gid.to_ip().is_loopback())
-        );
-        assert!(ctx.query_gid(1, table.len() as u32).is_err());
+        assert_eq!(table.len(), 2);
+        assert_eq!(table[1].gid_type, GidType::RoceV2);
+        assert!(ctx.query_gid(1, 2).is_err());
         let counters = ctx.counters();
-        assert_eq!(counters.len(), COUNTER_NAMES.len());
         assert!(counters.iter().any(|c| c.name == "rcvd_seq_err"));
+        assert!(counters.iter().all(|c| c.value == 0));
         assert!(ctx.get_async_event().is_none());
     }
 
     #[test]
-    fn unknown_device_is_an_error() {
-        let err = SoftProvider::new().open("soft-nope0").err().unwrap();
-        assert!(matches!(err, Error::NoSuchDevice(_)));
+    fn busy_address_is_unavailable() {
+        let a = SoftContext::bind("127.0.3.2:0".parse().unwrap()).unwrap();
+        let err = SoftContext::bind(a.local_addr()).err().unwrap();
+        assert!(matches!(err, Error::DeviceUnavailable(_)), "{err}");
     }
 }

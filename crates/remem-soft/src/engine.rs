@@ -19,7 +19,7 @@ use remem_wire::icrc::{self, IPV4_DF, IpFields, UdpPorts};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 /// Why a received datagram was dropped.
@@ -55,7 +55,7 @@ pub struct EngineStats {
 pub struct Engine {
     local: SocketAddr,
     peer_port: u16,
-    qps: RwLock<HashMap<u32, Arc<SoftQp>>>,
+    qps: RwLock<HashMap<u32, Weak<SoftQp>>>,
     ready: Mutex<Ready>,
     timed: Mutex<HashSet<u32>>,
     /// Counters.
@@ -107,13 +107,14 @@ impl Engine {
         self.local
     }
 
-    /// Registers a QP so that packets reach it.
-    pub fn register(&self, qp: Arc<SoftQp>) {
-        let qpn = remem_verbs::QueuePair::qp_num(&*qp);
+    /// Registers a QP so that packets reach it. The engine holds it weakly: dropping the
+    /// last handle destroys the QP.
+    pub fn register(&self, qp: &Arc<SoftQp>) {
+        let qpn = remem_verbs::QueuePair::qp_num(&**qp);
         self.qps
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(qpn, qp);
+            .insert(qpn, Arc::downgrade(qp));
     }
 
     /// Forgets a QP (destroyed).
@@ -124,12 +125,26 @@ impl Engine {
             .remove(&qpn);
     }
 
+    /// Whether a live QP has this number.
+    pub fn has_qp(&self, qpn: u32) -> bool {
+        self.qp(qpn).is_some()
+    }
+
     fn qp(&self, qpn: u32) -> Option<Arc<SoftQp>> {
-        self.qps
+        let found = self
+            .qps
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&qpn)
-            .cloned()
+            .map(Weak::upgrade);
+        match found {
+            Some(Some(qp)) => Some(qp),
+            Some(None) => {
+                self.unregister(qpn);
+                None
+            }
+            None => None,
+        }
     }
 
     /// Marks a QP as possibly having packets to send.
@@ -331,7 +346,11 @@ impl Drop for Progress {
         self.waiting.store(true, Ordering::Release);
         self.wake();
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            // The last handle may be dropped on the progress thread itself (while it handles
+            // a packet for a QP nobody else holds): it then ends by itself.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
     }
 }
@@ -501,7 +520,7 @@ mod tests {
             })
             .unwrap(),
         );
-        engine.register(qp.clone());
+        engine.register(&qp);
         Side {
             _progress: progress,
             qp,

@@ -7,9 +7,12 @@
 //! device per interface that has an IP address, named `soft-<interface>` (`soft-lo`,
 //! `soft-eth0`, …).
 //!
-//! Status: device discovery and the device, port and GID queries are implemented; the
-//! objects that move data (PD, MR, CQ, QP) and the RC transport are being built (issue 3)
-//! and return [`Error::Unsupported`] until then.
+//! Besides the interface devices, `soft@<ip>[:<port>]` opens a device bound to any local
+//! address, so that several devices can live on one host (127.0.0.1, 127.0.0.2, …).
+//!
+//! Inside: [`transport`] is the RC/UD transport as a sans-IO state machine, [`engine`] moves
+//! packets between it and a UDP socket, [`objects`] holds the verbs objects, [`qp`] the
+//! queue pair.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -17,6 +20,7 @@
 mod context;
 pub mod engine;
 mod netdev;
+pub mod objects;
 pub mod qp;
 pub mod transport;
 pub mod wqe;
@@ -25,6 +29,7 @@ pub use context::SoftContext;
 pub use netdev::{Netdev, list_netdevs};
 
 use remem_verbs::{Context, DeviceInfo, Error, Provider, Result};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 /// The UDP port of RoCEv2 (IANA-assigned), on which soft devices listen by default.
@@ -55,7 +60,19 @@ impl Provider for SoftProvider {
             .collect())
     }
 
+    /// Opens `soft-<interface>` (bound to the interface's primary address, UDP 4791) or
+    /// `soft@<ip>[:<port>]` (bound to that address; port 4791 when omitted).
     fn open(&self, name: &str) -> Result<Arc<dyn Context>> {
+        if let Some(addr) = name.strip_prefix("soft@") {
+            let addr: SocketAddr = addr
+                .parse()
+                .or_else(|_| {
+                    addr.parse::<IpAddr>()
+                        .map(|ip| SocketAddr::new(ip, ROCEV2_UDP_PORT))
+                })
+                .map_err(|_| Error::NoSuchDevice(name.to_string()))?;
+            return Ok(Arc::new(SoftContext::bind(addr)?));
+        }
         let netdev = list_netdevs()?
             .into_iter()
             .find(|n| n.device_name() == name)

@@ -51,25 +51,23 @@ impl Netdev {
         (h ^ u64::from(self.index)) & 0x00ff_ffff_ffff_ffff | 0x0200_0000_0000_0000
     }
 
-    /// The GID table as the kernel builds it for a RoCE device: for every address, a
-    /// RoCE v1 entry followed by a RoCE v2 entry (so that perftest's `-x` indices match a
-    /// kernel rxe device on the same interface: the IPv4 RoCE v2 GID of an interface with
-    /// one IPv4 address and no IPv6 is index 1). Soft devices speak RoCE v2 only; the v1
-    /// entries exist to keep the indices, and using one is an error.
+    /// The address a soft device on this interface binds: its first IPv4 address, else its
+    /// first IPv6 address.
+    pub fn primary(&self) -> Option<IpAddr> {
+        self.addrs
+            .iter()
+            .find(|a| a.is_ipv4())
+            .or(self.addrs.first())
+            .copied()
+    }
+
+    /// The GID table of a soft device on this interface: its bound address as a RoCE v1
+    /// entry followed by a RoCE v2 entry, as the kernel lays out a RoCE GID table (so the
+    /// IPv4 RoCE v2 GID is index 1, as on an rxe device whose interface has one IPv4 address
+    /// and no IPv6). Soft devices speak RoCE v2 only; the v1 entry keeps the indices, and
+    /// using it is an error.
     pub fn gid_table(&self) -> Vec<GidEntry> {
-        let mut table = Vec::with_capacity(self.addrs.len() * 2);
-        for addr in &self.addrs {
-            for gid_type in [GidType::RoceV1, GidType::RoceV2] {
-                table.push(GidEntry {
-                    index: table.len() as u32,
-                    gid: Gid::from(*addr),
-                    gid_type,
-                    port_num: 1,
-                    netdev: Some(self.name.clone()),
-                });
-            }
-        }
-        table
+        gid_table_for(self.primary(), Some(&self.name))
     }
 
     /// What [`Provider::devices`](remem_verbs::Provider::devices) reports for a soft
@@ -81,9 +79,27 @@ impl Netdev {
             node_guid: self.node_guid(),
             netdev: Some(self.name.clone()),
             gids: self.gid_table(),
-            udp_addr: self.addrs.first().map(|ip| SocketAddr::new(*ip, port)),
+            udp_addr: self.primary().map(|ip| SocketAddr::new(ip, port)),
         }
     }
+}
+
+/// The two GID entries (RoCE v1, RoCE v2) of one address.
+pub fn gid_table_for(addr: Option<IpAddr>, netdev: Option<&str>) -> Vec<GidEntry> {
+    let Some(addr) = addr else {
+        return Vec::new();
+    };
+    [GidType::RoceV1, GidType::RoceV2]
+        .into_iter()
+        .enumerate()
+        .map(|(index, gid_type)| GidEntry {
+            index: index as u32,
+            gid: Gid::from(addr),
+            gid_type,
+            port_num: 1,
+            netdev: netdev.map(str::to_string),
+        })
+        .collect()
 }
 
 /// Orders addresses as the kernel fills a RoCE GID table: IPv6 link-local first (the
@@ -149,9 +165,9 @@ mod tests {
     }
 
     #[test]
-    fn gid_table_pairs_v1_and_v2() {
+    fn gid_table_pairs_v1_and_v2_of_the_bound_address() {
         let t = lo().gid_table();
-        assert_eq!(t.len(), 4);
+        assert_eq!(t.len(), 2);
         assert_eq!(t[1].gid_type, GidType::RoceV2);
         assert_eq!(
             t[1].gid.to_string(),
@@ -159,8 +175,15 @@ mod tests {
         );
         assert_eq!(t[0].gid, t[1].gid);
         assert_eq!(t[0].gid_type, GidType::RoceV1);
-        assert_eq!(t[3].gid.to_ip(), "::1".parse::<IpAddr>().unwrap());
         assert!(t.iter().enumerate().all(|(i, e)| e.index == i as u32));
+        let v6only = Netdev {
+            addrs: vec!["::1".parse().unwrap()],
+            ..lo()
+        };
+        assert_eq!(
+            v6only.gid_table()[1].gid.to_ip(),
+            "::1".parse::<IpAddr>().unwrap()
+        );
     }
 
     #[test]

@@ -1,0 +1,56 @@
+//! The provider conformance suite on two soft devices in one process, over real UDP
+//! sockets on loopback (127.0.4.1 and 127.0.4.2, one port picked at run time).
+
+use remem_conformance::{CASES, Pair};
+use remem_soft::SoftContext;
+use std::sync::{Arc, OnceLock};
+
+fn pair() -> &'static Pair {
+    static PAIR: OnceLock<Pair> = OnceLock::new();
+    PAIR.get_or_init(|| {
+        let a = SoftContext::bind("127.0.4.1:0".parse().unwrap()).expect("device a");
+        let port = a.local_addr().port();
+        let b = SoftContext::bind(format!("127.0.4.2:{port}").parse().unwrap()).expect("device b");
+        Pair::new(Arc::new(a), Arc::new(b))
+    })
+}
+
+fn run(name: &str) {
+    let case = CASES
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no case {name}"));
+    if let Err(e) = (case.run)(pair()) {
+        panic!("{name}: {e}");
+    }
+}
+
+macro_rules! cases {
+    ($($name:ident),* $(,)?) => {
+        $( #[test] fn $name() { run(stringify!($name)); } )*
+
+        #[test]
+        fn every_case_has_a_test() {
+            let listed = [$(stringify!($name)),*];
+            for c in CASES {
+                assert!(listed.contains(&c.name), "case {} has no test here", c.name);
+            }
+        }
+    };
+}
+
+cases!(
+    device_attributes,
+    qp_state_machine,
+    send_recv_multi_packet_multi_sge,
+    send_longer_than_receive,
+    rdma_write_and_write_with_imm,
+    rdma_read_multi_packet,
+    atomics_return_original_values,
+    remote_access_errors,
+    deregistration_revokes_access,
+    rnr_retry_exhausted_and_recovered,
+    unsignaled_and_post_lists,
+    inline_send,
+    local_post_errors,
+);
