@@ -77,6 +77,15 @@ impl DeviceShared {
             Error::DeviceUnavailable(format!("{}: cannot bind UDP {addr}: {e}", info.name))
         })?;
         let local = socket.local_addr()?;
+        if local.is_ipv4() {
+            // DF set and, on an unconnected socket, IP identification 0 — the ICRC covers the
+            // identification, so it must be known when the ICRC is computed (see engine docs).
+            rustix::net::sockopt::set_ip_mtu_discover(
+                &socket,
+                rustix::net::sockopt::Ipv4PathMtuDiscovery::DO,
+            )
+            .map_err(std::io::Error::from)?;
+        }
         let engine = Arc::new(Engine::new(local, local.port()));
         let progress = Progress::start(socket, engine.clone())?;
         let limits = QpLimits {
