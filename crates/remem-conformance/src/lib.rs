@@ -12,6 +12,7 @@
 
 mod cases;
 mod harness;
+pub mod remote;
 
 pub use cases::CASES;
 pub use harness::{Endpoint, Pair, QpOptions, connect_rc, poll_n, poll_one};
