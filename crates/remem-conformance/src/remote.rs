@@ -52,18 +52,15 @@ impl Info {
     }
 }
 
-fn setup(
-    ctx: &Arc<dyn Context>,
-    psn: u32,
-) -> Result<
-    (
-        Endpoint,
-        Arc<remem_verbs::MemoryBuffer>,
-        Arc<dyn remem_verbs::MemoryRegion>,
-        Info,
-    ),
-    String,
-> {
+/// One side's endpoint, its registered buffer and what it tells the peer.
+struct Side {
+    ep: Endpoint,
+    buf: Arc<remem_verbs::MemoryBuffer>,
+    mr: Arc<dyn remem_verbs::MemoryRegion>,
+    info: Info,
+}
+
+fn setup(ctx: &Arc<dyn Context>, psn: u32) -> Result<Side, String> {
     let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
     let cq = ctx.create_cq(64, None).map_err(|e| e.to_string())?;
     let o = QpOptions::default();
@@ -102,7 +99,7 @@ fn setup(
         addr: mr.addr(),
         rkey: mr.rkey(),
     };
-    Ok((ep, buf, mr, info))
+    Ok(Side { ep, buf, mr, info })
 }
 
 fn connect(ep: &Endpoint, me: &Info, peer: &Info) -> Result<(), String> {
@@ -134,7 +131,12 @@ pub fn serve(ctx: Arc<dyn Context>, listener: TcpListener) -> Result<(), String>
     stream.set_read_timeout(Some(TIMEOUT)).ok();
     let mut reader = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
     let mut out = stream;
-    let (ep, buf, mr, me) = setup(&ctx, 0x00ff_fffa)?;
+    let Side {
+        ep,
+        buf,
+        mr,
+        info: me,
+    } = setup(&ctx, 0x00ff_fffa)?;
     let mut line = String::new();
     reader.read_line(&mut line).map_err(|e| e.to_string())?;
     let peer = Info::parse(&line)?;
@@ -187,7 +189,12 @@ pub fn drive(ctx: Arc<dyn Context>, server: std::net::SocketAddr) -> Result<Vec<
     stream.set_read_timeout(Some(TIMEOUT)).ok();
     let mut reader = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
     let mut out = stream;
-    let (ep, buf, mr, me) = setup(&ctx, 0x0012_3456)?;
+    let Side {
+        ep,
+        buf,
+        mr,
+        info: me,
+    } = setup(&ctx, 0x0012_3456)?;
     out.write_all(me.line().as_bytes())
         .map_err(|e| e.to_string())?;
     let mut line = String::new();

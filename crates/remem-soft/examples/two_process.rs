@@ -61,6 +61,7 @@ fn main() -> ExitCode {
     else {
         eprintln!("server did not start: {line:?}");
         let _ = child.kill();
+        let _ = child.wait();
         return ExitCode::FAILURE;
     };
     println!("driver: server process {} on 127.0.0.2:{port}", child.id());
