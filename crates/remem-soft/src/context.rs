@@ -10,6 +10,22 @@ use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
+/// Options of a soft device.
+#[derive(Debug, Clone, Default)]
+pub struct SoftOptions {
+    /// Capture every packet to this pcap file (`REMEM_PCAP`).
+    pub pcap: Option<std::path::PathBuf>,
+}
+
+impl SoftOptions {
+    /// Options from the environment: `REMEM_PCAP`.
+    pub fn from_env() -> Self {
+        SoftOptions {
+            pcap: std::env::var_os(crate::pcap::PCAP_ENV).map(Into::into),
+        }
+    }
+}
+
 /// An open soft device (the soft provider's `ibv_context`): a UDP socket on one local
 /// address and a progress thread moving packets between it and the device's queue pairs.
 /// The thread stops when the context and every object made from it are dropped.
@@ -82,7 +98,13 @@ impl SoftContext {
         let port_attr = port_attr(netdev.active_mtu(), netdev.up, info.gids.len());
         let attr = device_attr(info.node_guid);
         Ok(SoftContext {
-            dev: DeviceShared::open(info, attr, port_attr, SocketAddr::new(ip, port))?,
+            dev: DeviceShared::open(
+                info,
+                attr,
+                port_attr,
+                SocketAddr::new(ip, port),
+                &SoftOptions::from_env(),
+            )?,
         })
     }
 
@@ -91,6 +113,11 @@ impl SoftContext {
     /// RoCEv2 devices all use 4791. The MTU is 4096 on loopback addresses and that of the
     /// interface carrying `addr` otherwise (1024 when unknown).
     pub fn bind(addr: SocketAddr) -> Result<Self> {
+        Self::bind_with(addr, &SoftOptions::from_env())
+    }
+
+    /// [`SoftContext::bind`] with explicit options.
+    pub fn bind_with(addr: SocketAddr, opts: &SoftOptions) -> Result<Self> {
         let netdev = crate::netdev::list_netdevs()
             .ok()
             .and_then(|l| l.into_iter().find(|n| n.addrs.contains(&addr.ip())));
@@ -111,7 +138,7 @@ impl SoftContext {
         };
         let port = port_attr(mtu, true, info.gids.len());
         let attr = device_attr(node_guid);
-        let dev = DeviceShared::open(info.clone(), attr, port, addr)?;
+        let dev = DeviceShared::open(info.clone(), attr, port, addr, opts)?;
         // Report the port actually bound (port 0 picks one).
         info.udp_addr = Some(dev.engine.local());
         info.name = format!("soft@{}", dev.engine.local());

@@ -58,6 +58,7 @@ pub struct Engine {
     qps: RwLock<HashMap<u32, Weak<SoftQp>>>,
     ready: Mutex<Ready>,
     timed: Mutex<HashSet<u32>>,
+    pcap: Option<Arc<crate::pcap::PcapWriter>>,
     /// Counters.
     pub stats: EngineStats,
 }
@@ -92,12 +93,22 @@ fn ip_fields(src: IpAddr, dst: IpAddr) -> IpFields {
 impl Engine {
     /// An engine for a device bound to `local`, sending to peers on `peer_port`.
     pub fn new(local: SocketAddr, peer_port: u16) -> Self {
+        Self::with_pcap(local, peer_port, None)
+    }
+
+    /// An engine capturing every packet to `pcap`.
+    pub fn with_pcap(
+        local: SocketAddr,
+        peer_port: u16,
+        pcap: Option<Arc<crate::pcap::PcapWriter>>,
+    ) -> Self {
         Engine {
             local,
             peer_port,
             qps: RwLock::new(HashMap::new()),
             ready: Mutex::new(Ready::default()),
             timed: Mutex::new(HashSet::new()),
+            pcap,
             stats: EngineStats::default(),
         }
     }
@@ -173,6 +184,9 @@ impl Engine {
         let count = |c: &AtomicU64| {
             c.fetch_add(1, Ordering::Relaxed);
         };
+        if let Some(p) = &self.pcap {
+            p.record(from, SocketAddr::new(to, self.local.port()), payload);
+        }
         let Ok(pkt) = Packet::parse(payload) else {
             count(&self.stats.drop_malformed);
             return Err(DropCause::Malformed);
@@ -233,6 +247,9 @@ impl Engine {
             self.mark_timed(qpn);
             match built {
                 Some(Some(len)) => {
+                    if let Some(p) = &self.pcap {
+                        p.record(self.local, dst, &buf[..len]);
+                    }
                     // It may have more: keep it in the rotation.
                     self.mark_ready(qpn);
                     self.stats.sent_pkts.fetch_add(1, Ordering::Relaxed);

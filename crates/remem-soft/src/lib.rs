@@ -21,11 +21,12 @@ mod context;
 pub mod engine;
 mod netdev;
 pub mod objects;
+pub mod pcap;
 pub mod qp;
 pub mod transport;
 pub mod wqe;
 
-pub use context::SoftContext;
+pub use context::{SoftContext, SoftOptions};
 pub use netdev::{Netdev, list_netdevs};
 
 use remem_verbs::{Context, DeviceInfo, Error, Provider, Result};

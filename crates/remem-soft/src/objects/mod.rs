@@ -72,6 +72,7 @@ impl DeviceShared {
         attr: DeviceAttr,
         port: PortAttr,
         addr: SocketAddr,
+        opts: &crate::context::SoftOptions,
     ) -> Result<Arc<Self>> {
         let socket = UdpSocket::bind(addr).map_err(|e| {
             Error::DeviceUnavailable(format!("{}: cannot bind UDP {addr}: {e}", info.name))
@@ -86,7 +87,11 @@ impl DeviceShared {
             )
             .map_err(std::io::Error::from)?;
         }
-        let engine = Arc::new(Engine::new(local, local.port()));
+        let pcap = match &opts.pcap {
+            Some(path) => Some(crate::pcap::PcapWriter::open(path)?),
+            None => None,
+        };
+        let engine = Arc::new(Engine::with_pcap(local, local.port(), pcap));
         let progress = Progress::start(socket, engine.clone())?;
         let limits = QpLimits {
             max_wr: attr.max_qp_wr,
