@@ -103,6 +103,10 @@ pub static CASES: &[Case] = &[
         name: "local_post_errors",
         run: local_post_errors,
     },
+    Case {
+        name: "ud_send_recv_with_grh_and_qkey",
+        run: ud_send_recv,
+    },
 ];
 
 fn device_attributes(p: &Pair) -> CaseResult {
@@ -736,5 +740,130 @@ fn local_post_errors(p: &Pair) -> CaseResult {
         "more SGEs than max_send_sge accepted"
     );
     expect_none(&*a.cq)?;
+    Ok(())
+}
+
+fn ud_qp(
+    ctx: &std::sync::Arc<dyn remem_verbs::Context>,
+    qkey: u32,
+) -> Result<crate::harness::Endpoint, String> {
+    use QpAttrMask as M;
+    let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
+    let cq = ctx.create_cq(32, None).map_err(|e| e.to_string())?;
+    let qp = pd
+        .create_qp(&remem_verbs::QpInitAttr {
+            qp_type: remem_verbs::QpType::Ud,
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            srq: None,
+            cap: QpOptions::default().cap,
+            sq_sig_all: false,
+        })
+        .map_err(|e| format!("create UD QP: {e}"))?;
+    let gid_index = ctx
+        .gid_table(1)
+        .map_err(|e| e.to_string())?
+        .iter()
+        .find(|g| g.gid_type == GidType::RoceV2)
+        .map(|g| g.index as u8)
+        .ok_or("no RoCE v2 GID")?;
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qkey,
+        ..QpAttr::default()
+    };
+    qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
+        .map_err(|e| format!("UD to INIT: {e}"))?;
+    a.qp_state = QpState::Rtr;
+    qp.modify(&a, M::STATE)
+        .map_err(|e| format!("UD to RTR: {e}"))?;
+    a.qp_state = QpState::Rts;
+    a.sq_psn = 7;
+    qp.modify(&a, M::STATE | M::SQ_PSN)
+        .map_err(|e| format!("UD to RTS: {e}"))?;
+    Ok(crate::harness::Endpoint {
+        ctx: ctx.clone(),
+        pd,
+        cq,
+        qp,
+        gid_index,
+    })
+}
+
+fn ud_send_recv(p: &Pair) -> CaseResult {
+    let a = ud_qp(&p.a, 0x1111_1111)?;
+    let b = ud_qp(&p.b, 0x2222_2222)?;
+    let (sbuf, smr) = a.reg(256, RW)?;
+    let (rbuf, rmr) = b.reg(1024, RW)?;
+    sbuf.write(0, b"datagram payload")
+        .map_err(|e| e.to_string())?;
+    let gb =
+        p.b.query_gid(1, u32::from(b.gid_index))
+            .map_err(|e| e.to_string())?
+            .gid;
+    let ah =
+        a.pd.create_ah(&remem_verbs::AhAttr {
+            dgid: gb,
+            sgid_index: a.gid_index,
+            ..remem_verbs::AhAttr::default()
+        })
+        .map_err(|e| format!("create_ah: {e}"))?;
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 1,
+        sg_list: &[sge(&*rmr, 0, 512)],
+    }])
+    .map_err(|e| e.to_string())?;
+    let s = [sge(&*smr, 0, 16)];
+    let dest = |qkey| remem_verbs::UdDest {
+        ah: ah.clone(),
+        remote_qpn: b.qp.qp_num(),
+        remote_qkey: qkey,
+    };
+    // A wrong Q_Key is dropped at the receiver; the right one arrives.
+    let mut bad = SendWr::new(1, SendOp::Send, &s);
+    bad.ud = Some(dest(0x3333_3333));
+    let mut good = SendWr::new(2, SendOp::SendWithImm { imm: 99 }, &s);
+    good.ud = Some(dest(0x2222_2222));
+    a.qp.post_send(&[bad, good]).map_err(|e| e.to_string())?;
+    let wcs = poll_n(&*a.cq, 2, p.timeout)?;
+    ensure!(
+        wcs.iter().all(|w| w.status == WcStatus::Success),
+        "UD sends complete locally: {wcs:?}"
+    );
+    let wc = poll_one(&*b.cq, p.timeout)?;
+    wc_ok(&wc, WcOpcode::Recv, "UD recv")?;
+    ensure!(
+        wc.imm() == Some(99),
+        "the wrong-Q_Key datagram was not dropped: {wc:?}"
+    );
+    ensure!(
+        wc.byte_len == 40 + 16,
+        "byte_len {} (GRH + payload)",
+        wc.byte_len
+    );
+    ensure!(wc.src_qp == a.qp.qp_num(), "src_qp {}", wc.src_qp);
+    ensure!(wc.wc_flags.contains(WcFlags::GRH), "GRH flag");
+    ensure!(
+        rbuf.to_vec(40, 16).map_err(|e| e.to_string())? == b"datagram payload",
+        "payload after the 40-byte GRH"
+    );
+    // Datagrams larger than the MTU are refused locally.
+    let big_mtu =
+        p.a.query_port(1)
+            .map_err(|e| e.to_string())?
+            .active_mtu
+            .bytes();
+    let (_, bigmr) = a.reg(big_mtu as usize + 1, RW)?;
+    let mut big = SendWr::new(3, SendOp::Send, &[]);
+    let bs = [sge(&*bigmr, 0, big_mtu + 1)];
+    big.sg_list = &bs;
+    big.ud = Some(dest(0x2222_2222));
+    a.qp.post_send(&[big]).map_err(|e| e.to_string())?;
+    let wc = poll_one(&*a.cq, p.timeout)?;
+    ensure!(
+        wc.status == WcStatus::LocLenErr,
+        "oversized datagram: {wc:?}"
+    );
     Ok(())
 }

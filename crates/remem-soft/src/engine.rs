@@ -213,7 +213,14 @@ impl Engine {
             return Err(DropCause::UnknownQp);
         };
         count(&self.stats.rcvd_pkts);
-        qp.handle_packet(now, &rx);
+        qp.handle_packet(
+            now,
+            &rx,
+            &crate::transport::UdSource {
+                src: from.ip(),
+                dst: to,
+            },
+        );
         self.mark_ready(qpn);
         self.mark_timed(qpn);
         Ok(())
@@ -230,9 +237,9 @@ impl Engine {
                 qpn
             };
             let Some(qp) = self.qp(qpn) else { continue };
-            let (_, av) = qp.path();
-            let dst = SocketAddr::new(av.dgid.to_ip(), self.peer_port);
-            let built = qp.poll_transmit(now, |tx, fill| {
+            let mut dst = self.local;
+            let built = qp.poll_transmit(now, |tx, dgid, fill| {
+                dst = SocketAddr::new(dgid.to_ip(), self.peer_port);
                 let h = glue::headers(tx);
                 let (hdr, total) = h.write(tx.payload_len as usize, buf).ok()?;
                 fill(&mut buf[hdr..hdr + tx.payload_len as usize]).ok()?;

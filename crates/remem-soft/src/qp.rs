@@ -1,6 +1,6 @@
 //! The soft provider's queue pair: verbs validation around the RC transport.
 
-use crate::transport::{Env, RcConfig, RcTransport, RemoteKeyError, Stat};
+use crate::transport::{Env, RcConfig, RcTransport, RemoteKeyError, Stat, UdSource, UdTransport};
 use crate::wqe::{PdId, RecvWqe, SendData, SendWqe};
 use remem_verbs::{
     AccessFlags, Error, MemRegion, PostError, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr,
@@ -321,6 +321,75 @@ pub fn post_each<T>(
     Ok(())
 }
 
+/// The transport of a QP: reliable connected or unreliable datagram.
+#[derive(Debug)]
+pub enum Transport {
+    /// RC (boxed: it is much larger than UD's state).
+    Rc(Box<RcTransport>),
+    /// UD.
+    Ud(UdTransport),
+}
+
+/// A packet's payload writer, as the transports hand it out.
+pub type Fill<'a> = dyn FnMut(&mut [u8]) -> std::result::Result<(), remem_verbs::MemError> + 'a;
+
+impl Transport {
+    /// The QP state.
+    pub fn state(&self) -> QpState {
+        match self {
+            Transport::Rc(t) => t.state(),
+            Transport::Ud(t) => t.state(),
+        }
+    }
+
+    fn set_state(&mut self, cfg: RcConfig, attr: &QpAttr, next: QpState, env: &mut dyn Env) {
+        match self {
+            Transport::Rc(t) => t.set_state(cfg, next, env),
+            Transport::Ud(t) => t.set_state(next, attr.qkey, attr.sq_psn, env),
+        }
+    }
+
+    fn post_send(&mut self, wqe: SendWqe, env: &mut dyn Env) {
+        match self {
+            Transport::Rc(t) => t.post_send(wqe, env),
+            Transport::Ud(t) => t.post_send(wqe, env),
+        }
+    }
+
+    fn send_queue_len(&self) -> usize {
+        match self {
+            Transport::Rc(t) => t.send_queue_len(),
+            Transport::Ud(t) => t.send_queue_len(),
+        }
+    }
+
+    fn handle_packet(
+        &mut self,
+        now: std::time::Instant,
+        pkt: &crate::transport::RxPacket<'_>,
+        src: &UdSource,
+        env: &mut dyn Env,
+    ) {
+        match self {
+            Transport::Rc(t) => t.handle_packet(now, pkt, env),
+            Transport::Ud(t) => t.handle_packet(pkt, src, env),
+        }
+    }
+
+    fn handle_timeout(&mut self, now: std::time::Instant, env: &mut dyn Env) {
+        if let Transport::Rc(t) = self {
+            t.handle_timeout(now, env);
+        }
+    }
+
+    fn next_timeout(&self) -> Option<std::time::Instant> {
+        match self {
+            Transport::Rc(t) => t.next_timeout(),
+            Transport::Ud(_) => None,
+        }
+    }
+}
+
 /// The state of a QP behind its lock: attributes, its own receive queue, the transport.
 #[derive(Debug)]
 pub struct QpInner {
@@ -328,8 +397,8 @@ pub struct QpInner {
     pub attr: QpAttr,
     /// Receive WQEs (unused when the QP has an SRQ).
     pub rq: VecDeque<RecvWqe>,
-    /// The RC transport.
-    pub rc: RcTransport,
+    /// The transport.
+    pub t: Transport,
 }
 
 /// Counters, completions and memory the transport reaches through a QP.
@@ -364,6 +433,8 @@ pub struct QpEnv<'a> {
     pub rq: &'a mut VecDeque<RecvWqe>,
     /// Everything else.
     pub around: &'a dyn QpSurroundings,
+    /// The destination GID of the QP's path (RC).
+    pub around_dgid: remem_verbs::Gid,
 }
 
 impl Env for QpEnv<'_> {
@@ -454,9 +525,9 @@ pub struct SoftQpParts {
 impl SoftQp {
     /// Creates a QP in RESET, checking the requested caps against the device.
     pub fn new(parts: SoftQpParts) -> Result<Self> {
-        if parts.qp_type != QpType::Rc {
+        if parts.qp_type == QpType::Uc {
             return Err(Error::Unsupported(
-                "soft provider: only RC queue pairs so far (UD and UC are planned)",
+                "soft provider: UC queue pairs (RC and UD are supported)",
             ));
         }
         let cap = grant_cap(parts.cap, &parts.limits)?;
@@ -464,7 +535,14 @@ impl SoftQp {
             cap,
             ..QpAttr::default()
         };
-        let rc = RcTransport::new(rc_config(parts.qpn, &attr, parts.window));
+        let t = match parts.qp_type {
+            QpType::Ud => Transport::Ud(UdTransport::new(parts.qpn, parts.limits.active_mtu)),
+            _ => Transport::Rc(Box::new(RcTransport::new(rc_config(
+                parts.qpn,
+                &attr,
+                parts.window,
+            )))),
+        };
         Ok(SoftQp {
             qpn: parts.qpn,
             qp_type: parts.qp_type,
@@ -480,7 +558,7 @@ impl SoftQp {
             inner: std::sync::Mutex::new(QpInner {
                 attr,
                 rq: VecDeque::new(),
-                rc,
+                t,
             }),
         })
     }
@@ -492,16 +570,17 @@ impl SoftQp {
 
     /// Runs `f` on the transport with this QP's environment, then flushes the receive
     /// queue if the QP ended up in ERR.
-    fn with_env<R>(&self, f: impl FnOnce(&mut RcTransport, &mut QpEnv<'_>) -> R) -> R {
+    fn with_env<R>(&self, f: impl FnOnce(&mut Transport, &mut QpEnv<'_>) -> R) -> R {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let mut env = QpEnv {
             pd: self.pd,
             rq: &mut inner.rq,
             around: &*self.around,
+            around_dgid: inner.attr.ah_attr.dgid,
         };
-        let r = f(&mut inner.rc, &mut env);
-        if inner.rc.state() == QpState::Err {
+        let r = f(&mut inner.t, &mut env);
+        if inner.t.state() == QpState::Err {
             self.flush_rq(&mut inner.rq);
         }
         r
@@ -523,42 +602,42 @@ impl SoftQp {
         }
     }
 
-    /// The peer's destination QP and GID (from the attributes), once in RTR or later.
-    pub fn path(&self) -> (u32, remem_verbs::AhAttr) {
-        let g = self.lock();
-        (g.attr.dest_qp_num, g.attr.ah_attr)
-    }
-
-    /// Handles a packet addressed to this QP.
-    pub fn handle_packet(&self, now: std::time::Instant, pkt: &crate::transport::RxPacket<'_>) {
-        self.with_env(|rc, env| rc.handle_packet(now, pkt, env));
+    /// Handles a packet addressed to this QP, received from `src`.
+    pub fn handle_packet(
+        &self,
+        now: std::time::Instant,
+        pkt: &crate::transport::RxPacket<'_>,
+        src: &UdSource,
+    ) {
+        self.with_env(|t, env| t.handle_packet(now, pkt, src, env));
     }
 
     /// Handles expired timers.
     pub fn handle_timeout(&self, now: std::time::Instant) {
-        self.with_env(|rc, env| rc.handle_timeout(now, env));
+        self.with_env(|t, env| t.handle_timeout(now, env));
     }
 
     /// The next deadline of this QP's timers.
     pub fn next_timeout(&self) -> Option<std::time::Instant> {
-        self.lock().rc.next_timeout()
+        self.lock().t.next_timeout()
     }
 
-    /// Whether the QP may have a packet to send now.
-    pub fn wants_transmit(&self, now: std::time::Instant) -> bool {
-        self.lock().rc.wants_transmit(now)
-    }
-
-    /// Produces the next packet, as [`RcTransport::poll_transmit`].
+    /// Produces the next packet: `emit` gets its headers, the destination GID and a writer
+    /// for its payload.
     pub fn poll_transmit<R>(
         &self,
         now: std::time::Instant,
-        emit: impl FnOnce(
-            &crate::transport::TxPacket,
-            &mut dyn FnMut(&mut [u8]) -> std::result::Result<(), remem_verbs::MemError>,
-        ) -> R,
+        emit: impl FnOnce(&crate::transport::TxPacket, remem_verbs::Gid, &mut Fill<'_>) -> R,
     ) -> Option<R> {
-        self.lock().rc.poll_transmit(now, emit)
+        self.with_env(|t, env| match t {
+            Transport::Rc(rc) => {
+                let dgid = env.around_dgid;
+                rc.poll_transmit(now, |tx, fill| emit(tx, dgid, fill))
+            }
+            Transport::Ud(ud) => {
+                ud.poll_transmit(env, |tx, target, fill| emit(tx, target.av.dgid, fill))
+            }
+        })
     }
 }
 
@@ -576,14 +655,14 @@ impl remem_verbs::QueuePair for SoftQp {
     }
 
     fn state(&self) -> QpState {
-        self.lock().rc.state()
+        self.lock().t.state()
     }
 
     fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         {
             let mut guard = self.lock();
             let inner = &mut *guard;
-            let current = inner.rc.state();
+            let current = inner.t.state();
             let next = validate_modify(self.qp_type, current, attr, mask, &self.limits)?;
             if mask.contains(QpAttrMask::AV) {
                 self.around.check_av(&attr.ah_attr)?;
@@ -595,8 +674,9 @@ impl remem_verbs::QueuePair for SoftQp {
                 pd: self.pd,
                 rq: &mut inner.rq,
                 around: &*self.around,
+                around_dgid: inner.attr.ah_attr.dgid,
             };
-            inner.rc.set_state(cfg, next, &mut env);
+            inner.t.set_state(cfg, &inner.attr, next, &mut env);
             match next {
                 QpState::Err => self.flush_rq(&mut inner.rq),
                 QpState::Reset => inner.rq.clear(),
@@ -610,7 +690,7 @@ impl remem_verbs::QueuePair for SoftQp {
     fn query(&self) -> Result<QpAttr> {
         let g = self.lock();
         let mut attr = g.attr;
-        attr.qp_state = g.rc.state();
+        attr.qp_state = g.t.state();
         attr.cur_qp_state = attr.qp_state;
         attr.cap = self.cap;
         Ok(attr)
@@ -627,16 +707,16 @@ impl remem_verbs::QueuePair for SoftQp {
                 self.pd,
                 &*self.mem,
             )?;
-            self.with_env(|rc, env| {
-                let state = rc.state();
+            self.with_env(|t, env| {
+                let state = t.state();
                 if !state.can_post_send() {
                     return Err(Error::InvalidQpState(state));
                 }
-                let outstanding = rc.send_queue_len() as u32;
+                let outstanding = t.send_queue_len() as u32;
                 if outstanding >= self.cap.max_send_wr {
                     return Err(Error::QueueFull { outstanding });
                 }
-                rc.post_send(wqe, env);
+                t.post_send(wqe, env);
                 Ok(())
             })
         });
@@ -655,7 +735,7 @@ impl remem_verbs::QueuePair for SoftQp {
             }
             let wqe = build_recv_wqe(wr, self.cap.max_recv_sge, self.pd, &*self.mem)?;
             let mut g = self.lock();
-            let state = g.rc.state();
+            let state = g.t.state();
             if !state.can_post_recv() {
                 return Err(Error::InvalidQpState(state));
             }

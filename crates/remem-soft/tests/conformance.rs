@@ -53,4 +53,5 @@ cases!(
     unsignaled_and_post_lists,
     inline_send,
     local_post_errors,
+    ud_send_recv_with_grh_and_qkey,
 );
