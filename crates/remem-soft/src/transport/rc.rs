@@ -1189,6 +1189,15 @@ impl RcTransport {
         Ok(())
     }
 
+    /// Receiver not ready: queues an RNR NAK for `psn`. The requester retries from this PSN,
+    /// so sequence NAKs for the packets that follow are pointless: they are suppressed.
+    fn rnr_nak(&mut self, psn: u32, env: &mut dyn Env) {
+        env.count(Stat::SentRnrNak);
+        let timer = self.cfg.min_rnr_timer;
+        self.resp.push_nak(psn, Syndrome::RnrNak { timer });
+        self.resp.nak_sent = true;
+    }
+
     /// Executes a SEND packet. Returns `Ok(false)` when no receive was posted (an RNR NAK
     /// was queued and the PSN stays expected).
     fn exec_send(&mut self, pkt: &RxPacket<'_>, env: &mut dyn Env) -> Result<bool, Refuse> {
@@ -1197,13 +1206,7 @@ impl RcTransport {
             _ => match env.take_recv() {
                 Some(wqe) => (wqe, 0),
                 None => {
-                    // Receiver not ready. The requester retries from this PSN, so sequence
-                    // NAKs for the packets that follow are pointless: suppress them.
-                    env.count(Stat::SentRnrNak);
-                    let code = self.cfg.min_rnr_timer;
-                    self.resp
-                        .push_nak(pkt.psn, Syndrome::RnrNak { timer: code });
-                    self.resp.nak_sent = true;
+                    self.rnr_nak(pkt.psn, env);
                     return Ok(false);
                 }
             },
@@ -1288,11 +1291,7 @@ impl RcTransport {
             match env.take_recv() {
                 Some(w) => Some(w),
                 None => {
-                    env.count(Stat::SentRnrNak);
-                    let code = self.cfg.min_rnr_timer;
-                    self.resp
-                        .push_nak(pkt.psn, Syndrome::RnrNak { timer: code });
-                    self.resp.nak_sent = true;
+                    self.rnr_nak(pkt.psn, env);
                     // Keep the message state so the retried LAST continues it.
                     if !pkt.pos.starts() {
                         self.resp.progress = InProgress::Write {

@@ -214,6 +214,18 @@ struct Net {
 }
 
 impl Net {
+    fn new(seed: u64, faults: Faults) -> Net {
+        Net {
+            now: Instant::now(),
+            rng: StdRng::seed_from_u64(seed),
+            faults,
+            in_flight: BTreeMap::new(),
+            seq: 0,
+            sent: 0,
+            dropped: 0,
+        }
+    }
+
     fn send(&mut self, to: usize, pkt: SimPacket) {
         self.sent += 1;
         if self.rng.random_bool(self.faults.drop) {
@@ -559,15 +571,7 @@ fn check_seed(seed: u64, faults: Faults, ops: usize) -> Outcome {
         post_recvs(n, need.min(2), recv_size);
     }
     let mut posted = [need[0].min(2), need[1].min(2)];
-    let net = Net {
-        now: Instant::now(),
-        rng: StdRng::seed_from_u64(seed ^ 0x5eed),
-        faults,
-        in_flight: BTreeMap::new(),
-        seq: 0,
-        sent: 0,
-        dropped: 0,
-    };
+    let net = Net::new(seed ^ 0x5eed, faults);
     #[allow(clippy::needless_range_loop)]
     let out = run(nodes, net, Duration::from_secs(120), |nodes, rng| {
         for i in 0..2 {
@@ -757,18 +761,13 @@ fn retry_exhaustion_fails_with_retry_exc_err_and_flushes() {
         let (rc, mut env) = nodes[0].env();
         rc.post_send(wqe, &mut env);
     }
-    let net = Net {
-        now: Instant::now(),
-        rng: StdRng::seed_from_u64(1),
-        faults: Faults {
+    let net = Net::new(
+        1,
+        Faults {
             drop: 1.0,
             ..Faults::NONE
         },
-        in_flight: BTreeMap::new(),
-        seq: 0,
-        sent: 0,
-        dropped: 0,
-    };
+    );
     let out = run(nodes, net, Duration::from_secs(60), |_, _| {});
     let n = &out.nodes[0];
     assert_eq!(n.rc.state(), QpState::Err);
@@ -805,15 +804,7 @@ fn one_op(op: SendOp, len: usize, recvs: usize, peer_rnr_retry: u8) -> Outcome {
     };
     let (rc, mut env) = nodes[0].env();
     rc.post_send(wqe, &mut env);
-    let net = Net {
-        now: Instant::now(),
-        rng: StdRng::seed_from_u64(1),
-        faults: Faults::NONE,
-        in_flight: BTreeMap::new(),
-        seq: 0,
-        sent: 0,
-        dropped: 0,
-    };
+    let net = Net::new(1, Faults::NONE);
     run(nodes, net, Duration::from_secs(60), |_, _| {})
 }
 
@@ -966,15 +957,7 @@ fn single_read() {
     };
     let (rc, mut env) = nodes[0].env();
     rc.post_send(wqe, &mut env);
-    let net = Net {
-        now: Instant::now(),
-        rng: StdRng::seed_from_u64(1),
-        faults: Faults::NONE,
-        in_flight: BTreeMap::new(),
-        seq: 0,
-        sent: 0,
-        dropped: 0,
-    };
+    let net = Net::new(1, Faults::NONE);
     let out = run(nodes, net, Duration::from_secs(1), |_, _| {});
     assert_eq!(out.nodes[0].send_wcs.len(), 1);
     assert_eq!(out.nodes[0].send_wcs[0].status, WcStatus::Success);
