@@ -1,10 +1,10 @@
 //! The conformance cases.
 
-use crate::harness::{QpOptions, connect_rc, expect_none, poll_n, poll_one};
+use crate::harness::{QpOptions, connect_rc, endpoint, expect_none, poll_n, poll_one};
 use crate::{Case, CaseResult, Pair};
 use remem_verbs::{
-    AccessFlags, GidType, QpAttr, QpAttrMask, QpState, RecvWr, SendFlags, SendOp, SendWr, Sge,
-    WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, GidType, QpAttr, QpAttrMask, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr,
+    Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 
 macro_rules! ensure {
@@ -139,18 +139,8 @@ fn device_attributes(p: &Pair) -> CaseResult {
 fn qp_state_machine(p: &Pair) -> CaseResult {
     use QpAttrMask as M;
     let o = QpOptions::default();
-    let pd = p.a.alloc_pd().map_err(|e| e.to_string())?;
-    let cq = p.a.create_cq(16, None).map_err(|e| e.to_string())?;
-    let qp = pd
-        .create_qp(&remem_verbs::QpInitAttr {
-            qp_type: remem_verbs::QpType::Rc,
-            send_cq: cq.clone(),
-            recv_cq: cq.clone(),
-            srq: None,
-            cap: o.cap,
-            sq_sig_all: false,
-        })
-        .map_err(|e| e.to_string())?;
+    let ep = endpoint(&p.a, &o, QpType::Rc, None)?;
+    let (qp, cq) = (ep.qp.clone(), ep.cq.clone());
     ensure!(qp.state() == QpState::Reset, "new QP in {:?}", qp.state());
     // Illegal: RESET -> RTR.
     let rtr = QpAttr {
@@ -170,16 +160,7 @@ fn qp_state_machine(p: &Pair) -> CaseResult {
         "INIT without ACCESS_FLAGS accepted"
     );
     // Posting a send in RESET fails, a receive too.
-    let (_, mr) = {
-        let ep = crate::harness::Endpoint {
-            ctx: p.a.clone(),
-            pd: pd.clone(),
-            cq: cq.clone(),
-            qp: qp.clone(),
-            gid_index: 0,
-        };
-        ep.reg(64, RW)?
-    };
+    let (_, mr) = ep.reg(64, RW)?;
     let s = [sge(&*mr, 0, 8)];
     ensure!(
         qp.post_recv(&[RecvWr {
@@ -748,25 +729,8 @@ fn ud_qp(
     qkey: u32,
 ) -> Result<crate::harness::Endpoint, String> {
     use QpAttrMask as M;
-    let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
-    let cq = ctx.create_cq(32, None).map_err(|e| e.to_string())?;
-    let qp = pd
-        .create_qp(&remem_verbs::QpInitAttr {
-            qp_type: remem_verbs::QpType::Ud,
-            send_cq: cq.clone(),
-            recv_cq: cq.clone(),
-            srq: None,
-            cap: QpOptions::default().cap,
-            sq_sig_all: false,
-        })
-        .map_err(|e| format!("create UD QP: {e}"))?;
-    let gid_index = ctx
-        .gid_table(1)
-        .map_err(|e| e.to_string())?
-        .iter()
-        .find(|g| g.gid_type == GidType::RoceV2)
-        .map(|g| g.index as u8)
-        .ok_or("no RoCE v2 GID")?;
+    let ep = endpoint(ctx, &QpOptions::default(), QpType::Ud, None)?;
+    let qp = ep.qp.clone();
     let mut a = QpAttr {
         qp_state: QpState::Init,
         port_num: 1,
@@ -782,13 +746,7 @@ fn ud_qp(
     a.sq_psn = 7;
     qp.modify(&a, M::STATE | M::SQ_PSN)
         .map_err(|e| format!("UD to RTS: {e}"))?;
-    Ok(crate::harness::Endpoint {
-        ctx: ctx.clone(),
-        pd,
-        cq,
-        qp,
-        gid_index,
-    })
+    Ok(ep)
 }
 
 fn ud_send_recv(p: &Pair) -> CaseResult {

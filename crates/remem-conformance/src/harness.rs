@@ -108,8 +108,8 @@ impl Endpoint {
     }
 }
 
-/// The first RoCE v2 GID of port 1 whose address family matches `prefer_v4`.
-fn roce_v2_gid(ctx: &dyn Context) -> Result<(u8, remem_verbs::Gid), String> {
+/// The first RoCE v2 GID of port 1 (IPv4-mapped ones first): its index and value.
+pub fn roce_v2_gid(ctx: &dyn Context) -> Result<(u8, remem_verbs::Gid), String> {
     let table = ctx.gid_table(1).map_err(|e| format!("gid_table: {e}"))?;
     table
         .iter()
@@ -119,14 +119,21 @@ fn roce_v2_gid(ctx: &dyn Context) -> Result<(u8, remem_verbs::Gid), String> {
         .ok_or_else(|| format!("{} has no RoCE v2 GID", ctx.info().name))
 }
 
-fn endpoint(ctx: &Arc<dyn Context>, o: &QpOptions) -> Result<Endpoint, String> {
+/// A PD, a CQ (used for sends and receives; reporting to `channel` if given) and a QP of
+/// `qp_type` in RESET on `ctx`, with its first RoCE v2 GID index.
+pub fn endpoint(
+    ctx: &Arc<dyn Context>,
+    o: &QpOptions,
+    qp_type: QpType,
+    channel: Option<Arc<dyn remem_verbs::CompletionChannel>>,
+) -> Result<Endpoint, String> {
     let pd = ctx.alloc_pd().map_err(|e| format!("alloc_pd: {e}"))?;
     let cq = ctx
-        .create_cq(o.cqe, None)
+        .create_cq(o.cqe, channel)
         .map_err(|e| format!("create_cq: {e}"))?;
     let qp = pd
         .create_qp(&QpInitAttr {
-            qp_type: QpType::Rc,
+            qp_type,
             send_cq: cq.clone(),
             recv_cq: cq.clone(),
             srq: None,
@@ -214,8 +221,8 @@ pub fn bring_up(
 
 /// Creates an RC QP on each device of `pair` and connects them (`a` ↔ `b`).
 pub fn connect_rc(pair: &Pair, o: &QpOptions) -> Result<(Endpoint, Endpoint), String> {
-    let a = endpoint(&pair.a, o)?;
-    let b = endpoint(&pair.b, o)?;
+    let a = endpoint(&pair.a, o, QpType::Rc, None)?;
+    let b = endpoint(&pair.b, o, QpType::Rc, None)?;
     let (_, ga) = roce_v2_gid(&*pair.a)?;
     let (_, gb) = roce_v2_gid(&*pair.b)?;
     let mtu_a = pair.a.query_port(1).map_err(|e| e.to_string())?.active_mtu;

@@ -15,7 +15,9 @@ mod harness;
 pub mod remote;
 
 pub use cases::CASES;
-pub use harness::{Endpoint, Pair, QpOptions, bring_up, connect_rc, poll_n, poll_one};
+pub use harness::{
+    Endpoint, Pair, QpOptions, bring_up, connect_rc, endpoint, poll_n, poll_one, roce_v2_gid,
+};
 
 /// The result of one conformance case: `Err` carries what went wrong.
 pub type CaseResult = Result<(), String>;

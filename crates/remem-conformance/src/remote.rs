@@ -3,10 +3,9 @@
 //! GID, PSN, buffer address, rkey) is exchanged over a TCP connection as one text line each
 //! way; the TCP connection then carries the server's checks back to the driver.
 
-use crate::harness::{Endpoint, QpOptions, bring_up, poll_one};
+use crate::harness::{Endpoint, QpOptions, bring_up, endpoint, poll_one, roce_v2_gid};
 use remem_verbs::{
-    AccessFlags, Context, Gid, GidType, Mtu, QpInitAttr, QpType, RecvWr, SendOp, SendWr, Sge,
-    WcOpcode, WcStatus,
+    AccessFlags, Context, Gid, Mtu, QpType, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, TcpListener, TcpStream};
@@ -61,32 +60,12 @@ struct Side {
 }
 
 fn setup(ctx: &Arc<dyn Context>, psn: u32) -> Result<Side, String> {
-    let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
-    let cq = ctx.create_cq(64, None).map_err(|e| e.to_string())?;
-    let o = QpOptions::default();
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            qp_type: QpType::Rc,
-            send_cq: cq.clone(),
-            recv_cq: cq.clone(),
-            srq: None,
-            cap: o.cap,
-            sq_sig_all: false,
-        })
-        .map_err(|e| e.to_string())?;
-    let gid = ctx
-        .gid_table(1)
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .find(|g| g.gid_type == GidType::RoceV2)
-        .ok_or("no RoCE v2 GID")?;
-    let ep = Endpoint {
-        ctx: ctx.clone(),
-        pd,
-        cq,
-        qp,
-        gid_index: gid.index as u8,
+    let o = QpOptions {
+        cqe: 64,
+        ..QpOptions::default()
     };
+    let ep = endpoint(ctx, &o, QpType::Rc, None)?;
+    let (_, gid) = roce_v2_gid(&**ctx)?;
     let access = AccessFlags::LOCAL_WRITE
         | AccessFlags::REMOTE_WRITE
         | AccessFlags::REMOTE_READ
@@ -94,7 +73,7 @@ fn setup(ctx: &Arc<dyn Context>, psn: u32) -> Result<Side, String> {
     let (buf, mr) = ep.reg(BUF, access)?;
     let info = Info {
         qpn: ep.qp.qp_num(),
-        gid: gid.gid,
+        gid,
         psn,
         addr: mr.addr(),
         rkey: mr.rkey(),

@@ -1,10 +1,10 @@
 //! The completion channel's fd works with tokio's `AsyncFd`: awaiting readability completes
 //! when an armed CQ gets a completion, and the event names the CQ.
 
-use remem_conformance::{Endpoint, QpOptions, bring_up};
+use remem_conformance::{QpOptions, bring_up, endpoint};
 use remem_soft::SoftContext;
 use remem_verbs::{
-    AccessFlags, Context, QpInitAttr, QpType, RecvWr, SendOp, SendWr, Sge, WcStatus, WorkCompletion,
+    AccessFlags, Context, QpType, RecvWr, SendOp, SendWr, Sge, WcStatus, WorkCompletion,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,48 +18,12 @@ async fn async_fd_wakes_on_armed_completion() {
     let b: Arc<dyn Context> =
         Arc::new(SoftContext::bind(format!("127.0.7.2:{port}").parse().unwrap()).unwrap());
 
-    // Receiver b: a CQ with a completion channel.
-    let channel = b.create_comp_channel().unwrap();
-    let cq = b.create_cq(16, Some(channel.clone())).unwrap();
-    let pd = b.alloc_pd().unwrap();
+    // Receiver b: a CQ with a completion channel; sender a: a plain CQ.
     let o = QpOptions::default();
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            qp_type: QpType::Rc,
-            send_cq: cq.clone(),
-            recv_cq: cq.clone(),
-            srq: None,
-            cap: o.cap,
-            sq_sig_all: false,
-        })
-        .unwrap();
-    let eb = Endpoint {
-        ctx: b.clone(),
-        pd,
-        cq: cq.clone(),
-        qp,
-        gid_index: 1,
-    };
-    // Sender a: its own CQ.
-    let pda = a.alloc_pd().unwrap();
-    let cqa = a.create_cq(16, None).unwrap();
-    let qpa = pda
-        .create_qp(&QpInitAttr {
-            qp_type: QpType::Rc,
-            send_cq: cqa.clone(),
-            recv_cq: cqa.clone(),
-            srq: None,
-            cap: o.cap,
-            sq_sig_all: false,
-        })
-        .unwrap();
-    let ea = Endpoint {
-        ctx: a.clone(),
-        pd: pda,
-        cq: cqa,
-        qp: qpa,
-        gid_index: 1,
-    };
+    let channel = b.create_comp_channel().unwrap();
+    let eb = endpoint(&b, &o, QpType::Rc, Some(channel.clone())).unwrap();
+    let cq = eb.cq.clone();
+    let ea = endpoint(&a, &o, QpType::Rc, None).unwrap();
     let ga = a.query_gid(1, 1).unwrap().gid;
     let gb = b.query_gid(1, 1).unwrap().gid;
     let mtu = remem_verbs::Mtu::Mtu1024;
