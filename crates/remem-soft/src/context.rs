@@ -15,13 +15,21 @@ use std::sync::Arc;
 pub struct SoftOptions {
     /// Capture every packet to this pcap file (`REMEM_PCAP`).
     pub pcap: Option<std::path::PathBuf>,
+    /// Pin the device's progress thread to this CPU (`REMEM_SOFT_CPU`).
+    pub cpu: Option<usize>,
 }
 
+/// The environment variable that pins progress threads to a CPU.
+pub const CPU_ENV: &str = "REMEM_SOFT_CPU";
+
 impl SoftOptions {
-    /// Options from the environment: `REMEM_PCAP`.
+    /// Options from the environment: `REMEM_PCAP`, `REMEM_SOFT_CPU`.
     pub fn from_env() -> Self {
         SoftOptions {
             pcap: std::env::var_os(crate::pcap::PCAP_ENV).map(Into::into),
+            cpu: std::env::var(CPU_ENV)
+                .ok()
+                .and_then(|s| s.trim().parse().ok()),
         }
     }
 }

@@ -329,8 +329,13 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// Starts the thread for `engine` on `socket` (bound to the engine's local address).
-    pub fn start(socket: UdpSocket, engine: Arc<Engine>) -> std::io::Result<Self> {
+    /// Starts the thread for `engine` on `socket` (bound to the engine's local address),
+    /// pinned to CPU `cpu` if given.
+    pub fn start(
+        socket: UdpSocket,
+        engine: Arc<Engine>,
+        cpu: Option<usize>,
+    ) -> std::io::Result<Self> {
         let local = socket.local_addr()?;
         let socket = Arc::new(socket);
         let waiting = Arc::new(AtomicBool::new(false));
@@ -339,7 +344,18 @@ impl Progress {
             let (socket, waiting, stop) = (socket.clone(), waiting.clone(), stop.clone());
             std::thread::Builder::new()
                 .name(format!("remem-soft {local}"))
-                .spawn(move || run(&socket, &engine, &waiting, &stop))?
+                .spawn(move || {
+                    if let Some(cpu) = cpu {
+                        let mut set = rustix::thread::CpuSet::new();
+                        set.set(cpu);
+                        if let Err(err) = rustix::thread::sched_setaffinity(None, &set) {
+                            eprintln!(
+                                "remem-soft: cannot pin the progress thread to CPU {cpu}: {err}"
+                            );
+                        }
+                    }
+                    run(&socket, &engine, &waiting, &stop)
+                })?
         };
         Ok(Progress {
             socket,
@@ -499,7 +515,7 @@ mod tests {
         let local: SocketAddr = format!("{ip}:{port}").parse().unwrap();
         let socket = UdpSocket::bind(local).unwrap();
         let engine = Arc::new(Engine::new(socket.local_addr().unwrap(), port));
-        let progress = Arc::new(Progress::start(socket, engine.clone()).unwrap());
+        let progress = Arc::new(Progress::start(socket, engine.clone(), None).unwrap());
         let buf = Arc::new(MemoryBuffer::zeroed(1 << 20).unwrap());
         let around = Arc::new(Around {
             region: MemRegion::whole(buf.clone()),

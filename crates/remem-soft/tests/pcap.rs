@@ -31,6 +31,7 @@ fn capture_decodes_as_rocev2() {
     {
         let opts = SoftOptions {
             pcap: Some(path.clone()),
+            ..SoftOptions::default()
         };
         let a = SoftContext::bind_with("127.0.6.1:0".parse().unwrap(), &opts).unwrap();
         port = a.local_addr().port();

@@ -92,7 +92,7 @@ impl DeviceShared {
             None => None,
         };
         let engine = Arc::new(Engine::with_pcap(local, local.port(), pcap));
-        let progress = Progress::start(socket, engine.clone())?;
+        let progress = Progress::start(socket, engine.clone(), opts.cpu)?;
         let limits = QpLimits {
             max_wr: attr.max_qp_wr,
             max_sge: attr.max_sge,
