@@ -17,6 +17,9 @@ pub struct SoftOptions {
     pub pcap: Option<std::path::PathBuf>,
     /// Pin the device's progress thread to this CPU (`REMEM_SOFT_CPU`).
     pub cpu: Option<usize>,
+    /// No progress thread: the application drives the device with
+    /// [`SoftContext::progress`] (single-threaded programs, deterministic tests).
+    pub inline: bool,
 }
 
 /// The environment variable that pins progress threads to a CPU.
@@ -30,6 +33,7 @@ impl SoftOptions {
             cpu: std::env::var(CPU_ENV)
                 .ok()
                 .and_then(|s| s.trim().parse().ok()),
+            inline: false,
         }
     }
 }
@@ -151,6 +155,14 @@ impl SoftContext {
         info.udp_addr = Some(dev.engine.local());
         info.name = format!("soft@{}", dev.engine.local());
         Ok(SoftContext { dev })
+    }
+
+    /// Drives an inline device (opened with [`SoftOptions::inline`]): runs due timers, sends
+    /// what can be sent, handles received packets, and if nothing happened waits up to
+    /// `timeout` for a packet. Returns how many packets moved. An error for a device with a
+    /// progress thread.
+    pub fn progress(&self, timeout: std::time::Duration) -> Result<usize> {
+        self.dev.progress(timeout)
     }
 
     /// The bound UDP address.

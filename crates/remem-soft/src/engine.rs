@@ -395,6 +395,62 @@ impl Drop for Progress {
     }
 }
 
+/// Caller-driven progress for single-threaded programs and deterministic tests: no thread;
+/// [`Inline::progress`] moves packets when called.
+#[derive(Debug)]
+pub struct Inline {
+    socket: UdpSocket,
+    rx: Vec<u8>,
+    tx: Vec<u8>,
+}
+
+impl Inline {
+    /// Inline progress for `socket` (bound to the engine's local address).
+    pub fn new(socket: UdpSocket) -> std::io::Result<Self> {
+        socket.set_nonblocking(true)?;
+        Ok(Inline {
+            socket,
+            rx: vec![0u8; 65536],
+            tx: vec![0u8; MAX_PACKET],
+        })
+    }
+
+    /// Runs due timers, sends what can be sent, and handles received packets; if nothing
+    /// happened, waits up to `timeout` (bounded by the next timer) for a packet. Returns the
+    /// number of packets sent and received.
+    pub fn progress(&mut self, engine: &Engine, timeout: Duration) -> std::io::Result<usize> {
+        let mut moved = 0;
+        let local_ip = engine.local().ip();
+        let now = Instant::now();
+        engine.on_timeout(now);
+        while let Some((dst, len)) = engine.poll_transmit(now, &mut self.tx) {
+            self.socket.send_to(&self.tx[..len], dst)?;
+            moved += 1;
+        }
+        while let Ok((n, from)) = self.socket.recv_from(&mut self.rx) {
+            moved += 1;
+            let _ = engine.on_datagram(Instant::now(), from, local_ip, &self.rx[..n]);
+        }
+        if moved == 0 && !timeout.is_zero() && !engine.has_ready() {
+            let wait = engine
+                .next_timeout()
+                .map(|t| t.saturating_duration_since(Instant::now()))
+                .unwrap_or(timeout)
+                .min(timeout)
+                .max(Duration::from_micros(1));
+            self.socket.set_nonblocking(false)?;
+            self.socket.set_read_timeout(Some(wait))?;
+            let got = self.socket.recv_from(&mut self.rx);
+            self.socket.set_nonblocking(true)?;
+            if let Ok((n, from)) = got {
+                moved += 1;
+                let _ = engine.on_datagram(Instant::now(), from, local_ip, &self.rx[..n]);
+            }
+        }
+        Ok(moved)
+    }
+}
+
 fn run(socket: &UdpSocket, engine: &Engine, waiting: &AtomicBool, stop: &AtomicBool) {
     let mut rx = vec![0u8; 65536];
     let mut tx = vec![0u8; MAX_PACKET];

@@ -7,7 +7,7 @@ pub mod keys;
 pub mod mr;
 pub mod srq;
 
-use crate::engine::{Engine, Progress};
+use crate::engine::{Engine, Inline, Progress};
 use crate::qp::{LocalMemory, QpLimits, QpSurroundings, SoftQp, SoftQpParts};
 use crate::transport::{RemoteKeyError, Stat};
 use crate::wqe::{PdId, RecvWqe};
@@ -40,6 +40,15 @@ pub const STAT_NAMES: [(Stat, &str); 9] = [
 
 static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
 
+/// How a device's packets are moved.
+#[derive(Debug)]
+enum Driver {
+    /// A progress thread.
+    Thread(Progress),
+    /// The application calls `progress`.
+    Inline(Mutex<Inline>),
+}
+
 /// What every object of a soft device shares.
 #[derive(Debug)]
 pub struct DeviceShared {
@@ -59,7 +68,7 @@ pub struct DeviceShared {
     pub events: Arc<AsyncEvents>,
     /// The packet engine.
     pub engine: Arc<Engine>,
-    progress: Progress,
+    driver: Driver,
     stats: [AtomicU64; STAT_NAMES.len()],
     next_qpn: Mutex<u32>,
     next_id: AtomicU32,
@@ -92,7 +101,11 @@ impl DeviceShared {
             None => None,
         };
         let engine = Arc::new(Engine::with_pcap(local, local.port(), pcap));
-        let progress = Progress::start(socket, engine.clone(), opts.cpu)?;
+        let driver = if opts.inline {
+            Driver::Inline(Mutex::new(Inline::new(socket)?))
+        } else {
+            Driver::Thread(Progress::start(socket, engine.clone(), opts.cpu)?)
+        };
         let limits = QpLimits {
             max_wr: attr.max_qp_wr,
             max_sge: attr.max_sge,
@@ -111,7 +124,7 @@ impl DeviceShared {
             mrs: MrTable::default(),
             events: Arc::new(AsyncEvents::new()?),
             engine,
-            progress,
+            driver,
             stats: Default::default(),
             next_qpn: Mutex::new(16 + rand::random::<u32>() % 0x1000),
             next_id: AtomicU32::new(1),
@@ -187,7 +200,22 @@ impl DeviceShared {
 
     fn wake(&self, qpn: u32) {
         self.engine.mark_ready(qpn);
-        self.progress.wake();
+        if let Driver::Thread(p) = &self.driver {
+            p.wake();
+        }
+    }
+
+    /// Moves packets in inline mode (see [`Inline::progress`]); an error in thread mode.
+    pub fn progress(&self, timeout: std::time::Duration) -> Result<usize> {
+        match &self.driver {
+            Driver::Inline(i) => Ok(i
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .progress(&self.engine, timeout)?),
+            Driver::Thread(_) => Err(Error::InvalidArgument(
+                "progress() drives inline devices; this one has a progress thread".into(),
+            )),
+        }
     }
 
     /// Checks an address vector against the GID table.
