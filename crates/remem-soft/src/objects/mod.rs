@@ -157,43 +157,25 @@ impl DeviceShared {
     /// Every counter, rxe names first.
     pub fn counters(&self) -> Vec<Counter> {
         let e = &self.engine.stats;
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let counter = |name, c: &AtomicU64| Counter {
+            name,
+            value: c.load(Ordering::Relaxed),
+        };
         let mut out = vec![
-            Counter {
-                name: "sent_pkts",
-                value: load(&e.sent_pkts),
-            },
-            Counter {
-                name: "rcvd_pkts",
-                value: load(&e.rcvd_pkts),
-            },
+            counter("sent_pkts", &e.sent_pkts),
+            counter("rcvd_pkts", &e.rcvd_pkts),
         ];
         out.extend(
             STAT_NAMES
                 .iter()
                 .zip(&self.stats)
-                .map(|((_, name), v)| Counter {
-                    name,
-                    value: load(v),
-                }),
+                .map(|((_, name), v)| counter(name, v)),
         );
         out.extend([
-            Counter {
-                name: "drop_malformed",
-                value: load(&e.drop_malformed),
-            },
-            Counter {
-                name: "drop_bad_icrc",
-                value: load(&e.drop_bad_icrc),
-            },
-            Counter {
-                name: "drop_unknown_qp",
-                value: load(&e.drop_unknown_qp),
-            },
-            Counter {
-                name: "icrc_unverified",
-                value: load(&e.icrc_unverified),
-            },
+            counter("drop_malformed", &e.drop_malformed),
+            counter("drop_bad_icrc", &e.drop_bad_icrc),
+            counter("drop_unknown_qp", &e.drop_unknown_qp),
+            counter("icrc_unverified", &e.icrc_unverified),
         ]);
         out
     }
