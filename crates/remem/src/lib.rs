@@ -13,7 +13,9 @@
 //! let devices = remem::devices().unwrap();
 //! assert!(devices.iter().any(|d| d.name == "soft-lo"));
 //!
-//! let ctx = remem::open_device(Some("soft-lo")).unwrap();
+//! // Open a soft device on 127.0.0.1 (port 0: any free UDP port; `soft-lo` would take the
+//! // RoCEv2 port 4791, as a kernel rxe device does).
+//! let ctx = remem::open_device(Some("soft@127.0.0.1:0")).unwrap();
 //! let port = ctx.query_port(1).unwrap();
 //! println!("{} active MTU {}", ctx.info().name, port.active_mtu);
 //! ```
@@ -44,23 +46,26 @@ pub fn devices() -> Result<Vec<DeviceInfo>> {
 }
 
 /// Opens a device: the one named, else the one `REMEM_DEVICE` names, else the first
-/// device of [`devices`].
+/// device of [`devices`]. A name may also be one a provider opens without listing it, such
+/// as `soft@127.0.0.2:4791`.
 pub fn open_device(name: Option<&str>) -> Result<Arc<dyn Context>> {
     let env = std::env::var(DEVICE_ENV).ok().filter(|s| !s.is_empty());
     let wanted = name.map(str::to_string).or(env);
+    if let Some(w) = &wanted {
+        for p in providers() {
+            match p.open(w) {
+                Err(Error::NoSuchDevice(_)) => continue,
+                other => return other,
+            }
+        }
+        return Err(Error::NoSuchDevice(w.clone()));
+    }
     for p in providers() {
-        let list = p.devices()?;
-        let pick = match &wanted {
-            Some(w) => list.iter().find(|d| &d.name == w),
-            None => list.first(),
-        };
-        if let Some(d) = pick {
+        if let Some(d) = p.devices()?.first() {
             return p.open(&d.name);
         }
     }
-    Err(Error::NoSuchDevice(
-        wanted.unwrap_or_else(|| "(no RDMA device found)".to_string()),
-    ))
+    Err(Error::NoSuchDevice("(no RDMA device found)".to_string()))
 }
 
 #[cfg(test)]
@@ -69,7 +74,9 @@ mod tests {
 
     #[test]
     fn open_by_name_and_unknown_name() {
-        assert_eq!(open_device(Some("soft-lo")).unwrap().info().name, "soft-lo");
+        let ctx = open_device(Some("soft@127.0.10.1:0")).unwrap();
+        assert!(ctx.info().name.starts_with("soft@127.0.10.1:"));
+        assert!(devices().unwrap().iter().any(|d| d.name == "soft-lo"));
         assert!(matches!(
             open_device(Some("no-such-dev")),
             Err(Error::NoSuchDevice(n)) if n == "no-such-dev"
