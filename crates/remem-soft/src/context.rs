@@ -169,6 +169,12 @@ impl SoftContext {
     pub fn local_addr(&self) -> SocketAddr {
         self.dev.engine.local()
     }
+
+    /// What the device's objects share (key table, events, QP numbers).
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Arc<DeviceShared> {
+        &self.dev
+    }
 }
 
 impl Context for SoftContext {

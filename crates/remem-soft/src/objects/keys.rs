@@ -7,7 +7,8 @@
 
 use rand::Rng;
 
-/// Generates lkeys and rkeys for one device.
+/// Generates lkeys and rkeys for one device. The key table skips keys still in use, so a
+/// key is never shared even after the counter wraps.
 #[derive(Debug)]
 pub struct KeyGen {
     round_keys: [u32; 4],
@@ -43,6 +44,14 @@ impl KeyGen {
                 return k;
             }
         }
+    }
+}
+
+#[cfg(test)]
+impl KeyGen {
+    /// Steps the counter back, replaying keys (as after 2^32 keys).
+    pub(crate) fn rewind(&mut self, n: u32) {
+        self.next = self.next.wrapping_sub(n);
     }
 }
 

@@ -1,6 +1,7 @@
 //! The verbs objects of a soft device: the state they share, protection domains, and the
 //! environment a QP's transport runs in.
 
+pub mod ah;
 pub mod cq;
 pub mod events;
 pub mod keys;
@@ -11,6 +12,7 @@ use crate::engine::{Engine, Inline, Progress};
 use crate::qp::{LocalMemory, QpLimits, QpSurroundings, SoftQp, SoftQpParts};
 use crate::transport::{RemoteKeyError, Stat};
 use crate::wqe::{PdId, RecvWqe};
+use ah::SoftAh;
 use cq::SoftCq;
 use events::{AsyncEvents, SoftCompChannel};
 use mr::{MrTable, SoftMr};
@@ -19,7 +21,7 @@ use remem_verbs::{
     DeviceInfo, Error, GidType, MemRegion, MemoryRegion, PortAttr, ProtectionDomain, QpInitAttr,
     QueuePair, Result, Sge, SharedReceiveQueue, SrqAttr, WorkCompletion,
 };
-use srq::{SoftAh, SoftSrq};
+use srq::SoftSrq;
 use std::any::Any;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -39,6 +41,11 @@ pub const STAT_NAMES: [(Stat, &str); 9] = [
 ];
 
 static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The first QP number handed out (rxe's first QP index; 0 and 1 are the special QPs).
+const FIRST_QPN: u32 = 16;
+/// The largest QP number (24 bits).
+const MAX_QPN: u32 = 0x00ff_ffff;
 
 /// How a device's packets are moved.
 #[derive(Debug)]
@@ -115,18 +122,19 @@ impl DeviceShared {
             active_mtu: port.active_mtu.bytes(),
             max_msg: u64::from(port.max_msg_sz),
         };
+        let max_mr = attr.max_mr;
         Ok(Arc::new(DeviceShared {
             id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed),
             info,
             attr,
             port,
             limits,
-            mrs: MrTable::default(),
+            mrs: MrTable::new(max_mr),
             events: Arc::new(AsyncEvents::new()?),
             engine,
             driver,
             stats: Default::default(),
-            next_qpn: Mutex::new(16 + rand::random::<u32>() % 0x1000),
+            next_qpn: Mutex::new(FIRST_QPN + rand::random::<u32>() % 0x1000),
             next_id: AtomicU32::new(1),
         }))
     }
@@ -135,16 +143,18 @@ impl DeviceShared {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// A QP number not in use (24 bits, never 0 or 1).
-    fn alloc_qpn(&self) -> u32 {
+    /// A QP number not in use by a live QP: 24 bits, from 16 up (0 and 1 are the special
+    /// QPs), handed out in sequence from a random start and wrapping to 16.
+    pub(crate) fn alloc_qpn(&self) -> Result<u32> {
         let mut n = self.next_qpn.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
+        for _ in 0..=(MAX_QPN - FIRST_QPN) {
             let qpn = *n;
-            *n = if *n >= 0x00ff_ffff { 16 } else { *n + 1 };
-            if qpn >= 2 && !self.engine.has_qp(qpn) {
-                return qpn;
+            *n = if *n >= MAX_QPN { FIRST_QPN } else { *n + 1 };
+            if !self.engine.has_qp(qpn) {
+                return Ok(qpn);
             }
         }
+        Err(Error::Exhausted("QP numbers"))
     }
 
     /// Counts a transport statistic.
@@ -200,14 +210,21 @@ impl DeviceShared {
         }
     }
 
-    /// Checks an address vector against the GID table.
-    fn check_av(&self, av: &AhAttr) -> Result<()> {
+    /// Checks an address vector: port 1, a GRH (RoCE requires one), an `sgid_index` naming
+    /// a RoCE v2 GID of this device, and a destination of the same IP family.
+    pub(crate) fn check_av(&self, av: &AhAttr) -> Result<()> {
         let bad = |reason: String| Error::InvalidAttribute {
             name: "ah_attr",
             reason,
         };
-        if av.port_num > 1 {
-            return Err(bad(format!("port {} does not exist", av.port_num)));
+        if av.port_num != 1 {
+            return Err(bad(format!(
+                "port {} does not exist (soft devices have port 1)",
+                av.port_num
+            )));
+        }
+        if !av.is_global {
+            return Err(bad("RoCE address vectors need a GRH (is_global)".into()));
         }
         let Some(sgid) = self.info.gids.get(usize::from(av.sgid_index)) else {
             return Err(bad(format!("sgid_index {} is empty", av.sgid_index)));
@@ -235,7 +252,8 @@ impl DeviceShared {
             .ok_or_else(|| Error::InvalidArgument("CQ of another device or provider".into()))
     }
 
-    fn own_srq(&self, srq: &Arc<dyn SharedReceiveQueue>) -> Result<Arc<SoftSrq>> {
+    /// Downcasts an SRQ handle to one of this device's SRQs.
+    pub fn own_srq(&self, srq: &Arc<dyn SharedReceiveQueue>) -> Result<Arc<SoftSrq>> {
         let any: Arc<dyn Any + Send + Sync> = srq.clone();
         any.downcast::<SoftSrq>()
             .ok()
@@ -243,7 +261,22 @@ impl DeviceShared {
             .ok_or_else(|| Error::InvalidArgument("SRQ of another device or provider".into()))
     }
 
-    /// Creates a CQ.
+    /// Downcasts an address handle to one of this device's, created in `pd` (IBTA: a UD
+    /// work request's AH must be of the QP's protection domain).
+    pub fn own_ah(&self, ah: &Arc<dyn AddressHandle>, pd: PdId) -> Result<Arc<SoftAh>> {
+        let any: Arc<dyn Any + Send + Sync> = ah.clone();
+        any.downcast::<SoftAh>()
+            .ok()
+            .filter(|a| a.device_id == self.id && a.pd == pd)
+            .ok_or_else(|| {
+                Error::InvalidArgument(
+                    "address handle of another protection domain, device or provider".into(),
+                )
+            })
+    }
+
+    /// Creates a CQ of exactly `cqe` entries (1..=`max_cqe`), reporting to `channel`, which
+    /// must be one of this device's.
     pub fn create_cq(
         self: &Arc<Self>,
         cqe: u32,
@@ -346,6 +379,18 @@ pub struct SoftPd {
     dev: Arc<DeviceShared>,
 }
 
+impl SoftPd {
+    /// The PD's identifier within its device.
+    pub fn id(&self) -> PdId {
+        self.id
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<DeviceShared> {
+        &self.dev
+    }
+}
+
 impl ProtectionDomain for SoftPd {
     fn reg_mr(&self, region: MemRegion, access: AccessFlags) -> Result<Arc<dyn MemoryRegion>> {
         access
@@ -357,7 +402,7 @@ impl ProtectionDomain for SoftPd {
                 region.len()
             )));
         }
-        let entry = self.dev.mrs.insert(self.id, region, access);
+        let entry = self.dev.mrs.insert(self.id, region, access)?;
         Ok(Arc::new(SoftMr {
             entry,
             dev: self.dev.clone(),
@@ -372,7 +417,7 @@ impl ProtectionDomain for SoftPd {
             recv_cq: dev.own_cq(&init.recv_cq)?,
             srq: init.srq.as_ref().map(|s| dev.own_srq(s)).transpose()?,
         });
-        let qpn = dev.alloc_qpn();
+        let qpn = dev.alloc_qpn()?;
         let weak = Arc::downgrade(dev);
         let qp = Arc::new(SoftQp::new(SoftQpParts {
             qpn,
@@ -407,6 +452,448 @@ impl ProtectionDomain for SoftPd {
 
     fn create_ah(&self, attr: &AhAttr) -> Result<Arc<dyn AddressHandle>> {
         self.dev.check_av(attr)?;
-        Ok(Arc::new(SoftAh { attr: *attr }))
+        Ok(Arc::new(SoftAh {
+            attr: *attr,
+            pd: self.id,
+            device_id: self.dev.id,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::{SoftContext, SoftOptions};
+    use crate::objects::events::readable;
+    use remem_verbs::{
+        AsyncEvent, AsyncEventElement, AsyncEventType, Context, Gid, MemoryBuffer, PostError,
+        QpCap, QpType, RecvWr,
+    };
+    use std::net::Ipv4Addr;
+
+    /// An inline device (no progress thread) on an ephemeral loopback port.
+    fn device() -> SoftContext {
+        let opts = SoftOptions {
+            inline: true,
+            ..SoftOptions::default()
+        };
+        SoftContext::bind_with("127.0.0.1:0".parse().unwrap(), &opts).unwrap()
+    }
+
+    fn buffer(len: usize) -> Arc<MemoryBuffer> {
+        Arc::new(MemoryBuffer::zeroed(len).unwrap())
+    }
+
+    fn sge(mr: &dyn MemoryRegion, off: u64, length: u32) -> Sge {
+        Sge {
+            addr: mr.addr() + off,
+            length,
+            lkey: mr.lkey(),
+        }
+    }
+
+    #[test]
+    fn dereg_revokes_both_keys_at_once() {
+        let ctx = device();
+        let dev = ctx.shared().clone();
+        let pd = dev.alloc_pd();
+        let buf = buffer(4096);
+        let rw = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+        let mr = pd.reg_mr(MemRegion::whole(buf.clone()), rw).unwrap();
+        let (lkey, rkey, va) = (mr.lkey(), mr.rkey(), mr.addr());
+        assert_ne!(lkey, 0);
+        assert_ne!(rkey, 0);
+        assert_ne!(lkey, rkey);
+        let held = dev
+            .mrs
+            .remote(pd.id(), rkey, va, 64, AccessFlags::REMOTE_WRITE)
+            .unwrap();
+        assert!(dev.mrs.local(pd.id(), &sge(&*mr, 0, 8), true).is_ok());
+        drop(mr);
+        assert!(dev.mrs.is_empty());
+        assert_eq!(
+            dev.mrs
+                .remote(pd.id(), rkey, va, 64, AccessFlags::REMOTE_WRITE)
+                .err(),
+            Some(RemoteKeyError::UnknownKey)
+        );
+        let s = Sge {
+            addr: va,
+            length: 8,
+            lkey,
+        };
+        assert!(matches!(
+            dev.mrs.local(pd.id(), &s, false),
+            Err(Error::InvalidLkey { .. })
+        ));
+        // An operation that resolved its memory before keeps it.
+        held.write(0, b"still here").unwrap();
+        assert_eq!(buf.to_vec(0, 10).unwrap(), b"still here");
+    }
+
+    #[test]
+    fn reg_mr_checks_access_and_pds_are_separate() {
+        let ctx = device();
+        let dev = ctx.shared().clone();
+        let (pd1, pd2) = (dev.alloc_pd(), dev.alloc_pd());
+        assert_ne!(pd1.id(), pd2.id());
+        let buf = buffer(64);
+        for bad in [AccessFlags::REMOTE_WRITE, AccessFlags::REMOTE_ATOMIC] {
+            assert!(matches!(
+                pd1.reg_mr(MemRegion::whole(buf.clone()), bad),
+                Err(Error::InvalidArgument(_))
+            ));
+        }
+        let mr = pd1
+            .reg_mr(MemRegion::whole(buf.clone()), AccessFlags::REMOTE_READ)
+            .unwrap();
+        assert_eq!(mr.access(), AccessFlags::REMOTE_READ);
+        assert_eq!((mr.addr(), mr.len()), (buf.addr(), 64));
+        let r = AccessFlags::REMOTE_READ;
+        assert!(dev.mrs.remote(pd1.id(), mr.rkey(), mr.addr(), 8, r).is_ok());
+        assert_eq!(
+            dev.mrs.remote(pd2.id(), mr.rkey(), mr.addr(), 8, r).err(),
+            Some(RemoteKeyError::OtherPd)
+        );
+        assert!(matches!(
+            dev.mrs.local(pd2.id(), &sge(&*mr, 0, 8), false),
+            Err(Error::InvalidLkey { .. })
+        ));
+    }
+
+    #[test]
+    fn create_cq_limits_and_foreign_handles() {
+        let (a, b) = (device(), device());
+        let max = a.query_device().unwrap().max_cqe;
+        assert!(matches!(
+            a.create_cq(0, None),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            a.create_cq(max + 1, None),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert_eq!(a.create_cq(max, None).unwrap().cqe(), max);
+        let cq = a.create_cq(5, None).unwrap();
+        assert_eq!(cq.cqe(), 5);
+        let other = a.create_cq(5, None).unwrap();
+        assert_ne!(cq.id(), other.id());
+        // Another device's channel and CQ are refused.
+        let bch = b.create_comp_channel().unwrap();
+        assert!(matches!(
+            a.create_cq(4, Some(bch)),
+            Err(Error::InvalidArgument(_))
+        ));
+        let bcq = b.create_cq(4, None).unwrap();
+        assert!(matches!(
+            a.shared().own_cq(&bcq),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(a.shared().own_cq(&cq).is_ok());
+        let pd = a.alloc_pd().unwrap();
+        let init = QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq: cq.clone(),
+            recv_cq: bcq,
+            srq: None,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        };
+        assert!(matches!(
+            pd.create_qp(&init),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn cq_overrun_reaches_the_context() {
+        let ctx = device();
+        assert!(!readable(ctx.async_fd()));
+        assert_eq!(ctx.get_async_event(), None);
+        let cq = ctx.shared().create_cq(1, None).unwrap();
+        assert!(cq.push(WorkCompletion::default(), false));
+        assert!(!cq.push(WorkCompletion::default(), false));
+        assert!(readable(ctx.async_fd()));
+        assert_eq!(
+            ctx.get_async_event(),
+            Some(AsyncEvent {
+                event_type: AsyncEventType::CqErr,
+                element: AsyncEventElement::Cq(remem_verbs::CompletionQueue::id(&*cq)),
+            })
+        );
+        assert!(!readable(ctx.async_fd()));
+        assert_eq!(ctx.get_async_event(), None);
+    }
+
+    #[test]
+    fn qpns_are_24_bit_from_16_and_skip_live_ones() {
+        let ctx = device();
+        let dev = ctx.shared().clone();
+        let a = dev.alloc_qpn().unwrap();
+        let b = dev.alloc_qpn().unwrap();
+        assert!((FIRST_QPN..=MAX_QPN).contains(&a));
+        assert_ne!(a, b);
+        *dev.next_qpn.lock().unwrap() = MAX_QPN;
+        assert_eq!(dev.alloc_qpn().unwrap(), MAX_QPN);
+        assert_eq!(
+            dev.alloc_qpn().unwrap(),
+            FIRST_QPN,
+            "wraps to 16, never 0 or 1"
+        );
+        // A live QP's number is skipped when the sequence comes round to it.
+        let pd = dev.alloc_pd();
+        let cq: Arc<dyn CompletionQueue> = dev.create_cq(8, None).unwrap();
+        let qp = pd
+            .create_qp(&QpInitAttr {
+                qp_type: QpType::Rc,
+                send_cq: cq.clone(),
+                recv_cq: cq,
+                srq: None,
+                cap: QpCap::default(),
+                sq_sig_all: false,
+            })
+            .unwrap();
+        let live = qp.qp_num();
+        *dev.next_qpn.lock().unwrap() = live;
+        assert_eq!(dev.alloc_qpn().unwrap(), live + 1);
+        drop(qp);
+        *dev.next_qpn.lock().unwrap() = live;
+        assert_eq!(dev.alloc_qpn().unwrap(), live, "free again once destroyed");
+    }
+
+    #[test]
+    fn address_handles_are_checked() {
+        let ctx = device();
+        let dev = ctx.shared().clone();
+        let pd = dev.alloc_pd();
+        let gids = &dev.info.gids;
+        let v2 = gids
+            .iter()
+            .position(|g| g.gid_type == GidType::RoceV2)
+            .unwrap() as u8;
+        let v1 = gids
+            .iter()
+            .position(|g| g.gid_type != GidType::RoceV2)
+            .unwrap() as u8;
+        let good = AhAttr {
+            dgid: Gid::from(Ipv4Addr::new(127, 0, 0, 2)),
+            sgid_index: v2,
+            ..AhAttr::default()
+        };
+        let ah = pd.create_ah(&good).unwrap();
+        assert_eq!(ah.attr(), &good);
+        assert!(dev.own_ah(&ah, pd.id()).is_ok());
+        assert!(
+            dev.own_ah(&ah, dev.alloc_pd().id()).is_err(),
+            "another PD's AH"
+        );
+        let bad = [
+            AhAttr {
+                port_num: 0,
+                ..good
+            },
+            AhAttr {
+                port_num: 2,
+                ..good
+            },
+            AhAttr {
+                sgid_index: v1,
+                ..good
+            },
+            AhAttr {
+                sgid_index: gids.len() as u8,
+                ..good
+            },
+            AhAttr {
+                is_global: false,
+                ..good
+            },
+            AhAttr {
+                dgid: Gid::from("::2".parse::<std::net::Ipv6Addr>().unwrap()),
+                ..good
+            },
+        ];
+        for attr in bad {
+            assert!(
+                matches!(
+                    pd.create_ah(&attr),
+                    Err(Error::InvalidAttribute {
+                        name: "ah_attr",
+                        ..
+                    })
+                ),
+                "{attr:?}"
+            );
+        }
+    }
+
+    fn recv<'a>(wr_id: u64, sg_list: &'a [Sge]) -> RecvWr<'a> {
+        RecvWr { wr_id, sg_list }
+    }
+
+    #[test]
+    fn srq_post_pop_and_errors() {
+        let ctx = device();
+        let dev = ctx.shared().clone();
+        let attr = dev.attr.clone();
+        let pd = dev.alloc_pd();
+        let too_big = [
+            SrqAttr {
+                max_wr: 0,
+                max_sge: 1,
+                srq_limit: 0,
+            },
+            SrqAttr {
+                max_wr: attr.max_srq_wr + 1,
+                max_sge: 1,
+                srq_limit: 0,
+            },
+            SrqAttr {
+                max_wr: 4,
+                max_sge: attr.max_srq_sge + 1,
+                srq_limit: 0,
+            },
+            SrqAttr {
+                max_wr: 4,
+                max_sge: 1,
+                srq_limit: 5,
+            },
+        ];
+        for a in too_big {
+            assert!(
+                matches!(pd.create_srq(a), Err(Error::InvalidArgument(_))),
+                "{a:?}"
+            );
+        }
+        let srq_attr = SrqAttr {
+            max_wr: 3,
+            max_sge: 2,
+            srq_limit: 0,
+        };
+        let srq = pd.create_srq(srq_attr).unwrap();
+        assert_eq!(srq.query().unwrap(), srq_attr);
+        let own = dev.own_srq(&srq).unwrap();
+        let buf = buffer(256);
+        let mr = pd
+            .reg_mr(MemRegion::whole(buf.clone()), AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        let ro = pd
+            .reg_mr(MemRegion::whole(buf.clone()), AccessFlags::empty())
+            .unwrap();
+        let other_pd_mr = dev
+            .alloc_pd()
+            .reg_mr(MemRegion::whole(buf.clone()), AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        let ok = [sge(&*mr, 0, 16), sge(&*mr, 16, 16)];
+        let three = [sge(&*mr, 0, 1), sge(&*mr, 1, 1), sge(&*mr, 2, 1)];
+        let ro_sge = [sge(&*ro, 0, 8)];
+        let oob = [sge(&*mr, 250, 8)];
+        let foreign = [sge(&*other_pd_mr, 0, 8)];
+        type Is = fn(&Error) -> bool;
+        let cases: [(&[Sge], Is); 4] = [
+            (&three, |e| {
+                matches!(e, Error::TooManySge { given: 3, max: 2 })
+            }),
+            (&ro_sge, |e| matches!(e, Error::LocalAccess { .. })),
+            (&oob, |e| matches!(e, Error::SgeOutOfBounds { .. })),
+            (&foreign, |e| matches!(e, Error::InvalidLkey { .. })),
+        ];
+        for (bad, is) in cases {
+            let err = srq.post_recv(&[recv(1, &ok), recv(2, bad)]).unwrap_err();
+            assert_eq!(err.index, 1, "{err}");
+            assert!(is(&err.error), "{err}");
+            // The one before the bad WR stays posted.
+            assert_eq!(own.pop().map(|w| w.wr_id), Some(1));
+        }
+        assert!(own.is_empty());
+        // Fill, overflow, then pop in order with the right memory.
+        srq.post_recv(&[recv(10, &ok), recv(11, &[]), recv(12, &ok[..1])])
+            .unwrap();
+        let PostError { index, error } = srq.post_recv(&[recv(13, &ok)]).unwrap_err();
+        assert_eq!(index, 0);
+        assert!(
+            matches!(error, Error::QueueFull { outstanding: 3 }),
+            "{error}"
+        );
+        let w = own.pop().unwrap();
+        assert_eq!((w.wr_id, w.total_len, w.sges.len()), (10, 32, 2));
+        assert_eq!(w.sges[1].addr(), buf.addr() + 16);
+        let w = own.pop().unwrap();
+        assert_eq!((w.wr_id, w.total_len), (11, 0));
+        assert_eq!(own.pop().unwrap().wr_id, 12);
+        assert!(own.pop().is_none());
+        // No limit armed: no event.
+        assert_eq!(ctx.get_async_event(), None);
+    }
+
+    #[test]
+    fn srq_limit_fires_once_when_armed() {
+        let ctx = device();
+        let dev = ctx.shared().clone();
+        let pd = dev.alloc_pd();
+        let srq = pd
+            .create_srq(SrqAttr {
+                max_wr: 8,
+                max_sge: 1,
+                srq_limit: 0,
+            })
+            .unwrap();
+        let own = dev.own_srq(&srq).unwrap();
+        let buf = buffer(64);
+        let mr = pd
+            .reg_mr(MemRegion::whole(buf), AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        let s = [sge(&*mr, 0, 8)];
+        let wrs: Vec<_> = (0..6).map(|i| recv(i, &s)).collect();
+        srq.post_recv(&wrs).unwrap();
+        assert!(matches!(srq.set_limit(9), Err(Error::InvalidArgument(_))));
+        srq.set_limit(4).unwrap();
+        assert_eq!(srq.query().unwrap().srq_limit, 4);
+        own.pop().unwrap(); // 5 left
+        own.pop().unwrap(); // 4 left: not below the limit
+        assert_eq!(ctx.get_async_event(), None);
+        own.pop().unwrap(); // 3 left: below
+        let ev = AsyncEvent {
+            event_type: AsyncEventType::SrqLimitReached,
+            element: AsyncEventElement::Srq(srq.srq_num()),
+        };
+        assert!(readable(ctx.async_fd()));
+        assert_eq!(ctx.get_async_event(), Some(ev));
+        assert_eq!(srq.query().unwrap().srq_limit, 0, "disarmed");
+        own.pop().unwrap();
+        assert_eq!(ctx.get_async_event(), None, "once per arming");
+        // Re-armed above the current count (2): the next pop fires.
+        srq.set_limit(8).unwrap();
+        assert_eq!(ctx.get_async_event(), None);
+        own.pop().unwrap();
+        assert_eq!(ctx.get_async_event(), Some(ev));
+        // A limit given at creation is armed.
+        let armed = pd
+            .create_srq(SrqAttr {
+                max_wr: 4,
+                max_sge: 1,
+                srq_limit: 1,
+            })
+            .unwrap();
+        armed.post_recv(&[recv(1, &s)]).unwrap();
+        dev.own_srq(&armed).unwrap().pop().unwrap();
+        assert_eq!(
+            ctx.get_async_event().map(|e| e.element),
+            Some(AsyncEventElement::Srq(armed.srq_num()))
+        );
+    }
+
+    #[test]
+    fn counters_are_named_and_counted() {
+        let ctx = device();
+        let names: Vec<_> = ctx.counters().iter().map(|c| c.name).collect();
+        for (_, name) in STAT_NAMES {
+            assert!(names.contains(&name), "{name}");
+        }
+        ctx.shared().count(Stat::RcvdSeqNak);
+        ctx.shared().count(Stat::RcvdSeqNak);
+        let v = |n| ctx.counters().iter().find(|c| c.name == n).unwrap().value;
+        assert_eq!(v("rcvd_seq_err"), 2);
+        assert_eq!(v("duplicate_request"), 0);
     }
 }

@@ -1,4 +1,11 @@
 //! Memory regions and the device's key table.
+//!
+//! The table maps lkeys and rkeys (two separate namespaces: an lkey used as an rkey is an
+//! unknown key) to shared [`MrEntry`]s. Lookups run once per scatter/gather entry when
+//! posting and once per request packet on the responder: they take a read lock, hash the
+//! key with one multiplication (keys come from a secret permutation, so they are already
+//! spread and a peer cannot choose them), and allocate nothing — the resulting
+//! [`MemRegion`] shares the registration's buffer.
 
 use super::DeviceShared;
 use super::keys::KeyGen;
@@ -7,7 +14,8 @@ use crate::transport::RemoteKeyError;
 use crate::wqe::PdId;
 use remem_verbs::{AccessFlags, Error, MemRegion, Result, Sge};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, RwLock};
 
 /// What the key table knows of a registration.
 #[derive(Debug)]
@@ -24,26 +32,79 @@ pub struct MrEntry {
     pub rkey: u32,
 }
 
+/// Hashes a memory key: Fibonacci hashing, which fills the high bits the table's probe
+/// tags come from.
+#[derive(Debug, Default)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u32(&mut self, k: u32) {
+        self.0 = u64::from(k).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type KeyMap = HashMap<u32, Arc<MrEntry>, BuildHasherDefault<KeyHasher>>;
+
 #[derive(Debug, Default)]
 struct Tables {
-    by_lkey: HashMap<u32, Arc<MrEntry>>,
-    by_rkey: HashMap<u32, Arc<MrEntry>>,
+    by_lkey: KeyMap,
+    by_rkey: KeyMap,
+    keys: KeyGen,
+}
+
+impl Tables {
+    /// The next key in use by no registration (keys repeat only after 2^32 have been
+    /// issued; a long-lived registration's key is then skipped, never shared).
+    fn fresh_key(&mut self) -> u32 {
+        loop {
+            let k = self.keys.next_key();
+            if !self.by_lkey.contains_key(&k) && !self.by_rkey.contains_key(&k) {
+                return k;
+            }
+        }
+    }
 }
 
 /// The memory regions of a device, by lkey and by rkey.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct MrTable {
     tables: RwLock<Tables>,
-    keys: Mutex<KeyGen>,
+    max: usize,
+}
+
+impl Default for MrTable {
+    /// A table without a registration limit.
+    fn default() -> Self {
+        Self::new(u32::MAX)
+    }
 }
 
 impl MrTable {
-    /// Registers `region` for `pd` with fresh keys.
-    pub fn insert(&self, pd: PdId, region: MemRegion, access: AccessFlags) -> Arc<MrEntry> {
-        let (lkey, rkey) = {
-            let mut k = self.keys.lock().unwrap_or_else(|p| p.into_inner());
-            (k.next_key(), k.next_key())
-        };
+    /// An empty table admitting at most `max_mr` registrations at a time.
+    pub fn new(max_mr: u32) -> Self {
+        MrTable {
+            tables: RwLock::new(Tables::default()),
+            max: max_mr as usize,
+        }
+    }
+
+    /// Registers `region` for `pd` with fresh keys; [`Error::Exhausted`] at `max_mr`
+    /// registrations.
+    pub fn insert(&self, pd: PdId, region: MemRegion, access: AccessFlags) -> Result<Arc<MrEntry>> {
+        let mut t = self.tables.write().unwrap_or_else(|p| p.into_inner());
+        if t.by_lkey.len() >= self.max {
+            return Err(Error::Exhausted("memory regions (max_mr)"));
+        }
+        let lkey = t.fresh_key();
+        let rkey = t.fresh_key();
         let e = Arc::new(MrEntry {
             pd,
             region,
@@ -51,17 +112,21 @@ impl MrTable {
             lkey,
             rkey,
         });
-        let mut t = self.tables.write().unwrap_or_else(|p| p.into_inner());
         t.by_lkey.insert(lkey, e.clone());
         t.by_rkey.insert(rkey, e.clone());
-        e
+        Ok(e)
     }
 
-    /// Removes a registration: its keys stop working at once.
-    pub fn remove(&self, e: &MrEntry) {
+    /// Removes a registration: both its keys stop working at once (for posts and for
+    /// peers). Operations already resolved keep their own [`MemRegion`]s.
+    pub fn remove(&self, e: &Arc<MrEntry>) {
         let mut t = self.tables.write().unwrap_or_else(|p| p.into_inner());
-        t.by_lkey.remove(&e.lkey);
-        t.by_rkey.remove(&e.rkey);
+        if t.by_lkey.get(&e.lkey).is_some_and(|x| Arc::ptr_eq(x, e)) {
+            t.by_lkey.remove(&e.lkey);
+        }
+        if t.by_rkey.get(&e.rkey).is_some_and(|x| Arc::ptr_eq(x, e)) {
+            t.by_rkey.remove(&e.rkey);
+        }
     }
 
     /// Number of registrations.
@@ -78,12 +143,20 @@ impl MrTable {
         self.len() == 0
     }
 
+    /// `[off, off + len)` of `region` (already checked to lie inside it).
     fn sub(region: &MemRegion, off: usize, len: u64) -> Option<MemRegion> {
         let start = region.offset() + off;
-        MemRegion::new(region.buffer().clone(), start..start + len as usize).ok()
+        MemRegion::new(
+            region.buffer().clone(),
+            start..start + usize::try_from(len).ok()?,
+        )
+        .ok()
     }
 
-    /// Resolves a remote access for the responder.
+    /// Resolves a remote access for the responder: the sub-region exactly covering
+    /// `[va, va + len)` if `rkey` names a region of `pd` granting `need` that contains it.
+    /// Checked in rxe's order: key, PD, access rights, bounds; a range wrapping past 2^64 is
+    /// out of bounds.
     pub fn remote(
         &self,
         pd: PdId,
@@ -109,6 +182,10 @@ impl MrTable {
 }
 
 impl LocalMemory for MrTable {
+    /// Resolves an `ibv_sge`: unknown lkey or a region of another PD →
+    /// [`Error::InvalidLkey`]; `need_write` without LOCAL_WRITE → [`Error::LocalAccess`];
+    /// outside the region (or wrapping past 2^64) → [`Error::SgeOutOfBounds`]. A zero-length
+    /// entry inside (or at the end of) its region is valid.
     fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> Result<MemRegion> {
         let t = self.tables.read().unwrap_or_else(|p| p.into_inner());
         let e = t
@@ -119,20 +196,16 @@ impl LocalMemory for MrTable {
         if need_write && !e.access.contains(AccessFlags::LOCAL_WRITE) {
             return Err(Error::LocalAccess { lkey: sge.lkey });
         }
-        let out = Error::SgeOutOfBounds {
-            addr: sge.addr,
-            length: sge.length,
-            lkey: sge.lkey,
-        };
-        let off = e
-            .region
-            .offset_of(sge.addr, u64::from(sge.length))
-            .map_err(|_| Error::SgeOutOfBounds {
+        let len = u64::from(sge.length);
+        e.region
+            .offset_of(sge.addr, len)
+            .ok()
+            .and_then(|off| Self::sub(&e.region, off, len))
+            .ok_or(Error::SgeOutOfBounds {
                 addr: sge.addr,
                 length: sge.length,
                 lkey: sge.lkey,
-            })?;
-        Self::sub(&e.region, off, u64::from(sge.length)).ok_or(out)
+            })
     }
 }
 
@@ -174,11 +247,13 @@ mod tests {
         let t = MrTable::default();
         let buf = Arc::new(MemoryBuffer::zeroed(4096).unwrap());
         let region = MemRegion::new(buf.clone(), 1000..2000).unwrap();
-        let e = t.insert(
-            PdId(1),
-            region.clone(),
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-        );
+        let e = t
+            .insert(
+                PdId(1),
+                region.clone(),
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            )
+            .unwrap();
         assert_ne!(e.lkey, e.rkey);
         let va = region.addr();
         let w = AccessFlags::REMOTE_WRITE;
@@ -252,11 +327,13 @@ mod tests {
     fn read_only_region_refuses_local_write() {
         let t = MrTable::default();
         let buf = Arc::new(MemoryBuffer::zeroed(64).unwrap());
-        let e = t.insert(
-            PdId(1),
-            MemRegion::whole(buf.clone()),
-            AccessFlags::REMOTE_READ,
-        );
+        let e = t
+            .insert(
+                PdId(1),
+                MemRegion::whole(buf.clone()),
+                AccessFlags::REMOTE_READ,
+            )
+            .unwrap();
         let sge = Sge {
             addr: buf.addr(),
             length: 8,
@@ -267,5 +344,147 @@ mod tests {
             Err(Error::LocalAccess { .. })
         ));
         assert!(t.local(PdId(1), &sge, false).is_ok());
+    }
+
+    fn sge(addr: u64, length: u32, lkey: u32) -> Sge {
+        Sge { addr, length, lkey }
+    }
+
+    #[test]
+    fn local_bounds_edges_and_wrap_around() {
+        let t = MrTable::default();
+        let buf = Arc::new(MemoryBuffer::zeroed(256).unwrap());
+        let region = MemRegion::new(buf.clone(), 64..192).unwrap();
+        let e = t
+            .insert(PdId(7), region.clone(), AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        let (va, k) = (region.addr(), e.lkey);
+        let whole = t.local(PdId(7), &sge(va, 128, k), true).unwrap();
+        assert_eq!((whole.addr(), whole.len()), (va, 128));
+        assert!(Arc::ptr_eq(whole.buffer(), &buf), "shares the buffer");
+        let mid = t.local(PdId(7), &sge(va + 5, 7, k), true).unwrap();
+        assert_eq!((mid.offset(), mid.len()), (64 + 5, 7));
+        let end = t.local(PdId(7), &sge(va + 128, 0, k), false).unwrap();
+        assert_eq!(end.len(), 0, "zero length at the end is inside");
+        let oob = |addr, len| {
+            matches!(
+                t.local(PdId(7), &sge(addr, len, k), false),
+                Err(Error::SgeOutOfBounds { .. })
+            )
+        };
+        assert!(oob(va + 129, 0), "zero length past the end");
+        assert!(oob(va - 1, 1), "one byte before");
+        assert!(oob(va + 127, 2), "one byte after");
+        assert!(oob(va, u32::MAX), "longer than the region");
+        assert!(oob(u64::MAX - 2, 8), "wraps past 2^64");
+        assert!(oob(u64::MAX, u32::MAX), "wraps past 2^64");
+        assert!(oob(0, 1));
+        // The lkey is not an rkey and vice versa.
+        assert!(matches!(
+            t.local(PdId(7), &sge(va, 1, e.rkey), false),
+            Err(Error::InvalidLkey { .. })
+        ));
+    }
+
+    #[test]
+    fn remote_edges_and_wrap_around() {
+        let t = MrTable::default();
+        let buf = Arc::new(MemoryBuffer::zeroed(128).unwrap());
+        let all = AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC;
+        let e = t
+            .insert(PdId(1), MemRegion::whole(buf.clone()), all)
+            .unwrap();
+        let va = buf.addr();
+        let r = AccessFlags::REMOTE_READ;
+        assert_eq!(t.remote(PdId(1), e.rkey, va, 128, r).unwrap().len(), 128);
+        assert_eq!(t.remote(PdId(1), e.rkey, va + 128, 0, r).unwrap().len(), 0);
+        let need = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+        assert!(t.remote(PdId(1), e.rkey, va + 8, 8, need).is_ok());
+        for (addr, len) in [
+            (va + 129, 0),
+            (va, 129),
+            (va + 1, u64::MAX),
+            (u64::MAX, 1),
+            (u64::MAX - 63, 128),
+            (va, u64::MAX),
+        ] {
+            assert_eq!(
+                t.remote(PdId(1), e.rkey, addr, len, r).err(),
+                Some(RemoteKeyError::OutOfBounds),
+                "[{addr:#x}, +{len})"
+            );
+        }
+    }
+
+    #[test]
+    fn keys_in_use_are_never_reissued() {
+        let t = MrTable::default();
+        let buf = Arc::new(MemoryBuffer::zeroed(64).unwrap());
+        let a = t
+            .insert(PdId(1), MemRegion::whole(buf.clone()), AccessFlags::empty())
+            .unwrap();
+        // Replay the generator as if 2^32 keys had been issued since `a`'s.
+        t.tables.write().unwrap().keys.rewind(2);
+        let b = t
+            .insert(PdId(1), MemRegion::whole(buf.clone()), AccessFlags::empty())
+            .unwrap();
+        let keys = [a.lkey, a.rkey, b.lkey, b.rkey];
+        assert!(keys.iter().all(|k| *k != 0));
+        for i in 0..4 {
+            for j in 0..i {
+                assert_ne!(keys[i], keys[j]);
+            }
+        }
+        t.remove(&b);
+        assert_eq!(t.len(), 1);
+        let s = sge(buf.addr(), 1, a.lkey);
+        assert!(t.local(PdId(1), &s, false).is_ok(), "a still registered");
+        // Removing an entry twice, or one the table no longer holds, touches nothing else.
+        t.remove(&b);
+        assert!(t.local(PdId(1), &s, false).is_ok());
+        t.remove(&a);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn max_mr_is_enforced() {
+        let t = MrTable::new(2);
+        let buf = Arc::new(MemoryBuffer::zeroed(64).unwrap());
+        let reg = || t.insert(PdId(1), MemRegion::whole(buf.clone()), AccessFlags::empty());
+        let a = reg().unwrap();
+        let _b = reg().unwrap();
+        assert!(matches!(reg(), Err(Error::Exhausted(_))));
+        t.remove(&a);
+        assert!(reg().is_ok(), "room again after a deregistration");
+    }
+
+    #[test]
+    fn lookups_spread_over_many_registrations() {
+        let t = MrTable::default();
+        let buf = Arc::new(MemoryBuffer::zeroed(64).unwrap());
+        let entries: Vec<_> = (0..2000)
+            .map(|i| {
+                t.insert(
+                    PdId(i % 3),
+                    MemRegion::whole(buf.clone()),
+                    AccessFlags::REMOTE_READ,
+                )
+                .unwrap()
+            })
+            .collect();
+        for e in &entries {
+            let got = t
+                .remote(e.pd, e.rkey, buf.addr(), 8, AccessFlags::REMOTE_READ)
+                .unwrap();
+            assert_eq!(got.len(), 8);
+            assert!(t.local(e.pd, &sge(buf.addr(), 8, e.lkey), false).is_ok());
+        }
+        for e in &entries {
+            t.remove(e);
+        }
+        assert!(t.is_empty());
     }
 }

@@ -1,11 +1,10 @@
-//! Shared receive queues and address handles.
+//! Shared receive queues.
 
 use super::DeviceShared;
 use crate::qp::{build_recv_wqe, post_each};
 use crate::wqe::{PdId, RecvWqe};
 use remem_verbs::{
-    AhAttr, AsyncEvent, AsyncEventElement, AsyncEventType, Error, PostError, RecvWr, Result,
-    SrqAttr,
+    AsyncEvent, AsyncEventElement, AsyncEventType, Error, PostError, RecvWr, Result, SrqAttr,
 };
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -28,12 +27,22 @@ pub struct SoftSrq {
 }
 
 impl SoftSrq {
+    /// An SRQ of device `dev` in `pd`, checked against `max_srq_wr` and `max_srq_sge`. The
+    /// `srq_limit` given at creation arms the limit event at once, as rxe does (rdma-core
+    /// documents it as ignored by `ibv_create_srq`).
     pub(crate) fn new(num: u32, pd: PdId, attr: SrqAttr, dev: Arc<DeviceShared>) -> Result<Self> {
-        let lim = &dev.limits;
-        if attr.max_wr == 0 || attr.max_wr > lim.max_wr || attr.max_sge > lim.max_sge {
+        let (max_wr, max_sge) = (dev.attr.max_srq_wr, dev.attr.max_srq_sge);
+        if attr.max_wr == 0 || attr.max_wr > max_wr || attr.max_sge > max_sge {
             return Err(Error::InvalidArgument(format!(
-                "SRQ of {} WRs × {} SGEs is outside the device limits",
+                "SRQ of {} WRs × {} SGEs: the device allows 1..={max_wr} WRs and up to \
+                 {max_sge} SGEs",
                 attr.max_wr, attr.max_sge
+            )));
+        }
+        if attr.srq_limit > attr.max_wr {
+            return Err(Error::InvalidArgument(format!(
+                "srq_limit {} above max_wr {}",
+                attr.srq_limit, attr.max_wr
             )));
         }
         Ok(SoftSrq {
@@ -49,8 +58,29 @@ impl SoftSrq {
         })
     }
 
-    /// Takes the oldest receive; raises `SRQ_LIMIT_REACHED` once when an armed limit is
-    /// crossed.
+    /// The protection domain its receives' memory belongs to.
+    pub fn pd(&self) -> PdId {
+        self.pd
+    }
+
+    /// Receives posted and not yet taken.
+    pub fn len(&self) -> usize {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .queue
+            .len()
+    }
+
+    /// Whether no receive is posted.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Takes the oldest receive (for the responder). If the limit is armed and fewer than
+    /// `srq_limit` receives remain afterwards, raises `SRQ_LIMIT_REACHED` once and disarms
+    /// (the limit reads 0 until armed again). As in rxe, only taking a receive fires the
+    /// event: arming a limit above the current count does not.
     pub fn pop(&self) -> Option<RecvWqe> {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let w = g.queue.pop_front()?;
@@ -84,6 +114,7 @@ impl remem_verbs::SharedReceiveQueue for SoftSrq {
         })
     }
 
+    /// Arms (or with 0 disarms) the limit event; above `max_wr` is `InvalidArgument`.
     fn set_limit(&self, srq_limit: u32) -> Result<()> {
         if srq_limit > self.max_wr {
             return Err(Error::InvalidArgument(format!(
@@ -102,17 +133,5 @@ impl remem_verbs::SharedReceiveQueue for SoftSrq {
             max_sge: self.max_sge,
             srq_limit: g.limit,
         })
-    }
-}
-
-/// An address handle (`ibv_ah`).
-#[derive(Debug)]
-pub struct SoftAh {
-    pub(crate) attr: AhAttr,
-}
-
-impl remem_verbs::AddressHandle for SoftAh {
-    fn attr(&self) -> &AhAttr {
-        &self.attr
     }
 }

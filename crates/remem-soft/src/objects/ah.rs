@@ -1,0 +1,26 @@
+//! Address handles.
+
+use crate::wqe::PdId;
+use remem_verbs::AhAttr;
+
+/// An address handle (`ibv_ah`): an address vector checked against the device's GID table
+/// when created (see `DeviceShared::check_av`).
+#[derive(Debug)]
+pub struct SoftAh {
+    pub(crate) attr: AhAttr,
+    pub(crate) pd: PdId,
+    pub(crate) device_id: u64,
+}
+
+impl SoftAh {
+    /// The protection domain it was created in.
+    pub fn pd(&self) -> PdId {
+        self.pd
+    }
+}
+
+impl remem_verbs::AddressHandle for SoftAh {
+    fn attr(&self) -> &AhAttr {
+        &self.attr
+    }
+}
