@@ -9,6 +9,7 @@ use remem_verbs::{
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Options of a soft device.
 #[derive(Debug, Clone, Default)]
@@ -20,20 +21,29 @@ pub struct SoftOptions {
     /// No progress thread: the application drives the device with
     /// [`SoftContext::progress`] (single-threaded programs, deterministic tests).
     pub inline: bool,
+    /// How long the progress thread keeps polling its socket before it sleeps
+    /// (`REMEM_SOFT_BUSY_POLL_US`, microseconds; default 0). Spinning trades a CPU for
+    /// latency: a sleeping thread needs a wake-up per packet.
+    pub busy_poll: Duration,
 }
 
 /// The environment variable that pins progress threads to a CPU.
 pub const CPU_ENV: &str = "REMEM_SOFT_CPU";
+/// The environment variable that sets [`SoftOptions::busy_poll`] (microseconds).
+pub const BUSY_POLL_ENV: &str = "REMEM_SOFT_BUSY_POLL_US";
 
 impl SoftOptions {
-    /// Options from the environment: `REMEM_PCAP`, `REMEM_SOFT_CPU`.
+    /// Options from the environment: `REMEM_PCAP`, `REMEM_SOFT_CPU`,
+    /// `REMEM_SOFT_BUSY_POLL_US`.
     pub fn from_env() -> Self {
+        fn num<T: std::str::FromStr>(name: &str) -> Option<T> {
+            std::env::var(name).ok().and_then(|s| s.trim().parse().ok())
+        }
         SoftOptions {
             pcap: std::env::var_os(crate::pcap::PCAP_ENV).map(Into::into),
-            cpu: std::env::var(CPU_ENV)
-                .ok()
-                .and_then(|s| s.trim().parse().ok()),
+            cpu: num(CPU_ENV),
             inline: false,
+            busy_poll: Duration::from_micros(num(BUSY_POLL_ENV).unwrap_or(0)),
         }
     }
 }
@@ -161,7 +171,7 @@ impl SoftContext {
     /// what can be sent, handles received packets, and if nothing happened waits up to
     /// `timeout` for a packet. Returns how many packets moved. An error for a device with a
     /// progress thread.
-    pub fn progress(&self, timeout: std::time::Duration) -> Result<usize> {
+    pub fn progress(&self, timeout: Duration) -> Result<usize> {
         self.dev.progress(timeout)
     }
 

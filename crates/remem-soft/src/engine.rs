@@ -1,26 +1,32 @@
 //! A soft device's packet engine: QP registry, dispatch of received packets, transmit
-//! scheduling, timers — and a simple progress thread over a UDP socket.
+//! scheduling, timers. It does no IO: [`Engine::on_datagram`] takes a received UDP payload,
+//! [`Engine::poll_transmit`] fills a buffer with the next packet (ICRC included),
+//! [`Engine::next_timeout`] / [`Engine::on_timeout`] drive the timers; the soft NIC driver
+//! ([`crate::driver`]) moves the datagrams.
 //!
-//! The engine is IO-free apart from [`Progress`]: [`Engine::on_datagram`] takes a received
-//! UDP payload, [`Engine::poll_transmit`] fills a buffer with the next packet (ICRC
-//! included), [`Engine::next_timeout`] / [`Engine::on_timeout`] drive the timers.
+//! ICRC and the IPv4 identification: the ICRC covers the IPv4 header's identification field,
+//! which a UDP socket neither sets nor reports. Linux gives the packets of an unconnected
+//! socket with DF set (IP_PMTUDISC_DO) identification 0, and when it splits a UDP GSO batch
+//! into segments, segment `i` gets identification `i` (both checked with tcpdump). So the
+//! driver tells [`Engine::poll_transmit`] the identification the packet will carry (its index
+//! in the GSO batch), and the ICRC a Linux rxe peer checks is right.
 //!
-//! ICRC on receive: an IPv6 packet's ICRC is always verified (every covered header field is
-//! known from the socket). For IPv4 the ICRC covers the IP identification, which a UDP
-//! socket does not report: remem senders use ID 0 (DF set, unconnected socket), so the ICRC
-//! is verified assuming ID 0; a mismatch — always the case for kernel rxe, whose IDs are
-//! unpredictable — is counted as `icrc_unverified` and the packet is accepted, relying on the
-//! UDP checksum where the sender set one.
+//! On receive, an IPv6 packet's ICRC is always verified (every covered header field is known
+//! from the socket); a mismatch drops it. An IPv4 packet is verified assuming identification
+//! 0, then its index in the GRO batch it arrived in (a remem sender's GSO segment); if neither
+//! matches — always the case for kernel rxe, whose identifications are unpredictable — it is
+//! counted as `icrc_unverified` and accepted, relying on the UDP checksum where the sender
+//! set one.
 
 use crate::qp::SoftQp;
 use crate::transport::glue;
 use remem_wire::Packet;
 use remem_wire::icrc::{self, IPV4_DF, IpFields, UdpPorts};
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Why a received datagram was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +54,10 @@ pub struct EngineStats {
     pub drop_unknown_qp: AtomicU64,
     /// IPv4 packets whose ICRC could not be checked (sender's IP ID unknown).
     pub icrc_unverified: AtomicU64,
+    /// UDP sends (each may carry a GSO batch of packets).
+    pub tx_datagrams: AtomicU64,
+    /// UDP datagrams received (each may carry a GRO batch of packets).
+    pub rx_datagrams: AtomicU64,
 }
 
 /// The packet engine of one soft device.
@@ -69,12 +79,12 @@ struct Ready {
     set: HashSet<u32>,
 }
 
-fn ip_fields(src: IpAddr, dst: IpAddr) -> IpFields {
+fn ip_fields(src: IpAddr, dst: IpAddr, id: u16) -> IpFields {
     match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => IpFields::V4 {
             src: s,
             dst: d,
-            id: 0,
+            id,
             flags_frag: IPV4_DF,
         },
         (s, d) => {
@@ -173,31 +183,40 @@ impl Engine {
             .insert(qpn);
     }
 
-    /// Handles a received UDP payload from `from` to local address `to`.
+    /// Handles a received UDP payload from `from` to local address `to`; `gro_index` is its
+    /// position in the GRO batch it arrived in (0 when it came alone).
     pub fn on_datagram(
         &self,
         now: Instant,
         from: SocketAddr,
         to: IpAddr,
         payload: &[u8],
+        gro_index: u16,
     ) -> Result<(), DropCause> {
         let count = |c: &AtomicU64| {
             c.fetch_add(1, Ordering::Relaxed);
         };
-        if let Some(p) = &self.pcap {
-            p.record(from, SocketAddr::new(to, self.local.port()), payload);
-        }
+        let to_port = SocketAddr::new(to, self.local.port());
         let Ok(pkt) = Packet::parse(payload) else {
+            self.capture(from, to_port, payload, 0);
             count(&self.stats.drop_malformed);
             return Err(DropCause::Malformed);
         };
-        let ip = ip_fields(from.ip(), to);
         let ports = UdpPorts {
             src: from.port(),
             dst: self.local.port(),
         };
-        if !icrc::verify(&ip, ports, payload) {
-            if matches!(ip, IpFields::V6 { .. }) {
+        let verify = |id| icrc::verify(&ip_fields(from.ip(), to, id), ports, payload);
+        let verified = if verify(0) {
+            Some(0)
+        } else if gro_index != 0 && verify(gro_index) {
+            Some(gro_index)
+        } else {
+            None
+        };
+        self.capture(from, to_port, payload, verified.unwrap_or(0));
+        if verified.is_none() {
+            if from.is_ipv6() || to.is_ipv6() {
                 count(&self.stats.drop_bad_icrc);
                 return Err(DropCause::BadIcrc);
             }
@@ -226,9 +245,21 @@ impl Engine {
         Ok(())
     }
 
-    /// Writes the next packet to send into `buf` (ICRC included) and returns its
-    /// destination and length.
-    pub fn poll_transmit(&self, now: Instant, buf: &mut [u8]) -> Option<(SocketAddr, usize)> {
+    fn capture(&self, src: SocketAddr, dst: SocketAddr, payload: &[u8], ip_id: u16) {
+        if let Some(p) = &self.pcap {
+            p.record(src, dst, payload, ip_id);
+        }
+    }
+
+    /// Writes the next packet to send into `buf` (ICRC included, computed for IPv4
+    /// identification `ip_id`) and returns its destination and length. The driver reports
+    /// the packet with [`Engine::transmitted`] once it is handed to the socket.
+    pub fn poll_transmit(
+        &self,
+        now: Instant,
+        buf: &mut [u8],
+        ip_id: u16,
+    ) -> Option<(SocketAddr, usize)> {
         loop {
             let qpn = {
                 let mut r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
@@ -243,29 +274,37 @@ impl Engine {
                 let h = glue::headers(tx);
                 let (hdr, total) = h.write(tx.payload_len as usize, buf).ok()?;
                 fill(&mut buf[hdr..hdr + tx.payload_len as usize]).ok()?;
-                let ip = ip_fields(self.local.ip(), dst.ip());
-                let ports = UdpPorts {
-                    src: self.local.port(),
-                    dst: dst.port(),
-                };
-                icrc::fill(&ip, ports, &mut buf[..total]).ok()?;
+                self.fill_icrc(dst, &mut buf[..total], ip_id)?;
                 Some(total)
             });
             self.mark_timed(qpn);
             match built {
                 Some(Some(len)) => {
-                    if let Some(p) = &self.pcap {
-                        p.record(self.local, dst, &buf[..len]);
-                    }
                     // It may have more: keep it in the rotation.
                     self.mark_ready(qpn);
-                    self.stats.sent_pkts.fetch_add(1, Ordering::Relaxed);
                     return Some((dst, len));
                 }
                 Some(None) => continue, // could not build (buffer too small): skip
                 None => continue,       // nothing to send now
             }
         }
+    }
+
+    /// Recomputes the ICRC of a packet from [`Engine::poll_transmit`] for another IPv4
+    /// identification (when the driver moves it to another place in a GSO batch).
+    pub fn fill_icrc(&self, dst: SocketAddr, pkt: &mut [u8], ip_id: u16) -> Option<()> {
+        let ip = ip_fields(self.local.ip(), dst.ip(), ip_id);
+        let ports = UdpPorts {
+            src: self.local.port(),
+            dst: dst.port(),
+        };
+        icrc::fill(&ip, ports, pkt).ok()
+    }
+
+    /// Counts (and captures) a packet handed to the socket with IPv4 identification `ip_id`.
+    pub fn transmitted(&self, dst: SocketAddr, pkt: &[u8], ip_id: u16) {
+        self.capture(self.local, dst, pkt, ip_id);
+        self.stats.sent_pkts.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The earliest timer deadline of any QP.
@@ -312,192 +351,10 @@ impl Engine {
     }
 }
 
-/// Largest UDP payload the progress thread handles (MTU 4096 plus headers).
-const MAX_PACKET: usize = 4096 + 128;
-
-/// A progress thread moving packets between a UDP socket and an [`Engine`].
-///
-/// It blocks in `recv` until a datagram arrives or the next timer is due; a post from
-/// another thread wakes it with a zero-length datagram to its own socket ([`Progress::wake`]),
-/// sent only while the thread is waiting.
-#[derive(Debug)]
-pub struct Progress {
-    socket: Arc<UdpSocket>,
-    waiting: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Progress {
-    /// Starts the thread for `engine` on `socket` (bound to the engine's local address),
-    /// pinned to CPU `cpu` if given.
-    pub fn start(
-        socket: UdpSocket,
-        engine: Arc<Engine>,
-        cpu: Option<usize>,
-    ) -> std::io::Result<Self> {
-        let local = socket.local_addr()?;
-        let socket = Arc::new(socket);
-        let waiting = Arc::new(AtomicBool::new(false));
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (socket, waiting, stop) = (socket.clone(), waiting.clone(), stop.clone());
-            std::thread::Builder::new()
-                .name(format!("remem-soft {local}"))
-                .spawn(move || {
-                    if let Some(cpu) = cpu {
-                        let mut set = rustix::thread::CpuSet::new();
-                        set.set(cpu);
-                        if let Err(err) = rustix::thread::sched_setaffinity(None, &set) {
-                            eprintln!(
-                                "remem-soft: cannot pin the progress thread to CPU {cpu}: {err}"
-                            );
-                        }
-                    }
-                    run(&socket, &engine, &waiting, &stop)
-                })?
-        };
-        Ok(Progress {
-            socket,
-            waiting,
-            stop,
-            thread: Some(thread),
-        })
-    }
-
-    /// The bound address.
-    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.socket.local_addr()
-    }
-
-    /// Wakes the thread if it is waiting.
-    pub fn wake(&self) {
-        if self.waiting.swap(false, Ordering::AcqRel)
-            && let Ok(me) = self.socket.local_addr()
-        {
-            let _ = self.socket.send_to(&[], me);
-        }
-    }
-}
-
-impl Drop for Progress {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        self.waiting.store(true, Ordering::Release);
-        self.wake();
-        if let Some(t) = self.thread.take() {
-            // The last handle may be dropped on the progress thread itself (while it handles
-            // a packet for a QP nobody else holds): it then ends by itself.
-            if t.thread().id() != std::thread::current().id() {
-                let _ = t.join();
-            }
-        }
-    }
-}
-
-/// Caller-driven progress for single-threaded programs and deterministic tests: no thread;
-/// [`Inline::progress`] moves packets when called.
-#[derive(Debug)]
-pub struct Inline {
-    socket: UdpSocket,
-    rx: Vec<u8>,
-    tx: Vec<u8>,
-}
-
-impl Inline {
-    /// Inline progress for `socket` (bound to the engine's local address).
-    pub fn new(socket: UdpSocket) -> std::io::Result<Self> {
-        socket.set_nonblocking(true)?;
-        Ok(Inline {
-            socket,
-            rx: vec![0u8; 65536],
-            tx: vec![0u8; MAX_PACKET],
-        })
-    }
-
-    /// Runs due timers, sends what can be sent, and handles received packets; if nothing
-    /// happened, waits up to `timeout` (bounded by the next timer) for a packet. Returns the
-    /// number of packets sent and received.
-    pub fn progress(&mut self, engine: &Engine, timeout: Duration) -> std::io::Result<usize> {
-        let mut moved = 0;
-        let local_ip = engine.local().ip();
-        let now = Instant::now();
-        engine.on_timeout(now);
-        while let Some((dst, len)) = engine.poll_transmit(now, &mut self.tx) {
-            self.socket.send_to(&self.tx[..len], dst)?;
-            moved += 1;
-        }
-        while let Ok((n, from)) = self.socket.recv_from(&mut self.rx) {
-            moved += 1;
-            let _ = engine.on_datagram(Instant::now(), from, local_ip, &self.rx[..n]);
-        }
-        if moved == 0 && !timeout.is_zero() && !engine.has_ready() {
-            let wait = engine
-                .next_timeout()
-                .map(|t| t.saturating_duration_since(Instant::now()))
-                .unwrap_or(timeout)
-                .min(timeout)
-                .max(Duration::from_micros(1));
-            self.socket.set_nonblocking(false)?;
-            self.socket.set_read_timeout(Some(wait))?;
-            let got = self.socket.recv_from(&mut self.rx);
-            self.socket.set_nonblocking(true)?;
-            if let Ok((n, from)) = got {
-                moved += 1;
-                let _ = engine.on_datagram(Instant::now(), from, local_ip, &self.rx[..n]);
-            }
-        }
-        Ok(moved)
-    }
-}
-
-fn run(socket: &UdpSocket, engine: &Engine, waiting: &AtomicBool, stop: &AtomicBool) {
-    let mut rx = vec![0u8; 65536];
-    let mut tx = vec![0u8; MAX_PACKET];
-    let local_ip = engine.local().ip();
-    while !stop.load(Ordering::Acquire) {
-        // Send everything that can go.
-        let now = Instant::now();
-        engine.on_timeout(now);
-        while let Some((dst, len)) = engine.poll_transmit(now, &mut tx) {
-            let _ = socket.send_to(&tx[..len], dst);
-        }
-        // Receive: drain what is queued without blocking, then block until the next timer.
-        let _ = socket.set_nonblocking(true);
-        let mut got_any = false;
-        while let Ok((n, from)) = socket.recv_from(&mut rx) {
-            got_any = true;
-            if n > 0 {
-                let _ = engine.on_datagram(Instant::now(), from, local_ip, &rx[..n]);
-            }
-        }
-        if got_any || engine.has_ready() {
-            continue;
-        }
-        waiting.store(true, Ordering::Release);
-        if engine.has_ready() || stop.load(Ordering::Acquire) {
-            waiting.store(false, Ordering::Release);
-            continue;
-        }
-        let timeout = engine
-            .next_timeout()
-            .map(|t| t.saturating_duration_since(Instant::now()))
-            .unwrap_or(Duration::from_millis(100))
-            .max(Duration::from_micros(1));
-        let _ = socket.set_nonblocking(false);
-        let _ = socket.set_read_timeout(Some(timeout));
-        if let Ok((n, from)) = socket.recv_from(&mut rx)
-            && n > 0
-        {
-            let _ = engine.on_datagram(Instant::now(), from, local_ip, &rx[..n]);
-        }
-        waiting.store(false, Ordering::Release);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::driver::Progress;
     use crate::qp::{LocalMemory, QpLimits, QpSurroundings, SoftQpParts};
     use crate::transport::{RemoteKeyError, Stat};
     use crate::wqe::{PdId, RecvWqe};
@@ -506,6 +363,8 @@ mod tests {
         QpState, QpType, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
         WorkCompletion,
     };
+    use std::net::UdpSocket;
+    use std::time::Duration;
 
     /// One registered buffer (lkey = rkey = 7) and a completion list.
     struct Around {
@@ -562,6 +421,8 @@ mod tests {
 
     struct Side {
         _progress: Arc<Progress>,
+        engine: Arc<Engine>,
+        offloads: (usize, usize),
         qp: Arc<SoftQp>,
         around: Arc<Around>,
         buf: Arc<MemoryBuffer>,
@@ -571,7 +432,10 @@ mod tests {
         let local: SocketAddr = format!("{ip}:{port}").parse().unwrap();
         let socket = UdpSocket::bind(local).unwrap();
         let engine = Arc::new(Engine::new(socket.local_addr().unwrap(), port));
-        let progress = Arc::new(Progress::start(socket, engine.clone(), None).unwrap());
+        let nic = crate::driver::Nic::new(socket).unwrap();
+        let offloads = (nic.max_gso_segments(), nic.gro_segments());
+        let progress =
+            Arc::new(Progress::start(nic, engine.clone(), None, Duration::ZERO).unwrap());
         let buf = Arc::new(MemoryBuffer::zeroed(1 << 20).unwrap());
         let around = Arc::new(Around {
             region: MemRegion::whole(buf.clone()),
@@ -619,6 +483,8 @@ mod tests {
         engine.register(&qp);
         Side {
             _progress: progress,
+            engine,
+            offloads,
             qp,
             around,
             buf,
@@ -748,5 +614,51 @@ mod tests {
         assert_eq!(a.buf.to_vec(50_000, 10_000).unwrap(), data);
         assert_eq!(a.buf.load_u64(80_000).unwrap(), 37);
         assert_eq!(b.buf.load_u64(300_000).unwrap(), 42);
+    }
+
+    #[test]
+    fn batches_carry_verifiable_icrcs() {
+        let port = 4792;
+        let a = side("127.0.1.3", port, 0x103);
+        let b = side("127.0.1.4", port, 0x204);
+        connect(&a, "127.0.1.4", 0x204);
+        connect(&b, "127.0.1.3", 0x103);
+        // 300 kB in 1 KiB packets: the requester has a window of packets ready at once.
+        let len = 300_000;
+        let data: Vec<u8> = (0..len).map(|i| (i * 13 + 5) as u8).collect();
+        a.buf.write(0, &data).unwrap();
+        let write = SendOp::RdmaWrite {
+            remote_addr: b.buf.addr() + 400_000,
+            rkey: 7,
+        };
+        let sge = Sge {
+            addr: a.buf.addr(),
+            length: len as u32,
+            lkey: 7,
+        };
+        a.qp.post_send(&[SendWr::new(1, write, &[sge])]).unwrap();
+        let wcs = wait_wcs(&a, 1);
+        assert_eq!(wcs[0].status, WcStatus::Success);
+        assert_eq!(b.buf.to_vec(400_000, len).unwrap(), data);
+        let get = |s: &Side, f: fn(&EngineStats) -> &AtomicU64| {
+            f(&s.engine.stats).load(Ordering::Relaxed)
+        };
+        for s in [&a, &b] {
+            // Every packet's ICRC verified: with identification 0, or its GRO index.
+            assert_eq!(get(s, |e| &e.icrc_unverified), 0);
+            assert_eq!(get(s, |e| &e.drop_bad_icrc), 0);
+        }
+        let (sent, sends) = (get(&a, |e| &e.sent_pkts), get(&a, |e| &e.tx_datagrams));
+        assert!(sent >= (len / 1024) as u64, "sent {sent}");
+        if a.offloads.0 > 1 {
+            assert!(sends < sent / 2, "GSO: {sends} sends for {sent} packets");
+        }
+        let (rcvd, recvs) = (get(&b, |e| &e.rcvd_pkts), get(&b, |e| &e.rx_datagrams));
+        if a.offloads.0 > 1 && b.offloads.1 > 1 {
+            assert!(
+                recvs < rcvd / 2,
+                "GRO: {recvs} datagrams for {rcvd} packets"
+            );
+        }
     }
 }

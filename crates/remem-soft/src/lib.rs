@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 mod context;
+pub mod driver;
 pub mod engine;
 mod netdev;
 pub mod objects;

@@ -61,8 +61,9 @@ impl PcapWriter {
         Ok(w)
     }
 
-    /// Records one UDP datagram from `src` to `dst`.
-    pub fn record(&self, src: SocketAddr, dst: SocketAddr, udp_payload: &[u8]) {
+    /// Records one UDP datagram from `src` to `dst`, in an IPv4 packet with identification
+    /// `ip_id` (the one its ICRC was computed for).
+    pub fn record(&self, src: SocketAddr, dst: SocketAddr, udp_payload: &[u8], ip_id: u16) {
         let mut frame = Vec::with_capacity(14 + 40 + 8 + udp_payload.len());
         frame.extend_from_slice(&mac(dst.ip()));
         frame.extend_from_slice(&mac(src.ip()));
@@ -73,7 +74,7 @@ impl PcapWriter {
                 frame.extend_from_slice(&remem_wire::icrc::ipv4_header(
                     s,
                     d,
-                    0,
+                    ip_id,
                     remem_wire::icrc::IPV4_DF,
                     64,
                     0,

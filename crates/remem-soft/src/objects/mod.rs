@@ -8,7 +8,8 @@ pub mod keys;
 pub mod mr;
 pub mod srq;
 
-use crate::engine::{Engine, Inline, Progress};
+use crate::driver::{Inline, Nic, Progress};
+use crate::engine::Engine;
 use crate::qp::{LocalMemory, QpLimits, QpSurroundings, SoftQp, SoftQpParts};
 use crate::transport::{RemoteKeyError, Stat};
 use crate::wqe::{PdId, RecvWqe};
@@ -94,24 +95,21 @@ impl DeviceShared {
             Error::DeviceUnavailable(format!("{}: cannot bind UDP {addr}: {e}", info.name))
         })?;
         let local = socket.local_addr()?;
-        if local.is_ipv4() {
-            // DF set and, on an unconnected socket, IP identification 0 — the ICRC covers the
-            // identification, so it must be known when the ICRC is computed (see engine docs).
-            rustix::net::sockopt::set_ip_mtu_discover(
-                &socket,
-                rustix::net::sockopt::Ipv4PathMtuDiscovery::DO,
-            )
-            .map_err(std::io::Error::from)?;
-        }
+        let nic = Nic::new(socket)?;
         let pcap = match &opts.pcap {
             Some(path) => Some(crate::pcap::PcapWriter::open(path)?),
             None => None,
         };
         let engine = Arc::new(Engine::with_pcap(local, local.port(), pcap));
         let driver = if opts.inline {
-            Driver::Inline(Mutex::new(Inline::new(socket)?))
+            Driver::Inline(Mutex::new(Inline::new(nic)))
         } else {
-            Driver::Thread(Progress::start(socket, engine.clone(), opts.cpu)?)
+            Driver::Thread(Progress::start(
+                nic,
+                engine.clone(),
+                opts.cpu,
+                opts.busy_poll,
+            )?)
         };
         let limits = QpLimits {
             max_wr: attr.max_qp_wr,
@@ -186,6 +184,8 @@ impl DeviceShared {
             counter("drop_bad_icrc", &e.drop_bad_icrc),
             counter("drop_unknown_qp", &e.drop_unknown_qp),
             counter("icrc_unverified", &e.icrc_unverified),
+            counter("tx_datagrams", &e.tx_datagrams),
+            counter("rx_datagrams", &e.rx_datagrams),
         ]);
         out
     }
@@ -203,7 +203,7 @@ impl DeviceShared {
             Driver::Inline(i) => Ok(i
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .progress(&self.engine, timeout)?),
+                .progress(&self.engine, timeout)),
             Driver::Thread(_) => Err(Error::InvalidArgument(
                 "progress() drives inline devices; this one has a progress thread".into(),
             )),

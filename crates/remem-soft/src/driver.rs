@@ -1,0 +1,375 @@
+//! The soft NIC driver: moves datagrams between a UDP socket and an [`Engine`].
+//!
+//! Packets go out in UDP GSO batches where the kernel offers GSO (one `sendmsg` carries up to
+//! 64 packets of one size to one destination; the kernel, or the NIC, cuts them apart) and
+//! come in through `recvmmsg` with UDP GRO (one receive returns up to 16 datagrams, each of
+//! which may hold many coalesced packets). The socket work is done by `quinn-udp`, which
+//! falls back to one datagram per call where GSO or GRO is missing.
+//!
+//! A [`Nic`] is driven either by a [`Progress`] thread or, in inline mode, by the caller
+//! ([`Inline`]).
+
+use crate::engine::Engine;
+use quinn_udp::{RecvMeta, Transmit, UdpSockRef, UdpSocketState};
+use std::io::{self, IoSliceMut};
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Largest packet the engine builds (MTU 4096 plus headers).
+const MAX_PACKET: usize = 4096 + 128;
+/// Payload bytes of one GSO batch: below IPv4's 65,507-byte UDP payload limit.
+const TX_BATCH_BYTES: usize = 65_000;
+/// Datagrams per `recvmmsg`.
+const RX_BATCH: usize = if quinn_udp::BATCH_SIZE < 16 {
+    quinn_udp::BATCH_SIZE
+} else {
+    16
+};
+/// One receive buffer: a whole GRO batch (at most 64 KiB of UDP payload).
+const RX_BUF: usize = 1 << 16;
+/// Socket buffer size asked for (the kernel caps it at `net.core.[rw]mem_max`).
+const SOCKET_BUFFER: usize = 4 << 20;
+
+/// Packets waiting to leave in one GSO send: all to one destination, all of one size but
+/// the last, which may be shorter.
+#[derive(Debug)]
+struct TxBatch {
+    buf: Vec<u8>,
+    len: usize,
+    segment: usize,
+    count: usize,
+    dst: SocketAddr,
+    /// The last packet was shorter than `segment`: nothing more may join.
+    closed: bool,
+}
+
+/// A UDP socket set up for RoCEv2 and the buffers to drive it.
+#[derive(Debug)]
+pub struct Nic {
+    socket: Arc<UdpSocket>,
+    state: UdpSocketState,
+    rx: Vec<u8>,
+    meta: Vec<RecvMeta>,
+    tx: TxBatch,
+}
+
+impl Nic {
+    /// Sets `socket` up: non-blocking, GRO on, larger buffers, and for IPv4 DF with
+    /// IP_PMTUDISC_DO so that packets carry identification 0 (see [`crate::engine`]).
+    pub fn new(socket: UdpSocket) -> io::Result<Self> {
+        let state = UdpSocketState::new(UdpSockRef::from(&socket))?;
+        let local = socket.local_addr()?;
+        if local.is_ipv4() {
+            rustix::net::sockopt::set_ip_mtu_discover(
+                &socket,
+                rustix::net::sockopt::Ipv4PathMtuDiscovery::DO,
+            )?;
+        }
+        // Best effort: a larger receive buffer absorbs bursts, the kernel may cap it.
+        let _ = state.set_recv_buffer_size(UdpSockRef::from(&socket), SOCKET_BUFFER);
+        let _ = state.set_send_buffer_size(UdpSockRef::from(&socket), SOCKET_BUFFER);
+        Ok(Nic {
+            socket: Arc::new(socket),
+            state,
+            rx: vec![0; RX_BATCH * RX_BUF],
+            meta: vec![RecvMeta::default(); RX_BATCH],
+            tx: TxBatch {
+                buf: vec![0; TX_BATCH_BYTES],
+                len: 0,
+                segment: 0,
+                count: 0,
+                dst: local,
+                closed: false,
+            },
+        })
+    }
+
+    /// How many packets one send may carry (1 without GSO).
+    pub fn max_gso_segments(&self) -> usize {
+        self.state.max_gso_segments()
+    }
+
+    /// How many packets one receive may return per datagram (1 without GRO).
+    pub fn gro_segments(&self) -> usize {
+        self.state.gro_segments()
+    }
+
+    /// Runs due timers, sends everything that can be sent and handles what has arrived,
+    /// without blocking. Returns how many packets and datagrams moved.
+    pub fn pump(&mut self, engine: &Engine) -> usize {
+        let now = Instant::now();
+        engine.on_timeout(now);
+        self.transmit(engine, now) + self.receive(engine)
+    }
+
+    /// Waits until the socket is readable or `timeout` has passed.
+    pub fn wait(&self, timeout: Duration) {
+        let ts = rustix::time::Timespec {
+            tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        let mut fds = [rustix::event::PollFd::new(
+            &*self.socket,
+            rustix::event::PollFlags::IN,
+        )];
+        // An error (EINTR) just ends the wait early.
+        let _ = rustix::event::poll(&mut fds, Some(&ts));
+    }
+
+    fn transmit(&mut self, engine: &Engine, now: Instant) -> usize {
+        let max_segments = self.state.max_gso_segments().clamp(1, 64);
+        let mut sent = 0;
+        loop {
+            let b = &self.tx;
+            if b.count > 0
+                && (b.count >= max_segments || b.closed || b.len + MAX_PACKET > b.buf.len())
+            {
+                self.flush(engine, self.tx.len);
+            }
+            let b = &mut self.tx;
+            let start = b.len;
+            let id = b.count as u16;
+            let Some((dst, len)) =
+                engine.poll_transmit(now, &mut b.buf[start..start + MAX_PACKET], id)
+            else {
+                break;
+            };
+            sent += 1;
+            if b.count > 0 && (dst != b.dst || len > b.segment) {
+                // It cannot join this batch: send the batch, and start the next with it
+                // (at index 0, so with another ICRC).
+                self.flush(engine, start);
+                let b = &mut self.tx;
+                b.buf.copy_within(start..start + len, 0);
+                if engine.fill_icrc(dst, &mut b.buf[..len], 0).is_none() {
+                    continue;
+                }
+            }
+            let b = &mut self.tx;
+            if b.count == 0 {
+                b.dst = dst;
+                b.segment = len;
+            }
+            b.closed = len < b.segment;
+            b.count += 1;
+            b.len += len;
+        }
+        if self.tx.count > 0 {
+            self.flush(engine, self.tx.len);
+        }
+        sent
+    }
+
+    /// Sends the batch in `tx.buf[..end]` and empties it.
+    fn flush(&mut self, engine: &Engine, end: usize) {
+        let b = &mut self.tx;
+        let contents = &b.buf[..end];
+        let transmit = Transmit {
+            destination: b.dst,
+            ecn: None,
+            contents,
+            segment_size: (b.count > 1).then_some(b.segment),
+            src_ip: None,
+        };
+        let sock = UdpSockRef::from(&*self.socket);
+        let mut result = self.state.try_send(sock, &transmit);
+        for _ in 0..3 {
+            match &result {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let mut fds = [rustix::event::PollFd::new(
+                        &*self.socket,
+                        rustix::event::PollFlags::OUT,
+                    )];
+                    let ts = rustix::time::Timespec {
+                        tv_sec: 0,
+                        tv_nsec: 1_000_000,
+                    };
+                    let _ = rustix::event::poll(&mut fds, Some(&ts));
+                    result = self
+                        .state
+                        .try_send(UdpSockRef::from(&*self.socket), &transmit);
+                }
+                _ => break,
+            }
+        }
+        engine.stats.tx_datagrams.fetch_add(1, Ordering::Relaxed);
+        // A packet the socket refused is lost on the wire as far as the transport knows:
+        // RC retransmits it, UD is unreliable anyway.
+        for (i, pkt) in contents.chunks(b.segment.max(1)).enumerate() {
+            engine.transmitted(b.dst, pkt, i as u16);
+        }
+        b.len = 0;
+        b.count = 0;
+        b.closed = false;
+    }
+
+    fn receive(&mut self, engine: &Engine) -> usize {
+        let local_ip = engine.local().ip();
+        let mut moved = 0;
+        loop {
+            let mut chunks = self.rx.chunks_mut(RX_BUF);
+            let mut bufs: [IoSliceMut<'_>; RX_BATCH] =
+                std::array::from_fn(|_| IoSliceMut::new(chunks.next().unwrap_or_default()));
+            let n =
+                match self
+                    .state
+                    .recv(UdpSockRef::from(&*self.socket), &mut bufs, &mut self.meta)
+                {
+                    Ok(n) => n,
+                    Err(_) => return moved, // WouldBlock, or an ICMP error with nothing to do
+                };
+            let now = Instant::now();
+            for (meta, buf) in self.meta[..n].iter().zip(&bufs) {
+                moved += 1;
+                if meta.len > 0 {
+                    // (zero-length datagrams are wake-ups)
+                    engine.stats.rx_datagrams.fetch_add(1, Ordering::Relaxed);
+                }
+                let to = meta.dst_ip.unwrap_or(local_ip);
+                let stride = meta.stride.max(1);
+                for (i, pkt) in buf[..meta.len].chunks(stride).enumerate() {
+                    let _ = engine.on_datagram(now, meta.addr, to, pkt, i as u16);
+                }
+            }
+        }
+    }
+}
+
+/// A progress thread driving a [`Nic`] for an [`Engine`].
+///
+/// It sleeps in `poll` until a datagram arrives or the next timer is due (after spinning for
+/// `busy_poll`, if set); a post from another thread wakes it with a zero-length datagram to
+/// its own socket ([`Progress::wake`]), sent only while the thread is waiting.
+#[derive(Debug)]
+pub struct Progress {
+    socket: Arc<UdpSocket>,
+    waiting: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Progress {
+    /// Starts the thread for `engine` on `nic`, pinned to CPU `cpu` if given, spinning for
+    /// `busy_poll` before it sleeps.
+    pub fn start(
+        mut nic: Nic,
+        engine: Arc<Engine>,
+        cpu: Option<usize>,
+        busy_poll: Duration,
+    ) -> io::Result<Self> {
+        let socket = nic.socket.clone();
+        let local = socket.local_addr()?;
+        let waiting = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (waiting, stop) = (waiting.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name(format!("remem-soft {local}"))
+                .spawn(move || {
+                    if let Some(cpu) = cpu {
+                        let mut set = rustix::thread::CpuSet::new();
+                        set.set(cpu);
+                        if let Err(err) = rustix::thread::sched_setaffinity(None, &set) {
+                            eprintln!(
+                                "remem-soft: cannot pin the progress thread to CPU {cpu}: {err}"
+                            );
+                        }
+                    }
+                    run(&mut nic, &engine, &waiting, &stop, busy_poll)
+                })?
+        };
+        Ok(Progress {
+            socket,
+            waiting,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Wakes the thread if it is waiting.
+    pub fn wake(&self) {
+        if self.waiting.swap(false, Ordering::AcqRel)
+            && let Ok(me) = self.socket.local_addr()
+        {
+            let _ = self.socket.send_to(&[], me);
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.waiting.store(true, Ordering::Release);
+        self.wake();
+        if let Some(t) = self.thread.take() {
+            // The last handle may be dropped on the progress thread itself (while it handles
+            // a packet for a QP nobody else holds): it then ends by itself.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+fn run(nic: &mut Nic, engine: &Engine, waiting: &AtomicBool, stop: &AtomicBool, spin: Duration) {
+    while !stop.load(Ordering::Acquire) {
+        if nic.pump(engine) > 0 || engine.has_ready() {
+            continue;
+        }
+        if !spin.is_zero() {
+            let until = Instant::now() + spin;
+            let mut moved = 0;
+            while moved == 0 && Instant::now() < until && !stop.load(Ordering::Acquire) {
+                moved = nic.pump(engine);
+                std::hint::spin_loop();
+            }
+            if moved > 0 {
+                continue;
+            }
+        }
+        waiting.store(true, Ordering::Release);
+        if engine.has_ready() || stop.load(Ordering::Acquire) {
+            waiting.store(false, Ordering::Release);
+            continue;
+        }
+        nic.wait(time_to_next_timer(engine, Duration::from_millis(100)));
+        waiting.store(false, Ordering::Release);
+    }
+}
+
+fn time_to_next_timer(engine: &Engine, at_most: Duration) -> Duration {
+    engine
+        .next_timeout()
+        .map(|t| t.saturating_duration_since(Instant::now()))
+        .unwrap_or(at_most)
+        .min(at_most)
+        .max(Duration::from_micros(1))
+}
+
+/// Caller-driven progress for single-threaded programs and deterministic tests: no thread;
+/// [`Inline::progress`] moves packets when called.
+#[derive(Debug)]
+pub struct Inline {
+    nic: Nic,
+}
+
+impl Inline {
+    /// Inline progress over `nic`.
+    pub fn new(nic: Nic) -> Self {
+        Inline { nic }
+    }
+
+    /// Runs due timers, sends what can be sent, and handles received packets; if nothing
+    /// happened, waits up to `timeout` (bounded by the next timer) for a packet and handles
+    /// it. Returns the number of packets sent and datagrams received.
+    pub fn progress(&mut self, engine: &Engine, timeout: Duration) -> usize {
+        let moved = self.nic.pump(engine);
+        if moved > 0 || timeout.is_zero() || engine.has_ready() {
+            return moved;
+        }
+        self.nic.wait(time_to_next_timer(engine, timeout));
+        self.nic.pump(engine)
+    }
+}
