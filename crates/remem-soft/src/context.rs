@@ -221,7 +221,7 @@ impl Context for SoftContext {
     }
 
     fn alloc_pd(&self) -> Result<Arc<dyn ProtectionDomain>> {
-        Ok(self.dev.alloc_pd())
+        Ok(self.dev.alloc_pd()?)
     }
 
     fn create_comp_channel(&self) -> Result<Arc<dyn CompletionChannel>> {

@@ -138,14 +138,6 @@ impl Engine {
             .insert(qpn, Arc::downgrade(qp));
     }
 
-    /// Forgets a QP (destroyed).
-    pub fn unregister(&self, qpn: u32) {
-        self.qps
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&qpn);
-    }
-
     /// Whether a live QP has this number.
     pub fn has_qp(&self, qpn: u32) -> bool {
         self.qp(qpn).is_some()
@@ -161,7 +153,11 @@ impl Engine {
         match found {
             Some(Some(qp)) => Some(qp),
             Some(None) => {
-                self.unregister(qpn);
+                // Forget the dead entry, unless a new QP took the number meanwhile.
+                let mut qps = self.qps.write().unwrap_or_else(|p| p.into_inner());
+                if qps.get(&qpn).is_some_and(|w| w.strong_count() == 0) {
+                    qps.remove(&qpn);
+                }
                 None
             }
             None => None,

@@ -175,6 +175,17 @@ pub trait LocalMemory {
     /// The region exactly covering `sge` if its lkey names a memory region of `pd` that
     /// contains it (and grants LOCAL_WRITE when `need_write`).
     fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> Result<MemRegion>;
+
+    /// The address vector of a UD work request's address handle, which must belong to
+    /// `pd` (IBTA) and to this device.
+    fn address(
+        &self,
+        pd: PdId,
+        ah: &std::sync::Arc<dyn remem_verbs::AddressHandle>,
+    ) -> Result<remem_verbs::AhAttr> {
+        let _ = pd;
+        Ok(*ah.attr())
+    }
 }
 
 /// Validates one send work request and turns it into a WQE.
@@ -264,7 +275,7 @@ pub fn build_send_wqe(
             ));
         }
         (QpType::Ud, Some(d)) => Some(crate::wqe::UdTarget {
-            av: *d.ah.attr(),
+            av: mem.address(pd, &d.ah)?,
             remote_qpn: d.remote_qpn,
             remote_qkey: d.remote_qkey,
         }),

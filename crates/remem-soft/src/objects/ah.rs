@@ -10,6 +10,7 @@ pub struct SoftAh {
     pub(crate) attr: AhAttr,
     pub(crate) pd: PdId,
     pub(crate) device_id: u64,
+    pub(crate) _slot: super::quota::Slot,
 }
 
 impl SoftAh {

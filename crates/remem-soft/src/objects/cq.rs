@@ -48,6 +48,7 @@ pub struct SoftCq {
     lost: AtomicU64,
     notified: AtomicU64,
     acked: AtomicU64,
+    slot: Option<super::quota::Slot>,
 }
 
 impl SoftCq {
@@ -72,7 +73,14 @@ impl SoftCq {
             lost: AtomicU64::new(0),
             notified: AtomicU64::new(0),
             acked: AtomicU64::new(0),
+            slot: None,
         }
+    }
+
+    /// The CQ, holding `slot` of its device's CQ quota while it lives.
+    pub(crate) fn with_slot(mut self, slot: super::quota::Slot) -> Self {
+        self.slot = Some(slot);
+        self
     }
 
     /// Adds a completion; `solicited` is the SE bit of a receive completion's last packet

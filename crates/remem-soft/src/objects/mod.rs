@@ -6,6 +6,7 @@ pub mod cq;
 pub mod events;
 pub mod keys;
 pub mod mr;
+pub mod quota;
 pub mod srq;
 
 use crate::driver::{Inline, Nic, Progress};
@@ -76,6 +77,8 @@ pub struct DeviceShared {
     pub events: Arc<AsyncEvents>,
     /// The packet engine.
     pub engine: Arc<Engine>,
+    /// Object limits.
+    pub quotas: quota::Quotas,
     driver: Driver,
     stats: [AtomicU64; STAT_NAMES.len()],
     next_qpn: Mutex<u32>,
@@ -121,6 +124,7 @@ impl DeviceShared {
             max_msg: u64::from(port.max_msg_sz),
         };
         let max_mr = attr.max_mr;
+        let quotas = quota::Quotas::new(&attr);
         Ok(Arc::new(DeviceShared {
             id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed),
             info,
@@ -130,6 +134,7 @@ impl DeviceShared {
             mrs: MrTable::new(max_mr),
             events: Arc::new(AsyncEvents::new()?),
             engine,
+            quotas,
             driver,
             stats: Default::default(),
             next_qpn: Mutex::new(FIRST_QPN + rand::random::<u32>() % 0x1000),
@@ -302,13 +307,17 @@ impl DeviceShared {
                 Some(ch)
             }
         };
-        Ok(Arc::new(SoftCq::new(
-            remem_verbs::CqId(self.next_id()),
-            cqe,
-            channel,
-            self.events.clone(),
-            self.id,
-        )))
+        let slot = self.quotas.cq.take()?;
+        Ok(Arc::new(
+            SoftCq::new(
+                remem_verbs::CqId(self.next_id()),
+                cqe,
+                channel,
+                self.events.clone(),
+                self.id,
+            )
+            .with_slot(slot),
+        ))
     }
 
     /// Creates a completion channel.
@@ -316,12 +325,13 @@ impl DeviceShared {
         Ok(Arc::new(SoftCompChannel::new(self.id)?))
     }
 
-    /// Allocates a PD.
-    pub fn alloc_pd(self: &Arc<Self>) -> Arc<SoftPd> {
-        Arc::new(SoftPd {
+    /// Allocates a PD (at most `max_pd` live).
+    pub fn alloc_pd(self: &Arc<Self>) -> Result<Arc<SoftPd>> {
+        Ok(Arc::new(SoftPd {
+            _slot: self.quotas.pd.take()?,
             id: PdId(self.next_id()),
             dev: self.clone(),
-        })
+        }))
     }
 }
 
@@ -329,10 +339,15 @@ impl LocalMemory for DeviceShared {
     fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> Result<MemRegion> {
         self.mrs.local(pd, sge, need_write)
     }
+
+    fn address(&self, pd: PdId, ah: &Arc<dyn AddressHandle>) -> Result<AhAttr> {
+        Ok(*self.own_ah(ah, pd)?.attr())
+    }
 }
 
 /// The surroundings of one QP's transport.
 struct QpAround {
+    _slot: quota::Slot,
     dev: Arc<DeviceShared>,
     send_cq: Arc<SoftCq>,
     recv_cq: Arc<SoftCq>,
@@ -377,6 +392,7 @@ impl QpSurroundings for QpAround {
 pub struct SoftPd {
     id: PdId,
     dev: Arc<DeviceShared>,
+    _slot: quota::Slot,
 }
 
 impl SoftPd {
@@ -412,6 +428,7 @@ impl ProtectionDomain for SoftPd {
     fn create_qp(&self, init: &QpInitAttr) -> Result<Arc<dyn QueuePair>> {
         let dev = &self.dev;
         let around = Arc::new(QpAround {
+            _slot: dev.quotas.qp.take()?,
             dev: dev.clone(),
             send_cq: dev.own_cq(&init.send_cq)?,
             recv_cq: dev.own_cq(&init.recv_cq)?,
@@ -442,17 +459,16 @@ impl ProtectionDomain for SoftPd {
 
     fn create_srq(&self, attr: SrqAttr) -> Result<Arc<dyn SharedReceiveQueue>> {
         let num = self.dev.next_id();
-        Ok(Arc::new(SoftSrq::new(
-            num,
-            self.id,
-            attr,
-            self.dev.clone(),
-        )?))
+        let slot = self.dev.quotas.srq.take()?;
+        Ok(Arc::new(
+            SoftSrq::new(num, self.id, attr, self.dev.clone())?.with_slot(slot),
+        ))
     }
 
     fn create_ah(&self, attr: &AhAttr) -> Result<Arc<dyn AddressHandle>> {
         self.dev.check_av(attr)?;
         Ok(Arc::new(SoftAh {
+            _slot: self.dev.quotas.ah.take()?,
             attr: *attr,
             pd: self.id,
             device_id: self.dev.id,
@@ -496,7 +512,7 @@ mod tests {
     fn dereg_revokes_both_keys_at_once() {
         let ctx = device();
         let dev = ctx.shared().clone();
-        let pd = dev.alloc_pd();
+        let pd = dev.alloc_pd().unwrap();
         let buf = buffer(4096);
         let rw = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
         let mr = pd.reg_mr(MemRegion::whole(buf.clone()), rw).unwrap();
@@ -535,7 +551,7 @@ mod tests {
     fn reg_mr_checks_access_and_pds_are_separate() {
         let ctx = device();
         let dev = ctx.shared().clone();
-        let (pd1, pd2) = (dev.alloc_pd(), dev.alloc_pd());
+        let (pd1, pd2) = (dev.alloc_pd().unwrap(), dev.alloc_pd().unwrap());
         assert_ne!(pd1.id(), pd2.id());
         let buf = buffer(64);
         for bad in [AccessFlags::REMOTE_WRITE, AccessFlags::REMOTE_ATOMIC] {
@@ -641,7 +657,7 @@ mod tests {
             "wraps to 16, never 0 or 1"
         );
         // A live QP's number is skipped when the sequence comes round to it.
-        let pd = dev.alloc_pd();
+        let pd = dev.alloc_pd().unwrap();
         let cq: Arc<dyn CompletionQueue> = dev.create_cq(8, None).unwrap();
         let qp = pd
             .create_qp(&QpInitAttr {
@@ -662,10 +678,75 @@ mod tests {
     }
 
     #[test]
+    fn object_limits_are_enforced() {
+        let ctx = device();
+        let d = ctx.shared();
+        let attr = remem_verbs::DeviceAttr {
+            max_pd: 1,
+            max_cq: 1,
+            max_qp: 1,
+            max_srq: 1,
+            max_ah: 1,
+            ..d.attr.clone()
+        };
+        let opts = SoftOptions {
+            inline: true,
+            ..SoftOptions::default()
+        };
+        let addr = "127.0.0.1:0".parse().unwrap();
+        let dev = DeviceShared::open(d.info.clone(), attr, d.port.clone(), addr, &opts).unwrap();
+        let exhausted = |r: Result<()>| matches!(r, Err(Error::Exhausted(_)));
+        let pd = dev.alloc_pd().unwrap();
+        assert!(exhausted(dev.alloc_pd().map(drop)));
+        let cq: Arc<dyn CompletionQueue> = dev.create_cq(4, None).unwrap();
+        assert!(exhausted(dev.create_cq(4, None).map(drop)));
+        let init = QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            srq: None,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        };
+        let qp = pd.create_qp(&init).unwrap();
+        assert!(exhausted(pd.create_qp(&init).map(drop)));
+        let srq_attr = SrqAttr {
+            max_wr: 4,
+            max_sge: 1,
+            srq_limit: 0,
+        };
+        let srq = pd.create_srq(srq_attr).unwrap();
+        assert!(exhausted(pd.create_srq(srq_attr).map(drop)));
+        let v2 = dev
+            .info
+            .gids
+            .iter()
+            .position(|g| g.gid_type == GidType::RoceV2)
+            .unwrap() as u8;
+        let av = AhAttr {
+            dgid: Gid::from(Ipv4Addr::new(127, 0, 0, 2)),
+            sgid_index: v2,
+            ..AhAttr::default()
+        };
+        let ah = pd.create_ah(&av).unwrap();
+        assert!(exhausted(pd.create_ah(&av).map(drop)));
+        // Destroying an object frees its slot.
+        drop((qp, srq, ah));
+        assert!(pd.create_qp(&init).is_ok());
+        assert!(pd.create_srq(srq_attr).is_ok());
+        assert!(pd.create_ah(&av).is_ok());
+        drop(cq);
+        drop(init);
+        assert!(dev.create_cq(4, None).is_ok());
+        drop(pd);
+        assert!(dev.alloc_pd().is_ok());
+    }
+
+    #[test]
     fn address_handles_are_checked() {
         let ctx = device();
         let dev = ctx.shared().clone();
-        let pd = dev.alloc_pd();
+        let pd = dev.alloc_pd().unwrap();
         let gids = &dev.info.gids;
         let v2 = gids
             .iter()
@@ -683,10 +764,43 @@ mod tests {
         let ah = pd.create_ah(&good).unwrap();
         assert_eq!(ah.attr(), &good);
         assert!(dev.own_ah(&ah, pd.id()).is_ok());
-        assert!(
-            dev.own_ah(&ah, dev.alloc_pd().id()).is_err(),
-            "another PD's AH"
-        );
+        let other_pd = dev.alloc_pd().unwrap();
+        assert!(dev.own_ah(&ah, other_pd.id()).is_err(), "another PD's AH");
+        // A UD send must name an AH of the QP's own PD.
+        let cq: Arc<dyn CompletionQueue> = dev.create_cq(8, None).unwrap();
+        let qp = pd
+            .create_qp(&QpInitAttr {
+                qp_type: QpType::Ud,
+                send_cq: cq.clone(),
+                recv_cq: cq,
+                srq: None,
+                cap: QpCap::default(),
+                sq_sig_all: false,
+            })
+            .unwrap();
+        use remem_verbs::{QpAttr, QpAttrMask as M, QpState, SendOp, SendWr, UdDest};
+        let mut attr = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qkey: 0x11,
+            ..QpAttr::default()
+        };
+        qp.modify(&attr, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
+            .unwrap();
+        attr.qp_state = QpState::Rtr;
+        qp.modify(&attr, M::STATE).unwrap();
+        attr.qp_state = QpState::Rts;
+        qp.modify(&attr, M::STATE | M::SQ_PSN).unwrap();
+        let foreign = other_pd.create_ah(&good).unwrap();
+        for (ah, ok) in [(ah.clone(), true), (foreign, false)] {
+            let mut wr = SendWr::new(1, SendOp::Send, &[]);
+            wr.ud = Some(UdDest {
+                ah,
+                remote_qpn: 0x22,
+                remote_qkey: 0x11,
+            });
+            assert_eq!(qp.post_send(&[wr]).is_ok(), ok);
+        }
         let bad = [
             AhAttr {
                 port_num: 0,
@@ -736,7 +850,7 @@ mod tests {
         let ctx = device();
         let dev = ctx.shared().clone();
         let attr = dev.attr.clone();
-        let pd = dev.alloc_pd();
+        let pd = dev.alloc_pd().unwrap();
         let too_big = [
             SrqAttr {
                 max_wr: 0,
@@ -782,6 +896,7 @@ mod tests {
             .unwrap();
         let other_pd_mr = dev
             .alloc_pd()
+            .unwrap()
             .reg_mr(MemRegion::whole(buf.clone()), AccessFlags::LOCAL_WRITE)
             .unwrap();
         let ok = [sge(&*mr, 0, 16), sge(&*mr, 16, 16)];
@@ -830,7 +945,7 @@ mod tests {
     fn srq_limit_fires_once_when_armed() {
         let ctx = device();
         let dev = ctx.shared().clone();
-        let pd = dev.alloc_pd();
+        let pd = dev.alloc_pd().unwrap();
         let srq = pd
             .create_srq(SrqAttr {
                 max_wr: 8,

@@ -24,6 +24,7 @@ pub struct SoftSrq {
     max_sge: u32,
     inner: Mutex<Inner>,
     pub(crate) dev: Arc<DeviceShared>,
+    slot: Option<super::quota::Slot>,
 }
 
 impl SoftSrq {
@@ -55,7 +56,14 @@ impl SoftSrq {
                 limit: attr.srq_limit,
             }),
             dev,
+            slot: None,
         })
+    }
+
+    /// The SRQ, holding `slot` of its device's SRQ quota while it lives.
+    pub(crate) fn with_slot(mut self, slot: super::quota::Slot) -> Self {
+        self.slot = Some(slot);
+        self
     }
 
     /// The protection domain its receives' memory belongs to.
