@@ -20,12 +20,24 @@
 //! println!("{} active MTU {}", ctx.info().name, port.active_mtu);
 //! ```
 
-#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub use remem_verbs as verbs;
+mod conn;
+mod error;
+mod mr;
+mod rdma;
+mod sys;
 
-use remem_verbs::{Context, DeviceInfo, Error, Provider, Result};
+pub use conn::{Connection, ENDPOINT_INFO_LEN, EndpointInfo, Message, PreparedConnection};
+pub use error::Error;
+pub use mr::{Local, LocalMr, LocalMrMut, LocalMrRef, LocalMut, RemoteMr};
+pub use rdma::{Listener, Polling, Rdma, RdmaBuilder};
+pub use remem_verbs as verbs;
+pub use remem_verbs::{AccessFlags, MemoryBuffer};
+
+use remem_verbs::{Context, DeviceInfo, Provider};
+
+type VResult<T> = std::result::Result<T, remem_verbs::Error>;
 use std::sync::Arc;
 
 /// The environment variable that names the device [`open_device`] opens by default.
@@ -37,7 +49,7 @@ pub fn providers() -> Vec<Box<dyn Provider>> {
 }
 
 /// The devices every provider can open, in order of preference.
-pub fn devices() -> Result<Vec<DeviceInfo>> {
+pub fn devices() -> VResult<Vec<DeviceInfo>> {
     let mut all = Vec::new();
     for p in providers() {
         all.extend(p.devices()?);
@@ -48,24 +60,26 @@ pub fn devices() -> Result<Vec<DeviceInfo>> {
 /// Opens a device: the one named, else the one `REMEM_DEVICE` names, else the first
 /// device of [`devices`]. A name may also be one a provider opens without listing it, such
 /// as `soft@127.0.0.2:4791`.
-pub fn open_device(name: Option<&str>) -> Result<Arc<dyn Context>> {
+pub fn open_device(name: Option<&str>) -> VResult<Arc<dyn Context>> {
     let env = std::env::var(DEVICE_ENV).ok().filter(|s| !s.is_empty());
     let wanted = name.map(str::to_string).or(env);
     if let Some(w) = &wanted {
         for p in providers() {
             match p.open(w) {
-                Err(Error::NoSuchDevice(_)) => continue,
+                Err(remem_verbs::Error::NoSuchDevice(_)) => continue,
                 other => return other,
             }
         }
-        return Err(Error::NoSuchDevice(w.clone()));
+        return Err(remem_verbs::Error::NoSuchDevice(w.clone()));
     }
     for p in providers() {
         if let Some(d) = p.devices()?.first() {
             return p.open(&d.name);
         }
     }
-    Err(Error::NoSuchDevice("(no RDMA device found)".to_string()))
+    Err(remem_verbs::Error::NoSuchDevice(
+        "(no RDMA device found)".to_string(),
+    ))
 }
 
 #[cfg(test)]
@@ -79,7 +93,7 @@ mod tests {
         assert!(devices().unwrap().iter().any(|d| d.name == "soft-lo"));
         assert!(matches!(
             open_device(Some("no-such-dev")),
-            Err(Error::NoSuchDevice(n)) if n == "no-such-dev"
+            Err(remem_verbs::Error::NoSuchDevice(n)) if n == "no-such-dev"
         ));
     }
 }

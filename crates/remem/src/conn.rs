@@ -1,0 +1,1128 @@
+//! Connections: an RC queue pair, its completion dispatcher, and the message layer.
+//!
+//! # Completions
+//!
+//! Every operation posts one signaled work request with a fresh `wr_id` and waits for the
+//! completion the dispatcher routes to it. The dispatcher runs as configured by
+//! [`Polling`]: a tokio task sleeping on the completion channel ([`Polling::Event`]), the
+//! same task spinning for a while after each completion before it sleeps again
+//! ([`Polling::Adaptive`]), a thread that polls without sleeping ([`Polling::Busy`]), or
+//! nothing at all: the application calls [`Connection::poll_completions`]
+//! ([`Polling::Manual`]).
+//!
+//! # Cancellation
+//!
+//! Dropping an operation's future after its work request was posted does not cancel the
+//! work request (verbs cannot): the dispatcher keeps the memory regions involved alive
+//! until the completion arrives, so no memory the NIC may touch is freed or reused.
+//!
+//! # Messages and credits
+//!
+//! SEND and WRITE_WITH_IMM consume a receive at the peer. Each side posts `recv_depth`
+//! receive buffers (plus two spares for credit and close messages) and tells the peer in
+//! the handshake; a sender spends a credit per message and waits when it has none, so a
+//! fast sender never meets an empty receive queue. A credit returns to the sender when the
+//! receiving application takes the message ([`Connection::receive`] and friends): credits
+//! ride in the header of every message, or in a credit message of their own when a quarter
+//! of the window is owed and nothing else is going that way. Receive buffers are reposted
+//! as soon as their data is copied out.
+
+use crate::error::{Error, Result};
+use crate::mr::{Local, LocalMr, LocalMut, RemoteMr, Span, register};
+use crate::rdma::{Polling, Rdma};
+use remem_verbs::{
+    AccessFlags, AhAttr, CompletionChannel, CompletionQueue, Gid, MemoryBuffer, Mtu, QpAttr,
+    QpAttrMask, QpInitAttr, QpState, QpType, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode,
+    WcStatus, WorkCompletion,
+};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
+
+/// Bytes of the header in front of every message.
+const HDR: usize = 8;
+/// Receive buffers beyond the credits: one for a credit message, one for close.
+const SPARE: u32 = 2;
+/// `wr_id`s of receive buffers carry this bit; the rest is the buffer's index.
+const RECV_TAG: u64 = 1 << 63;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Kind {
+    Data = 1,
+    Credit = 2,
+    MrToken = 3,
+    Close = 4,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::Data,
+            2 => Kind::Credit,
+            3 => Kind::MrToken,
+            4 => Kind::Close,
+            _ => return None,
+        })
+    }
+}
+
+/// What a connection's endpoint tells its peer: enough to connect an RC queue pair, and
+/// the message layer's limits. Exchanged by [`Rdma::connect`] / [`crate::Listener::accept`]
+/// over TCP, or by the application some other way ([`PreparedConnection`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointInfo {
+    /// QP number.
+    pub qpn: u32,
+    /// First packet sequence number the endpoint sends.
+    pub psn: u32,
+    /// GID (RoCE v2: the IP address).
+    pub gid: Gid,
+    /// Path MTU the endpoint can do.
+    pub mtu: Mtu,
+    /// Messages the endpoint can take before it returns credits.
+    pub recv_credits: u32,
+    /// Largest message it receives.
+    pub max_message: u32,
+}
+
+/// Magic and version of the endpoint exchange.
+const MAGIC: &[u8; 6] = b"REMEM\0";
+const VERSION: u16 = 1;
+/// Bytes of an encoded [`EndpointInfo`].
+pub const ENDPOINT_INFO_LEN: usize = 44;
+
+impl EndpointInfo {
+    /// Encodes it (magic, version, fields; big-endian).
+    pub fn to_bytes(&self) -> [u8; ENDPOINT_INFO_LEN] {
+        let mut b = [0u8; ENDPOINT_INFO_LEN];
+        b[..6].copy_from_slice(MAGIC);
+        b[6..8].copy_from_slice(&VERSION.to_be_bytes());
+        b[8..12].copy_from_slice(&self.qpn.to_be_bytes());
+        b[12..16].copy_from_slice(&self.psn.to_be_bytes());
+        b[16..32].copy_from_slice(self.gid.raw());
+        b[32..36].copy_from_slice(&self.mtu.bytes().to_be_bytes());
+        b[36..40].copy_from_slice(&self.recv_credits.to_be_bytes());
+        b[40..44].copy_from_slice(&self.max_message.to_be_bytes());
+        b
+    }
+
+    /// Decodes what [`EndpointInfo::to_bytes`] wrote; another magic, version or a bad
+    /// field is a [`Error::Handshake`].
+    pub fn from_bytes(b: &[u8]) -> Result<Self> {
+        let bad = |what: &str| Error::Handshake(what.to_string());
+        if b.len() != ENDPOINT_INFO_LEN || &b[..6] != MAGIC {
+            return Err(bad("not a remem endpoint"));
+        }
+        let u32_at = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let version = u16::from_be_bytes([b[6], b[7]]);
+        if version != VERSION {
+            return Err(Error::Handshake(format!(
+                "peer speaks version {version}, this is version {VERSION}"
+            )));
+        }
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&b[16..32]);
+        Ok(EndpointInfo {
+            qpn: u32_at(8) & 0x00ff_ffff,
+            psn: u32_at(12) & 0x00ff_ffff,
+            gid: Gid(gid),
+            mtu: Mtu::from_bytes(u32_at(32)).ok_or_else(|| bad("bad MTU"))?,
+            recv_credits: u32_at(36),
+            max_message: u32_at(40),
+        })
+    }
+}
+
+/// A connection's queue pair before it is connected: its [`EndpointInfo`] goes to the peer
+/// by whatever means the application likes, and [`PreparedConnection::connect`] takes the
+/// peer's. (The peer's receive buffers must be posted before anything is sent: connect
+/// both sides, then let them talk.)
+#[derive(Debug)]
+pub struct PreparedConnection {
+    shared: Arc<ConnShared>,
+    info: EndpointInfo,
+}
+
+impl PreparedConnection {
+    /// What to tell the peer.
+    pub fn local_info(&self) -> EndpointInfo {
+        self.info
+    }
+
+    /// Connects to the peer described by `remote`: the QP goes through RTR to RTS.
+    pub fn connect(self, remote: EndpointInfo) -> Result<Connection> {
+        self.shared.bring_up(&self.info, &remote)?;
+        self.shared
+            .credits
+            .add_permits(remote.recv_credits.min(Semaphore::MAX_PERMITS as u32) as usize);
+        self.shared
+            .peer_max_message
+            .store(remote.max_message, Ordering::Relaxed);
+        let shared = self.shared;
+        start_dispatcher(&shared)?;
+        tracing::debug!(qpn = shared.qp.qp_num(), peer_qpn = remote.qpn, "connected");
+        Ok(Connection { shared })
+    }
+}
+
+/// One in-flight work request.
+struct Pending {
+    /// The waiting future, if it still waits.
+    tx: Option<oneshot::Sender<WorkCompletion>>,
+    /// What must outlive the work request: its memory and its send-queue slot.
+    _keep: Keep,
+    /// A credit message: the next one may go once it completes.
+    credit_msg: bool,
+}
+
+struct Keep {
+    _spans: Vec<Span>,
+    _sq: Option<OwnedSemaphorePermit>,
+    _slot: Option<SlotGuard>,
+}
+
+/// A message received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// Its bytes.
+    pub data: Vec<u8>,
+    /// The immediate data, for SEND_WITH_IMM.
+    pub imm: Option<u32>,
+}
+
+struct Inbox<T> {
+    queue: Mutex<VecDeque<T>>,
+    notify: Notify,
+}
+
+impl<T> Inbox<T> {
+    fn new() -> Self {
+        Inbox {
+            queue: Mutex::new(VecDeque::new()),
+            notify: Notify::new(),
+        }
+    }
+
+    fn push(&self, item: T) {
+        lock(&self.queue).push_back(item);
+        self.notify.notify_waiters();
+        self.notify.notify_one();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Small registered slots (8 bytes): message headers and atomic results.
+struct Slots {
+    mr: LocalMr,
+    free: Mutex<Vec<u32>>,
+}
+
+struct SlotGuard {
+    slots: Weak<Slots>,
+    index: u32,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        if let Some(s) = self.slots.upgrade() {
+            lock(&s.free).push(self.index);
+        }
+    }
+}
+
+impl Slots {
+    fn take(self: &Arc<Self>) -> Option<(SlotGuard, Span)> {
+        let index = lock(&self.free).pop()?;
+        let span = Span {
+            inner: self.mr.inner.clone(),
+            offset: index as usize * 8,
+            len: 8,
+        };
+        Some((
+            SlotGuard {
+                slots: Arc::downgrade(self),
+                index,
+            },
+            span,
+        ))
+    }
+}
+
+/// What a connection's parts share with its dispatcher.
+pub(crate) struct ConnShared {
+    qp: Arc<dyn QueuePair>,
+    cq: Arc<dyn CompletionQueue>,
+    channel: Option<Arc<dyn CompletionChannel>>,
+    rdma: Rdma,
+    pending: Mutex<HashMap<u64, Pending>>,
+    next_wr: AtomicU64,
+    /// Why the connection closed, once it has.
+    closed: Mutex<Option<String>>,
+    is_closed: AtomicBool,
+    shutdown: Notify,
+    /// Bounds work requests in flight to the send queue's depth.
+    sq: Arc<Semaphore>,
+    slots: Arc<Slots>,
+    // Message layer.
+    recv_mr: LocalMr,
+    recv_slot: usize,
+    peer_max_message: AtomicU32,
+    credits: Semaphore,
+    owed: AtomicU32,
+    credit_window: u32,
+    credit_msg_busy: AtomicBool,
+    messages: Inbox<Message>,
+    write_imms: Inbox<u32>,
+    tokens: Inbox<RemoteMr>,
+}
+
+impl std::fmt::Debug for ConnShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnShared")
+            .field("qpn", &self.qp.qp_num())
+            .field("closed", &*lock(&self.closed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A reliable connection to a peer: one-sided reads, writes and atomics on the peer's
+/// memory, and two-sided messages.
+///
+/// Operations are `async fn`s taking `&self`: many tasks may use one connection at once.
+/// Dropping the connection closes it (see [`Connection::close`]).
+#[derive(Debug)]
+pub struct Connection {
+    shared: Arc<ConnShared>,
+}
+
+impl Rdma {
+    /// Creates a queue pair, its completion queue and receive buffers, ready to be
+    /// connected to a peer with the [`EndpointInfo`] it returns.
+    pub fn prepare(&self) -> Result<PreparedConnection> {
+        let cfg = self.config();
+        let ctx = self.context();
+        let channel = match cfg.polling {
+            Polling::Event | Polling::Adaptive { .. } => Some(ctx.create_comp_channel()?),
+            Polling::Busy | Polling::Manual => None,
+        };
+        let depth = cfg.recv_depth + SPARE;
+        let cap = remem_verbs::QpCap {
+            max_recv_wr: cfg.cap.max_recv_wr.max(depth),
+            max_send_sge: cfg.cap.max_send_sge.max(2),
+            ..cfg.cap
+        };
+        let cq = ctx.create_cq(
+            cfg.cq_size.max(cap.max_send_wr + cap.max_recv_wr),
+            channel.clone(),
+        )?;
+        let qp = self.pd().create_qp(&QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            srq: None,
+            cap,
+            sq_sig_all: false,
+        })?;
+        let recv_slot = HDR + cfg.max_message;
+        let recv_mr = register(
+            self.pd(),
+            MemoryBuffer::zeroed(recv_slot * depth as usize)?,
+            AccessFlags::LOCAL_WRITE,
+        )?;
+        let nslots = cap.max_send_wr;
+        let slots = Arc::new(Slots {
+            mr: register(
+                self.pd(),
+                MemoryBuffer::zeroed(8 * nslots as usize)?,
+                AccessFlags::LOCAL_WRITE,
+            )?,
+            free: Mutex::new((0..nslots).rev().collect()),
+        });
+        let psn = rand_psn();
+        let shared = Arc::new(ConnShared {
+            qp,
+            cq,
+            channel,
+            rdma: self.clone(),
+            pending: Mutex::new(HashMap::new()),
+            next_wr: AtomicU64::new(1),
+            closed: Mutex::new(None),
+            is_closed: AtomicBool::new(false),
+            shutdown: Notify::new(),
+            sq: Arc::new(Semaphore::new(cap.max_send_wr as usize)),
+            slots,
+            recv_mr,
+            recv_slot,
+            peer_max_message: AtomicU32::new(0),
+            credits: Semaphore::new(0),
+            owed: AtomicU32::new(0),
+            credit_window: cfg.recv_depth,
+            credit_msg_busy: AtomicBool::new(false),
+            messages: Inbox::new(),
+            write_imms: Inbox::new(),
+            tokens: Inbox::new(),
+        });
+        shared.to_init()?;
+        for i in 0..depth {
+            shared.post_recv(i)?;
+        }
+        let info = EndpointInfo {
+            qpn: shared.qp.qp_num(),
+            psn,
+            gid: self.gid(),
+            mtu: self.mtu(),
+            recv_credits: cfg.recv_depth,
+            max_message: cfg.max_message as u32,
+        };
+        Ok(PreparedConnection { shared, info })
+    }
+
+    /// Connects to a remem listener at `addr`: endpoint information goes both ways over
+    /// TCP, both queue pairs are brought to RTS, and the connection is usable as soon as
+    /// this returns.
+    pub async fn connect(&self, addr: impl tokio::net::ToSocketAddrs) -> Result<Connection> {
+        let stream = TcpStream::connect(addr).await?;
+        self.handshake(stream).await
+    }
+
+    pub(crate) async fn handshake(&self, mut stream: TcpStream) -> Result<Connection> {
+        let timeout = self.config().handshake_timeout;
+        let prepared = self.prepare()?;
+        let exchange = async {
+            stream.set_nodelay(true)?;
+            stream.write_all(&prepared.local_info().to_bytes()).await?;
+            let mut buf = [0u8; ENDPOINT_INFO_LEN];
+            stream.read_exact(&mut buf).await?;
+            let remote = EndpointInfo::from_bytes(&buf)?;
+            let conn = prepared.connect(remote)?;
+            // Both QPs are past RTR (their receives posted) once both have said so.
+            stream.write_all(b"R").await?;
+            let mut ready = [0u8; 1];
+            stream.read_exact(&mut ready).await?;
+            if ready != *b"R" {
+                return Err(Error::Handshake("peer did not confirm".into()));
+            }
+            Ok(conn)
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout("connection handshake")),
+        }
+    }
+}
+
+fn rand_psn() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (t.subsec_nanos() ^ (t.as_secs() as u32).rotate_left(7)) & 0x00ff_ffff
+}
+
+impl ConnShared {
+    fn to_init(&self) -> Result<()> {
+        use QpAttrMask as M;
+        let cfg = self.rdma.config();
+        let attr = QpAttr {
+            qp_state: QpState::Init,
+            port_num: cfg.port,
+            qp_access_flags: cfg.access & AccessFlags::REMOTE,
+            ..QpAttr::default()
+        };
+        self.qp
+            .modify(&attr, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)?;
+        Ok(())
+    }
+
+    fn bring_up(&self, local: &EndpointInfo, remote: &EndpointInfo) -> Result<()> {
+        use QpAttrMask as M;
+        let cfg = self.rdma.config();
+        let mut attr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: local.mtu.min(remote.mtu),
+            dest_qp_num: remote.qpn,
+            rq_psn: remote.psn,
+            max_dest_rd_atomic: cfg.max_rd_atomic,
+            min_rnr_timer: cfg.min_rnr_timer,
+            ah_attr: AhAttr {
+                dgid: remote.gid,
+                sgid_index: self.rdma.gid_index(),
+                hop_limit: 64,
+                is_global: true,
+                port_num: cfg.port,
+                ..AhAttr::default()
+            },
+            ..QpAttr::default()
+        };
+        self.qp.modify(
+            &attr,
+            M::STATE
+                | M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER,
+        )?;
+        attr.qp_state = QpState::Rts;
+        attr.sq_psn = local.psn;
+        attr.timeout = cfg.timeout;
+        attr.retry_cnt = cfg.retry_cnt;
+        attr.rnr_retry = cfg.rnr_retry;
+        attr.max_rd_atomic = cfg.max_rd_atomic;
+        self.qp.modify(
+            &attr,
+            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+        )?;
+        Ok(())
+    }
+
+    fn post_recv(&self, index: u32) -> Result<()> {
+        let sge = Sge {
+            addr: self.recv_mr.addr() + (index as usize * self.recv_slot) as u64,
+            length: self.recv_slot as u32,
+            lkey: self.recv_mr.lkey(),
+        };
+        self.qp
+            .post_recv(&[RecvWr {
+                wr_id: RECV_TAG | u64::from(index),
+                sg_list: &[sge],
+            }])
+            .map_err(|e| Error::Verbs(e.error))
+    }
+
+    fn closed_error(&self) -> Error {
+        Error::Closed(lock(&self.closed).clone())
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.is_closed.load(Ordering::Acquire) {
+            return Err(self.closed_error());
+        }
+        Ok(())
+    }
+
+    /// Marks the connection closed and moves the QP to ERR: every work request in flight
+    /// completes with a flush error, and every waiter learns why.
+    fn mark_closed(&self, reason: String) {
+        {
+            let mut c = lock(&self.closed);
+            if c.is_some() {
+                return;
+            }
+            tracing::debug!(qpn = self.qp.qp_num(), %reason, "connection closed");
+            *c = Some(reason);
+        }
+        self.is_closed.store(true, Ordering::Release);
+        let err = QpAttr {
+            qp_state: QpState::Err,
+            ..QpAttr::default()
+        };
+        let _ = self.qp.modify(&err, QpAttrMask::STATE);
+        self.sq.close();
+        self.credits.close();
+        for n in [
+            &self.messages.notify,
+            &self.write_imms.notify,
+            &self.tokens.notify,
+        ] {
+            n.notify_waiters();
+        }
+    }
+
+    /// Polls the CQ until it is empty; returns how many completions it handled.
+    fn poll_cq(self: &Arc<Self>) -> usize {
+        let per_poll = self.rdma.config().cqe_per_poll.max(1);
+        let mut wcs = vec![WorkCompletion::default(); per_poll];
+        let mut total = 0;
+        loop {
+            let n = match self.cq.poll(&mut wcs) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.mark_closed(format!("completion queue failed: {e}"));
+                    return total;
+                }
+            };
+            for wc in &wcs[..n] {
+                self.on_completion(wc);
+            }
+            total += n;
+            if n < wcs.len() {
+                return total;
+            }
+        }
+    }
+
+    fn on_completion(self: &Arc<Self>, wc: &WorkCompletion) {
+        if wc.wr_id & RECV_TAG != 0 {
+            return self.on_receive(wc, (wc.wr_id & !RECV_TAG) as u32);
+        }
+        let Some(p) = lock(&self.pending).remove(&wc.wr_id) else {
+            return;
+        };
+        if p.credit_msg {
+            self.credit_msg_busy.store(false, Ordering::Release);
+            self.maybe_return_credits();
+        }
+        if wc.status != WcStatus::Success && wc.status != WcStatus::WrFlushErr {
+            self.mark_closed(format!("{:?} failed with {}", wc.opcode, wc.status));
+        }
+        if let Some(tx) = p.tx {
+            let _ = tx.send(*wc);
+        }
+    }
+
+    fn on_receive(self: &Arc<Self>, wc: &WorkCompletion, index: u32) {
+        if wc.status != WcStatus::Success {
+            if wc.status != WcStatus::WrFlushErr {
+                self.mark_closed(format!("receive failed with {}", wc.status));
+            }
+            return;
+        }
+        if wc.opcode == WcOpcode::RecvRdmaWithImm {
+            self.write_imms.push(wc.imm_data);
+            let _ = self.post_recv(index);
+            return;
+        }
+        let base = index as usize * self.recv_slot;
+        let len = wc.byte_len as usize;
+        let mut hdr = [0u8; HDR];
+        if len < HDR || self.recv_mr.read(base, &mut hdr).is_err() {
+            self.mark_closed("peer sent a message without a header".into());
+            return;
+        }
+        let credits = u16::from_be_bytes([hdr[2], hdr[3]]);
+        if credits > 0 {
+            self.credits.add_permits(usize::from(credits));
+        }
+        let imm = (hdr[1] & 1 != 0).then(|| u32::from_be_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]));
+        let mut data = vec![0u8; len - HDR];
+        let _ = self.recv_mr.read(base + HDR, &mut data);
+        let _ = self.post_recv(index);
+        match Kind::from_u8(hdr[0]) {
+            Some(Kind::Data) => self.messages.push(Message { data, imm }),
+            Some(Kind::Credit) => {}
+            Some(Kind::MrToken) => match RemoteMr::from_bytes(&data) {
+                Some(t) => self.tokens.push(t),
+                None => self.mark_closed("peer sent a malformed memory region token".into()),
+            },
+            Some(Kind::Close) => self.mark_closed("closed by the peer".into()),
+            None => self.mark_closed(format!("peer sent an unknown message kind {}", hdr[0])),
+        }
+    }
+
+    /// The application took a message: its credit is owed to the peer.
+    fn consumed(self: &Arc<Self>) {
+        self.owed.fetch_add(1, Ordering::AcqRel);
+        self.maybe_return_credits();
+    }
+
+    /// Sends a credit message when a quarter of the window is owed and none is in flight.
+    fn maybe_return_credits(self: &Arc<Self>) {
+        let owed = self.owed.load(Ordering::Acquire);
+        if owed < (self.credit_window / 4).max(1)
+            || self.is_closed.load(Ordering::Acquire)
+            || self.credit_msg_busy.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        if self.post_control(Kind::Credit, &[]).is_err() {
+            self.credit_msg_busy.store(false, Ordering::Release);
+        }
+    }
+
+    /// Posts a message that needs no credit (it lands in a spare buffer) and no waiter.
+    fn post_control(self: &Arc<Self>, kind: Kind, payload: &[u8]) -> Result<()> {
+        let Ok(permit) = self.sq.clone().try_acquire_owned() else {
+            return Err(self.closed_error());
+        };
+        let Some((slot, hspan)) = self.slots.take() else {
+            return Err(self.closed_error());
+        };
+        let credits = self.take_owed();
+        self.slots
+            .mr
+            .write(hspan.offset, &header(kind, credits, None))?;
+        debug_assert!(payload.is_empty(), "control payloads are not used yet");
+        let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
+        let sges = [hspan.sge()];
+        lock(&self.pending).insert(
+            wr_id,
+            Pending {
+                tx: None,
+                _keep: Keep {
+                    _spans: vec![hspan],
+                    _sq: Some(permit),
+                    _slot: Some(slot),
+                },
+                credit_msg: kind == Kind::Credit,
+            },
+        );
+        if let Err(e) = self
+            .qp
+            .post_send(&[SendWr::new(wr_id, SendOp::Send, &sges)])
+        {
+            lock(&self.pending).remove(&wr_id);
+            self.owed.fetch_add(u32::from(credits), Ordering::AcqRel);
+            return Err(Error::Verbs(e.error));
+        }
+        Ok(())
+    }
+
+    fn take_owed(&self) -> u16 {
+        let mut cur = self.owed.load(Ordering::Acquire);
+        loop {
+            let take = cur.min(u32::from(u16::MAX));
+            match self
+                .owed
+                .compare_exchange(cur, cur - take, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return take as u16,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Posts one signaled work request and waits for its completion.
+    async fn execute(
+        self: &Arc<Self>,
+        op: SendOp,
+        spans: Vec<Span>,
+        slot: Option<SlotGuard>,
+        needs_credit: bool,
+        header_at: Option<(usize, Kind, Option<u32>)>,
+    ) -> Result<WorkCompletion> {
+        self.check_open()?;
+        let permit = self
+            .sq
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| self.closed_error())?;
+        if needs_credit {
+            self.credits
+                .acquire()
+                .await
+                .map_err(|_| self.closed_error())?
+                .forget();
+        }
+        // From here to the post nothing awaits: a dropped future cannot lose the credit.
+        let mut credits = 0;
+        if let Some((offset, kind, imm)) = header_at {
+            credits = self.take_owed();
+            self.slots.mr.write(offset, &header(kind, credits, imm))?;
+        }
+        let sges: Vec<Sge> = spans.iter().map(Span::sge).collect();
+        let (tx, rx) = oneshot::channel();
+        let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
+        lock(&self.pending).insert(
+            wr_id,
+            Pending {
+                tx: Some(tx),
+                _keep: Keep {
+                    _spans: spans,
+                    _sq: Some(permit),
+                    _slot: slot,
+                },
+                credit_msg: false,
+            },
+        );
+        if let Err(e) = self.qp.post_send(&[SendWr::new(wr_id, op, &sges)]) {
+            lock(&self.pending).remove(&wr_id);
+            self.owed.fetch_add(u32::from(credits), Ordering::AcqRel);
+            if needs_credit {
+                self.credits.add_permits(1);
+            }
+            return Err(Error::Verbs(e.error));
+        }
+        let wc = rx.await.map_err(|_| self.closed_error())?;
+        match wc.status {
+            WcStatus::Success => Ok(wc),
+            WcStatus::WrFlushErr if self.is_closed.load(Ordering::Acquire) => {
+                Err(self.closed_error())
+            }
+            status => Err(Error::Completion {
+                op: wc.opcode,
+                status,
+                vendor_err: wc.vendor_err,
+            }),
+        }
+    }
+
+    async fn take<T>(self: &Arc<Self>, inbox: &Inbox<T>) -> Result<T> {
+        loop {
+            let notified = inbox.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(item) = lock(&inbox.queue).pop_front() {
+                self.consumed();
+                return Ok(item);
+            }
+            self.check_open()?;
+            notified.await;
+        }
+    }
+}
+
+fn header(kind: Kind, credits: u16, imm: Option<u32>) -> [u8; HDR] {
+    let mut h = [0u8; HDR];
+    h[0] = kind as u8;
+    h[1] = u8::from(imm.is_some());
+    h[2..4].copy_from_slice(&credits.to_be_bytes());
+    h[4..].copy_from_slice(&imm.unwrap_or(0).to_be_bytes());
+    h
+}
+
+fn check_remote(local: usize, remote: &RemoteMr) -> Result<()> {
+    if local as u64 != remote.len {
+        return Err(Error::LengthMismatch {
+            local: local as u64,
+            remote: remote.len,
+        });
+    }
+    if local > 1 << 31 {
+        return Err(Error::InvalidArgument(format!(
+            "{local} bytes exceed the 2^31-byte limit of one RDMA operation"
+        )));
+    }
+    Ok(())
+}
+
+fn check_atomic(remote: &RemoteMr) -> Result<()> {
+    if remote.len != 8 || remote.addr % 8 != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "atomics act on 8 aligned bytes, not {} bytes at {:#x}",
+            remote.len, remote.addr
+        )));
+    }
+    Ok(())
+}
+
+impl Connection {
+    /// Writes `src` into the peer's `dst` (RDMA WRITE); lengths must match.
+    pub async fn write(&self, src: &impl Local, dst: &RemoteMr) -> Result<()> {
+        let span = src.span();
+        check_remote(span.len, dst)?;
+        let op = SendOp::RdmaWrite {
+            remote_addr: dst.addr,
+            rkey: dst.rkey,
+        };
+        self.shared
+            .execute(op, vec![span], None, false, None)
+            .await
+            .map(drop)
+    }
+
+    /// Writes `src` into the peer's `dst` and hands `imm` to the peer's
+    /// [`Connection::receive_write_imm`] (RDMA WRITE_WITH_IMM).
+    pub async fn write_with_imm(&self, src: &impl Local, dst: &RemoteMr, imm: u32) -> Result<()> {
+        let span = src.span();
+        check_remote(span.len, dst)?;
+        let op = SendOp::RdmaWriteWithImm {
+            remote_addr: dst.addr,
+            rkey: dst.rkey,
+            imm,
+        };
+        self.shared
+            .execute(op, vec![span], None, true, None)
+            .await
+            .map(drop)
+    }
+
+    /// Reads the peer's `src` into `dst` (RDMA READ); lengths must match.
+    pub async fn read(&self, dst: &mut impl LocalMut, src: &RemoteMr) -> Result<()> {
+        let span = dst.span();
+        check_remote(span.len, src)?;
+        let op = SendOp::RdmaRead {
+            remote_addr: src.addr,
+            rkey: src.rkey,
+        };
+        self.shared
+            .execute(op, vec![span], None, false, None)
+            .await
+            .map(drop)
+    }
+
+    async fn atomic(&self, op: SendOp) -> Result<u64> {
+        let (slot, span) = self.slot().await?;
+        let offset = span.offset;
+        self.shared
+            .execute(op, vec![span], Some(slot), false, None)
+            .await?;
+        self.shared.slots.mr.load_u64(offset)
+    }
+
+    async fn slot(&self) -> Result<(SlotGuard, Span)> {
+        // There are as many slots as send-queue entries; one is free unless every entry is
+        // in flight, and then one frees when a completion arrives.
+        loop {
+            if let Some(s) = self.shared.slots.take() {
+                return Ok(s);
+            }
+            self.shared.check_open()?;
+            let permit = self
+                .shared
+                .sq
+                .acquire()
+                .await
+                .map_err(|_| self.shared.closed_error())?;
+            drop(permit);
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Compares the peer's 8-byte word at `dst` with `compare` and, if equal, replaces it
+    /// with `swap`; returns the value it held (ATOMIC CMP_AND_SWP).
+    pub async fn compare_and_swap(&self, dst: &RemoteMr, compare: u64, swap: u64) -> Result<u64> {
+        check_atomic(dst)?;
+        self.atomic(SendOp::AtomicCmpAndSwp {
+            remote_addr: dst.addr,
+            rkey: dst.rkey,
+            compare,
+            swap,
+        })
+        .await
+    }
+
+    /// Adds `add` to the peer's 8-byte word at `dst`; returns the value it held (ATOMIC
+    /// FETCH_AND_ADD).
+    pub async fn fetch_and_add(&self, dst: &RemoteMr, add: u64) -> Result<u64> {
+        check_atomic(dst)?;
+        self.atomic(SendOp::AtomicFetchAndAdd {
+            remote_addr: dst.addr,
+            rkey: dst.rkey,
+            add,
+        })
+        .await
+    }
+
+    async fn send_message(&self, src: Option<Span>, kind: Kind, imm: Option<u32>) -> Result<()> {
+        let len = src.as_ref().map_or(0, |s| s.len);
+        let max = self.shared.peer_max_message.load(Ordering::Relaxed) as usize;
+        if len > max {
+            return Err(Error::MessageTooLarge { len, max });
+        }
+        let (slot, hspan) = self.slot().await?;
+        let offset = hspan.offset;
+        let spans = std::iter::once(hspan).chain(src).collect();
+        self.shared
+            .execute(
+                SendOp::Send,
+                spans,
+                Some(slot),
+                true,
+                Some((offset, kind, imm)),
+            )
+            .await
+            .map(drop)
+    }
+
+    /// Sends `src` as one message (SEND); the peer takes it with [`Connection::receive`].
+    /// Waits for a credit when the peer has no free receive buffer for it.
+    pub async fn send(&self, src: &impl Local) -> Result<()> {
+        self.send_message(Some(src.span()), Kind::Data, None).await
+    }
+
+    /// Sends `src` with immediate data `imm` (SEND_WITH_IMM).
+    pub async fn send_with_imm(&self, src: &impl Local, imm: u32) -> Result<()> {
+        self.send_message(Some(src.span()), Kind::Data, Some(imm))
+            .await
+    }
+
+    /// The next message the peer sent.
+    pub async fn receive(&self) -> Result<Message> {
+        self.shared.take(&self.shared.messages).await
+    }
+
+    /// The immediate data of the next RDMA WRITE_WITH_IMM the peer did.
+    pub async fn receive_write_imm(&self) -> Result<u32> {
+        self.shared.take(&self.shared.write_imms).await
+    }
+
+    /// Lends `mr` to the peer: it receives a token ([`Connection::receive_remote_mr`]) with
+    /// which it reaches the whole region with the rights `mr` was registered with, for as
+    /// long as `mr` lives.
+    pub async fn send_local_mr(&self, mr: &LocalMr) -> Result<()> {
+        let token = mr.token().to_bytes();
+        // The token travels in a registered scratch region of its own.
+        let scratch = register(
+            self.shared.rdma.pd(),
+            MemoryBuffer::from_vec(token.to_vec()),
+            AccessFlags::LOCAL_WRITE,
+        )?;
+        self.send_message(
+            Some(crate::mr::Local::span(&scratch)),
+            Kind::MrToken,
+            None,
+        )
+        .await
+    }
+
+    /// The next memory region the peer lent with [`Connection::send_local_mr`].
+    pub async fn receive_remote_mr(&self) -> Result<RemoteMr> {
+        self.shared.take(&self.shared.tokens).await
+    }
+
+    /// Handles the completions that have arrived; returns how many. Only needed with
+    /// [`Polling::Manual`] (elsewhere the dispatcher does it).
+    pub fn poll_completions(&self) -> usize {
+        self.shared.poll_cq()
+    }
+
+    /// The local QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.shared.qp.qp_num()
+    }
+
+    /// Whether the connection is closed, and why.
+    pub fn closed(&self) -> Option<String> {
+        lock(&self.shared.closed).clone()
+    }
+
+    /// Closes the connection: tells the peer (best effort), then fails every pending
+    /// operation on both sides with [`Error::Closed`].
+    pub async fn close(&self) {
+        if self.shared.is_closed.load(Ordering::Acquire) {
+            return;
+        }
+        // The close message lands in a spare buffer; wait (bounded) for it to be acked so
+        // the peer learns before our QP stops.
+        let sent = self.shared.post_control(Kind::Close, &[]);
+        if sent.is_ok() {
+            let deadline = Instant::now() + Duration::from_secs(1);
+            while Instant::now() < deadline && self.shared.sq.available_permits() < self.sq_depth()
+            {
+                if self.shared.rdma.config().polling == Polling::Manual {
+                    self.poll_completions();
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+        self.shared.mark_closed("closed locally".into());
+    }
+
+    fn sq_depth(&self) -> usize {
+        self.shared.qp.cap().max_send_wr as usize
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if !self.shared.is_closed.load(Ordering::Acquire) {
+            let _ = self.shared.post_control(Kind::Close, &[]);
+            self.shared.mark_closed("connection dropped".into());
+        }
+        self.shared.shutdown.notify_waiters();
+        self.shared.shutdown.notify_one();
+    }
+}
+
+fn start_dispatcher(shared: &Arc<ConnShared>) -> Result<()> {
+    let polling = shared.rdma.config().polling;
+    match polling {
+        Polling::Manual => Ok(()),
+        Polling::Busy => {
+            let weak = Arc::downgrade(shared);
+            std::thread::Builder::new()
+                .name(format!("remem-poll {}", shared.qp.qp_num()))
+                .spawn(move || {
+                    while let Some(s) = weak.upgrade() {
+                        if s.poll_cq() == 0 {
+                            if Arc::strong_count(&s) == 1 {
+                                return;
+                            }
+                            std::hint::spin_loop();
+                        }
+                    }
+                })?;
+            Ok(())
+        }
+        Polling::Event | Polling::Adaptive { .. } => {
+            let spin = match polling {
+                Polling::Adaptive { spin } => spin,
+                _ => Duration::ZERO,
+            };
+            let Some(channel) = shared.channel.clone() else {
+                return Err(Error::InvalidArgument("no completion channel".into()));
+            };
+            let fd = crate::sys::ChannelFd::new(channel.fd())?;
+            let weak = Arc::downgrade(shared);
+            tokio::runtime::Handle::try_current()
+                .map_err(|_| {
+                    Error::InvalidArgument(
+                        "event-driven polling needs a tokio runtime (or use Polling::Manual)"
+                            .into(),
+                    )
+                })?
+                .spawn(event_loop(weak, channel, fd, spin));
+            Ok(())
+        }
+    }
+}
+
+async fn event_loop(
+    weak: Weak<ConnShared>,
+    channel: Arc<dyn CompletionChannel>,
+    fd: crate::sys::ChannelFd,
+    spin: Duration,
+) {
+    loop {
+        {
+            let Some(s) = weak.upgrade() else { return };
+            // Drain, then (adaptive) keep polling while completions keep coming.
+            let mut idle_since = Instant::now();
+            loop {
+                if s.poll_cq() > 0 {
+                    idle_since = Instant::now();
+                } else if idle_since.elapsed() >= spin {
+                    break;
+                }
+                if !spin.is_zero() {
+                    tokio::task::yield_now().await;
+                }
+            }
+            if s.cq.req_notify(false).is_err() {
+                s.mark_closed("cannot arm the completion queue".into());
+                return;
+            }
+            // A completion that arrived before arming raises no event: poll once more.
+            if s.poll_cq() > 0 {
+                continue;
+            }
+            if s.is_closed.load(Ordering::Acquire) && lock(&s.pending).is_empty() {
+                return;
+            }
+        }
+        let holder = weak.upgrade();
+        let shutdown = async move {
+            if let Some(s) = holder {
+                s.shutdown.notified().await;
+            }
+        };
+        tokio::select! {
+            r = fd.readable() => {
+                if r.is_err() {
+                    return;
+                }
+                let mut events = 0;
+                while let Ok(Some(_)) = channel.get_cq_event() {
+                    events += 1;
+                }
+                if let Some(s) = weak.upgrade() {
+                    s.cq.ack_events(events);
+                }
+            }
+            _ = shutdown => {
+                // Dropped: completions of work requests still in flight are drained above
+                // once more, then the loop ends when nothing is pending.
+            }
+        }
+    }
+}

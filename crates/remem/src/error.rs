@@ -1,0 +1,73 @@
+//! remem's error type.
+
+use remem_verbs::{WcOpcode, WcStatus};
+
+/// What can go wrong in remem's async API.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A verbs call failed (device, PD, MR, CQ or QP).
+    #[error(transparent)]
+    Verbs(#[from] remem_verbs::Error),
+    /// The work request completed with an error status.
+    #[error("{op:?} completed with {status} (vendor error {vendor_err:#x})")]
+    Completion {
+        /// The operation.
+        op: WcOpcode,
+        /// The work-completion status.
+        status: WcStatus,
+        /// Provider-specific detail.
+        vendor_err: u32,
+    },
+    /// Socket IO during connection setup.
+    #[error("connection setup: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer spoke another protocol or version, or sent something malformed.
+    #[error("handshake: {0}")]
+    Handshake(String),
+    /// The connection is closed (by either side, or after a fatal error); pending operations
+    /// fail with this.
+    #[error("connection closed{}", .0.as_deref().map(|r| format!(": {r}")).unwrap_or_default())]
+    Closed(Option<String>),
+    /// Local and remote lengths differ, or a range lies outside its memory region.
+    #[error("length mismatch: local {local} bytes, remote {remote} bytes")]
+    LengthMismatch {
+        /// Local bytes.
+        local: u64,
+        /// Remote bytes.
+        remote: u64,
+    },
+    /// A range lies outside its memory region.
+    #[error("range {start}..{end} outside a region of {len} bytes")]
+    OutOfRange {
+        /// Start of the range.
+        start: usize,
+        /// End of the range.
+        end: usize,
+        /// Length of the region.
+        len: usize,
+    },
+    /// An argument is invalid (alignment, size, options).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A message is larger than the connection's receive buffers.
+    #[error("message of {len} bytes exceeds the connection's maximum of {max}")]
+    MessageTooLarge {
+        /// Bytes of the message.
+        len: usize,
+        /// The connection's maximum.
+        max: usize,
+    },
+    /// A time limit passed.
+    #[error("timed out: {0}")]
+    Timeout(&'static str),
+}
+
+impl From<remem_verbs::MemError> for Error {
+    fn from(e: remem_verbs::MemError) -> Self {
+        Error::Verbs(e.into())
+    }
+}
+
+/// `Result` with remem's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,374 @@
+//! Memory regions: local ones (registered memory of this process) and remote tokens.
+//!
+//! # The memory model
+//!
+//! Memory a NIC (or the peer, through it) may touch is never handed out as `&[u8]` or
+//! `&mut [u8]`: the peer could change it while the slice lives, which Rust forbids. Local
+//! memory regions are read and written through copies ([`LocalMr::read`],
+//! [`LocalMr::write`], [`LocalMr::to_vec`]), which use the same word-sized atomic accesses
+//! as the soft NIC, so a concurrent remote write is a race on values, never undefined
+//! behaviour. Rust's borrow rules still order local use: an operation that fills a region
+//! (READ, atomics' results) takes it by `&mut`, one that only reads it takes it by `&`, and
+//! [`LocalMr::get`] / [`LocalMr::get_mut`] give sub-ranges with the same rules.
+//!
+//! An operation in flight keeps its memory alive: dropping the future, or the region,
+//! cannot free memory the NIC is still writing — the registration ends when the last
+//! operation on it completes.
+
+use crate::error::{Error, Result};
+use remem_verbs::{AccessFlags, MemRegion, MemoryBuffer, MemoryRegion, Sge};
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+
+/// A registered memory region and the buffer behind it.
+pub(crate) struct MrInner {
+    pub(crate) mr: Arc<dyn MemoryRegion>,
+}
+
+impl std::fmt::Debug for MrInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mr")
+            .field("addr", &format_args!("{:#x}", self.mr.addr()))
+            .field("len", &self.mr.len())
+            .field("lkey", &format_args!("{:#x}", self.mr.lkey()))
+            .finish()
+    }
+}
+
+impl MrInner {
+    fn region(&self) -> &MemRegion {
+        self.mr.region()
+    }
+}
+
+/// A registered local memory region (`ibv_mr` with its memory), owned by this process.
+///
+/// Not `Clone`: `&mut LocalMr` means no local operation reads or writes it meanwhile.
+#[derive(Debug)]
+pub struct LocalMr {
+    pub(crate) inner: Arc<MrInner>,
+}
+
+/// A part of a [`LocalMr`], borrowed shared: a source for WRITE and SEND.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalMrRef<'a> {
+    mr: &'a LocalMr,
+    offset: usize,
+    len: usize,
+}
+
+/// A part of a [`LocalMr`], borrowed exclusively: a target for READ and atomics, or a
+/// source.
+#[derive(Debug)]
+pub struct LocalMrMut<'a> {
+    mr: &'a mut LocalMr,
+    offset: usize,
+    len: usize,
+}
+
+/// Where a local operand lies: the region (kept alive while the operation runs) and the
+/// range within it.
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub struct Span {
+    pub(crate) inner: Arc<MrInner>,
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+}
+
+impl Span {
+    pub(crate) fn sge(&self) -> Sge {
+        Sge {
+            addr: self.inner.mr.addr() + self.offset as u64,
+            length: self.len as u32,
+            lkey: self.inner.mr.lkey(),
+        }
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Local memory an operation reads: [`LocalMr`], [`LocalMrRef`], [`LocalMrMut`].
+pub trait Local: sealed::Sealed {
+    #[doc(hidden)]
+    fn span(&self) -> Span;
+}
+
+/// Local memory an operation writes: [`LocalMr`], [`LocalMrMut`] (taken by `&mut`).
+pub trait LocalMut: Local {}
+
+fn resolve(len: usize, range: impl RangeBounds<usize>) -> Result<(usize, usize)> {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.saturating_add(1),
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => len,
+    };
+    if start > end || end > len {
+        return Err(Error::OutOfRange { start, end, len });
+    }
+    Ok((start, end - start))
+}
+
+impl LocalMr {
+    pub(crate) fn new(mr: Arc<dyn MemoryRegion>) -> Self {
+        LocalMr {
+            inner: Arc::new(MrInner { mr }),
+        }
+    }
+
+    /// Bytes in the region.
+    pub fn len(&self) -> usize {
+        self.inner.region().len()
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The access rights it was registered with.
+    pub fn access(&self) -> AccessFlags {
+        self.inner.mr.access()
+    }
+
+    /// The virtual address of its first byte (as the NIC and the peer see it).
+    pub fn addr(&self) -> u64 {
+        self.inner.mr.addr()
+    }
+
+    /// The local key.
+    pub fn lkey(&self) -> u32 {
+        self.inner.mr.lkey()
+    }
+
+    /// The remote key (meaningful with a REMOTE_* access right).
+    pub fn rkey(&self) -> u32 {
+        self.inner.mr.rkey()
+    }
+
+    /// Copies bytes at `offset` into `dst`.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        Ok(self.inner.region().read(offset, dst)?)
+    }
+
+    /// Copies `src` into the region at `offset`.
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
+        Ok(self.inner.region().write(offset, src)?)
+    }
+
+    /// A copy of the whole region.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0; self.len()];
+        // In bounds by construction.
+        let _ = self.inner.region().read(0, &mut v);
+        v
+    }
+
+    /// The 8-byte word at `offset` (8-byte aligned), read atomically.
+    pub fn load_u64(&self, offset: usize) -> Result<u64> {
+        Ok(self.inner.region().load_u64(offset)?)
+    }
+
+    /// Stores the 8-byte word at `offset` (8-byte aligned) atomically.
+    pub fn store_u64(&self, offset: usize, value: u64) -> Result<()> {
+        Ok(self.inner.region().store_u64(offset, value)?)
+    }
+
+    /// A shared view of `range`, usable as an operation's source.
+    pub fn get(&self, range: impl RangeBounds<usize>) -> Result<LocalMrRef<'_>> {
+        let (offset, len) = resolve(self.len(), range)?;
+        Ok(LocalMrRef {
+            mr: self,
+            offset,
+            len,
+        })
+    }
+
+    /// An exclusive view of `range`, usable as an operation's target.
+    pub fn get_mut(&mut self, range: impl RangeBounds<usize>) -> Result<LocalMrMut<'_>> {
+        let (offset, len) = resolve(self.len(), range)?;
+        Ok(LocalMrMut {
+            mr: self,
+            offset,
+            len,
+        })
+    }
+
+    /// A token the peer can use to reach this whole region with the rights it was
+    /// registered with. Crate-private: tokens leave a process only through a connection.
+    pub(crate) fn token(&self) -> RemoteMr {
+        RemoteMr {
+            addr: self.addr(),
+            len: self.len() as u64,
+            rkey: self.rkey(),
+        }
+    }
+}
+
+impl LocalMrRef<'_> {
+    /// Bytes in the view.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the view is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A copy of the bytes in the view.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0; self.len];
+        let _ = self.mr.read(self.offset, &mut v);
+        v
+    }
+}
+
+impl LocalMrMut<'_> {
+    /// Bytes in the view.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the view is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A copy of the bytes in the view.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0; self.len];
+        let _ = self.mr.read(self.offset, &mut v);
+        v
+    }
+
+    /// Copies `src` into the view at `offset`.
+    pub fn write(&mut self, offset: usize, src: &[u8]) -> Result<()> {
+        if offset.checked_add(src.len()).is_none_or(|e| e > self.len) {
+            return Err(Error::OutOfRange {
+                start: offset,
+                end: offset.saturating_add(src.len()),
+                len: self.len,
+            });
+        }
+        self.mr.write(self.offset + offset, src)
+    }
+}
+
+impl sealed::Sealed for LocalMr {}
+impl sealed::Sealed for LocalMrRef<'_> {}
+impl sealed::Sealed for LocalMrMut<'_> {}
+
+impl Local for LocalMr {
+    fn span(&self) -> Span {
+        Span {
+            inner: self.inner.clone(),
+            offset: 0,
+            len: self.len(),
+        }
+    }
+}
+
+impl Local for LocalMrRef<'_> {
+    fn span(&self) -> Span {
+        Span {
+            inner: self.mr.inner.clone(),
+            offset: self.offset,
+            len: self.len,
+        }
+    }
+}
+
+impl Local for LocalMrMut<'_> {
+    fn span(&self) -> Span {
+        Span {
+            inner: self.mr.inner.clone(),
+            offset: self.offset,
+            len: self.len,
+        }
+    }
+}
+
+impl LocalMut for LocalMr {}
+impl LocalMut for LocalMrMut<'_> {}
+
+/// A peer's memory region, or part of one: address, length and remote key. Obtained from
+/// the peer through a connection ([`crate::Connection::receive_remote_mr`]); the safe API
+/// cannot make one up. The peer's NIC checks every access against its registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteMr {
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) rkey: u32,
+}
+
+impl RemoteMr {
+    /// Bytes in the region.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The part of the region in `range`.
+    pub fn get(&self, range: impl RangeBounds<u64>) -> Result<RemoteMr> {
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => s.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&e) => e.saturating_add(1),
+            Bound::Excluded(&e) => e,
+            Bound::Unbounded => self.len,
+        };
+        if start > end || end > self.len {
+            return Err(Error::OutOfRange {
+                start: start as usize,
+                end: end as usize,
+                len: self.len as usize,
+            });
+        }
+        Ok(RemoteMr {
+            addr: self.addr + start,
+            len: end - start,
+            rkey: self.rkey,
+        })
+    }
+
+    pub(crate) fn to_bytes(self) -> [u8; 20] {
+        let mut b = [0; 20];
+        b[..8].copy_from_slice(&self.addr.to_be_bytes());
+        b[8..16].copy_from_slice(&self.len.to_be_bytes());
+        b[16..].copy_from_slice(&self.rkey.to_be_bytes());
+        b
+    }
+
+    pub(crate) fn from_bytes(b: &[u8]) -> Option<RemoteMr> {
+        Some(RemoteMr {
+            addr: u64::from_be_bytes(b.get(..8)?.try_into().ok()?),
+            len: u64::from_be_bytes(b.get(8..16)?.try_into().ok()?),
+            rkey: u32::from_be_bytes(b.get(16..20)?.try_into().ok()?),
+        })
+    }
+}
+
+/// Registers `buf` in `pd` with `access`.
+pub(crate) fn register(
+    pd: &Arc<dyn remem_verbs::ProtectionDomain>,
+    buf: MemoryBuffer,
+    access: AccessFlags,
+) -> Result<LocalMr> {
+    let region = MemRegion::whole(Arc::new(buf));
+    Ok(LocalMr::new(pd.reg_mr(region, access)?))
+}

@@ -1,0 +1,363 @@
+//! The entry point: [`Rdma`] (an open device with a protection domain), built by
+//! [`RdmaBuilder`], and [`Listener`].
+
+use crate::conn::Connection;
+use crate::error::{Error, Result};
+use crate::mr::{LocalMr, register};
+use remem_verbs::{
+    AccessFlags, Context, Gid, GidType, MemoryBuffer, Mtu, ProtectionDomain, QpCap,
+};
+use std::alloc::Layout;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, ToSocketAddrs};
+
+/// How a connection's completions are collected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Polling {
+    /// A tokio task sleeps on the completion channel (epoll through `AsyncFd`) and wakes
+    /// per completion event. Uses no CPU while idle.
+    Event,
+    /// As [`Polling::Event`], but after each completion the task keeps polling for `spin`
+    /// before it sleeps again: busy under load, asleep when idle.
+    Adaptive {
+        /// How long to keep polling after the last completion.
+        spin: Duration,
+    },
+    /// A thread per connection polls without ever sleeping: the lowest latency, one CPU.
+    Busy,
+    /// Nothing polls: the application calls [`Connection::poll_completions`].
+    Manual,
+}
+
+/// Configuration of an [`Rdma`]: device, port, queue sizes, QP attributes, access rights
+/// and polling. Every setter has a default an RDMA user would expect.
+#[derive(Debug, Clone)]
+pub struct RdmaBuilder {
+    pub(crate) device: Option<String>,
+    pub(crate) port: u8,
+    pub(crate) gid_index: Option<u8>,
+    pub(crate) cq_size: u32,
+    pub(crate) cqe_per_poll: usize,
+    pub(crate) cap: QpCap,
+    pub(crate) mtu: Option<Mtu>,
+    pub(crate) timeout: u8,
+    pub(crate) retry_cnt: u8,
+    pub(crate) rnr_retry: u8,
+    pub(crate) min_rnr_timer: u8,
+    pub(crate) max_rd_atomic: u8,
+    pub(crate) access: AccessFlags,
+    pub(crate) polling: Polling,
+    pub(crate) max_message: usize,
+    pub(crate) recv_depth: u32,
+    pub(crate) handshake_timeout: Duration,
+}
+
+impl Default for RdmaBuilder {
+    fn default() -> Self {
+        RdmaBuilder {
+            device: None,
+            port: 1,
+            gid_index: None,
+            cq_size: 1024,
+            cqe_per_poll: 16,
+            cap: QpCap {
+                max_send_wr: 256,
+                max_recv_wr: 0,
+                max_send_sge: 2,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            mtu: None,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 16,
+            access: AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_ATOMIC,
+            polling: Polling::Event,
+            max_message: 64 * 1024,
+            recv_depth: 32,
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl RdmaBuilder {
+    /// Defaults: the first device (`REMEM_DEVICE` overrides), port 1, the first RoCE v2
+    /// GID, event-driven polling, 256 send WRs, 32 receive credits of 64 KiB messages.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The device to open, by name (`soft-lo`, `soft@127.0.0.1:4791`, `rxe0`, `mlx5_0`…).
+    pub fn device(mut self, name: impl Into<String>) -> Self {
+        self.device = Some(name.into());
+        self
+    }
+
+    /// The port (default 1).
+    pub fn port(mut self, port: u8) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// The GID index (default: the first RoCE v2 GID, IPv4 preferred).
+    pub fn gid_index(mut self, index: u8) -> Self {
+        self.gid_index = Some(index);
+        self
+    }
+
+    /// Entries of each connection's completion queue (at least its queues' depths).
+    pub fn cq_size(mut self, entries: u32) -> Self {
+        self.cq_size = entries;
+        self
+    }
+
+    /// Completions taken per poll call.
+    pub fn cqe_per_poll(mut self, n: usize) -> Self {
+        self.cqe_per_poll = n;
+        self
+    }
+
+    /// Queue pair capacities (send WRs bound the operations in flight per connection).
+    pub fn qp_cap(mut self, cap: QpCap) -> Self {
+        self.cap = cap;
+        self
+    }
+
+    /// Path MTU (default: the port's active MTU, lowered to the peer's).
+    pub fn mtu(mut self, mtu: Mtu) -> Self {
+        self.mtu = Some(mtu);
+        self
+    }
+
+    /// Local ACK timeout exponent: 4.096 µs × 2^timeout (default 14, about 67 ms).
+    pub fn timeout(mut self, timeout: u8) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Transport retries (default 7).
+    pub fn retry_cnt(mut self, n: u8) -> Self {
+        self.retry_cnt = n;
+        self
+    }
+
+    /// RNR retries (default 7: infinite).
+    pub fn rnr_retry(mut self, n: u8) -> Self {
+        self.rnr_retry = n;
+        self
+    }
+
+    /// Minimum RNR NAK timer code (default 12, 0.64 ms).
+    pub fn min_rnr_timer(mut self, code: u8) -> Self {
+        self.min_rnr_timer = code;
+        self
+    }
+
+    /// READs and atomics in flight, each way (default 16).
+    pub fn max_rd_atomic(mut self, n: u8) -> Self {
+        self.max_rd_atomic = n;
+        self
+    }
+
+    /// The most a peer may do to this side's memory: the QP's remote access rights and the
+    /// default rights of allocated regions (default: local write, remote read, write,
+    /// atomic).
+    pub fn access(mut self, access: AccessFlags) -> Self {
+        self.access = access;
+        self
+    }
+
+    /// How completions are collected (default [`Polling::Event`]).
+    pub fn polling(mut self, polling: Polling) -> Self {
+        self.polling = polling;
+        self
+    }
+
+    /// Largest message [`Connection::send`] carries (default 64 KiB).
+    pub fn max_message(mut self, bytes: usize) -> Self {
+        self.max_message = bytes;
+        self
+    }
+
+    /// Messages the peer may send before this side takes them (default 32).
+    pub fn recv_depth(mut self, n: u32) -> Self {
+        self.recv_depth = n;
+        self
+    }
+
+    /// Time limit of the connection handshake (default 10 s).
+    pub fn handshake_timeout(mut self, t: Duration) -> Self {
+        self.handshake_timeout = t;
+        self
+    }
+
+    /// Opens the device and allocates a protection domain.
+    pub fn build(self) -> Result<Rdma> {
+        if self.max_message == 0 || self.max_message > (1 << 30) {
+            return Err(Error::InvalidArgument(format!(
+                "max_message {} outside 1..=2^30",
+                self.max_message
+            )));
+        }
+        if self.recv_depth == 0 || self.cap.max_send_wr == 0 {
+            return Err(Error::InvalidArgument(
+                "recv_depth and max_send_wr must be at least 1".into(),
+            ));
+        }
+        let ctx = crate::open_device(self.device.as_deref())?;
+        let port = ctx.query_port(self.port)?;
+        let (gid_index, gid) = match self.gid_index {
+            Some(i) => (i, ctx.query_gid(self.port, u32::from(i))?.gid),
+            None => ctx
+                .gid_table(self.port)?
+                .iter()
+                .filter(|g| g.gid_type == GidType::RoceV2)
+                .min_by_key(|g| !g.gid.is_ipv4_mapped())
+                .map(|g| (g.index as u8, g.gid))
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!("{} has no RoCE v2 GID", ctx.info().name))
+                })?,
+        };
+        let mtu = self.mtu.map_or(port.active_mtu, |m| m.min(port.active_mtu));
+        let pd = ctx.alloc_pd()?;
+        tracing::debug!(device = %ctx.info().name, %gid_index, "rdma opened");
+        Ok(Rdma {
+            inner: Arc::new(RdmaInner {
+                ctx,
+                pd,
+                cfg: self,
+                gid_index,
+                gid,
+                mtu,
+            }),
+        })
+    }
+}
+
+struct RdmaInner {
+    // The PD goes before the context it belongs to.
+    pd: Arc<dyn ProtectionDomain>,
+    ctx: Arc<dyn Context>,
+    cfg: RdmaBuilder,
+    gid_index: u8,
+    gid: Gid,
+    mtu: Mtu,
+}
+
+impl std::fmt::Debug for RdmaInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rdma")
+            .field("device", &self.ctx.info().name)
+            .field("gid", &self.gid)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An open RDMA device with a protection domain: makes connections and memory regions.
+/// Cheap to clone; connections made from one `Rdma` share its device and PD.
+#[derive(Debug, Clone)]
+pub struct Rdma {
+    inner: Arc<RdmaInner>,
+}
+
+impl Rdma {
+    /// A builder with defaults.
+    pub fn builder() -> RdmaBuilder {
+        RdmaBuilder::new()
+    }
+
+    pub(crate) fn config(&self) -> &RdmaBuilder {
+        &self.inner.cfg
+    }
+
+    /// The device.
+    pub fn context(&self) -> &Arc<dyn Context> {
+        &self.inner.ctx
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &Arc<dyn ProtectionDomain> {
+        &self.inner.pd
+    }
+
+    /// The local GID connections use.
+    pub fn gid(&self) -> Gid {
+        self.inner.gid
+    }
+
+    pub(crate) fn gid_index(&self) -> u8 {
+        self.inner.gid_index
+    }
+
+    pub(crate) fn mtu(&self) -> Mtu {
+        self.inner.mtu
+    }
+
+    /// Allocates a zeroed memory region of `layout`, registered with the default access
+    /// rights ([`RdmaBuilder::access`]).
+    pub fn alloc_local_mr(&self, layout: Layout) -> Result<LocalMr> {
+        self.alloc_local_mr_with(layout, self.config().access)
+    }
+
+    /// Allocates a zeroed memory region of `layout`, registered with `access` (which may
+    /// not exceed [`RdmaBuilder::access`]).
+    pub fn alloc_local_mr_with(&self, layout: Layout, access: AccessFlags) -> Result<LocalMr> {
+        let buf = MemoryBuffer::zeroed(layout.size().max(1))?;
+        if buf.addr() % layout.align() as u64 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "alignment {} is not supported (at most {})",
+                layout.align(),
+                1u64 << buf.addr().trailing_zeros()
+            )));
+        }
+        self.register(buf, access)
+    }
+
+    /// Registers memory the caller owns (a `Vec<u8>`, `Box<[u8]>` or `BytesMut` turned into
+    /// a [`MemoryBuffer`], or a memory map through [`MemoryBuffer::from_raw_parts`]) with
+    /// `access`, which may not exceed [`RdmaBuilder::access`].
+    pub fn register(&self, buf: MemoryBuffer, access: AccessFlags) -> Result<LocalMr> {
+        let allowed = self.config().access;
+        if !allowed.contains(access) {
+            return Err(Error::InvalidArgument(format!(
+                "access {access:?} exceeds the most this Rdma grants ({allowed:?})"
+            )));
+        }
+        register(self.pd(), buf, access)
+    }
+
+    /// Listens for remem connections on `addr` (TCP, for the endpoint exchange).
+    pub async fn listen(&self, addr: impl ToSocketAddrs) -> Result<Listener> {
+        Ok(Listener {
+            rdma: self.clone(),
+            tcp: TcpListener::bind(addr).await?,
+        })
+    }
+}
+
+/// Accepts remem connections; all share the [`Rdma`] (device and PD) it was made from.
+#[derive(Debug)]
+pub struct Listener {
+    rdma: Rdma,
+    tcp: TcpListener,
+}
+
+impl Listener {
+    /// The address it listens on.
+    pub fn local_addr(&self) -> Result<std::net::SocketAddr> {
+        Ok(self.tcp.local_addr()?)
+    }
+
+    /// Waits for the next connection and completes its handshake.
+    pub async fn accept(&self) -> Result<Connection> {
+        let (stream, peer) = self.tcp.accept().await?;
+        tracing::debug!(%peer, "accepting");
+        self.rdma.handshake(stream).await
+    }
+}
