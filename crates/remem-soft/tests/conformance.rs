@@ -1,7 +1,8 @@
 //! The provider conformance suite on two soft devices in one process, over real UDP
-//! sockets on loopback (127.0.4.1 and 127.0.4.2, one port picked at run time).
+//! sockets on loopback (127.0.4.1 and 127.0.4.2, one port picked at run time): each case's
+//! two sides run on two threads (`two_process.rs` runs them in two processes).
 
-use remem_conformance::{CASES, Pair};
+use remem_conformance::{CASES, Case, Pair, run_pair};
 use remem_soft::SoftContext;
 use std::sync::{Arc, OnceLock};
 
@@ -16,11 +17,8 @@ fn pair() -> &'static Pair {
 }
 
 fn run(name: &str) {
-    let case = CASES
-        .iter()
-        .find(|c| c.name == name)
-        .unwrap_or_else(|| panic!("no case {name}"));
-    if let Err(e) = (case.run)(pair()) {
+    let case = Case::named(name).unwrap_or_else(|| panic!("no case {name}"));
+    if let Err(e) = run_pair(case, pair()) {
         panic!("{name}: {e}");
     }
 }
