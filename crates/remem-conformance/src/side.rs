@@ -201,25 +201,29 @@ impl Side<'_> {
             .filter(|_| !peer_failed_first)
             .map(|e| format!("{}: {e}", self.role));
         let mut errors: Vec<String> = own.clone().into_iter().collect();
+        // Trouble with the link is worth reporting only if nothing else went wrong first.
+        let mut link_error = |e: String, doing: &str| {
+            if own.is_none() {
+                errors.push(format!("{}: {doing}: {e}", self.role));
+            }
+        };
         let end = [&[END], own.as_deref().unwrap_or("").as_bytes()].concat();
         if let Err(e) = self.link.send(&end) {
-            errors.push(format!("{}: ending the case: {e}", self.role));
-        }
-        let wait = self.timeout * LINK_WAIT_FACTOR;
-        while self.peer_end.is_none() {
-            match self.link.recv(wait) {
-                Ok(msg) if msg.first() == Some(&END) => {
-                    let rest = &msg[1..];
-                    self.peer_end =
-                        Some((!rest.is_empty()).then(|| String::from_utf8_lossy(rest).into()));
-                }
-                Ok(_) => {} // data this side's case did not read
-                Err(e) => {
-                    errors.push(format!(
-                        "{}: waiting for the peer to finish: {e}",
-                        self.role
-                    ));
-                    break;
+            link_error(e, "ending the case");
+        } else {
+            let wait = self.timeout * LINK_WAIT_FACTOR;
+            while self.peer_end.is_none() {
+                match self.link.recv(wait) {
+                    Ok(msg) if msg.first() == Some(&END) => {
+                        let rest = &msg[1..];
+                        self.peer_end =
+                            Some((!rest.is_empty()).then(|| String::from_utf8_lossy(rest).into()));
+                    }
+                    Ok(_) => {} // data this side's case did not read
+                    Err(e) => {
+                        link_error(e, "waiting for the peer to finish");
+                        break;
+                    }
                 }
             }
         }
@@ -278,7 +282,17 @@ pub(crate) fn run_pair_with(f: fn(&mut Side<'_>) -> CaseResult, pair: &Pair) -> 
         let (mut la, mut lb) = ChannelLink::pair();
         let b = s.spawn(move || run_side_with(f, Role::B, ctx_b, &mut lb, timeout));
         let a = run_side_with(f, Role::A, pair.a.clone(), &mut la, timeout);
-        let b = b.join().unwrap_or_else(|_| Err("B panicked".into()));
-        a.and(b)
+        match b.join() {
+            Ok(b) => a.and(b),
+            Err(panic) => {
+                let what = (panic.downcast_ref::<&str>().copied())
+                    .or(panic.downcast_ref::<String>().map(String::as_str))
+                    .unwrap_or("");
+                let panicked = format!("B panicked: {what}");
+                Err(a
+                    .err()
+                    .map_or(panicked.clone(), |a| format!("{panicked}; {a}")))
+            }
+        }
     })
 }

@@ -3,7 +3,7 @@
 //! the devices talk RoCEv2 over UDP on loopback.
 
 use remem_conformance::remote::{run_with_child, serve_parent};
-use remem_conformance::{CASES, TIMEOUT};
+use remem_conformance::{CASES, Case, CaseResult, TIMEOUT};
 use remem_soft::SoftContext;
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
@@ -24,20 +24,23 @@ fn child_server() {
         return;
     };
     let ctx = device([127, 0, 5, 2], port.parse().expect("port"));
-    let served = serve_parent(&(Arc::new(ctx) as _), TIMEOUT).expect("serving the parent");
-    eprintln!("child: served {served} cases");
+    serve_parent(&(Arc::new(ctx) as _), TIMEOUT).expect("serving the parent");
 }
 
-#[test]
-fn two_processes() {
+/// Runs `cases` with a child process serving B; returns each case's name and result.
+fn with_child(cases: &[&'static Case]) -> Vec<(&'static str, CaseResult)> {
     let ctx = device([127, 0, 5, 1], 0);
     let mut child = Command::new(std::env::current_exe().expect("own path"));
     child
         .args(["--exact", "child_server", "--ignored", "--nocapture"])
         .env(CHILD_ENV, ctx.local_addr().port().to_string())
         .stdout(Stdio::null()); // the test harness's report; failures come over the link
-    let cases: Vec<_> = CASES.iter().collect();
-    let results = run_with_child(&(Arc::new(ctx) as _), child, &cases, TIMEOUT).expect("child");
+    run_with_child(&(Arc::new(ctx) as _), child, cases, TIMEOUT).expect("child")
+}
+
+#[test]
+fn two_processes() {
+    let results = with_child(&CASES.iter().collect::<Vec<_>>());
     let failed: Vec<String> = results
         .iter()
         .filter_map(|(name, r)| r.as_ref().err().map(|e| format!("{name}: {e}")))
@@ -50,4 +53,24 @@ fn two_processes() {
         failed.join("\n")
     );
     assert_eq!(results.len(), CASES.len(), "every case ran");
+}
+
+/// A case the child does not know fails on both sides, and the next case still runs.
+#[test]
+fn an_unknown_case_fails_and_the_session_goes_on() {
+    static UNKNOWN: Case = Case {
+        name: "not_a_case",
+        about: "a case only the parent knows",
+        side: |s| s.barrier("never reached by the child"),
+        run: |_| Ok(()),
+    };
+    let next = Case::named("rdma_read_multi_packet").expect("case");
+    let results = with_child(&[&UNKNOWN, next]);
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert_eq!(
+        results[0].1,
+        Err("B: no case \"not_a_case\"".to_string()),
+        "unknown case"
+    );
+    assert_eq!(results[1], (next.name, Ok(())), "the next case");
 }
