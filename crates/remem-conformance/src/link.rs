@@ -122,7 +122,7 @@ impl<S: Stream> Link for StreamLink<S> {
 
     fn recv(&mut self, timeout: Duration) -> Result<Vec<u8>, String> {
         let deadline = Instant::now() + timeout;
-        let mut chunk = vec![0u8; 64 * 1024];
+        let mut chunk = [0u8; 16 * 1024];
         loop {
             if let Some(msg) = self.take_message()? {
                 return Ok(msg);

@@ -41,6 +41,12 @@ pub(crate) const LINK_WAIT_FACTOR: u32 = 3;
 const DATA: u8 = b'D';
 const END: u8 = b'E';
 
+/// The error an end message carries after its tag (none: the side succeeded, or failed
+/// only because its peer had).
+fn end_error(rest: &[u8]) -> Option<String> {
+    (!rest.is_empty()).then(|| String::from_utf8_lossy(rest).into_owned())
+}
+
 /// A memory region of the peer, as a work request names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RemoteMr {
@@ -84,7 +90,7 @@ impl Side<'_> {
         match msg.split_first() {
             Some((&DATA, rest)) => Ok(rest.to_vec()),
             Some((&END, rest)) => {
-                let peer_error = (!rest.is_empty()).then(|| String::from_utf8_lossy(rest).into());
+                let peer_error = end_error(rest);
                 self.peer_end = Some(peer_error.clone());
                 Err(match peer_error {
                     Some(e) => format!("peer failed: {e}"),
@@ -215,9 +221,7 @@ impl Side<'_> {
             while self.peer_end.is_none() {
                 match self.link.recv(wait) {
                     Ok(msg) if msg.first() == Some(&END) => {
-                        let rest = &msg[1..];
-                        self.peer_end =
-                            Some((!rest.is_empty()).then(|| String::from_utf8_lossy(rest).into()));
+                        self.peer_end = Some(end_error(&msg[1..]))
                     }
                     Ok(_) => {} // data this side's case did not read
                     Err(e) => {
