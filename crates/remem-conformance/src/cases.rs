@@ -1,11 +1,16 @@
-//! The conformance cases.
+//! The conformance cases. Each runs on both sides (see [`Side`]); A is the requester,
+//! B the responder, and the two exchange what they need over the link.
 
-use crate::harness::{QpOptions, connect_rc, endpoint, expect_none, poll_n, poll_one};
-use crate::{Case, CaseResult, Pair};
+use crate::harness::{Endpoint, PSNS, QpOptions, endpoint, expect_none, poll_n, poll_one};
+use crate::side::{Role, Side, run_pair_with};
+use crate::{Case, CaseResult};
 use remem_verbs::{
-    AccessFlags, GidType, QpAttr, QpAttrMask, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr,
-    Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, Context, GidType, MemoryBuffer, QpAttr, QpAttrMask, QpState, QpType, RecvWr,
+    SendFlags, SendOp, SendWr, Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
+use std::fmt::Display;
+use std::sync::Arc;
+use std::time::Duration;
 
 macro_rules! ensure {
     ($cond:expr, $($fmt:tt)+) => {
@@ -15,13 +20,28 @@ macro_rules! ensure {
     };
 }
 
-fn wc_ok(wc: &WorkCompletion, opcode: WcOpcode, what: &str) -> CaseResult {
+/// Turns any error into the suite's `String` error.
+trait StrErr<T> {
+    fn str_err(self) -> Result<T, String>;
+}
+
+impl<T, E: Display> StrErr<T> for Result<T, E> {
+    fn str_err(self) -> Result<T, String> {
+        self.map_err(|e| e.to_string())
+    }
+}
+
+fn wc_is(wc: &WorkCompletion, status: WcStatus, what: &str) -> CaseResult {
     ensure!(
-        wc.status == WcStatus::Success,
-        "{what}: status {} ({:?})",
-        wc.status,
-        wc
+        wc.status == status,
+        "{what}: status {}, want {status} ({wc:?})",
+        wc.status
     );
+    Ok(())
+}
+
+fn wc_ok(wc: &WorkCompletion, opcode: WcOpcode, what: &str) -> CaseResult {
+    wc_is(wc, WcStatus::Success, what)?;
     ensure!(
         wc.opcode == opcode,
         "{what}: opcode {:?}, want {opcode:?}",
@@ -44,102 +64,101 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// Checks that `buf` holds `want` at `offset`.
+fn expect_bytes(buf: &MemoryBuffer, offset: usize, want: &[u8], what: &str) -> CaseResult {
+    let got = buf.to_vec(offset, want.len()).str_err()?;
+    ensure!(got == want, "{what}: memory differs");
+    Ok(())
+}
+
+/// Posts `wr` on `ep`'s QP and waits for a completion on its CQ.
+fn post_wait(ep: &Endpoint, wr: SendWr<'_>, timeout: Duration) -> Result<WorkCompletion, String> {
+    ep.qp.post_send(&[wr]).str_err()?;
+    poll_one(&*ep.cq, timeout)
+}
+
+fn post_recv(qp: &dyn remem_verbs::QueuePair, wr_id: u64, sg_list: &[Sge]) -> CaseResult {
+    qp.post_recv(&[RecvWr { wr_id, sg_list }]).str_err()
+}
+
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
     .union(AccessFlags::REMOTE_READ)
     .union(AccessFlags::REMOTE_ATOMIC);
 
-/// Every case, in a stable order.
-pub static CASES: &[Case] = &[
-    Case {
-        name: "device_attributes",
-        run: device_attributes,
-    },
-    Case {
-        name: "qp_state_machine",
-        run: qp_state_machine,
-    },
-    Case {
-        name: "send_recv_multi_packet_multi_sge",
-        run: send_recv,
-    },
-    Case {
-        name: "send_longer_than_receive",
-        run: send_too_long,
-    },
-    Case {
-        name: "rdma_write_and_write_with_imm",
-        run: rdma_write,
-    },
-    Case {
-        name: "rdma_read_multi_packet",
-        run: rdma_read,
-    },
-    Case {
-        name: "atomics_return_original_values",
-        run: atomics,
-    },
-    Case {
-        name: "remote_access_errors",
-        run: remote_access_errors,
-    },
-    Case {
-        name: "deregistration_revokes_access",
-        run: dereg_revokes,
-    },
-    Case {
-        name: "rnr_retry_exhausted_and_recovered",
-        run: rnr,
-    },
-    Case {
-        name: "unsignaled_and_post_lists",
-        run: unsignaled_and_lists,
-    },
-    Case {
-        name: "inline_send",
-        run: inline_send,
-    },
-    Case {
-        name: "local_post_errors",
-        run: local_post_errors,
-    },
-    Case {
-        name: "ud_send_recv_with_grh_and_qkey",
-        run: ud_send_recv,
-    },
-];
+macro_rules! cases {
+    ($($name:literal => $side:ident: $about:literal,)*) => {
+        /// Every case, in a stable order.
+        pub static CASES: &[Case] = &[$(Case {
+            name: $name,
+            about: $about,
+            side: $side,
+            run: |pair| run_pair_with($side, pair),
+        }),*];
+    };
+}
 
-fn device_attributes(p: &Pair) -> CaseResult {
-    for ctx in [&p.a, &p.b] {
-        let dev = ctx.query_device().map_err(|e| e.to_string())?;
-        ensure!(
-            dev.max_qp > 0 && dev.max_qp_wr > 0 && dev.max_sge > 0,
-            "limits: {dev:?}"
-        );
-        ensure!(
-            dev.max_qp_rd_atom >= 1,
-            "max_qp_rd_atom {}",
-            dev.max_qp_rd_atom
-        );
-        let port = ctx.query_port(1).map_err(|e| e.to_string())?;
-        ensure!(
-            port.active_mtu <= port.max_mtu,
-            "active MTU above max: {port:?}"
-        );
-        ensure!(ctx.query_port(0).is_err(), "port 0 must not exist");
-        let gids = ctx.gid_table(1).map_err(|e| e.to_string())?;
-        ensure!(
-            gids.iter().any(|g| g.gid_type == GidType::RoceV2),
-            "no RoCE v2 GID: {gids:?}"
-        );
-    }
+cases! {
+    "device_attributes" => device_attributes:
+        "device and port attributes, port numbering and the RoCE v2 GID table",
+    "qp_state_machine" => qp_state_machine:
+        "illegal transitions and posts refused, ERR flushes receives, RESET, a full bring-up",
+    "send_recv_multi_packet_multi_sge" => send_recv:
+        "a multi-packet SEND scattered over three entries, then a SEND with immediate",
+    "send_longer_than_receive" => send_too_long:
+        "a SEND longer than the receive: LOC_LEN_ERR there, REM_INV_REQ_ERR and ERR here",
+    "rdma_write_and_write_with_imm" => rdma_write:
+        "a multi-packet RDMA WRITE at an offset, then a WRITE with immediate",
+    "rdma_read_multi_packet" => rdma_read:
+        "a multi-packet RDMA READ scattered over two entries",
+    "atomics_return_original_values" => atomics:
+        "fetch-and-add and compare-and-swap (failing and succeeding) return original values",
+    "remote_access_errors" => remote_access_errors:
+        "forged rkey, out of bounds and missing rights: REM_ACCESS_ERR, flush, memory intact",
+    "deregistration_revokes_access" => dereg_revokes:
+        "a WRITE with the rkey of a deregistered region fails and changes nothing",
+    "rnr_retry_exhausted_and_recovered" => rnr:
+        "RNR retries exhausted without a receive; infinite retries succeed once one is posted",
+    "unsignaled_and_post_lists" => unsignaled_and_lists:
+        "unsignaled WRITEs complete silently; a bad work request in a list stops it there",
+    "inline_send" => inline_send:
+        "an inline SEND carries the data as it was when posted",
+    "local_post_errors" => local_post_errors:
+        "work requests with bad local memory or too many entries are refused when posted",
+    "ud_send_recv_with_grh_and_qkey" => ud_send_recv:
+        "UD: a wrong Q_Key is dropped, the GRH precedes the payload, oversized is refused",
+}
+
+fn device_attributes(s: &mut Side<'_>) -> CaseResult {
+    let ctx = &s.ctx;
+    let dev = ctx.query_device().str_err()?;
+    ensure!(
+        dev.max_qp > 0 && dev.max_qp_wr > 0 && dev.max_sge > 0,
+        "limits: {dev:?}"
+    );
+    ensure!(
+        dev.max_qp_rd_atom >= 1,
+        "max_qp_rd_atom {}",
+        dev.max_qp_rd_atom
+    );
+    let port = ctx.query_port(1).str_err()?;
+    ensure!(
+        port.active_mtu <= port.max_mtu,
+        "active MTU above max: {port:?}"
+    );
+    ensure!(ctx.query_port(0).is_err(), "port 0 must not exist");
+    let gids = ctx.gid_table(1).str_err()?;
+    ensure!(
+        gids.iter().any(|g| g.gid_type == GidType::RoceV2),
+        "no RoCE v2 GID: {gids:?}"
+    );
     Ok(())
 }
 
-fn qp_state_machine(p: &Pair) -> CaseResult {
+fn qp_state_machine(s: &mut Side<'_>) -> CaseResult {
     use QpAttrMask as M;
     let o = QpOptions::default();
-    let ep = endpoint(&p.a, &o, QpType::Rc, None)?;
+    let ep = endpoint(&s.ctx, &o, QpType::Rc, None)?;
     let (qp, cq) = (ep.qp.clone(), ep.cq.clone());
     ensure!(qp.state() == QpState::Reset, "new QP in {:?}", qp.state());
     // Illegal: RESET -> RTR.
@@ -161,26 +180,18 @@ fn qp_state_machine(p: &Pair) -> CaseResult {
     );
     // Posting a send in RESET fails, a receive too.
     let (_, mr) = ep.reg(64, RW)?;
-    let s = [sge(&*mr, 0, 8)];
+    let sg = [sge(&*mr, 0, 8)];
     ensure!(
-        qp.post_recv(&[RecvWr {
-            wr_id: 1,
-            sg_list: &s
-        }])
-        .is_err(),
+        post_recv(&*qp, 1, &sg).is_err(),
         "post_recv in RESET accepted"
     );
     qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
         .map_err(|e| format!("to INIT: {e}"))?;
     ensure!(qp.state() == QpState::Init, "state {:?}", qp.state());
     // Receives may be posted in INIT; sends may not.
-    qp.post_recv(&[RecvWr {
-        wr_id: 1,
-        sg_list: &s,
-    }])
-    .map_err(|e| format!("post_recv in INIT: {e}"))?;
+    post_recv(&*qp, 1, &sg).map_err(|e| format!("post_recv in INIT: {e}"))?;
     ensure!(
-        qp.post_send(&[SendWr::new(2, SendOp::Send, &s)]).is_err(),
+        qp.post_send(&[SendWr::new(2, SendOp::Send, &sg)]).is_err(),
         "post_send in INIT accepted"
     );
     // ERR flushes the posted receive.
@@ -188,8 +199,8 @@ fn qp_state_machine(p: &Pair) -> CaseResult {
         qp_state: QpState::Err,
         ..QpAttr::default()
     };
-    qp.modify(&err, M::STATE).map_err(|e| e.to_string())?;
-    let wc = poll_one(&*cq, p.timeout)?;
+    qp.modify(&err, M::STATE).str_err()?;
+    let wc = poll_one(&*cq, s.timeout)?;
     ensure!(
         wc.wr_id == 1 && wc.status == WcStatus::WrFlushErr,
         "flushed receive: {wc:?}"
@@ -198,264 +209,287 @@ fn qp_state_machine(p: &Pair) -> CaseResult {
         qp_state: QpState::Reset,
         ..QpAttr::default()
     };
-    qp.modify(&reset, M::STATE).map_err(|e| e.to_string())?;
+    qp.modify(&reset, M::STATE).str_err()?;
     ensure!(
         qp.state() == QpState::Reset,
         "after reset: {:?}",
         qp.state()
     );
     // A full bring-up, with the attributes reported back by query.
-    let (a, b) = connect_rc(p, &o)?;
-    let qa = a.qp.query().map_err(|e| e.to_string())?;
-    ensure!(qa.qp_state == QpState::Rts, "query state {:?}", qa.qp_state);
+    let ep = s.connect_rc(&o)?;
+    let [peer_qpn] = s.exchange_words([u64::from(ep.qp.qp_num())])?;
+    let q = ep.qp.query().str_err()?;
+    ensure!(q.qp_state == QpState::Rts, "query state {:?}", q.qp_state);
     ensure!(
-        qa.dest_qp_num == b.qp.qp_num(),
-        "dest_qp_num {}",
-        qa.dest_qp_num
+        u64::from(q.dest_qp_num) == peer_qpn,
+        "dest_qp_num {}, the peer's QP is {peer_qpn}",
+        q.dest_qp_num
     );
-    ensure!(qa.sq_psn == 0x00ab_cdef, "sq_psn {:#x}", qa.sq_psn);
+    let psn = PSNS[s.role as usize];
+    ensure!(q.sq_psn == psn, "sq_psn {:#x}, want {psn:#x}", q.sq_psn);
     Ok(())
 }
 
-fn send_recv(p: &Pair) -> CaseResult {
-    let (a, b) = connect_rc(p, &QpOptions::default())?;
+fn send_recv(s: &mut Side<'_>) -> CaseResult {
+    let ep = s.connect_rc(&QpOptions::default())?;
     let len = 10_000usize; // several packets at any MTU
-    let (sbuf, smr) = a.reg(len, RW)?;
-    let (rbuf, rmr) = b.reg(2 * len, RW)?;
     let data = pattern(len, 3);
-    sbuf.write(0, &data).map_err(|e| e.to_string())?;
-    // Receive scattered over three entries: 100 + 4900 + rest.
-    let r = [
-        sge(&*rmr, 0, 100),
-        sge(&*rmr, 1000, 4900),
-        sge(&*rmr, 8000, 10_000),
-    ];
-    b.qp.post_recv(&[
-        RecvWr {
-            wr_id: 10,
-            sg_list: &r,
-        },
-        RecvWr {
-            wr_id: 11,
-            sg_list: &r[..1],
-        },
-    ])
-    .map_err(|e| e.to_string())?;
-    let s = [sge(&*smr, 0, len as u32)];
-    a.qp.post_send(&[SendWr::new(1, SendOp::Send, &s)])
-        .map_err(|e| e.to_string())?;
-    let wc = poll_one(&*a.cq, p.timeout)?;
-    wc_ok(&wc, WcOpcode::Send, "send")?;
-    ensure!(wc.wr_id == 1, "send wr_id {}", wc.wr_id);
-    let wc = poll_one(&*b.cq, p.timeout)?;
-    wc_ok(&wc, WcOpcode::Recv, "recv")?;
-    ensure!(
-        wc.wr_id == 10 && wc.byte_len as usize == len,
-        "recv: {wc:?}"
-    );
-    ensure!(wc.imm().is_none(), "no immediate expected");
-    let mut got = rbuf.to_vec(0, 100).map_err(|e| e.to_string())?;
-    got.extend(rbuf.to_vec(1000, 4900).map_err(|e| e.to_string())?);
-    got.extend(rbuf.to_vec(8000, len - 5000).map_err(|e| e.to_string())?);
-    ensure!(got == data, "received bytes differ");
-    // With immediate, small.
-    let s = [sge(&*smr, 0, 50)];
-    a.qp.post_send(&[SendWr::new(2, SendOp::SendWithImm { imm: 0xfeed_beef }, &s)])
-        .map_err(|e| e.to_string())?;
-    wc_ok(&poll_one(&*a.cq, p.timeout)?, WcOpcode::Send, "send imm")?;
-    let wc = poll_one(&*b.cq, p.timeout)?;
-    wc_ok(&wc, WcOpcode::Recv, "recv imm")?;
-    ensure!(wc.wr_id == 11 && wc.byte_len == 50, "recv imm: {wc:?}");
-    ensure!(wc.imm() == Some(0xfeed_beef), "imm {:?}", wc.imm());
-    ensure!(wc.wc_flags.contains(WcFlags::WITH_IMM), "WITH_IMM flag");
-    ensure!(
-        rbuf.to_vec(0, 50).map_err(|e| e.to_string())? == data[..50],
-        "imm payload"
-    );
+    match s.role {
+        Role::A => {
+            let (sbuf, smr) = ep.reg(len, RW)?;
+            sbuf.write(0, &data).str_err()?;
+            s.wait_for("receives posted")?;
+            let sg = [sge(&*smr, 0, len as u32)];
+            let wc = post_wait(&ep, SendWr::new(1, SendOp::Send, &sg), s.timeout)?;
+            wc_ok(&wc, WcOpcode::Send, "send")?;
+            ensure!(wc.wr_id == 1, "send wr_id {}", wc.wr_id);
+            // With immediate, small.
+            s.wait_for("checked")?;
+            let sg = [sge(&*smr, 0, 50)];
+            let op = SendOp::SendWithImm { imm: 0xfeed_beef };
+            wc_ok(
+                &post_wait(&ep, SendWr::new(2, op, &sg), s.timeout)?,
+                WcOpcode::Send,
+                "send imm",
+            )?;
+        }
+        Role::B => {
+            let (rbuf, rmr) = ep.reg(2 * len, RW)?;
+            // Receive scattered over three entries: 100 + 4900 + rest.
+            let r = [
+                sge(&*rmr, 0, 100),
+                sge(&*rmr, 1000, 4900),
+                sge(&*rmr, 8000, 10_000),
+            ];
+            ep.qp
+                .post_recv(&[
+                    RecvWr {
+                        wr_id: 10,
+                        sg_list: &r,
+                    },
+                    RecvWr {
+                        wr_id: 11,
+                        sg_list: &r[..1],
+                    },
+                ])
+                .str_err()?;
+            s.signal("receives posted")?;
+            let wc = poll_one(&*ep.cq, s.timeout)?;
+            wc_ok(&wc, WcOpcode::Recv, "recv")?;
+            ensure!(
+                wc.wr_id == 10 && wc.byte_len as usize == len,
+                "recv: {wc:?}"
+            );
+            ensure!(wc.imm().is_none(), "no immediate expected");
+            expect_bytes(&rbuf, 0, &data[..100], "first entry")?;
+            expect_bytes(&rbuf, 1000, &data[100..5000], "second entry")?;
+            expect_bytes(&rbuf, 8000, &data[5000..], "third entry")?;
+            s.signal("checked")?;
+            let wc = poll_one(&*ep.cq, s.timeout)?;
+            wc_ok(&wc, WcOpcode::Recv, "recv imm")?;
+            ensure!(wc.wr_id == 11 && wc.byte_len == 50, "recv imm: {wc:?}");
+            ensure!(wc.imm() == Some(0xfeed_beef), "imm {:?}", wc.imm());
+            ensure!(wc.wc_flags.contains(WcFlags::WITH_IMM), "WITH_IMM flag");
+            expect_bytes(&rbuf, 0, &data[..50], "imm payload")?;
+        }
+    }
     Ok(())
 }
 
-fn send_too_long(p: &Pair) -> CaseResult {
-    let (a, b) = connect_rc(p, &QpOptions::default())?;
-    let (_, smr) = a.reg(4096, RW)?;
-    let (_, rmr) = b.reg(4096, RW)?;
-    b.qp.post_recv(&[RecvWr {
-        wr_id: 5,
-        sg_list: &[sge(&*rmr, 0, 100)],
-    }])
-    .map_err(|e| e.to_string())?;
-    a.qp.post_send(&[SendWr::new(1, SendOp::Send, &[sge(&*smr, 0, 200)])])
-        .map_err(|e| e.to_string())?;
-    let wc = poll_one(&*a.cq, p.timeout)?;
-    ensure!(wc.status == WcStatus::RemInvReqErr, "requester: {wc:?}");
-    let wc = poll_one(&*b.cq, p.timeout)?;
-    ensure!(
-        wc.wr_id == 5 && wc.status == WcStatus::LocLenErr,
-        "responder: {wc:?}"
-    );
-    ensure!(
-        a.qp.state() == QpState::Err,
-        "requester QP in {:?}",
-        a.qp.state()
-    );
+fn send_too_long(s: &mut Side<'_>) -> CaseResult {
+    let ep = s.connect_rc(&QpOptions::default())?;
+    let (_, mr) = ep.reg(4096, RW)?;
+    match s.role {
+        Role::A => {
+            s.wait_for("receive posted")?;
+            let wc = post_wait(
+                &ep,
+                SendWr::new(1, SendOp::Send, &[sge(&*mr, 0, 200)]),
+                s.timeout,
+            )?;
+            wc_is(&wc, WcStatus::RemInvReqErr, "requester")?;
+            ensure!(
+                ep.qp.state() == QpState::Err,
+                "requester QP in {:?}",
+                ep.qp.state()
+            );
+        }
+        Role::B => {
+            post_recv(&*ep.qp, 5, &[sge(&*mr, 0, 100)])?;
+            s.signal("receive posted")?;
+            let wc = poll_one(&*ep.cq, s.timeout)?;
+            ensure!(
+                wc.wr_id == 5 && wc.status == WcStatus::LocLenErr,
+                "responder: {wc:?}"
+            );
+        }
+    }
     Ok(())
 }
 
-fn rdma_write(p: &Pair) -> CaseResult {
-    let (a, b) = connect_rc(p, &QpOptions::default())?;
+fn rdma_write(s: &mut Side<'_>) -> CaseResult {
+    let ep = s.connect_rc(&QpOptions::default())?;
     let len = 9_000usize;
-    let (sbuf, smr) = a.reg(len, RW)?;
-    let (tbuf, tmr) = b.reg(len + 64, RW)?;
     let data = pattern(len, 7);
-    sbuf.write(0, &data).map_err(|e| e.to_string())?;
-    let op = SendOp::RdmaWrite {
-        remote_addr: tmr.addr() + 32,
-        rkey: tmr.rkey(),
-    };
-    a.qp.post_send(&[SendWr::new(1, op, &[sge(&*smr, 0, len as u32)])])
-        .map_err(|e| e.to_string())?;
-    wc_ok(&poll_one(&*a.cq, p.timeout)?, WcOpcode::RdmaWrite, "write")?;
-    ensure!(
-        tbuf.to_vec(32, len).map_err(|e| e.to_string())? == data,
-        "written bytes differ"
-    );
-    ensure!(
-        tbuf.to_vec(0, 32).map_err(|e| e.to_string())? == vec![0; 32],
-        "wrote before the range"
-    );
-    expect_none(&*b.cq)?;
-    // With immediate: consumes a receive, reported as RECV_RDMA_WITH_IMM.
-    let (_, rmr) = b.reg(64, RW)?;
-    b.qp.post_recv(&[RecvWr {
-        wr_id: 20,
-        sg_list: &[sge(&*rmr, 0, 64)],
-    }])
-    .map_err(|e| e.to_string())?;
-    let op = SendOp::RdmaWriteWithImm {
-        remote_addr: tmr.addr(),
-        rkey: tmr.rkey(),
-        imm: 42,
-    };
-    a.qp.post_send(&[SendWr::new(2, op, &[sge(&*smr, 0, 16)])])
-        .map_err(|e| e.to_string())?;
-    wc_ok(
-        &poll_one(&*a.cq, p.timeout)?,
-        WcOpcode::RdmaWrite,
-        "write imm",
-    )?;
-    let wc = poll_one(&*b.cq, p.timeout)?;
-    wc_ok(&wc, WcOpcode::RecvRdmaWithImm, "recv write imm")?;
-    ensure!(
-        wc.wr_id == 20 && wc.imm() == Some(42) && wc.byte_len == 16,
-        "{wc:?}"
-    );
-    ensure!(
-        tbuf.to_vec(0, 16).map_err(|e| e.to_string())? == data[..16],
-        "imm write bytes"
-    );
+    match s.role {
+        Role::A => {
+            let (sbuf, smr) = ep.reg(len, RW)?;
+            sbuf.write(0, &data).str_err()?;
+            let t = s.remote_mr()?;
+            let op = SendOp::RdmaWrite {
+                remote_addr: t.addr + 32,
+                rkey: t.rkey,
+            };
+            wc_ok(
+                &post_wait(
+                    &ep,
+                    SendWr::new(1, op, &[sge(&*smr, 0, len as u32)]),
+                    s.timeout,
+                )?,
+                WcOpcode::RdmaWrite,
+                "write",
+            )?;
+            s.signal("written")?;
+            // With immediate: consumes a receive, reported as RECV_RDMA_WITH_IMM.
+            s.wait_for("receive posted")?;
+            let op = SendOp::RdmaWriteWithImm {
+                remote_addr: t.addr,
+                rkey: t.rkey,
+                imm: 42,
+            };
+            let wc = post_wait(&ep, SendWr::new(2, op, &[sge(&*smr, 0, 16)]), s.timeout)?;
+            wc_ok(&wc, WcOpcode::RdmaWrite, "write imm")?;
+        }
+        Role::B => {
+            let (tbuf, tmr) = ep.reg(len + 64, RW)?;
+            s.offer_mr(&*tmr)?;
+            s.wait_for("written")?;
+            expect_bytes(&tbuf, 32, &data, "written bytes")?;
+            expect_bytes(&tbuf, 0, &[0; 32], "before the written range")?;
+            expect_none(&*ep.cq)?;
+            let (_, rmr) = ep.reg(64, RW)?;
+            post_recv(&*ep.qp, 20, &[sge(&*rmr, 0, 64)])?;
+            s.signal("receive posted")?;
+            let wc = poll_one(&*ep.cq, s.timeout)?;
+            wc_ok(&wc, WcOpcode::RecvRdmaWithImm, "recv write imm")?;
+            ensure!(
+                wc.wr_id == 20 && wc.imm() == Some(42) && wc.byte_len == 16,
+                "{wc:?}"
+            );
+            expect_bytes(&tbuf, 0, &data[..16], "imm write bytes")?;
+        }
+    }
     Ok(())
 }
 
-fn rdma_read(p: &Pair) -> CaseResult {
-    let (a, b) = connect_rc(p, &QpOptions::default())?;
+fn rdma_read(s: &mut Side<'_>) -> CaseResult {
+    let ep = s.connect_rc(&QpOptions::default())?;
     let len = 12_345usize;
-    let (lbuf, lmr) = a.reg(len, RW)?;
-    let (tbuf, tmr) = b.reg(len, RW)?;
     let data = pattern(len, 11);
-    tbuf.write(0, &data).map_err(|e| e.to_string())?;
-    let op = SendOp::RdmaRead {
-        remote_addr: tmr.addr(),
-        rkey: tmr.rkey(),
-    };
-    // Scatter the result over two entries.
-    let s = [sge(&*lmr, 0, 5000), sge(&*lmr, 5000, (len - 5000) as u32)];
-    a.qp.post_send(&[SendWr::new(1, op, &s)])
-        .map_err(|e| e.to_string())?;
-    let wc = poll_one(&*a.cq, p.timeout)?;
-    wc_ok(&wc, WcOpcode::RdmaRead, "read")?;
-    ensure!(wc.byte_len as usize == len, "read byte_len {}", wc.byte_len);
-    ensure!(
-        lbuf.to_vec(0, len).map_err(|e| e.to_string())? == data,
-        "read bytes differ"
-    );
-    expect_none(&*b.cq)?;
+    match s.role {
+        Role::A => {
+            let (lbuf, lmr) = ep.reg(len, RW)?;
+            let t = s.remote_mr()?;
+            let op = SendOp::RdmaRead {
+                remote_addr: t.addr,
+                rkey: t.rkey,
+            };
+            // Scatter the result over two entries.
+            let sg = [sge(&*lmr, 0, 5000), sge(&*lmr, 5000, (len - 5000) as u32)];
+            let wc = post_wait(&ep, SendWr::new(1, op, &sg), s.timeout)?;
+            wc_ok(&wc, WcOpcode::RdmaRead, "read")?;
+            ensure!(wc.byte_len as usize == len, "read byte_len {}", wc.byte_len);
+            expect_bytes(&lbuf, 0, &data, "read bytes")?;
+            s.signal("read")?;
+        }
+        Role::B => {
+            let (tbuf, tmr) = ep.reg(len, RW)?;
+            tbuf.write(0, &data).str_err()?;
+            s.offer_mr(&*tmr)?;
+            s.wait_for("read")?;
+            expect_none(&*ep.cq)?;
+        }
+    }
     Ok(())
 }
 
-fn atomics(p: &Pair) -> CaseResult {
-    let (a, b) = connect_rc(p, &QpOptions::default())?;
-    let (lbuf, lmr) = a.reg(64, RW)?;
-    let (tbuf, tmr) = b.reg(64, RW)?;
-    tbuf.store_u64(8, 100).map_err(|e| e.to_string())?;
-    let va = tmr.addr() + 8;
-    let rkey = tmr.rkey();
-    let ops = [
-        SendOp::AtomicFetchAndAdd {
-            remote_addr: va,
-            rkey,
-            add: 5,
-        },
-        SendOp::AtomicCmpAndSwp {
-            remote_addr: va,
-            rkey,
-            compare: 104,
-            swap: 1,
-        }, // fails
-        SendOp::AtomicCmpAndSwp {
-            remote_addr: va,
-            rkey,
-            compare: 105,
-            swap: 7,
-        }, // succeeds
-        SendOp::AtomicFetchAndAdd {
-            remote_addr: va,
-            rkey,
-            add: u64::MAX,
-        }, // wraps: -1
-    ];
-    let expect_orig = [100u64, 105, 105, 7];
-    for (i, op) in ops.iter().enumerate() {
-        let s = [sge(&*lmr, 8 * i as u64, 8)];
-        a.qp.post_send(&[SendWr::new(i as u64, *op, &s)])
-            .map_err(|e| e.to_string())?;
+fn atomics(s: &mut Side<'_>) -> CaseResult {
+    let ep = s.connect_rc(&QpOptions::default())?;
+    let (buf, mr) = ep.reg(64, RW)?;
+    match s.role {
+        Role::A => {
+            let t = s.remote_mr()?;
+            let (va, rkey) = (t.addr + 8, t.rkey);
+            let ops = [
+                SendOp::AtomicFetchAndAdd {
+                    remote_addr: va,
+                    rkey,
+                    add: 5,
+                },
+                SendOp::AtomicCmpAndSwp {
+                    remote_addr: va,
+                    rkey,
+                    compare: 104,
+                    swap: 1,
+                }, // fails
+                SendOp::AtomicCmpAndSwp {
+                    remote_addr: va,
+                    rkey,
+                    compare: 105,
+                    swap: 7,
+                }, // succeeds
+                SendOp::AtomicFetchAndAdd {
+                    remote_addr: va,
+                    rkey,
+                    add: u64::MAX,
+                }, // wraps: -1
+            ];
+            let expect_orig = [100u64, 105, 105, 7];
+            for (i, op) in ops.iter().enumerate() {
+                let sg = [sge(&*mr, 8 * i as u64, 8)];
+                ep.qp
+                    .post_send(&[SendWr::new(i as u64, *op, &sg)])
+                    .str_err()?;
+            }
+            let wcs = poll_n(&*ep.cq, 4, s.timeout)?;
+            for (i, wc) in wcs.iter().enumerate() {
+                let opcode = if i == 0 || i == 3 {
+                    WcOpcode::FetchAdd
+                } else {
+                    WcOpcode::CompSwap
+                };
+                wc_ok(wc, opcode, &format!("atomic {i}"))?;
+                ensure!(wc.wr_id == i as u64, "order: {wcs:?}");
+                let orig = buf.load_u64(8 * i).str_err()?;
+                ensure!(
+                    orig == expect_orig[i],
+                    "atomic {i} returned {orig}, want {}",
+                    expect_orig[i]
+                );
+            }
+            s.signal("done")?;
+        }
+        Role::B => {
+            buf.store_u64(8, 100).str_err()?;
+            s.offer_mr(&*mr)?;
+            s.wait_for("done")?;
+            let fin = buf.load_u64(8).str_err()?;
+            ensure!(fin == 6, "final value {fin}, want 6");
+        }
     }
-    let wcs = poll_n(&*a.cq, 4, p.timeout)?;
-    for (i, wc) in wcs.iter().enumerate() {
-        let opcode = if i == 0 || i == 3 {
-            WcOpcode::FetchAdd
-        } else {
-            WcOpcode::CompSwap
-        };
-        wc_ok(wc, opcode, &format!("atomic {i}"))?;
-        ensure!(wc.wr_id == i as u64, "order: {wcs:?}");
-        let orig = lbuf.load_u64(8 * i).map_err(|e| e.to_string())?;
-        ensure!(
-            orig == expect_orig[i],
-            "atomic {i} returned {orig}, want {}",
-            expect_orig[i]
-        );
-    }
-    let fin = tbuf.load_u64(8).map_err(|e| e.to_string())?;
-    ensure!(fin == 6, "final value {fin}, want 6");
     Ok(())
 }
 
-fn remote_access_errors(p: &Pair) -> CaseResult {
+fn remote_access_errors(s: &mut Side<'_>) -> CaseResult {
     struct Bad {
         what: &'static str,
-        op: fn(u64, u32, u64) -> SendOp,
+        op: fn(u64, u32) -> SendOp,
         access: AccessFlags,
         offset: u64,
         rkey_xor: u32,
     }
-    let write = |va, rkey, _| SendOp::RdmaWrite {
-        remote_addr: va,
-        rkey,
-    };
-    let read = |va, rkey, _| SendOp::RdmaRead {
-        remote_addr: va,
-        rkey,
-    };
+    let write = |remote_addr, rkey| SendOp::RdmaWrite { remote_addr, rkey };
+    let read = |remote_addr, rkey| SendOp::RdmaRead { remote_addr, rkey };
     let cases = [
         Bad {
             what: "forged rkey",
@@ -487,247 +521,232 @@ fn remote_access_errors(p: &Pair) -> CaseResult {
         },
     ];
     for c in cases {
-        let (a, b) = connect_rc(p, &QpOptions::default())?;
-        let (_, lmr) = a.reg(64, RW)?;
-        let (tbuf, tmr) = b.reg(4096, c.access)?;
-        let op = (c.op)(tmr.addr() + c.offset, tmr.rkey() ^ c.rkey_xor, 0);
-        let s = [sge(&*lmr, 0, 16)];
-        // Two requests: the second must be flushed after the first fails.
-        a.qp.post_send(&[SendWr::new(1, op, &s), SendWr::new(2, op, &s)])
-            .map_err(|e| e.to_string())?;
-        let wcs = poll_n(&*a.cq, 2, p.timeout)?;
-        ensure!(
-            wcs[0].status == WcStatus::RemAccessErr,
-            "{}: first {:?}",
-            c.what,
-            wcs[0]
-        );
-        ensure!(
-            wcs[1].status == WcStatus::WrFlushErr,
-            "{}: second {:?}",
-            c.what,
-            wcs[1]
-        );
-        ensure!(
-            a.qp.state() == QpState::Err,
-            "{}: requester {:?}",
-            c.what,
-            a.qp.state()
-        );
-        ensure!(
-            tbuf.to_vec(0, 4096).map_err(|e| e.to_string())? == vec![0; 4096],
-            "{}: target memory changed",
-            c.what
-        );
+        let ep = s.connect_rc(&QpOptions::default())?;
+        match s.role {
+            Role::A => {
+                let (_, lmr) = ep.reg(64, RW)?;
+                let t = s.remote_mr()?;
+                let op = (c.op)(t.addr + c.offset, t.rkey ^ c.rkey_xor);
+                let sg = [sge(&*lmr, 0, 16)];
+                // Two requests: the second must be flushed after the first fails.
+                ep.qp
+                    .post_send(&[SendWr::new(1, op, &sg), SendWr::new(2, op, &sg)])
+                    .str_err()?;
+                let wcs = poll_n(&*ep.cq, 2, s.timeout)?;
+                ensure!(
+                    wcs[0].status == WcStatus::RemAccessErr,
+                    "{}: first {:?}",
+                    c.what,
+                    wcs[0]
+                );
+                ensure!(
+                    wcs[1].status == WcStatus::WrFlushErr,
+                    "{}: second {:?}",
+                    c.what,
+                    wcs[1]
+                );
+                ensure!(
+                    ep.qp.state() == QpState::Err,
+                    "{}: requester {:?}",
+                    c.what,
+                    ep.qp.state()
+                );
+                s.signal("done")?;
+            }
+            Role::B => {
+                let (tbuf, tmr) = ep.reg(4096, c.access)?;
+                s.offer_mr(&*tmr)?;
+                s.wait_for("done")?;
+                expect_bytes(&tbuf, 0, &[0; 4096], c.what)?;
+            }
+        }
     }
     Ok(())
 }
 
-fn dereg_revokes(p: &Pair) -> CaseResult {
-    let (a, b) = connect_rc(p, &QpOptions::default())?;
-    let (_, lmr) = a.reg(64, RW)?;
-    let (tbuf, tmr) = b.reg(64, RW)?;
-    let (va, rkey) = (tmr.addr(), tmr.rkey());
-    drop(tmr); // ibv_dereg_mr
-    let op = SendOp::RdmaWrite {
-        remote_addr: va,
-        rkey,
-    };
-    a.qp.post_send(&[SendWr::new(1, op, &[sge(&*lmr, 0, 8)])])
-        .map_err(|e| e.to_string())?;
-    let wc = poll_one(&*a.cq, p.timeout)?;
-    ensure!(
-        wc.status == WcStatus::RemAccessErr,
-        "write after dereg: {wc:?}"
-    );
-    ensure!(
-        tbuf.to_vec(0, 64).map_err(|e| e.to_string())? == vec![0; 64],
-        "memory changed"
-    );
+fn dereg_revokes(s: &mut Side<'_>) -> CaseResult {
+    let ep = s.connect_rc(&QpOptions::default())?;
+    match s.role {
+        Role::A => {
+            let (_, lmr) = ep.reg(64, RW)?;
+            let t = s.remote_mr()?;
+            s.wait_for("deregistered")?;
+            let op = SendOp::RdmaWrite {
+                remote_addr: t.addr,
+                rkey: t.rkey,
+            };
+            let wc = post_wait(&ep, SendWr::new(1, op, &[sge(&*lmr, 0, 8)]), s.timeout)?;
+            wc_is(&wc, WcStatus::RemAccessErr, "write after dereg")?;
+            s.signal("done")?;
+        }
+        Role::B => {
+            let (tbuf, tmr) = ep.reg(64, RW)?;
+            s.offer_mr(&*tmr)?;
+            drop(tmr); // ibv_dereg_mr
+            s.signal("deregistered")?;
+            s.wait_for("done")?;
+            expect_bytes(&tbuf, 0, &[0; 64], "deregistered memory")?;
+        }
+    }
     Ok(())
 }
 
-fn rnr(p: &Pair) -> CaseResult {
+fn rnr(s: &mut Side<'_>) -> CaseResult {
     // Limited RNR retries and no receive: RNR_RETRY_EXC_ERR.
     let o = QpOptions {
         rnr_retry: 1,
         min_rnr_timer: 1,
         ..QpOptions::default()
     };
-    let (a, _b) = connect_rc(p, &o)?;
-    let (_, smr) = a.reg(64, RW)?;
-    a.qp.post_send(&[SendWr::new(1, SendOp::Send, &[sge(&*smr, 0, 8)])])
-        .map_err(|e| e.to_string())?;
-    let wc = poll_one(&*a.cq, p.timeout)?;
-    ensure!(wc.status == WcStatus::RnrRetryExcErr, "limited RNR: {wc:?}");
+    let limited = s.connect_rc(&o)?;
+    if s.role == Role::A {
+        let (_, smr) = limited.reg(64, RW)?;
+        let wc = post_wait(
+            &limited,
+            SendWr::new(1, SendOp::Send, &[sge(&*smr, 0, 8)]),
+            s.timeout,
+        )?;
+        wc_is(&wc, WcStatus::RnrRetryExcErr, "limited RNR")?;
+    }
     // Infinite RNR retries: the send completes once a receive is posted.
-    let (a, b) = connect_rc(p, &QpOptions::default())?;
-    let (sbuf, smr) = a.reg(64, RW)?;
-    let (rbuf, rmr) = b.reg(64, RW)?;
-    sbuf.write(0, b"late").map_err(|e| e.to_string())?;
-    a.qp.post_send(&[SendWr::new(1, SendOp::Send, &[sge(&*smr, 0, 4)])])
-        .map_err(|e| e.to_string())?;
-    expect_none(&*a.cq)?;
-    b.qp.post_recv(&[RecvWr {
-        wr_id: 3,
-        sg_list: &[sge(&*rmr, 0, 64)],
-    }])
-    .map_err(|e| e.to_string())?;
-    wc_ok(
-        &poll_one(&*a.cq, p.timeout)?,
-        WcOpcode::Send,
-        "send after RNR",
-    )?;
-    wc_ok(
-        &poll_one(&*b.cq, p.timeout)?,
-        WcOpcode::Recv,
-        "recv after RNR",
-    )?;
-    ensure!(
-        rbuf.to_vec(0, 4).map_err(|e| e.to_string())? == b"late",
-        "payload after RNR"
-    );
+    let ep = s.connect_rc(&QpOptions::default())?;
+    let (buf, mr) = ep.reg(64, RW)?;
+    match s.role {
+        Role::A => {
+            buf.write(0, b"late").str_err()?;
+            ep.qp
+                .post_send(&[SendWr::new(1, SendOp::Send, &[sge(&*mr, 0, 4)])])
+                .str_err()?;
+            expect_none(&*ep.cq)?;
+            s.signal("sent")?;
+            let wc = poll_one(&*ep.cq, s.timeout)?;
+            wc_ok(&wc, WcOpcode::Send, "send after RNR")?;
+        }
+        Role::B => {
+            s.wait_for("sent")?;
+            post_recv(&*ep.qp, 3, &[sge(&*mr, 0, 64)])?;
+            let wc = poll_one(&*ep.cq, s.timeout)?;
+            wc_ok(&wc, WcOpcode::Recv, "recv after RNR")?;
+            expect_bytes(&buf, 0, b"late", "payload after RNR")?;
+        }
+    }
     Ok(())
 }
 
-fn unsignaled_and_lists(p: &Pair) -> CaseResult {
-    let (a, b) = connect_rc(p, &QpOptions::default())?;
-    let (sbuf, smr) = a.reg(4096, RW)?;
-    let (tbuf, tmr) = b.reg(4096, RW)?;
-    sbuf.write(0, &pattern(4096, 1))
-        .map_err(|e| e.to_string())?;
-    let s: Vec<[Sge; 1]> = (0..4).map(|i| [sge(&*smr, i * 1024, 1024)]).collect();
-    let wrs: Vec<SendWr<'_>> = (0..4u64)
-        .map(|i| {
-            let mut wr = SendWr::new(
-                i,
-                SendOp::RdmaWrite {
-                    remote_addr: tmr.addr() + i * 1024,
-                    rkey: tmr.rkey(),
-                },
-                &s[i as usize],
-            );
-            if i != 3 {
-                wr.flags = SendFlags::empty(); // unsignaled
-            }
-            wr
-        })
-        .collect();
-    a.qp.post_send(&wrs).map_err(|e| e.to_string())?;
-    let wc = poll_one(&*a.cq, p.timeout)?;
-    ensure!(wc.wr_id == 3, "only the signaled WR completes: {wc:?}");
-    wc_ok(&wc, WcOpcode::RdmaWrite, "signaled write")?;
-    ensure!(
-        tbuf.to_vec(0, 4096).map_err(|e| e.to_string())? == pattern(4096, 1),
-        "writes"
-    );
-    expect_none(&*a.cq)?;
-    // A bad work request in a list: those before it are posted, bad_wr points at it.
-    let bad = [Sge {
-        lkey: smr.lkey() ^ 0x77,
-        ..s[0][0]
-    }];
-    let list = [
-        SendWr::new(
-            10,
-            SendOp::RdmaWrite {
-                remote_addr: tmr.addr(),
-                rkey: tmr.rkey(),
-            },
-            &s[0],
-        ),
-        SendWr::new(
-            11,
-            SendOp::RdmaWrite {
-                remote_addr: tmr.addr(),
-                rkey: tmr.rkey(),
-            },
-            &bad,
-        ),
-        SendWr::new(
-            12,
-            SendOp::RdmaWrite {
-                remote_addr: tmr.addr(),
-                rkey: tmr.rkey(),
-            },
-            &s[0],
-        ),
-    ];
-    let err = a.qp.post_send(&list).err().ok_or("bad lkey accepted")?;
-    ensure!(err.index == 1, "bad_wr index {}", err.index);
-    let wc = poll_one(&*a.cq, p.timeout)?;
-    ensure!(wc.wr_id == 10, "first of the list: {wc:?}");
-    expect_none(&*a.cq)?;
+fn unsignaled_and_lists(s: &mut Side<'_>) -> CaseResult {
+    let ep = s.connect_rc(&QpOptions::default())?;
+    let data = pattern(4096, 1);
+    let (buf, mr) = ep.reg(4096, RW)?;
+    match s.role {
+        Role::A => {
+            buf.write(0, &data).str_err()?;
+            let t = s.remote_mr()?;
+            let write = |i: u64| SendOp::RdmaWrite {
+                remote_addr: t.addr + i * 1024,
+                rkey: t.rkey,
+            };
+            let sg: Vec<[Sge; 1]> = (0..4).map(|i| [sge(&*mr, i * 1024, 1024)]).collect();
+            let wrs: Vec<SendWr<'_>> = (0..4u64)
+                .map(|i| {
+                    let mut wr = SendWr::new(i, write(i), &sg[i as usize]);
+                    if i != 3 {
+                        wr.flags = SendFlags::empty(); // unsignaled
+                    }
+                    wr
+                })
+                .collect();
+            ep.qp.post_send(&wrs).str_err()?;
+            let wc = poll_one(&*ep.cq, s.timeout)?;
+            ensure!(wc.wr_id == 3, "only the signaled WR completes: {wc:?}");
+            wc_ok(&wc, WcOpcode::RdmaWrite, "signaled write")?;
+            s.signal("written")?;
+            expect_none(&*ep.cq)?;
+            // A bad work request in a list: those before it are posted, bad_wr points at it.
+            let bad = [Sge {
+                lkey: mr.lkey() ^ 0x77,
+                ..sg[0][0]
+            }];
+            let list = [
+                SendWr::new(10, write(0), &sg[0]),
+                SendWr::new(11, write(0), &bad),
+                SendWr::new(12, write(0), &sg[0]),
+            ];
+            let err = ep.qp.post_send(&list).err().ok_or("bad lkey accepted")?;
+            ensure!(err.index == 1, "bad_wr index {}", err.index);
+            let wc = poll_one(&*ep.cq, s.timeout)?;
+            ensure!(wc.wr_id == 10, "first of the list: {wc:?}");
+            expect_none(&*ep.cq)?;
+            s.signal("done")?;
+        }
+        Role::B => {
+            s.offer_mr(&*mr)?;
+            s.wait_for("written")?;
+            expect_bytes(&buf, 0, &data, "writes")?;
+            s.wait_for("done")?;
+            expect_none(&*ep.cq)?;
+        }
+    }
     Ok(())
 }
 
-fn inline_send(p: &Pair) -> CaseResult {
-    let (a, b) = connect_rc(p, &QpOptions::default())?;
-    let (sbuf, smr) = a.reg(64, AccessFlags::empty())?;
-    let (rbuf, rmr) = b.reg(64, RW)?;
-    sbuf.write(0, b"inline!").map_err(|e| e.to_string())?;
-    b.qp.post_recv(&[RecvWr {
-        wr_id: 1,
-        sg_list: &[sge(&*rmr, 0, 64)],
-    }])
-    .map_err(|e| e.to_string())?;
-    let mut wr = SendWr::new(1, SendOp::Send, &[]);
-    let s = [sge(&*smr, 0, 7)];
-    wr.sg_list = &s;
-    wr.flags |= SendFlags::INLINE;
-    a.qp.post_send(&[wr]).map_err(|e| e.to_string())?;
-    // The source may change right after posting: inline data was copied.
-    sbuf.write(0, b"CHANGED").map_err(|e| e.to_string())?;
-    wc_ok(&poll_one(&*a.cq, p.timeout)?, WcOpcode::Send, "inline send")?;
-    wc_ok(&poll_one(&*b.cq, p.timeout)?, WcOpcode::Recv, "inline recv")?;
-    ensure!(
-        rbuf.to_vec(0, 7).map_err(|e| e.to_string())? == b"inline!",
-        "inline payload"
-    );
+fn inline_send(s: &mut Side<'_>) -> CaseResult {
+    let ep = s.connect_rc(&QpOptions::default())?;
+    match s.role {
+        Role::A => {
+            let (sbuf, smr) = ep.reg(64, AccessFlags::empty())?;
+            sbuf.write(0, b"inline!").str_err()?;
+            s.wait_for("receive posted")?;
+            let sg = [sge(&*smr, 0, 7)];
+            let mut wr = SendWr::new(1, SendOp::Send, &sg);
+            wr.flags |= SendFlags::INLINE;
+            ep.qp.post_send(&[wr]).str_err()?;
+            // The source may change right after posting: inline data was copied.
+            sbuf.write(0, b"CHANGED").str_err()?;
+            let wc = poll_one(&*ep.cq, s.timeout)?;
+            wc_ok(&wc, WcOpcode::Send, "inline send")?;
+        }
+        Role::B => {
+            let (rbuf, rmr) = ep.reg(64, RW)?;
+            post_recv(&*ep.qp, 1, &[sge(&*rmr, 0, 64)])?;
+            s.signal("receive posted")?;
+            let wc = poll_one(&*ep.cq, s.timeout)?;
+            wc_ok(&wc, WcOpcode::Recv, "inline recv")?;
+            expect_bytes(&rbuf, 0, b"inline!", "inline payload")?;
+        }
+    }
     Ok(())
 }
 
-fn local_post_errors(p: &Pair) -> CaseResult {
-    let (a, b) = connect_rc(p, &QpOptions::default())?;
-    let (_, mr) = a.reg(64, AccessFlags::empty())?;
+/// Both sides check their own device.
+fn local_post_errors(s: &mut Side<'_>) -> CaseResult {
+    let o = QpOptions::default();
+    let ep = s.connect_rc(&o)?;
+    let (_, mr) = ep.reg(64, AccessFlags::empty())?;
+    let refused = |sg: &[Sge], op: SendOp, what: &str| {
+        ensure!(
+            ep.qp.post_send(&[SendWr::new(1, op, sg)]).is_err(),
+            "{what} accepted"
+        );
+        Ok(())
+    };
     // READ into memory without LOCAL_WRITE.
-    let op = SendOp::RdmaRead {
+    let read = SendOp::RdmaRead {
         remote_addr: 0,
         rkey: 0,
     };
-    ensure!(
-        a.qp.post_send(&[SendWr::new(1, op, &[sge(&*mr, 0, 8)])])
-            .is_err(),
-        "READ into read-only memory accepted"
-    );
+    refused(&[sge(&*mr, 0, 8)], read, "READ into read-only memory")?;
     // SGE outside its region.
-    ensure!(
-        a.qp.post_send(&[SendWr::new(1, SendOp::Send, &[sge(&*mr, 60, 8)])])
-            .is_err(),
-        "out-of-bounds SGE accepted"
-    );
+    refused(&[sge(&*mr, 60, 8)], SendOp::Send, "out-of-bounds SGE")?;
     // An lkey of another PD.
-    let (_, other) = b.reg(64, RW)?;
-    ensure!(
-        a.qp.post_send(&[SendWr::new(1, SendOp::Send, &[sge(&*other, 0, 8)])])
-            .is_err(),
-        "lkey of another PD accepted"
-    );
+    let (_, other) = endpoint(&s.ctx, &o, QpType::Rc, None)?.reg(64, RW)?;
+    refused(&[sge(&*other, 0, 8)], SendOp::Send, "lkey of another PD")?;
     // Too many SGEs.
     let many = [sge(&*mr, 0, 1); 5];
-    ensure!(
-        a.qp.post_send(&[SendWr::new(1, SendOp::Send, &many)])
-            .is_err(),
-        "more SGEs than max_send_sge accepted"
-    );
-    expect_none(&*a.cq)?;
-    Ok(())
+    refused(&many, SendOp::Send, "more SGEs than max_send_sge")?;
+    expect_none(&*ep.cq)
 }
 
-fn ud_qp(
-    ctx: &std::sync::Arc<dyn remem_verbs::Context>,
-    qkey: u32,
-) -> Result<crate::harness::Endpoint, String> {
+fn ud_qp(ctx: &Arc<dyn Context>, qkey: u32) -> Result<Endpoint, String> {
     use QpAttrMask as M;
     let ep = endpoint(ctx, &QpOptions::default(), QpType::Ud, None)?;
     let qp = ep.qp.clone();
@@ -749,79 +768,75 @@ fn ud_qp(
     Ok(ep)
 }
 
-fn ud_send_recv(p: &Pair) -> CaseResult {
-    let a = ud_qp(&p.a, 0x1111_1111)?;
-    let b = ud_qp(&p.b, 0x2222_2222)?;
-    let (sbuf, smr) = a.reg(256, RW)?;
-    let (rbuf, rmr) = b.reg(1024, RW)?;
-    sbuf.write(0, b"datagram payload")
-        .map_err(|e| e.to_string())?;
-    let gb =
-        p.b.query_gid(1, u32::from(b.gid_index))
-            .map_err(|e| e.to_string())?
-            .gid;
-    let ah =
-        a.pd.create_ah(&remem_verbs::AhAttr {
-            dgid: gb,
-            sgid_index: a.gid_index,
-            ..remem_verbs::AhAttr::default()
-        })
-        .map_err(|e| format!("create_ah: {e}"))?;
-    b.qp.post_recv(&[RecvWr {
-        wr_id: 1,
-        sg_list: &[sge(&*rmr, 0, 512)],
-    }])
-    .map_err(|e| e.to_string())?;
-    let s = [sge(&*smr, 0, 16)];
-    let dest = |qkey| remem_verbs::UdDest {
-        ah: ah.clone(),
-        remote_qpn: b.qp.qp_num(),
-        remote_qkey: qkey,
+fn ud_send_recv(s: &mut Side<'_>) -> CaseResult {
+    const QKEY_B: u32 = 0x2222_2222;
+    let qkey = match s.role {
+        Role::A => 0x1111_1111,
+        Role::B => QKEY_B,
     };
-    // A wrong Q_Key is dropped at the receiver; the right one arrives.
-    let mut bad = SendWr::new(1, SendOp::Send, &s);
-    bad.ud = Some(dest(0x3333_3333));
-    let mut good = SendWr::new(2, SendOp::SendWithImm { imm: 99 }, &s);
-    good.ud = Some(dest(0x2222_2222));
-    a.qp.post_send(&[bad, good]).map_err(|e| e.to_string())?;
-    let wcs = poll_n(&*a.cq, 2, p.timeout)?;
-    ensure!(
-        wcs.iter().all(|w| w.status == WcStatus::Success),
-        "UD sends complete locally: {wcs:?}"
-    );
-    let wc = poll_one(&*b.cq, p.timeout)?;
-    wc_ok(&wc, WcOpcode::Recv, "UD recv")?;
-    ensure!(
-        wc.imm() == Some(99),
-        "the wrong-Q_Key datagram was not dropped: {wc:?}"
-    );
-    ensure!(
-        wc.byte_len == 40 + 16,
-        "byte_len {} (GRH + payload)",
-        wc.byte_len
-    );
-    ensure!(wc.src_qp == a.qp.qp_num(), "src_qp {}", wc.src_qp);
-    ensure!(wc.wc_flags.contains(WcFlags::GRH), "GRH flag");
-    ensure!(
-        rbuf.to_vec(40, 16).map_err(|e| e.to_string())? == b"datagram payload",
-        "payload after the 40-byte GRH"
-    );
-    // Datagrams larger than the MTU are refused locally.
-    let big_mtu =
-        p.a.query_port(1)
-            .map_err(|e| e.to_string())?
-            .active_mtu
-            .bytes();
-    let (_, bigmr) = a.reg(big_mtu as usize + 1, RW)?;
-    let mut big = SendWr::new(3, SendOp::Send, &[]);
-    let bs = [sge(&*bigmr, 0, big_mtu + 1)];
-    big.sg_list = &bs;
-    big.ud = Some(dest(0x2222_2222));
-    a.qp.post_send(&[big]).map_err(|e| e.to_string())?;
-    let wc = poll_one(&*a.cq, p.timeout)?;
-    ensure!(
-        wc.status == WcStatus::LocLenErr,
-        "oversized datagram: {wc:?}"
-    );
+    let ep = ud_qp(&s.ctx, qkey)?;
+    let (_, peer) = s.exchange_qp(&ep, &QpOptions::default())?;
+    match s.role {
+        Role::A => {
+            let (sbuf, smr) = ep.reg(256, RW)?;
+            sbuf.write(0, b"datagram payload").str_err()?;
+            let ah = ep
+                .pd
+                .create_ah(&remem_verbs::AhAttr {
+                    dgid: peer.gid,
+                    sgid_index: ep.gid_index,
+                    ..remem_verbs::AhAttr::default()
+                })
+                .map_err(|e| format!("create_ah: {e}"))?;
+            let dest = |qkey| remem_verbs::UdDest {
+                ah: ah.clone(),
+                remote_qpn: peer.qpn,
+                remote_qkey: qkey,
+            };
+            let sg = [sge(&*smr, 0, 16)];
+            // A wrong Q_Key is dropped at the receiver; the right one arrives.
+            let mut bad = SendWr::new(1, SendOp::Send, &sg);
+            bad.ud = Some(dest(0x3333_3333));
+            let mut good = SendWr::new(2, SendOp::SendWithImm { imm: 99 }, &sg);
+            good.ud = Some(dest(QKEY_B));
+            s.wait_for("receive posted")?;
+            ep.qp.post_send(&[bad, good]).str_err()?;
+            let wcs = poll_n(&*ep.cq, 2, s.timeout)?;
+            ensure!(
+                wcs.iter().all(|w| w.status == WcStatus::Success),
+                "UD sends complete locally: {wcs:?}"
+            );
+            // Datagrams larger than the MTU are refused locally.
+            let mtu = s.ctx.query_port(1).str_err()?.active_mtu.bytes();
+            let (_, bigmr) = ep.reg(mtu as usize + 1, RW)?;
+            let bs = [sge(&*bigmr, 0, mtu + 1)];
+            let mut big = SendWr::new(3, SendOp::Send, &bs);
+            big.ud = Some(dest(QKEY_B));
+            let wc = post_wait(&ep, big, s.timeout)?;
+            wc_is(&wc, WcStatus::LocLenErr, "oversized datagram")?;
+            s.signal("done")?;
+        }
+        Role::B => {
+            let (rbuf, rmr) = ep.reg(1024, RW)?;
+            post_recv(&*ep.qp, 1, &[sge(&*rmr, 0, 512)])?;
+            s.signal("receive posted")?;
+            let wc = poll_one(&*ep.cq, s.timeout)?;
+            wc_ok(&wc, WcOpcode::Recv, "UD recv")?;
+            ensure!(
+                wc.imm() == Some(99),
+                "the wrong-Q_Key datagram was not dropped: {wc:?}"
+            );
+            ensure!(
+                wc.byte_len == 40 + 16,
+                "byte_len {} (GRH + payload)",
+                wc.byte_len
+            );
+            ensure!(wc.src_qp == peer.qpn, "src_qp {}", wc.src_qp);
+            ensure!(wc.wc_flags.contains(WcFlags::GRH), "GRH flag");
+            expect_bytes(&rbuf, 40, b"datagram payload", "payload after the GRH")?;
+            s.wait_for("done")?;
+            expect_none(&*ep.cq)?;
+        }
+    }
     Ok(())
 }

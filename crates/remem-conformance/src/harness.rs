@@ -1,12 +1,15 @@
 //! Setting up connected queue pairs and waiting for completions.
 
 use remem_verbs::{
-    AccessFlags, AhAttr, CompletionQueue, Context, GidType, MemRegion, MemoryBuffer, MemoryRegion,
-    Mtu, ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, QueuePair,
-    WorkCompletion,
+    AccessFlags, AhAttr, CompletionQueue, Context, Gid, GidType, MemRegion, MemoryBuffer,
+    MemoryRegion, Mtu, ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
+    QueuePair, WorkCompletion,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// How long a case waits for a completion by default.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Two devices to test between (they may be the same device).
 #[derive(Clone)]
@@ -20,12 +23,12 @@ pub struct Pair {
 }
 
 impl Pair {
-    /// A pair with a 10 s completion timeout.
+    /// A pair with the default completion timeout, [`TIMEOUT`].
     pub fn new(a: Arc<dyn Context>, b: Arc<dyn Context>) -> Self {
         Pair {
             a,
             b,
-            timeout: Duration::from_secs(10),
+            timeout: TIMEOUT,
         }
     }
 }
@@ -109,7 +112,7 @@ impl Endpoint {
 }
 
 /// The first RoCE v2 GID of port 1 (IPv4-mapped ones first): its index and value.
-pub fn roce_v2_gid(ctx: &dyn Context) -> Result<(u8, remem_verbs::Gid), String> {
+pub fn roce_v2_gid(ctx: &dyn Context) -> Result<(u8, Gid), String> {
     let table = ctx.gid_table(1).map_err(|e| format!("gid_table: {e}"))?;
     table
         .iter()
@@ -155,7 +158,7 @@ pub fn endpoint(
 pub fn bring_up(
     me: &Endpoint,
     peer_qpn: u32,
-    peer_gid: remem_verbs::Gid,
+    peer_gid: Gid,
     my_psn: u32,
     peer_psn: u32,
     mtu: Mtu,
@@ -219,18 +222,70 @@ pub fn bring_up(
     Ok(())
 }
 
+/// The initial send PSN of each role: A's (index 0) wraps soon, B's is close to the wrap.
+pub(crate) const PSNS: [u32; 2] = [0x00ab_cdef, 0x00ff_fff0];
+
+/// What the peer needs to connect to a queue pair: its number, GID, initial PSN and the
+/// path MTU its side can use.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QpInfo {
+    pub qpn: u32,
+    pub gid: Gid,
+    pub psn: u32,
+    pub mtu: Mtu,
+}
+
+impl QpInfo {
+    /// `ep`'s information, with `psn` as its initial send PSN.
+    pub fn of(ep: &Endpoint, psn: u32, o: &QpOptions) -> Result<QpInfo, String> {
+        let (_, gid) = roce_v2_gid(&*ep.ctx)?;
+        let port = ep.ctx.query_port(1).map_err(|e| e.to_string())?;
+        Ok(QpInfo {
+            qpn: ep.qp.qp_num(),
+            gid,
+            psn,
+            mtu: o.mtu.min(port.active_mtu),
+        })
+    }
+
+    /// Brings `ep` (described by `self`) up towards `peer`.
+    pub fn connect(&self, ep: &Endpoint, peer: &QpInfo, o: &QpOptions) -> Result<(), String> {
+        let mtu = self.mtu.min(peer.mtu);
+        bring_up(ep, peer.qpn, peer.gid, self.psn, peer.psn, mtu, o)
+    }
+
+    /// As words for a link.
+    pub fn words(&self) -> [u64; 5] {
+        let gid = u128::from_be_bytes(self.gid.0);
+        let mtu = u64::from(self.mtu.bytes());
+        let (qpn, psn) = (u64::from(self.qpn), u64::from(self.psn));
+        [qpn, (gid >> 64) as u64, gid as u64, psn, mtu]
+    }
+
+    /// From [`QpInfo::words`].
+    pub fn from_words([qpn, hi, lo, psn, mtu]: [u64; 5]) -> Result<QpInfo, String> {
+        let bad = || format!("bad QP information {:?}", [qpn, hi, lo, psn, mtu]);
+        let gid = (u128::from(hi) << 64) | u128::from(lo);
+        Ok(QpInfo {
+            qpn: u32::try_from(qpn).map_err(|_| bad())?,
+            gid: Gid(gid.to_be_bytes()),
+            psn: u32::try_from(psn).map_err(|_| bad())?,
+            mtu: u32::try_from(mtu)
+                .ok()
+                .and_then(Mtu::from_bytes)
+                .ok_or_else(bad)?,
+        })
+    }
+}
+
 /// Creates an RC QP on each device of `pair` and connects them (`a` ↔ `b`).
 pub fn connect_rc(pair: &Pair, o: &QpOptions) -> Result<(Endpoint, Endpoint), String> {
     let a = endpoint(&pair.a, o, QpType::Rc, None)?;
     let b = endpoint(&pair.b, o, QpType::Rc, None)?;
-    let (_, ga) = roce_v2_gid(&*pair.a)?;
-    let (_, gb) = roce_v2_gid(&*pair.b)?;
-    let mtu_a = pair.a.query_port(1).map_err(|e| e.to_string())?.active_mtu;
-    let mtu_b = pair.b.query_port(1).map_err(|e| e.to_string())?.active_mtu;
-    let mtu = o.mtu.min(mtu_a).min(mtu_b);
-    let (pa, pb) = (0x00ab_cdef, 0x00ff_fff0); // PSNs that wrap soon on one side
-    bring_up(&a, b.qp.qp_num(), gb, pa, pb, mtu, o)?;
-    bring_up(&b, a.qp.qp_num(), ga, pb, pa, mtu, o)?;
+    let ia = QpInfo::of(&a, PSNS[0], o)?;
+    let ib = QpInfo::of(&b, PSNS[1], o)?;
+    ia.connect(&a, &ib, o)?;
+    ib.connect(&b, &ia, o)?;
     Ok((a, b))
 }
 

@@ -5,82 +5,77 @@
 //! cargo run -p remem-soft --example two_process
 //! ```
 //!
-//! The child serves; this process drives and prints each check. Endpoint information goes
-//! over a TCP connection; the RDMA traffic is RoCEv2 over UDP between the two devices.
+//! Both processes run the same conformance cases, this one as the requester (A), the child
+//! as the responder (B). Queue pair numbers, memory keys and results go over a socket
+//! between the two; the RDMA traffic is RoCEv2 over UDP between the two devices.
 
+use remem_conformance::remote::{run_with_child, serve_parent};
+use remem_conformance::{Case, TIMEOUT};
 use remem_soft::SoftContext;
-use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener};
-use std::process::{Command, ExitCode, Stdio};
+use std::net::SocketAddr;
+use std::process::{Command, ExitCode};
 use std::sync::Arc;
 
+const CASES: [&str; 4] = [
+    "send_recv_multi_packet_multi_sge",
+    "rdma_write_and_write_with_imm",
+    "rdma_read_multi_packet",
+    "atomics_return_original_values",
+];
+
+fn device(ip: [u8; 4], port: u16) -> Result<Arc<SoftContext>, String> {
+    let addr = SocketAddr::from((ip, port));
+    SoftContext::bind(addr)
+        .map(Arc::new)
+        .map_err(|e| format!("cannot open a soft device on {addr}: {e}"))
+}
+
+/// The child: B on 127.0.0.2 until the parent is done.
 fn server(port: u16) -> Result<(), String> {
-    let ctx =
-        SoftContext::bind(SocketAddr::from(([127, 0, 0, 2], port))).map_err(|e| e.to_string())?;
-    let listener = TcpListener::bind("127.0.0.2:0").map_err(|e| e.to_string())?;
-    println!(
-        "listening {}",
-        listener.local_addr().map_err(|e| e.to_string())?
-    );
-    remem_conformance::remote::serve(Arc::new(ctx), listener)
+    serve_parent(&(device([127, 0, 0, 2], port)? as _), TIMEOUT).map(|_| ())
+}
+
+fn driver() -> Result<(), String> {
+    let ctx = device([127, 0, 0, 1], 0)?;
+    let port = ctx.local_addr().port();
+    println!("driver: soft device on {}", ctx.local_addr());
+    let mut child = Command::new(std::env::current_exe().map_err(|e| e.to_string())?);
+    child.args(["server", &port.to_string()]);
+    println!("driver: server process on 127.0.0.2:{port}");
+    let cases: Vec<&Case> = CASES.iter().filter_map(|n| Case::named(n)).collect();
+    let results = run_with_child(&(ctx as _), child, &cases, TIMEOUT)?;
+    let mut failed = 0;
+    for (name, result) in &results {
+        match result {
+            Ok(()) => println!(
+                "checked: {name}: {}",
+                Case::named(name).map_or("", |c| c.about)
+            ),
+            Err(e) => {
+                failed += 1;
+                eprintln!("FAILED: {name}: {e}");
+            }
+        }
+    }
+    match failed {
+        0 if results.len() == CASES.len() => Ok(()),
+        0 => Err(format!("ran {} of {} cases", results.len(), CASES.len())),
+        n => Err(format!("{n} failed")),
+    }
 }
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("server") {
+    let result = if args.get(1).map(String::as_str) == Some("server") {
         let port = args.get(2).and_then(|p| p.parse().ok()).unwrap_or(4791);
-        return match server(port) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("server: {e}");
-                ExitCode::FAILURE
-            }
-        };
-    }
-    let ctx = match SoftContext::bind(SocketAddr::from(([127, 0, 0, 1], 0))) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("cannot open a soft device on 127.0.0.1: {e}");
-            return ExitCode::FAILURE;
-        }
+        server(port).map_err(|e| format!("server: {e}"))
+    } else {
+        driver().map(|()| println!("all checks passed"))
     };
-    let port = ctx.local_addr().port();
-    println!("driver: soft device on {}", ctx.local_addr());
-    let exe = std::env::current_exe().expect("own path");
-    let mut child = Command::new(exe)
-        .args(["server", &port.to_string()])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn the server process");
-    let mut line = String::new();
-    let stdout = child.stdout.take().expect("child stdout");
-    BufReader::new(stdout).read_line(&mut line).ok();
-    let Some(addr) = line
-        .strip_prefix("listening ")
-        .and_then(|a| a.trim().parse::<SocketAddr>().ok())
-    else {
-        eprintln!("server did not start: {line:?}");
-        let _ = child.kill();
-        let _ = child.wait();
-        return ExitCode::FAILURE;
-    };
-    println!("driver: server process {} on 127.0.0.2:{port}", child.id());
-    let result = remem_conformance::remote::drive(Arc::new(ctx), addr);
-    let status = child.wait().expect("wait for the server");
     match result {
-        Ok(report) if status.success() => {
-            for r in report {
-                println!("checked: {r}");
-            }
-            println!("all checks passed");
-            ExitCode::SUCCESS
-        }
-        Ok(_) => {
-            eprintln!("server process failed: {status}");
-            ExitCode::FAILURE
-        }
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("check failed: {e}");
+            eprintln!("{e}");
             ExitCode::FAILURE
         }
     }

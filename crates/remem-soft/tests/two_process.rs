@@ -1,55 +1,76 @@
-//! Two soft devices in two processes (this test and a child it spawns), talking RoCEv2
-//! over UDP on loopback: SEND with immediate, WRITE, READ, compare-and-swap, fetch-and-add.
+//! Every conformance case between two soft devices in two processes: this test plays A on
+//! 127.0.5.1, a child process it spawns (this test binary again) plays B on 127.0.5.2, and
+//! the devices talk RoCEv2 over UDP on loopback.
 
+use remem_conformance::remote::{run_with_child, serve_parent};
+use remem_conformance::{CASES, Case, CaseResult, TIMEOUT};
 use remem_soft::SoftContext;
-use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 const CHILD_ENV: &str = "REMEM_TWO_PROCESS_CHILD_PORT";
 
-/// The server side; runs only in the child process (ignored otherwise).
+fn device(ip: [u8; 4], port: u16) -> SoftContext {
+    SoftContext::bind(SocketAddr::from((ip, port))).expect("soft device")
+}
+
+/// The B side; runs only in the child process of `two_processes`.
 #[test]
 #[ignore = "runs in the child process of two_processes"]
 fn child_server() {
-    let port: u16 = std::env::var(CHILD_ENV)
-        .expect("only run as a child")
-        .parse()
-        .unwrap();
-    let ctx = SoftContext::bind(SocketAddr::from(([127, 0, 5, 2], port))).unwrap();
-    let listener = TcpListener::bind("127.0.5.2:0").unwrap();
-    println!("listening {}", listener.local_addr().unwrap());
-    remem_conformance::remote::serve(Arc::new(ctx), listener).unwrap();
+    let Ok(port) = std::env::var(CHILD_ENV) else {
+        eprintln!("child_server only runs as the child of two_processes");
+        return;
+    };
+    let ctx = device([127, 0, 5, 2], port.parse().expect("port"));
+    serve_parent(&(Arc::new(ctx) as _), TIMEOUT).expect("serving the parent");
+}
+
+/// Runs `cases` with a child process serving B; returns each case's name and result.
+fn with_child(cases: &[&'static Case]) -> Vec<(&'static str, CaseResult)> {
+    let ctx = device([127, 0, 5, 1], 0);
+    let mut child = Command::new(std::env::current_exe().expect("own path"));
+    child
+        .args(["--exact", "child_server", "--ignored", "--nocapture"])
+        .env(CHILD_ENV, ctx.local_addr().port().to_string())
+        .stdout(Stdio::null()); // the test harness's report; failures come over the link
+    run_with_child(&(Arc::new(ctx) as _), child, cases, TIMEOUT).expect("child")
 }
 
 #[test]
 fn two_processes() {
-    let ctx = SoftContext::bind(SocketAddr::from(([127, 0, 5, 1], 0))).unwrap();
-    let port = ctx.local_addr().port();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_server", "--ignored", "--nocapture"])
-        .env(CHILD_ENV, port.to_string())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut reader = BufReader::new(child.stdout.take().unwrap());
-    let mut addr = None;
-    let mut line = String::new();
-    // The test harness prints its own lines first; find ours.
-    while reader.read_line(&mut line).unwrap() > 0 {
-        if let Some(a) = line.trim().strip_prefix("listening ") {
-            addr = Some(a.parse::<SocketAddr>().unwrap());
-            break;
-        }
-        line.clear();
-    }
-    let addr = addr.expect("child did not start its server");
-    let report = remem_conformance::remote::drive(Arc::new(ctx), addr);
-    // Drain the child's output so it cannot block on a full pipe, then reap it.
-    std::thread::spawn(move || for _ in reader.lines() {});
-    let status = child.wait().unwrap();
-    let report = report.unwrap();
-    assert!(status.success(), "child failed: {status}");
-    assert_eq!(report.len(), 10, "{report:?}");
+    let results = with_child(&CASES.iter().collect::<Vec<_>>());
+    let failed: Vec<String> = results
+        .iter()
+        .filter_map(|(name, r)| r.as_ref().err().map(|e| format!("{name}: {e}")))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed:\n{}",
+        failed.len(),
+        results.len(),
+        failed.join("\n")
+    );
+    assert_eq!(results.len(), CASES.len(), "every case ran");
+}
+
+/// A case the child does not know fails on both sides, and the next case still runs.
+#[test]
+fn an_unknown_case_fails_and_the_session_goes_on() {
+    static UNKNOWN: Case = Case {
+        name: "not_a_case",
+        about: "a case only the parent knows",
+        side: |s| s.barrier("never reached by the child"),
+        run: |_| Ok(()),
+    };
+    let next = Case::named("rdma_read_multi_packet").expect("case");
+    let results = with_child(&[&UNKNOWN, next]);
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert_eq!(
+        results[0].1,
+        Err("B: no case \"not_a_case\"".to_string()),
+        "unknown case"
+    );
+    assert_eq!(results[1], (next.name, Ok(())), "the next case");
 }
