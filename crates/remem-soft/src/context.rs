@@ -150,7 +150,7 @@ impl SoftContext {
         };
         let gids = gid_table_for(Some(addr.ip()), netdev.as_ref().map(|n| n.name.as_str()));
         let node_guid = 0x0200_0000_0000_0000 | u64::from(rand::random::<u32>());
-        let mut info = DeviceInfo {
+        let info = DeviceInfo {
             name: format!("soft@{addr}"),
             provider: "soft",
             node_guid,
@@ -160,10 +160,7 @@ impl SoftContext {
         };
         let port = port_attr(mtu, true, info.gids.len());
         let attr = device_attr(node_guid);
-        let dev = DeviceShared::open(info.clone(), attr, port, addr, opts)?;
-        // Report the port actually bound (port 0 picks one).
-        info.udp_addr = Some(dev.engine.local());
-        info.name = format!("soft@{}", dev.engine.local());
+        let dev = DeviceShared::open(info, attr, port, addr, opts)?;
         Ok(SoftContext { dev })
     }
 
@@ -258,6 +255,9 @@ mod tests {
     fn bind_loopback_and_query() {
         let ctx = SoftContext::bind("127.0.3.1:0".parse().unwrap()).unwrap();
         assert!(ctx.local_addr().port() != 0);
+        // The device reports the port it bound, in its address and its name.
+        assert_eq!(ctx.info().udp_addr, Some(ctx.local_addr()));
+        assert_eq!(ctx.info().name, format!("soft@{}", ctx.local_addr()));
         let dev = ctx.query_device().unwrap();
         assert_eq!(dev.max_qp_rd_atom, 128);
         let port = ctx.query_port(1).unwrap();

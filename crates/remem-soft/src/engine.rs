@@ -77,6 +77,10 @@ pub struct Engine {
 struct Ready {
     queue: VecDeque<u32>,
     set: HashSet<u32>,
+    /// QPs kept alive until their queued packets are out: an ACK owed for a message the
+    /// application has already seen completed must leave even if it destroys the QP at
+    /// once (else the peer retries into a void and fails with RETRY_EXC_ERR).
+    held: HashMap<u32, Arc<SoftQp>>,
 }
 
 fn ip_fields(src: IpAddr, dst: IpAddr, id: u16) -> IpFields {
@@ -172,6 +176,16 @@ impl Engine {
         }
     }
 
+    /// Marks a QP as having packets to send, keeping it alive until they are sent.
+    fn mark_ready_held(&self, qp: Arc<SoftQp>) {
+        let qpn = remem_verbs::QueuePair::qp_num(&*qp);
+        let mut r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+        if r.set.insert(qpn) {
+            r.queue.push_back(qpn);
+        }
+        r.held.insert(qpn, qp);
+    }
+
     fn mark_timed(&self, qpn: u32) {
         self.timed
             .lock()
@@ -236,7 +250,7 @@ impl Engine {
                 dst: to,
             },
         );
-        self.mark_ready(qpn);
+        self.mark_ready_held(qp);
         self.mark_timed(qpn);
         Ok(())
     }
@@ -257,13 +271,16 @@ impl Engine {
         ip_id: u16,
     ) -> Option<(SocketAddr, usize)> {
         loop {
-            let qpn = {
+            let (qpn, held) = {
                 let mut r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
                 let qpn = r.queue.pop_front()?;
                 r.set.remove(&qpn);
-                qpn
+                (qpn, r.held.remove(&qpn))
             };
-            let Some(qp) = self.qp(qpn) else { continue };
+            let held_alive = held.is_some();
+            let Some(qp) = held.or_else(|| self.qp(qpn)) else {
+                continue;
+            };
             let mut dst = self.local;
             let built = qp.poll_transmit(now, |tx, dgid, fill| {
                 dst = SocketAddr::new(dgid.to_ip(), self.peer_port);
@@ -276,8 +293,13 @@ impl Engine {
             self.mark_timed(qpn);
             match built {
                 Some(Some(len)) => {
-                    // It may have more: keep it in the rotation.
-                    self.mark_ready(qpn);
+                    // It may have more: keep it in the rotation (and alive, if it was
+                    // held: what it queued before it was destroyed still leaves).
+                    if held_alive {
+                        self.mark_ready_held(qp);
+                    } else {
+                        self.mark_ready(qpn);
+                    }
                     return Some((dst, len));
                 }
                 Some(None) => continue, // could not build (buffer too small): skip
@@ -655,6 +677,42 @@ mod tests {
                 recvs < rcvd / 2,
                 "GRO: {recvs} datagrams for {rcvd} packets"
             );
+        }
+    }
+
+    #[test]
+    fn ack_leaves_even_if_the_receiver_destroys_its_qp_at_once() {
+        // The receiver sees its completion and destroys the QP before its progress
+        // thread sent the ACK: the ACK must still leave, or the sender fails after its
+        // retries. Repeated, since the window is a race.
+        for round in 0..10u32 {
+            let port = 4793;
+            let a = side("127.0.1.5", port, 0x105 + round);
+            let b = side("127.0.1.6", port, 0x206 + round);
+            connect(&a, "127.0.1.6", 0x206 + round);
+            connect(&b, "127.0.1.5", 0x105 + round);
+            let sge = |s: &Side| Sge {
+                addr: s.buf.addr(),
+                length: 64,
+                lkey: 7,
+            };
+            b.qp.post_recv(&[RecvWr {
+                wr_id: 1,
+                sg_list: &[sge(&b)],
+            }])
+            .unwrap();
+            a.qp.post_send(&[SendWr::new(1, SendOp::Send, &[sge(&a)])])
+                .unwrap();
+            wait_wcs(&b, 1);
+            let Side {
+                qp,
+                _progress: b_progress,
+                ..
+            } = b;
+            drop(qp);
+            let wcs = wait_wcs(&a, 1);
+            assert_eq!(wcs[0].status, WcStatus::Success, "round {round}");
+            drop(b_progress);
         }
     }
 }

@@ -173,7 +173,7 @@ impl PreparedConnection {
 /// One in-flight work request.
 struct Pending {
     /// The waiting future, if it still waits.
-    tx: Option<oneshot::Sender<WorkCompletion>>,
+    tx: Option<oneshot::Sender<(WorkCompletion, u64)>>,
     /// What must outlive the work request: its memory and its send-queue slot.
     _keep: Keep,
     /// A credit message: the next one may go once it completes.
@@ -575,7 +575,14 @@ impl ConnShared {
             self.mark_closed(format!("{:?} failed with {}", wc.opcode, wc.status));
         }
         if let Some(tx) = p.tx {
-            let _ = tx.send(*wc);
+            // The slot's word (an atomic's result) is read before the slot is freed.
+            let word = p
+                ._keep
+                ._slot
+                .as_ref()
+                .and_then(|g| self.slots.mr.load_u64(g.index as usize * 8).ok())
+                .unwrap_or(0);
+            let _ = tx.send((*wc, word));
         }
     }
 
@@ -690,7 +697,8 @@ impl ConnShared {
         }
     }
 
-    /// Posts one signaled work request and waits for its completion.
+    /// Posts one signaled work request and waits for its completion; returns the word in
+    /// its slot at completion (an atomic's result), 0 without a slot.
     async fn execute(
         self: &Arc<Self>,
         op: SendOp,
@@ -698,7 +706,7 @@ impl ConnShared {
         slot: Option<SlotGuard>,
         needs_credit: bool,
         header_at: Option<(usize, Kind, Option<u32>)>,
-    ) -> Result<WorkCompletion> {
+    ) -> Result<u64> {
         self.check_open()?;
         let permit = self
             .sq
@@ -742,9 +750,9 @@ impl ConnShared {
             }
             return Err(Error::Verbs(e.error));
         }
-        let wc = rx.await.map_err(|_| self.closed_error())?;
+        let (wc, word) = rx.await.map_err(|_| self.closed_error())?;
         match wc.status {
-            WcStatus::Success => Ok(wc),
+            WcStatus::Success => Ok(word),
             WcStatus::WrFlushErr if self.is_closed.load(Ordering::Acquire) => {
                 Err(self.closed_error())
             }
@@ -796,7 +804,7 @@ fn check_remote(local: usize, remote: &RemoteMr) -> Result<()> {
 }
 
 fn check_atomic(remote: &RemoteMr) -> Result<()> {
-    if remote.len != 8 || remote.addr % 8 != 0 {
+    if remote.len != 8 || !remote.addr.is_multiple_of(8) {
         return Err(Error::InvalidArgument(format!(
             "atomics act on 8 aligned bytes, not {} bytes at {:#x}",
             remote.len, remote.addr
@@ -852,11 +860,9 @@ impl Connection {
 
     async fn atomic(&self, op: SendOp) -> Result<u64> {
         let (slot, span) = self.slot().await?;
-        let offset = span.offset;
         self.shared
             .execute(op, vec![span], Some(slot), false, None)
-            .await?;
-        self.shared.slots.mr.load_u64(offset)
+            .await
     }
 
     async fn slot(&self) -> Result<(SlotGuard, Span)> {
@@ -957,12 +963,8 @@ impl Connection {
             MemoryBuffer::from_vec(token.to_vec()),
             AccessFlags::LOCAL_WRITE,
         )?;
-        self.send_message(
-            Some(crate::mr::Local::span(&scratch)),
-            Kind::MrToken,
-            None,
-        )
-        .await
+        self.send_message(Some(crate::mr::Local::span(&scratch)), Kind::MrToken, None)
+            .await
     }
 
     /// The next memory region the peer lent with [`Connection::send_local_mr`].

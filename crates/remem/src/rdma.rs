@@ -4,9 +4,7 @@
 use crate::conn::Connection;
 use crate::error::{Error, Result};
 use crate::mr::{LocalMr, register};
-use remem_verbs::{
-    AccessFlags, Context, Gid, GidType, MemoryBuffer, Mtu, ProtectionDomain, QpCap,
-};
+use remem_verbs::{AccessFlags, Context, Gid, GidType, MemoryBuffer, Mtu, ProtectionDomain, QpCap};
 use std::alloc::Layout;
 use std::sync::Arc;
 use std::time::Duration;
@@ -309,7 +307,7 @@ impl Rdma {
     /// not exceed [`RdmaBuilder::access`]).
     pub fn alloc_local_mr_with(&self, layout: Layout, access: AccessFlags) -> Result<LocalMr> {
         let buf = MemoryBuffer::zeroed(layout.size().max(1))?;
-        if buf.addr() % layout.align() as u64 != 0 {
+        if !buf.addr().is_multiple_of(layout.align() as u64) {
             return Err(Error::InvalidArgument(format!(
                 "alignment {} is not supported (at most {})",
                 layout.align(),

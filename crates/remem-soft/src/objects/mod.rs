@@ -88,7 +88,7 @@ pub struct DeviceShared {
 impl DeviceShared {
     /// Binds `addr` and starts the device's progress thread.
     pub fn open(
-        info: DeviceInfo,
+        mut info: DeviceInfo,
         attr: DeviceAttr,
         port: PortAttr,
         addr: SocketAddr,
@@ -98,6 +98,11 @@ impl DeviceShared {
             Error::DeviceUnavailable(format!("{}: cannot bind UDP {addr}: {e}", info.name))
         })?;
         let local = socket.local_addr()?;
+        // Port 0 picked a port: the device's address and name tell which.
+        if let Some(asked) = info.udp_addr.filter(|a| *a != local) {
+            info.name = info.name.replace(&asked.to_string(), &local.to_string());
+            info.udp_addr = Some(local);
+        }
         let nic = Nic::new(socket)?;
         let pcap = match &opts.pcap {
             Some(path) => Some(crate::pcap::PcapWriter::open(path)?),

@@ -1,0 +1,313 @@
+//! The async API on two soft devices in one process (127.0.11.x, one UDP port picked at run
+//! time): connection setup over TCP, one-sided operations, atomics, messages, lending
+//! memory, many tasks on one connection, cancellation, access errors and close.
+
+use remem::{AccessFlags, Connection, Error, Polling, Rdma, RdmaBuilder};
+use std::alloc::Layout;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// Two `Rdma`s on two soft devices that can talk: distinct addresses, one UDP port.
+fn pair(polling: Polling) -> (Rdma, Rdma) {
+    static NEXT: AtomicU8 = AtomicU8::new(1);
+    let n = NEXT.fetch_add(2, Ordering::Relaxed);
+    let a = RdmaBuilder::new()
+        .device(format!("soft@127.0.11.{n}:0"))
+        .polling(polling)
+        .build()
+        .unwrap();
+    let port = a.context().info().udp_addr.unwrap().port();
+    let b = RdmaBuilder::new()
+        .device(format!("soft@127.0.11.{}:{port}", n + 1))
+        .polling(polling)
+        .build()
+        .unwrap();
+    (a, b)
+}
+
+async fn connect(a: &Rdma, b: &Rdma) -> (Connection, Connection) {
+    let listener = b.listen("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (ca, cb) = tokio::join!(a.connect(addr), listener.accept());
+    (ca.unwrap(), cb.unwrap())
+}
+
+fn layout(n: usize) -> Layout {
+    Layout::from_size_align(n, 8).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sided_atomics_and_messages() {
+    let (a, b) = pair(Polling::Event);
+    let (ca, cb) = connect(&a, &b).await;
+    // B lends a region; A writes, reads back, and does atomics on it.
+    let target = b.alloc_local_mr(layout(100_000)).unwrap();
+    cb.send_local_mr(&target).await.unwrap();
+    let remote = ca.receive_remote_mr().await.unwrap();
+    assert_eq!(remote.len(), 100_000);
+    let data: Vec<u8> = (0..50_000u32).map(|i| (i * 7 + 1) as u8).collect();
+    let src = a.alloc_local_mr(layout(50_000)).unwrap();
+    src.write(0, &data).unwrap();
+    ca.write(&src, &remote.get(1000..51_000).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(target.to_vec()[1000..51_000], data[..]);
+    let mut back = a.alloc_local_mr(layout(50_000)).unwrap();
+    ca.read(&mut back, &remote.get(1000..51_000).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(back.to_vec(), data);
+    // Read into part of a region, through get_mut.
+    let part = back.get_mut(0..100).unwrap();
+    ca.read(&mut { part }, &remote.get(0..100).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(back.to_vec()[..100], vec![0u8; 100][..]);
+    // Atomics return the previous value.
+    target.store_u64(99_992, 40).unwrap();
+    let word = remote.get(99_992..100_000).unwrap();
+    assert_eq!(ca.fetch_and_add(&word, 2).await.unwrap(), 40);
+    assert_eq!(ca.compare_and_swap(&word, 42, 7).await.unwrap(), 42);
+    assert_eq!(ca.compare_and_swap(&word, 42, 9).await.unwrap(), 7);
+    assert_eq!(target.load_u64(99_992).unwrap(), 7);
+    // Write with immediate.
+    ca.write_with_imm(
+        &src.get(0..10).unwrap(),
+        &remote.get(0..10).unwrap(),
+        0xabcd,
+    )
+    .await
+    .unwrap();
+    assert_eq!(cb.receive_write_imm().await.unwrap(), 0xabcd);
+    assert_eq!(target.to_vec()[..10], data[..10]);
+    // Messages, with and without immediate, both ways.
+    ca.send(&src.get(0..3000).unwrap()).await.unwrap();
+    ca.send_with_imm(&src.get(5..6).unwrap(), 77).await.unwrap();
+    let m = cb.receive().await.unwrap();
+    assert_eq!((m.data.as_slice(), m.imm), (&data[..3000], None));
+    let m = cb.receive().await.unwrap();
+    assert_eq!((m.data.as_slice(), m.imm), (&data[5..6], Some(77)));
+    let reply = b.alloc_local_mr(layout(4)).unwrap();
+    reply.write(0, b"pong").unwrap();
+    cb.send(&reply).await.unwrap();
+    assert_eq!(ca.receive().await.unwrap().data, b"pong");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lengths_and_alignment_are_checked_before_posting() {
+    let (a, b) = pair(Polling::Event);
+    let (ca, cb) = connect(&a, &b).await;
+    let target = b.alloc_local_mr(layout(64)).unwrap();
+    cb.send_local_mr(&target).await.unwrap();
+    let remote = ca.receive_remote_mr().await.unwrap();
+    let src = a.alloc_local_mr(layout(32)).unwrap();
+    assert!(matches!(
+        ca.write(&src, &remote).await,
+        Err(Error::LengthMismatch {
+            local: 32,
+            remote: 64
+        })
+    ));
+    assert!(matches!(
+        ca.fetch_and_add(&remote.get(4..12).unwrap(), 1).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(remote.get(60..70).is_err());
+    assert!(src.get(..33).is_err());
+    let big = a.alloc_local_mr(layout(70_000)).unwrap();
+    assert!(matches!(
+        ca.send(&big).await,
+        Err(Error::MessageTooLarge { .. })
+    ));
+    // The connection still works.
+    ca.write(&src, &remote.get(0..32).unwrap()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_violation_fails_the_operation_and_the_connection() {
+    let (a, b) = pair(Polling::Event);
+    let (ca, cb) = connect(&a, &b).await;
+    // Lent read-only: a write is a remote access error.
+    let ro = b
+        .alloc_local_mr_with(
+            layout(64),
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+        )
+        .unwrap();
+    cb.send_local_mr(&ro).await.unwrap();
+    let remote = ca.receive_remote_mr().await.unwrap();
+    let src = a.alloc_local_mr(layout(64)).unwrap();
+    let mut dst = a.alloc_local_mr(layout(64)).unwrap();
+    ca.read(&mut dst, &remote).await.unwrap();
+    match ca.write(&src, &remote).await {
+        Err(Error::Completion { status, .. }) => {
+            assert_eq!(status, remem::verbs::WcStatus::RemAccessErr)
+        }
+        other => panic!("write to a read-only region: {other:?}"),
+    }
+    // An RC QP in error: everything after fails with Closed.
+    assert!(matches!(
+        ca.read(&mut dst, &remote).await,
+        Err(Error::Closed(_))
+    ));
+    // Access beyond what the Rdma grants cannot even be registered.
+    let ro_rdma = RdmaBuilder::new()
+        .device("soft@127.0.11.200:0")
+        .access(AccessFlags::LOCAL_WRITE)
+        .build()
+        .unwrap();
+    assert!(matches!(
+        ro_rdma.alloc_local_mr_with(
+            layout(8),
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE
+        ),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_tasks_share_one_connection() {
+    let (a, b) = pair(Polling::Adaptive {
+        spin: std::time::Duration::from_micros(50),
+    });
+    let (ca, cb) = connect(&a, &b).await;
+    let target = b.alloc_local_mr(layout(8 * 64)).unwrap();
+    cb.send_local_mr(&target).await.unwrap();
+    let remote = ca.receive_remote_mr().await.unwrap();
+    let ca = std::sync::Arc::new(ca);
+    let mut tasks = Vec::new();
+    for t in 0..16u64 {
+        let (ca, a) = (ca.clone(), a.clone());
+        tasks.push(tokio::spawn(async move {
+            let word = remote.get(t * 8..t * 8 + 8).unwrap();
+            let src = a.alloc_local_mr(layout(8)).unwrap();
+            for i in 0..50u64 {
+                let prev = ca.fetch_and_add(&word, 1).await.unwrap();
+                assert_eq!(prev, i);
+                src.store_u64(0, t).unwrap();
+            }
+            // Messages from many tasks: credits keep the receiver's queue from overflowing.
+            for _ in 0..10 {
+                ca.send(&src).await.unwrap();
+            }
+        }));
+    }
+    let receiver = tokio::spawn(async move {
+        let mut count = [0u32; 16];
+        for _ in 0..160 {
+            let m = cb.receive().await.unwrap();
+            count[u64::from_le_bytes(m.data.try_into().unwrap()) as usize] += 1;
+        }
+        (count, cb)
+    });
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (count, _cb) = receiver.await.unwrap();
+    assert_eq!(count, [10; 16]);
+    for t in 0..16 {
+        assert_eq!(target.load_u64(t * 8).unwrap(), 50);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_fails_pending_operations_on_both_sides() {
+    let (a, b) = pair(Polling::Event);
+    let (ca, cb) = connect(&a, &b).await;
+    let ca = std::sync::Arc::new(ca);
+    // A waits for a message that never comes; B closes.
+    let waiter = {
+        let ca = ca.clone();
+        tokio::spawn(async move { ca.receive().await })
+    };
+    cb.close().await;
+    assert!(matches!(waiter.await.unwrap(), Err(Error::Closed(_))));
+    assert!(ca.closed().is_some());
+    let buf = a.alloc_local_mr(layout(8)).unwrap();
+    assert!(matches!(ca.send(&buf).await, Err(Error::Closed(_))));
+    assert!(matches!(cb.send(&buf).await, Err(Error::Closed(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_operation_keeps_its_memory_alive() {
+    let (a, b) = pair(Polling::Event);
+    let (ca, cb) = connect(&a, &b).await;
+    let target = b.alloc_local_mr(layout(1 << 20)).unwrap();
+    cb.send_local_mr(&target).await.unwrap();
+    let remote = ca.receive_remote_mr().await.unwrap();
+    let mut dst = a.alloc_local_mr(layout(1 << 20)).unwrap();
+    target.write(0, &[5u8; 1 << 20]).unwrap();
+    {
+        // Poll the read once (it is posted), then drop the future and the region.
+        let fut = ca.read(&mut dst, &remote);
+        tokio::pin!(fut);
+        let first = futures_poll_once(fut.as_mut()).await;
+        assert!(first.is_none(), "{first:?}");
+    }
+    drop(dst);
+    // The connection goes on; the dropped read completed into memory nobody else got.
+    let mut again = a.alloc_local_mr(layout(1 << 20)).unwrap();
+    ca.read(&mut again, &remote).await.unwrap();
+    assert_eq!(again.to_vec(), vec![5u8; 1 << 20]);
+}
+
+/// Polls a future once; `Some` if it finished.
+async fn futures_poll_once<F: std::future::Future + Unpin>(mut f: F) -> Option<F::Output> {
+    std::future::poll_fn(|cx| match std::pin::Pin::new(&mut f).poll(cx) {
+        std::task::Poll::Ready(v) => std::task::Poll::Ready(Some(v)),
+        std::task::Poll::Pending => std::task::Poll::Ready(None),
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_and_manual_polling() {
+    let (a, b) = pair(Polling::Busy);
+    let (ca, cb) = connect(&a, &b).await;
+    let m = a.alloc_local_mr(layout(16)).unwrap();
+    ca.send(&m).await.unwrap();
+    assert_eq!(cb.receive().await.unwrap().data, vec![0; 16]);
+    drop((ca, cb));
+
+    let (a, b) = pair(Polling::Manual);
+    let (ca, cb) = connect(&a, &b).await;
+    let m = a.alloc_local_mr(layout(16)).unwrap();
+    m.write(0, b"manual polling!!").unwrap();
+    let send = ca.send(&m);
+    let recv = cb.receive();
+    tokio::pin!(send, recv);
+    let (mut sent, mut got) = (false, None);
+    while !sent || got.is_none() {
+        ca.poll_completions();
+        cb.poll_completions();
+        if !sent {
+            sent = futures_poll_once(send.as_mut()).await.is_some();
+        }
+        if got.is_none() {
+            got = futures_poll_once(recv.as_mut()).await;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(got.unwrap().unwrap().data, b"manual polling!!");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_band_endpoint_exchange() {
+    let (a, b) = pair(Polling::Event);
+    let pa = a.prepare().unwrap();
+    let pb = b.prepare().unwrap();
+    let (ia, ib) = (pa.local_info(), pb.local_info());
+    let bytes = ia.to_bytes();
+    assert_eq!(remem::EndpointInfo::from_bytes(&bytes).unwrap(), ia);
+    let mut bad = bytes;
+    bad[7] = 9;
+    assert!(matches!(
+        remem::EndpointInfo::from_bytes(&bad),
+        Err(Error::Handshake(_))
+    ));
+    let ca = pa.connect(ib).unwrap();
+    let cb = pb.connect(ia).unwrap();
+    let m = a.alloc_local_mr(layout(5)).unwrap();
+    m.write(0, b"hello").unwrap();
+    ca.send(&m).await.unwrap();
+    assert_eq!(cb.receive().await.unwrap().data, b"hello");
+}
