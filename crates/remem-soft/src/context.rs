@@ -25,6 +25,10 @@ pub struct SoftOptions {
     /// (`REMEM_SOFT_BUSY_POLL_US`, microseconds; default 0). Spinning trades a CPU for
     /// latency: a sleeping thread needs a wake-up per packet.
     pub busy_poll: Duration,
+    /// The UDP port this device sends to (default: its own). RoCEv2 devices all use 4791,
+    /// so peers share a port; two soft devices on one address (e.g. `::1`, the only IPv6
+    /// loopback address) need distinct ports and name each other's here.
+    pub peer_port: Option<u16>,
 }
 
 /// The environment variable that pins progress threads to a CPU.
@@ -44,6 +48,7 @@ impl SoftOptions {
             cpu: num(CPU_ENV),
             inline: false,
             busy_poll: Duration::from_micros(num(BUSY_POLL_ENV).unwrap_or(0)),
+            peer_port: None,
         }
     }
 }

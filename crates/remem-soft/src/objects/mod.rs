@@ -108,7 +108,8 @@ impl DeviceShared {
             Some(path) => Some(crate::pcap::PcapWriter::open(path)?),
             None => None,
         };
-        let engine = Arc::new(Engine::with_pcap(local, local.port(), pcap));
+        let peer_port = opts.peer_port.unwrap_or(local.port());
+        let engine = Arc::new(Engine::with_pcap(local, peer_port, pcap));
         let driver = if opts.inline {
             Driver::Inline(Mutex::new(Inline::new(nic)))
         } else {
