@@ -4,9 +4,62 @@
 //! module, on its own userspace RoCEv2 stack that speaks the wire protocol of Linux
 //! Soft-RoCE (`rdma_rxe`) — so RDMA code can be developed and tested on a laptop or in CI.
 //!
-//! Status: this crate currently offers device discovery over every provider and the verbs
-//! model ([`verbs`]); the async API (connections, memory regions, one-sided operations,
-//! messaging, atomics) is being built on top.
+//! # Connect, lend memory, write, read, do atomics, send
+//!
+//! Two soft devices on this machine (127.0.0.1 and 127.0.0.2, one UDP port); the same code
+//! runs on RDMA NICs by naming another device.
+//!
+//! ```
+//! use remem::{Polling, RdmaBuilder};
+//! use std::alloc::Layout;
+//!
+//! # fn main() -> Result<(), remem::Error> {
+//! tokio::runtime::Runtime::new()?.block_on(async {
+//!     let server = RdmaBuilder::new().device("soft@127.0.0.2:0").build()?;
+//!     let port = server.context().info().udp_addr.unwrap().port();
+//!     let client = RdmaBuilder::new()
+//!         .device(format!("soft@127.0.0.1:{port}"))
+//!         .polling(Polling::Event)
+//!         .build()?;
+//!
+//!     let listener = server.listen("127.0.0.1:0").await?;
+//!     let addr = listener.local_addr()?;
+//!     let (client_conn, server_conn) = tokio::join!(client.connect(addr), listener.accept());
+//!     let (c, s) = (client_conn?, server_conn?);
+//!
+//!     // The server lends 4 KiB; the client writes into it and reads it back.
+//!     let lent = server.alloc_local_mr(Layout::from_size_align(4096, 8).unwrap())?;
+//!     s.send_local_mr(&lent).await?;
+//!     let remote = c.receive_remote_mr().await?;
+//!
+//!     let local = client.alloc_local_mr(Layout::from_size_align(5, 1).unwrap())?;
+//!     local.write(0, b"hello")?;
+//!     c.write(&local, &remote.get(0..5)?).await?;
+//!     assert_eq!(&lent.to_vec()[..5], b"hello");
+//!
+//!     let mut back = client.alloc_local_mr(Layout::from_size_align(5, 1).unwrap())?;
+//!     c.read(&mut back, &remote.get(0..5)?).await?;
+//!     assert_eq!(back.to_vec(), b"hello");
+//!
+//!     // Atomics return the value they replaced.
+//!     let counter = remote.get(8..16)?;
+//!     assert_eq!(c.fetch_and_add(&counter, 5).await?, 0);
+//!     assert_eq!(c.compare_and_swap(&counter, 5, 9).await?, 5);
+//!
+//!     // Two-sided messages, flow-controlled by credits.
+//!     c.send_with_imm(&local, 7).await?;
+//!     let msg = s.receive().await?;
+//!     assert_eq!((msg.data.as_slice(), msg.imm), (&b"hello"[..], Some(7)));
+//!     Ok(())
+//! })
+//! # }
+//! ```
+//!
+//! Memory the NIC or the peer may touch is never exposed as `&[u8]`: see [`LocalMr`] for
+//! the model. The crate's design (dispatcher, credits, cancellation) is described in
+//! ARCHITECTURE.md.
+//!
+//! # Devices
 //!
 //! ```
 //! // List the devices remem can open: at least the soft device on the loopback interface.

@@ -43,6 +43,21 @@ impl MrInner {
 
 /// A registered local memory region (`ibv_mr` with its memory), owned by this process.
 ///
+/// # The memory model
+///
+/// Memory a NIC (or the peer, through it) may touch is never handed out as `&[u8]` or
+/// `&mut [u8]`: the peer could change it while the slice lives, which Rust forbids. Local
+/// memory regions are read and written through copies ([`LocalMr::read`],
+/// [`LocalMr::write`], [`LocalMr::to_vec`]), which use the same word-sized atomic accesses
+/// as the soft NIC, so a concurrent remote write is a race on values, never undefined
+/// behaviour. Rust's borrow rules still order local use: an operation that fills a region
+/// (READ, atomics' results) takes it by `&mut`, one that only reads it takes it by `&`, and
+/// [`LocalMr::get`] / [`LocalMr::get_mut`] give sub-ranges with the same rules.
+///
+/// An operation in flight keeps its memory alive: dropping the future, or the region,
+/// cannot free memory the NIC is still writing — the registration ends when the last
+/// operation on it completes.
+///
 /// Not `Clone`: `&mut LocalMr` means no local operation reads or writes it meanwhile.
 #[derive(Debug)]
 pub struct LocalMr {
