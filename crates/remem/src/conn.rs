@@ -956,7 +956,7 @@ impl Connection {
     /// which it reaches the whole region with the rights `mr` was registered with, for as
     /// long as `mr` lives.
     pub async fn send_local_mr(&self, mr: &LocalMr) -> Result<()> {
-        let token = mr.token().to_bytes();
+        let token = mr.token(self.shared.rdma.pd())?.to_bytes();
         // The token travels in a registered scratch region of its own.
         let scratch = register(
             self.shared.rdma.pd(),

@@ -78,6 +78,7 @@
 mod conn;
 mod error;
 mod mr;
+mod pool;
 mod rdma;
 mod sys;
 

@@ -16,26 +16,53 @@
 //! operation on it completes.
 
 use crate::error::{Error, Result};
-use remem_verbs::{AccessFlags, MemRegion, MemoryBuffer, MemoryRegion, Sge};
+use remem_verbs::{AccessFlags, MemRegion, MemoryBuffer, MemoryRegion, ProtectionDomain, Sge};
 use std::ops::{Bound, RangeBounds};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-/// A registered memory region and the buffer behind it.
+/// A registered memory region, or a block of one (a pool allocation), and the buffer
+/// behind it.
 pub(crate) struct MrInner {
     pub(crate) mr: Arc<dyn MemoryRegion>,
+    /// Where the block starts within `mr`.
+    offset: usize,
+    len: usize,
+    /// The access rights lending grants (the registration's own, or for a pool block,
+    /// which is registered for local access only, the rights it was allocated with).
+    access: AccessFlags,
+    /// The pool block, returned to its pool when the last user is gone.
+    _block: Option<crate::pool::Block>,
+    /// A pool block's own registration for remote access, made when it is first lent.
+    lent: Mutex<Option<Arc<dyn MemoryRegion>>>,
 }
 
 impl std::fmt::Debug for MrInner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mr")
-            .field("addr", &format_args!("{:#x}", self.mr.addr()))
-            .field("len", &self.mr.len())
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len)
             .field("lkey", &format_args!("{:#x}", self.mr.lkey()))
             .finish()
     }
 }
 
 impl MrInner {
+    fn addr(&self) -> u64 {
+        self.mr.addr() + self.offset as u64
+    }
+
+    /// Checks `offset..offset + len` against the block and returns its offset in `mr`.
+    fn at(&self, offset: usize, len: usize) -> Result<usize> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.offset + offset),
+            _ => Err(Error::OutOfRange {
+                start: offset,
+                end: offset.saturating_add(len),
+                len: self.len,
+            }),
+        }
+    }
+
     fn region(&self) -> &MemRegion {
         self.mr.region()
     }
@@ -94,7 +121,7 @@ pub struct Span {
 impl Span {
     pub(crate) fn sge(&self) -> Sge {
         Sge {
-            addr: self.inner.mr.addr() + self.offset as u64,
+            addr: self.inner.addr() + self.offset as u64,
             length: self.len as u32,
             lkey: self.inner.mr.lkey(),
         }
@@ -133,14 +160,36 @@ fn resolve(len: usize, range: impl RangeBounds<usize>) -> Result<(usize, usize)>
 
 impl LocalMr {
     pub(crate) fn new(mr: Arc<dyn MemoryRegion>) -> Self {
+        let (len, access) = (mr.len(), mr.access());
         LocalMr {
-            inner: Arc::new(MrInner { mr }),
+            inner: Arc::new(MrInner {
+                mr,
+                offset: 0,
+                len,
+                access,
+                _block: None,
+                lent: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// A region over a pool block: `len` bytes at `offset` in the block's registration.
+    pub(crate) fn from_block(block: crate::pool::Block, len: usize, access: AccessFlags) -> Self {
+        LocalMr {
+            inner: Arc::new(MrInner {
+                mr: block.mr().clone(),
+                offset: block.offset(),
+                len,
+                access,
+                _block: Some(block),
+                lent: Mutex::new(None),
+            }),
         }
     }
 
     /// Bytes in the region.
     pub fn len(&self) -> usize {
-        self.inner.region().len()
+        self.inner.len
     }
 
     /// Whether the region is empty.
@@ -148,14 +197,14 @@ impl LocalMr {
         self.len() == 0
     }
 
-    /// The access rights it was registered with.
+    /// The access rights the peer gets when the region is lent.
     pub fn access(&self) -> AccessFlags {
-        self.inner.mr.access()
+        self.inner.access
     }
 
     /// The virtual address of its first byte (as the NIC and the peer see it).
     pub fn addr(&self) -> u64 {
-        self.inner.mr.addr()
+        self.inner.addr()
     }
 
     /// The local key.
@@ -163,37 +212,45 @@ impl LocalMr {
         self.inner.mr.lkey()
     }
 
-    /// The remote key (meaningful with a REMOTE_* access right).
-    pub fn rkey(&self) -> u32 {
-        self.inner.mr.rkey()
-    }
-
     /// Copies bytes at `offset` into `dst`.
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        Ok(self.inner.region().read(offset, dst)?)
+        let at = self.inner.at(offset, dst.len())?;
+        Ok(self.inner.region().read(at, dst)?)
     }
 
     /// Copies `src` into the region at `offset`.
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
-        Ok(self.inner.region().write(offset, src)?)
+        let at = self.inner.at(offset, src.len())?;
+        Ok(self.inner.region().write(at, src)?)
     }
 
     /// A copy of the whole region.
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = vec![0; self.len()];
         // In bounds by construction.
-        let _ = self.inner.region().read(0, &mut v);
+        let _ = self.read(0, &mut v);
         v
     }
 
     /// The 8-byte word at `offset` (8-byte aligned), read atomically.
     pub fn load_u64(&self, offset: usize) -> Result<u64> {
-        Ok(self.inner.region().load_u64(offset)?)
+        let at = self.inner.at(offset, 8)?;
+        Ok(self.inner.region().load_u64(at)?)
     }
 
     /// Stores the 8-byte word at `offset` (8-byte aligned) atomically.
     pub fn store_u64(&self, offset: usize, value: u64) -> Result<()> {
-        Ok(self.inner.region().store_u64(offset, value)?)
+        let at = self.inner.at(offset, 8)?;
+        Ok(self.inner.region().store_u64(at, value)?)
+    }
+
+    pub(crate) fn fill_zero(&self) -> Result<()> {
+        let at = self.inner.at(0, self.len())?;
+        Ok(self
+            .inner
+            .region()
+            .buffer()
+            .fill(self.inner.region().offset() + at, self.len(), 0)?)
     }
 
     /// A shared view of `range`, usable as an operation's source.
@@ -217,13 +274,34 @@ impl LocalMr {
     }
 
     /// A token the peer can use to reach this whole region with the rights it was
-    /// registered with. Crate-private: tokens leave a process only through a connection.
-    pub(crate) fn token(&self) -> RemoteMr {
-        RemoteMr {
+    /// allocated with. A pool block is registered for local access only: lending it
+    /// registers exactly its range for remote access (once; the registration ends with the
+    /// region), so the peer reaches nothing else of the pool. Crate-private: tokens leave
+    /// a process only through a connection.
+    pub(crate) fn token(&self, pd: &Arc<dyn ProtectionDomain>) -> Result<RemoteMr> {
+        let inner = &self.inner;
+        let rkey = if inner._block.is_none() {
+            inner.mr.rkey()
+        } else {
+            let mut lent = inner.lent.lock().unwrap_or_else(|p| p.into_inner());
+            match &*lent {
+                Some(mr) => mr.rkey(),
+                None => {
+                    let start = inner.region().offset() + inner.offset;
+                    let range =
+                        MemRegion::new(inner.region().buffer().clone(), start..start + inner.len)?;
+                    let mr = pd.reg_mr(range, inner.access)?;
+                    let rkey = mr.rkey();
+                    *lent = Some(mr);
+                    rkey
+                }
+            }
+        };
+        Ok(RemoteMr {
             addr: self.addr(),
             len: self.len() as u64,
-            rkey: self.rkey(),
-        }
+            rkey,
+        })
     }
 }
 

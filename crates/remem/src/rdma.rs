@@ -224,9 +224,11 @@ impl RdmaBuilder {
         };
         let mtu = self.mtu.map_or(port.active_mtu, |m| m.min(port.active_mtu));
         let pd = ctx.alloc_pd()?;
+        let pool = crate::pool::Pool::new(pd.clone());
         tracing::debug!(device = %ctx.info().name, %gid_index, "rdma opened");
         Ok(Rdma {
             inner: Arc::new(RdmaInner {
+                pool,
                 ctx,
                 pd,
                 cfg: self,
@@ -239,7 +241,8 @@ impl RdmaBuilder {
 }
 
 struct RdmaInner {
-    // The PD goes before the context it belongs to.
+    // Registrations go before the PD, the PD before the context it belongs to.
+    pool: Arc<crate::pool::Pool>,
     pd: Arc<dyn ProtectionDomain>,
     ctx: Arc<dyn Context>,
     cfg: RdmaBuilder,
@@ -297,14 +300,29 @@ impl Rdma {
         self.inner.mtu
     }
 
-    /// Allocates a zeroed memory region of `layout`, registered with the default access
-    /// rights ([`RdmaBuilder::access`]).
+    /// Allocates a zeroed memory region of `layout` from the pool of pre-registered memory
+    /// (no registration: sizes up to 1 MiB and alignments up to a page come from the pool;
+    /// larger ones are registered). Lent to a peer, it grants the default rights
+    /// ([`RdmaBuilder::access`]).
     pub fn alloc_local_mr(&self, layout: Layout) -> Result<LocalMr> {
-        self.alloc_local_mr_with(layout, self.config().access)
+        let mr = self.alloc_local_mr_uninit(layout)?;
+        mr.fill_zero()?;
+        Ok(mr)
     }
 
-    /// Allocates a zeroed memory region of `layout`, registered with `access` (which may
-    /// not exceed [`RdmaBuilder::access`]).
+    /// [`Rdma::alloc_local_mr`] without zeroing: the contents are unspecified (bytes an
+    /// earlier allocation left). Safe, unlike an uninitialised Rust allocation: the pool's
+    /// memory is always initialised, and it is only ever read through copies.
+    pub fn alloc_local_mr_uninit(&self, layout: Layout) -> Result<LocalMr> {
+        let access = self.config().access;
+        match self.inner.pool.alloc(layout.size(), layout.align())? {
+            Some(block) => Ok(LocalMr::from_block(block, layout.size(), access)),
+            None => self.alloc_local_mr_with(layout, access),
+        }
+    }
+
+    /// Allocates and registers a zeroed memory region of `layout` with `access` (which may
+    /// not exceed [`RdmaBuilder::access`]): a registration of its own, not from the pool.
     pub fn alloc_local_mr_with(&self, layout: Layout, access: AccessFlags) -> Result<LocalMr> {
         let buf = MemoryBuffer::zeroed(layout.size().max(1))?;
         if !buf.addr().is_multiple_of(layout.align() as u64) {

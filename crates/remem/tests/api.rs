@@ -311,3 +311,35 @@ async fn out_of_band_endpoint_exchange() {
     ca.send(&m).await.unwrap();
     assert_eq!(cb.receive().await.unwrap().data, b"hello");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_regions_are_zeroed_reused_and_lent_alone() {
+    let (a, b) = pair(Polling::Event);
+    let (ca, cb) = connect(&a, &b).await;
+    // A freed block comes back zeroed from alloc_local_mr.
+    let first = b.alloc_local_mr(layout(4096)).unwrap();
+    let addr = first.addr();
+    first.write(0, &[9; 4096]).unwrap();
+    drop(first);
+    let again = b.alloc_local_mr(layout(4096)).unwrap();
+    assert_eq!(again.addr(), addr, "the block was reused");
+    assert_eq!(again.to_vec(), vec![0; 4096]);
+    // Neighbouring blocks of one slab: lending one reaches only that one.
+    let neighbour = b.alloc_local_mr(layout(4096)).unwrap();
+    assert_eq!(neighbour.addr().abs_diff(again.addr()), 4096, "same slab");
+    cb.send_local_mr(&again).await.unwrap();
+    let remote = ca.receive_remote_mr().await.unwrap();
+    assert_eq!(remote.len(), 4096);
+    let src = a.alloc_local_mr(layout(4096)).unwrap();
+    src.write(0, &[7; 4096]).unwrap();
+    ca.write(&src, &remote).await.unwrap();
+    assert_eq!(again.to_vec(), vec![7; 4096]);
+    assert_eq!(neighbour.to_vec(), vec![0; 4096]);
+    // Large and strongly aligned allocations get registrations of their own.
+    let big = b.alloc_local_mr(layout(3 << 20)).unwrap();
+    assert_eq!(big.len(), 3 << 20);
+    let paged = b
+        .alloc_local_mr(Layout::from_size_align(100, 4096).unwrap())
+        .unwrap();
+    assert_eq!(paged.addr() % 4096, 0);
+}
