@@ -289,12 +289,22 @@ impl MemoryBuffer {
     /// Sets `len` bytes starting at `offset` to `value`.
     pub fn fill(&self, offset: usize, len: usize, value: u8) -> Result<(), MemError> {
         self.check(offset, len)?;
-        let chunk = [value; 64];
-        let mut done = 0;
-        while done < len {
-            let n = (len - done).min(chunk.len());
-            self.write(offset + done, &chunk[..n])?;
-            done += n;
+        let pattern = u64::from_ne_bytes([value; WORD]);
+        let (end, base) = (offset + len, self.addr() as usize);
+        let words_end = end.min(self.words_end);
+        let mut at = offset;
+        while at < end {
+            if at >= self.words_start && (base + at).is_multiple_of(WORD) && at + WORD <= words_end
+            {
+                // Whole aligned words: one store each.
+                while at + WORD <= words_end {
+                    self.word(at).store(pattern, Relaxed);
+                    at += WORD;
+                }
+            } else {
+                self.write(at, &[value])?;
+                at += 1;
+            }
         }
         Ok(())
     }
@@ -550,6 +560,19 @@ mod tests {
 
     fn pattern(n: usize) -> Vec<u8> {
         (0..n).map(|i| (i * 7 + 3) as u8).collect()
+    }
+
+    #[test]
+    fn fill_sets_exactly_the_range() {
+        for (start, len) in [(0, 100), (3, 50), (7, 1), (8, 16), (13, 0), (95, 5)] {
+            let buf = MemoryBuffer::from_vec(vec![1u8; 100]);
+            buf.fill(start, len, 0xab).unwrap();
+            let mut want = vec![1u8; 100];
+            want[start..start + len].fill(0xab);
+            assert_eq!(buf.to_vec(0, 100).unwrap(), want, "{start}+{len}");
+        }
+        let buf = MemoryBuffer::zeroed(16).unwrap();
+        assert!(buf.fill(10, 7, 0).is_err());
     }
 
     #[test]
