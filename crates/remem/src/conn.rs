@@ -45,8 +45,11 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 
 /// Bytes of the header in front of every message.
 const HDR: usize = 8;
-/// Receive buffers beyond the credits: one for a credit message, one for close.
-const SPARE: u32 = 2;
+/// Large messages (rendezvous) in flight per direction.
+const RDV_MAX: u32 = 4;
+/// Receive buffers beyond the credits: one for a credit message, one for close, one per
+/// rendezvous completion message.
+const SPARE: u32 = 2 + RDV_MAX;
 /// `wr_id`s of receive buffers carry this bit; the rest is the buffer's index.
 const RECV_TAG: u64 = 1 << 63;
 
@@ -57,6 +60,10 @@ enum Kind {
     Credit = 2,
     MrToken = 3,
     Close = 4,
+    /// A large message: the receiver READs it from the sender's memory.
+    Rts = 5,
+    /// The receiver has read a large message (its id in the immediate field).
+    RtsDone = 6,
 }
 
 impl Kind {
@@ -66,6 +73,8 @@ impl Kind {
             2 => Kind::Credit,
             3 => Kind::MrToken,
             4 => Kind::Close,
+            5 => Kind::Rts,
+            6 => Kind::RtsDone,
             _ => return None,
         })
     }
@@ -178,6 +187,8 @@ struct Pending {
     _keep: Keep,
     /// A credit message: the next one may go once it completes.
     credit_msg: bool,
+    /// A close message: the QP goes to ERR once it is out.
+    close_msg: bool,
 }
 
 struct Keep {
@@ -279,9 +290,23 @@ pub(crate) struct ConnShared {
     owed: AtomicU32,
     credit_window: u32,
     credit_msg_busy: AtomicBool,
-    messages: Inbox<Message>,
+    /// Messages in arrival order; a large one is a placeholder until it has been read.
+    messages: Inbox<Arc<Mutex<Option<Message>>>>,
     write_imms: Inbox<u32>,
     tokens: Inbox<RemoteMr>,
+    // Large messages this side sends, until the peer has read them.
+    rdv: Arc<Semaphore>,
+    rdv_out: Mutex<HashMap<u32, RdvOut>>,
+    next_rid: AtomicU32,
+}
+
+/// A large message being read by the peer: its source stays registered (for remote reads
+/// of exactly its range) until the peer says it is done.
+struct RdvOut {
+    done: oneshot::Sender<()>,
+    _mr: Arc<dyn remem_verbs::MemoryRegion>,
+    _span: Span,
+    _permit: OwnedSemaphorePermit,
 }
 
 impl std::fmt::Debug for ConnShared {
@@ -337,7 +362,9 @@ impl Rdma {
             MemoryBuffer::zeroed(recv_slot * depth as usize)?,
             AccessFlags::LOCAL_WRITE,
         )?;
-        let nslots = cap.max_send_wr;
+        // Slots for headers and atomic results: one per send-queue entry, and spares for
+        // operations that hold a slot while they wait for an entry.
+        let nslots = 2 * cap.max_send_wr + 8;
         let slots = Arc::new(Slots {
             mr: register(
                 self.pd(),
@@ -369,6 +396,9 @@ impl Rdma {
             messages: Inbox::new(),
             write_imms: Inbox::new(),
             tokens: Inbox::new(),
+            rdv: Arc::new(Semaphore::new(RDV_MAX as usize)),
+            rdv_out: Mutex::new(HashMap::new()),
+            next_rid: AtomicU32::new(1),
         });
         shared.to_init()?;
         for i in 0..depth {
@@ -512,22 +542,39 @@ impl ConnShared {
     /// Marks the connection closed and moves the QP to ERR: every work request in flight
     /// completes with a flush error, and every waiter learns why.
     fn mark_closed(&self, reason: String) {
+        if self.close_state(reason) {
+            self.to_error();
+        }
+    }
+
+    /// Ends the connection because of something this side found wrong (a protocol
+    /// violation, a message above the limit): tells the peer with a close message, and
+    /// moves the QP to ERR once that message is out.
+    fn fail(self: &Arc<Self>, reason: String) {
+        if lock(&self.closed).is_some() {
+            return;
+        }
+        let told = self.post_control(Kind::Close, None).is_ok();
+        if self.close_state(reason) && !told {
+            self.to_error();
+        }
+    }
+
+    /// Records why the connection closed and wakes every waiter; false if it already was.
+    fn close_state(&self, reason: String) -> bool {
         {
             let mut c = lock(&self.closed);
             if c.is_some() {
-                return;
+                return false;
             }
             tracing::debug!(qpn = self.qp.qp_num(), %reason, "connection closed");
             *c = Some(reason);
         }
         self.is_closed.store(true, Ordering::Release);
-        let err = QpAttr {
-            qp_state: QpState::Err,
-            ..QpAttr::default()
-        };
-        let _ = self.qp.modify(&err, QpAttrMask::STATE);
         self.sq.close();
         self.credits.close();
+        self.rdv.close();
+        lock(&self.rdv_out).clear();
         for n in [
             &self.messages.notify,
             &self.write_imms.notify,
@@ -535,6 +582,16 @@ impl ConnShared {
         ] {
             n.notify_waiters();
         }
+        true
+    }
+
+    /// Moves the QP to ERR: every work request in flight completes with a flush error.
+    fn to_error(&self) {
+        let err = QpAttr {
+            qp_state: QpState::Err,
+            ..QpAttr::default()
+        };
+        let _ = self.qp.modify(&err, QpAttrMask::STATE);
     }
 
     /// Polls the CQ until it is empty; returns how many completions it handled.
@@ -567,6 +624,9 @@ impl ConnShared {
         let Some(p) = lock(&self.pending).remove(&wc.wr_id) else {
             return;
         };
+        if p.close_msg {
+            self.to_error();
+        }
         if p.credit_msg {
             self.credit_msg_busy.store(false, Ordering::Release);
             self.maybe_return_credits();
@@ -602,7 +662,7 @@ impl ConnShared {
         let len = wc.byte_len as usize;
         let mut hdr = [0u8; HDR];
         if len < HDR || self.recv_mr.read(base, &mut hdr).is_err() {
-            self.mark_closed("peer sent a message without a header".into());
+            self.fail("peer sent a message without a header".into());
             return;
         }
         let credits = u16::from_be_bytes([hdr[2], hdr[3]]);
@@ -614,14 +674,85 @@ impl ConnShared {
         let _ = self.recv_mr.read(base + HDR, &mut data);
         let _ = self.post_recv(index);
         match Kind::from_u8(hdr[0]) {
-            Some(Kind::Data) => self.messages.push(Message { data, imm }),
+            Some(Kind::Data) => self
+                .messages
+                .push(Arc::new(Mutex::new(Some(Message { data, imm })))),
             Some(Kind::Credit) => {}
             Some(Kind::MrToken) => match RemoteMr::from_bytes(&data) {
                 Some(t) => self.tokens.push(t),
-                None => self.mark_closed("peer sent a malformed memory region token".into()),
+                None => self.fail("peer sent a malformed memory region token".into()),
             },
             Some(Kind::Close) => self.mark_closed("closed by the peer".into()),
-            None => self.mark_closed(format!("peer sent an unknown message kind {}", hdr[0])),
+            Some(Kind::Rts) => self.on_rts(&data, imm),
+            Some(Kind::RtsDone) => {
+                let rid = u32::from_be_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]);
+                if let Some(out) = lock(&self.rdv_out).remove(&rid) {
+                    let _ = out.done.send(());
+                }
+            }
+            None => self.fail(format!("peer sent an unknown message kind {}", hdr[0])),
+        }
+    }
+
+    /// A large message announced: read it from the peer's memory on a task of its own.
+    fn on_rts(self: &Arc<Self>, payload: &[u8], imm: Option<u32>) {
+        let (Some(rid), Some(token)) = (
+            payload
+                .get(..4)
+                .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])),
+            payload.get(4..).and_then(RemoteMr::from_bytes),
+        ) else {
+            return self.fail("peer announced a malformed large message".into());
+        };
+        let limit = self.rdma.config().max_large_message;
+        if token.len > limit as u64 {
+            return self.fail(format!(
+                "peer sent a message of {} bytes, above this side's limit of {limit}",
+                token.len
+            ));
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return self.fail("large messages need a tokio runtime".into());
+        };
+        // Its place in the order of messages is kept until it has been read.
+        let place = Arc::new(Mutex::new(None));
+        self.messages.push(place.clone());
+        rt.spawn(self.clone().fetch_large(rid, token, imm, place));
+    }
+
+    async fn fetch_large(
+        self: Arc<Self>,
+        rid: u32,
+        token: RemoteMr,
+        imm: Option<u32>,
+        place: Arc<Mutex<Option<Message>>>,
+    ) {
+        let read = async {
+            let layout = std::alloc::Layout::from_size_align(token.len as usize, 1)
+                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            let dst = self.rdma.alloc_local_mr_uninit(layout)?;
+            let op = SendOp::RdmaRead {
+                remote_addr: token.addr,
+                rkey: token.rkey,
+            };
+            self.execute(op, vec![crate::mr::Local::span(&dst)], None, false, None)
+                .await?;
+            let permit = self
+                .sq
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| self.closed_error())?;
+            self.post_control_with(Kind::RtsDone, Some(rid), permit)?;
+            Ok::<_, Error>(dst.to_vec())
+        };
+        match read.await {
+            Ok(data) => {
+                *lock(&place) = Some(Message { data, imm });
+                self.messages.notify.notify_waiters();
+                self.messages.notify.notify_one();
+            }
+            Err(e) => self.fail(format!("reading a large message: {e}")),
         }
     }
 
@@ -640,24 +771,34 @@ impl ConnShared {
         {
             return;
         }
-        if self.post_control(Kind::Credit, &[]).is_err() {
+        if self.post_control(Kind::Credit, None).is_err() {
             self.credit_msg_busy.store(false, Ordering::Release);
         }
     }
 
-    /// Posts a message that needs no credit (it lands in a spare buffer) and no waiter.
-    fn post_control(self: &Arc<Self>, kind: Kind, payload: &[u8]) -> Result<()> {
+    /// Posts a message that needs no credit (it lands in a spare buffer) and no waiter,
+    /// if a send-queue entry is free now.
+    fn post_control(self: &Arc<Self>, kind: Kind, imm: Option<u32>) -> Result<()> {
         let Ok(permit) = self.sq.clone().try_acquire_owned() else {
             return Err(self.closed_error());
         };
+        self.post_control_with(kind, imm, permit)
+    }
+
+    /// [`ConnShared::post_control`] on a send-queue entry already taken.
+    fn post_control_with(
+        self: &Arc<Self>,
+        kind: Kind,
+        imm: Option<u32>,
+        permit: OwnedSemaphorePermit,
+    ) -> Result<()> {
         let Some((slot, hspan)) = self.slots.take() else {
             return Err(self.closed_error());
         };
         let credits = self.take_owed();
         self.slots
             .mr
-            .write(hspan.offset, &header(kind, credits, None))?;
-        debug_assert!(payload.is_empty(), "control payloads are not used yet");
+            .write(hspan.offset, &header(kind, credits, imm))?;
         let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
         let sges = [hspan.sge()];
         lock(&self.pending).insert(
@@ -670,6 +811,7 @@ impl ConnShared {
                     _slot: Some(slot),
                 },
                 credit_msg: kind == Kind::Credit,
+                close_msg: kind == Kind::Close,
             },
         );
         if let Err(e) = self
@@ -740,6 +882,7 @@ impl ConnShared {
                     _slot: slot,
                 },
                 credit_msg: false,
+                close_msg: false,
             },
         );
         if let Err(e) = self.qp.post_send(&[SendWr::new(wr_id, op, &sges)]) {
@@ -764,14 +907,28 @@ impl ConnShared {
         }
     }
 
-    async fn take<T>(self: &Arc<Self>, inbox: &Inbox<T>) -> Result<T> {
+    /// Takes the item at the front of `inbox` once `ready` gives it (waiting while the
+    /// inbox is empty or its front is not ready).
+    async fn take<T, R>(
+        self: &Arc<Self>,
+        inbox: &Inbox<T>,
+        ready: impl Fn(&mut T) -> Option<R>,
+    ) -> Result<R> {
         loop {
             let notified = inbox.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(item) = lock(&inbox.queue).pop_front() {
+            let taken = {
+                let mut q = lock(&inbox.queue);
+                let r = q.front_mut().and_then(&ready);
+                if r.is_some() {
+                    q.pop_front();
+                }
+                r
+            };
+            if let Some(r) = taken {
                 self.consumed();
-                return Ok(item);
+                return Ok(r);
             }
             self.check_open()?;
             notified.await;
@@ -913,8 +1070,16 @@ impl Connection {
         let len = src.as_ref().map_or(0, |s| s.len);
         let max = self.shared.peer_max_message.load(Ordering::Relaxed) as usize;
         if len > max {
-            return Err(Error::MessageTooLarge { len, max });
+            return match (kind, src) {
+                (Kind::Data, Some(src)) => self.send_large(src, imm).await,
+                _ => Err(Error::MessageTooLarge { len, max }),
+            };
         }
+        self.send_eager(src, kind, imm).await
+    }
+
+    /// Sends a message that fits the peer's receive buffers.
+    async fn send_eager(&self, src: Option<Span>, kind: Kind, imm: Option<u32>) -> Result<()> {
         let (slot, hspan) = self.slot().await?;
         let offset = hspan.offset;
         let spans = std::iter::once(hspan).chain(src).collect();
@@ -930,8 +1095,67 @@ impl Connection {
             .map(drop)
     }
 
+    /// A message larger than the peer's receive buffers: the peer is told where it is
+    /// (its range registered for remote reads only), reads it with RDMA READ, and says
+    /// when it is done; then the registration ends.
+    async fn send_large(&self, src: Span, imm: Option<u32>) -> Result<()> {
+        let sh = &self.shared;
+        if src.len > 1 << 31 {
+            return Err(Error::MessageTooLarge {
+                len: src.len,
+                max: 1 << 31,
+            });
+        }
+        let permit = sh
+            .rdv
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| sh.closed_error())?;
+        let mr = sh
+            .rdma
+            .pd()
+            .reg_mr(src.region()?, AccessFlags::REMOTE_READ)?;
+        let token = RemoteMr {
+            addr: mr.addr(),
+            len: src.len as u64,
+            rkey: mr.rkey(),
+        };
+        let rid = sh.next_rid.fetch_add(1, Ordering::Relaxed);
+        let mut announce = rid.to_be_bytes().to_vec();
+        announce.extend_from_slice(&token.to_bytes());
+        let scratch = register(
+            sh.rdma.pd(),
+            MemoryBuffer::from_vec(announce),
+            AccessFlags::LOCAL_WRITE,
+        )?;
+        let (done, finished) = oneshot::channel();
+        // The entry, not this future, keeps the source registered: if the future is
+        // dropped, the peer can still read until it says it is done.
+        lock(&sh.rdv_out).insert(
+            rid,
+            RdvOut {
+                done,
+                _mr: mr,
+                _span: src,
+                _permit: permit,
+            },
+        );
+        let announced = self
+            .send_eager(Some(crate::mr::Local::span(&scratch)), Kind::Rts, imm)
+            .await;
+        if let Err(e) = announced {
+            lock(&sh.rdv_out).remove(&rid);
+            return Err(e);
+        }
+        finished.await.map_err(|_| sh.closed_error())
+    }
+
     /// Sends `src` as one message (SEND); the peer takes it with [`Connection::receive`].
-    /// Waits for a credit when the peer has no free receive buffer for it.
+    /// Waits for a credit when the peer has no free receive buffer for it. A message
+    /// larger than the peer's receive buffers ([`crate::RdmaBuilder::max_message`]) is
+    /// read by the peer straight from `src` (RDMA READ), up to 2^31 bytes; the future
+    /// ends when the peer has it.
     pub async fn send(&self, src: &impl Local) -> Result<()> {
         self.send_message(Some(src.span()), Kind::Data, None).await
     }
@@ -944,12 +1168,16 @@ impl Connection {
 
     /// The next message the peer sent.
     pub async fn receive(&self) -> Result<Message> {
-        self.shared.take(&self.shared.messages).await
+        self.shared
+            .take(&self.shared.messages, |m| lock(m).take())
+            .await
     }
 
     /// The immediate data of the next RDMA WRITE_WITH_IMM the peer did.
     pub async fn receive_write_imm(&self) -> Result<u32> {
-        self.shared.take(&self.shared.write_imms).await
+        self.shared
+            .take(&self.shared.write_imms, |i| Some(*i))
+            .await
     }
 
     /// Lends `mr` to the peer: it receives a token ([`Connection::receive_remote_mr`]) with
@@ -969,7 +1197,7 @@ impl Connection {
 
     /// The next memory region the peer lent with [`Connection::send_local_mr`].
     pub async fn receive_remote_mr(&self) -> Result<RemoteMr> {
-        self.shared.take(&self.shared.tokens).await
+        self.shared.take(&self.shared.tokens, |t| Some(*t)).await
     }
 
     /// Handles the completions that have arrived; returns how many. Only needed with
@@ -996,7 +1224,7 @@ impl Connection {
         }
         // The close message lands in a spare buffer; wait (bounded) for it to be acked so
         // the peer learns before our QP stops.
-        let sent = self.shared.post_control(Kind::Close, &[]);
+        let sent = self.shared.post_control(Kind::Close, None);
         if sent.is_ok() {
             let deadline = Instant::now() + Duration::from_secs(1);
             while Instant::now() < deadline && self.shared.sq.available_permits() < self.sq_depth()
@@ -1018,7 +1246,7 @@ impl Connection {
 impl Drop for Connection {
     fn drop(&mut self) {
         if !self.shared.is_closed.load(Ordering::Acquire) {
-            let _ = self.shared.post_control(Kind::Close, &[]);
+            let _ = self.shared.post_control(Kind::Close, None);
             self.shared.mark_closed("connection dropped".into());
         }
         self.shared.shutdown.notify_waiters();

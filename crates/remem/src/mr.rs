@@ -119,6 +119,16 @@ pub struct Span {
 }
 
 impl Span {
+    /// The span as a region of its buffer (for a registration of exactly this range).
+    pub(crate) fn region(&self) -> Result<MemRegion> {
+        let inner = &self.inner;
+        let start = inner.region().offset() + inner.offset + self.offset;
+        Ok(MemRegion::new(
+            inner.region().buffer().clone(),
+            start..start + self.len,
+        )?)
+    }
+
     pub(crate) fn sge(&self) -> Sge {
         Sge {
             addr: self.inner.addr() + self.offset as u64,

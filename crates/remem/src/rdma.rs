@@ -47,6 +47,7 @@ pub struct RdmaBuilder {
     pub(crate) access: AccessFlags,
     pub(crate) polling: Polling,
     pub(crate) max_message: usize,
+    pub(crate) max_large_message: usize,
     pub(crate) recv_depth: u32,
     pub(crate) handshake_timeout: Duration,
 }
@@ -78,6 +79,7 @@ impl Default for RdmaBuilder {
                 | AccessFlags::REMOTE_ATOMIC,
             polling: Polling::Event,
             max_message: 64 * 1024,
+            max_large_message: 1 << 30,
             recv_depth: 32,
             handshake_timeout: Duration::from_secs(10),
         }
@@ -177,9 +179,18 @@ impl RdmaBuilder {
         self
     }
 
-    /// Largest message [`Connection::send`] carries (default 64 KiB).
+    /// Largest message sent in one SEND (default 64 KiB): the size of each receive buffer.
+    /// Larger messages go by RDMA READ (see [`Connection::send`]).
     pub fn max_message(mut self, bytes: usize) -> Self {
         self.max_message = bytes;
+        self
+    }
+
+    /// Largest message this side accepts (default 1 GiB, at most 2^31): larger messages
+    /// than [`RdmaBuilder::max_message`] are read from the sender's memory into memory
+    /// allocated here, so this bounds what a peer can make this side allocate.
+    pub fn max_large_message(mut self, bytes: usize) -> Self {
+        self.max_large_message = bytes.min(1 << 31);
         self
     }
 
