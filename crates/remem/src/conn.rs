@@ -174,6 +174,7 @@ impl PreparedConnection {
             .store(remote.max_message, Ordering::Relaxed);
         let shared = self.shared;
         start_dispatcher(&shared)?;
+        shared.rdma.watch(&shared);
         tracing::debug!(qpn = shared.qp.qp_num(), peer_qpn = remote.qpn, "connected");
         Ok(Connection { shared })
     }
@@ -277,6 +278,8 @@ pub(crate) struct ConnShared {
     next_wr: AtomicU64,
     /// Why the connection closed, once it has.
     closed: Mutex<Option<String>>,
+    /// The asynchronous event that ended it, if one did.
+    event: Mutex<Option<remem_verbs::AsyncEvent>>,
     is_closed: AtomicBool,
     shutdown: Notify,
     /// Bounds work requests in flight to the send queue's depth.
@@ -382,6 +385,7 @@ impl Rdma {
             pending: Mutex::new(HashMap::new()),
             next_wr: AtomicU64::new(1),
             closed: Mutex::new(None),
+            event: Mutex::new(None),
             is_closed: AtomicBool::new(false),
             shutdown: Notify::new(),
             sq: Arc::new(Semaphore::new(cap.max_send_wr as usize)),
@@ -529,7 +533,32 @@ impl ConnShared {
     }
 
     fn closed_error(&self) -> Error {
-        Error::Closed(lock(&self.closed).clone())
+        match *lock(&self.event) {
+            Some(ev) => Error::Event(ev),
+            None => Error::Closed(lock(&self.closed).clone()),
+        }
+    }
+
+    /// An asynchronous event about this connection's QP or CQ (or its device): the
+    /// connection is over, and its operations fail with [`Error::Event`].
+    pub(crate) fn on_event(&self, ev: remem_verbs::AsyncEvent) {
+        *lock(&self.event) = Some(ev);
+        self.mark_closed(format!("asynchronous event: {ev}"));
+    }
+
+    pub(crate) fn qp_num(&self) -> u32 {
+        self.qp.qp_num()
+    }
+
+    /// Whether an asynchronous event concerns this connection.
+    pub(crate) fn concerns(&self, ev: &remem_verbs::AsyncEvent) -> bool {
+        use remem_verbs::{AsyncEventElement as E, AsyncEventType as T};
+        match (ev.event_type, ev.element) {
+            (T::QpFatal | T::QpReqErr | T::QpAccessErr, E::Qp(n)) => n == self.qp.qp_num(),
+            (T::CqErr, E::Cq(id)) => id == self.cq.id(),
+            (T::DeviceFatal, _) => true,
+            _ => false,
+        }
     }
 
     fn check_open(&self) -> Result<()> {

@@ -29,6 +29,9 @@ pub enum Error {
     /// fail with this.
     #[error("connection closed{}", .0.as_deref().map(|r| format!(": {r}")).unwrap_or_default())]
     Closed(Option<String>),
+    /// An asynchronous event (QP fatal, CQ error, device fatal) ended the connection.
+    #[error("asynchronous event: {0}")]
+    Event(remem_verbs::AsyncEvent),
     /// Local and remote lengths differ, or a range lies outside its memory region.
     #[error("length mismatch: local {local} bytes, remote {remote} bytes")]
     LengthMismatch {

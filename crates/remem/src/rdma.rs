@@ -1,12 +1,20 @@
 //! The entry point: [`Rdma`] (an open device with a protection domain), built by
 //! [`RdmaBuilder`], and [`Listener`].
 
+use crate::conn::ConnShared;
 use crate::conn::Connection;
 use crate::error::{Error, Result};
 use crate::mr::{LocalMr, register};
+use remem_verbs::AsyncEvent;
 use remem_verbs::{AccessFlags, Context, Gid, GidType, MemoryBuffer, Mtu, ProtectionDomain, QpCap};
 use std::alloc::Layout;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use tokio::sync::{Notify, broadcast};
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 use std::time::Duration;
 use tokio::net::{TcpListener, ToSocketAddrs};
 
@@ -239,6 +247,9 @@ impl RdmaBuilder {
         tracing::debug!(device = %ctx.info().name, %gid_index, "rdma opened");
         Ok(Rdma {
             inner: Arc::new(RdmaInner {
+                conns: Mutex::new(HashMap::new()),
+                events: broadcast::channel(64).0,
+                watcher: OnceLock::new(),
                 pool,
                 ctx,
                 pd,
@@ -252,6 +263,12 @@ impl RdmaBuilder {
 }
 
 struct RdmaInner {
+    /// Connections, for routing asynchronous events (QP number → connection).
+    conns: Mutex<HashMap<u32, Weak<ConnShared>>>,
+    /// Every asynchronous event of the device, for subscribers.
+    events: broadcast::Sender<AsyncEvent>,
+    /// The task reading the device's events, once started; told to stop on drop.
+    watcher: OnceLock<Arc<Notify>>,
     // Registrations go before the PD, the PD before the context it belongs to.
     pool: Arc<crate::pool::Pool>,
     pd: Arc<dyn ProtectionDomain>,
@@ -260,6 +277,14 @@ struct RdmaInner {
     gid_index: u8,
     gid: Gid,
     mtu: Mtu,
+}
+
+impl Drop for RdmaInner {
+    fn drop(&mut self) {
+        if let Some(stop) = self.watcher.get() {
+            stop.notify_one();
+        }
+    }
 }
 
 impl std::fmt::Debug for RdmaInner {
@@ -357,6 +382,66 @@ impl Rdma {
             )));
         }
         register(self.pd(), buf, access)
+    }
+
+    /// The device's asynchronous events (QP fatal, CQ error, port active/error, SRQ
+    /// limit, …) as a stream: `while let Ok(ev) = events.recv().await`. An event about a
+    /// connection's QP or CQ also ends that connection, failing its pending operations
+    /// with [`Error::Event`]. Needs a tokio runtime (the device's event fd is watched by a
+    /// task). A subscriber that falls more than 64 events behind is told how many it missed
+    /// (`RecvError::Lagged`).
+    pub fn subscribe_events(&self) -> Result<broadcast::Receiver<AsyncEvent>> {
+        let rx = self.inner.events.subscribe();
+        self.start_watcher()?;
+        Ok(rx)
+    }
+
+    /// Routes the device's asynchronous events to `conn` from now on.
+    pub(crate) fn watch(&self, conn: &Arc<ConnShared>) {
+        let mut conns = lock(&self.inner.conns);
+        conns.retain(|_, w| w.strong_count() > 0);
+        conns.insert(conn.qp_num(), Arc::downgrade(conn));
+        drop(conns);
+        if let Err(e) = self.start_watcher() {
+            tracing::debug!(error = %e, "asynchronous events are not watched");
+        }
+    }
+
+    fn start_watcher(&self) -> Result<()> {
+        if self.inner.watcher.get().is_some() {
+            return Ok(());
+        }
+        let rt = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::InvalidArgument("watching asynchronous events needs a tokio runtime".into())
+        })?;
+        let fd = crate::sys::ChannelFd::new(self.context().async_fd())?;
+        let stop = Arc::new(Notify::new());
+        if self.inner.watcher.set(stop.clone()).is_err() {
+            return Ok(()); // another caller started it
+        }
+        let weak = Arc::downgrade(&self.inner);
+        rt.spawn(async move {
+            loop {
+                tokio::select! {
+                    r = fd.readable() => if r.is_err() { return },
+                    _ = stop.notified() => return,
+                }
+                let Some(inner) = weak.upgrade() else { return };
+                while let Some(ev) = inner.ctx.get_async_event() {
+                    tracing::debug!(event = %ev, "asynchronous event");
+                    let affected: Vec<_> = lock(&inner.conns)
+                        .values()
+                        .filter_map(Weak::upgrade)
+                        .filter(|c| c.concerns(&ev))
+                        .collect();
+                    for c in affected {
+                        c.on_event(ev);
+                    }
+                    let _ = inner.events.send(ev);
+                }
+            }
+        });
+        Ok(())
     }
 
     /// Listens for remem connections on `addr` (TCP, for the endpoint exchange).

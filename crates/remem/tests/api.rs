@@ -412,3 +412,52 @@ async fn a_message_above_the_receivers_limit_closes_the_connection() {
     assert!(matches!(ca.send(&src).await, Err(Error::Closed(_))));
     assert!(matches!(cb.receive().await, Err(Error::Closed(Some(r))) if r.contains("limit")));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asynchronous_events_arrive_as_a_stream() {
+    use remem::verbs::{
+        AsyncEventElement, AsyncEventType, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState,
+        QpType, RecvWr,
+    };
+    let (a, _b) = pair(Polling::Event);
+    let mut events = a.subscribe_events().unwrap();
+    // Overrun a one-entry CQ (two flushed receives) to make the device raise CQ_ERR.
+    let cq = a.context().create_cq(1, None).unwrap();
+    let qp = a
+        .pd()
+        .create_qp(&QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            srq: None,
+            cap: QpCap {
+                max_send_wr: 1,
+                max_recv_wr: 4,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+        })
+        .unwrap();
+    let mut attr = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        ..QpAttr::default()
+    };
+    qp.modify(&attr, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+        .unwrap();
+    let wrs = [1, 2].map(|wr_id| RecvWr {
+        wr_id,
+        sg_list: &[],
+    });
+    qp.post_recv(&wrs).unwrap();
+    attr.qp_state = QpState::Err;
+    qp.modify(&attr, M::STATE).unwrap();
+    let ev = tokio::time::timeout(std::time::Duration::from_secs(10), events.recv())
+        .await
+        .expect("no event within 10 s")
+        .unwrap();
+    assert_eq!(ev.event_type, AsyncEventType::CqErr);
+    assert_eq!(ev.element, AsyncEventElement::Cq(cq.id()));
+}
