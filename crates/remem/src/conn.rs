@@ -55,7 +55,7 @@ const RECV_TAG: u64 = 1 << 63;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-enum Kind {
+pub(crate) enum Kind {
     Data = 1,
     Credit = 2,
     MrToken = 3,
@@ -64,6 +64,8 @@ enum Kind {
     Rts = 5,
     /// The receiver has read a large message (its id in the immediate field).
     RtsDone = 6,
+    /// An agent message (memory requests and leases).
+    Agent = 7,
 }
 
 impl Kind {
@@ -75,6 +77,7 @@ impl Kind {
             4 => Kind::Close,
             5 => Kind::Rts,
             6 => Kind::RtsDone,
+            7 => Kind::Agent,
             _ => return None,
         })
     }
@@ -207,9 +210,15 @@ pub struct Message {
     pub imm: Option<u32>,
 }
 
-struct Inbox<T> {
+pub(crate) struct Inbox<T> {
     queue: Mutex<VecDeque<T>>,
     notify: Notify,
+}
+
+impl<T> Default for Inbox<T> {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl<T> Inbox<T> {
@@ -220,7 +229,7 @@ impl<T> Inbox<T> {
         }
     }
 
-    fn push(&self, item: T) {
+    pub(crate) fn push(&self, item: T) {
         lock(&self.queue).push_back(item);
         self.notify.notify_waiters();
         self.notify.notify_one();
@@ -273,7 +282,8 @@ pub(crate) struct ConnShared {
     qp: Arc<dyn QueuePair>,
     cq: Arc<dyn CompletionQueue>,
     channel: Option<Arc<dyn CompletionChannel>>,
-    rdma: Rdma,
+    pub(crate) rdma: Rdma,
+    pub(crate) agent: crate::agent::Agent,
     pending: Mutex<HashMap<u64, Pending>>,
     next_wr: AtomicU64,
     /// Why the connection closed, once it has.
@@ -382,6 +392,7 @@ impl Rdma {
             cq,
             channel,
             rdma: self.clone(),
+            agent: crate::agent::Agent::default(),
             pending: Mutex::new(HashMap::new()),
             next_wr: AtomicU64::new(1),
             closed: Mutex::new(None),
@@ -532,7 +543,7 @@ impl ConnShared {
             .map_err(|e| Error::Verbs(e.error))
     }
 
-    fn closed_error(&self) -> Error {
+    pub(crate) fn closed_error(&self) -> Error {
         match *lock(&self.event) {
             Some(ev) => Error::Event(ev),
             None => Error::Closed(lock(&self.closed).clone()),
@@ -579,7 +590,7 @@ impl ConnShared {
     /// Ends the connection because of something this side found wrong (a protocol
     /// violation, a message above the limit): tells the peer with a close message, and
     /// moves the QP to ERR once that message is out.
-    fn fail(self: &Arc<Self>, reason: String) {
+    pub(crate) fn fail(self: &Arc<Self>, reason: String) {
         if lock(&self.closed).is_some() {
             return;
         }
@@ -713,6 +724,11 @@ impl ConnShared {
             },
             Some(Kind::Close) => self.mark_closed("closed by the peer".into()),
             Some(Kind::Rts) => self.on_rts(&data, imm),
+            Some(Kind::Agent) => {
+                // Handled here, so its credit goes back at once.
+                self.consumed();
+                self.on_agent(&data);
+            }
             Some(Kind::RtsDone) => {
                 let rid = u32::from_be_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]);
                 if let Some(out) = lock(&self.rdv_out).remove(&rid) {
@@ -936,9 +952,55 @@ impl ConnShared {
         }
     }
 
+    async fn slot(self: &Arc<Self>) -> Result<(SlotGuard, Span)> {
+        // There are as many slots as send-queue entries; one is free unless every entry is
+        // in flight, and then one frees when a completion arrives.
+        loop {
+            if let Some(s) = self.slots.take() {
+                return Ok(s);
+            }
+            self.check_open()?;
+            let permit = self.sq.acquire().await.map_err(|_| self.closed_error())?;
+            drop(permit);
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Sends a message that fits the peer's receive buffers.
+    pub(crate) async fn send_eager(
+        self: &Arc<Self>,
+        src: Option<Span>,
+        kind: Kind,
+        imm: Option<u32>,
+    ) -> Result<()> {
+        let (slot, hspan) = self.slot().await?;
+        let offset = hspan.offset;
+        let spans = std::iter::once(hspan).chain(src).collect();
+        self.execute(
+            SendOp::Send,
+            spans,
+            Some(slot),
+            true,
+            Some((offset, kind, imm)),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Sends `bytes` as one message of `kind` (from a registered scratch region).
+    pub(crate) async fn send_bytes(self: &Arc<Self>, kind: Kind, bytes: Vec<u8>) -> Result<()> {
+        let scratch = register(
+            self.rdma.pd(),
+            MemoryBuffer::from_vec(bytes),
+            AccessFlags::LOCAL_WRITE,
+        )?;
+        self.send_eager(Some(crate::mr::Local::span(&scratch)), kind, None)
+            .await
+    }
+
     /// Takes the item at the front of `inbox` once `ready` gives it (waiting while the
     /// inbox is empty or its front is not ready).
-    async fn take<T, R>(
+    pub(crate) async fn take<T, R>(
         self: &Arc<Self>,
         inbox: &Inbox<T>,
         ready: impl Fn(&mut T) -> Option<R>,
@@ -1045,29 +1107,10 @@ impl Connection {
     }
 
     async fn atomic(&self, op: SendOp) -> Result<u64> {
-        let (slot, span) = self.slot().await?;
+        let (slot, span) = self.shared.slot().await?;
         self.shared
             .execute(op, vec![span], Some(slot), false, None)
             .await
-    }
-
-    async fn slot(&self) -> Result<(SlotGuard, Span)> {
-        // There are as many slots as send-queue entries; one is free unless every entry is
-        // in flight, and then one frees when a completion arrives.
-        loop {
-            if let Some(s) = self.shared.slots.take() {
-                return Ok(s);
-            }
-            self.shared.check_open()?;
-            let permit = self
-                .shared
-                .sq
-                .acquire()
-                .await
-                .map_err(|_| self.shared.closed_error())?;
-            drop(permit);
-            tokio::task::yield_now().await;
-        }
     }
 
     /// Compares the peer's 8-byte word at `dst` with `compare` and, if equal, replaces it
@@ -1104,24 +1147,7 @@ impl Connection {
                 _ => Err(Error::MessageTooLarge { len, max }),
             };
         }
-        self.send_eager(src, kind, imm).await
-    }
-
-    /// Sends a message that fits the peer's receive buffers.
-    async fn send_eager(&self, src: Option<Span>, kind: Kind, imm: Option<u32>) -> Result<()> {
-        let (slot, hspan) = self.slot().await?;
-        let offset = hspan.offset;
-        let spans = std::iter::once(hspan).chain(src).collect();
-        self.shared
-            .execute(
-                SendOp::Send,
-                spans,
-                Some(slot),
-                true,
-                Some((offset, kind, imm)),
-            )
-            .await
-            .map(drop)
+        self.shared.send_eager(src, kind, imm).await
     }
 
     /// A message larger than the peer's receive buffers: the peer is told where it is
@@ -1170,7 +1196,7 @@ impl Connection {
                 _permit: permit,
             },
         );
-        let announced = self
+        let announced = sh
             .send_eager(Some(crate::mr::Local::span(&scratch)), Kind::Rts, imm)
             .await;
         if let Err(e) = announced {
@@ -1214,14 +1240,7 @@ impl Connection {
     /// long as `mr` lives.
     pub async fn send_local_mr(&self, mr: &LocalMr) -> Result<()> {
         let token = mr.token(self.shared.rdma.pd())?.to_bytes();
-        // The token travels in a registered scratch region of its own.
-        let scratch = register(
-            self.shared.rdma.pd(),
-            MemoryBuffer::from_vec(token.to_vec()),
-            AccessFlags::LOCAL_WRITE,
-        )?;
-        self.send_message(Some(crate::mr::Local::span(&scratch)), Kind::MrToken, None)
-            .await
+        self.shared.send_bytes(Kind::MrToken, token.to_vec()).await
     }
 
     /// The next memory region the peer lent with [`Connection::send_local_mr`].
@@ -1233,6 +1252,10 @@ impl Connection {
     /// [`Polling::Manual`] (elsewhere the dispatcher does it).
     pub fn poll_completions(&self) -> usize {
         self.shared.poll_cq()
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<ConnShared> {
+        &self.shared
     }
 
     /// The local QP number.
@@ -1274,10 +1297,9 @@ impl Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        if !self.shared.is_closed.load(Ordering::Acquire) {
-            let _ = self.shared.post_control(Kind::Close, None);
-            self.shared.mark_closed("connection dropped".into());
-        }
+        // Tell the peer; the QP goes to ERR once the close message is out (going to ERR
+        // now would flush the message before it leaves).
+        self.shared.fail("connection dropped".into());
         self.shared.shutdown.notify_waiters();
         self.shared.shutdown.notify_one();
     }

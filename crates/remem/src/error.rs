@@ -61,6 +61,9 @@ pub enum Error {
         /// The connection's maximum.
         max: usize,
     },
+    /// The peer refused a request (its reason).
+    #[error("refused by the peer: {0}")]
+    Refused(String),
     /// A time limit passed.
     #[error("timed out: {0}")]
     Timeout(&'static str),

@@ -75,6 +75,7 @@
 
 #![warn(missing_docs)]
 
+mod agent;
 mod conn;
 mod error;
 mod mr;
@@ -82,6 +83,7 @@ mod pool;
 mod rdma;
 mod sys;
 
+pub use agent::RemoteLease;
 pub use conn::{Connection, ENDPOINT_INFO_LEN, EndpointInfo, Message, PreparedConnection};
 pub use error::Error;
 pub use mr::{Local, LocalMr, LocalMrMut, LocalMrRef, LocalMut, RemoteMr};

@@ -254,6 +254,11 @@ impl LocalMr {
         Ok(self.inner.region().store_u64(at, value)?)
     }
 
+    /// The buffer behind the region.
+    pub(crate) fn buffer(&self) -> Arc<MemoryBuffer> {
+        self.inner.region().buffer().clone()
+    }
+
     pub(crate) fn fill_zero(&self) -> Result<()> {
         let at = self.inner.at(0, self.len())?;
         Ok(self

@@ -58,6 +58,9 @@ pub struct RdmaBuilder {
     pub(crate) max_large_message: usize,
     pub(crate) recv_depth: u32,
     pub(crate) handshake_timeout: Duration,
+    pub(crate) request_timeout: Duration,
+    pub(crate) max_lease: Duration,
+    pub(crate) lend_limit: usize,
 }
 
 impl Default for RdmaBuilder {
@@ -90,6 +93,9 @@ impl Default for RdmaBuilder {
             max_large_message: 1 << 30,
             recv_depth: 32,
             handshake_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(10),
+            max_lease: Duration::from_secs(600),
+            lend_limit: 64 << 20,
         }
     }
 }
@@ -211,6 +217,27 @@ impl RdmaBuilder {
     /// Time limit of the connection handshake (default 10 s).
     pub fn handshake_timeout(mut self, t: Duration) -> Self {
         self.handshake_timeout = t;
+        self
+    }
+
+    /// Time limit of an agent request such as [`Connection::request_remote_mr`]
+    /// (default 10 s).
+    pub fn request_timeout(mut self, t: Duration) -> Self {
+        self.request_timeout = t;
+        self
+    }
+
+    /// The longest lease this side grants (default 10 minutes): longer requests are
+    /// shortened.
+    pub fn max_lease(mut self, t: Duration) -> Self {
+        self.max_lease = t;
+        self
+    }
+
+    /// How many bytes this side lends to each connection's peer at once (default
+    /// 64 MiB); requests beyond it are refused.
+    pub fn lend_limit(mut self, bytes: usize) -> Self {
+        self.lend_limit = bytes;
         self
     }
 

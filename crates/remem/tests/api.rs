@@ -461,3 +461,101 @@ async fn asynchronous_events_arrive_as_a_stream() {
     assert_eq!(ev.event_type, AsyncEventType::CqErr);
     assert_eq!(ev.element, AsyncEventElement::Cq(cq.id()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_connection_tells_the_peer() {
+    for _ in 0..5 {
+        let (a, b) = pair(Polling::Event);
+        let (ca, cb) = connect(&a, &b).await;
+        drop(ca);
+        let r = tokio::time::timeout(std::time::Duration::from_secs(5), cb.receive()).await;
+        assert!(matches!(r, Ok(Err(Error::Closed(_)))), "{r:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_grant_expire_return_and_give_back() {
+    use std::time::Duration;
+    let a = RdmaBuilder::new()
+        .device("soft@127.0.11.203:0")
+        .build()
+        .unwrap();
+    let port = a.context().info().udp_addr.unwrap().port();
+    let b = RdmaBuilder::new()
+        .device(format!("soft@127.0.11.204:{port}"))
+        .lend_limit(1 << 20)
+        .max_lease(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let (ca, cb) = connect(&a, &b).await;
+    let src = a.alloc_local_mr(layout(4096)).unwrap();
+    src.write(0, &[3; 4096]).unwrap();
+
+    // Granted: usable at once; the lender shortened the lease to its maximum.
+    let lease = ca
+        .request_remote_mr(layout(4096), Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(lease.remaining() <= Duration::from_millis(300));
+    ca.write(&src, lease.mr()).await.unwrap();
+    // Given back with its contents: the lender has the bytes, the borrower's token is dead.
+    let token = *lease.mr();
+    ca.send_remote_mr(lease).await.unwrap();
+    let back = cb.receive_local_mr().await.unwrap();
+    assert_eq!(back.to_vec(), vec![3; 4096]);
+    match ca.write(&src, &token).await {
+        Err(Error::Completion { status, .. }) => {
+            assert_eq!(status, remem::verbs::WcStatus::RemAccessErr)
+        }
+        other => panic!("write through a returned lease: {other:?}"),
+    }
+
+    // Expiry on the lender's clock revokes access (a fresh connection: the last one is in
+    // error after the access violation).
+    let (ca, _cb) = connect(&a, &b).await;
+    let lease = ca
+        .request_remote_mr(layout(4096), Duration::from_millis(50))
+        .await
+        .unwrap();
+    ca.write(&src, lease.mr()).await.unwrap();
+    // Wait out the lease on this side's clock, with margin, without sleeping blind: poll
+    // with writes until one fails.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let revoked = loop {
+        match ca.write(&src, lease.mr()).await {
+            Ok(()) if std::time::Instant::now() < deadline => tokio::task::yield_now().await,
+            other => break other,
+        }
+    };
+    assert!(
+        matches!(
+            revoked,
+            Err(Error::Completion {
+                status: remem::verbs::WcStatus::RemAccessErr,
+                ..
+            })
+        ),
+        "{revoked:?}"
+    );
+
+    // Refused beyond the lend limit; returned leases free the budget.
+    let (ca, _cb) = connect(&a, &b).await;
+    let big = ca
+        .request_remote_mr(layout(2 << 20), Duration::from_secs(1))
+        .await;
+    assert!(matches!(big, Err(Error::Refused(r)) if r.contains("limit")));
+    let l1 = ca
+        .request_remote_mr(layout(800_000), Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(
+        ca.request_remote_mr(layout(800_000), Duration::from_secs(1))
+            .await
+            .is_err()
+    );
+    ca.return_remote_mr(l1).await.unwrap();
+    // The return travels as a message; the next request follows it in order.
+    ca.request_remote_mr(layout(800_000), Duration::from_secs(1))
+        .await
+        .unwrap();
+}
