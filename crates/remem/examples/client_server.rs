@@ -1,8 +1,9 @@
-//! Client and server: the server lends a memory region, the client puts data into it with
-//! RDMA WRITE and then tells the server where — once with a message after a plain WRITE,
-//! once with the immediate of a WRITE_WITH_IMM — and the server checks the bytes in its own
-//! memory; no data is copied through a message. (async-rdma's front-page scenario, where the
-//! client requests the region and hands it back, rewritten with remem's lending API.)
+//! Client and server, async-rdma's front-page scenario: the client requests a region at the
+//! server (`request_remote_mr`, a lease), writes into it with RDMA WRITE and hands it back
+//! (`send_remote_mr`); the server takes it (`receive_local_mr`) and checks the bytes. Then
+//! the server lends a region itself and the client tells it where it wrote — once with a
+//! message after a plain WRITE, once with the immediate of a WRITE_WITH_IMM. No data is
+//! copied through a message.
 //!
 //! Two soft devices in this process, 127.0.0.2 (server) and 127.0.0.1 (client), on one UDP
 //! port. Run with `cargo run -p remem --example client_server`; it exits non-zero if a
@@ -27,8 +28,11 @@ async fn server(listening: oneshot::Sender<Address>) -> Result<(), Error> {
     let listener = rdma.listen("127.0.0.1:0").await?;
     let _ = listening.send((udp.port(), listener.local_addr()?));
     let conn = listener.accept().await?;
-    // TODO(issue 4): request_remote_mr once leases land — the client would allocate this
-    // region at the server itself, and hand it back with send_remote_mr/receive_local_mr.
+    // 0. The client requested a region here (the agent served it), wrote, and gave it back.
+    let given = conn.receive_local_mr().await?;
+    assert_eq!(given.to_vec(), [9; LEN]);
+    println!("checked: a requested region came back with the client's bytes");
+
     let lent = rdma.alloc_local_mr(Layout::new::<[u8; LEN]>())?;
     conn.send_local_mr(&lent).await?;
 
@@ -56,9 +60,18 @@ async fn client(server: oneshot::Receiver<Address>) -> Result<(), Error> {
         .device(format!("soft@127.0.0.1:{port}"))
         .build()?;
     let conn = rdma.connect(addr).await?;
+    let local = rdma.alloc_local_mr(Layout::new::<[u8; LEN]>())?;
+
+    // 0. Request a region at the server for ten seconds, write, give it back.
+    let lease = conn
+        .request_remote_mr(Layout::new::<[u8; LEN]>(), Duration::from_secs(10))
+        .await?;
+    local.write(0, &[9; LEN])?;
+    conn.write(&local, lease.mr()).await?;
+    conn.send_remote_mr(lease).await?;
+
     let remote = conn.receive_remote_mr().await?;
     assert_eq!(remote.len(), LEN as u64);
-    let local = rdma.alloc_local_mr(Layout::new::<[u8; LEN]>())?;
 
     local.write(0, &[1; LEN])?;
     conn.write(&local.get(4..8)?, &remote.get(4..8)?).await?;
