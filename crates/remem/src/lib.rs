@@ -84,7 +84,7 @@ mod rdma;
 mod sys;
 
 pub use agent::RemoteLease;
-pub use conn::{Connection, ENDPOINT_INFO_LEN, EndpointInfo, Message, PreparedConnection};
+pub use conn::{Batch, Connection, ENDPOINT_INFO_LEN, EndpointInfo, Message, PreparedConnection};
 pub use error::Error;
 pub use mr::{Local, LocalMr, LocalMrMut, LocalMrRef, LocalMut, RemoteMr};
 pub use rdma::{Listener, Polling, Rdma, RdmaBuilder};

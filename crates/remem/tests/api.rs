@@ -559,3 +559,75 @@ async fn leases_grant_expire_return_and_give_back() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_post_many_and_complete_once() {
+    let (a, b) = pair(Polling::Event);
+    let (ca, cb) = connect(&a, &b).await;
+    let target = b.alloc_local_mr(layout(64 * 1024)).unwrap();
+    cb.send_local_mr(&target).await.unwrap();
+    let remote = ca.receive_remote_mr().await.unwrap();
+    let srcs: Vec<_> = (0..64u8)
+        .map(|i| {
+            let m = a.alloc_local_mr(layout(1024)).unwrap();
+            m.write(0, &[i; 1024]).unwrap();
+            m
+        })
+        .collect();
+    let mut batch = ca.batch();
+    for (i, src) in srcs.iter().enumerate() {
+        let at = i as u64 * 1024;
+        batch
+            .write(src, &remote.get(at..at + 1024).unwrap())
+            .unwrap();
+    }
+    assert_eq!(batch.len(), 64);
+    batch.submit().await.unwrap();
+    let written = target.to_vec();
+    for i in 0..64 {
+        assert!(
+            written[i * 1024..(i + 1) * 1024]
+                .iter()
+                .all(|&x| x == i as u8)
+        );
+    }
+    // A read in a batch, through an exclusive view.
+    let mut back = a.alloc_local_mr(layout(64 * 1024)).unwrap();
+    {
+        let mut batch = ca.batch();
+        let mut whole = back.get_mut(..).unwrap();
+        batch.read(&mut whole, &remote).unwrap();
+        batch.submit().await.unwrap();
+    }
+    assert_eq!(back.to_vec(), written);
+    // A failing operation fails the batch.
+    let ro = b
+        .alloc_local_mr_with(
+            layout(1024),
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+        )
+        .unwrap();
+    cb.send_local_mr(&ro).await.unwrap();
+    let ro_remote = ca.receive_remote_mr().await.unwrap();
+    let mut batch = ca.batch();
+    batch
+        .write(&srcs[0], &remote.get(0..1024).unwrap())
+        .unwrap();
+    batch.write(&srcs[1], &ro_remote).unwrap();
+    batch
+        .write(&srcs[2], &remote.get(1024..2048).unwrap())
+        .unwrap();
+    assert!(matches!(
+        batch.submit().await,
+        Err(Error::Completion {
+            status: remem::verbs::WcStatus::RemAccessErr,
+            ..
+        })
+    ));
+    // Checked as they are added.
+    let mut batch = ca.batch();
+    assert!(matches!(
+        batch.write(&srcs[0], &remote),
+        Err(Error::LengthMismatch { .. })
+    ));
+}
