@@ -196,6 +196,9 @@ struct Pending {
 }
 
 struct Keep {
+    /// A close message sent as the connection is dropped keeps the connection alive until
+    /// it is out (the dispatcher polls only a live connection).
+    _owner: Option<Arc<ConnShared>>,
     _spans: Vec<Span>,
     _sq: Option<OwnedSemaphorePermit>,
     _slot: Option<SlotGuard>,
@@ -851,6 +854,11 @@ impl ConnShared {
             Pending {
                 tx: None,
                 _keep: Keep {
+                    // A dropped connection stays alive until its close message is out, when
+                    // a dispatcher polls it (with Polling::Manual nothing would).
+                    _owner: (kind == Kind::Close
+                        && self.rdma.config().polling != crate::rdma::Polling::Manual)
+                        .then(|| self.clone()),
                     _spans: vec![hspan],
                     _sq: Some(permit),
                     _slot: Some(slot),
@@ -922,6 +930,7 @@ impl ConnShared {
             Pending {
                 tx: Some(tx),
                 _keep: Keep {
+                    _owner: None,
                     _spans: spans,
                     _sq: Some(permit),
                     _slot: slot,
@@ -992,6 +1001,7 @@ impl ConnShared {
             Pending {
                 tx: Some(tx),
                 _keep: Keep {
+                    _owner: None,
                     _spans: ops.iter().map(|(_, span)| span.clone()).collect(),
                     _sq: Some(permit),
                     _slot: None,
