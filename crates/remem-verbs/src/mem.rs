@@ -155,6 +155,20 @@ impl MemoryBuffer {
         Self::new(ptr, len, Owner::Bytes(bytes))
     }
 
+    /// Takes ownership of a memory map (anonymous, or of a file: persistent memory on a
+    /// DAX file system, a shared-memory segment). The mapping stays at its address while
+    /// the buffer lives and is unmapped when it is dropped. Another process writing a
+    /// shared file mapping concurrently is a race on values, as a NIC's writes are, never
+    /// undefined behaviour: every access goes through this buffer's atomic accesses.
+    pub fn from_mmap(mut map: memmap2::MmapMut) -> Self {
+        let len = map.len();
+        let ptr = NonNull::new(map.as_mut_ptr()).unwrap_or(NonNull::dangling());
+        // SAFETY: the mapping is valid for reads and writes of `len` bytes while `map`
+        // lives; `map` moves into the buffer (moving an `MmapMut` does not move the
+        // mapping), so it lives exactly as long, and no reference into it remains outside.
+        unsafe { Self::from_raw_parts(ptr, len, Box::new(map)) }
+    }
+
     /// Wraps memory that `owner` keeps alive, e.g. a file mapping.
     ///
     /// # Safety
@@ -560,6 +574,17 @@ mod tests {
 
     fn pattern(n: usize) -> Vec<u8> {
         (0..n).map(|i| (i * 7 + 3) as u8).collect()
+    }
+
+    #[test]
+    fn memory_maps_are_buffers() {
+        let mut map = memmap2::MmapMut::map_anon(8192).unwrap();
+        map[100] = 7;
+        let buf = MemoryBuffer::from_mmap(map);
+        assert_eq!(buf.len(), 8192);
+        assert_eq!(buf.to_vec(100, 1).unwrap(), [7]);
+        buf.store_u64(8, 42).unwrap();
+        assert_eq!(buf.load_u64(8).unwrap(), 42);
     }
 
     #[test]

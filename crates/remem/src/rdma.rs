@@ -398,8 +398,9 @@ impl Rdma {
         self.register(buf, access)
     }
 
-    /// Registers memory the caller owns (a `Vec<u8>`, `Box<[u8]>` or `BytesMut` turned into
-    /// a [`MemoryBuffer`], or a memory map through [`MemoryBuffer::from_raw_parts`]) with
+    /// Registers memory the caller owns (a `Vec<u8>`, `Box<[u8]>`, `BytesMut` or memory map
+    /// turned into a [`MemoryBuffer`]: `from_vec`, `from_boxed`, `from_bytes_mut`,
+    /// `from_mmap`) with
     /// `access`, which may not exceed [`RdmaBuilder::access`].
     pub fn register(&self, buf: MemoryBuffer, access: AccessFlags) -> Result<LocalMr> {
         let allowed = self.config().access;

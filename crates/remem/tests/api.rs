@@ -631,3 +631,39 @@ async fn batches_post_many_and_complete_once() {
         Err(Error::LengthMismatch { .. })
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caller_memory_and_memory_maps_register() {
+    use remem::MemoryBuffer;
+    let (a, b) = pair(Polling::Event);
+    let (ca, cb) = connect(&a, &b).await;
+    let rights = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    // A memory map on the lender (anonymous: mapping a file is unsafe in memmap2, for
+    // reasons of its own), a Vec and a BytesMut on the borrower.
+    let map = memmap2::MmapMut::map_anon(4096).unwrap();
+    let mapped = b.register(MemoryBuffer::from_mmap(map), rights).unwrap();
+    cb.send_local_mr(&mapped).await.unwrap();
+    let remote = ca.receive_remote_mr().await.unwrap();
+    let from_vec = a
+        .register(
+            MemoryBuffer::from_vec(b"from a vector".to_vec()),
+            AccessFlags::LOCAL_WRITE,
+        )
+        .unwrap();
+    ca.write(&from_vec, &remote.get(0..13).unwrap())
+        .await
+        .unwrap();
+    let mut bytes = bytes::BytesMut::zeroed(13);
+    bytes[0] = 1;
+    let mut into = a
+        .register(
+            MemoryBuffer::from_bytes_mut(bytes),
+            AccessFlags::LOCAL_WRITE,
+        )
+        .unwrap();
+    ca.read(&mut into, &remote.get(0..13).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(into.to_vec(), b"from a vector");
+    assert_eq!(&mapped.to_vec()[..13], b"from a vector");
+}
