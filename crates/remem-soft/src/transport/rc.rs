@@ -795,12 +795,21 @@ impl RcTransport {
         if self.req.retry_left == 0 {
             env.count(Stat::RetryExceeded);
             let una = self.req.una;
+            tracing::warn!(
+                psn = una,
+                "no ACK after every retry: RETRY_EXC_ERR, QP to ERR"
+            );
             self.fail(now, Some(una), WcStatus::RetryExcErr, env);
             return;
         }
         self.req.retry_left -= 1;
         env.count(Stat::CompleterRetry);
         let una = self.req.una;
+        tracing::debug!(
+            psn = una,
+            retries_left = self.req.retry_left,
+            "ACK timeout: retransmitting from the first unacknowledged PSN"
+        );
         for e in self.req.sq.iter_mut() {
             e.rerequested = None;
         }
@@ -932,11 +941,13 @@ impl RcTransport {
                 env.count(Stat::RcvdSeqNak);
                 if self.req.retry_left == 0 {
                     env.count(Stat::RetryExceeded);
+                    tracing::warn!(psn, "sequence NAK after every retry: RETRY_EXC_ERR");
                     self.fail(now, Some(psn), WcStatus::RetryExcErr, env);
                     return;
                 }
                 self.req.retry_left -= 1;
                 env.count(Stat::CompleterRetry);
+                tracing::debug!(psn, "sequence NAK: retransmitting from its PSN");
                 self.rewind_to(psn);
             }
             Syndrome::RnrNak { timer: code } => {
