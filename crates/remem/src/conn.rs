@@ -1136,6 +1136,31 @@ fn check_remote(local: usize, remote: &RemoteMr) -> Result<()> {
     Ok(())
 }
 
+/// A one-sided operation on a peer's region.
+#[derive(Clone, Copy)]
+enum OneSided {
+    Write,
+    WriteImm(u32),
+    Read,
+}
+
+impl OneSided {
+    /// The work request's operation, once the lengths are checked.
+    fn op(self, span: &Span, remote: &RemoteMr) -> Result<SendOp> {
+        check_remote(span.len, remote)?;
+        let (remote_addr, rkey) = (remote.addr, remote.rkey);
+        Ok(match self {
+            OneSided::Write => SendOp::RdmaWrite { remote_addr, rkey },
+            OneSided::WriteImm(imm) => SendOp::RdmaWriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            },
+            OneSided::Read => SendOp::RdmaRead { remote_addr, rkey },
+        })
+    }
+}
+
 fn check_atomic(remote: &RemoteMr) -> Result<()> {
     if remote.len != 8 || !remote.addr.is_multiple_of(8) {
         return Err(Error::InvalidArgument(format!(
@@ -1149,44 +1174,27 @@ fn check_atomic(remote: &RemoteMr) -> Result<()> {
 impl Connection {
     /// Writes `src` into the peer's `dst` (RDMA WRITE); lengths must match.
     pub async fn write(&self, src: &impl Local, dst: &RemoteMr) -> Result<()> {
-        let span = src.span();
-        check_remote(span.len, dst)?;
-        let op = SendOp::RdmaWrite {
-            remote_addr: dst.addr,
-            rkey: dst.rkey,
-        };
-        self.shared
-            .execute(op, vec![span], None, false, None)
-            .await
-            .map(drop)
+        self.one_sided(OneSided::Write, src.span(), dst).await
     }
 
     /// Writes `src` into the peer's `dst` and hands `imm` to the peer's
     /// [`Connection::receive_write_imm`] (RDMA WRITE_WITH_IMM).
     pub async fn write_with_imm(&self, src: &impl Local, dst: &RemoteMr, imm: u32) -> Result<()> {
-        let span = src.span();
-        check_remote(span.len, dst)?;
-        let op = SendOp::RdmaWriteWithImm {
-            remote_addr: dst.addr,
-            rkey: dst.rkey,
-            imm,
-        };
-        self.shared
-            .execute(op, vec![span], None, true, None)
+        self.one_sided(OneSided::WriteImm(imm), src.span(), dst)
             .await
-            .map(drop)
     }
 
     /// Reads the peer's `src` into `dst` (RDMA READ); lengths must match.
     pub async fn read(&self, dst: &mut impl LocalMut, src: &RemoteMr) -> Result<()> {
-        let span = dst.span();
-        check_remote(span.len, src)?;
-        let op = SendOp::RdmaRead {
-            remote_addr: src.addr,
-            rkey: src.rkey,
-        };
+        self.one_sided(OneSided::Read, dst.span(), src).await
+    }
+
+    async fn one_sided(&self, kind: OneSided, span: Span, remote: &RemoteMr) -> Result<()> {
+        let op = kind.op(&span, remote)?;
+        // WRITE_WITH_IMM consumes a receive at the peer: it needs a credit.
+        let credit = matches!(kind, OneSided::WriteImm(_));
         self.shared
-            .execute(op, vec![span], None, false, None)
+            .execute(op, vec![span], None, credit, None)
             .await
             .map(drop)
     }
@@ -1516,24 +1524,16 @@ pub struct Batch<'c, 'm> {
 impl<'m> Batch<'_, 'm> {
     /// Adds an RDMA WRITE of `src` into `dst` (lengths must match).
     pub fn write(&mut self, src: &'m impl Local, dst: &RemoteMr) -> Result<&mut Self> {
-        let span = src.span();
-        check_remote(span.len, dst)?;
-        let op = SendOp::RdmaWrite {
-            remote_addr: dst.addr,
-            rkey: dst.rkey,
-        };
-        self.ops.push((op, span));
-        Ok(self)
+        self.add(OneSided::Write, src.span(), dst)
     }
 
     /// Adds an RDMA READ of `src` into `dst` (lengths must match).
     pub fn read(&mut self, dst: &'m mut impl LocalMut, src: &RemoteMr) -> Result<&mut Self> {
-        let span = dst.span();
-        check_remote(span.len, src)?;
-        let op = SendOp::RdmaRead {
-            remote_addr: src.addr,
-            rkey: src.rkey,
-        };
+        self.add(OneSided::Read, dst.span(), src)
+    }
+
+    fn add(&mut self, kind: OneSided, span: Span, remote: &RemoteMr) -> Result<&mut Self> {
+        let op = kind.op(&span, remote)?;
         self.ops.push((op, span));
         Ok(self)
     }

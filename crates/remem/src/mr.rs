@@ -320,43 +320,34 @@ impl LocalMr {
     }
 }
 
-impl LocalMrRef<'_> {
-    /// Bytes in the view.
-    pub fn len(&self) -> usize {
-        self.len
-    }
+/// What both views offer.
+macro_rules! view {
+    ($view:ident) => {
+        impl $view<'_> {
+            /// Bytes in the view.
+            pub fn len(&self) -> usize {
+                self.len
+            }
 
-    /// Whether the view is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
+            /// Whether the view is empty.
+            pub fn is_empty(&self) -> bool {
+                self.len == 0
+            }
 
-    /// A copy of the bytes in the view.
-    pub fn to_vec(&self) -> Vec<u8> {
-        let mut v = vec![0; self.len];
-        let _ = self.mr.read(self.offset, &mut v);
-        v
-    }
+            /// A copy of the bytes in the view.
+            pub fn to_vec(&self) -> Vec<u8> {
+                let mut v = vec![0; self.len];
+                let _ = self.mr.read(self.offset, &mut v);
+                v
+            }
+        }
+    };
 }
 
+view!(LocalMrRef);
+view!(LocalMrMut);
+
 impl LocalMrMut<'_> {
-    /// Bytes in the view.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the view is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// A copy of the bytes in the view.
-    pub fn to_vec(&self) -> Vec<u8> {
-        let mut v = vec![0; self.len];
-        let _ = self.mr.read(self.offset, &mut v);
-        v
-    }
-
     /// Copies `src` into the view at `offset`.
     pub fn write(&mut self, offset: usize, src: &[u8]) -> Result<()> {
         if offset.checked_add(src.len()).is_none_or(|e| e > self.len) {
