@@ -947,6 +947,12 @@ impl ConnShared {
             }
             return Err(Error::Verbs(e.error));
         }
+        self.outcome(rx).await
+    }
+
+    /// Waits for a posted work request's completion: its slot's word on success, else
+    /// why it failed.
+    async fn outcome(&self, rx: oneshot::Receiver<(WorkCompletion, u64)>) -> Result<u64> {
         let (wc, word) = rx.await.map_err(|_| self.closed_error())?;
         match wc.status {
             WcStatus::Success => Ok(word),
@@ -1023,18 +1029,7 @@ impl ConnShared {
             }
             return Err(Error::Verbs(e.error));
         }
-        let (wc, _) = rx.await.map_err(|_| self.closed_error())?;
-        match wc.status {
-            WcStatus::Success => Ok(()),
-            WcStatus::WrFlushErr if self.is_closed.load(Ordering::Acquire) => {
-                Err(self.closed_error())
-            }
-            status => Err(Error::Completion {
-                op: wc.opcode,
-                status,
-                vendor_err: wc.vendor_err,
-            }),
-        }
+        self.outcome(rx).await.map(drop)
     }
 
     async fn slot(self: &Arc<Self>) -> Result<(SlotGuard, Span)> {

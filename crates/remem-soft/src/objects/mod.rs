@@ -502,6 +502,20 @@ mod tests {
         SoftContext::bind_with("127.0.0.1:0".parse().unwrap(), &opts).unwrap()
     }
 
+    /// A QP of `qp_type` in `pd`, with default caps and a CQ of its own.
+    fn qp_of(dev: &Arc<DeviceShared>, pd: &Arc<SoftPd>, qp_type: QpType) -> Arc<dyn QueuePair> {
+        let cq: Arc<dyn CompletionQueue> = dev.create_cq(8, None).unwrap();
+        pd.create_qp(&QpInitAttr {
+            qp_type,
+            send_cq: cq.clone(),
+            recv_cq: cq,
+            srq: None,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        })
+        .unwrap()
+    }
+
     fn buffer(len: usize) -> Arc<MemoryBuffer> {
         Arc::new(MemoryBuffer::zeroed(len).unwrap())
     }
@@ -664,17 +678,7 @@ mod tests {
         );
         // A live QP's number is skipped when the sequence comes round to it.
         let pd = dev.alloc_pd().unwrap();
-        let cq: Arc<dyn CompletionQueue> = dev.create_cq(8, None).unwrap();
-        let qp = pd
-            .create_qp(&QpInitAttr {
-                qp_type: QpType::Rc,
-                send_cq: cq.clone(),
-                recv_cq: cq,
-                srq: None,
-                cap: QpCap::default(),
-                sq_sig_all: false,
-            })
-            .unwrap();
+        let qp = qp_of(&dev, &pd, QpType::Rc);
         let live = qp.qp_num();
         *dev.next_qpn.lock().unwrap() = live;
         assert_eq!(dev.alloc_qpn().unwrap(), live + 1);
@@ -773,17 +777,7 @@ mod tests {
         let other_pd = dev.alloc_pd().unwrap();
         assert!(dev.own_ah(&ah, other_pd.id()).is_err(), "another PD's AH");
         // A UD send must name an AH of the QP's own PD.
-        let cq: Arc<dyn CompletionQueue> = dev.create_cq(8, None).unwrap();
-        let qp = pd
-            .create_qp(&QpInitAttr {
-                qp_type: QpType::Ud,
-                send_cq: cq.clone(),
-                recv_cq: cq,
-                srq: None,
-                cap: QpCap::default(),
-                sq_sig_all: false,
-            })
-            .unwrap();
+        let qp = qp_of(&dev, &pd, QpType::Ud);
         use remem_verbs::{QpAttr, QpAttrMask as M, QpState, SendOp, SendWr, UdDest};
         let mut attr = QpAttr {
             qp_state: QpState::Init,
