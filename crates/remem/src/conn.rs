@@ -389,7 +389,7 @@ impl Rdma {
             )?,
             free: Mutex::new((0..nslots).rev().collect()),
         });
-        let psn = rand_psn();
+        let psn = cfg.sq_psn.unwrap_or_else(rand_psn) & 0x00ff_ffff;
         let shared = Arc::new(ConnShared {
             qp,
             cq,
@@ -1140,9 +1140,9 @@ enum OneSided {
 }
 
 impl OneSided {
-    /// The work request's operation, once the lengths are checked.
-    fn op(self, span: &Span, remote: &RemoteMr) -> Result<SendOp> {
-        check_remote(span.len, remote)?;
+    /// The work request's operation for `len` local bytes, once the lengths are checked.
+    fn op(self, len: usize, remote: &RemoteMr) -> Result<SendOp> {
+        check_remote(len, remote)?;
         let (remote_addr, rkey) = (remote.addr, remote.rkey);
         Ok(match self {
             OneSided::Write => SendOp::RdmaWrite { remote_addr, rkey },
@@ -1184,12 +1184,43 @@ impl Connection {
         self.one_sided(OneSided::Read, dst.span(), src).await
     }
 
+    /// Writes the concatenation of `srcs` into the peer's `dst` with one RDMA WRITE (a
+    /// gather list); the total length must match.
+    pub async fn write_gather(&self, srcs: &[&dyn Local], dst: &RemoteMr) -> Result<()> {
+        let spans = srcs.iter().map(|s| s.span()).collect();
+        self.one_sided_sg(OneSided::Write, spans, dst).await
+    }
+
+    /// Reads the peer's `src` into `dsts` one after the other with one RDMA READ (a
+    /// scatter list); the total length must match.
+    pub async fn read_scatter(&self, dsts: &mut [&mut dyn LocalMut], src: &RemoteMr) -> Result<()> {
+        let spans = dsts.iter().map(|d| d.span()).collect();
+        self.one_sided_sg(OneSided::Read, spans, src).await
+    }
+
     async fn one_sided(&self, kind: OneSided, span: Span, remote: &RemoteMr) -> Result<()> {
-        let op = kind.op(&span, remote)?;
+        self.one_sided_sg(kind, vec![span], remote).await
+    }
+
+    async fn one_sided_sg(
+        &self,
+        kind: OneSided,
+        spans: Vec<Span>,
+        remote: &RemoteMr,
+    ) -> Result<()> {
+        let max = self.shared.qp.cap().max_send_sge as usize;
+        if spans.is_empty() || spans.len() > max {
+            return Err(Error::InvalidArgument(format!(
+                "{} scatter/gather entries; this connection takes 1 to {max} (RdmaBuilder::qp_cap)",
+                spans.len()
+            )));
+        }
+        let total = spans.iter().map(|s| s.len).sum();
+        let op = kind.op(total, remote)?;
         // WRITE_WITH_IMM consumes a receive at the peer: it needs a credit.
         let credit = matches!(kind, OneSided::WriteImm(_));
         self.shared
-            .execute(op, vec![span], None, credit, None)
+            .execute(op, spans, None, credit, None)
             .await
             .map(drop)
     }
@@ -1528,7 +1559,7 @@ impl<'m> Batch<'_, 'm> {
     }
 
     fn add(&mut self, kind: OneSided, span: Span, remote: &RemoteMr) -> Result<&mut Self> {
-        let op = kind.op(&span, remote)?;
+        let op = kind.op(span.len, remote)?;
         self.ops.push((op, span));
         Ok(self)
     }

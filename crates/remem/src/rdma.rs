@@ -52,6 +52,7 @@ pub struct RdmaBuilder {
     pub(crate) rnr_retry: u8,
     pub(crate) min_rnr_timer: u8,
     pub(crate) max_rd_atomic: u8,
+    pub(crate) sq_psn: Option<u32>,
     pub(crate) access: AccessFlags,
     pub(crate) polling: Polling,
     pub(crate) max_message: usize,
@@ -74,7 +75,7 @@ impl Default for RdmaBuilder {
             cap: QpCap {
                 max_send_wr: 256,
                 max_recv_wr: 0,
-                max_send_sge: 2,
+                max_send_sge: 8,
                 max_recv_sge: 1,
                 max_inline_data: 0,
             },
@@ -84,6 +85,7 @@ impl Default for RdmaBuilder {
             rnr_retry: 7,
             min_rnr_timer: 12,
             max_rd_atomic: 16,
+            sq_psn: None,
             access: AccessFlags::LOCAL_WRITE
                 | AccessFlags::REMOTE_READ
                 | AccessFlags::REMOTE_WRITE
@@ -170,6 +172,13 @@ impl RdmaBuilder {
     /// Minimum RNR NAK timer code (default 12, 0.64 ms).
     pub fn min_rnr_timer(mut self, code: u8) -> Self {
         self.min_rnr_timer = code;
+        self
+    }
+
+    /// The first PSN this side sends (24 bits; default: random per connection). The peer
+    /// learns it in the handshake, as its receive PSN.
+    pub fn sq_psn(mut self, psn: u32) -> Self {
+        self.sq_psn = Some(psn & 0x00ff_ffff);
         self
     }
 

@@ -667,3 +667,60 @@ async fn caller_memory_and_memory_maps_register() {
     assert_eq!(into.to_vec(), b"from a vector");
     assert_eq!(&mapped.to_vec()[..13], b"from a vector");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scatter_gather_and_chosen_psns() {
+    // PSNs just below the 24-bit wrap: a multi-packet transfer crosses it.
+    let a = RdmaBuilder::new()
+        .device("soft@127.0.11.205:0")
+        .sq_psn(0xff_fffe)
+        .build()
+        .unwrap();
+    let port = a.context().info().udp_addr.unwrap().port();
+    let b = RdmaBuilder::new()
+        .device(format!("soft@127.0.11.206:{port}"))
+        .sq_psn(0xff_fff0)
+        .build()
+        .unwrap();
+    let (ca, cb) = connect(&a, &b).await;
+    let target = b.alloc_local_mr(layout(30_000)).unwrap();
+    cb.send_local_mr(&target).await.unwrap();
+    let remote = ca.receive_remote_mr().await.unwrap();
+    let parts: Vec<_> = [(10_000usize, 1u8), (5_000, 2), (15_000, 3)]
+        .iter()
+        .map(|&(n, v)| {
+            let m = a.alloc_local_mr(layout(n)).unwrap();
+            m.write(0, &vec![v; n]).unwrap();
+            m
+        })
+        .collect();
+    let srcs: Vec<&dyn remem::Local> = parts.iter().map(|p| p as &dyn remem::Local).collect();
+    ca.write_gather(&srcs, &remote).await.unwrap();
+    let mut want = vec![1u8; 10_000];
+    want.extend(vec![2u8; 5_000]);
+    want.extend(vec![3u8; 15_000]);
+    assert!(target.to_vec() == want, "gathered write");
+    let mut x = a.alloc_local_mr(layout(12_000)).unwrap();
+    let mut y = a.alloc_local_mr(layout(18_000)).unwrap();
+    ca.read_scatter(&mut [&mut x, &mut y], &remote)
+        .await
+        .unwrap();
+    assert!(
+        x.to_vec() == want[..12_000] && y.to_vec() == want[12_000..],
+        "scattered read"
+    );
+    // Lengths must add up; the list must fit the QP's max_send_sge (8 by default).
+    assert!(matches!(
+        ca.write_gather(&srcs[..2], &remote).await,
+        Err(Error::LengthMismatch { .. })
+    ));
+    let many: Vec<&dyn remem::Local> = (0..9).map(|_| srcs[0]).collect();
+    assert!(matches!(
+        ca.write_gather(&many, &remote.get(0..90_000).unwrap_or(remote))
+            .await,
+        Err(Error::InvalidArgument(_))
+    ));
+    // Messages both ways still flow across the wrap.
+    ca.send(&parts[0]).await.unwrap();
+    assert_eq!(cb.receive().await.unwrap().data.len(), 10_000);
+}
