@@ -178,6 +178,12 @@ impl PreparedConnection {
         let shared = self.shared;
         start_dispatcher(&shared)?;
         shared.rdma.watch(&shared);
+        if let (Some(every), Ok(rt)) = (
+            shared.rdma.config().keepalive,
+            tokio::runtime::Handle::try_current(),
+        ) {
+            rt.spawn(keepalive(Arc::downgrade(&shared), every));
+        }
         tracing::debug!(qpn = shared.qp.qp_num(), peer_qpn = remote.qpn, "connected");
         Ok(Connection { shared })
     }
@@ -306,6 +312,8 @@ pub(crate) struct ConnShared {
     owed: AtomicU32,
     credit_window: u32,
     credit_msg_busy: AtomicBool,
+    /// Completions handled so far (the keepalive probes a connection that saw none).
+    activity: AtomicU64,
     /// Messages in arrival order; a large one is a placeholder until it has been read.
     messages: Inbox<Arc<Mutex<Option<Message>>>>,
     write_imms: Inbox<u32>,
@@ -411,6 +419,7 @@ impl Rdma {
             owed: AtomicU32::new(0),
             credit_window: cfg.recv_depth,
             credit_msg_busy: AtomicBool::new(false),
+            activity: AtomicU64::new(0),
             messages: Inbox::new(),
             write_imms: Inbox::new(),
             tokens: Inbox::new(),
@@ -652,6 +661,9 @@ impl ConnShared {
             };
             for wc in &wcs[..n] {
                 self.on_completion(wc);
+            }
+            if n > 0 {
+                self.activity.fetch_add(n as u64, Ordering::Relaxed);
             }
             total += n;
             if n < wcs.len() {
@@ -1432,6 +1444,29 @@ impl Drop for Connection {
         self.shared.fail("connection dropped".into());
         self.shared.shutdown.notify_waiters();
         self.shared.shutdown.notify_one();
+    }
+}
+
+/// Probes an idle connection: after a period with no completion, a message the peer must
+/// acknowledge (a credit message returning nothing). A peer that is gone never does, the
+/// transport's retries run out, and the connection fails — so a side that only waits
+/// (`receive`) learns that its peer died.
+async fn keepalive(weak: Weak<ConnShared>, every: Duration) {
+    let mut last = u64::MAX;
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(s) = weak.upgrade() else { return };
+        if s.is_closed.load(Ordering::Acquire) {
+            return;
+        }
+        let now = s.activity.load(Ordering::Relaxed);
+        if now == last
+            && !s.credit_msg_busy.swap(true, Ordering::AcqRel)
+            && s.post_control(Kind::Credit, None).is_err()
+        {
+            s.credit_msg_busy.store(false, Ordering::Release);
+        }
+        last = now;
     }
 }
 

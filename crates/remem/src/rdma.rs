@@ -53,6 +53,7 @@ pub struct RdmaBuilder {
     pub(crate) min_rnr_timer: u8,
     pub(crate) max_rd_atomic: u8,
     pub(crate) sq_psn: Option<u32>,
+    pub(crate) keepalive: Option<Duration>,
     pub(crate) access: AccessFlags,
     pub(crate) polling: Polling,
     pub(crate) max_message: usize,
@@ -86,6 +87,7 @@ impl Default for RdmaBuilder {
             min_rnr_timer: 12,
             max_rd_atomic: 16,
             sq_psn: None,
+            keepalive: Some(Duration::from_secs(2)),
             access: AccessFlags::LOCAL_WRITE
                 | AccessFlags::REMOTE_READ
                 | AccessFlags::REMOTE_WRITE
@@ -179,6 +181,14 @@ impl RdmaBuilder {
     /// learns it in the handshake, as its receive PSN.
     pub fn sq_psn(mut self, psn: u32) -> Self {
         self.sq_psn = Some(psn & 0x00ff_ffff);
+        self
+    }
+
+    /// How long a connection may go without a completion before it probes its peer
+    /// (default 2 s; `None`: never). A peer that is gone then fails the connection after
+    /// the transport's retries (`timeout`, `retry_cnt`), even if this side only waits.
+    pub fn keepalive(mut self, every: Option<Duration>) -> Self {
+        self.keepalive = every;
         self
     }
 

@@ -724,3 +724,31 @@ async fn scatter_gather_and_chosen_psns() {
     ca.send(&parts[0]).await.unwrap();
     assert_eq!(cb.receive().await.unwrap().data.len(), 10_000);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_notices_a_vanished_peer() {
+    use std::time::Duration;
+    let a = RdmaBuilder::new()
+        .device("soft@127.0.11.207:0")
+        .keepalive(Some(Duration::from_millis(50)))
+        .timeout(8) // about 1 ms
+        .retry_cnt(2)
+        .build()
+        .unwrap();
+    let port = a.context().info().udp_addr.unwrap().port();
+    let b = RdmaBuilder::new()
+        .device(format!("soft@127.0.11.208:{port}"))
+        .build()
+        .unwrap();
+    // A connects to an endpoint on B's device whose QP does not exist: nothing it sends
+    // is ever acknowledged, and nothing arrives.
+    let pb = b.prepare().unwrap();
+    let mut ghost = pb.local_info();
+    ghost.qpn = (ghost.qpn + 1000) & 0x00ff_ffff;
+    let ca = a.prepare().unwrap().connect(ghost).unwrap();
+    let waited = tokio::time::timeout(Duration::from_secs(10), ca.receive()).await;
+    assert!(
+        matches!(waited, Ok(Err(Error::Closed(Some(_))))),
+        "{waited:?}"
+    );
+}
