@@ -50,6 +50,8 @@ const RDV_MAX: u32 = 4;
 /// Receive buffers beyond the credits: one for a credit message, one for close, one per
 /// rendezvous completion message.
 const SPARE: u32 = 2 + RDV_MAX;
+/// The most completions taken by one poll call (`RdmaBuilder::cqe_per_poll` is capped).
+const MAX_PER_POLL: usize = 64;
 /// `wr_id`s of receive buffers carry this bit; the rest is the buffer's index.
 const RECV_TAG: u64 = 1 << 63;
 
@@ -648,11 +650,11 @@ impl ConnShared {
 
     /// Polls the CQ until it is empty; returns how many completions it handled.
     fn poll_cq(self: &Arc<Self>) -> usize {
-        let per_poll = self.rdma.config().cqe_per_poll.max(1);
-        let mut wcs = vec![WorkCompletion::default(); per_poll];
+        let mut buf = [WorkCompletion::default(); MAX_PER_POLL];
+        let wcs = &mut buf[..self.rdma.config().cqe_per_poll.clamp(1, MAX_PER_POLL)];
         let mut total = 0;
         loop {
-            let n = match self.cq.poll(&mut wcs) {
+            let n = match self.cq.poll(wcs) {
                 Ok(n) => n,
                 Err(e) => {
                     self.mark_closed(format!("completion queue failed: {e}"));

@@ -135,7 +135,7 @@ impl RdmaBuilder {
         self
     }
 
-    /// Completions taken per poll call.
+    /// Completions taken per poll call (default 16, at most 64).
     pub fn cqe_per_poll(mut self, n: usize) -> Self {
         self.cqe_per_poll = n;
         self
