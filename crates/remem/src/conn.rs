@@ -224,19 +224,24 @@ pub struct Message {
 pub(crate) struct Inbox<T> {
     queue: Mutex<VecDeque<T>>,
     notify: Notify,
+    /// Whether taking an item returns a credit to the peer (its message used one and is
+    /// still owed).
+    credited: bool,
 }
 
+/// An inbox whose items owe no credit (their messages were acknowledged on arrival).
 impl<T> Default for Inbox<T> {
     fn default() -> Self {
-        Self::new()
+        Self::new(false)
     }
 }
 
 impl<T> Inbox<T> {
-    fn new() -> Self {
+    fn new(credited: bool) -> Self {
         Inbox {
             queue: Mutex::new(VecDeque::new()),
             notify: Notify::new(),
+            credited,
         }
     }
 
@@ -422,9 +427,9 @@ impl Rdma {
             credit_window: cfg.recv_depth,
             credit_msg_busy: AtomicBool::new(false),
             activity: AtomicU64::new(0),
-            messages: Inbox::new(),
-            write_imms: Inbox::new(),
-            tokens: Inbox::new(),
+            messages: Inbox::new(true),
+            write_imms: Inbox::new(true),
+            tokens: Inbox::new(true),
             rdv: Arc::new(Semaphore::new(RDV_MAX as usize)),
             rdv_out: Mutex::new(HashMap::new()),
             next_rid: AtomicU32::new(1),
@@ -1112,7 +1117,9 @@ impl ConnShared {
                 r
             };
             if let Some(r) = taken {
-                self.consumed();
+                if inbox.credited {
+                    self.consumed();
+                }
                 return Ok(r);
             }
             self.check_open()?;
