@@ -233,11 +233,11 @@ impl ConnShared {
     }
 
     fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
+        match self.runtime() {
+            Some(rt) => {
                 rt.spawn(task);
             }
-            Err(_) => tracing::warn!("the agent needs a tokio runtime; a request is dropped"),
+            None => tracing::warn!("the agent needs a tokio runtime; a request is dropped"),
         }
     }
 }

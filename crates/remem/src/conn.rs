@@ -300,6 +300,8 @@ pub(crate) struct ConnShared {
     channel: Option<Arc<dyn CompletionChannel>>,
     pub(crate) rdma: Rdma,
     pub(crate) agent: crate::agent::Agent,
+    /// The tokio runtime current when the connection was prepared, if any.
+    rt: Option<tokio::runtime::Handle>,
     pending: Mutex<HashMap<u64, Pending>>,
     next_wr: AtomicU64,
     /// Why the connection closed, once it has.
@@ -411,6 +413,7 @@ impl Rdma {
             channel,
             rdma: self.clone(),
             agent: crate::agent::Agent::default(),
+            rt: tokio::runtime::Handle::try_current().ok(),
             pending: Mutex::new(HashMap::new()),
             next_wr: AtomicU64::new(1),
             closed: Mutex::new(None),
@@ -578,6 +581,14 @@ impl ConnShared {
 
     pub(crate) fn qp_num(&self) -> u32 {
         self.qp.qp_num()
+    }
+
+    /// The runtime the connection was made on (the dispatcher may run on a thread of its
+    /// own, outside it), else the current one.
+    pub(crate) fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        self.rt
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok())
     }
 
     /// Whether an asynchronous event concerns this connection.
@@ -778,7 +789,7 @@ impl ConnShared {
                 token.len
             ));
         }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        let Some(rt) = self.runtime() else {
             return self.fail("large messages need a tokio runtime".into());
         };
         // Its place in the order of messages is kept until it has been read.

@@ -261,6 +261,15 @@ async fn busy_and_manual_polling() {
     let m = a.alloc_local_mr(layout(16)).unwrap();
     ca.send(&m).await.unwrap();
     assert_eq!(cb.receive().await.unwrap().data, vec![0; 16]);
+    // The agent and large messages work with a polling thread outside the runtime too.
+    let lease = ca
+        .request_remote_mr(layout(64), std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+    ca.write(&m, &lease.mr().get(0..16).unwrap()).await.unwrap();
+    let big = a.alloc_local_mr(layout(200_000)).unwrap();
+    ca.send(&big).await.unwrap();
+    assert_eq!(cb.receive().await.unwrap().data.len(), 200_000);
     drop((ca, cb));
 
     let (a, b) = pair(Polling::Manual);
