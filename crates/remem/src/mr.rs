@@ -86,6 +86,52 @@ impl MrInner {
 /// operation on it completes.
 ///
 /// Not `Clone`: `&mut LocalMr` means no local operation reads or writes it meanwhile.
+///
+/// The borrow rules at work (each block fails to compile, with the error named):
+///
+/// A region being filled by a READ cannot be looked at until the READ is done:
+///
+/// ```compile_fail,E0502
+/// async fn f(conn: &remem::Connection, mr: &mut remem::LocalMr, remote: &remem::RemoteMr) {
+///     let read = conn.read(mr, remote);
+///     let _peek = mr.to_vec(); // `mr` is borrowed by the READ in flight
+///     read.await.unwrap();
+/// }
+/// ```
+///
+/// Two exclusive views of one region cannot exist at once:
+///
+/// ```compile_fail,E0499
+/// fn f(mr: &mut remem::LocalMr) {
+///     let a = mr.get_mut(0..4).unwrap();
+///     let b = mr.get_mut(4..8).unwrap();
+///     drop((a, b));
+/// }
+/// ```
+///
+/// Memory added to a batch stays borrowed until the batch is done:
+///
+/// ```compile_fail,E0502
+/// async fn f(conn: &remem::Connection, mr: &mut remem::LocalMr, remote: &remem::RemoteMr) {
+///     let mut batch = conn.batch();
+///     batch.read(mr, remote).unwrap();
+///     mr.write(0, b"x").unwrap(); // `mr` is the batch's READ target
+///     batch.submit().await.unwrap();
+/// }
+/// ```
+///
+/// Once the operation is done, the region is free again:
+///
+/// ```
+/// async fn f(conn: &remem::Connection, mr: &mut remem::LocalMr, remote: &remem::RemoteMr) {
+///     conn.read(mr, remote).await.unwrap();
+///     let _peek = mr.to_vec();
+///     let mut batch = conn.batch();
+///     batch.read(mr, remote).unwrap();
+///     batch.submit().await.unwrap();
+///     mr.write(0, b"x").unwrap();
+/// }
+/// ```
 #[derive(Debug)]
 pub struct LocalMr {
     pub(crate) inner: Arc<MrInner>,
