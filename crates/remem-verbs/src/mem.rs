@@ -248,12 +248,27 @@ impl MemoryBuffer {
     /// Copies `dst.len()` bytes starting at `offset` out of the buffer.
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemError> {
         self.check(offset, dst.len())?;
+        let base = self.addr() as usize;
         let mut i = 0;
         while i < dst.len() {
             let at = offset + i;
             if at < self.words_start || at >= self.words_end {
                 dst[i] = self.byte(at).load(Relaxed);
                 i += 1;
+                continue;
+            }
+            // Whole aligned words: a tight loop of word loads.
+            let words = if (base + at).is_multiple_of(WORD) {
+                ((dst.len() - i) / WORD).min((self.words_end - at) / WORD)
+            } else {
+                0
+            };
+            if words > 0 {
+                let run = &mut dst[i..i + words * WORD];
+                for (k, chunk) in run.chunks_exact_mut(WORD).enumerate() {
+                    chunk.copy_from_slice(&self.word(at + k * WORD).load(Relaxed).to_ne_bytes());
+                }
+                i += words * WORD;
                 continue;
             }
             let w = self.word_of(at);
@@ -269,12 +284,30 @@ impl MemoryBuffer {
     /// Copies `src` into the buffer starting at `offset`.
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), MemError> {
         self.check(offset, src.len())?;
+        let base = self.addr() as usize;
         let mut i = 0;
         while i < src.len() {
             let at = offset + i;
             if at < self.words_start || at >= self.words_end {
                 self.byte(at).store(src[i], Relaxed);
                 i += 1;
+                continue;
+            }
+            // Whole aligned words: a tight loop of word stores.
+            let words = if (base + at).is_multiple_of(WORD) {
+                ((src.len() - i) / WORD).min((self.words_end - at) / WORD)
+            } else {
+                0
+            };
+            if words > 0 {
+                let run = &src[i..i + words * WORD];
+                for (k, chunk) in run.chunks_exact(WORD).enumerate() {
+                    let mut bytes = [0u8; WORD];
+                    bytes.copy_from_slice(chunk);
+                    self.word(at + k * WORD)
+                        .store(u64::from_ne_bytes(bytes), Relaxed);
+                }
+                i += words * WORD;
                 continue;
             }
             let w = self.word_of(at);

@@ -2,6 +2,8 @@
 //! (`alloc_local_mr`) against registering each allocation (`alloc_local_mr_with`, what a
 //! design without a pool pays on every allocation), on a soft device.
 //!
+//! Also the cost of copying into and out of registered memory.
+//!
 //! `cargo bench -p remem --bench alloc`
 
 #![allow(missing_docs)] // criterion_group! and criterion_main! generate undocumented items
@@ -37,5 +39,26 @@ fn alloc(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, alloc);
+/// Copying into and out of registered memory (every copy goes through word-sized atomic
+/// accesses, see `LocalMr`).
+fn copy(c: &mut Criterion) {
+    let rdma = RdmaBuilder::new()
+        .device("soft@127.0.13.2:0")
+        .build()
+        .expect("a soft device on 127.0.13.2");
+    let size = 65536;
+    let mr = rdma
+        .alloc_local_mr(Layout::from_size_align(size, 8).unwrap())
+        .unwrap();
+    let data = vec![7u8; size];
+    let mut group = c.benchmark_group("local_mr_copy");
+    group.throughput(criterion::Throughput::Bytes(size as u64));
+    group.bench_function("write_64KiB", |b| {
+        b.iter(|| mr.write(0, black_box(&data)).unwrap())
+    });
+    group.bench_function("to_vec_64KiB", |b| b.iter(|| black_box(mr.to_vec())));
+    group.finish();
+}
+
+criterion_group!(benches, alloc, copy);
 criterion_main!(benches);
