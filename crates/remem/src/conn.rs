@@ -815,12 +815,7 @@ impl ConnShared {
             };
             self.execute(op, vec![crate::mr::Local::span(&dst)], None, false, None)
                 .await?;
-            let permit = self
-                .sq
-                .clone()
-                .acquire_owned()
-                .await
-                .map_err(|_| self.closed_error())?;
+            let permit = self.sq_entries(1).await?;
             self.post_control_with(Kind::RtsDone, Some(rid), permit)?;
             Ok::<_, Error>(dst.to_vec())
         };
@@ -922,6 +917,15 @@ impl ConnShared {
         }
     }
 
+    /// Waits for `n` free send-queue entries (fails once the connection is closed).
+    async fn sq_entries(&self, n: u32) -> Result<OwnedSemaphorePermit> {
+        self.sq
+            .clone()
+            .acquire_many_owned(n)
+            .await
+            .map_err(|_| self.closed_error())
+    }
+
     /// Posts one signaled work request and waits for its completion; returns the word in
     /// its slot at completion (an atomic's result), 0 without a slot.
     async fn execute(
@@ -933,12 +937,7 @@ impl ConnShared {
         header_at: Option<(usize, Kind, Option<u32>)>,
     ) -> Result<u64> {
         self.check_open()?;
-        let permit = self
-            .sq
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| self.closed_error())?;
+        let permit = self.sq_entries(1).await?;
         if needs_credit {
             self.credits
                 .acquire()
@@ -1011,12 +1010,7 @@ impl ConnShared {
             )));
         }
         self.check_open()?;
-        let permit = self
-            .sq
-            .clone()
-            .acquire_many_owned(n as u32)
-            .await
-            .map_err(|_| self.closed_error())?;
+        let permit = self.sq_entries(n as u32).await?;
         let sges: Vec<[Sge; 1]> = ops.iter().map(|(_, span)| [span.sge()]).collect();
         let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
         let wrs: Vec<SendWr<'_>> = ops
