@@ -173,7 +173,7 @@ pub fn bring_up(
         ..QpAttr::default()
     };
     me.qp
-        .modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+        .modify(&init, M::RC_TO_INIT)
         .map_err(|e| format!("to INIT: {e}"))?;
     let rtr = QpAttr {
         qp_state: QpState::Rtr,
@@ -193,16 +193,7 @@ pub fn bring_up(
         ..QpAttr::default()
     };
     me.qp
-        .modify(
-            &rtr,
-            M::STATE
-                | M::AV
-                | M::PATH_MTU
-                | M::DEST_QPN
-                | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER,
-        )
+        .modify(&rtr, M::RC_TO_RTR)
         .map_err(|e| format!("to RTR: {e}"))?;
     let rts = QpAttr {
         qp_state: QpState::Rts,
@@ -214,10 +205,7 @@ pub fn bring_up(
         ..QpAttr::default()
     };
     me.qp
-        .modify(
-            &rts,
-            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
-        )
+        .modify(&rts, M::RC_TO_RTS)
         .map_err(|e| format!("to RTS: {e}"))?;
     Ok(())
 }

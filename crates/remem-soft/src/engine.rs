@@ -518,9 +518,7 @@ mod tests {
             qp_access_flags: AccessFlags::REMOTE,
             ..QpAttr::default()
         };
-        me.qp
-            .modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-            .unwrap();
+        me.qp.modify(&a, M::RC_TO_INIT).unwrap();
         a.qp_state = QpState::Rtr;
         a.path_mtu = Mtu::Mtu1024;
         a.dest_qp_num = peer_qpn;
@@ -528,33 +526,12 @@ mod tests {
         a.max_dest_rd_atomic = 16;
         a.min_rnr_timer = 1;
         a.ah_attr.dgid = Gid::from(ip);
-        me.qp
-            .modify(
-                &a,
-                M::STATE
-                    | M::AV
-                    | M::PATH_MTU
-                    | M::DEST_QPN
-                    | M::RQ_PSN
-                    | M::MAX_DEST_RD_ATOMIC
-                    | M::MIN_RNR_TIMER,
-            )
-            .unwrap();
+        me.qp.modify(&a, M::RC_TO_RTR).unwrap();
         a.qp_state = QpState::Rts;
         a.sq_psn = 0x00ff_fff0;
         a.timeout = 10;
         a.max_rd_atomic = 16;
-        me.qp
-            .modify(
-                &a,
-                M::STATE
-                    | M::TIMEOUT
-                    | M::RETRY_CNT
-                    | M::RNR_RETRY
-                    | M::SQ_PSN
-                    | M::MAX_QP_RD_ATOMIC,
-            )
-            .unwrap();
+        me.qp.modify(&a, M::RC_TO_RTS).unwrap();
     }
 
     fn wait_wcs(s: &Side, n: usize) -> Vec<WorkCompletion> {

@@ -102,6 +102,29 @@ bitflags::bitflags! {
     }
 }
 
+impl QpAttrMask {
+    /// What `ibv_modify_qp` needs to move an RC QP from RESET to INIT (STATE included).
+    pub const RC_TO_INIT: Self = Self::STATE
+        .union(Self::PKEY_INDEX)
+        .union(Self::PORT)
+        .union(Self::ACCESS_FLAGS);
+    /// What `ibv_modify_qp` needs to move an RC QP from INIT to RTR (STATE included).
+    pub const RC_TO_RTR: Self = Self::STATE
+        .union(Self::AV)
+        .union(Self::PATH_MTU)
+        .union(Self::DEST_QPN)
+        .union(Self::RQ_PSN)
+        .union(Self::MAX_DEST_RD_ATOMIC)
+        .union(Self::MIN_RNR_TIMER);
+    /// What `ibv_modify_qp` needs to move an RC QP from RTR to RTS (STATE included).
+    pub const RC_TO_RTS: Self = Self::STATE
+        .union(Self::TIMEOUT)
+        .union(Self::RETRY_CNT)
+        .union(Self::RNR_RETRY)
+        .union(Self::SQ_PSN)
+        .union(Self::MAX_QP_RD_ATOMIC);
+}
+
 /// The value of `rnr_retry` that means "retry for ever" (IBTA: 7 = infinite).
 pub const RNR_RETRY_INFINITE: u8 = 7;
 
@@ -335,7 +358,7 @@ fn transition_rule(qp_type: QpType, from: QpState, to: QpState) -> Option<Rule> 
         (_, Reset) | (_, Err) => rule(NONE, NONE),
         (Reset, Init) => match qp_type {
             Ud => rule(M::PKEY_INDEX | M::PORT | M::QKEY, NONE),
-            Rc | Uc => rule(M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, NONE),
+            Rc | Uc => rule(M::RC_TO_INIT.difference(M::STATE), NONE),
         },
         (Init, Init) => match qp_type {
             Ud => rule(NONE, M::PKEY_INDEX | M::PORT | M::QKEY),
@@ -348,12 +371,7 @@ fn transition_rule(qp_type: QpType, from: QpState, to: QpState) -> Option<Rule> 
                 M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
             ),
             Rc => rule(
-                M::AV
-                    | M::PATH_MTU
-                    | M::DEST_QPN
-                    | M::RQ_PSN
-                    | M::MAX_DEST_RD_ATOMIC
-                    | M::MIN_RNR_TIMER,
+                M::RC_TO_RTR.difference(M::STATE),
                 M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
             ),
         },
@@ -364,7 +382,7 @@ fn transition_rule(qp_type: QpType, from: QpState, to: QpState) -> Option<Rule> 
                 M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE,
             ),
             Rc => rule(
-                M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+                M::RC_TO_RTS.difference(M::STATE),
                 M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
             ),
         },
@@ -554,23 +572,9 @@ mod tests {
         }
     }
 
-    const RC_INIT: QpAttrMask = M::STATE
-        .union(M::PKEY_INDEX)
-        .union(M::PORT)
-        .union(M::ACCESS_FLAGS);
-    const RC_RTR: QpAttrMask = M::STATE
-        .union(M::AV)
-        .union(M::PATH_MTU)
-        .union(M::DEST_QPN)
-        .union(M::RQ_PSN)
-        .union(M::MAX_DEST_RD_ATOMIC)
-        .union(M::MIN_RNR_TIMER);
-    const RC_RTS: QpAttrMask = M::STATE
-        .union(M::TIMEOUT)
-        .union(M::RETRY_CNT)
-        .union(M::RNR_RETRY)
-        .union(M::SQ_PSN)
-        .union(M::MAX_QP_RD_ATOMIC);
+    const RC_INIT: QpAttrMask = M::RC_TO_INIT;
+    const RC_RTR: QpAttrMask = M::RC_TO_RTR;
+    const RC_RTS: QpAttrMask = M::RC_TO_RTS;
 
     #[test]
     fn rc_bring_up_sequence() {

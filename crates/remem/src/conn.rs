@@ -203,12 +203,34 @@ struct Pending {
     close_msg: bool,
 }
 
+impl Pending {
+    /// An operation whose future waits for its completion.
+    fn awaited(
+        tx: oneshot::Sender<(WorkCompletion, u64)>,
+        spans: Vec<Span>,
+        sq: OwnedSemaphorePermit,
+        slot: Option<SlotGuard>,
+    ) -> Self {
+        Pending {
+            tx: Some(tx),
+            _keep: Keep {
+                _owner: None,
+                _spans: spans,
+                _sq: sq,
+                _slot: slot,
+            },
+            credit_msg: false,
+            close_msg: false,
+        }
+    }
+}
+
 struct Keep {
     /// A close message sent as the connection is dropped keeps the connection alive until
     /// it is out (the dispatcher polls only a live connection).
     _owner: Option<Arc<ConnShared>>,
     _spans: Vec<Span>,
-    _sq: Option<OwnedSemaphorePermit>,
+    _sq: OwnedSemaphorePermit,
     _slot: Option<SlotGuard>,
 }
 
@@ -503,8 +525,7 @@ impl ConnShared {
             qp_access_flags: cfg.access & AccessFlags::REMOTE,
             ..QpAttr::default()
         };
-        self.qp
-            .modify(&attr, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)?;
+        self.qp.modify(&attr, M::RC_TO_INIT)?;
         Ok(())
     }
 
@@ -528,26 +549,14 @@ impl ConnShared {
             },
             ..QpAttr::default()
         };
-        self.qp.modify(
-            &attr,
-            M::STATE
-                | M::AV
-                | M::PATH_MTU
-                | M::DEST_QPN
-                | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER,
-        )?;
+        self.qp.modify(&attr, M::RC_TO_RTR)?;
         attr.qp_state = QpState::Rts;
         attr.sq_psn = local.psn;
         attr.timeout = cfg.timeout;
         attr.retry_cnt = cfg.retry_cnt;
         attr.rnr_retry = cfg.rnr_retry;
         attr.max_rd_atomic = cfg.max_rd_atomic;
-        self.qp.modify(
-            &attr,
-            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
-        )?;
+        self.qp.modify(&attr, M::RC_TO_RTS)?;
         Ok(())
     }
 
@@ -872,26 +881,22 @@ impl ConnShared {
         self.slots
             .mr
             .write(hspan.offset, &header(kind, credits, imm))?;
-        let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
         let sges = [hspan.sge()];
-        lock(&self.pending).insert(
-            wr_id,
-            Pending {
-                tx: None,
-                _keep: Keep {
-                    // A dropped connection stays alive until its close message is out, when
-                    // a dispatcher polls it (with Polling::Manual nothing would).
-                    _owner: (kind == Kind::Close
-                        && self.rdma.config().polling != crate::rdma::Polling::Manual)
-                        .then(|| self.clone()),
-                    _spans: vec![hspan],
-                    _sq: Some(permit),
-                    _slot: Some(slot),
-                },
-                credit_msg: kind == Kind::Credit,
-                close_msg: kind == Kind::Close,
+        let wr_id = self.track(Pending {
+            tx: None,
+            _keep: Keep {
+                // A dropped connection stays alive until its close message is out, when a
+                // dispatcher polls it (with Polling::Manual nothing would).
+                _owner: (kind == Kind::Close
+                    && self.rdma.config().polling != crate::rdma::Polling::Manual)
+                    .then(|| self.clone()),
+                _spans: vec![hspan],
+                _sq: permit,
+                _slot: Some(slot),
             },
-        );
+            credit_msg: kind == Kind::Credit,
+            close_msg: kind == Kind::Close,
+        });
         if let Err(e) = self
             .qp
             .post_send(&[SendWr::new(wr_id, SendOp::Send, &sges)])
@@ -915,6 +920,13 @@ impl ConnShared {
                 Err(now) => cur = now,
             }
         }
+    }
+
+    /// Records a work request about to be posted under a fresh `wr_id`.
+    fn track(&self, pending: Pending) -> u64 {
+        let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
+        lock(&self.pending).insert(wr_id, pending);
+        wr_id
     }
 
     /// Waits for `n` free send-queue entries (fails once the connection is closed).
@@ -953,21 +965,7 @@ impl ConnShared {
         }
         let sges: Vec<Sge> = spans.iter().map(Span::sge).collect();
         let (tx, rx) = oneshot::channel();
-        let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
-        lock(&self.pending).insert(
-            wr_id,
-            Pending {
-                tx: Some(tx),
-                _keep: Keep {
-                    _owner: None,
-                    _spans: spans,
-                    _sq: Some(permit),
-                    _slot: slot,
-                },
-                credit_msg: false,
-                close_msg: false,
-            },
-        );
+        let wr_id = self.track(Pending::awaited(tx, spans, permit, slot));
         if let Err(e) = self.qp.post_send(&[SendWr::new(wr_id, op, &sges)]) {
             lock(&self.pending).remove(&wr_id);
             self.owed.fetch_add(u32::from(credits), Ordering::AcqRel);
@@ -1012,12 +1010,14 @@ impl ConnShared {
         self.check_open()?;
         let permit = self.sq_entries(n as u32).await?;
         let sges: Vec<[Sge; 1]> = ops.iter().map(|(_, span)| [span.sge()]).collect();
-        let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
-        let wrs: Vec<SendWr<'_>> = ops
+        let (send_ops, spans): (Vec<SendOp>, Vec<Span>) = ops.into_iter().unzip();
+        let (tx, rx) = oneshot::channel();
+        let wr_id = self.track(Pending::awaited(tx, spans, permit, None));
+        let wrs: Vec<SendWr<'_>> = send_ops
             .iter()
             .zip(&sges)
             .enumerate()
-            .map(|(i, ((op, _), sge))| {
+            .map(|(i, (op, sge))| {
                 let mut wr = SendWr::new(wr_id, *op, sge);
                 if i + 1 < n {
                     wr.flags = remem_verbs::SendFlags::empty();
@@ -1025,21 +1025,6 @@ impl ConnShared {
                 wr
             })
             .collect();
-        let (tx, rx) = oneshot::channel();
-        lock(&self.pending).insert(
-            wr_id,
-            Pending {
-                tx: Some(tx),
-                _keep: Keep {
-                    _owner: None,
-                    _spans: ops.iter().map(|(_, span)| span.clone()).collect(),
-                    _sq: Some(permit),
-                    _slot: None,
-                },
-                credit_msg: false,
-                close_msg: false,
-            },
-        );
         if let Err(e) = self.qp.post_send(&wrs) {
             if e.index == 0 {
                 lock(&self.pending).remove(&wr_id);

@@ -197,21 +197,36 @@ pub trait Local: sealed::Sealed {
 /// Local memory an operation writes: [`LocalMr`], [`LocalMrMut`] (taken by `&mut`).
 pub trait LocalMut: Local {}
 
-fn resolve(len: usize, range: impl RangeBounds<usize>) -> Result<(usize, usize)> {
-    let start = match range.start_bound() {
-        Bound::Included(&s) => s,
-        Bound::Excluded(&s) => s.saturating_add(1),
+/// `(start, len)` of `start..end` within `0..len`, or the range that does not fit.
+fn resolve_bounds(len: u64, start: Bound<u64>, end: Bound<u64>) -> Result<(u64, u64)> {
+    let start = match start {
+        Bound::Included(s) => s,
+        Bound::Excluded(s) => s.saturating_add(1),
         Bound::Unbounded => 0,
     };
-    let end = match range.end_bound() {
-        Bound::Included(&e) => e.saturating_add(1),
-        Bound::Excluded(&e) => e,
+    let end = match end {
+        Bound::Included(e) => e.saturating_add(1),
+        Bound::Excluded(e) => e,
         Bound::Unbounded => len,
     };
     if start > end || end > len {
-        return Err(Error::OutOfRange { start, end, len });
+        return Err(Error::OutOfRange {
+            start: start as usize,
+            end: end as usize,
+            len: len as usize,
+        });
     }
     Ok((start, end - start))
+}
+
+fn resolve(len: usize, range: impl RangeBounds<usize>) -> Result<(usize, usize)> {
+    let widen = |b: Bound<&usize>| b.map(|&x| x as u64);
+    let (start, n) = resolve_bounds(
+        len as u64,
+        widen(range.start_bound()),
+        widen(range.end_bound()),
+    )?;
+    Ok((start as usize, n as usize))
 }
 
 impl LocalMr {
@@ -467,26 +482,14 @@ impl RemoteMr {
 
     /// The part of the region in `range`.
     pub fn get(&self, range: impl RangeBounds<u64>) -> Result<RemoteMr> {
-        let start = match range.start_bound() {
-            Bound::Included(&s) => s,
-            Bound::Excluded(&s) => s.saturating_add(1),
-            Bound::Unbounded => 0,
-        };
-        let end = match range.end_bound() {
-            Bound::Included(&e) => e.saturating_add(1),
-            Bound::Excluded(&e) => e,
-            Bound::Unbounded => self.len,
-        };
-        if start > end || end > self.len {
-            return Err(Error::OutOfRange {
-                start: start as usize,
-                end: end as usize,
-                len: self.len as usize,
-            });
-        }
+        let (start, len) = resolve_bounds(
+            self.len,
+            range.start_bound().cloned(),
+            range.end_bound().cloned(),
+        )?;
         Ok(RemoteMr {
             addr: self.addr + start,
-            len: end - start,
+            len,
             rkey: self.rkey,
         })
     }
