@@ -31,9 +31,8 @@ use crate::error::{Error, Result};
 use crate::mr::{Local, LocalMr, LocalMut, RemoteMr, Span, register};
 use crate::rdma::{Polling, Rdma};
 use remem_verbs::{
-    AccessFlags, AhAttr, CompletionChannel, CompletionQueue, Gid, MemoryBuffer, Mtu, QpAttr,
-    QpAttrMask, QpInitAttr, QpState, QpType, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode,
-    WcStatus, WorkCompletion,
+    AccessFlags, AhAttr, CompletionQueue, Gid, MemoryBuffer, Mtu, QpAttr, QpAttrMask, QpInitAttr,
+    QpState, QpType, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -178,7 +177,7 @@ impl PreparedConnection {
             .peer_max_message
             .store(remote.max_message, Ordering::Relaxed);
         let shared = self.shared;
-        start_dispatcher(&shared)?;
+        shared.rdma.dispatcher().register(&shared, &shared.cq)?;
         shared.rdma.watch(&shared);
         if let (Some(every), Ok(rt)) = (
             shared.rdma.config().keepalive,
@@ -319,7 +318,6 @@ impl Slots {
 pub(crate) struct ConnShared {
     qp: Arc<dyn QueuePair>,
     cq: Arc<dyn CompletionQueue>,
-    channel: Option<Arc<dyn CompletionChannel>>,
     pub(crate) rdma: Rdma,
     pub(crate) agent: crate::agent::Agent,
     /// The tokio runtime current when the connection was prepared, if any.
@@ -331,7 +329,6 @@ pub(crate) struct ConnShared {
     /// The asynchronous event that ended it, if one did.
     event: Mutex<Option<remem_verbs::AsyncEvent>>,
     is_closed: AtomicBool,
-    shutdown: Notify,
     /// Bounds work requests in flight to the send queue's depth.
     sq: Arc<Semaphore>,
     slots: Arc<Slots>,
@@ -353,6 +350,12 @@ pub(crate) struct ConnShared {
     rdv: Arc<Semaphore>,
     rdv_out: Mutex<HashMap<u32, RdvOut>>,
     next_rid: AtomicU32,
+}
+
+impl Drop for ConnShared {
+    fn drop(&mut self) {
+        self.rdma.dispatcher().forget();
+    }
 }
 
 /// A large message being read by the peer: its source stays registered (for remote reads
@@ -389,20 +392,14 @@ impl Rdma {
     pub fn prepare(&self) -> Result<PreparedConnection> {
         let cfg = self.config();
         let ctx = self.context();
-        let channel = match cfg.polling {
-            Polling::Event | Polling::Adaptive { .. } => Some(ctx.create_comp_channel()?),
-            Polling::Busy | Polling::Manual => None,
-        };
+        let channel = self.dispatcher().channel();
         let depth = cfg.recv_depth + SPARE;
         let cap = remem_verbs::QpCap {
             max_recv_wr: cfg.cap.max_recv_wr.max(depth),
             max_send_sge: cfg.cap.max_send_sge.max(2),
             ..cfg.cap
         };
-        let cq = ctx.create_cq(
-            cfg.cq_size.max(cap.max_send_wr + cap.max_recv_wr),
-            channel.clone(),
-        )?;
+        let cq = ctx.create_cq(cfg.cq_size.max(cap.max_send_wr + cap.max_recv_wr), channel)?;
         let qp = self.pd().create_qp(&QpInitAttr {
             qp_type: QpType::Rc,
             send_cq: cq.clone(),
@@ -432,7 +429,6 @@ impl Rdma {
         let shared = Arc::new(ConnShared {
             qp,
             cq,
-            channel,
             rdma: self.clone(),
             agent: crate::agent::Agent::default(),
             rt: tokio::runtime::Handle::try_current().ok(),
@@ -441,7 +437,6 @@ impl Rdma {
             closed: Mutex::new(None),
             event: Mutex::new(None),
             is_closed: AtomicBool::new(false),
-            shutdown: Notify::new(),
             sq: Arc::new(Semaphore::new(cap.max_send_wr as usize)),
             slots,
             recv_mr,
@@ -673,8 +668,18 @@ impl ConnShared {
         let _ = self.qp.modify(&err, QpAttrMask::STATE);
     }
 
+    /// Arms the CQ for the next completion (`req_notify`).
+    pub(crate) fn arm(&self) -> remem_verbs::Result<()> {
+        self.cq.req_notify(false)
+    }
+
+    /// Ends the connection because this side can no longer serve it.
+    pub(crate) fn fail_local(&self, reason: String) {
+        self.mark_closed(reason);
+    }
+
     /// Polls the CQ until it is empty; returns how many completions it handled.
-    fn poll_cq(self: &Arc<Self>) -> usize {
+    pub(crate) fn poll_cq(self: &Arc<Self>) -> usize {
         let mut buf = [WorkCompletion::default(); MAX_PER_POLL];
         let wcs = &mut buf[..self.rdma.config().cqe_per_poll.clamp(1, MAX_PER_POLL)];
         let mut total = 0;
@@ -1441,8 +1446,6 @@ impl Drop for Connection {
         // Tell the peer; the QP goes to ERR once the close message is out (going to ERR
         // now would flush the message before it leaves).
         self.shared.fail("connection dropped".into());
-        self.shared.shutdown.notify_waiters();
-        self.shared.shutdown.notify_one();
     }
 }
 
@@ -1466,109 +1469,6 @@ async fn keepalive(weak: Weak<ConnShared>, every: Duration) {
             s.credit_msg_busy.store(false, Ordering::Release);
         }
         last = now;
-    }
-}
-
-fn start_dispatcher(shared: &Arc<ConnShared>) -> Result<()> {
-    let polling = shared.rdma.config().polling;
-    match polling {
-        Polling::Manual => Ok(()),
-        Polling::Busy => {
-            let weak = Arc::downgrade(shared);
-            std::thread::Builder::new()
-                .name(format!("remem-poll {}", shared.qp.qp_num()))
-                .spawn(move || {
-                    while let Some(s) = weak.upgrade() {
-                        if s.poll_cq() == 0 {
-                            if Arc::strong_count(&s) == 1 {
-                                return;
-                            }
-                            std::hint::spin_loop();
-                        }
-                    }
-                })?;
-            Ok(())
-        }
-        Polling::Event | Polling::Adaptive { .. } => {
-            let spin = match polling {
-                Polling::Adaptive { spin } => spin,
-                _ => Duration::ZERO,
-            };
-            let Some(channel) = shared.channel.clone() else {
-                return Err(Error::InvalidArgument("no completion channel".into()));
-            };
-            let fd = crate::sys::ChannelFd::new(channel.fd())?;
-            let weak = Arc::downgrade(shared);
-            tokio::runtime::Handle::try_current()
-                .map_err(|_| {
-                    Error::InvalidArgument(
-                        "event-driven polling needs a tokio runtime (or use Polling::Manual)"
-                            .into(),
-                    )
-                })?
-                .spawn(event_loop(weak, channel, fd, spin));
-            Ok(())
-        }
-    }
-}
-
-async fn event_loop(
-    weak: Weak<ConnShared>,
-    channel: Arc<dyn CompletionChannel>,
-    fd: crate::sys::ChannelFd,
-    spin: Duration,
-) {
-    loop {
-        {
-            let Some(s) = weak.upgrade() else { return };
-            // Drain, then (adaptive) keep polling while completions keep coming.
-            let mut idle_since = Instant::now();
-            loop {
-                if s.poll_cq() > 0 {
-                    idle_since = Instant::now();
-                } else if idle_since.elapsed() >= spin {
-                    break;
-                }
-                if !spin.is_zero() {
-                    tokio::task::yield_now().await;
-                }
-            }
-            if s.cq.req_notify(false).is_err() {
-                s.mark_closed("cannot arm the completion queue".into());
-                return;
-            }
-            // A completion that arrived before arming raises no event: poll once more.
-            if s.poll_cq() > 0 {
-                continue;
-            }
-            if s.is_closed.load(Ordering::Acquire) && lock(&s.pending).is_empty() {
-                return;
-            }
-        }
-        let holder = weak.upgrade();
-        let shutdown = async move {
-            if let Some(s) = holder {
-                s.shutdown.notified().await;
-            }
-        };
-        tokio::select! {
-            r = fd.readable() => {
-                if r.is_err() {
-                    return;
-                }
-                let mut events = 0;
-                while let Ok(Some(_)) = channel.get_cq_event() {
-                    events += 1;
-                }
-                if let Some(s) = weak.upgrade() {
-                    s.cq.ack_events(events);
-                }
-            }
-            _ = shutdown => {
-                // Dropped: completions of work requests still in flight are drained above
-                // once more, then the loop ends when nothing is pending.
-            }
-        }
     }
 }
 

@@ -77,6 +77,7 @@
 
 mod agent;
 mod conn;
+mod dispatch;
 mod error;
 mod mr;
 mod pool;

@@ -21,8 +21,9 @@ use tokio::net::{TcpListener, ToSocketAddrs};
 /// How a connection's completions are collected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Polling {
-    /// A tokio task sleeps on the completion channel (epoll through `AsyncFd`) and wakes
-    /// per completion event. Uses no CPU while idle.
+    /// One tokio task per [`Rdma`] sleeps on the completion channel that every
+    /// connection's CQ reports to (epoll through `AsyncFd`), and wakes per completion
+    /// event. Uses no CPU while idle.
     Event,
     /// As [`Polling::Event`], but after each completion the task keeps polling for `spin`
     /// before it sleeps again: busy under load, asleep when idle.
@@ -30,7 +31,8 @@ pub enum Polling {
         /// How long to keep polling after the last completion.
         spin: Duration,
     },
-    /// A thread per connection polls without ever sleeping: the lowest latency, one CPU.
+    /// One thread polls every connection's CQ without ever sleeping: the lowest latency,
+    /// one CPU.
     Busy,
     /// Nothing polls: the application calls [`Connection::poll_completions`].
     Manual,
@@ -290,12 +292,14 @@ impl RdmaBuilder {
         let mtu = self.mtu.map_or(port.active_mtu, |m| m.min(port.active_mtu));
         let pd = ctx.alloc_pd()?;
         let pool = crate::pool::Pool::new(pd.clone());
+        let dispatch = crate::dispatch::Dispatcher::new(&ctx, self.polling)?;
         tracing::debug!(device = %ctx.info().name, %gid_index, "rdma opened");
         Ok(Rdma {
             inner: Arc::new(RdmaInner {
                 conns: Mutex::new(HashMap::new()),
                 events: broadcast::channel(64).0,
                 watcher: OnceLock::new(),
+                dispatch,
                 pool,
                 ctx,
                 pd,
@@ -313,6 +317,8 @@ struct RdmaInner {
     conns: Mutex<HashMap<u32, Weak<ConnShared>>>,
     /// Every asynchronous event of the device, for subscribers.
     events: broadcast::Sender<AsyncEvent>,
+    /// Collects the completions of every connection made from this device.
+    dispatch: Arc<crate::dispatch::Dispatcher>,
     /// The task reading the device's events, once started; told to stop on drop.
     watcher: OnceLock<Arc<Notify>>,
     // Registrations go before the PD, the PD before the context it belongs to.
@@ -327,6 +333,7 @@ struct RdmaInner {
 
 impl Drop for RdmaInner {
     fn drop(&mut self) {
+        self.dispatch.stop();
         if let Some(stop) = self.watcher.get() {
             stop.notify_one();
         }
@@ -353,6 +360,10 @@ impl Rdma {
     /// A builder with defaults.
     pub fn builder() -> RdmaBuilder {
         RdmaBuilder::new()
+    }
+
+    pub(crate) fn dispatcher(&self) -> &Arc<crate::dispatch::Dispatcher> {
+        &self.inner.dispatch
     }
 
     pub(crate) fn config(&self) -> &RdmaBuilder {

@@ -1,0 +1,102 @@
+//! One completion dispatcher per `Rdma`: the connections a listener accepts (and those a
+//! client makes) share one tokio task (event-driven polling) or one polling thread (busy
+//! polling), however many there are. Own test binary: it counts the process's threads.
+
+use remem::{Connection, Polling, Rdma, RdmaBuilder};
+use std::alloc::Layout;
+use std::task::Poll;
+
+fn pair(first: u8, polling: Polling) -> (Rdma, Rdma) {
+    let build = |addr: String| {
+        RdmaBuilder::new()
+            .device(addr)
+            .polling(polling)
+            .keepalive(None)
+            .build()
+            .unwrap()
+    };
+    let a = build(format!("soft@127.0.12.{first}:0"));
+    let port = a.context().info().udp_addr.unwrap().port();
+    let b = build(format!("soft@127.0.12.{}:{port}", first + 1));
+    (a, b)
+}
+
+/// `n` connections from `a` to one listener on `b`.
+async fn connect_many(a: &Rdma, b: &Rdma, n: usize) -> Vec<(Connection, Connection)> {
+    let listener = b.listen("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let (ca, cb) = tokio::join!(a.connect(addr), listener.accept());
+        out.push((ca.unwrap(), cb.unwrap()));
+    }
+    out
+}
+
+/// Every connection works, concurrently: each writes its own pattern into a region its
+/// peer lends, then sends a message that the peer receives.
+async fn exercise(a: &Rdma, b: &Rdma, conns: &[(Connection, Connection)]) {
+    let layout = Layout::from_size_align(4096, 8).unwrap();
+    let tasks = conns.iter().enumerate().map(|(i, (ca, cb))| async move {
+        let target = b.alloc_local_mr(layout).unwrap();
+        cb.send_local_mr(&target).await.unwrap();
+        let remote = ca.receive_remote_mr().await.unwrap();
+        let src = a.alloc_local_mr(layout).unwrap();
+        src.write(0, &[i as u8 + 1; 4096]).unwrap();
+        ca.write(&src, &remote).await.unwrap();
+        ca.send(&src.get(0..16).unwrap()).await.unwrap();
+        let msg = cb.receive().await.unwrap();
+        assert_eq!(msg.data, vec![i as u8 + 1; 16]);
+        assert_eq!(target.to_vec(), vec![i as u8 + 1; 4096]);
+    });
+    futures_join_all(tasks).await;
+}
+
+/// Runs the futures concurrently (on this task) until all are done.
+async fn futures_join_all<F: Future<Output = ()>>(fs: impl Iterator<Item = F>) {
+    let mut fs: Vec<_> = fs.map(Box::pin).collect();
+    std::future::poll_fn(|cx| {
+        fs.retain_mut(|f| f.as_mut().poll(cx).is_pending());
+        if fs.is_empty() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_polling_uses_one_task_however_many_connections() {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let (a, b) = pair(1, Polling::Event);
+    let one = connect_many(&a, &b, 1).await;
+    exercise(&a, &b, &one).await;
+    let tasks_with_one = metrics.num_alive_tasks();
+    let more = connect_many(&a, &b, 15).await;
+    exercise(&a, &b, &more).await;
+    exercise(&a, &b, &one).await;
+    assert_eq!(
+        metrics.num_alive_tasks(),
+        tasks_with_one,
+        "15 more connections must not add tasks"
+    );
+    drop((one, more));
+}
+
+fn poll_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim() == "remem-poll")
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_polling_uses_one_thread_per_device() {
+    let (a, b) = pair(3, Polling::Busy);
+    let conns = connect_many(&a, &b, 8).await;
+    exercise(&a, &b, &conns).await;
+    // One thread for `a`'s eight connections, one for `b`'s.
+    assert_eq!(poll_threads(), 2);
+}
