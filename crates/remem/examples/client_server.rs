@@ -34,7 +34,7 @@ async fn server(listening: oneshot::Sender<Address>) -> Result<(), Error> {
     println!("checked: a requested region came back with the client's bytes");
 
     let lent = rdma.alloc_local_mr(Layout::new::<[u8; LEN]>())?;
-    conn.send_local_mr(&lent).await?;
+    conn.share_local_mr(&lent).await?;
 
     // 1. A plain WRITE, then a message naming the range written. RC delivers in order: the
     //    data is in place before the message arrives.
@@ -70,7 +70,7 @@ async fn client(server: oneshot::Receiver<Address>) -> Result<(), Error> {
     conn.write(&local, lease.mr()).await?;
     conn.send_remote_mr(lease).await?;
 
-    let remote = conn.receive_remote_mr().await?;
+    let remote = conn.receive_shared_mr().await?;
     assert_eq!(remote.len(), LEN as u64);
 
     local.write(0, &[1; LEN])?;

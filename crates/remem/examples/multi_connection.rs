@@ -19,7 +19,7 @@ const ADDS: u64 = 100;
 
 /// Lends `counter` on `conn`, then waits for the client's report: how many adds it did.
 async fn serve(conn: Connection, counter: Arc<LocalMr>) -> Result<u64, Error> {
-    conn.send_local_mr(&counter).await?;
+    conn.share_local_mr(&counter).await?;
     let report = conn.receive().await?;
     let adds = u64::from_le_bytes(report.data.try_into().expect("an 8-byte report"));
     conn.close().await;
@@ -32,7 +32,7 @@ async fn client(i: u8, port: u16, server: SocketAddr) -> Result<Vec<u64>, Error>
         .device(format!("soft@127.0.3.{}:{port}", i + 2))
         .build()?;
     let conn = rdma.connect(server).await?;
-    let counter = conn.receive_remote_mr().await?;
+    let counter = conn.receive_shared_mr().await?;
     let mut seen = Vec::new();
     for _ in 0..ADDS {
         seen.push(conn.fetch_and_add(&counter, 1).await?);

@@ -64,8 +64,8 @@ async fn serve_messages(rdma: &Rdma, conn: &Connection) -> Result<usize, Error> 
 /// Answers requests written into a lent region until the client closes; returns how many.
 async fn serve_one_sided(rdma: &Rdma, conn: &Connection) -> Result<usize, Error> {
     let requests = rdma.alloc_local_mr(Layout::from_size_align(MAX_REQUEST, 8).unwrap())?;
-    conn.send_local_mr(&requests).await?;
-    let replies = conn.receive_remote_mr().await?;
+    conn.share_local_mr(&requests).await?;
+    let replies = conn.receive_shared_mr().await?;
     let (reply, mut served) = (word(rdma)?, 0);
     while let Some(len) = until_closed(conn.receive_write_imm().await)? {
         let mut request = vec![0; (len as usize).min(MAX_REQUEST)];
@@ -96,9 +96,9 @@ async fn over_messages(rdma: &Rdma, conn: &Connection) -> Result<(), Error> {
 }
 
 async fn over_one_sided(rdma: &Rdma, conn: &Connection) -> Result<(), Error> {
-    let requests = conn.receive_remote_mr().await?;
+    let requests = conn.receive_shared_mr().await?;
     let replies = word(rdma)?;
-    conn.send_local_mr(&replies).await?;
+    conn.share_local_mr(&replies).await?;
     for (id, n) in (0..).zip(SIZES) {
         let (req, expected) = request(rdma, n)?;
         let len = req.len() as u64;

@@ -9,17 +9,24 @@
 //! back with its contents ([`Connection::send_remote_mr`]; the lender takes it with
 //! [`Connection::receive_local_mr`], registered anew for local access only).
 //!
+//! [`Connection::send_local_mr`] gives a region away: the sender no longer holds it, the
+//! peer takes it with [`Connection::receive_remote_mr`] as a lease without a time limit,
+//! and the region lives (registered for the peer, and only for it) until the peer returns
+//! it, gives it back, drops it, or the connection ends.
+//!
+//! Dropping a [`RemoteLease`] returns it, as [`Connection::return_remote_mr`] does.
+//!
 //! Requests carry ids and time out ([`crate::RdmaBuilder::request_timeout`]); they travel
 //! as messages on the connection and never block data-path operations.
 
 use crate::conn::{ConnShared, Connection, Kind};
 use crate::error::{Error, Result};
 use crate::mr::{LocalMr, RemoteMr};
-use remem_verbs::{AccessFlags, MemRegion};
+
 use std::alloc::Layout;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
@@ -28,19 +35,40 @@ const GRANT: u8 = 2;
 const DENY: u8 = 3;
 const RETURN: u8 = 4;
 const GIVE_BACK: u8 = 5;
+const TRANSFER: u8 = 6;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A region the peer lent for a limited time ([`Connection::request_remote_mr`]).
+/// A region of the peer's memory that this side holds: lent for a limited time
+/// ([`Connection::request_remote_mr`]) or given to it ([`Connection::send_local_mr`] on
+/// the peer, [`Connection::receive_remote_mr`] here). Dropping it ends the lease: the peer
+/// revokes access and frees the region.
 #[derive(Debug)]
 pub struct RemoteLease {
     mr: RemoteMr,
     id: u32,
     /// When the lease ends, as seen here: the lender's duration from when the grant
-    /// arrived (so slightly after the lender's own deadline).
-    ends: Instant,
+    /// arrived (so slightly after the lender's own deadline); `None` for a region given.
+    ends: Option<Instant>,
+    /// The connection it came on, told when the lease is dropped.
+    conn: Weak<ConnShared>,
+    /// Already returned or given back.
+    ended: bool,
+}
+
+impl Drop for RemoteLease {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        if let Some(conn) = self.conn.upgrade()
+            && conn.is_open()
+        {
+            conn.send_return(self.id, RETURN);
+        }
+    }
 }
 
 impl RemoteLease {
@@ -50,9 +78,10 @@ impl RemoteLease {
     }
 
     /// Time left before the lender revokes it (an estimate on this side's clock; the
-    /// lender's clock decides).
-    pub fn remaining(&self) -> Duration {
-        self.ends.saturating_duration_since(Instant::now())
+    /// lender's clock decides), or `None` for a region given without a time limit.
+    pub fn remaining(&self) -> Option<Duration> {
+        self.ends
+            .map(|e| e.saturating_duration_since(Instant::now()))
     }
 }
 
@@ -68,8 +97,12 @@ pub(crate) struct Agent {
     lent_bytes: AtomicU64,
     /// Requests this side sent, by id.
     waiting: Mutex<HashMap<u32, oneshot::Sender<Grant>>>,
+    /// Regions this side gave away ([`Connection::send_local_mr`]), by id.
+    given: Mutex<HashMap<u32, LocalMr>>,
     /// Regions the peer gave back with their contents.
     pub(crate) returned: crate::conn::Inbox<Option<LocalMr>>,
+    /// Regions the peer gave to this side, until taken.
+    pub(crate) received: crate::conn::Inbox<Option<(u32, RemoteMr)>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -150,13 +183,24 @@ impl ConnShared {
                     (None, Err(_)) => {}
                 }
             }
+            TRANSFER => match msg.get(5..25).and_then(RemoteMr::from_bytes) {
+                Some(token) => self.agent.received.push(Some((id, token))),
+                None => self.fail("peer sent a malformed memory region".into()),
+            },
             RETURN | GIVE_BACK => {
-                let Some(mr) = lock(&self.agent.lent).remove(&id) else {
-                    return; // expired meanwhile
+                let lent = lock(&self.agent.lent).remove(&id);
+                let mr = match lent {
+                    Some(mr) => {
+                        self.agent
+                            .lent_bytes
+                            .fetch_sub(mr.len() as u64, Ordering::AcqRel);
+                        mr
+                    }
+                    None => match lock(&self.agent.given).remove(&id) {
+                        Some(mr) => mr,
+                        None => return, // expired meanwhile
+                    },
                 };
-                self.agent
-                    .lent_bytes
-                    .fetch_sub(mr.len() as u64, Ordering::AcqRel);
                 if op == GIVE_BACK {
                     match self.reregister_local(mr) {
                         Ok(mr) => self.agent.returned.push(Some(mr)),
@@ -215,15 +259,13 @@ impl ConnShared {
         Ok((id, token, lease_for))
     }
 
-    /// A region given back: the remote registration goes, a local one replaces it.
+    /// A region given back: the registration the peer used goes, and the same memory is
+    /// registered for local access only.
     fn reregister_local(&self, mr: LocalMr) -> Result<LocalMr> {
-        let region = MemRegion::whole(mr.buffer());
-        let local = self.rdma.pd().reg_mr(region, AccessFlags::LOCAL_WRITE)?;
-        drop(mr);
-        Ok(LocalMr::new(local))
+        mr.revoke_remote(self.rdma.pd())
     }
 
-    fn send_return(self: &Arc<Self>, lease: u32, op: u8) {
+    pub(crate) fn send_return(self: &Arc<Self>, lease: u32, op: u8) {
         let shared = self.clone();
         self.spawn(async move {
             let mut m = vec![op];
@@ -274,7 +316,46 @@ impl Connection {
         Ok(RemoteLease {
             mr,
             id: lease_id,
-            ends: Instant::now() + lease_for,
+            ends: Some(Instant::now() + lease_for),
+            conn: Arc::downgrade(sh),
+            ended: false,
+        })
+    }
+
+    /// Gives `mr` to the peer: ownership passes. The peer takes it with
+    /// [`Connection::receive_remote_mr`] and reaches the whole region with the rights `mr`
+    /// was registered with (a registration of its own, for a pool region); this side
+    /// keeps the memory alive, and nothing else, until the peer returns it (then it is
+    /// freed), gives it back ([`Connection::send_remote_mr`]; this side takes it again with
+    /// [`Connection::receive_local_mr`]), drops it, or the connection ends. To let the
+    /// peer reach a region this side keeps using, use [`Connection::share_local_mr`].
+    pub async fn send_local_mr(&self, mr: LocalMr) -> Result<()> {
+        let sh = self.shared();
+        let token = mr.token(sh.rdma.pd())?;
+        let id = sh.agent.next_id.fetch_add(1, Ordering::Relaxed);
+        lock(&sh.agent.given).insert(id, mr);
+        let mut m = vec![TRANSFER];
+        m.extend_from_slice(&id.to_be_bytes());
+        m.extend_from_slice(&token.to_bytes());
+        let sent = sh.send_bytes(Kind::Agent, m).await;
+        if sent.is_err() {
+            lock(&sh.agent.given).remove(&id);
+        }
+        sent
+    }
+
+    /// The next region the peer gave with [`Connection::send_local_mr`]: this side holds
+    /// it until it returns it ([`Connection::return_remote_mr`] or by dropping it) or gives
+    /// it back ([`Connection::send_remote_mr`]).
+    pub async fn receive_remote_mr(&self) -> Result<RemoteLease> {
+        let sh = self.shared();
+        let (id, mr) = sh.take(&sh.agent.received, |m| m.take()).await?;
+        Ok(RemoteLease {
+            mr,
+            id,
+            ends: None,
+            conn: Arc::downgrade(sh),
+            ended: false,
         })
     }
 
@@ -289,7 +370,8 @@ impl Connection {
         self.give(lease, GIVE_BACK).await
     }
 
-    async fn give(&self, lease: RemoteLease, op: u8) -> Result<()> {
+    async fn give(&self, mut lease: RemoteLease, op: u8) -> Result<()> {
+        lease.ended = true;
         let mut m = vec![op];
         m.extend_from_slice(&lease.id.to_be_bytes());
         self.shared().send_bytes(Kind::Agent, m).await

@@ -606,6 +606,11 @@ impl ConnShared {
         }
     }
 
+    /// Whether the connection is still open.
+    pub(crate) fn is_open(&self) -> bool {
+        !self.is_closed.load(Ordering::Acquire)
+    }
+
     fn check_open(&self) -> Result<()> {
         if self.is_closed.load(Ordering::Acquire) {
             return Err(self.closed_error());
@@ -1370,16 +1375,17 @@ impl Connection {
             .await
     }
 
-    /// Lends `mr` to the peer: it receives a token ([`Connection::receive_remote_mr`]) with
-    /// which it reaches the whole region with the rights `mr` was registered with, for as
-    /// long as `mr` lives.
-    pub async fn send_local_mr(&self, mr: &LocalMr) -> Result<()> {
+    /// Shares `mr` with the peer while this side keeps it: the peer receives a token
+    /// ([`Connection::receive_shared_mr`]) with which it reaches the whole region with the
+    /// rights `mr` was registered with, for as long as `mr` lives. To give a region away
+    /// (ownership passes), use [`Connection::send_local_mr`].
+    pub async fn share_local_mr(&self, mr: &LocalMr) -> Result<()> {
         let token = mr.token(self.shared.rdma.pd())?.to_bytes();
         self.shared.send_bytes(Kind::MrToken, token.to_vec()).await
     }
 
-    /// The next memory region the peer lent with [`Connection::send_local_mr`].
-    pub async fn receive_remote_mr(&self) -> Result<RemoteMr> {
+    /// The next memory region the peer shared with [`Connection::share_local_mr`].
+    pub async fn receive_shared_mr(&self) -> Result<RemoteMr> {
         self.shared.take(&self.shared.tokens, |t| Some(*t)).await
     }
 

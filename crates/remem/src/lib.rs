@@ -29,8 +29,8 @@
 //!
 //!     // The server lends 4 KiB; the client writes into it and reads it back.
 //!     let lent = server.alloc_local_mr(Layout::from_size_align(4096, 8).unwrap())?;
-//!     s.send_local_mr(&lent).await?;
-//!     let remote = c.receive_remote_mr().await?;
+//!     s.share_local_mr(&lent).await?;
+//!     let remote = c.receive_shared_mr().await?;
 //!
 //!     let local = client.alloc_local_mr(Layout::from_size_align(5, 1).unwrap())?;
 //!     local.write(0, b"hello")?;

@@ -315,11 +315,6 @@ impl LocalMr {
         Ok(self.inner.region().store_u64(at, value)?)
     }
 
-    /// The buffer behind the region.
-    pub(crate) fn buffer(&self) -> Arc<MemoryBuffer> {
-        self.inner.region().buffer().clone()
-    }
-
     pub(crate) fn fill_zero(&self) -> Result<()> {
         let at = self.inner.at(0, self.len())?;
         Ok(self
@@ -354,6 +349,22 @@ impl LocalMr {
     /// registers exactly its range for remote access (once; the registration ends with the
     /// region), so the peer reaches nothing else of the pool. Crate-private: tokens leave
     /// a process only through a connection.
+    /// Ends every remote access to this region and returns the same memory (same range)
+    /// registered for local access only: a pool block drops its own registration for the
+    /// peer (the pool's is local-only); any other region is registered anew for local
+    /// access, and its old registration ends once no operation of this side uses it.
+    pub(crate) fn revoke_remote(self, pd: &Arc<dyn ProtectionDomain>) -> Result<LocalMr> {
+        let inner = &self.inner;
+        if inner._block.is_some() {
+            inner.lent.lock().unwrap_or_else(|p| p.into_inner()).take();
+            return Ok(self);
+        }
+        let start = inner.region().offset() + inner.offset;
+        let range = MemRegion::new(inner.region().buffer().clone(), start..start + inner.len)?;
+        let local = pd.reg_mr(range, AccessFlags::LOCAL_WRITE)?;
+        Ok(LocalMr::new(local))
+    }
+
     pub(crate) fn token(&self, pd: &Arc<dyn ProtectionDomain>) -> Result<RemoteMr> {
         let inner = &self.inner;
         let rkey = if inner._block.is_none() {
@@ -460,7 +471,7 @@ impl LocalMut for LocalMr {}
 impl LocalMut for LocalMrMut<'_> {}
 
 /// A peer's memory region, or part of one: address, length and remote key. Obtained from
-/// the peer through a connection ([`crate::Connection::receive_remote_mr`]); the safe API
+/// the peer through a connection ([`crate::Connection::receive_shared_mr`]); the safe API
 /// cannot make one up. The peer's NIC checks every access against its registration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RemoteMr {

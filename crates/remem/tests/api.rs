@@ -41,8 +41,8 @@ async fn one_sided_atomics_and_messages() {
     let (ca, cb) = connect(&a, &b).await;
     // B lends a region; A writes, reads back, and does atomics on it.
     let target = b.alloc_local_mr(layout(100_000)).unwrap();
-    cb.send_local_mr(&target).await.unwrap();
-    let remote = ca.receive_remote_mr().await.unwrap();
+    cb.share_local_mr(&target).await.unwrap();
+    let remote = ca.receive_shared_mr().await.unwrap();
     assert_eq!(remote.len(), 100_000);
     let data: Vec<u8> = (0..50_000u32).map(|i| (i * 7 + 1) as u8).collect();
     let src = a.alloc_local_mr(layout(50_000)).unwrap();
@@ -97,8 +97,8 @@ async fn lengths_and_alignment_are_checked_before_posting() {
     let (a, b) = pair(Polling::Event);
     let (ca, cb) = connect(&a, &b).await;
     let target = b.alloc_local_mr(layout(64)).unwrap();
-    cb.send_local_mr(&target).await.unwrap();
-    let remote = ca.receive_remote_mr().await.unwrap();
+    cb.share_local_mr(&target).await.unwrap();
+    let remote = ca.receive_shared_mr().await.unwrap();
     let src = a.alloc_local_mr(layout(32)).unwrap();
     assert!(matches!(
         ca.write(&src, &remote).await,
@@ -128,8 +128,8 @@ async fn access_violation_fails_the_operation_and_the_connection() {
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
         )
         .unwrap();
-    cb.send_local_mr(&ro).await.unwrap();
-    let remote = ca.receive_remote_mr().await.unwrap();
+    cb.share_local_mr(&ro).await.unwrap();
+    let remote = ca.receive_shared_mr().await.unwrap();
     let src = a.alloc_local_mr(layout(64)).unwrap();
     let mut dst = a.alloc_local_mr(layout(64)).unwrap();
     ca.read(&mut dst, &remote).await.unwrap();
@@ -166,8 +166,8 @@ async fn many_tasks_share_one_connection() {
     });
     let (ca, cb) = connect(&a, &b).await;
     let target = b.alloc_local_mr(layout(8 * 64)).unwrap();
-    cb.send_local_mr(&target).await.unwrap();
-    let remote = ca.receive_remote_mr().await.unwrap();
+    cb.share_local_mr(&target).await.unwrap();
+    let remote = ca.receive_shared_mr().await.unwrap();
     let ca = std::sync::Arc::new(ca);
     let mut tasks = Vec::new();
     for t in 0..16u64 {
@@ -227,8 +227,8 @@ async fn cancelled_operation_keeps_its_memory_alive() {
     let (a, b) = pair(Polling::Event);
     let (ca, cb) = connect(&a, &b).await;
     let target = b.alloc_local_mr(layout(1 << 20)).unwrap();
-    cb.send_local_mr(&target).await.unwrap();
-    let remote = ca.receive_remote_mr().await.unwrap();
+    cb.share_local_mr(&target).await.unwrap();
+    let remote = ca.receive_shared_mr().await.unwrap();
     target.write(0, &[5u8; 1 << 20]).unwrap();
     // Poll a read once (it is posted), then drop the future and the region. On a loaded
     // machine the read may finish before the first poll returns: then try again.
@@ -339,8 +339,8 @@ async fn pooled_regions_are_zeroed_reused_and_lent_alone() {
     // Neighbouring blocks of one slab: lending one reaches only that one.
     let neighbour = b.alloc_local_mr(layout(4096)).unwrap();
     assert_eq!(neighbour.addr().abs_diff(again.addr()), 4096, "same slab");
-    cb.send_local_mr(&again).await.unwrap();
-    let remote = ca.receive_remote_mr().await.unwrap();
+    cb.share_local_mr(&again).await.unwrap();
+    let remote = ca.receive_shared_mr().await.unwrap();
     assert_eq!(remote.len(), 4096);
     let src = a.alloc_local_mr(layout(4096)).unwrap();
     src.write(0, &[7; 4096]).unwrap();
@@ -513,7 +513,7 @@ async fn leases_grant_expire_return_and_give_back() {
         .request_remote_mr(layout(4096), Duration::from_secs(60))
         .await
         .unwrap();
-    assert!(lease.remaining() <= Duration::from_millis(300));
+    assert!(lease.remaining().unwrap() <= Duration::from_millis(300));
     ca.write(&src, lease.mr()).await.unwrap();
     // Given back with its contents: the lender has the bytes, the borrower's token is dead.
     let token = *lease.mr();
@@ -578,12 +578,72 @@ async fn leases_grant_expire_return_and_give_back() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_local_mr_passes_ownership() {
+    let (a, b) = pair(Polling::Event);
+    let (ca, cb) = connect(&a, &b).await;
+    let src = b.alloc_local_mr(layout(4096)).unwrap();
+    src.write(0, &[9; 4096]).unwrap();
+
+    // A gives a region away (it is moved: A cannot touch it any more); B holds it without
+    // a time limit, reads and writes it, and gives it back with its contents.
+    let given = a.alloc_local_mr(layout(4096)).unwrap();
+    given.write(0, &[7; 4096]).unwrap();
+    ca.send_local_mr(given).await.unwrap();
+    let lease = cb.receive_remote_mr().await.unwrap();
+    assert_eq!(lease.remaining(), None);
+    assert_eq!(lease.mr().len(), 4096);
+    let mut seen = b.alloc_local_mr(layout(4096)).unwrap();
+    cb.read(&mut seen, lease.mr()).await.unwrap();
+    assert_eq!(seen.to_vec(), vec![7; 4096]);
+    cb.write(&src, lease.mr()).await.unwrap();
+    let token = *lease.mr();
+    cb.send_remote_mr(lease).await.unwrap();
+    let back = ca.receive_local_mr().await.unwrap();
+    assert_eq!(back.to_vec(), vec![9; 4096]);
+    // Back with A, registered for local access only: B's token reaches nothing.
+    match cb.write(&src, &token).await {
+        Err(Error::Completion { status, .. }) => {
+            assert_eq!(status, remem::verbs::WcStatus::RemAccessErr)
+        }
+        other => panic!("write through a region given back: {other:?}"),
+    }
+
+    // Dropping a region received ends it: A frees it, and the token goes dead.
+    let (ca, cb) = connect(&a, &b).await;
+    ca.send_local_mr(a.alloc_local_mr(layout(4096)).unwrap())
+        .await
+        .unwrap();
+    let lease = cb.receive_remote_mr().await.unwrap();
+    let token = *lease.mr();
+    cb.write(&src, &token).await.unwrap();
+    drop(lease);
+    // The return travels as a message sent by a task: write until a write fails.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let revoked = loop {
+        match cb.write(&src, &token).await {
+            Ok(()) if std::time::Instant::now() < deadline => tokio::task::yield_now().await,
+            other => break other,
+        }
+    };
+    assert!(
+        matches!(
+            revoked,
+            Err(Error::Completion {
+                status: remem::verbs::WcStatus::RemAccessErr,
+                ..
+            })
+        ),
+        "{revoked:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_post_many_and_complete_once() {
     let (a, b) = pair(Polling::Event);
     let (ca, cb) = connect(&a, &b).await;
     let target = b.alloc_local_mr(layout(64 * 1024)).unwrap();
-    cb.send_local_mr(&target).await.unwrap();
-    let remote = ca.receive_remote_mr().await.unwrap();
+    cb.share_local_mr(&target).await.unwrap();
+    let remote = ca.receive_shared_mr().await.unwrap();
     let srcs: Vec<_> = (0..64u8)
         .map(|i| {
             let m = a.alloc_local_mr(layout(1024)).unwrap();
@@ -624,8 +684,8 @@ async fn batches_post_many_and_complete_once() {
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
         )
         .unwrap();
-    cb.send_local_mr(&ro).await.unwrap();
-    let ro_remote = ca.receive_remote_mr().await.unwrap();
+    cb.share_local_mr(&ro).await.unwrap();
+    let ro_remote = ca.receive_shared_mr().await.unwrap();
     let mut batch = ca.batch();
     batch
         .write(&srcs[0], &remote.get(0..1024).unwrap())
@@ -659,8 +719,8 @@ async fn caller_memory_and_memory_maps_register() {
     // reasons of its own), a Vec and a BytesMut on the borrower.
     let map = memmap2::MmapMut::map_anon(4096).unwrap();
     let mapped = b.register(MemoryBuffer::from_mmap(map), rights).unwrap();
-    cb.send_local_mr(&mapped).await.unwrap();
-    let remote = ca.receive_remote_mr().await.unwrap();
+    cb.share_local_mr(&mapped).await.unwrap();
+    let remote = ca.receive_shared_mr().await.unwrap();
     let from_vec = a
         .register(
             MemoryBuffer::from_vec(b"from a vector".to_vec()),
@@ -701,8 +761,8 @@ async fn scatter_gather_and_chosen_psns() {
         .unwrap();
     let (ca, cb) = connect(&a, &b).await;
     let target = b.alloc_local_mr(layout(30_000)).unwrap();
-    cb.send_local_mr(&target).await.unwrap();
-    let remote = ca.receive_remote_mr().await.unwrap();
+    cb.share_local_mr(&target).await.unwrap();
+    let remote = ca.receive_shared_mr().await.unwrap();
     let parts: Vec<_> = [(10_000usize, 1u8), (5_000, 2), (15_000, 3)]
         .iter()
         .map(|&(n, v)| {

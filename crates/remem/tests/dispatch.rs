@@ -39,8 +39,8 @@ async fn exercise(a: &Rdma, b: &Rdma, conns: &[(Connection, Connection)]) {
     let layout = Layout::from_size_align(4096, 8).unwrap();
     let tasks = conns.iter().enumerate().map(|(i, (ca, cb))| async move {
         let target = b.alloc_local_mr(layout).unwrap();
-        cb.send_local_mr(&target).await.unwrap();
-        let remote = ca.receive_remote_mr().await.unwrap();
+        cb.share_local_mr(&target).await.unwrap();
+        let remote = ca.receive_shared_mr().await.unwrap();
         let src = a.alloc_local_mr(layout).unwrap();
         src.write(0, &[i as u8 + 1; 4096]).unwrap();
         ca.write(&src, &remote).await.unwrap();

@@ -68,7 +68,7 @@ async fn serve(port: &str) -> Result<(), Error> {
     let region = rdma.alloc_local_mr(layout(COUNTER + 8))?;
     region.write(HALF, &pattern(2))?;
     region.store_u64(COUNTER, START)?;
-    conn.send_local_mr(&region).await?;
+    conn.share_local_mr(&region).await?;
 
     let request = conn.receive().await?;
     let mut failed = Vec::new();
@@ -165,7 +165,7 @@ fn parent_device() -> (tokio::runtime::Runtime, Rdma, u16) {
 
 async fn client(rdma: &Rdma, server: SocketAddr) -> Result<(), Error> {
     let conn = rdma.connect(server).await?;
-    let remote = conn.receive_remote_mr().await?;
+    let remote = conn.receive_shared_mr().await?;
     assert_eq!(remote.len(), (COUNTER + 8) as u64);
 
     let src = rdma.alloc_local_mr(layout(HALF))?;
