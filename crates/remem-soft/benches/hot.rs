@@ -1,0 +1,452 @@
+//! Hot paths of the soft provider, without sockets.
+//!
+//! * `mr_lookup`: resolving a key through the device's key table ([`MrTable`]) with its
+//!   PD, access and bounds checks: `remote` (an rkey, once per request packet at the
+//!   responder) and `local` (an lkey, once per scatter/gather entry when posting), in a
+//!   table of 1 and of 4096 registrations.
+//! * `cq`: pushing 1024 completions into a soft CQ, and polling them in batches of 16 and
+//!   64 through `CompletionQueue::poll`.
+//! * `transport_step`: two packet engines with one RC QP each, connected in memory.
+//!   `responder_write` feeds the responder's engine an RDMA WRITE ONLY datagram
+//!   (`Engine::on_datagram`: parse, ICRC check, QP lookup, transport, memory write) and
+//!   takes its ACK out (`Engine::poll_transmit` until it has nothing more: ACK built,
+//!   ICRC filled). The datagrams are built beforehand, outside the measurement.
+//!   `write_round_trip` is a whole signaled RDMA WRITE between the two engines: post,
+//!   requester builds the packet, responder handles it and builds the ACK, completer
+//!   handles the ACK and completes the work request.
+//!
+//! `cargo bench -p remem-soft --bench hot`
+
+#![allow(missing_docs)] // criterion_group! and criterion_main! generate undocumented items
+
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use remem_soft::engine::Engine;
+use remem_soft::objects::cq::SoftCq;
+use remem_soft::objects::mr::MrTable;
+use remem_soft::qp::{LocalMemory, QpLimits, QpSurroundings, SoftQp, SoftQpParts};
+use remem_soft::transport::{RemoteKeyError, Stat};
+use remem_soft::wqe::{PdId, RecvWqe};
+use remem_soft::{SoftContext, SoftOptions};
+use remem_verbs::{
+    AccessFlags, AhAttr, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, Mtu, QpAttr,
+    QpAttrMask, QpCap, QpState, QpType, QueuePair, SendOp, SendWr, Sge, WcStatus, WorkCompletion,
+};
+use remem_wire::icrc::{self, IPV4_DF, IpFields, UdpPorts};
+use remem_wire::{Bth, Headers, Opcode, Packet, Psn, Reth};
+use std::any::Any;
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const PD: PdId = PdId(1);
+const ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ);
+
+// ---------------------------------------------------------------------------- MR lookup
+
+fn mr_lookup(c: &mut Criterion) {
+    let mut group = c.benchmark_group("mr_lookup");
+    group.throughput(Throughput::Elements(1));
+    for regions in [1usize, 4096] {
+        let slice = 256;
+        let buf = Arc::new(MemoryBuffer::zeroed(regions * slice).unwrap());
+        let table = MrTable::new(u32::MAX);
+        let entries: Vec<_> = (0..regions)
+            .map(|i| {
+                let region = MemRegion::new(buf.clone(), i * slice..(i + 1) * slice).unwrap();
+                table.insert(PD, region, ACCESS).unwrap()
+            })
+            .collect();
+        // Visit the registrations in a scattered order so that each lookup touches
+        // another slot of the table, as a busy responder's would.
+        let order: Vec<_> = (0..regions).map(|i| (i * 2654435761) % regions).collect();
+        let mut i = 0;
+        group.bench_function(BenchmarkId::new("remote_rkey", regions), |b| {
+            b.iter(|| {
+                i = (i + 1) % regions;
+                let e = &entries[order[i]];
+                let va = e.region.addr() + 64;
+                black_box(
+                    table
+                        .remote(PD, black_box(e.rkey), va, 128, AccessFlags::REMOTE_WRITE)
+                        .unwrap(),
+                )
+            })
+        });
+        group.bench_function(BenchmarkId::new("local_lkey", regions), |b| {
+            b.iter(|| {
+                i = (i + 1) % regions;
+                let e = &entries[order[i]];
+                let sge = Sge {
+                    addr: e.region.addr() + 64,
+                    length: 128,
+                    lkey: black_box(e.lkey),
+                };
+                black_box(table.local(PD, &sge, true).unwrap())
+            })
+        });
+        group.bench_function(BenchmarkId::new("remote_unknown_rkey", regions), |b| {
+            // Keys come from a permutation and both namespaces are disjoint: an lkey is
+            // never a valid rkey.
+            let bad = entries[0].lkey;
+            b.iter(|| {
+                black_box(
+                    table
+                        .remote(PD, black_box(bad), 0, 8, AccessFlags::REMOTE_WRITE)
+                        .unwrap_err(),
+                )
+            })
+        });
+    }
+    group.finish();
+}
+
+// ---------------------------------------------------------------------------- CQ
+
+fn soft_cq(ctx: &SoftContext, cqe: u32) -> (Arc<dyn CompletionQueue>, Arc<SoftCq>) {
+    let cq = ctx.create_cq(cqe, None).unwrap();
+    let any: Arc<dyn Any + Send + Sync> = cq.clone();
+    let soft = any.downcast::<SoftCq>().expect("a soft CQ");
+    (cq, soft)
+}
+
+fn cq(c: &mut Criterion) {
+    const N: usize = 1024;
+    let opts = SoftOptions {
+        inline: true,
+        ..SoftOptions::default()
+    };
+    let ctx = SoftContext::bind_with("127.0.0.1:0".parse().unwrap(), &opts)
+        .expect("a soft device on 127.0.0.1");
+    let (cq, soft) = soft_cq(&ctx, N as u32);
+    let wc = |i: usize| WorkCompletion {
+        wr_id: i as u64,
+        byte_len: 4096,
+        qp_num: 0x11,
+        ..WorkCompletion::default()
+    };
+    let mut out = vec![WorkCompletion::default(); 64];
+    let drain = |cq: &dyn CompletionQueue, out: &mut [WorkCompletion]| {
+        let mut got = 0;
+        while got < N {
+            let n = cq.poll(out).unwrap();
+            assert!(n > 0, "CQ drained early");
+            got += n;
+        }
+        black_box(&out[0]);
+    };
+    let mut group = c.benchmark_group("cq");
+    group.throughput(Throughput::Elements(N as u64));
+    group.bench_function(BenchmarkId::new("push", N), |b| {
+        b.iter_custom(|iters| {
+            let mut t = Duration::ZERO;
+            for _ in 0..iters {
+                let start = Instant::now();
+                for i in 0..N {
+                    assert!(soft.push(black_box(wc(i)), false));
+                }
+                t += start.elapsed();
+                drain(&*cq, &mut out);
+            }
+            t
+        })
+    });
+    for batch in [16usize, 64] {
+        group.bench_function(BenchmarkId::new("poll", batch), |b| {
+            b.iter_custom(|iters| {
+                let mut t = Duration::ZERO;
+                for _ in 0..iters {
+                    for i in 0..N {
+                        soft.push(wc(i), false);
+                    }
+                    let start = Instant::now();
+                    drain(&*cq, &mut out[..batch]);
+                    t += start.elapsed();
+                }
+                t
+            })
+        });
+    }
+    group.finish();
+}
+
+// ---------------------------------------------------------------------------- transport
+
+/// What surrounds a QP on a device: its key table; completions are counted and dropped.
+struct Around {
+    mrs: MrTable,
+    completions: AtomicU64,
+}
+
+impl QpSurroundings for Around {
+    fn remote(
+        &self,
+        pd: PdId,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<MemRegion, RemoteKeyError> {
+        self.mrs.remote(pd, rkey, va, len, need)
+    }
+    fn srq_pop(&self) -> Option<Option<RecvWqe>> {
+        None
+    }
+    fn send_cq(&self, wc: WorkCompletion) {
+        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+        self.completions.fetch_add(1, Ordering::Relaxed);
+    }
+    fn recv_cq(&self, _wc: WorkCompletion, _solicited: bool) {
+        self.completions.fetch_add(1, Ordering::Relaxed);
+    }
+    fn count(&self, _stat: Stat) {}
+    fn check_av(&self, _av: &AhAttr) -> remem_verbs::Result<()> {
+        Ok(())
+    }
+}
+
+impl LocalMemory for Around {
+    fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> remem_verbs::Result<MemRegion> {
+        self.mrs.local(pd, sge, need_write)
+    }
+}
+
+/// One device (an engine, no socket) with one RC QP and one 1 MiB registered buffer.
+struct Side {
+    engine: Arc<Engine>,
+    qp: Arc<SoftQp>,
+    around: Arc<Around>,
+    buf: Arc<MemoryBuffer>,
+    lkey: u32,
+    rkey: u32,
+}
+
+const PORT: u16 = remem_wire::ROCEV2_PORT;
+
+impl Side {
+    fn new(ip: Ipv4Addr, qpn: u32) -> Side {
+        let engine = Arc::new(Engine::new(SocketAddr::new(ip.into(), PORT), PORT));
+        let buf = Arc::new(MemoryBuffer::zeroed(1 << 20).unwrap());
+        let around = Arc::new(Around {
+            mrs: MrTable::new(u32::MAX),
+            completions: AtomicU64::new(0),
+        });
+        let mr = around
+            .mrs
+            .insert(PD, MemRegion::whole(buf.clone()), ACCESS)
+            .unwrap();
+        let wake = {
+            let engine = engine.clone();
+            Arc::new(move |qpn: u32| engine.mark_ready(qpn))
+        };
+        let qp = Arc::new(
+            SoftQp::new(SoftQpParts {
+                qpn,
+                qp_type: QpType::Rc,
+                cap: QpCap {
+                    max_send_wr: 256,
+                    max_recv_wr: 256,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                sq_sig_all: false,
+                has_srq: false,
+                pd: PD,
+                limits: QpLimits {
+                    max_wr: 4096,
+                    max_sge: 8,
+                    max_inline: 64,
+                    max_rd_atomic: 16,
+                    max_dest_rd_atomic: 16,
+                    active_mtu: 4096,
+                    max_msg: 1 << 31,
+                },
+                window: 256,
+                around: around.clone(),
+                mem: around.clone(),
+                wake,
+            })
+            .unwrap(),
+        );
+        engine.register(&qp);
+        Side {
+            engine,
+            qp,
+            around,
+            buf,
+            lkey: mr.lkey,
+            rkey: mr.rkey,
+        }
+    }
+
+    /// RESET → INIT → RTR → RTS towards `peer`, path MTU 4096, both PSNs starting at 0.
+    fn connect(&self, peer: &Side) {
+        use QpAttrMask as M;
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: AccessFlags::REMOTE,
+            ..QpAttr::default()
+        };
+        self.qp.modify(&a, M::RC_TO_INIT).unwrap();
+        a.qp_state = QpState::Rtr;
+        a.path_mtu = Mtu::Mtu4096;
+        a.dest_qp_num = peer.qp.qp_num();
+        a.rq_psn = 0;
+        a.max_dest_rd_atomic = 16;
+        a.min_rnr_timer = 1;
+        a.ah_attr.dgid = Gid::from(peer.engine.local().ip());
+        self.qp.modify(&a, M::RC_TO_RTR).unwrap();
+        a.qp_state = QpState::Rts;
+        a.sq_psn = 0;
+        a.timeout = 14;
+        a.retry_cnt = 7;
+        a.max_rd_atomic = 16;
+        self.qp.modify(&a, M::RC_TO_RTS).unwrap();
+    }
+
+    /// Takes one packet out of the engine (what the driver does until `None`), reporting
+    /// it as sent.
+    fn transmit(&self, now: Instant, buf: &mut [u8]) -> Option<(SocketAddr, usize)> {
+        let (dst, len) = self.engine.poll_transmit(now, buf, 0)?;
+        self.engine.transmitted(dst, &buf[..len], 0);
+        Some((dst, len))
+    }
+
+    fn receive(&self, now: Instant, from: &Side, datagram: &[u8]) {
+        self.engine
+            .on_datagram(
+                now,
+                from.engine.local(),
+                self.engine.local().ip(),
+                datagram,
+                0,
+            )
+            .expect("accepted");
+    }
+}
+
+fn pair() -> (Side, Side) {
+    let a = Side::new(Ipv4Addr::new(10, 0, 0, 1), 0x101);
+    let b = Side::new(Ipv4Addr::new(10, 0, 0, 2), 0x202);
+    a.connect(&b);
+    b.connect(&a);
+    (a, b)
+}
+
+/// An RDMA WRITE ONLY datagram from `from` to `to` with PSN `psn`, as `from`'s engine
+/// would send it (ICRC for IPv4 identification 0).
+fn write_datagram(from: &Side, to: &Side, psn: u32, payload: &[u8], offset: u64) -> Vec<u8> {
+    let mut h = Headers::new(Bth::new(Opcode::RcWriteOnly, to.qp.qp_num(), Psn::new(psn)));
+    h.bth.ack_req = true;
+    h.reth = Some(Reth {
+        va: to.buf.addr() + offset,
+        rkey: to.rkey,
+        dma_len: payload.len() as u32,
+    });
+    let mut out = vec![0u8; h.packet_len(payload.len())];
+    let len = h.build(payload, &mut out).unwrap();
+    let (IpAddr::V4(src), IpAddr::V4(dst)) = (from.engine.local().ip(), to.engine.local().ip())
+    else {
+        unreachable!("IPv4 sides")
+    };
+    let ip = IpFields::V4 {
+        src,
+        dst,
+        id: 0,
+        flags_frag: IPV4_DF,
+    };
+    icrc::fill(
+        &ip,
+        UdpPorts {
+            src: PORT,
+            dst: PORT,
+        },
+        &mut out[..len],
+    )
+    .unwrap();
+    out
+}
+
+/// The responder's step: the datagram in, its ACK out (and nothing more to send).
+fn responder_step(a: &Side, b: &Side, now: Instant, datagram: &[u8], out: &mut [u8]) -> usize {
+    b.receive(now, a, datagram);
+    let (_, len) = b.transmit(now, out).expect("an ACK");
+    assert!(b.transmit(now, out).is_none(), "one ACK per packet");
+    len
+}
+
+fn transport_step(c: &mut Criterion) {
+    let mut group = c.benchmark_group("transport_step");
+    group.throughput(Throughput::Elements(1));
+    let now = Instant::now();
+    for size in [64usize, 1024, 4096] {
+        let payload: Vec<u8> = (0..size).map(|i| (i * 7 + 1) as u8).collect();
+
+        // The responder alone.
+        let (a, b) = pair();
+        let mut out = vec![0u8; 8192];
+        let mut psn = 0u32;
+        {
+            // Check once: the write lands and an ACK for its PSN comes out.
+            let d = write_datagram(&a, &b, psn, &payload, 4096);
+            let len = responder_step(&a, &b, now, &d, &mut out);
+            let ack = Packet::parse(&out[..len]).unwrap();
+            assert_eq!(ack.headers.bth.opcode, Opcode::RcAck);
+            assert_eq!(ack.headers.bth.psn, Psn::new(psn));
+            assert_eq!(b.buf.to_vec(4096, size).unwrap(), payload);
+            assert!(b.transmit(now, &mut out).is_none());
+            psn += 1;
+        }
+        group.bench_function(BenchmarkId::new("responder_write", size), |bench| {
+            bench.iter_batched_ref(
+                || {
+                    let d = write_datagram(&a, &b, psn & 0x00ff_ffff, &payload, 4096);
+                    psn += 1;
+                    d
+                },
+                |d| black_box(responder_step(&a, &b, now, d, &mut out)),
+                BatchSize::SmallInput,
+            )
+        });
+        drop((a, b));
+
+        // The whole signaled WRITE between the two engines.
+        let (a, b) = pair();
+        let sge = [Sge {
+            addr: a.buf.addr(),
+            length: size as u32,
+            lkey: a.lkey,
+        }];
+        a.buf.write(0, &payload).unwrap();
+        let op = SendOp::RdmaWrite {
+            remote_addr: b.buf.addr() + 8192,
+            rkey: b.rkey,
+        };
+        let mut wr_id = 0;
+        let mut round_trip = |out: &mut [u8]| {
+            wr_id += 1;
+            a.qp.post_send(&[SendWr::new(wr_id, op, &sge)]).unwrap();
+            let (_, len) = a.transmit(now, out).expect("the WRITE");
+            let (request, ack) = out.split_at_mut(len);
+            let ack_len = responder_step(&a, &b, now, request, ack);
+            a.receive(now, &b, &ack[..ack_len]);
+            assert!(a.transmit(now, out).is_none());
+        };
+        let before = a.around.completions.load(Ordering::Relaxed);
+        round_trip(&mut out);
+        assert_eq!(a.around.completions.load(Ordering::Relaxed), before + 1);
+        assert_eq!(b.buf.to_vec(8192, size).unwrap(), payload);
+        group.bench_function(BenchmarkId::new("write_round_trip", size), |bench| {
+            bench.iter(|| round_trip(&mut out))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, mr_lookup, cq, transport_step);
+criterion_main!(benches);
