@@ -1,10 +1,12 @@
-//! `remem`: list RDMA devices and (soon) run perftest-compatible benchmarks.
+//! `remem`: list RDMA devices and run perftest-compatible benchmarks (`remem perf`).
 
 #![forbid(unsafe_code)]
 
 use clap::{Parser, Subcommand};
 use remem::verbs::{DeviceInfo, GidType};
 use std::process::ExitCode;
+
+mod perf;
 
 /// Asynchronous RDMA for Rust: devices and benchmarks, on RDMA NICs or remem's userspace
 /// RoCEv2 stack.
@@ -27,6 +29,9 @@ enum Command {
         #[arg(short, long)]
         verbose: bool,
     },
+    /// Benchmarks as perftest's ib_* tools: `remem perf write_bw` serves,
+    /// `remem perf write_bw HOST` connects, `remem perf --loopback write_bw` runs both.
+    Perf(perf::PerfArgs),
 }
 
 fn gid_type_name(t: GidType) -> &'static str {
@@ -86,6 +91,13 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 eprintln!("remem: cannot list devices: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Perf(args) => match perf::run(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("remem perf: {e}");
                 ExitCode::FAILURE
             }
         },

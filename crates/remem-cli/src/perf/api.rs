@@ -1,0 +1,509 @@
+//! The benchmarks through the async `remem` API (`--api`): the same tests as the raw
+//! provider, written as an application would write them — `Rdma`, `Connection`, pool
+//! memory, batches for bandwidth, `async fn` per operation — to show what the API costs.
+//!
+//! The endpoint exchange uses the control connection (`PreparedConnection`), each side
+//! shares its receive area with `share_local_mr`, and completions are collected by a
+//! busy-polling dispatcher thread.
+
+use super::ctrl::{self, Ctrl, Cursor};
+use super::report::{self, Row};
+use super::{AtomicType, DeviceChoice, Output, PerfError, Settings, Test};
+use remem::{Connection, EndpointInfo, LocalMr, Polling, Rdma, RdmaBuilder, RemoteMr};
+use std::alloc::Layout;
+use std::future::Future;
+use std::task::Poll;
+use std::time::Instant;
+
+/// Bytes of read targets in flight at most (READ lanes each need a region of their own).
+const READ_BUDGET: u64 = 64 << 20;
+
+fn e(what: &'static str) -> impl Fn(remem::Error) -> PerfError {
+    move |err| format!("{what}: {err}")
+}
+
+fn layout(size: u64) -> Result<Layout, PerfError> {
+    Layout::from_size_align(size.max(8) as usize, 8).map_err(|err| err.to_string())
+}
+
+/// One concurrent strand of work within a task.
+type Lane<'a> = std::pin::Pin<Box<dyn Future<Output = Result<(), PerfError>> + 'a>>;
+
+fn block<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// Runs the futures concurrently on this task until all are done; the first error wins.
+async fn join_all<F: Future<Output = Result<(), PerfError>>>(fs: Vec<F>) -> Result<(), PerfError> {
+    let mut fs: Vec<_> = fs.into_iter().map(Box::pin).collect();
+    let mut first_err = None;
+    std::future::poll_fn(|cx| {
+        fs.retain_mut(|f| match f.as_mut().poll(cx) {
+            Poll::Ready(r) => {
+                if let Err(e) = r {
+                    first_err.get_or_insert(e);
+                }
+                false
+            }
+            Poll::Pending => true,
+        });
+        if fs.is_empty() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    first_err.map_or(Ok(()), Err)
+}
+
+/// One side: its device, connections, and its receive area per connection.
+struct Side {
+    rdma: Rdma,
+    conns: Vec<Connection>,
+    recv: Vec<LocalMr>,
+    remote: Vec<RemoteMr>,
+}
+
+async fn setup(
+    ctrl: &mut Ctrl,
+    s: &Settings,
+    dev: &DeviceChoice,
+    server: bool,
+) -> Result<Side, PerfError> {
+    let mut b = RdmaBuilder::new()
+        .polling(Polling::Busy)
+        .keepalive(None)
+        .cq_size(4 * s.tx_depth + 256)
+        .qp_cap(remem::verbs::QpCap {
+            max_send_wr: s.tx_depth.max(16),
+            max_recv_wr: 64,
+            max_send_sge: 8,
+            max_recv_sge: 1,
+            max_inline_data: s.inline_size,
+        });
+    if let Some(name) = &dev.name {
+        b = b.device(name.clone());
+    }
+    if let Some(i) = dev.gid_index {
+        b = b.gid_index(i);
+    }
+    let rdma = b.build().map_err(e("opening the device"))?;
+    let prepared: Vec<_> = (0..s.qps)
+        .map(|_| rdma.prepare())
+        .collect::<Result<_, _>>()
+        .map_err(e("prepare"))?;
+    let mut mine = Vec::new();
+    for p in &prepared {
+        mine.extend_from_slice(&p.local_info().to_bytes());
+    }
+    let theirs = block(|| -> Result<Vec<u8>, PerfError> {
+        if server {
+            ctrl.send(ctrl::ENDPOINTS, &mine)?;
+            ctrl.expect(ctrl::ENDPOINTS)
+        } else {
+            let t = ctrl.expect(ctrl::ENDPOINTS)?;
+            ctrl.send(ctrl::ENDPOINTS, &mine)?;
+            Ok(t)
+        }
+    })?;
+    let n = remem::ENDPOINT_INFO_LEN;
+    if theirs.len() != n * prepared.len() {
+        return Err("the peer has a different number of QPs".into());
+    }
+    let mut conns = Vec::new();
+    for (p, info) in prepared.into_iter().zip(theirs.chunks(n)) {
+        let info = EndpointInfo::from_bytes(info).map_err(e("endpoint information"))?;
+        conns.push(p.connect(info).map_err(e("connect"))?);
+    }
+    let area = layout(s.max_size())?;
+    let mut recv = Vec::new();
+    for c in &conns {
+        let mr = rdma.alloc_local_mr(area).map_err(e("alloc_local_mr"))?;
+        c.share_local_mr(&mr).await.map_err(e("share_local_mr"))?;
+        recv.push(mr);
+    }
+    let mut remote = Vec::new();
+    for c in &conns {
+        remote.push(
+            c.receive_shared_mr()
+                .await
+                .map_err(e("receive_shared_mr"))?,
+        );
+    }
+    Ok(Side {
+        rdma,
+        conns,
+        recv,
+        remote,
+    })
+}
+
+fn marker(i: u64) -> u8 {
+    (i % 255) as u8 + 1
+}
+
+/// Waits until the last byte of `mr`'s first `size` bytes is `m`.
+async fn wait_byte(mr: &LocalMr, size: u64, m: u8) -> Result<(), PerfError> {
+    let mut b = [0u8];
+    loop {
+        mr.read(size as usize - 1, &mut b).map_err(e("read"))?;
+        if b[0] == m {
+            return Ok(());
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// The server.
+pub(crate) fn server(mut ctrl: Ctrl, s: &Settings, dev: &DeviceChoice) -> Result<(), PerfError> {
+    let rt = super::runtime()?;
+    let result = rt.block_on(serve(&mut ctrl, s, dev));
+    if let Err(err) = &result {
+        ctrl.fail(err);
+    }
+    result
+}
+
+async fn serve(ctrl: &mut Ctrl, s: &Settings, dev: &DeviceChoice) -> Result<(), PerfError> {
+    let side = setup(ctrl, s, dev, true).await?;
+    block(|| ctrl.send(ctrl::READY, &[]))?;
+    let src = side
+        .rdma
+        .alloc_local_mr(layout(s.max_size())?)
+        .map_err(e("alloc"))?;
+    loop {
+        let (tag, payload) = block(|| ctrl.recv())?;
+        match tag {
+            ctrl::DONE => return Ok(()),
+            ctrl::START => {}
+            other => return Err(format!("control: unexpected frame {other}")),
+        }
+        let size = Cursor(&payload).u64().ok_or("malformed START")?;
+        block(|| ctrl.send(ctrl::READY, &[]))?;
+        match s.test {
+            Test::WriteLat => {
+                let (c, recv, remote) = (&side.conns[0], &side.recv[0], &side.remote[0]);
+                let dst = remote.get(0..size).map_err(e("range"))?;
+                let view = src.get(0..size as usize).map_err(e("range"))?;
+                for i in 0..s.iters {
+                    let m = marker(i);
+                    wait_byte(recv, size, m).await?;
+                    src_last(&src, size, m)?;
+                    c.write(&view, &dst).await.map_err(e("write"))?;
+                }
+                expect_done(ctrl)?;
+            }
+            Test::SendLat => {
+                let c = &side.conns[0];
+                let src = src.get(0..size as usize).map_err(e("range"))?;
+                for _ in 0..s.iters {
+                    c.receive().await.map_err(e("receive"))?;
+                    c.send(&src).await.map_err(e("send"))?;
+                }
+                expect_done(ctrl)?;
+            }
+            Test::SendBw => {
+                // Every connection receives until the client has said how many it sent
+                // (all of them completed there, so all arrive here) and all are taken.
+                let got = std::sync::atomic::AtomicU64::new(0);
+                let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+                let mut all: Vec<Lane<'_>> = Vec::new();
+                for c in &side.conns {
+                    let (got, mut stop) = (&got, stop_rx.clone());
+                    all.push(Box::pin(async move {
+                        loop {
+                            tokio::select! {
+                                r = c.receive() => {
+                                    r.map_err(e("receive"))?;
+                                    got.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                }
+                                _ = stop.changed() => return Ok(()),
+                            }
+                        }
+                    }));
+                }
+                let mut ctrl2 = ctrl.try_clone()?;
+                let got = &got;
+                all.push(Box::pin(async move {
+                    let (tag, p) = tokio::task::spawn_blocking(move || ctrl2.recv())
+                        .await
+                        .map_err(|err| err.to_string())??;
+                    if tag != ctrl::DONE {
+                        return Err(format!("control: unexpected frame {tag}"));
+                    }
+                    let total = Cursor(&p).u64().ok_or("malformed DONE")?;
+                    while got.load(std::sync::atomic::Ordering::Relaxed) < total {
+                        tokio::task::yield_now().await;
+                    }
+                    let _ = stop_tx.send(true);
+                    Ok(())
+                }));
+                join_all(all).await?;
+            }
+            _ => expect_done(ctrl)?,
+        }
+        block(|| ctrl.send(ctrl::READY, &[]))?;
+    }
+}
+
+fn src_last(src: &LocalMr, size: u64, m: u8) -> Result<(), PerfError> {
+    src.write(size as usize - 1, &[m]).map_err(e("write"))
+}
+
+fn expect_done(ctrl: &mut Ctrl) -> Result<(), PerfError> {
+    let (tag, _) = block(|| ctrl.recv())?;
+    if tag != ctrl::DONE {
+        return Err(format!("control: unexpected frame {tag}"));
+    }
+    Ok(())
+}
+
+/// The client.
+pub(crate) fn client(
+    mut ctrl: Ctrl,
+    s: &Settings,
+    dev: &DeviceChoice,
+    out: &mut Output,
+) -> Result<Vec<Row>, PerfError> {
+    let rt = super::runtime()?;
+    let result = rt.block_on(run(&mut ctrl, s, dev, out));
+    if let Err(err) = &result {
+        ctrl.fail(err);
+    }
+    result
+}
+
+async fn run(
+    ctrl: &mut Ctrl,
+    s: &Settings,
+    dev: &DeviceChoice,
+    out: &mut Output,
+) -> Result<Vec<Row>, PerfError> {
+    let side = setup(ctrl, s, dev, false).await?;
+    block(|| ctrl.expect(ctrl::READY))?;
+    let mut rows = Vec::new();
+    for &size in &s.sizes {
+        block(|| -> Result<(), PerfError> {
+            ctrl.send(ctrl::START, &size.to_be_bytes())?;
+            ctrl.expect(ctrl::READY).map(drop)
+        })?;
+        let (row, count) = if s.test.is_bw() {
+            let (r, n) = bandwidth(&side, s, size).await?;
+            (Row::Bw(r), n)
+        } else {
+            let r = latency(&side, s, size).await?;
+            (Row::Lat(r), r.iterations)
+        };
+        block(|| -> Result<(), PerfError> {
+            ctrl.send(ctrl::DONE, &count.to_be_bytes())?;
+            ctrl.expect(ctrl::READY).map(drop)
+        })?;
+        out.row(s, &row);
+        rows.push(row);
+    }
+    block(|| ctrl.send(ctrl::DONE, &0u64.to_be_bytes()))?;
+    Ok(rows)
+}
+
+/// Shared by the lanes of a bandwidth run.
+struct Meter {
+    start: Instant,
+    deadline: Option<Instant>,
+    done: std::sync::atomic::AtomicU64,
+    marks: std::sync::Mutex<Vec<(f64, u64)>>,
+}
+
+impl Meter {
+    fn completed(&self, n: u64) {
+        let done = self.done.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
+        let t = self.start.elapsed().as_secs_f64();
+        self.marks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((t, done));
+    }
+
+    fn over(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+}
+
+/// A bandwidth run: per connection, `tx_depth / batch` lanes each posting a batch of
+/// `batch` operations and awaiting it (WRITE, READ), or `tx_depth` lanes of single
+/// operations (atomics, SEND).
+async fn bandwidth(
+    side: &Side,
+    s: &Settings,
+    size: u64,
+) -> Result<(report::BwRow, u64), PerfError> {
+    let cq_mod = (s.tx_depth / 2).clamp(1, 64) as u64;
+    let meter = Meter {
+        start: Instant::now(),
+        deadline: s.duration.map(|d| Instant::now() + d),
+        done: 0.into(),
+        marks: std::sync::Mutex::new(Vec::new()),
+    };
+    let per_conn = if s.duration.is_some() {
+        u64::MAX
+    } else {
+        s.iters
+    };
+    let src = side
+        .rdma
+        .alloc_local_mr(layout(size)?)
+        .map_err(e("alloc"))?;
+    let src = src.get(0..size as usize).map_err(e("range"))?;
+    let mut lanes: Vec<Lane<'_>> = Vec::new();
+    for (c, remote) in side.conns.iter().zip(&side.remote) {
+        let dst = remote.get(0..size).map_err(e("range"))?;
+        match s.test {
+            Test::WriteBw => {
+                let n_lanes = (u64::from(s.tx_depth) / cq_mod).max(1);
+                for l in 0..n_lanes {
+                    let quota = share(per_conn, n_lanes, l);
+                    let (meter, dst) = (&meter, dst);
+                    lanes.push(Box::pin(async move {
+                        let mut left = quota;
+                        while left > 0 && !meter.over() {
+                            let k = cq_mod.min(left);
+                            let mut batch = c.batch();
+                            for _ in 0..k {
+                                batch.write(&src, &dst).map_err(e("batch"))?;
+                            }
+                            batch.submit().await.map_err(e("write"))?;
+                            meter.completed(k);
+                            left -= k;
+                        }
+                        Ok(())
+                    }));
+                }
+            }
+            Test::ReadBw => {
+                let n_lanes = u64::from(s.tx_depth)
+                    .min((READ_BUDGET / size).max(1))
+                    .max(1);
+                for l in 0..n_lanes {
+                    let quota = share(per_conn, n_lanes, l);
+                    let mut target = side
+                        .rdma
+                        .alloc_local_mr(layout(size)?)
+                        .map_err(e("alloc"))?;
+                    let (meter, dst) = (&meter, dst);
+                    lanes.push(Box::pin(async move {
+                        let mut left = quota;
+                        while left > 0 && !meter.over() {
+                            let mut t = target.get_mut(0..size as usize).map_err(e("range"))?;
+                            c.read(&mut t, &dst).await.map_err(e("read"))?;
+                            meter.completed(1);
+                            left -= 1;
+                        }
+                        Ok(())
+                    }));
+                }
+            }
+            Test::AtomicBw | Test::SendBw => {
+                let n_lanes =
+                    u64::from(s.tx_depth).min(if s.test == Test::AtomicBw { 16 } else { 64 });
+                let word = remote.get(0..8).map_err(e("range"))?;
+                for l in 0..n_lanes {
+                    let quota = share(per_conn, n_lanes, l);
+                    let (meter, test, atomic) = (&meter, s.test, s.atomic);
+                    lanes.push(Box::pin(async move {
+                        let mut left = quota;
+                        while left > 0 && !meter.over() {
+                            match (test, atomic) {
+                                (Test::SendBw, _) => c.send(&src).await.map(drop),
+                                (_, AtomicType::FetchAndAdd) => {
+                                    c.fetch_and_add(&word, 1).await.map(drop)
+                                }
+                                (_, AtomicType::CmpAndSwap) => {
+                                    c.compare_and_swap(&word, 0, 0).await.map(drop)
+                                }
+                            }
+                            .map_err(e("operation"))?;
+                            meter.completed(1);
+                            left -= 1;
+                        }
+                        Ok(())
+                    }));
+                }
+            }
+            _ => unreachable_lat()?,
+        }
+    }
+    join_all(lanes).await?;
+    let marks = meter.marks.into_inner().unwrap_or_else(|p| p.into_inner());
+    let done = meter.done.into_inner();
+    Ok((report::bw_row(size, &marks), done))
+}
+
+fn unreachable_lat() -> Result<(), PerfError> {
+    Err("a latency test in the bandwidth runner".into())
+}
+
+/// Lane `l` of `lanes`'s share of `total` operations.
+fn share(total: u64, lanes: u64, l: u64) -> u64 {
+    if total == u64::MAX {
+        return u64::MAX;
+    }
+    total / lanes + u64::from(l < total % lanes)
+}
+
+async fn latency(side: &Side, s: &Settings, size: u64) -> Result<report::LatRow, PerfError> {
+    let (c, recv, remote) = (&side.conns[0], &side.recv[0], &side.remote[0]);
+    let dst = remote.get(0..size).map_err(e("range"))?;
+    let src_mr = side
+        .rdma
+        .alloc_local_mr(layout(size)?)
+        .map_err(e("alloc"))?;
+    let src = src_mr.get(0..size as usize).map_err(e("range"))?;
+    let mut target = side
+        .rdma
+        .alloc_local_mr(layout(size)?)
+        .map_err(e("alloc"))?;
+    let word = remote.get(0..8).map_err(e("range"))?;
+    let iters = if s.duration.is_some() {
+        u64::MAX
+    } else {
+        s.iters
+    };
+    let deadline = s.duration.map(|d| Instant::now() + d);
+    let mut samples = Vec::with_capacity(iters.min(1 << 24) as usize);
+    for i in 0..iters {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        let t0 = Instant::now();
+        match s.test {
+            Test::WriteLat => {
+                let m = marker(i);
+                src_last(&src_mr, size, m)?;
+                let t0 = Instant::now();
+                c.write(&src, &dst).await.map_err(e("write"))?;
+                wait_byte(recv, size, m).await?;
+                samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
+                continue;
+            }
+            Test::SendLat => {
+                c.send(&src).await.map_err(e("send"))?;
+                c.receive().await.map_err(e("receive"))?;
+                samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
+                continue;
+            }
+            Test::ReadLat => {
+                let mut t = target.get_mut(0..size as usize).map_err(e("range"))?;
+                c.read(&mut t, &dst).await.map_err(e("read"))?;
+            }
+            _ => {
+                match s.atomic {
+                    AtomicType::FetchAndAdd => c.fetch_and_add(&word, 1).await,
+                    AtomicType::CmpAndSwap => c.compare_and_swap(&word, 0, 0).await,
+                }
+                .map_err(e("atomic"))?;
+            }
+        }
+        samples.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(report::lat_row(size, &mut samples))
+}

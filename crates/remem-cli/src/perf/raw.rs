@@ -1,0 +1,831 @@
+//! The benchmarks on the raw provider (`remem-verbs`), as perftest drives libibverbs.
+//!
+//! Each side has one CQ, one RC QP per `-q`, and one registered buffer with two areas per
+//! QP: a receive area (where the peer's WRITEs and SENDs land, and what its READs and
+//! atomics target) and a source area (what this side writes and sends). A soft device is
+//! driven by the benchmark thread itself (no progress thread) unless `--soft-thread`.
+
+use super::ctrl::{self, Ctrl, Cursor};
+use super::report::{self, Row};
+use super::{AtomicType, DeviceChoice, Output, PerfError, Settings, Test};
+use remem::verbs::{
+    AccessFlags, AhAttr, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, MemoryRegion, Mtu,
+    ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, QueuePair, RecvWr,
+    SendFlags, SendOp, SendWr, Sge, WcStatus, WorkCompletion,
+};
+use remem_soft::{SoftContext, SoftOptions};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Receive work requests carry this bit in their id.
+const RECV: u64 = 1 << 63;
+/// Receives posted per QP for SEND tests.
+const RX_DEPTH: u32 = 512;
+/// The port of every device.
+const PORT: u8 = 1;
+/// Outstanding RDMA READs and atomics per QP (perftest's `-o` default is 16 too).
+const RD_ATOMIC: u8 = 16;
+
+fn err(what: &str) -> impl Fn(remem::verbs::Error) -> PerfError + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+/// What one side tells the other about one of its QPs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Endpoint {
+    qpn: u32,
+    psn: u32,
+    gid: Gid,
+    mtu: u32,
+    /// The QP's receive area.
+    addr: u64,
+    rkey: u32,
+}
+
+fn encode_endpoints(eps: &[Endpoint]) -> Vec<u8> {
+    let mut b = (eps.len() as u32).to_be_bytes().to_vec();
+    for e in eps {
+        b.extend_from_slice(&e.qpn.to_be_bytes());
+        b.extend_from_slice(&e.psn.to_be_bytes());
+        b.extend_from_slice(e.gid.raw());
+        b.extend_from_slice(&e.mtu.to_be_bytes());
+        b.extend_from_slice(&e.addr.to_be_bytes());
+        b.extend_from_slice(&e.rkey.to_be_bytes());
+    }
+    b
+}
+
+fn decode_endpoints(b: &[u8]) -> Option<Vec<Endpoint>> {
+    let mut c = Cursor(b);
+    let n = c.u32()? as usize;
+    if n > 1024 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let qpn = c.u32()?;
+        let psn = c.u32()?;
+        let gid = Gid(c.bytes(16)?.try_into().ok()?);
+        let mtu = c.u32()?;
+        let addr = c.u64()?;
+        let rkey = c.u32()?;
+        out.push(Endpoint {
+            qpn,
+            psn,
+            gid,
+            mtu,
+            addr,
+            rkey,
+        });
+    }
+    Some(out)
+}
+
+/// One side's verbs objects.
+struct Side {
+    soft: Option<Arc<SoftContext>>,
+    cq: Arc<dyn CompletionQueue>,
+    qps: Vec<Arc<dyn QueuePair>>,
+    buf: Arc<MemoryBuffer>,
+    mr: Arc<dyn MemoryRegion>,
+    /// Bytes per area (the largest message, rounded up to 64).
+    area: usize,
+    gid_index: u8,
+    gid: Gid,
+    mtu: Mtu,
+    psns: Vec<u32>,
+    // Kept alive for the objects above.
+    _pd: Arc<dyn ProtectionDomain>,
+    _ctx: Arc<dyn Context>,
+}
+
+/// An open device, and the soft device to drive when it is one driven inline.
+type Opened = (Arc<dyn Context>, Option<Arc<SoftContext>>);
+
+fn open(dev: &DeviceChoice) -> Result<Opened, PerfError> {
+    if let Some(name) = &dev.name
+        && let Some(addr) = name.strip_prefix("soft@")
+    {
+        let addr: SocketAddr = addr
+            .parse()
+            .map_err(|_| format!("{name}: expected soft@<ip>:<port>"))?;
+        let opts = SoftOptions {
+            inline: dev.soft_inline,
+            ..SoftOptions::from_env()
+        };
+        let soft = Arc::new(SoftContext::bind_with(addr, &opts).map_err(err(name))?);
+        let ctx: Arc<dyn Context> = soft.clone();
+        return Ok((ctx, dev.soft_inline.then_some(soft)));
+    }
+    let ctx = remem::open_device(dev.name.as_deref()).map_err(err("opening the device"))?;
+    Ok((ctx, None))
+}
+
+impl Side {
+    fn new(s: &Settings, dev: &DeviceChoice) -> Result<Side, PerfError> {
+        let (ctx, soft) = open(dev)?;
+        let port = ctx.query_port(PORT).map_err(err("query_port"))?;
+        let (gid_index, gid) = match dev.gid_index {
+            Some(i) => (
+                i,
+                ctx.query_gid(PORT, u32::from(i))
+                    .map_err(err("query_gid"))?
+                    .gid,
+            ),
+            None => ctx
+                .gid_table(PORT)
+                .map_err(err("gid_table"))?
+                .iter()
+                .filter(|g| g.gid_type == remem::verbs::GidType::RoceV2)
+                .min_by_key(|g| !g.gid.is_ipv4_mapped())
+                .map(|g| (g.index as u8, g.gid))
+                .ok_or("the device has no RoCE v2 GID")?,
+        };
+        let pd = ctx.alloc_pd().map_err(err("alloc_pd"))?;
+        let area = (s.max_size() as usize).div_ceil(64) * 64;
+        let qps_n = s.qps as usize;
+        let buf = Arc::new(
+            MemoryBuffer::zeroed(2 * area * qps_n)
+                .map_err(|e| format!("cannot allocate {} bytes: {e}", 2 * area * qps_n))?,
+        );
+        let mr = pd
+            .reg_mr(
+                MemRegion::whole(buf.clone()),
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE,
+            )
+            .map_err(err("reg_mr"))?;
+        let rx = if matches!(s.test, Test::SendBw | Test::SendLat) {
+            RX_DEPTH.min(32_000 / s.qps).max(2)
+        } else {
+            1
+        };
+        // Unsignaled sends hold their slot until a later signaled one completes.
+        let sq = s.tx_depth + 16;
+        let cqe = (s.qps * (sq + rx) + 16).min(32_767);
+        let cq = ctx.create_cq(cqe, None).map_err(err("create_cq"))?;
+        let mut qps = Vec::new();
+        let mut psns = Vec::new();
+        for _ in 0..qps_n {
+            let qp = pd
+                .create_qp(&QpInitAttr {
+                    qp_type: QpType::Rc,
+                    send_cq: cq.clone(),
+                    recv_cq: cq.clone(),
+                    srq: None,
+                    cap: QpCap {
+                        max_send_wr: sq,
+                        max_recv_wr: rx,
+                        max_send_sge: 1,
+                        max_recv_sge: 1,
+                        max_inline_data: s.inline_size,
+                    },
+                    sq_sig_all: false,
+                })
+                .map_err(err("create_qp"))?;
+            qp.modify(
+                &QpAttr {
+                    qp_state: QpState::Init,
+                    port_num: PORT,
+                    qp_access_flags: AccessFlags::REMOTE,
+                    ..QpAttr::default()
+                },
+                QpAttrMask::RC_TO_INIT,
+            )
+            .map_err(err("modify_qp to INIT"))?;
+            qps.push(qp);
+            psns.push(rand::random::<u32>() & 0x00ff_ffff);
+        }
+        let side = Side {
+            soft,
+            cq,
+            qps,
+            buf,
+            mr,
+            area,
+            gid_index,
+            gid,
+            mtu: port.active_mtu,
+            psns,
+            _pd: pd,
+            _ctx: ctx,
+        };
+        if rx > 1 {
+            for q in 0..qps_n {
+                for _ in 0..rx {
+                    side.post_recv(q)?;
+                }
+            }
+        }
+        Ok(side)
+    }
+
+    fn recv_area(&self, q: usize) -> usize {
+        2 * q * self.area
+    }
+
+    fn src_area(&self, q: usize) -> usize {
+        (2 * q + 1) * self.area
+    }
+
+    fn sge(&self, offset: usize, len: u64) -> Sge {
+        Sge {
+            addr: self.mr.addr() + offset as u64,
+            length: len as u32,
+            lkey: self.mr.lkey(),
+        }
+    }
+
+    fn post_recv(&self, q: usize) -> Result<(), PerfError> {
+        let sge = [self.sge(self.recv_area(q), self.area as u64)];
+        self.qps[q]
+            .post_recv(&[RecvWr {
+                wr_id: RECV | q as u64,
+                sg_list: &sge,
+            }])
+            .map_err(|e| format!("post_recv: {}", e.error))
+    }
+
+    fn endpoints(&self) -> Vec<Endpoint> {
+        (0..self.qps.len())
+            .map(|q| Endpoint {
+                qpn: self.qps[q].qp_num(),
+                psn: self.psns[q],
+                gid: self.gid,
+                mtu: self.mtu.bytes(),
+                addr: self.mr.addr() + self.recv_area(q) as u64,
+                rkey: self.mr.rkey(),
+            })
+            .collect()
+    }
+
+    fn connect(&self, remote: &[Endpoint]) -> Result<(), PerfError> {
+        if remote.len() != self.qps.len() {
+            return Err(format!(
+                "the peer has {} QPs, this side {}",
+                remote.len(),
+                self.qps.len()
+            ));
+        }
+        for (q, r) in remote.iter().enumerate() {
+            let mtu = Mtu::from_bytes(r.mtu)
+                .ok_or_else(|| format!("the peer sent an MTU of {}", r.mtu))?
+                .min(self.mtu);
+            let mut attr = QpAttr {
+                qp_state: QpState::Rtr,
+                path_mtu: mtu,
+                dest_qp_num: r.qpn,
+                rq_psn: r.psn,
+                max_dest_rd_atomic: RD_ATOMIC,
+                min_rnr_timer: 12,
+                ah_attr: AhAttr {
+                    dgid: r.gid,
+                    sgid_index: self.gid_index,
+                    hop_limit: 64,
+                    is_global: true,
+                    port_num: PORT,
+                    ..AhAttr::default()
+                },
+                ..QpAttr::default()
+            };
+            self.qps[q]
+                .modify(&attr, QpAttrMask::RC_TO_RTR)
+                .map_err(err("modify_qp to RTR"))?;
+            attr.qp_state = QpState::Rts;
+            attr.sq_psn = self.psns[q];
+            attr.timeout = 14;
+            attr.retry_cnt = 7;
+            attr.rnr_retry = 7;
+            attr.max_rd_atomic = RD_ATOMIC;
+            self.qps[q]
+                .modify(&attr, QpAttrMask::RC_TO_RTS)
+                .map_err(err("modify_qp to RTS"))?;
+        }
+        Ok(())
+    }
+
+    /// Moves packets (an inline soft device); waits up to `wait` when there is nothing to
+    /// do. Other devices move packets by themselves.
+    fn drive(&self, wait: Duration) -> Result<(), PerfError> {
+        if let Some(soft) = &self.soft {
+            soft.progress(wait).map_err(err("progress"))?;
+        }
+        Ok(())
+    }
+
+    fn poll(&self, wcs: &mut [WorkCompletion]) -> Result<usize, PerfError> {
+        let n = self.cq.poll(wcs).map_err(err("poll_cq"))?;
+        for wc in &wcs[..n] {
+            if wc.status != WcStatus::Success {
+                return Err(format!(
+                    "work completion with status {:?} (wr_id {:#x}, vendor error {:#x})",
+                    wc.status, wc.wr_id, wc.vendor_err
+                ));
+            }
+        }
+        Ok(n)
+    }
+
+    /// Waits for a control frame, moving packets meanwhile.
+    fn wait_ctrl(&self, ctrl: &mut Ctrl) -> Result<(u8, Vec<u8>), PerfError> {
+        if self.soft.is_none() {
+            return ctrl.recv();
+        }
+        loop {
+            if let Some(frame) = ctrl.try_recv()? {
+                return Ok(frame);
+            }
+            self.drive(Duration::from_millis(1))?;
+        }
+    }
+
+    /// The operation a bandwidth/latency client posts on QP `q`.
+    fn op(&self, s: &Settings, remote: &Endpoint) -> SendOp {
+        match s.test {
+            Test::WriteBw | Test::WriteLat => SendOp::RdmaWrite {
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+            },
+            Test::ReadBw | Test::ReadLat => SendOp::RdmaRead {
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+            },
+            Test::SendBw | Test::SendLat => SendOp::Send,
+            Test::AtomicBw | Test::AtomicLat => match s.atomic {
+                AtomicType::FetchAndAdd => SendOp::AtomicFetchAndAdd {
+                    remote_addr: remote.addr,
+                    rkey: remote.rkey,
+                    add: 1,
+                },
+                AtomicType::CmpAndSwap => SendOp::AtomicCmpAndSwp {
+                    remote_addr: remote.addr,
+                    rkey: remote.rkey,
+                    compare: 0,
+                    swap: 0,
+                },
+            },
+        }
+    }
+
+    /// The local memory of an operation on QP `q`: READs and atomics fill the receive
+    /// area, the others send from the source area.
+    fn local(&self, s: &Settings, q: usize, size: u64) -> Sge {
+        match s.test {
+            Test::ReadBw | Test::ReadLat | Test::AtomicBw | Test::AtomicLat => {
+                self.sge(self.recv_area(q), size)
+            }
+            _ => self.sge(self.src_area(q), size),
+        }
+    }
+
+    fn flags(&self, s: &Settings, size: u64) -> SendFlags {
+        let inline = matches!(
+            s.test,
+            Test::WriteBw | Test::WriteLat | Test::SendBw | Test::SendLat
+        ) && size <= u64::from(s.inline_size);
+        if inline {
+            SendFlags::INLINE
+        } else {
+            SendFlags::empty()
+        }
+    }
+}
+
+fn handshake(ctrl: &mut Ctrl, side: &Side, server: bool) -> Result<Vec<Endpoint>, PerfError> {
+    let mine = encode_endpoints(&side.endpoints());
+    let theirs = if server {
+        ctrl.send(ctrl::ENDPOINTS, &mine)?;
+        ctrl.expect(ctrl::ENDPOINTS)?
+    } else {
+        let t = ctrl.expect(ctrl::ENDPOINTS)?;
+        ctrl.send(ctrl::ENDPOINTS, &mine)?;
+        t
+    };
+    let remote = decode_endpoints(&theirs).ok_or("malformed endpoint information")?;
+    side.connect(&remote)?;
+    Ok(remote)
+}
+
+/// The server: sets up, then serves each size the client runs.
+pub(crate) fn server(mut ctrl: Ctrl, s: &Settings, dev: &DeviceChoice) -> Result<(), PerfError> {
+    let result = serve_sizes(&mut ctrl, s, dev);
+    if let Err(e) = &result {
+        ctrl.fail(e);
+    }
+    result
+}
+
+fn serve_sizes(ctrl: &mut Ctrl, s: &Settings, dev: &DeviceChoice) -> Result<(), PerfError> {
+    let side = Side::new(s, dev)?;
+    let remote = handshake(ctrl, &side, true)?;
+    ctrl.send(ctrl::READY, &[])?;
+    let mut wcs = [WorkCompletion::default(); 64];
+    loop {
+        let (tag, payload) = side.wait_ctrl(ctrl)?;
+        match tag {
+            ctrl::DONE => return Ok(()),
+            ctrl::START => {}
+            other => return Err(format!("control: unexpected frame {other}")),
+        }
+        let size = Cursor(&payload).u64().ok_or("malformed START")?;
+        ctrl.send(ctrl::READY, &[])?;
+        match s.test {
+            Test::WriteLat | Test::SendLat => {
+                pong(&side, s, &remote[0], size, &mut wcs)?;
+                // The client's end of this size.
+                let (tag, _) = side.wait_ctrl(ctrl)?;
+                if tag != ctrl::DONE {
+                    return Err(format!("control: unexpected frame {tag}"));
+                }
+            }
+            Test::SendBw => {
+                // Receive (and repost) until the client says how many it sent.
+                let mut got = 0u64;
+                let expected = loop {
+                    let n = side.poll(&mut wcs)?;
+                    for wc in &wcs[..n] {
+                        if wc.wr_id & RECV != 0 {
+                            got += 1;
+                            side.post_recv((wc.wr_id & 0xffff_ffff) as usize)?;
+                        }
+                    }
+                    if n == 0 {
+                        if let Some((tag, p)) = ctrl.try_recv()? {
+                            if tag != ctrl::DONE {
+                                return Err(format!("control: unexpected frame {tag}"));
+                            }
+                            break Cursor(&p).u64().ok_or("malformed DONE")?;
+                        }
+                        side.drive(Duration::from_micros(200))?;
+                    } else {
+                        side.drive(Duration::ZERO)?;
+                    }
+                };
+                // Every SEND the client saw complete has been received here.
+                while got < expected {
+                    let n = side.poll(&mut wcs)?;
+                    for wc in &wcs[..n] {
+                        if wc.wr_id & RECV != 0 {
+                            got += 1;
+                            side.post_recv((wc.wr_id & 0xffff_ffff) as usize)?;
+                        }
+                    }
+                    side.drive(Duration::from_micros(100))?;
+                }
+            }
+            _ => {
+                // One-sided: the client's operations need nothing from this side but
+                // its NIC; wait for the end of the size.
+                let (tag, _) = side.wait_ctrl(ctrl)?;
+                if tag != ctrl::DONE {
+                    return Err(format!("control: unexpected frame {tag}"));
+                }
+            }
+        }
+        ctrl.send(ctrl::READY, &[])?;
+    }
+}
+
+fn marker(i: u64) -> u8 {
+    (i % 255) as u8 + 1
+}
+
+/// The server half of a ping-pong: answer each of the client's messages.
+fn pong(
+    side: &Side,
+    s: &Settings,
+    remote: &Endpoint,
+    size: u64,
+    wcs: &mut [WorkCompletion],
+) -> Result<(), PerfError> {
+    let op = side.op(s, remote);
+    let sge = [side.local(s, 0, size)];
+    let flags = side.flags(s, size);
+    let last = side.recv_area(0) + size as usize - 1;
+    let mut byte = [0u8];
+    for i in 0..s.iters {
+        let m = marker(i);
+        // Wait for the ping.
+        match s.test {
+            Test::WriteLat => loop {
+                side.buf.read(last, &mut byte).map_err(|e| e.to_string())?;
+                if byte[0] == m {
+                    break;
+                }
+                side.drive(Duration::ZERO)?;
+                drain(side, wcs)?;
+            },
+            _ => wait_recv(side, wcs)?,
+        }
+        side.buf
+            .write(side.src_area(0) + size as usize - 1, &[m])
+            .map_err(|e| e.to_string())?;
+        post(side, 0, op, &sge, flags, i)?;
+        side.drive(Duration::ZERO)?;
+    }
+    Ok(())
+}
+
+/// Posts one operation; every 8th is signaled (and reaped by [`drain`]).
+fn post(
+    side: &Side,
+    q: usize,
+    op: SendOp,
+    sge: &[Sge],
+    flags: SendFlags,
+    i: u64,
+) -> Result<(), PerfError> {
+    let mut wr = SendWr::new(i, op, sge);
+    wr.flags = flags;
+    if i % 8 == 7 {
+        wr.flags |= SendFlags::SIGNALED;
+    }
+    side.qps[q]
+        .post_send(&[wr])
+        .map_err(|e| format!("post_send: {}", e.error))
+}
+
+/// Reaps send completions without waiting; reposts receives it finds.
+fn drain(side: &Side, wcs: &mut [WorkCompletion]) -> Result<usize, PerfError> {
+    let n = side.poll(wcs)?;
+    let mut recvs = 0;
+    for wc in &wcs[..n] {
+        if wc.wr_id & RECV != 0 {
+            recvs += 1;
+            side.post_recv((wc.wr_id & 0xffff_ffff) as usize)?;
+        }
+    }
+    Ok(recvs)
+}
+
+/// Waits for one receive completion (and reposts it).
+fn wait_recv(side: &Side, wcs: &mut [WorkCompletion]) -> Result<(), PerfError> {
+    // One at a time, so a second receive stays in the CQ for the next call.
+    let one = &mut wcs[..1];
+    loop {
+        if drain(side, one)? > 0 {
+            return Ok(());
+        }
+        side.drive(Duration::ZERO)?;
+    }
+}
+
+/// The client: sets up, runs every size, and prints each result as it comes.
+pub(crate) fn client(
+    mut ctrl: Ctrl,
+    s: &Settings,
+    dev: &DeviceChoice,
+    out: &mut Output,
+) -> Result<Vec<Row>, PerfError> {
+    let result = run_sizes(&mut ctrl, s, dev, out);
+    if let Err(e) = &result {
+        ctrl.fail(e);
+    }
+    result
+}
+
+fn run_sizes(
+    ctrl: &mut Ctrl,
+    s: &Settings,
+    dev: &DeviceChoice,
+    out: &mut Output,
+) -> Result<Vec<Row>, PerfError> {
+    let side = Side::new(s, dev)?;
+    let remote = handshake(ctrl, &side, false)?;
+    ctrl.expect(ctrl::READY)?;
+    let mut rows = Vec::new();
+    for &size in &s.sizes {
+        ctrl.send(ctrl::START, &size.to_be_bytes())?;
+        side.wait_ctrl_expect(ctrl, ctrl::READY)?;
+        let mut progress = out.progress();
+        let (row, count) = if s.test.is_bw() {
+            let (row, count) = bandwidth(&side, s, &remote, size, &mut progress)?;
+            (Row::Bw(row), count)
+        } else {
+            let row = latency(&side, s, &remote[0], size, &mut progress)?;
+            (Row::Lat(row), row.iterations)
+        };
+        drop(progress);
+        ctrl.send(ctrl::DONE, &count.to_be_bytes())?;
+        side.wait_ctrl_expect(ctrl, ctrl::READY)?;
+        out.row(s, &row);
+        rows.push(row);
+    }
+    ctrl.send(ctrl::DONE, &0u64.to_be_bytes())?;
+    Ok(rows)
+}
+
+impl Side {
+    fn wait_ctrl_expect(&self, ctrl: &mut Ctrl, tag: u8) -> Result<(), PerfError> {
+        let (got, _) = self.wait_ctrl(ctrl)?;
+        if got != tag {
+            return Err(format!("control: expected frame {tag}, got {got}"));
+        }
+        Ok(())
+    }
+}
+
+/// A bandwidth run: keeps `tx_depth` operations in flight on every QP, signaling one in
+/// every `cq_mod`; returns the result and how many operations completed.
+fn bandwidth(
+    side: &Side,
+    s: &Settings,
+    remote: &[Endpoint],
+    size: u64,
+    progress: &mut Option<report::Progress>,
+) -> Result<(report::BwRow, u64), PerfError> {
+    let nq = side.qps.len();
+    let cq_mod = (s.tx_depth / 2).clamp(1, 64) as u64;
+    let per_qp = if s.duration.is_some() {
+        u64::MAX
+    } else {
+        s.iters
+    };
+    let total = per_qp.saturating_mul(nq as u64);
+    let ops: Vec<SendOp> = remote.iter().map(|r| side.op(s, r)).collect();
+    let sges: Vec<[Sge; 1]> = (0..nq).map(|q| [side.local(s, q, size)]).collect();
+    let flags = side.flags(s, size);
+    let mut posted = vec![0u64; nq];
+    let mut outstanding = vec![0u64; nq];
+    let mut done = 0u64;
+    let mut marks: Vec<(f64, u64)> = Vec::with_capacity(4096);
+    let mut wcs = [WorkCompletion::default(); 64];
+    let mut batch: Vec<SendWr<'_>> = Vec::with_capacity(cq_mod as usize);
+    let start = Instant::now();
+    let deadline = s.duration.map(|d| start + d);
+    let mut stop_posting = false;
+    loop {
+        let mut busy = false;
+        if let Some(d) = deadline
+            && !stop_posting
+            && Instant::now() >= d
+        {
+            stop_posting = true;
+        }
+        if !stop_posting {
+            for q in 0..nq {
+                let room = u64::from(s.tx_depth) - outstanding[q];
+                let left = per_qp - posted[q];
+                let k = cq_mod.min(left);
+                if k == 0 || room < k {
+                    continue;
+                }
+                batch.clear();
+                for j in 0..k {
+                    let mut wr = SendWr::new(0, ops[q], &sges[q]);
+                    wr.flags = flags;
+                    if j == k - 1 {
+                        wr.flags |= SendFlags::SIGNALED;
+                        wr.wr_id = ((q as u64) << 32) | k;
+                    }
+                    batch.push(wr);
+                }
+                side.qps[q]
+                    .post_send(&batch)
+                    .map_err(|e| format!("post_send: {}", e.error))?;
+                posted[q] += k;
+                outstanding[q] += k;
+                busy = true;
+            }
+        }
+        let n = side.poll(&mut wcs)?;
+        if n > 0 {
+            let now = start.elapsed().as_secs_f64();
+            for wc in &wcs[..n] {
+                if wc.wr_id & RECV != 0 {
+                    continue;
+                }
+                let q = (wc.wr_id >> 32) as usize;
+                let k = wc.wr_id & 0xffff_ffff;
+                if let Some(o) = outstanding.get_mut(q) {
+                    *o = o.saturating_sub(k);
+                }
+                done += k;
+            }
+            marks.push((now, done));
+            busy = true;
+            if let Some(p) = progress.as_mut() {
+                let f = match s.duration {
+                    Some(d) => now / d.as_secs_f64(),
+                    None => done as f64 / total as f64,
+                };
+                p.update(s.test.name(), f);
+            }
+        }
+        let all_posted = stop_posting || posted.iter().all(|&p| p == per_qp);
+        if all_posted && outstanding.iter().all(|&o| o == 0) {
+            break;
+        }
+        side.drive(if busy {
+            Duration::ZERO
+        } else {
+            Duration::from_micros(200)
+        })?;
+    }
+    Ok((report::bw_row(size, &marks), done))
+}
+
+/// A latency run: ping-pong (WRITE, SEND; half the round trip) or one operation at a
+/// time (READ, atomics; the whole operation).
+fn latency(
+    side: &Side,
+    s: &Settings,
+    remote: &Endpoint,
+    size: u64,
+    progress: &mut Option<report::Progress>,
+) -> Result<report::LatRow, PerfError> {
+    let op = side.op(s, remote);
+    let sge = [side.local(s, 0, size)];
+    let flags = side.flags(s, size);
+    let mut wcs = [WorkCompletion::default(); 64];
+    let iters = if s.duration.is_some() {
+        u64::MAX
+    } else {
+        s.iters
+    };
+    let deadline = s.duration.map(|d| Instant::now() + d);
+    let mut samples: Vec<f64> = Vec::with_capacity(iters.min(1 << 24) as usize);
+    let last = side.recv_area(0) + size as usize - 1;
+    let mut byte = [0u8];
+    let began = Instant::now();
+    for i in 0..iters {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        match s.test {
+            Test::WriteLat | Test::SendLat => {
+                let m = marker(i);
+                side.buf
+                    .write(side.src_area(0) + size as usize - 1, &[m])
+                    .map_err(|e| e.to_string())?;
+                let t0 = Instant::now();
+                post(side, 0, op, &sge, flags, i)?;
+                side.drive(Duration::ZERO)?;
+                if s.test == Test::WriteLat {
+                    loop {
+                        side.buf.read(last, &mut byte).map_err(|e| e.to_string())?;
+                        if byte[0] == m {
+                            break;
+                        }
+                        side.drive(Duration::ZERO)?;
+                        drain(side, &mut wcs)?;
+                    }
+                } else {
+                    wait_recv(side, &mut wcs)?;
+                }
+                samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
+            }
+            _ => {
+                let mut wr = SendWr::new(i, op, &sge);
+                wr.flags = flags | SendFlags::SIGNALED;
+                let t0 = Instant::now();
+                side.qps[0]
+                    .post_send(&[wr])
+                    .map_err(|e| format!("post_send: {}", e.error))?;
+                loop {
+                    side.drive(Duration::ZERO)?;
+                    if side.poll(&mut wcs[..1])? > 0 {
+                        break;
+                    }
+                }
+                samples.push(t0.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        if i % 256 == 0
+            && let Some(p) = progress.as_mut()
+        {
+            let f = match s.duration {
+                Some(d) => began.elapsed().as_secs_f64() / d.as_secs_f64(),
+                None => i as f64 / iters as f64,
+            };
+            p.update(s.test.name(), f);
+        }
+    }
+    // Signaled sends still in flight are reaped by the next size's polls.
+    Ok(report::lat_row(size, &mut samples))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_round_trip_and_truncation_fails() {
+        let eps = vec![
+            Endpoint {
+                qpn: 0x11,
+                psn: 0xabcdef,
+                gid: Gid([7; 16]),
+                mtu: 4096,
+                addr: 0x1000,
+                rkey: 0x55,
+            };
+            3
+        ];
+        let b = encode_endpoints(&eps);
+        assert_eq!(decode_endpoints(&b), Some(eps));
+        for cut in 0..b.len() {
+            assert_eq!(decode_endpoints(&b[..cut]), None);
+        }
+    }
+}
