@@ -249,6 +249,18 @@ impl Context for SoftContext {
     fn counters(&self) -> Vec<Counter> {
         self.dev.counters()
     }
+
+    fn caller_driven(&self) -> bool {
+        self.dev.is_inline()
+    }
+
+    fn drive(&self, timeout: Duration) -> Result<usize> {
+        if self.dev.is_inline() {
+            self.dev.progress(timeout)
+        } else {
+            Ok(0)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -95,6 +95,22 @@ pub trait Context: Any + Send + Sync {
 
     /// The device's counters.
     fn counters(&self) -> Vec<Counter>;
+
+    /// Whether the device moves packets only when its user calls [`Context::drive`] (a
+    /// soft device opened without a progress thread). NICs, and soft devices with a
+    /// progress thread, move packets by themselves: `false`.
+    fn caller_driven(&self) -> bool {
+        false
+    }
+
+    /// Moves the device's work forward from the caller's thread, waiting up to `timeout`
+    /// when there is nothing to do; returns how much moved (packets, for a soft device).
+    /// Does nothing (returns 0 at once) on a device that is not
+    /// [`caller_driven`](Context::caller_driven).
+    fn drive(&self, timeout: std::time::Duration) -> Result<usize> {
+        let _ = timeout;
+        Ok(0)
+    }
 }
 
 /// A protection domain (`struct ibv_pd`): memory regions and queue pairs of one PD can

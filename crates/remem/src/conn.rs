@@ -1390,8 +1390,16 @@ impl Connection {
     }
 
     /// Handles the completions that have arrived; returns how many. Only needed with
-    /// [`Polling::Manual`] (elsewhere the dispatcher does it).
+    /// [`Polling::Manual`] (elsewhere the dispatcher does it). On a device that its user
+    /// drives ([`Context::caller_driven`](remem_verbs::Context::caller_driven)), first moves
+    /// its packets, without waiting.
     pub fn poll_completions(&self) -> usize {
+        let ctx = self.shared.rdma.context();
+        if ctx.caller_driven()
+            && let Err(e) = ctx.drive(Duration::ZERO)
+        {
+            tracing::warn!(error = %e, "driving the device failed");
+        }
         self.shared.poll_cq()
     }
 

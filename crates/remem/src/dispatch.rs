@@ -33,6 +33,8 @@ struct Entry {
 /// The completion dispatcher of one [`Rdma`](crate::Rdma).
 pub(crate) struct Dispatcher {
     polling: Polling,
+    /// A device its user drives: the busy-polling thread moves its packets.
+    driven: Option<Arc<dyn Context>>,
     /// The channel every CQ reports to (event-driven and adaptive polling).
     channel: Option<Arc<dyn CompletionChannel>>,
     entries: Mutex<HashMap<CqId, Entry>>,
@@ -65,6 +67,7 @@ impl Dispatcher {
         };
         Ok(Arc::new(Dispatcher {
             polling,
+            driven: ctx.caller_driven().then(|| ctx.clone()),
             channel,
             entries: Mutex::new(HashMap::new()),
             generation: AtomicU64::new(0),
@@ -156,6 +159,11 @@ impl Dispatcher {
                 continue;
             }
             let mut handled = 0;
+            if let Some(ctx) = &self.driven
+                && let Err(e) = ctx.drive(Duration::ZERO)
+            {
+                tracing::warn!(error = %e, "driving the device failed");
+            }
             for c in &conns {
                 if let Some(c) = c.upgrade() {
                     handled += c.poll_cq();

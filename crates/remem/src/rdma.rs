@@ -65,6 +65,17 @@ pub struct RdmaBuilder {
     pub(crate) request_timeout: Duration,
     pub(crate) max_lease: Duration,
     pub(crate) lend_limit: usize,
+    pub(crate) context: Option<OpenDevice>,
+}
+
+/// A device opened by the application, given to [`RdmaBuilder::context`].
+#[derive(Clone)]
+pub(crate) struct OpenDevice(pub(crate) Arc<dyn Context>);
+
+impl std::fmt::Debug for OpenDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.info().name)
+    }
 }
 
 impl Default for RdmaBuilder {
@@ -102,6 +113,7 @@ impl Default for RdmaBuilder {
             request_timeout: Duration::from_secs(10),
             max_lease: Duration::from_secs(600),
             lend_limit: 64 << 20,
+            context: None,
         }
     }
 }
@@ -111,6 +123,15 @@ impl RdmaBuilder {
     /// GID, event-driven polling, 256 send WRs, 32 receive credits of 64 KiB messages.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Uses a device the application opened itself (for example a soft device with options
+    /// of its own, such as `SoftOptions::inline`) instead of opening one by name. A device
+    /// its user drives ([`Context::caller_driven`]) needs [`Polling::Busy`] (the polling
+    /// thread drives it) or [`Polling::Manual`] ([`Connection::poll_completions`] does).
+    pub fn context(mut self, ctx: Arc<dyn Context>) -> Self {
+        self.context = Some(OpenDevice(ctx));
+        self
     }
 
     /// The device to open, by name (`soft-lo`, `soft@127.0.0.1:4791`, `rxe0`, `mlx5_0`…).
@@ -275,7 +296,17 @@ impl RdmaBuilder {
                 "recv_depth and max_send_wr must be at least 1".into(),
             ));
         }
-        let ctx = crate::open_device(self.device.as_deref())?;
+        let ctx = match &self.context {
+            Some(OpenDevice(ctx)) => ctx.clone(),
+            None => crate::open_device(self.device.as_deref())?,
+        };
+        if ctx.caller_driven() && matches!(self.polling, Polling::Event | Polling::Adaptive { .. })
+        {
+            return Err(Error::InvalidArgument(format!(
+                "{} moves packets only when driven: use Polling::Busy or Polling::Manual",
+                ctx.info().name
+            )));
+        }
         let port = ctx.query_port(self.port)?;
         let (gid_index, gid) = match self.gid_index {
             Some(i) => (i, ctx.query_gid(self.port, u32::from(i))?.gid),

@@ -829,3 +829,68 @@ async fn keepalive_notices_a_vanished_peer() {
         "{waited:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_without_a_progress_thread_is_driven_by_its_user() {
+    use remem_soft::{SoftContext, SoftOptions};
+    use std::sync::Arc;
+    let inline = SoftOptions {
+        inline: true,
+        ..SoftOptions::default()
+    };
+    let open = |addr: String| -> Arc<dyn remem::verbs::Context> {
+        Arc::new(SoftContext::bind_with(addr.parse().unwrap(), &inline).unwrap())
+    };
+    let a_ctx = open("127.0.11.211:0".into());
+    let port = a_ctx.info().udp_addr.unwrap().port();
+    let b_ctx = open(format!("127.0.11.212:{port}"));
+    assert!(a_ctx.caller_driven());
+    // Nothing would move its packets while the dispatcher sleeps on events.
+    let refused = RdmaBuilder::new().context(a_ctx.clone()).build();
+    assert!(matches!(refused, Err(Error::InvalidArgument(m)) if m.contains("driven")));
+    // The busy-polling thread drives one side; the other polls (and drives) by hand.
+    let a = RdmaBuilder::new()
+        .context(a_ctx)
+        .polling(Polling::Busy)
+        .build()
+        .unwrap();
+    let b = RdmaBuilder::new()
+        .context(b_ctx)
+        .polling(Polling::Manual)
+        .keepalive(None)
+        .build()
+        .unwrap();
+    let pa = a.prepare().unwrap();
+    let pb = b.prepare().unwrap();
+    let (ia, ib) = (pa.local_info(), pb.local_info());
+    let ca = pa.connect(ib).unwrap();
+    let cb = pb.connect(ia).unwrap();
+    let target = b.alloc_local_mr(layout(4096)).unwrap();
+    let src = a.alloc_local_mr(layout(4096)).unwrap();
+    src.write(0, &[0x5a; 4096]).unwrap();
+    // B's side moves only while B polls: share, then let A write while B polls (bounded:
+    // a device nobody drives would never finish).
+    let run = async {
+        let share = cb.share_local_mr(&target);
+        tokio::pin!(share);
+        loop {
+            tokio::select! {
+                r = &mut share => { r.unwrap(); break; }
+                _ = tokio::task::yield_now() => { cb.poll_completions(); }
+            }
+        }
+        let remote = ca.receive_shared_mr().await.unwrap();
+        let write = ca.write(&src, &remote);
+        tokio::pin!(write);
+        loop {
+            tokio::select! {
+                r = &mut write => { r.unwrap(); break; }
+                _ = tokio::task::yield_now() => { cb.poll_completions(); }
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), run)
+        .await
+        .expect("the driven device made no progress");
+    assert_eq!(target.to_vec(), vec![0x5a; 4096]);
+}

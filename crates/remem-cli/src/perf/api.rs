@@ -58,21 +58,43 @@ async fn join_all<F: Future<Output = Result<(), PerfError>>>(fs: Vec<F>) -> Resu
 }
 
 /// One side: its device, connections, and its receive area per connection.
-struct Side {
-    rdma: Rdma,
-    conns: Vec<Connection>,
+struct Side<'a> {
+    rdma: &'a Rdma,
+    conns: &'a [Connection],
     recv: Vec<LocalMr>,
     remote: Vec<RemoteMr>,
 }
 
-async fn setup(
+/// The device and connected connections of one side; `true` when this task drives the
+/// device (`Polling::Manual` on a soft device without a progress thread).
+async fn connect(
     ctrl: &mut Ctrl,
     s: &Settings,
     dev: &DeviceChoice,
     server: bool,
-) -> Result<Side, PerfError> {
+) -> Result<(Rdma, Vec<Connection>, bool), PerfError> {
+    let inline = match &dev.name {
+        Some(name) if dev.soft_inline && name.starts_with("soft@") => {
+            let addr = name["soft@".len()..]
+                .parse()
+                .map_err(|_| format!("{name}: expected soft@<ip>:<port>"))?;
+            let opts = remem_soft::SoftOptions {
+                inline: true,
+                ..remem_soft::SoftOptions::from_env()
+            };
+            let ctx = remem_soft::SoftContext::bind_with(addr, &opts)
+                .map_err(|err| format!("{name}: {err}"))?;
+            Some(std::sync::Arc::new(ctx))
+        }
+        _ => None,
+    };
+    let manual = inline.is_some();
     let mut b = RdmaBuilder::new()
-        .polling(Polling::Busy)
+        .polling(if manual {
+            Polling::Manual
+        } else {
+            Polling::Busy
+        })
         .keepalive(None)
         .cq_size(4 * s.tx_depth + 256)
         .qp_cap(remem::verbs::QpCap {
@@ -82,8 +104,13 @@ async fn setup(
             max_recv_sge: 1,
             max_inline_data: s.inline_size,
         });
-    if let Some(name) = &dev.name {
-        b = b.device(name.clone());
+    match inline {
+        Some(ctx) => b = b.context(ctx),
+        None => {
+            if let Some(name) = &dev.name {
+                b = b.device(name.clone());
+            }
+        }
     }
     if let Some(i) = dev.gid_index {
         b = b.gid_index(i);
@@ -116,15 +143,24 @@ async fn setup(
         let info = EndpointInfo::from_bytes(info).map_err(e("endpoint information"))?;
         conns.push(p.connect(info).map_err(e("connect"))?);
     }
+    Ok((rdma, conns, manual))
+}
+
+/// Each side shares a receive area per connection with its peer.
+async fn share_areas<'a>(
+    rdma: &'a Rdma,
+    conns: &'a [Connection],
+    s: &Settings,
+) -> Result<Side<'a>, PerfError> {
     let area = layout(s.max_size())?;
     let mut recv = Vec::new();
-    for c in &conns {
+    for c in conns {
         let mr = rdma.alloc_local_mr(area).map_err(e("alloc_local_mr"))?;
         c.share_local_mr(&mr).await.map_err(e("share_local_mr"))?;
         recv.push(mr);
     }
     let mut remote = Vec::new();
-    for c in &conns {
+    for c in conns {
         remote.push(
             c.receive_shared_mr()
                 .await
@@ -137,6 +173,44 @@ async fn setup(
         recv,
         remote,
     })
+}
+
+/// Runs `fut`; with `manual`, moves the connections' packets and completions between
+/// its polls (this task is their dispatcher, spinning as a busy dispatcher would).
+async fn driven<T>(conns: &[Connection], manual: bool, fut: impl Future<Output = T>) -> T {
+    if !manual {
+        return fut.await;
+    }
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| {
+        for c in conns {
+            c.poll_completions();
+        }
+        match fut.as_mut().poll(cx) {
+            Poll::Ready(v) => Poll::Ready(v),
+            Poll::Pending => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        }
+    })
+    .await
+}
+
+/// The next control frame, waited for on another thread so this task keeps driving.
+async fn recv(ctrl: &mut Ctrl) -> Result<(u8, Vec<u8>), PerfError> {
+    let mut c = ctrl.try_clone()?;
+    tokio::task::spawn_blocking(move || c.recv())
+        .await
+        .map_err(|err| err.to_string())?
+}
+
+async fn expect(ctrl: &mut Ctrl, tag: u8) -> Result<(), PerfError> {
+    let (got, _) = recv(ctrl).await?;
+    if got != tag {
+        return Err(format!("control: expected frame {tag}, got {got}"));
+    }
+    Ok(())
 }
 
 fn marker(i: u64) -> u8 {
@@ -166,14 +240,24 @@ pub(crate) fn server(mut ctrl: Ctrl, s: &Settings, dev: &DeviceChoice) -> Result
 }
 
 async fn serve(ctrl: &mut Ctrl, s: &Settings, dev: &DeviceChoice) -> Result<(), PerfError> {
-    let side = setup(ctrl, s, dev, true).await?;
+    let (rdma, conns, manual) = connect(ctrl, s, dev, true).await?;
+    driven(&conns, manual, serve_sizes(ctrl, s, &rdma, &conns)).await
+}
+
+async fn serve_sizes(
+    ctrl: &mut Ctrl,
+    s: &Settings,
+    rdma: &Rdma,
+    conns: &[Connection],
+) -> Result<(), PerfError> {
+    let side = share_areas(rdma, conns, s).await?;
     block(|| ctrl.send(ctrl::READY, &[]))?;
     let src = side
         .rdma
         .alloc_local_mr(layout(s.max_size())?)
         .map_err(e("alloc"))?;
     loop {
-        let (tag, payload) = block(|| ctrl.recv())?;
+        let (tag, payload) = recv(ctrl).await?;
         match tag {
             ctrl::DONE => return Ok(()),
             ctrl::START => {}
@@ -192,7 +276,7 @@ async fn serve(ctrl: &mut Ctrl, s: &Settings, dev: &DeviceChoice) -> Result<(), 
                     src_last(&src, size, m)?;
                     c.write(&view, &dst).await.map_err(e("write"))?;
                 }
-                expect_done(ctrl)?;
+                expect(ctrl, ctrl::DONE).await?;
             }
             Test::SendLat => {
                 let c = &side.conns[0];
@@ -201,7 +285,7 @@ async fn serve(ctrl: &mut Ctrl, s: &Settings, dev: &DeviceChoice) -> Result<(), 
                     c.receive().await.map_err(e("receive"))?;
                     c.send(&src).await.map_err(e("send"))?;
                 }
-                expect_done(ctrl)?;
+                expect(ctrl, ctrl::DONE).await?;
             }
             Test::SendBw => {
                 // Every connection receives until the client has said how many it sent
@@ -209,7 +293,7 @@ async fn serve(ctrl: &mut Ctrl, s: &Settings, dev: &DeviceChoice) -> Result<(), 
                 let got = std::sync::atomic::AtomicU64::new(0);
                 let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
                 let mut all: Vec<Lane<'_>> = Vec::new();
-                for c in &side.conns {
+                for c in side.conns {
                     let (got, mut stop) = (&got, stop_rx.clone());
                     all.push(Box::pin(async move {
                         loop {
@@ -241,7 +325,7 @@ async fn serve(ctrl: &mut Ctrl, s: &Settings, dev: &DeviceChoice) -> Result<(), 
                 }));
                 join_all(all).await?;
             }
-            _ => expect_done(ctrl)?,
+            _ => expect(ctrl, ctrl::DONE).await?,
         }
         block(|| ctrl.send(ctrl::READY, &[]))?;
     }
@@ -249,14 +333,6 @@ async fn serve(ctrl: &mut Ctrl, s: &Settings, dev: &DeviceChoice) -> Result<(), 
 
 fn src_last(src: &LocalMr, size: u64, m: u8) -> Result<(), PerfError> {
     src.write(size as usize - 1, &[m]).map_err(e("write"))
-}
-
-fn expect_done(ctrl: &mut Ctrl) -> Result<(), PerfError> {
-    let (tag, _) = block(|| ctrl.recv())?;
-    if tag != ctrl::DONE {
-        return Err(format!("control: unexpected frame {tag}"));
-    }
-    Ok(())
 }
 
 /// The client.
@@ -280,14 +356,23 @@ async fn run(
     dev: &DeviceChoice,
     out: &mut Output,
 ) -> Result<Vec<Row>, PerfError> {
-    let side = setup(ctrl, s, dev, false).await?;
-    block(|| ctrl.expect(ctrl::READY))?;
+    let (rdma, conns, manual) = connect(ctrl, s, dev, false).await?;
+    driven(&conns, manual, run_sizes(ctrl, s, &rdma, &conns, out)).await
+}
+
+async fn run_sizes(
+    ctrl: &mut Ctrl,
+    s: &Settings,
+    rdma: &Rdma,
+    conns: &[Connection],
+    out: &mut Output,
+) -> Result<Vec<Row>, PerfError> {
+    let side = share_areas(rdma, conns, s).await?;
+    expect(ctrl, ctrl::READY).await?;
     let mut rows = Vec::new();
     for &size in &s.sizes {
-        block(|| -> Result<(), PerfError> {
-            ctrl.send(ctrl::START, &size.to_be_bytes())?;
-            ctrl.expect(ctrl::READY).map(drop)
-        })?;
+        block(|| ctrl.send(ctrl::START, &size.to_be_bytes()))?;
+        expect(ctrl, ctrl::READY).await?;
         let (row, count) = if s.test.is_bw() {
             let (r, n) = bandwidth(&side, s, size).await?;
             (Row::Bw(r), n)
@@ -295,10 +380,8 @@ async fn run(
             let r = latency(&side, s, size).await?;
             (Row::Lat(r), r.iterations)
         };
-        block(|| -> Result<(), PerfError> {
-            ctrl.send(ctrl::DONE, &count.to_be_bytes())?;
-            ctrl.expect(ctrl::READY).map(drop)
-        })?;
+        block(|| ctrl.send(ctrl::DONE, &count.to_be_bytes()))?;
+        expect(ctrl, ctrl::READY).await?;
         out.row(s, &row);
         rows.push(row);
     }
@@ -333,7 +416,7 @@ impl Meter {
 /// `batch` operations and awaiting it (WRITE, READ), or `tx_depth` lanes of single
 /// operations (atomics, SEND).
 async fn bandwidth(
-    side: &Side,
+    side: &Side<'_>,
     s: &Settings,
     size: u64,
 ) -> Result<(report::BwRow, u64), PerfError> {
@@ -450,7 +533,7 @@ fn share(total: u64, lanes: u64, l: u64) -> u64 {
     total / lanes + u64::from(l < total % lanes)
 }
 
-async fn latency(side: &Side, s: &Settings, size: u64) -> Result<report::LatRow, PerfError> {
+async fn latency(side: &Side<'_>, s: &Settings, size: u64) -> Result<report::LatRow, PerfError> {
     let (c, recv, remote) = (&side.conns[0], &side.recv[0], &side.remote[0]);
     let dst = remote.get(0..size).map_err(e("range"))?;
     let src_mr = side

@@ -208,6 +208,11 @@ impl DeviceShared {
         }
     }
 
+    /// Whether the device has no progress thread (its user moves packets).
+    pub fn is_inline(&self) -> bool {
+        matches!(self.driver, Driver::Inline(_))
+    }
+
     /// Moves packets in inline mode (see [`Inline::progress`]); an error in thread mode.
     pub fn progress(&self, timeout: std::time::Duration) -> Result<usize> {
         match &self.driver {
