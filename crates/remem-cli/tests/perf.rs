@@ -232,3 +232,56 @@ fn bad_arguments_fail_with_a_message() {
         assert!(!stderr.trim().is_empty(), "{args:?}: no message");
     }
 }
+
+#[test]
+fn server_and_client_in_two_processes() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    // Free ports: UDP for the soft devices (the server's and the client's share it, on
+    // two addresses), TCP for the control connection.
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let udp_port = udp.local_addr().unwrap().port();
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let tcp_port = tcp.local_addr().unwrap().port().to_string();
+    drop((udp, tcp));
+    let mut server = Command::new(env!("CARGO_BIN_EXE_remem"))
+        .args(["perf", "send_bw", "-p", &tcp_port, "-d"])
+        .arg(format!("soft@127.0.0.1:{udp_port}"))
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The server says when it listens.
+    let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.contains("waiting for a client"), "{first}");
+    let client = Command::new(env!("CARGO_BIN_EXE_remem"))
+        .args([
+            "perf",
+            "send_bw",
+            "127.0.0.1",
+            "-p",
+            &tcp_port,
+            "-n",
+            "300",
+            "--json",
+            "-d",
+        ])
+        .arg(format!("soft@127.0.0.2:{udp_port}"))
+        .output()
+        .unwrap();
+    if !client.status.success() {
+        // A server whose client failed would wait for another forever.
+        let _ = server.kill();
+    }
+    let served = server.wait().unwrap();
+    assert!(
+        client.status.success(),
+        "{}",
+        String::from_utf8_lossy(&client.stderr)
+    );
+    assert!(served.success());
+    let row: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&client.stdout).trim()).unwrap();
+    check_bw(&row, "send_bw", 65536, 300);
+}

@@ -268,6 +268,8 @@ pub struct RcTransport {
     state: QpState,
     req: Requester,
     resp: Responder,
+    /// A plain ACK let one request packet go first (it goes next, whatever comes).
+    ack_waited: bool,
 }
 
 fn wc_opcode(op: &SendOp) -> WcOpcode {
@@ -290,6 +292,7 @@ impl RcTransport {
             state: QpState::Reset,
             req: Requester::new(),
             resp: Responder::new(),
+            ack_waited: false,
         }
     }
 
@@ -394,10 +397,24 @@ impl RcTransport {
         now: Instant,
         emit: impl FnOnce(&TxPacket, &mut dyn FnMut(&mut [u8]) -> Result<(), MemError>) -> R,
     ) -> Option<R> {
-        let (pkt, src) = match self.poll_response() {
+        let sending = matches!(self.state, QpState::Rts | QpState::Sqd);
+        // A plain ACK lets one request packet of this QP go first: the two then leave in
+        // one batch, and a ping-pong's reply does not wait for the ACK's own send. It never
+        // waits twice in a row, so a busy requester cannot starve it.
+        let ack_next = matches!(self.resp.out.front(), Some(Out::Ack { .. }));
+        let first = if ack_next && sending && !self.ack_waited {
+            self.poll_request(now)
+        } else {
+            None
+        };
+        self.ack_waited = first.is_some();
+        let (pkt, src) = match first {
             Some(p) => p,
-            None if matches!(self.state, QpState::Rts | QpState::Sqd) => self.poll_request(now)?,
-            None => return None,
+            None => match self.poll_response() {
+                Some(p) => p,
+                None if sending => self.poll_request(now)?,
+                None => return None,
+            },
         };
         let sq = &self.req.sq;
         let mut fill = |dst: &mut [u8]| match &src {
