@@ -22,7 +22,13 @@ use crate::qp::SoftQp;
 use crate::transport::glue;
 use remem_wire::Packet;
 use remem_wire::icrc::{self, IPV4_DF, IpFields, UdpPorts};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
+
+/// Maps and sets keyed by QP number, hashed cheaply (the keys are this device's own QP
+/// numbers; a peer's packet can only look one up).
+type QpnMap<V> = std::collections::HashMap<u32, V, BuildQpnHasher>;
+type QpnSet = std::collections::HashSet<u32, BuildQpnHasher>;
+type BuildQpnHasher = std::hash::BuildHasherDefault<crate::objects::mr::KeyHasher>;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -65,9 +71,9 @@ pub struct EngineStats {
 pub struct Engine {
     local: SocketAddr,
     peer_port: u16,
-    qps: RwLock<HashMap<u32, Weak<SoftQp>>>,
+    qps: RwLock<QpnMap<Weak<SoftQp>>>,
     ready: Mutex<Ready>,
-    timed: Mutex<HashSet<u32>>,
+    timed: Mutex<QpnSet>,
     pcap: Option<Arc<crate::pcap::PcapWriter>>,
     /// Counters.
     pub stats: EngineStats,
@@ -76,11 +82,11 @@ pub struct Engine {
 #[derive(Debug, Default)]
 struct Ready {
     queue: VecDeque<u32>,
-    set: HashSet<u32>,
+    set: QpnSet,
     /// QPs kept alive until their queued packets are out: an ACK owed for a message the
     /// application has already seen completed must leave even if it destroys the QP at
     /// once (else the peer retries into a void and fails with RETRY_EXC_ERR).
-    held: HashMap<u32, Arc<SoftQp>>,
+    held: QpnMap<Arc<SoftQp>>,
 }
 
 fn ip_fields(src: IpAddr, dst: IpAddr, id: u16) -> IpFields {
@@ -119,9 +125,9 @@ impl Engine {
         Engine {
             local,
             peer_port,
-            qps: RwLock::new(HashMap::new()),
+            qps: RwLock::new(QpnMap::default()),
             ready: Mutex::new(Ready::default()),
-            timed: Mutex::new(HashSet::new()),
+            timed: Mutex::new(QpnSet::default()),
             pcap,
             stats: EngineStats::default(),
         }

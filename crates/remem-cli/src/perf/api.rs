@@ -217,13 +217,30 @@ fn marker(i: u64) -> u8 {
     (i % 255) as u8 + 1
 }
 
-/// Waits until the last byte of `mr`'s first `size` bytes is `m`.
-async fn wait_byte(mr: &LocalMr, size: u64, m: u8) -> Result<(), PerfError> {
+/// Waits until the last byte of `mr`'s first `size` bytes is `m`. The server passes its
+/// control connection: nothing comes on it during a ping-pong but news that the client
+/// gave up (or vanished), so a lost ping cannot hang the server.
+async fn wait_byte(
+    mr: &LocalMr,
+    size: u64,
+    m: u8,
+    mut ctrl: Option<&mut Ctrl>,
+) -> Result<(), PerfError> {
     let mut b = [0u8];
+    let mut spins = 0u32;
     loop {
         mr.read(size as usize - 1, &mut b).map_err(e("read"))?;
         if b[0] == m {
             return Ok(());
+        }
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(4096)
+            && let Some(c) = ctrl.as_deref_mut()
+            && let Some((tag, _)) = c.try_recv()?
+        {
+            return Err(format!(
+                "control: unexpected frame {tag} during a ping-pong"
+            ));
         }
         tokio::task::yield_now().await;
     }
@@ -272,7 +289,7 @@ async fn serve_sizes(
                 let view = src.get(0..size as usize).map_err(e("range"))?;
                 for i in 0..s.iters {
                     let m = marker(i);
-                    wait_byte(recv, size, m).await?;
+                    wait_byte(recv, size, m, Some(&mut *ctrl)).await?;
                     src_last(&src, size, m)?;
                     c.write(&view, &dst).await.map_err(e("write"))?;
                 }
@@ -564,7 +581,7 @@ async fn latency(side: &Side<'_>, s: &Settings, size: u64) -> Result<report::Lat
                 src_last(&src_mr, size, m)?;
                 let t0 = Instant::now();
                 c.write(&src, &dst).await.map_err(e("write"))?;
-                wait_byte(recv, size, m).await?;
+                wait_byte(recv, size, m, None).await?;
                 samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
                 continue;
             }

@@ -431,7 +431,7 @@ fn serve_sizes(ctrl: &mut Ctrl, s: &Settings, dev: &DeviceChoice) -> Result<(), 
         ctrl.send(ctrl::READY, &[])?;
         match s.test {
             Test::WriteLat | Test::SendLat => {
-                pong(&side, s, &remote[0], size, &mut wcs)?;
+                pong(&side, s, &remote[0], size, &mut wcs, ctrl)?;
                 // The client's end of this size.
                 let (tag, _) = side.wait_ctrl(ctrl)?;
                 if tag != ctrl::DONE {
@@ -497,7 +497,22 @@ fn pong(
     remote: &Endpoint,
     size: u64,
     wcs: &mut [WorkCompletion],
+    ctrl: &mut Ctrl,
 ) -> Result<(), PerfError> {
+    // Nothing comes on the control connection during a ping-pong but news that the client
+    // gave up (or vanished): look now and then, so a lost ping cannot hang the server.
+    let mut spins = 0u32;
+    let mut check = move || -> Result<(), PerfError> {
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(4096)
+            && let Some((tag, _)) = ctrl.try_recv()?
+        {
+            return Err(format!(
+                "control: unexpected frame {tag} during a ping-pong"
+            ));
+        }
+        Ok(())
+    };
     let op = side.op(s, remote);
     let sge = [side.local(s, 0, size)];
     let flags = side.flags(s, size);
@@ -514,8 +529,9 @@ fn pong(
                 }
                 side.drive(Duration::ZERO)?;
                 drain(side, wcs)?;
+                check()?;
             },
-            _ => wait_recv(side, wcs)?,
+            _ => wait_recv(side, wcs, &mut check)?,
         }
         side.buf
             .write(side.src_area(0) + size as usize - 1, &[m])
@@ -559,7 +575,11 @@ fn drain(side: &Side, wcs: &mut [WorkCompletion]) -> Result<usize, PerfError> {
 }
 
 /// Waits for one receive completion (and reposts it).
-fn wait_recv(side: &Side, wcs: &mut [WorkCompletion]) -> Result<(), PerfError> {
+fn wait_recv(
+    side: &Side,
+    wcs: &mut [WorkCompletion],
+    check: &mut dyn FnMut() -> Result<(), PerfError>,
+) -> Result<(), PerfError> {
     // One at a time, so a second receive stays in the CQ for the next call.
     let one = &mut wcs[..1];
     loop {
@@ -567,6 +587,7 @@ fn wait_recv(side: &Side, wcs: &mut [WorkCompletion]) -> Result<(), PerfError> {
             return Ok(());
         }
         side.drive(Duration::ZERO)?;
+        check()?;
     }
 }
 
@@ -771,7 +792,7 @@ fn latency(
                         drain(side, &mut wcs)?;
                     }
                 } else {
-                    wait_recv(side, &mut wcs)?;
+                    wait_recv(side, &mut wcs, &mut || Ok(()))?;
                 }
                 samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
             }

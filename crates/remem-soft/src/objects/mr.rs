@@ -32,7 +32,7 @@ pub struct MrEntry {
     pub rkey: u32,
 }
 
-/// Hashes a memory key: Fibonacci hashing, which fills the high bits the table's probe
+/// Hashes a memory key or a QP number: Fibonacci hashing, which fills the high bits the table's probe
 /// tags come from.
 #[derive(Debug, Default)]
 pub struct KeyHasher(u64);
