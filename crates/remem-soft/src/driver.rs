@@ -130,24 +130,28 @@ impl Nic {
             }
             let b = &mut self.tx;
             let start = b.len;
-            let id = b.count as u16;
             let Some((dst, len)) =
-                engine.poll_transmit(now, &mut b.buf[start..start + MAX_PACKET], id)
+                engine.poll_transmit_unsealed(now, &mut b.buf[start..start + MAX_PACKET])
             else {
                 break;
             };
             sent += 1;
+            let mut at = start;
             if b.count > 0 && (dst != b.dst || len > b.segment) {
-                // It cannot join this batch: send the batch, and start the next with it
-                // (at index 0, so with another ICRC).
+                // It cannot join this batch: send the batch, and start the next with it.
                 self.flush(engine, start);
-                let b = &mut self.tx;
-                b.buf.copy_within(start..start + len, 0);
-                if engine.fill_icrc(dst, &mut b.buf[..len], 0).is_none() {
-                    continue;
-                }
+                self.tx.buf.copy_within(start..start + len, 0);
+                at = 0;
             }
+            // Its ICRC covers the IPv4 identification the kernel gives it: its index in
+            // the batch.
             let b = &mut self.tx;
+            if engine
+                .fill_icrc(dst, &mut b.buf[at..at + len], b.count as u16)
+                .is_none()
+            {
+                continue;
+            }
             if b.count == 0 {
                 b.dst = dst;
                 b.segment = len;

@@ -279,6 +279,23 @@ impl Engine {
         ip_id: u16,
     ) -> Option<(SocketAddr, usize)> {
         loop {
+            let (dst, len) = self.poll_transmit_unsealed(now, buf)?;
+            if self.fill_icrc(dst, &mut buf[..len], ip_id).is_some() {
+                return Some((dst, len));
+            }
+        }
+    }
+
+    /// As [`Engine::poll_transmit`], but leaves the ICRC to the caller
+    /// ([`Engine::fill_icrc`]), for a driver that learns the packet's place in a GSO batch
+    /// (its IPv4 identification) only after seeing its destination and length: each
+    /// packet's CRC is then computed once.
+    pub fn poll_transmit_unsealed(
+        &self,
+        now: Instant,
+        buf: &mut [u8],
+    ) -> Option<(SocketAddr, usize)> {
+        loop {
             let (qpn, held) = {
                 let mut r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
                 let qpn = r.queue.pop_front()?;
@@ -295,7 +312,6 @@ impl Engine {
                 let h = glue::headers(tx);
                 let (hdr, total) = h.write(tx.payload_len as usize, buf).ok()?;
                 fill(&mut buf[hdr..hdr + tx.payload_len as usize]).ok()?;
-                self.fill_icrc(dst, &mut buf[..total], ip_id)?;
                 Some(total)
             });
             self.mark_timed(qpn);
@@ -316,8 +332,8 @@ impl Engine {
         }
     }
 
-    /// Recomputes the ICRC of a packet from [`Engine::poll_transmit`] for another IPv4
-    /// identification (when the driver moves it to another place in a GSO batch).
+    /// Computes the ICRC of a packet from [`Engine::poll_transmit_unsealed`] (or recomputes
+    /// that of one from [`Engine::poll_transmit`]) for IPv4 identification `ip_id`.
     pub fn fill_icrc(&self, dst: SocketAddr, pkt: &mut [u8], ip_id: u16) -> Option<()> {
         let ip = ip_fields(self.local.ip(), dst.ip(), ip_id);
         let ports = UdpPorts {
