@@ -529,17 +529,13 @@ async fn bandwidth(
                     }));
                 }
             }
-            _ => unreachable_lat()?,
+            _ => return Err("a latency test in the bandwidth runner".into()),
         }
     }
     join_all(lanes).await?;
     let marks = meter.marks.into_inner().unwrap_or_else(|p| p.into_inner());
     let done = meter.done.into_inner();
     Ok((report::bw_row(size, &marks), done))
-}
-
-fn unreachable_lat() -> Result<(), PerfError> {
-    Err("a latency test in the bandwidth runner".into())
 }
 
 /// Lane `l` of `lanes`'s share of `total` operations.

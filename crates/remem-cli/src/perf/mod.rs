@@ -462,12 +462,12 @@ impl Output {
 
     fn finish(&self) {
         if !self.json && self.header_done {
-            report::print_footer(self.test.is_bw());
+            report::print_footer();
         }
     }
 }
 
-/// The shared state of one process's run, for the API path (a tokio runtime).
+/// The tokio runtime of the API path (one worker: the benchmark task drives the device).
 pub(crate) fn runtime() -> Result<Arc<tokio::runtime::Runtime>, PerfError> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -131,7 +131,7 @@ pub(crate) fn print_row(row: &Row, gbits: bool) {
 }
 
 /// The closing rule.
-pub(crate) fn print_footer(_bw: bool) {
+pub(crate) fn print_footer() {
     println!("{RULE}");
 }
 
