@@ -490,6 +490,29 @@ async fn dropping_a_connection_tells_the_peer() {
     }
 }
 
+/// A write through a dead token fails with REM_ACCESS_ERR.
+fn assert_rem_access(result: Result<(), Error>) {
+    match result {
+        Err(Error::Completion { status, .. }) => {
+            assert_eq!(status, remem::verbs::WcStatus::RemAccessErr)
+        }
+        other => panic!("a write through a dead token: {other:?}"),
+    }
+}
+
+/// Writes through `token` until a write fails (access ends when a message or a timer on
+/// the peer says so), for at most 5 s; the failure must be REM_ACCESS_ERR.
+async fn write_until_revoked(conn: &Connection, src: &remem::LocalMr, token: &remem::RemoteMr) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let revoked = loop {
+        match conn.write(src, token).await {
+            Ok(()) if std::time::Instant::now() < deadline => tokio::task::yield_now().await,
+            other => break other,
+        }
+    };
+    assert_rem_access(revoked);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_grant_expire_return_and_give_back() {
     use std::time::Duration;
@@ -520,12 +543,7 @@ async fn leases_grant_expire_return_and_give_back() {
     ca.send_remote_mr(lease).await.unwrap();
     let back = cb.receive_local_mr().await.unwrap();
     assert_eq!(back.to_vec(), vec![3; 4096]);
-    match ca.write(&src, &token).await {
-        Err(Error::Completion { status, .. }) => {
-            assert_eq!(status, remem::verbs::WcStatus::RemAccessErr)
-        }
-        other => panic!("write through a returned lease: {other:?}"),
-    }
+    assert_rem_access(ca.write(&src, &token).await);
 
     // Expiry on the lender's clock revokes access (a fresh connection: the last one is in
     // error after the access violation).
@@ -535,25 +553,8 @@ async fn leases_grant_expire_return_and_give_back() {
         .await
         .unwrap();
     ca.write(&src, lease.mr()).await.unwrap();
-    // Wait out the lease on this side's clock, with margin, without sleeping blind: poll
-    // with writes until one fails.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    let revoked = loop {
-        match ca.write(&src, lease.mr()).await {
-            Ok(()) if std::time::Instant::now() < deadline => tokio::task::yield_now().await,
-            other => break other,
-        }
-    };
-    assert!(
-        matches!(
-            revoked,
-            Err(Error::Completion {
-                status: remem::verbs::WcStatus::RemAccessErr,
-                ..
-            })
-        ),
-        "{revoked:?}"
-    );
+    // Wait out the lease on this side's clock without sleeping blind.
+    write_until_revoked(&ca, &src, lease.mr()).await;
 
     // Refused beyond the lend limit; returned leases free the budget.
     let (ca, _cb) = connect(&a, &b).await;
@@ -601,12 +602,7 @@ async fn send_local_mr_passes_ownership() {
     let back = ca.receive_local_mr().await.unwrap();
     assert_eq!(back.to_vec(), vec![9; 4096]);
     // Back with A, registered for local access only: B's token reaches nothing.
-    match cb.write(&src, &token).await {
-        Err(Error::Completion { status, .. }) => {
-            assert_eq!(status, remem::verbs::WcStatus::RemAccessErr)
-        }
-        other => panic!("write through a region given back: {other:?}"),
-    }
+    assert_rem_access(cb.write(&src, &token).await);
 
     // Dropping a region received ends it: A frees it, and the token goes dead.
     let (ca, cb) = connect(&a, &b).await;
@@ -617,24 +613,8 @@ async fn send_local_mr_passes_ownership() {
     let token = *lease.mr();
     cb.write(&src, &token).await.unwrap();
     drop(lease);
-    // The return travels as a message sent by a task: write until a write fails.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    let revoked = loop {
-        match cb.write(&src, &token).await {
-            Ok(()) if std::time::Instant::now() < deadline => tokio::task::yield_now().await,
-            other => break other,
-        }
-    };
-    assert!(
-        matches!(
-            revoked,
-            Err(Error::Completion {
-                status: remem::verbs::WcStatus::RemAccessErr,
-                ..
-            })
-        ),
-        "{revoked:?}"
-    );
+    // The return travels as a message sent by a task.
+    write_until_revoked(&cb, &src, &token).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
