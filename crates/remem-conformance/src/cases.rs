@@ -5,8 +5,9 @@ use crate::harness::{Endpoint, PSNS, QpOptions, endpoint, expect_none, poll_n, p
 use crate::side::{Role, Side, run_pair_with};
 use crate::{Case, CaseResult};
 use remem_verbs::{
-    AccessFlags, Context, GidType, MemoryBuffer, QpAttr, QpAttrMask, QpState, QpType, RecvWr,
-    SendFlags, SendOp, SendWr, Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, Context, FlushLevel, FlushType, GidType, MemRegion, MemoryBuffer, QpAttr,
+    QpAttrMask, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, WcFlags, WcOpcode,
+    WcStatus, WorkCompletion,
 };
 use std::fmt::Display;
 use std::sync::Arc;
@@ -125,6 +126,8 @@ cases! {
         "an inline SEND carries the data as it was when posted",
     "local_post_errors" => local_post_errors:
         "work requests with bad local memory or too many entries are refused when posted",
+    "flush_and_atomic_write" => flush_and_atomic_write:
+        "FLUSH (persistent range, global region) after a WRITE, ATOMIC WRITE; bad ones NAKed",
     "ud_send_recv_with_grh_and_qkey" => ud_send_recv:
         "UD: a wrong Q_Key is dropped, the GRH precedes the payload, oversized is refused",
 }
@@ -836,6 +839,204 @@ fn ud_send_recv(s: &mut Side<'_>) -> CaseResult {
             expect_bytes(&rbuf, 40, b"datagram payload", "payload after the GRH")?;
             s.wait_for("done")?;
             expect_none(&*ep.cq)?;
+        }
+    }
+    Ok(())
+}
+
+/// A file in the temporary directory, removed when dropped.
+struct TempFile(std::path::PathBuf);
+
+impl TempFile {
+    fn new(tag: &str) -> Result<(Self, std::fs::File), String> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let path = std::env::temp_dir().join(format!(
+            "remem-conformance-{tag}-{}-{nanos}",
+            std::process::id()
+        ));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok((TempFile(path), file))
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn flush_and_atomic_write(s: &mut Side<'_>) -> CaseResult {
+    // Both sides must support the operations (kernels before 6.2 have neither in rxe).
+    let dev = s.ctx.query_device().str_err()?;
+    let mine =
+        u64::from(dev.flush_global && dev.atomic_write) | (u64::from(dev.flush_persistent) << 1);
+    let [theirs] = s.exchange_words([mine])?;
+    if mine & theirs & 1 == 0 {
+        return Ok(()); // not supported by one side: nothing to check
+    }
+    let persistent = mine & theirs & 2 != 0;
+    let flush_access = AccessFlags::FLUSH_GLOBAL | AccessFlags::FLUSH_PERSISTENT;
+    let opts = QpOptions {
+        access: QpOptions::default().access | flush_access,
+        ..QpOptions::default()
+    };
+    let data = pattern(1000, 23);
+    let value = 0x1122_3344_5566_7788u64;
+    let ep = s.connect_rc(&opts)?;
+    match s.role {
+        Role::A => {
+            let (lbuf, lmr) = ep.reg(64 + data.len(), RW)?;
+            lbuf.write(64, &data).str_err()?;
+            lbuf.write(0, &value.to_ne_bytes()).str_err()?;
+            let t = s.remote_mr()?;
+            let write = SendOp::RdmaWrite {
+                remote_addr: t.addr,
+                rkey: t.rkey,
+            };
+            let flush = |flush_type, level, len| SendOp::Flush {
+                remote_addr: t.addr,
+                rkey: t.rkey,
+                len,
+                flush_type,
+                level,
+            };
+            let aw = SendOp::AtomicWrite {
+                remote_addr: t.addr + 1024,
+                rkey: t.rkey,
+            };
+            let flush_type = if persistent {
+                FlushType::Persistent
+            } else {
+                FlushType::Global
+            };
+            let wsg = [sge(&*lmr, 64, data.len() as u32)];
+            let asg = [sge(&*lmr, 0, 8)];
+            let wrs = [
+                SendWr::new(1, write, &wsg),
+                SendWr::new(2, flush(flush_type, FlushLevel::Range, 1000), &[]),
+                SendWr::new(3, flush(FlushType::Global, FlushLevel::Region, 0), &[]),
+                SendWr::new(4, aw, &asg),
+            ];
+            ep.qp.post_send(&wrs).str_err()?;
+            let wcs = poll_n(&*ep.cq, 4, s.timeout)?;
+            let want = [
+                WcOpcode::RdmaWrite,
+                WcOpcode::Flush,
+                WcOpcode::Flush,
+                WcOpcode::AtomicWrite,
+            ];
+            for (i, wc) in wcs.iter().enumerate() {
+                wc_ok(wc, want[i], &format!("work request {}", i + 1))?;
+                ensure!(wc.wr_id == i as u64 + 1, "order: {wcs:?}");
+            }
+            s.signal("done")?;
+        }
+        Role::B => {
+            let access = RW | AccessFlags::FLUSH_GLOBAL;
+            // A file-backed region where persistence is supported: a persistent FLUSH
+            // must have written the range to the file by the time it completes.
+            let (file, buf, mr) = if persistent {
+                let (tmp, file) = TempFile::new("flush")?;
+                let buf = Arc::new(MemoryBuffer::map_file(&file, 0, 4096).str_err()?);
+                let mr = ep
+                    .pd
+                    .reg_mr(
+                        MemRegion::whole(buf.clone()),
+                        access | AccessFlags::FLUSH_PERSISTENT,
+                    )
+                    .str_err()?;
+                (Some(tmp), buf, mr)
+            } else {
+                let (buf, mr) = ep.reg(4096, access)?;
+                (None, buf, mr)
+            };
+            s.offer_mr(&*mr)?;
+            s.wait_for("done")?;
+            expect_bytes(&buf, 0, &data, "written bytes")?;
+            let got = buf.load_u64(1024).str_err()?;
+            ensure!(got == value, "atomic write left {got:#x}, want {value:#x}");
+            if let Some(tmp) = &file {
+                let on_disk = std::fs::read(&tmp.0).str_err()?;
+                ensure!(
+                    on_disk.get(..data.len()) == Some(&data[..]),
+                    "the file does not hold the flushed bytes"
+                );
+            }
+            expect_none(&*ep.cq)?;
+        }
+    }
+    // Refused ones: a misaligned ATOMIC WRITE (invalid request), a FLUSH of a region
+    // without flush rights and an ATOMIC WRITE without REMOTE_WRITE (access errors).
+    struct Bad {
+        what: &'static str,
+        op: fn(u64, u32) -> SendOp,
+        access: AccessFlags,
+        status: WcStatus,
+    }
+    let bads = [
+        Bad {
+            what: "misaligned ATOMIC WRITE",
+            op: |a, rkey| SendOp::AtomicWrite {
+                remote_addr: a + 4,
+                rkey,
+            },
+            access: RW,
+            status: WcStatus::RemInvReqErr,
+        },
+        Bad {
+            what: "FLUSH without FLUSH_GLOBAL",
+            op: |a, rkey| SendOp::Flush {
+                remote_addr: a,
+                rkey,
+                len: 64,
+                flush_type: FlushType::Global,
+                level: FlushLevel::Range,
+            },
+            access: RW,
+            status: WcStatus::RemAccessErr,
+        },
+        Bad {
+            what: "ATOMIC WRITE without REMOTE_WRITE",
+            op: |a, rkey| SendOp::AtomicWrite {
+                remote_addr: a,
+                rkey,
+            },
+            access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+            status: WcStatus::RemAccessErr,
+        },
+    ];
+    for b in bads {
+        let ep = s.connect_rc(&opts)?;
+        match s.role {
+            Role::A => {
+                let (_, lmr) = ep.reg(8, RW)?;
+                let t = s.remote_mr()?;
+                let op = (b.op)(t.addr, t.rkey);
+                let sg = [sge(&*lmr, 0, 8)];
+                let sg: &[Sge] = if matches!(op, SendOp::Flush { .. }) {
+                    &[]
+                } else {
+                    &sg
+                };
+                let wc = post_wait(&ep, SendWr::new(9, op, sg), s.timeout)?;
+                wc_is(&wc, b.status, b.what)?;
+                s.signal("done")?;
+            }
+            Role::B => {
+                let (buf, mr) = ep.reg(64, b.access)?;
+                buf.fill(0, 64, 0xee).str_err()?;
+                s.offer_mr(&*mr)?;
+                s.wait_for("done")?;
+                expect_bytes(&buf, 0, &[0xee; 64], b.what)?;
+            }
         }
     }
     Ok(())

@@ -192,6 +192,14 @@ impl QpSurroundings for Around {
     ) -> Result<MemRegion, RemoteKeyError> {
         self.mrs.remote(pd, rkey, va, len, need)
     }
+    fn remote_region(
+        &self,
+        pd: PdId,
+        rkey: u32,
+        need: AccessFlags,
+    ) -> Result<MemRegion, RemoteKeyError> {
+        self.mrs.remote_region(pd, rkey, need)
+    }
     fn srq_pop(&self) -> Option<Option<RecvWqe>> {
         None
     }

@@ -93,6 +93,9 @@ fn device_attr(node_guid: u64) -> DeviceAttr {
         max_ah: (1 << 15) - 1,
         phys_port_cnt: 1,
         max_msg_sz: 1 << 31,
+        flush_global: true,
+        flush_persistent: true,
+        atomic_write: true,
     }
 }
 

@@ -433,6 +433,17 @@ mod tests {
             MemRegion::new(self.region.buffer().clone(), off..off + len as usize)
                 .map_err(|_| RemoteKeyError::OutOfBounds)
         }
+        fn remote_region(
+            &self,
+            _pd: PdId,
+            rkey: u32,
+            _need: AccessFlags,
+        ) -> Result<MemRegion, RemoteKeyError> {
+            if rkey != 7 {
+                return Err(RemoteKeyError::UnknownKey);
+            }
+            Ok(self.region.clone())
+        }
         fn srq_pop(&self) -> Option<Option<RecvWqe>> {
             None
         }

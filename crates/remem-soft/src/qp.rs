@@ -200,21 +200,15 @@ pub fn build_send_wqe(
 ) -> Result<SendWqe> {
     let op = wr.op;
     let valid = match qp_type {
-        QpType::Rc => !matches!(op, SendOp::AtomicWrite { .. } | SendOp::Flush { .. }),
+        QpType::Rc => true,
         QpType::Uc => op.valid_on_uc(),
         QpType::Ud => op.valid_on_ud(),
     };
     if !valid {
-        return Err(
-            if matches!(op, SendOp::AtomicWrite { .. } | SendOp::Flush { .. }) {
-                Error::Unsupported("ATOMIC WRITE and FLUSH on the soft provider (issue 7)")
-            } else {
-                Error::InvalidOpcode {
-                    op: op.name(),
-                    qp_type,
-                }
-            },
-        );
+        return Err(Error::InvalidOpcode {
+            op: op.name(),
+            qp_type,
+        });
     }
     if wr.sg_list.len() > cap.max_send_sge as usize {
         return Err(Error::TooManySge {
@@ -232,7 +226,12 @@ pub fn build_send_wqe(
     );
     // READ and atomic results are written into the scatter list.
     let need_write = op.is_read_or_atomic();
-    if is_atomic && len != 8 {
+    if matches!(op, SendOp::Flush { .. }) && !wr.sg_list.is_empty() {
+        return Err(Error::InvalidArgument(
+            "IBV_WR_FLUSH takes no local buffer (empty gather list)".into(),
+        ));
+    }
+    if (is_atomic || matches!(op, SendOp::AtomicWrite { .. })) && len != 8 {
         return Err(Error::InvalidArgument(format!(
             "{} needs exactly 8 bytes of local buffer, got {len}",
             op.name()
@@ -423,6 +422,13 @@ pub trait QpSurroundings {
         len: u64,
         need: AccessFlags,
     ) -> std::result::Result<MemRegion, RemoteKeyError>;
+    /// `remote_region` of the device's MR table.
+    fn remote_region(
+        &self,
+        pd: PdId,
+        rkey: u32,
+        need: AccessFlags,
+    ) -> std::result::Result<MemRegion, RemoteKeyError>;
     /// Takes a receive from the SRQ, if the QP has one.
     fn srq_pop(&self) -> Option<Option<RecvWqe>>;
     /// Pushes a send completion.
@@ -457,6 +463,14 @@ impl Env for QpEnv<'_> {
         need: AccessFlags,
     ) -> std::result::Result<MemRegion, RemoteKeyError> {
         self.around.remote(self.pd, rkey, va, len, need)
+    }
+
+    fn remote_region(
+        &mut self,
+        rkey: u32,
+        need: AccessFlags,
+    ) -> std::result::Result<MemRegion, RemoteKeyError> {
+        self.around.remote_region(self.pd, rkey, need)
     }
 
     fn take_recv(&mut self) -> Option<RecvWqe> {
@@ -962,14 +976,36 @@ mod tests {
             build(&wr, QpType::Rc),
             Err(Error::InlineTooLarge { given: 17, max: 16 })
         ));
-        // FLUSH and ATOMIC WRITE are not there yet: a clear error.
+        // ATOMIC WRITE carries exactly 8 bytes; FLUSH no local buffer; both RC only.
         let aw = SendOp::AtomicWrite {
             remote_addr: 0,
             rkey: 0,
         };
+        let four = [Sge {
+            length: 4,
+            ..sge[0]
+        }];
         assert!(matches!(
-            build(&SendWr::new(1, aw, &sge), QpType::Rc),
-            Err(Error::Unsupported(_))
+            build(&SendWr::new(1, aw, &four), QpType::Rc),
+            Err(Error::InvalidArgument(_))
+        ));
+        let eight = sge;
+        assert!(build(&SendWr::new(1, aw, &eight), QpType::Rc).is_ok());
+        assert!(matches!(
+            build(&SendWr::new(1, aw, &eight), QpType::Ud),
+            Err(Error::InvalidOpcode { .. })
+        ));
+        let flush = SendOp::Flush {
+            remote_addr: 0,
+            rkey: 0,
+            len: 64,
+            flush_type: remem_verbs::FlushType::Global,
+            level: remem_verbs::FlushLevel::Range,
+        };
+        assert!(build(&SendWr::new(1, flush, &[]), QpType::Rc).is_ok());
+        assert!(matches!(
+            build(&SendWr::new(1, flush, &eight), QpType::Rc),
+            Err(Error::InvalidArgument(_))
         ));
     }
 

@@ -52,6 +52,7 @@ cases!(
     unsignaled_and_post_lists,
     inline_send,
     local_post_errors,
+    flush_and_atomic_write,
     ud_send_recv_with_grh_and_qkey,
 );
 

@@ -115,6 +115,13 @@ pub struct DeviceAttr {
     pub phys_port_cnt: u8,
     /// Largest message, bytes (`ibv_port_attr.max_msg_sz`, repeated here for convenience).
     pub max_msg_sz: u32,
+    /// RoCEv2 FLUSH with global-visibility placement
+    /// (`IB_UVERBS_DEVICE_FLUSH_GLOBAL` of `device_cap_flags_ex`).
+    pub flush_global: bool,
+    /// RoCEv2 FLUSH with persistence placement (`IB_UVERBS_DEVICE_FLUSH_PERSISTENT`).
+    pub flush_persistent: bool,
+    /// RoCEv2 ATOMIC WRITE (`IB_UVERBS_DEVICE_ATOMIC_WRITE`).
+    pub atomic_write: bool,
 }
 
 /// Port attributes (`struct ibv_port_attr`).

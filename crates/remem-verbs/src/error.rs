@@ -196,4 +196,7 @@ pub enum MemError {
         /// The address of the access.
         addr: u64,
     },
+    /// Writing a range back to its backing store (`msync`) failed.
+    #[error("persisting the range failed: {0}")]
+    Persist(std::io::ErrorKind),
 }

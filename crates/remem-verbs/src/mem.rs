@@ -51,6 +51,9 @@ enum Owner {
     Vec { capacity: usize },
     /// A caller's `BytesMut`; its storage does not move while it is not touched.
     Bytes(#[allow(dead_code)] BytesMut),
+    /// A memory map: `persist` writes its dirty pages back (msync); `file` says whether a
+    /// file backs it (a durable store) or it is anonymous.
+    Mmap { map: memmap2::MmapMut, file: bool },
     /// Memory owned by this value (a file mapping, a pinned arena…).
     External(#[allow(dead_code)] Box<dyn Any + Send + Sync>),
     /// Nothing (zero-length buffer with a dangling pointer).
@@ -160,13 +163,75 @@ impl MemoryBuffer {
     /// the buffer lives and is unmapped when it is dropped. Another process writing a
     /// shared file mapping concurrently is a race on values, as a NIC's writes are, never
     /// undefined behaviour: every access goes through this buffer's atomic accesses.
+    ///
+    /// [`MemoryBuffer::persist`] writes the map back with `msync`; whether that makes data
+    /// durable depends on what backs the map, so the buffer is only
+    /// [persistent](MemoryBuffer::is_persistent) when made by [`MemoryBuffer::map_file`].
     pub fn from_mmap(mut map: memmap2::MmapMut) -> Self {
         let len = map.len();
         let ptr = NonNull::new(map.as_mut_ptr()).unwrap_or(NonNull::dangling());
-        // SAFETY: the mapping is valid for reads and writes of `len` bytes while `map`
-        // lives; `map` moves into the buffer (moving an `MmapMut` does not move the
-        // mapping), so it lives exactly as long, and no reference into it remains outside.
-        unsafe { Self::from_raw_parts(ptr, len, Box::new(map)) }
+        // The mapping is valid for reads and writes of `len` bytes while `map` lives; `map`
+        // moves into the buffer (moving an `MmapMut` does not move the mapping), so it lives
+        // exactly as long, and no reference into it remains outside.
+        Self::new(ptr, len, Owner::Mmap { map, file: false })
+    }
+
+    /// Maps `len` bytes of `file` from byte `offset` (shared, read-write), growing the file
+    /// if it is shorter: a memory region whose contents live in the file — on persistent
+    /// memory with a DAX file system, or on any file system through the page cache.
+    /// [`MemoryBuffer::persist`] makes written ranges durable (`msync(MS_SYNC)`), which is
+    /// what a persistent FLUSH from a peer does.
+    ///
+    /// Another process changing the file concurrently races on values, as a NIC does,
+    /// never undefined behaviour (every access is atomic, see the module docs); truncating
+    /// the file below the mapping while it is mapped makes later accesses fault (`SIGBUS`),
+    /// as with any memory map: don't.
+    pub fn map_file(file: &std::fs::File, offset: u64, len: usize) -> std::io::Result<Self> {
+        if len == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "cannot map zero bytes",
+            ));
+        }
+        let end = offset
+            .checked_add(len as u64)
+            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "range wraps"))?;
+        if file.metadata()?.len() < end {
+            file.set_len(end)?;
+        }
+        // SAFETY: memmap2 marks mapping unsafe because the file may change underneath a
+        // `&[u8]`/`&mut [u8]` made from it. This buffer never makes such references: every
+        // access to the mapping goes through atomic loads and stores (module docs), so
+        // concurrent changes by other processes are races on values, not undefined
+        // behaviour. The file is at least `offset + len` bytes long (set above).
+        let mut map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(offset)
+                .len(len)
+                .map_mut(file)?
+        };
+        let ptr = NonNull::new(map.as_mut_ptr()).unwrap_or(NonNull::dangling());
+        Ok(Self::new(ptr, len, Owner::Mmap { map, file: true }))
+    }
+
+    /// Whether writes to this buffer can be made durable with
+    /// [`MemoryBuffer::persist`]: true for buffers made by [`MemoryBuffer::map_file`].
+    pub fn is_persistent(&self) -> bool {
+        matches!(self.owner, Owner::Mmap { file: true, .. })
+    }
+
+    /// Makes `[offset, offset + len)` durable: for a file mapping, writes the dirty pages of
+    /// the range back to the file and waits (`msync(MS_SYNC)`); other buffers have no
+    /// backing store, so there is nothing to write and this only checks the range.
+    pub fn persist(&self, offset: usize, len: usize) -> Result<(), MemError> {
+        self.check(offset, len)?;
+        if let Owner::Mmap { map, .. } = &self.owner
+            && len > 0
+        {
+            map.flush_range(offset, len)
+                .map_err(|e| MemError::Persist(e.kind()))?;
+        }
+        Ok(())
     }
 
     /// Wraps memory that `owner` keeps alive, e.g. a file mapping.
@@ -444,7 +509,7 @@ impl Drop for MemoryBuffer {
                 // is rebuilt once, here, and dropped.
                 drop(unsafe { Vec::from_raw_parts(self.ptr.as_ptr(), self.len, capacity) })
             }
-            Owner::Bytes(_) | Owner::External(_) | Owner::Empty => {}
+            Owner::Bytes(_) | Owner::Mmap { .. } | Owner::External(_) | Owner::Empty => {}
         }
     }
 }
@@ -553,6 +618,12 @@ impl MemRegion {
         }
     }
 
+    /// Makes `[offset, offset + len)` of the region durable (see [`MemoryBuffer::persist`]).
+    pub fn persist(&self, offset: usize, len: usize) -> Result<(), MemError> {
+        let at = self.check(offset, len)?;
+        self.buf.persist(at, len)
+    }
+
     /// Copies out of the region (offset relative to the region).
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemError> {
         let at = self.check(offset, dst.len())?;
@@ -607,6 +678,42 @@ mod tests {
 
     fn pattern(n: usize) -> Vec<u8> {
         (0..n).map(|i| (i * 7 + 3) as u8).collect()
+    }
+
+    #[test]
+    fn file_maps_are_persistent_buffers() {
+        let path = std::env::temp_dir().join(format!("remem-verbs-map-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        // Maps at an offset, growing the file to hold it.
+        let buf = MemoryBuffer::map_file(&file, 4096, 8192).unwrap();
+        assert!(buf.is_persistent());
+        assert_eq!(file.metadata().unwrap().len(), 4096 + 8192);
+        buf.write(10, b"durable").unwrap();
+        buf.persist(0, 100).unwrap();
+        assert!(buf.persist(8000, 193).is_err(), "past the end");
+        let on_disk = std::fs::read(&path).unwrap();
+        assert_eq!(&on_disk[4096 + 10..4096 + 17], b"durable");
+        // Regions persist their own range.
+        let buf = Arc::new(buf);
+        let region = MemRegion::new(buf.clone(), 4096..8192).unwrap();
+        region.write(0, b"again").unwrap();
+        region.persist(0, 5).unwrap();
+        assert!(region.persist(4000, 100).is_err());
+        assert_eq!(&std::fs::read(&path).unwrap()[8192..8197], b"again");
+        assert!(MemoryBuffer::map_file(&file, 0, 0).is_err());
+        assert!(MemoryBuffer::map_file(&file, u64::MAX, 2).is_err());
+        // Anonymous memory has nothing to persist to.
+        assert!(!MemoryBuffer::zeroed(64).unwrap().is_persistent());
+        let anon = MemoryBuffer::from_mmap(memmap2::MmapMut::map_anon(4096).unwrap());
+        assert!(!anon.is_persistent());
+        anon.persist(0, 4096).unwrap();
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

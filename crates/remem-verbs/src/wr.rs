@@ -163,6 +163,14 @@ impl SendOp {
         )
     }
 
+    /// Whether the operation takes an RDMA READ/atomic resource at the responder and is
+    /// answered by a response rather than a plain ACK: READ, the atomics, ATOMIC WRITE and
+    /// FLUSH (bounded by `max_rd_atomic` / `max_dest_rd_atomic`).
+    pub fn uses_rd_atomic(&self) -> bool {
+        self.is_read_or_atomic()
+            || matches!(self, SendOp::AtomicWrite { .. } | SendOp::Flush { .. })
+    }
+
     /// Whether the operation is allowed on a UD QP (only sends are).
     pub fn valid_on_ud(&self) -> bool {
         matches!(self, SendOp::Send | SendOp::SendWithImm { .. })

@@ -152,7 +152,7 @@ impl Side {
         let mr = pd
             .reg_mr(
                 MemRegion::whole(buf.clone()),
-                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE,
+                AccessFlags::LOCAL_WRITE | (AccessFlags::REMOTE - AccessFlags::FLUSH_PERSISTENT),
             )
             .map_err(err("reg_mr"))?;
         let rx = if matches!(s.test, Test::SendBw | Test::SendLat) {

@@ -377,6 +377,15 @@ impl QpSurroundings for QpAround {
         self.dev.mrs.remote(pd, rkey, va, len, need)
     }
 
+    fn remote_region(
+        &self,
+        pd: PdId,
+        rkey: u32,
+        need: AccessFlags,
+    ) -> std::result::Result<MemRegion, RemoteKeyError> {
+        self.dev.mrs.remote_region(pd, rkey, need)
+    }
+
     fn srq_pop(&self) -> Option<Option<RecvWqe>> {
         self.srq.as_ref().map(|s| s.pop())
     }
@@ -423,6 +432,15 @@ impl ProtectionDomain for SoftPd {
         access
             .validate_for_mr()
             .map_err(|e| Error::InvalidArgument(e.into()))?;
+        if access.contains(AccessFlags::FLUSH_PERSISTENT) && !region.buffer().is_persistent() {
+            // As rxe refuses it for memory that is not persistent memory: a persistent
+            // FLUSH must mean the data is durable.
+            return Err(Error::InvalidArgument(
+                "FLUSH_PERSISTENT access needs a buffer with a durable backing store \
+                 (MemoryBuffer::map_file)"
+                    .into(),
+            ));
+        }
         if region.len() as u64 > self.dev.attr.max_mr_size {
             return Err(Error::InvalidArgument(format!(
                 "region of {} bytes exceeds max_mr_size",
@@ -600,6 +618,38 @@ mod tests {
             dev.mrs.local(pd2.id(), &sge(&*mr, 0, 8), false),
             Err(Error::InvalidLkey { .. })
         ));
+        // Persistent FLUSH rights only for memory with a durable backing store.
+        let persist = AccessFlags::REMOTE_READ | AccessFlags::FLUSH_PERSISTENT;
+        assert!(matches!(
+            pd1.reg_mr(MemRegion::whole(buf.clone()), persist),
+            Err(Error::InvalidArgument(_))
+        ));
+        let path = std::env::temp_dir().join(format!("remem-soft-mr-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        let mapped = Arc::new(MemoryBuffer::map_file(&file, 0, 4096).unwrap());
+        std::fs::remove_file(&path).unwrap();
+        let pmr = pd1.reg_mr(MemRegion::whole(mapped), persist).unwrap();
+        let whole = dev
+            .mrs
+            .remote_region(pd1.id(), pmr.rkey(), AccessFlags::FLUSH_PERSISTENT)
+            .unwrap();
+        assert_eq!(whole.len(), 4096);
+        assert_eq!(
+            dev.mrs
+                .remote_region(pd1.id(), pmr.rkey(), AccessFlags::REMOTE_WRITE)
+                .err(),
+            Some(RemoteKeyError::MissingAccess)
+        );
+        assert_eq!(
+            dev.mrs.remote_region(pd2.id(), pmr.rkey(), r).err(),
+            Some(RemoteKeyError::OtherPd)
+        );
     }
 
     #[test]

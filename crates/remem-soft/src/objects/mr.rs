@@ -179,6 +179,25 @@ impl MrTable {
             .map_err(|_| RemoteKeyError::OutOfBounds)?;
         Self::sub(&e.region, off, len).ok_or(RemoteKeyError::OutOfBounds)
     }
+
+    /// Resolves a remote key to its whole region (a FLUSH of the memory region), with the
+    /// same key, PD and access checks as [`MrTable::remote`].
+    pub fn remote_region(
+        &self,
+        pd: PdId,
+        rkey: u32,
+        need: AccessFlags,
+    ) -> std::result::Result<MemRegion, RemoteKeyError> {
+        let t = self.tables.read().unwrap_or_else(|p| p.into_inner());
+        let e = t.by_rkey.get(&rkey).ok_or(RemoteKeyError::UnknownKey)?;
+        if e.pd != pd {
+            return Err(RemoteKeyError::OtherPd);
+        }
+        if !e.access.contains(need) {
+            return Err(RemoteKeyError::MissingAccess);
+        }
+        Ok(e.region.clone())
+    }
 }
 
 impl LocalMemory for MrTable {

@@ -39,11 +39,13 @@ pub fn opcode(kind: Kind, pos: Pos, ud: bool) -> Opcode {
         (AtomicAck, _) => RcAtomicAck,
         (CompareSwap, _) => RcCompareSwap,
         (FetchAdd, _) => RcFetchAdd,
+        (AtomicWrite, _) => RcAtomicWrite,
+        (Flush, _) => RcFlush,
     }
 }
 
 /// What the transport makes of a wire opcode (`None` for opcodes it does not handle:
-/// UC, FLUSH and ATOMIC WRITE for now).
+/// UC for now).
 pub fn kind_pos(op: Opcode) -> Option<(Kind, Pos)> {
     use Kind::*;
     use Opcode::*;
@@ -72,6 +74,8 @@ pub fn kind_pos(op: Opcode) -> Option<(Kind, Pos)> {
         RcAtomicAck => (AtomicAck, Only),
         RcCompareSwap => (CompareSwap, Only),
         RcFetchAdd => (FetchAdd, Only),
+        RcAtomicWrite => (AtomicWrite, Only),
+        RcFlush => (Flush, Only),
         _ => return None,
     })
 }
@@ -91,6 +95,7 @@ pub fn headers(tx: &TxPacket) -> Headers {
         .map(|(syndrome, msn)| Aeth { syndrome, msn });
     h.atomic = tx.atomic.filter(|_| layout.atomic);
     h.atomic_ack = tx.atomic_ack.filter(|_| layout.atomic_ack);
+    h.feth = tx.feth.filter(|_| layout.feth);
     h.imm = tx.imm.filter(|_| layout.imm);
     h.ieth = tx.ieth.filter(|_| layout.ieth);
     h.deth = tx
@@ -114,6 +119,7 @@ pub fn rx<'a>(p: &Packet<'a>) -> Option<RxPacket<'a>> {
         aeth: h.aeth.map(|a| (a.syndrome, a.msn)),
         atomic: h.atomic,
         atomic_ack: h.atomic_ack,
+        feth: h.feth,
         imm: h.imm,
         ieth: h.ieth,
         deth: h.deth.map(|d| (d.qkey, d.src_qp)),
@@ -133,12 +139,12 @@ mod tests {
                 assert_eq!(opcode(kind, pos, ud), *op, "{op}");
             }
         }
-        // The transport handles every RC opcode except FLUSH and ATOMIC WRITE.
+        // The transport handles every RC opcode, FLUSH and ATOMIC WRITE included.
         let handled = Opcode::ALL
             .iter()
             .filter(|o| o.value() < 0x20 && kind_pos(**o).is_some())
             .count();
-        assert_eq!(handled, 23);
+        assert_eq!(handled, 25);
     }
 
     #[test]

@@ -51,6 +51,10 @@ pub enum Kind {
     CompareSwap,
     /// FETCH ADD (AtomicETH).
     FetchAdd,
+    /// ATOMIC WRITE (RETH and 8 bytes of payload).
+    AtomicWrite,
+    /// FLUSH (FETH, RETH).
+    Flush,
 }
 
 impl Kind {
@@ -97,7 +101,7 @@ impl Pos {
     }
 }
 
-pub use remem_wire::{AtomicEth, Reth, Syndrome};
+pub use remem_wire::{AtomicEth, Feth, Reth, Syndrome};
 
 /// The unlimited-credit ACK syndrome rxe sends.
 pub const ACK_UNLIMITED: Syndrome = Syndrome::Ack { credits: 31 };
@@ -126,6 +130,8 @@ pub struct TxPacket {
     pub atomic: Option<AtomicEth>,
     /// AtomicAckETH original value.
     pub atomic_ack: Option<u64>,
+    /// FETH (FLUSH).
+    pub feth: Option<Feth>,
     /// Immediate data.
     pub imm: Option<u32>,
     /// IETH rkey.
@@ -150,6 +156,7 @@ impl TxPacket {
             aeth: None,
             atomic: None,
             atomic_ack: None,
+            feth: None,
             imm: None,
             ieth: None,
             deth: None,
@@ -179,6 +186,8 @@ pub struct RxPacket<'a> {
     pub atomic: Option<AtomicEth>,
     /// AtomicAckETH.
     pub atomic_ack: Option<u64>,
+    /// FETH.
+    pub feth: Option<Feth>,
     /// Immediate data.
     pub imm: Option<u32>,
     /// IETH.
@@ -202,6 +211,7 @@ impl<'a> RxPacket<'a> {
             aeth: None,
             atomic: None,
             atomic_ack: None,
+            feth: None,
             imm: None,
             ieth: None,
             deth: None,
@@ -260,6 +270,10 @@ pub trait Env {
         len: u64,
         need: AccessFlags,
     ) -> Result<MemRegion, RemoteKeyError>;
+
+    /// Resolves a remote key to its whole memory region if it is in the QP's protection
+    /// domain and grants `need` (a FLUSH of the whole region).
+    fn remote_region(&mut self, rkey: u32, need: AccessFlags) -> Result<MemRegion, RemoteKeyError>;
 
     /// Takes the next receive work request (from the QP's receive queue or its SRQ).
     fn take_recv(&mut self) -> Option<RecvWqe>;

@@ -2,14 +2,14 @@
 
 use super::psn::{add, diff};
 use super::{
-    ACK_UNLIMITED, AtomicEth, Env, Kind, Pos, RemoteKeyError, Reth, RxPacket, Stat, Syndrome,
+    ACK_UNLIMITED, AtomicEth, Env, Feth, Kind, Pos, RemoteKeyError, Reth, RxPacket, Stat, Syndrome,
     TxPacket,
 };
 use crate::wqe::{RecvWqe, SendWqe, scatter_into};
 use remem_verbs::qp::{local_ack_timeout_ns, rnr_timer_us};
 use remem_verbs::{
-    AccessFlags, MemError, MemRegion, QpState, RNR_RETRY_INFINITE, SendOp, WcFlags, WcOpcode,
-    WcStatus, WorkCompletion,
+    AccessFlags, FlushLevel, FlushType, MemError, MemRegion, QpState, RNR_RETRY_INFINITE, SendOp,
+    WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -79,7 +79,10 @@ impl RcConfig {
     /// Number of PSNs a work request consumes.
     fn npkts(&self, wqe: &SendWqe) -> u32 {
         match wqe.op {
-            SendOp::AtomicCmpAndSwp { .. } | SendOp::AtomicFetchAndAdd { .. } => 1,
+            SendOp::AtomicCmpAndSwp { .. }
+            | SendOp::AtomicFetchAndAdd { .. }
+            | SendOp::AtomicWrite { .. }
+            | SendOp::Flush { .. } => 1,
             _ => wqe.len.div_ceil(u64::from(self.mtu)).max(1) as u32,
         }
     }
@@ -107,7 +110,7 @@ impl SqEntry {
         add(self.first_psn, self.npkts.saturating_sub(1))
     }
     fn is_rd(&self) -> bool {
-        self.wqe.op.is_read_or_atomic()
+        self.wqe.op.uses_rd_atomic()
     }
     /// Whether `psn` is one of this entry's PSNs.
     fn holds(&self, psn: u32) -> bool {
@@ -184,6 +187,32 @@ enum Resource {
         psn: u32,
         orig: u64,
     },
+    /// An ATOMIC WRITE or FLUSH, executed once and answered by a zero-length READ
+    /// response (a duplicate is answered again, not executed again).
+    Done {
+        psn: u32,
+    },
+}
+
+/// FETH placement type bits (`IB_FLUSH_GLOBAL`, `IB_FLUSH_PERSISTENT`).
+const PLACEMENT_GLOBAL: u8 = 1;
+const PLACEMENT_PERSISTENT: u8 = 2;
+/// FETH selectivity levels (`IB_FLUSH_RANGE`, `IB_FLUSH_MR`).
+const SELECT_RANGE: u8 = 0;
+const SELECT_REGION: u8 = 1;
+
+impl Out {
+    /// The answer to an ATOMIC WRITE or FLUSH: an RDMA READ response (only) without data.
+    fn empty_read_response(psn: u32) -> Out {
+        Out::Read {
+            region: None,
+            base_psn: psn,
+            len: 0,
+            start: 0,
+            next: 0,
+            npkts: 1,
+        }
+    }
 }
 
 /// A response waiting to be sent, in PSN order.
@@ -508,6 +537,42 @@ impl RcTransport {
                 });
                 pkt.ack_req = true;
             }
+            SendOp::AtomicWrite { remote_addr, rkey } => {
+                pkt.kind = Kind::AtomicWrite;
+                pkt.reth = Some(Reth {
+                    va: remote_addr,
+                    rkey,
+                    dma_len: 8,
+                });
+                pkt.payload_len = 8;
+                pkt.ack_req = true;
+                payload_off = Some(0);
+            }
+            SendOp::Flush {
+                remote_addr,
+                rkey,
+                len,
+                flush_type,
+                level,
+            } => {
+                pkt.kind = Kind::Flush;
+                pkt.feth = Some(Feth {
+                    placement: match flush_type {
+                        FlushType::Global => PLACEMENT_GLOBAL,
+                        FlushType::Persistent => PLACEMENT_PERSISTENT,
+                    },
+                    selectivity: match level {
+                        FlushLevel::Range => SELECT_RANGE,
+                        FlushLevel::Region => SELECT_REGION,
+                    },
+                });
+                pkt.reth = Some(Reth {
+                    va: remote_addr,
+                    rkey,
+                    dma_len: len,
+                });
+                pkt.ack_req = true;
+            }
             op => {
                 let (kind, reth) = match op {
                     SendOp::Send => (Kind::Send, None),
@@ -542,8 +607,6 @@ impl RcTransport {
                             }),
                         )
                     }
-                    // The QP refuses these at post time until they are implemented.
-                    SendOp::AtomicWrite { .. } | SendOp::Flush { .. } => (Kind::Send, None),
                     _ => (Kind::Send, None),
                 };
                 pkt.kind = kind;
@@ -856,7 +919,11 @@ impl RcTransport {
                     return;
                 };
                 let e = &self.req.sq[i];
-                if e.first_psn != pkt.psn || matches!(e.wqe.op, SendOp::RdmaRead { .. }) {
+                let is_atomic = matches!(
+                    e.wqe.op,
+                    SendOp::AtomicCmpAndSwp { .. } | SendOp::AtomicFetchAndAdd { .. }
+                );
+                if e.first_psn != pkt.psn || !is_atomic {
                     return; // duplicate or unexpected
                 }
                 self.ack_through(now, add(pkt.psn, super::psn::PSN_MASK), env);
@@ -895,7 +962,9 @@ impl RcTransport {
             return;
         };
         let e = &self.req.sq[i];
-        if !matches!(e.wqe.op, SendOp::RdmaRead { .. }) {
+        let answered_by_empty =
+            matches!(e.wqe.op, SendOp::AtomicWrite { .. } | SendOp::Flush { .. });
+        if !matches!(e.wqe.op, SendOp::RdmaRead { .. }) && !answered_by_empty {
             return;
         }
         let expected = add(e.first_psn, e.resp_pkts);
@@ -917,6 +986,20 @@ impl RcTransport {
         };
         let mtu = u64::from(self.cfg.mtu);
         let e = &mut self.req.sq[i];
+        if answered_by_empty {
+            // ATOMIC WRITE and FLUSH are answered by one zero-length READ response.
+            if pkt.pos != Pos::Only || !pkt.payload.is_empty() {
+                self.fail(now, Some(pkt.psn), WcStatus::BadRespErr, env);
+                return;
+            }
+            e.resp_pkts = 1;
+            e.status = Some(WcStatus::Success);
+            self.req.una = add(pkt.psn, 1);
+            self.req.retry_left = self.cfg.retry_cnt;
+            self.req.rnr_left = self.cfg.rnr_retry;
+            self.retire(now, env);
+            return;
+        }
         let offset = u64::from(e.resp_pkts) * mtu;
         let remaining = e.wqe.len.saturating_sub(offset);
         let last = e.resp_pkts + 1 == e.npkts;
@@ -1058,7 +1141,7 @@ impl RcTransport {
                             npkts: *npkts,
                         })
                     }
-                    Resource::Atomic { .. } => None,
+                    Resource::Atomic { .. } | Resource::Done { .. } => None,
                 });
                 if let Some(out) = found {
                     self.resp.out.push_back(out);
@@ -1071,6 +1154,16 @@ impl RcTransport {
                 });
                 if let Some(orig) = found {
                     self.resp.out.push_back(Out::AtomicAck { psn, orig });
+                }
+            }
+            Kind::AtomicWrite | Kind::Flush => {
+                let found = self
+                    .resp
+                    .resources
+                    .iter()
+                    .any(|r| matches!(r, Resource::Done { psn: p } if *p == psn));
+                if found {
+                    self.resp.out.push_back(Out::empty_read_response(psn));
                 }
             }
             _ => {
@@ -1195,12 +1288,84 @@ impl RcTransport {
                 self.resp.epsn = add(pkt.psn, 1);
                 return Ok(());
             }
+            Kind::AtomicWrite => {
+                // An ATOMIC WRITE needs the QP's remote write right (as rxe checks it).
+                if !access.contains(AccessFlags::REMOTE_WRITE) {
+                    return Err(Refuse::Invalid);
+                }
+                let reth = pkt.reth.ok_or(Refuse::Invalid)?;
+                let value: [u8; 8] = pkt.payload.try_into().map_err(|_| Refuse::Invalid)?;
+                if reth.dma_len != 8 || reth.va % 8 != 0 {
+                    return Err(Refuse::Invalid);
+                }
+                let region = Self::remote(env, reth.rkey, reth.va, 8, AccessFlags::REMOTE_WRITE)?
+                    .ok_or(Refuse::Invalid)?;
+                // The 8 bytes land as they are, in one store, after everything before.
+                region
+                    .store_u64(0, u64::from_ne_bytes(value))
+                    .map_err(|_| Refuse::Operational)?;
+                self.answer_with_empty_read_response(pkt.psn)?;
+                return Ok(());
+            }
+            Kind::Flush => {
+                if plen != 0 {
+                    return Err(Refuse::Invalid);
+                }
+                let feth = pkt.feth.ok_or(Refuse::Invalid)?;
+                let reth = pkt.reth.ok_or(Refuse::Invalid)?;
+                let mut need = AccessFlags::empty();
+                if feth.placement & PLACEMENT_GLOBAL != 0 {
+                    need |= AccessFlags::FLUSH_GLOBAL;
+                }
+                if feth.placement & PLACEMENT_PERSISTENT != 0 {
+                    need |= AccessFlags::FLUSH_PERSISTENT;
+                }
+                // No known placement bit, or one the QP does not grant: invalid request.
+                if need.is_empty()
+                    || feth.placement & !(PLACEMENT_GLOBAL | PLACEMENT_PERSISTENT) != 0
+                    || !access.contains(need)
+                {
+                    return Err(Refuse::Invalid);
+                }
+                let region = match feth.selectivity {
+                    SELECT_RANGE => {
+                        Self::remote(env, reth.rkey, reth.va, u64::from(reth.dma_len), need)?
+                    }
+                    SELECT_REGION => {
+                        Some(env.remote_region(reth.rkey, need).map_err(Refuse::Access)?)
+                    }
+                    _ => return Err(Refuse::Invalid),
+                };
+                // Every earlier request of this QP was executed before this one (PSN
+                // order), so its data is in place: make it visible, then durable.
+                std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+                if need.contains(AccessFlags::FLUSH_PERSISTENT)
+                    && let Some(r) = &region
+                {
+                    r.persist(0, r.len()).map_err(|e| {
+                        tracing::warn!(error = %e, "persistent FLUSH failed");
+                        Refuse::Operational
+                    })?;
+                }
+                self.answer_with_empty_read_response(pkt.psn)?;
+                return Ok(());
+            }
             _ => return Err(Refuse::Invalid),
         }
         self.resp.epsn = add(pkt.psn, 1);
         if pkt.ack_req {
             self.resp.push_ack(pkt.psn);
         }
+        Ok(())
+    }
+
+    /// Finishes an ATOMIC WRITE or FLUSH at `psn`: a resource to answer duplicates, the
+    /// zero-length READ response, the next expected PSN.
+    fn answer_with_empty_read_response(&mut self, psn: u32) -> Result<(), Refuse> {
+        self.push_resource(Resource::Done { psn })?;
+        self.resp.out.push_back(Out::empty_read_response(psn));
+        self.resp.msn = add(self.resp.msn, 1);
+        self.resp.epsn = add(psn, 1);
         Ok(())
     }
 

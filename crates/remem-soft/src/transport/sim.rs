@@ -14,8 +14,8 @@ use crate::wqe::{RecvWqe, SendData, SendWqe};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use remem_verbs::{
-    AccessFlags, MemRegion, MemoryBuffer, QpState, SendOp, WcFlags, WcOpcode, WcStatus,
-    WorkCompletion,
+    AccessFlags, FlushLevel, FlushType, MemRegion, MemoryBuffer, QpState, SendOp, WcFlags,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -60,6 +60,7 @@ impl SimPacket {
             aeth: h.aeth,
             atomic: h.atomic,
             atomic_ack: h.atomic_ack,
+            feth: h.feth,
             imm: h.imm,
             ieth: h.ieth,
             deth: h.deth,
@@ -106,6 +107,18 @@ impl Env for NodeEnv<'_> {
             region.offset() + off..region.offset() + off + len as usize,
         )
         .map_err(|_| RemoteKeyError::OutOfBounds)
+    }
+
+    fn remote_region(&mut self, rkey: u32, need: AccessFlags) -> Result<MemRegion, RemoteKeyError> {
+        let (region, access) = self
+            .keys
+            .by_rkey
+            .get(&rkey)
+            .ok_or(RemoteKeyError::UnknownKey)?;
+        if !access.contains(need) {
+            return Err(RemoteKeyError::MissingAccess);
+        }
+        Ok(region.clone())
     }
 
     fn take_recv(&mut self) -> Option<RecvWqe> {
@@ -165,7 +178,7 @@ impl Node {
             rkey,
             (
                 MemRegion::whole(target.clone()),
-                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE,
+                AccessFlags::LOCAL_WRITE | (AccessFlags::REMOTE - AccessFlags::FLUSH_PERSISTENT),
             ),
         );
         Node {
@@ -285,9 +298,20 @@ fn cfg(qpn: u32, dest: u32, mtu: u32, sq_psn: u32, rq_psn: u32) -> RcConfig {
         min_rnr_timer: 1, // 10 µs
         max_rd_atomic: 4,
         max_dest_rd_atomic: 4,
-        access: AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC,
+        access: AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_ATOMIC
+            | AccessFlags::FLUSH_GLOBAL,
         window: 64,
     }
+}
+
+/// The 8 bytes an ATOMIC WRITE carries: the first source bytes, padded with random ones.
+fn src_u64(src: &[u8], rng: &mut StdRng) -> [u8; 8] {
+    let mut v: [u8; 8] = rng.random();
+    let n = src.len().min(8);
+    v[..n].copy_from_slice(&src[..n]);
+    v
 }
 
 /// Builds a random workload for both directions and its reference model.
@@ -306,7 +330,7 @@ fn workload(rng: &mut StdRng, nodes: &[Node; 2], ops: usize) -> Workload {
         let rkey = nodes[peer].target_rkey;
         for i in 0..ops {
             let wr_id = (me as u64) << 32 | i as u64;
-            let choice = rng.random_range(0..7);
+            let choice = rng.random_range(0..9);
             let len = match rng.random_range(0..4) {
                 0 => rng.random_range(0..16),
                 1 => rng.random_range(16..600),
@@ -390,6 +414,40 @@ fn workload(rng: &mut StdRng, nodes: &[Node; 2], ops: usize) -> Workload {
                         },
                     )
                 }
+                7 => {
+                    // ATOMIC WRITE: the 8 source bytes land as they are.
+                    target[peer][toff..toff + 8].copy_from_slice(&src_u64(&src, rng));
+                    local
+                        .write(local_off, &target[peer][toff..toff + 8])
+                        .unwrap();
+                    (
+                        SendOp::AtomicWrite {
+                            remote_addr: va,
+                            rkey,
+                        },
+                        SendData::Sges(vec![sge8]),
+                        8,
+                        Expect::Plain,
+                    )
+                }
+                8 => (
+                    // FLUSH (global visibility) of a range: changes nothing, completes once
+                    // everything before it is placed.
+                    SendOp::Flush {
+                        remote_addr: va,
+                        rkey,
+                        len: len as u32,
+                        flush_type: FlushType::Global,
+                        level: if rng.random_bool(0.5) {
+                            FlushLevel::Range
+                        } else {
+                            FlushLevel::Region
+                        },
+                    },
+                    SendData::Sges(vec![]),
+                    0,
+                    Expect::Plain,
+                ),
                 _ => {
                     let cur = u64::from_ne_bytes(target[peer][toff..toff + 8].try_into().unwrap());
                     let add = rng.random::<u64>();
@@ -413,9 +471,9 @@ fn workload(rng: &mut StdRng, nodes: &[Node; 2], ops: usize) -> Workload {
             local_off += wlen.max(8);
             let touched = match op {
                 SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => Some((toff, len)),
-                SendOp::AtomicCmpAndSwp { .. } | SendOp::AtomicFetchAndAdd { .. } => {
-                    Some((toff, 8))
-                }
+                SendOp::AtomicCmpAndSwp { .. }
+                | SendOp::AtomicFetchAndAdd { .. }
+                | SendOp::AtomicWrite { .. } => Some((toff, 8)),
                 _ => None,
             };
             let overlaps_read = touched

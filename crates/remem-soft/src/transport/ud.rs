@@ -234,6 +234,9 @@ mod tests {
         ) -> Result<MemRegion, RemoteKeyError> {
             Err(RemoteKeyError::UnknownKey)
         }
+        fn remote_region(&mut self, _: u32, _: AccessFlags) -> Result<MemRegion, RemoteKeyError> {
+            Err(RemoteKeyError::UnknownKey)
+        }
         fn take_recv(&mut self) -> Option<RecvWqe> {
             self.rq.pop_front()
         }
