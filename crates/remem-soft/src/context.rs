@@ -29,6 +29,11 @@ pub struct SoftOptions {
     /// so peers share a port; two soft devices on one address (e.g. `::1`, the only IPv6
     /// loopback address) need distinct ports and name each other's here.
     pub peer_port: Option<u16>,
+    /// Leave out the RoCEv2 memory placement extensions (FLUSH, ATOMIC WRITE), as kernel
+    /// Soft-RoCE before Linux 6.2 does: the device does not report them and refuses to
+    /// post them. (It still answers them as a responder.) For testing code that must work
+    /// on such devices.
+    pub no_placement: bool,
 }
 
 /// The environment variable that pins progress threads to a CPU.
@@ -49,6 +54,7 @@ impl SoftOptions {
             inline: false,
             busy_poll: Duration::from_micros(num(BUSY_POLL_ENV).unwrap_or(0)),
             peer_port: None,
+            no_placement: false,
         }
     }
 }
@@ -167,7 +173,12 @@ impl SoftContext {
             udp_addr: Some(addr),
         };
         let port = port_attr(mtu, true, info.gids.len());
-        let attr = device_attr(node_guid);
+        let mut attr = device_attr(node_guid);
+        if opts.no_placement {
+            attr.flush_global = false;
+            attr.flush_persistent = false;
+            attr.atomic_write = false;
+        }
         let dev = DeviceShared::open(info, attr, port, addr, opts)?;
         Ok(SoftContext { dev })
     }

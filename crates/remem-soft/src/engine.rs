@@ -525,6 +525,7 @@ mod tests {
                     max_dest_rd_atomic: 16,
                     active_mtu: 4096,
                     max_msg: 1 << 31,
+                    placement: true,
                 },
                 window: 256,
                 around: around.clone(),

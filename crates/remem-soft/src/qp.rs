@@ -25,6 +25,8 @@ pub struct QpLimits {
     pub active_mtu: u32,
     /// Largest message.
     pub max_msg: u64,
+    /// The RoCEv2 memory placement extensions (FLUSH, ATOMIC WRITE) are on.
+    pub placement: bool,
 }
 
 /// Checks requested queue sizes against the device and returns what is granted.
@@ -723,6 +725,13 @@ impl remem_verbs::QueuePair for SoftQp {
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
         let r = post_each(wrs, |wr| {
+            if !self.limits.placement
+                && matches!(wr.op, SendOp::Flush { .. } | SendOp::AtomicWrite { .. })
+            {
+                return Err(Error::Unsupported(
+                    "FLUSH and ATOMIC WRITE on a device without the memory placement extensions",
+                ));
+            }
             let wqe = build_send_wqe(
                 wr,
                 self.qp_type,
@@ -832,6 +841,7 @@ mod tests {
             max_dest_rd_atomic: 16,
             active_mtu: 1024,
             max_msg: 1 << 31,
+            placement: true,
         }
     }
 

@@ -21,7 +21,7 @@
 
 use crate::conn::{ConnShared, Connection, Kind};
 use crate::error::{Error, Result};
-use crate::mr::{LocalMr, RemoteMr};
+use crate::mr::{LocalMr, RemoteMr, TOKEN_LEN};
 
 use std::alloc::Layout;
 use std::collections::HashMap;
@@ -160,8 +160,8 @@ impl ConnShared {
                 let answer = if op == GRANT {
                     match (
                         u32_at(msg, 5),
-                        msg.get(9..29).and_then(RemoteMr::from_bytes),
-                        u64_at(msg, 29),
+                        msg.get(9..9 + TOKEN_LEN).and_then(RemoteMr::from_bytes),
+                        u64_at(msg, 9 + TOKEN_LEN),
                     ) {
                         (Some(lease), Some(token), Some(ms)) => {
                             Ok((lease, token, Duration::from_millis(ms)))
@@ -183,7 +183,7 @@ impl ConnShared {
                     (None, Err(_)) => {}
                 }
             }
-            TRANSFER => match msg.get(5..25).and_then(RemoteMr::from_bytes) {
+            TRANSFER => match msg.get(5..5 + TOKEN_LEN).and_then(RemoteMr::from_bytes) {
                 Some(token) => self.agent.received.push(Some((id, token))),
                 None => self.fail("peer sent a malformed memory region".into()),
             },
@@ -233,7 +233,10 @@ impl ConnShared {
         }
         let layout = Layout::from_size_align(size, align as usize)
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-        let mr = self.rdma.alloc_local_mr_with(layout, cfg.access)?;
+        let mr = self.rdma.alloc_local_mr_with(
+            layout,
+            cfg.access - remem_verbs::AccessFlags::FLUSH_PERSISTENT,
+        )?;
         let token = mr.token(self.rdma.pd())?;
         let id = self.agent.next_id.fetch_add(1, Ordering::Relaxed);
         self.agent

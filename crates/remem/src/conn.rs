@@ -30,9 +30,11 @@
 use crate::error::{Error, Result};
 use crate::mr::{Local, LocalMr, LocalMut, RemoteMr, Span, register};
 use crate::rdma::{Polling, Rdma};
+use crate::{FlushType, PeerConfig};
 use remem_verbs::{
     AccessFlags, AhAttr, CompletionQueue, Gid, MemoryBuffer, Mtu, QpAttr, QpAttrMask, QpInitAttr,
-    QpState, QpType, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    QpState, QpType, QueuePair, RecvWr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -190,6 +192,14 @@ impl PreparedConnection {
     }
 }
 
+/// What a device does natively beyond the classic verbs.
+#[derive(Debug, Clone, Copy)]
+struct Caps {
+    flush_global: bool,
+    flush_persistent: bool,
+    atomic_write: bool,
+}
+
 /// One in-flight work request.
 struct Pending {
     /// The waiting future, if it still waits.
@@ -200,6 +210,9 @@ struct Pending {
     credit_msg: bool,
     /// A close message: the QP goes to ERR once it is out.
     close_msg: bool,
+    /// The last unsignaled work request posted before this one: released when this
+    /// completes.
+    release_upto: Option<u64>,
 }
 
 impl Pending {
@@ -220,6 +233,7 @@ impl Pending {
             },
             credit_msg: false,
             close_msg: false,
+            release_upto: None,
         }
     }
 }
@@ -323,6 +337,12 @@ pub(crate) struct ConnShared {
     /// The tokio runtime current when the connection was prepared, if any.
     rt: Option<tokio::runtime::Handle>,
     pending: Mutex<HashMap<u64, Pending>>,
+    /// Work requests posted to complete silently, in post order, with what they hold.
+    unsignaled: Mutex<VecDeque<(u64, Keep)>>,
+    /// What the device does natively: FLUSH (global, persistent) and ATOMIC WRITE.
+    caps: Caps,
+    /// What the peer declared about its memory.
+    peer_cfg: Mutex<crate::PeerConfig>,
     next_wr: AtomicU64,
     /// Why the connection closed, once it has.
     closed: Mutex<Option<String>>,
@@ -426,6 +446,12 @@ impl Rdma {
             free: Mutex::new((0..nslots).rev().collect()),
         });
         let psn = cfg.sq_psn.unwrap_or_else(rand_psn) & 0x00ff_ffff;
+        let dev = ctx.query_device()?;
+        let caps = Caps {
+            flush_global: dev.flush_global,
+            flush_persistent: dev.flush_persistent,
+            atomic_write: dev.atomic_write,
+        };
         let shared = Arc::new(ConnShared {
             qp,
             cq,
@@ -433,6 +459,9 @@ impl Rdma {
             agent: crate::agent::Agent::default(),
             rt: tokio::runtime::Handle::try_current().ok(),
             pending: Mutex::new(HashMap::new()),
+            unsignaled: Mutex::new(VecDeque::new()),
+            caps,
+            peer_cfg: Mutex::new(crate::PeerConfig::default()),
             next_wr: AtomicU64::new(1),
             closed: Mutex::new(None),
             event: Mutex::new(None),
@@ -714,8 +743,18 @@ impl ConnShared {
             return self.on_receive(wc, (wc.wr_id & !RECV_TAG) as u32);
         }
         let Some(p) = lock(&self.pending).remove(&wc.wr_id) else {
+            // One posted to complete silently (signaled now and then, or failed).
+            if self.release_unsignaled(wc.wr_id)
+                && wc.status != WcStatus::Success
+                && wc.status != WcStatus::WrFlushErr
+            {
+                self.mark_closed(format!("{:?} failed with {}", wc.opcode, wc.status));
+            }
             return;
         };
+        if let Some(upto) = p.release_upto {
+            self.release_unsignaled(upto);
+        }
         if p.close_msg {
             self.to_error();
         }
@@ -906,6 +945,7 @@ impl ConnShared {
             },
             credit_msg: kind == Kind::Credit,
             close_msg: kind == Kind::Close,
+            release_upto: None,
         });
         if let Err(e) = self
             .qp
@@ -958,6 +998,20 @@ impl ConnShared {
         needs_credit: bool,
         header_at: Option<(usize, Kind, Option<u32>)>,
     ) -> Result<u64> {
+        self.execute_flags(op, spans, slot, needs_credit, header_at, SendFlags::empty())
+            .await
+    }
+
+    /// [`ConnShared::execute`] with extra send flags (FENCE).
+    async fn execute_flags(
+        self: &Arc<Self>,
+        op: SendOp,
+        spans: Vec<Span>,
+        slot: Option<SlotGuard>,
+        needs_credit: bool,
+        header_at: Option<(usize, Kind, Option<u32>)>,
+        flags: SendFlags,
+    ) -> Result<u64> {
         self.check_open()?;
         let permit = self.sq_entries(1).await?;
         if needs_credit {
@@ -975,8 +1029,18 @@ impl ConnShared {
         }
         let sges: Vec<Sge> = spans.iter().map(Span::sge).collect();
         let (tx, rx) = oneshot::channel();
-        let wr_id = self.track(Pending::awaited(tx, spans, permit, slot));
-        if let Err(e) = self.qp.post_send(&[SendWr::new(wr_id, op, &sges)]) {
+        let mut pending = Pending::awaited(tx, spans, permit, slot);
+        // Posted under the lock of the unsignaled queue, so that every unsignaled work
+        // request in it went before this one: its completion releases them.
+        let (wr_id, posted) = {
+            let unsignaled = lock(&self.unsignaled);
+            pending.release_upto = unsignaled.back().map(|(id, _)| *id);
+            let wr_id = self.track(pending);
+            let mut wr = SendWr::new(wr_id, op, &sges);
+            wr.flags |= flags;
+            (wr_id, self.qp.post_send(&[wr]))
+        };
+        if let Err(e) = posted {
             lock(&self.pending).remove(&wr_id);
             self.owed.fetch_add(u32::from(credits), Ordering::AcqRel);
             if needs_credit {
@@ -1002,6 +1066,55 @@ impl ConnShared {
                 vendor_err: wc.vendor_err,
             }),
         }
+    }
+
+    /// Posts one work request that completes silently on success ("completion on error
+    /// only") and returns once it is posted. Its memory stays referenced until a later
+    /// signaled work request completes (RC completes in order); every `UNSIGNALED_EVERY`th
+    /// is signaled anyway, with nobody waiting, so that the send queue drains. A failure
+    /// completes it with an error, which closes the connection.
+    async fn post_unsignaled(
+        self: &Arc<Self>,
+        op: SendOp,
+        spans: Vec<Span>,
+        slot: Option<SlotGuard>,
+        flags: SendFlags,
+    ) -> Result<()> {
+        self.check_open()?;
+        let permit = self.sq_entries(1).await?;
+        let sges: Vec<Sge> = spans.iter().map(Span::sge).collect();
+        let keep = Keep {
+            _owner: None,
+            _spans: spans,
+            _sq: permit,
+            _slot: slot,
+        };
+        let depth = self.qp.cap().max_send_wr.max(2);
+        let every = u64::from(depth / 2);
+        let mut unsignaled = lock(&self.unsignaled);
+        let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
+        let signal = (unsignaled.len() as u64 + 1).is_multiple_of(every);
+        let mut wr = SendWr::new(wr_id, op, &sges);
+        wr.flags = flags;
+        if signal {
+            wr.flags |= SendFlags::SIGNALED;
+        }
+        self.qp
+            .post_send(&[wr])
+            .map_err(|e| Error::Verbs(e.error))?;
+        unsignaled.push_back((wr_id, keep));
+        Ok(())
+    }
+
+    /// Releases the unsignaled work requests up to and including `wr_id` (they completed:
+    /// a work request posted after them did). Returns whether `wr_id` itself was one.
+    fn release_unsignaled(&self, wr_id: u64) -> bool {
+        let mut q = lock(&self.unsignaled);
+        let mut found = false;
+        while q.front().is_some_and(|(id, _)| *id <= wr_id) {
+            found |= q.pop_front().is_some_and(|(id, _)| id == wr_id);
+        }
+        found
     }
 
     /// Posts `ops` with one `post_send`, only the last signaled (RC completes in order, so
@@ -1278,6 +1391,117 @@ impl Connection {
         .await
     }
 
+    /// Makes the writes this connection did to the peer's `dst` visible at the peer
+    /// ([`FlushType::Visibility`]) or durable there ([`FlushType::Persistent`]), as
+    /// librpma's `rpma_flush` does; returns once they are.
+    ///
+    /// With a device that does RoCEv2 FLUSH and a region registered for that placement
+    /// ([`RemoteMr::supports_flush`]), one FLUSH request does it: the peer executes it after
+    /// every earlier request of the connection, and for a persistent flush writes the
+    /// range back to its file ([`crate::Rdma::register_file`]) before answering.
+    /// Otherwise remem falls back to librpma's method: a small RDMA READ from `dst`, whose
+    /// answer comes after the earlier writes were placed (needs REMOTE_READ on the
+    /// region); for [`FlushType::Persistent`] that is only enough where the peer declared
+    /// that its writes go straight to persistent memory ([`PeerConfig`],
+    /// [`Connection::apply_peer_config`]), and is an [`Error::Unsupported`] otherwise.
+    pub async fn flush(&self, dst: &RemoteMr, flush: FlushType) -> Result<()> {
+        let sh = &self.shared;
+        if dst.len > 1 << 31 {
+            return Err(Error::InvalidArgument(format!(
+                "{} bytes exceed the 2^31-byte limit of one FLUSH",
+                dst.len
+            )));
+        }
+        let native = match flush {
+            FlushType::Visibility => sh.caps.flush_global,
+            FlushType::Persistent => sh.caps.flush_persistent,
+        };
+        if native && dst.supports_flush(flush) {
+            let op = SendOp::Flush {
+                remote_addr: dst.addr,
+                rkey: dst.rkey,
+                len: dst.len as u32,
+                flush_type: match flush {
+                    FlushType::Visibility => remem_verbs::FlushType::Global,
+                    FlushType::Persistent => remem_verbs::FlushType::Persistent,
+                },
+                level: remem_verbs::FlushLevel::Range,
+            };
+            return sh.execute(op, vec![], None, false, None).await.map(drop);
+        }
+        if flush == FlushType::Persistent && !lock(&sh.peer_cfg).direct_write_to_pmem {
+            return Err(Error::Unsupported(
+                "persistent flush: the region takes no FLUSH (or the device has none) and \
+                 the peer did not declare direct writes to persistent memory"
+                    .into(),
+            ));
+        }
+        if !dst.access.contains(AccessFlags::REMOTE_READ) {
+            return Err(Error::Unsupported(
+                "flush without RoCEv2 FLUSH reads the region, which grants no REMOTE_READ".into(),
+            ));
+        }
+        // The READ's answer leaves the peer after every earlier write was placed.
+        let (slot, span) = sh.slot().await?;
+        let len = dst.len.min(8) as usize;
+        let span = Span { len, ..span };
+        let op = SendOp::RdmaRead {
+            remote_addr: dst.addr,
+            rkey: dst.rkey,
+        };
+        sh.execute(op, vec![span], Some(slot), false, None)
+            .await
+            .map(drop)
+    }
+
+    /// Writes `value` into the peer's 8-byte aligned word `dst` in one piece, after every
+    /// earlier operation of this connection (librpma's `rpma_atomic_write`): a RoCEv2
+    /// ATOMIC WRITE where the device has it, else an 8-byte RDMA WRITE with FENCE. The 8
+    /// bytes land in this machine's byte order, as a `u64` stored here would.
+    pub async fn atomic_write(&self, dst: &RemoteMr, value: u64) -> Result<()> {
+        check_atomic(dst)?;
+        let sh = &self.shared;
+        let (slot, span) = sh.slot().await?;
+        sh.slots.mr.store_u64(span.offset, value)?;
+        let (op, flags) = if sh.caps.atomic_write {
+            let op = SendOp::AtomicWrite {
+                remote_addr: dst.addr,
+                rkey: dst.rkey,
+            };
+            (op, SendFlags::empty())
+        } else {
+            let op = SendOp::RdmaWrite {
+                remote_addr: dst.addr,
+                rkey: dst.rkey,
+            };
+            (op, SendFlags::FENCE)
+        };
+        sh.execute_flags(op, vec![span], Some(slot), false, None, flags)
+            .await
+            .map(drop)
+    }
+
+    /// Posts an RDMA WRITE of `src` into `dst` that completes silently ("completion on
+    /// error only", librpma's `RPMA_F_COMPLETION_ON_ERROR`): returns once it is posted.
+    /// A later operation that completes (e.g. [`Connection::flush`]) means this one is done
+    /// too; if it fails, the connection closes and later operations fail. Change `src`
+    /// only after such a later completion: the NIC may still be reading it (a race on
+    /// values, never undefined behaviour). Its memory stays registered until then.
+    pub async fn post_write(&self, src: &impl Local, dst: &RemoteMr) -> Result<()> {
+        let span = src.span();
+        let op = OneSided::Write.op(span.len, dst)?;
+        self.shared
+            .post_unsignaled(op, vec![span], None, SendFlags::empty())
+            .await
+    }
+
+    /// Applies what the peer declared about its memory (decoded from its
+    /// [`PeerConfig::descriptor`]): decides how [`Connection::flush`] makes data
+    /// persistent when the region takes no RoCEv2 FLUSH.
+    pub fn apply_peer_config(&self, cfg: PeerConfig) {
+        *lock(&self.shared.peer_cfg) = cfg;
+    }
+
     async fn send_message(&self, src: Option<Span>, kind: Kind, imm: Option<u32>) -> Result<()> {
         let len = src.as_ref().map_or(0, |s| s.len);
         let max = self.shared.peer_max_message.load(Ordering::Relaxed) as usize;
@@ -1315,6 +1539,7 @@ impl Connection {
             addr: mr.addr(),
             len: src.len as u64,
             rkey: mr.rkey(),
+            access: AccessFlags::REMOTE_READ,
         };
         let rid = sh.next_rid.fetch_add(1, Ordering::Relaxed);
         let mut announce = rid.to_be_bytes().to_vec();

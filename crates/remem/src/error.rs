@@ -67,6 +67,16 @@ pub enum Error {
     /// A time limit passed.
     #[error("timed out: {0}")]
     Timeout(&'static str),
+    /// Bytes that are not a valid descriptor (MR or peer configuration).
+    #[error("bad descriptor: {0}")]
+    Descriptor(String),
+    /// The operation cannot be done on this device and peer (e.g. a persistent flush to a
+    /// peer that neither supports FLUSH nor declared direct writes to persistent memory).
+    #[error("not supported: {0}")]
+    Unsupported(String),
+    /// The peer rejected the connection; its private data (why, if it said).
+    #[error("connection rejected by the peer ({} bytes of private data)", .0.len())]
+    Rejected(Vec<u8>),
 }
 
 impl From<remem_verbs::MemError> for Error {

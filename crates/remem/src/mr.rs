@@ -344,11 +344,6 @@ impl LocalMr {
         })
     }
 
-    /// A token the peer can use to reach this whole region with the rights it was
-    /// allocated with. A pool block is registered for local access only: lending it
-    /// registers exactly its range for remote access (once; the registration ends with the
-    /// region), so the peer reaches nothing else of the pool. Crate-private: tokens leave
-    /// a process only through a connection.
     /// Ends every remote access to this region and returns the same memory (same range)
     /// registered for local access only: a pool block drops its own registration for the
     /// peer (the pool's is local-only); any other region is registered anew for local
@@ -365,6 +360,10 @@ impl LocalMr {
         Ok(LocalMr::new(local))
     }
 
+    /// A token the peer can use to reach this whole region with the rights it was
+    /// allocated with. A pool block is registered for local access only: lending it
+    /// registers exactly its range for remote access (once; the registration ends with the
+    /// region), so the peer reaches nothing else of the pool.
     pub(crate) fn token(&self, pd: &Arc<dyn ProtectionDomain>) -> Result<RemoteMr> {
         let inner = &self.inner;
         let rkey = if inner._block.is_none() {
@@ -388,7 +387,18 @@ impl LocalMr {
             addr: self.addr(),
             len: self.len() as u64,
             rkey,
+            access: inner.access & AccessFlags::REMOTE,
         })
+    }
+
+    /// A descriptor of this region for a peer: address, length, remote key, the rights it
+    /// grants and the FLUSH placements it supports, in a compact versioned encoding
+    /// ([`RemoteMr::from_descriptor`] turns it back into a remote region). Pass it by any
+    /// means, e.g. in a connection's private data. A pool
+    /// block is registered for the peer on first use, as when it is shared over a
+    /// connection.
+    pub fn descriptor(&self, rdma: &crate::Rdma) -> Result<Vec<u8>> {
+        Ok(self.token(rdma.pd())?.descriptor())
     }
 }
 
@@ -470,15 +480,34 @@ impl Local for LocalMrMut<'_> {
 impl LocalMut for LocalMr {}
 impl LocalMut for LocalMrMut<'_> {}
 
-/// A peer's memory region, or part of one: address, length and remote key. Obtained from
-/// the peer through a connection ([`crate::Connection::receive_shared_mr`]); the safe API
-/// cannot make one up. The peer's NIC checks every access against its registration.
+/// A peer's memory region, or part of one: address, length, remote key and the rights it
+/// grants. Obtained from the peer through a connection
+/// ([`crate::Connection::receive_shared_mr`] and the agent's lending), or decoded from a
+/// descriptor the peer made ([`LocalMr::descriptor`], [`RemoteMr::from_descriptor`]).
+///
+/// Descriptors are bytes, so a remote region can be made up from bytes that no peer
+/// produced; that gains nothing: the peer's NIC checks every access against its
+/// registration (key, protection domain, bounds, rights), so a made-up or stale region
+/// reaches no memory and the access fails with a remote access error. Ending a lease or
+/// revoking a region ([`LocalMr`]) ends the registration, whatever copies of its
+/// descriptor exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RemoteMr {
     pub(crate) addr: u64,
     pub(crate) len: u64,
     pub(crate) rkey: u32,
+    /// The remote rights of the registration (REMOTE_*, FLUSH_*).
+    pub(crate) access: AccessFlags,
 }
+
+/// Bytes of a region token on the wire (address, length, key, rights).
+pub(crate) const TOKEN_LEN: usize = 24;
+
+/// Magic and version of an MR descriptor.
+const DESC_MAGIC: &[u8; 3] = b"RMR";
+const DESC_VERSION: u8 = 1;
+/// Bytes of an MR descriptor.
+pub const MR_DESCRIPTOR_LEN: usize = 4 + TOKEN_LEN;
 
 impl RemoteMr {
     /// Bytes in the region.
@@ -502,22 +531,76 @@ impl RemoteMr {
             addr: self.addr + start,
             len,
             rkey: self.rkey,
+            access: self.access,
         })
     }
 
-    pub(crate) fn to_bytes(self) -> [u8; 20] {
-        let mut b = [0; 20];
+    /// The remote rights the peer registered the region with (`REMOTE_READ`,
+    /// `REMOTE_WRITE`, `REMOTE_ATOMIC`, `FLUSH_GLOBAL`, `FLUSH_PERSISTENT`).
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+
+    /// Whether the peer's region takes a RoCEv2 FLUSH of this placement type.
+    pub fn supports_flush(&self, flush: crate::FlushType) -> bool {
+        self.access.contains(match flush {
+            crate::FlushType::Visibility => AccessFlags::FLUSH_GLOBAL,
+            crate::FlushType::Persistent => AccessFlags::FLUSH_PERSISTENT,
+        })
+    }
+
+    /// Encodes the region as an MR descriptor ([`MR_DESCRIPTOR_LEN`] bytes: magic `RMR`,
+    /// version, then address, length, key and rights, big-endian).
+    pub fn descriptor(&self) -> Vec<u8> {
+        let mut d = Vec::with_capacity(MR_DESCRIPTOR_LEN);
+        d.extend_from_slice(DESC_MAGIC);
+        d.push(DESC_VERSION);
+        d.extend_from_slice(&self.to_bytes());
+        d
+    }
+
+    /// Decodes an MR descriptor. Total: any input that is not a descriptor of this
+    /// version (length, magic, version, unknown rights bits, a range wrapping past 2^64)
+    /// is an [`Error::Descriptor`], never a panic.
+    pub fn from_descriptor(bytes: &[u8]) -> Result<RemoteMr> {
+        let bad = |why: &str| Error::Descriptor(why.to_string());
+        if bytes.len() != MR_DESCRIPTOR_LEN {
+            return Err(bad("wrong length for an MR descriptor"));
+        }
+        if &bytes[..3] != DESC_MAGIC {
+            return Err(bad("not an MR descriptor"));
+        }
+        if bytes[3] != DESC_VERSION {
+            return Err(Error::Descriptor(format!(
+                "MR descriptor version {} (this is version {DESC_VERSION})",
+                bytes[3]
+            )));
+        }
+        let mr = RemoteMr::from_bytes(&bytes[4..]).ok_or_else(|| bad("malformed fields"))?;
+        if mr.addr.checked_add(mr.len).is_none() {
+            return Err(bad("the region wraps past the end of the address space"));
+        }
+        Ok(mr)
+    }
+
+    pub(crate) fn to_bytes(self) -> [u8; TOKEN_LEN] {
+        let mut b = [0; TOKEN_LEN];
         b[..8].copy_from_slice(&self.addr.to_be_bytes());
         b[8..16].copy_from_slice(&self.len.to_be_bytes());
-        b[16..].copy_from_slice(&self.rkey.to_be_bytes());
+        b[16..20].copy_from_slice(&self.rkey.to_be_bytes());
+        b[20..].copy_from_slice(&self.access.bits().to_be_bytes());
         b
     }
 
+    /// Decodes a token; `None` if it is short or names rights that are not remote ones.
     pub(crate) fn from_bytes(b: &[u8]) -> Option<RemoteMr> {
+        let bits = u32::from_be_bytes(b.get(20..24)?.try_into().ok()?);
+        let access = AccessFlags::from_bits(bits).filter(|a| AccessFlags::REMOTE.contains(*a))?;
         Some(RemoteMr {
             addr: u64::from_be_bytes(b.get(..8)?.try_into().ok()?),
             len: u64::from_be_bytes(b.get(8..16)?.try_into().ok()?),
             rkey: u32::from_be_bytes(b.get(16..20)?.try_into().ok()?),
+            access,
         })
     }
 }

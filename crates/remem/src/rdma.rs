@@ -104,7 +104,9 @@ impl Default for RdmaBuilder {
             access: AccessFlags::LOCAL_WRITE
                 | AccessFlags::REMOTE_READ
                 | AccessFlags::REMOTE_WRITE
-                | AccessFlags::REMOTE_ATOMIC,
+                | AccessFlags::REMOTE_ATOMIC
+                | AccessFlags::FLUSH_GLOBAL
+                | AccessFlags::FLUSH_PERSISTENT,
             polling: Polling::Event,
             max_message: 64 * 1024,
             max_large_message: 1 << 30,
@@ -223,7 +225,9 @@ impl RdmaBuilder {
 
     /// The most a peer may do to this side's memory: the QP's remote access rights and the
     /// default rights of allocated regions (default: local write, remote read, write,
-    /// atomic).
+    /// atomic, and both FLUSH placements; allocated regions never get
+    /// `FLUSH_PERSISTENT`, which only file-backed regions can honour:
+    /// [`Rdma::register_file`]).
     pub fn access(mut self, access: AccessFlags) -> Self {
         self.access = access;
         self
@@ -438,7 +442,8 @@ impl Rdma {
     /// earlier allocation left). Safe, unlike an uninitialised Rust allocation: the pool's
     /// memory is always initialised, and it is only ever read through copies.
     pub fn alloc_local_mr_uninit(&self, layout: Layout) -> Result<LocalMr> {
-        let access = self.config().access;
+        // Pool memory has no durable backing store: no persistent FLUSH into it.
+        let access = self.config().access - AccessFlags::FLUSH_PERSISTENT;
         match self.inner.pool.alloc(layout.size(), layout.align())? {
             Some(block) => Ok(LocalMr::from_block(block, layout.size(), access)),
             None => self.alloc_local_mr_with(layout, access),
@@ -471,6 +476,23 @@ impl Rdma {
             )));
         }
         register(self.pd(), buf, access)
+    }
+
+    /// Maps `len` bytes of `file` from byte `offset` (growing the file if it is shorter)
+    /// and registers them with `access`, which may include
+    /// [`AccessFlags::FLUSH_PERSISTENT`]: a persistent target for a peer's writes and
+    /// flushes — on persistent memory with a DAX file system, or on any file system, where
+    /// a persistent flush writes the range back (`msync`) before it completes.
+    /// `access` may not exceed [`RdmaBuilder::access`]. See [`MemoryBuffer::map_file`]
+    /// for what concurrent changes to the file mean.
+    pub fn register_file(
+        &self,
+        file: &std::fs::File,
+        offset: u64,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<LocalMr> {
+        self.register(MemoryBuffer::map_file(file, offset, len)?, access)
     }
 
     /// The device's asynchronous events (QP fatal, CQ error, port active/error, SRQ

@@ -128,6 +128,7 @@ impl DeviceShared {
             max_dest_rd_atomic: attr.max_qp_rd_atom.min(255) as u8,
             active_mtu: port.active_mtu.bytes(),
             max_msg: u64::from(port.max_msg_sz),
+            placement: attr.atomic_write,
         };
         let max_mr = attr.max_mr;
         let quotas = quota::Quotas::new(&attr);
