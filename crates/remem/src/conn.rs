@@ -107,7 +107,7 @@ pub struct EndpointInfo {
 
 /// Magic and version of the endpoint exchange.
 const MAGIC: &[u8; 6] = b"REMEM\0";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
 /// Bytes of an encoded [`EndpointInfo`].
 pub const ENDPOINT_INFO_LEN: usize = 44;
 
@@ -180,6 +180,9 @@ impl PreparedConnection {
             .store(remote.max_message, Ordering::Relaxed);
         let shared = self.shared;
         shared.rdma.dispatcher().register(&shared, &shared.cq)?;
+        if let Some(rcq) = &shared.rcq {
+            shared.rdma.dispatcher().register(&shared, rcq)?;
+        }
         shared.rdma.watch(&shared);
         if let (Some(every), Ok(rt)) = (
             shared.rdma.config().keepalive,
@@ -332,6 +335,16 @@ impl Slots {
 pub(crate) struct ConnShared {
     qp: Arc<dyn QueuePair>,
     cq: Arc<dyn CompletionQueue>,
+    /// The receive completion queue, when receives have one of their own.
+    rcq: Option<Arc<dyn CompletionQueue>>,
+    /// What the peer sent in the handshake.
+    peer_private_data: Mutex<Vec<u8>>,
+    /// The connection ended in order (a close message, or `close`).
+    graceful: AtomicBool,
+    /// Woken when the connection ends.
+    ended: Notify,
+    /// `next_event` reported `Established`.
+    established_told: AtomicBool,
     pub(crate) rdma: Rdma,
     pub(crate) agent: crate::agent::Agent,
     /// The tokio runtime current when the connection was prepared, if any.
@@ -410,6 +423,12 @@ impl Rdma {
     /// Creates a queue pair, its completion queue and receive buffers, ready to be
     /// connected to a peer with the [`EndpointInfo`] it returns.
     pub fn prepare(&self) -> Result<PreparedConnection> {
+        self.prepare_with(&ConnectOptions::default())
+    }
+
+    /// [`Rdma::prepare`] with options (the private data is not used: exchange it along
+    /// with the endpoint information).
+    pub fn prepare_with(&self, opts: &ConnectOptions) -> Result<PreparedConnection> {
         let cfg = self.config();
         let ctx = self.context();
         let channel = self.dispatcher().channel();
@@ -419,11 +438,18 @@ impl Rdma {
             max_send_sge: cfg.cap.max_send_sge.max(2),
             ..cfg.cap
         };
-        let cq = ctx.create_cq(cfg.cq_size.max(cap.max_send_wr + cap.max_recv_wr), channel)?;
+        let (cq, rcq) = if opts.separate_recv_cq {
+            let cq = ctx.create_cq(cfg.cq_size.max(cap.max_send_wr), channel.clone())?;
+            let rcq = ctx.create_cq(cfg.cq_size.max(cap.max_recv_wr), channel)?;
+            (cq, Some(rcq))
+        } else {
+            let n = cfg.cq_size.max(cap.max_send_wr + cap.max_recv_wr);
+            (ctx.create_cq(n, channel)?, None)
+        };
         let qp = self.pd().create_qp(&QpInitAttr {
             qp_type: QpType::Rc,
             send_cq: cq.clone(),
-            recv_cq: cq.clone(),
+            recv_cq: rcq.clone().unwrap_or_else(|| cq.clone()),
             srq: None,
             cap,
             sq_sig_all: false,
@@ -455,6 +481,11 @@ impl Rdma {
         let shared = Arc::new(ConnShared {
             qp,
             cq,
+            rcq,
+            peer_private_data: Mutex::new(Vec::new()),
+            graceful: AtomicBool::new(false),
+            ended: Notify::new(),
+            established_told: AtomicBool::new(false),
             rdma: self.clone(),
             agent: crate::agent::Agent::default(),
             rt: tokio::runtime::Handle::try_current().ok(),
@@ -502,34 +533,201 @@ impl Rdma {
     /// TCP, both queue pairs are brought to RTS, and the connection is usable as soon as
     /// this returns.
     pub async fn connect(&self, addr: impl tokio::net::ToSocketAddrs) -> Result<Connection> {
-        let stream = TcpStream::connect(addr).await?;
-        self.handshake(stream).await
+        self.connect_with(addr, &ConnectOptions::default()).await
     }
 
-    pub(crate) async fn handshake(&self, mut stream: TcpStream) -> Result<Connection> {
+    /// [`Rdma::connect`] with options: private data for the listener (which may reject
+    /// the connection: [`Error::Rejected`]), a shared receive queue, a separate receive
+    /// completion queue.
+    pub async fn connect_with(
+        &self,
+        addr: impl tokio::net::ToSocketAddrs,
+        opts: &ConnectOptions,
+    ) -> Result<Connection> {
+        check_private_data(&opts.private_data)?;
         let timeout = self.config().handshake_timeout;
-        let prepared = self.prepare()?;
+        let prepared = self.prepare_with(opts)?;
         let exchange = async {
+            let mut stream = TcpStream::connect(addr).await?;
             stream.set_nodelay(true)?;
-            stream.write_all(&prepared.local_info().to_bytes()).await?;
-            let mut buf = [0u8; ENDPOINT_INFO_LEN];
-            stream.read_exact(&mut buf).await?;
-            let remote = EndpointInfo::from_bytes(&buf)?;
-            let conn = prepared.connect(remote)?;
-            // Both QPs are past RTR (their receives posted) once both have said so.
-            stream.write_all(b"R").await?;
-            let mut ready = [0u8; 1];
-            stream.read_exact(&mut ready).await?;
-            if ready != *b"R" {
-                return Err(Error::Handshake("peer did not confirm".into()));
+            let mut hello = prepared.local_info().to_bytes().to_vec();
+            put_private_data(&mut hello, &opts.private_data);
+            stream.write_all(&hello).await?;
+            let mut verdict = [0u8; 1];
+            stream.read_exact(&mut verdict).await?;
+            match &verdict {
+                b"A" => {
+                    let mut buf = [0u8; ENDPOINT_INFO_LEN];
+                    stream.read_exact(&mut buf).await?;
+                    let remote = EndpointInfo::from_bytes(&buf)?;
+                    let pd = read_private_data(&mut stream).await?;
+                    let conn = prepared.connect(remote)?;
+                    *lock(&conn.shared.peer_private_data) = pd;
+                    // The listener's receives were posted before it answered; ours are
+                    // now: say so, and the connection is usable on both sides.
+                    stream.write_all(b"R").await?;
+                    Ok(conn)
+                }
+                b"J" => {
+                    let pd = read_private_data(&mut stream).await?;
+                    tracing::debug!(bytes = pd.len(), "connection rejected");
+                    Err(Error::Rejected(pd))
+                }
+                _ => Err(Error::Handshake("not a remem listener".into())),
             }
-            Ok(conn)
         };
         match tokio::time::timeout(timeout, exchange).await {
             Ok(r) => r,
             Err(_) => Err(Error::Timeout("connection handshake")),
         }
     }
+}
+
+/// The most private data a connection request or answer carries: 196 bytes, RDMA CM's
+/// limit for an accept (a connect request through RDMA CM takes 56).
+pub const MAX_PRIVATE_DATA: usize = 196;
+
+fn check_private_data(pd: &[u8]) -> Result<()> {
+    if pd.len() > MAX_PRIVATE_DATA {
+        return Err(Error::InvalidArgument(format!(
+            "{} bytes of private data (at most {MAX_PRIVATE_DATA})",
+            pd.len()
+        )));
+    }
+    Ok(())
+}
+
+fn put_private_data(out: &mut Vec<u8>, pd: &[u8]) {
+    out.push(pd.len() as u8);
+    out.extend_from_slice(pd);
+}
+
+async fn read_private_data(stream: &mut TcpStream) -> Result<Vec<u8>> {
+    let mut len = [0u8; 1];
+    stream.read_exact(&mut len).await?;
+    if usize::from(len[0]) > MAX_PRIVATE_DATA {
+        return Err(Error::Handshake("private data above the limit".into()));
+    }
+    let mut pd = vec![0u8; usize::from(len[0])];
+    stream.read_exact(&mut pd).await?;
+    Ok(pd)
+}
+
+/// Options of a connection, on either side ([`Rdma::connect_with`],
+/// [`ConnRequest::accept`]).
+#[derive(Debug, Clone, Default)]
+pub struct ConnectOptions {
+    /// Bytes for the peer (at most [`MAX_PRIVATE_DATA`]): [`ConnRequest::private_data`]
+    /// at the listener, [`Connection::peer_private_data`] at the connecting side — e.g. a
+    /// memory region descriptor and a peer configuration descriptor, as librpma's
+    /// examples pass them.
+    pub private_data: Vec<u8>,
+    /// Receive completions on a completion queue of their own rather than on the one send
+    /// completions use (librpma's `rpma_conn_cfg_set_rcq_size`).
+    pub separate_recv_cq: bool,
+}
+
+/// A connection request a [`crate::Listener`] received: who asks and what it says
+/// ([`ConnRequest::private_data`]); accept or reject it.
+#[derive(Debug)]
+pub struct ConnRequest {
+    pub(crate) rdma: Rdma,
+    pub(crate) stream: TcpStream,
+    pub(crate) remote: EndpointInfo,
+    pub(crate) private_data: Vec<u8>,
+    pub(crate) peer: std::net::SocketAddr,
+}
+
+impl ConnRequest {
+    /// The private data the connecting side sent.
+    pub fn private_data(&self) -> &[u8] {
+        &self.private_data
+    }
+
+    /// The TCP address the request came from.
+    pub fn peer_addr(&self) -> std::net::SocketAddr {
+        self.peer
+    }
+
+    /// Accepts: brings up a queue pair for it, answers with `opts.private_data`, and
+    /// returns the connection once the peer is ready too.
+    pub async fn accept(mut self, opts: &ConnectOptions) -> Result<Connection> {
+        check_private_data(&opts.private_data)?;
+        let timeout = self.rdma.config().handshake_timeout;
+        let prepared = self.rdma.prepare_with(opts)?;
+        let info = prepared.local_info();
+        let conn = prepared.connect(self.remote)?;
+        *lock(&conn.shared.peer_private_data) = std::mem::take(&mut self.private_data);
+        let exchange = async {
+            let mut answer = vec![b'A'];
+            answer.extend_from_slice(&info.to_bytes());
+            put_private_data(&mut answer, &opts.private_data);
+            self.stream.write_all(&answer).await?;
+            let mut ready = [0u8; 1];
+            self.stream.read_exact(&mut ready).await?;
+            if ready != *b"R" {
+                return Err(Error::Handshake("peer did not confirm".into()));
+            }
+            Ok(())
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok(Ok(())) => Ok(conn),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(Error::Timeout("connection handshake")),
+        }
+    }
+
+    /// Rejects: the connecting side's [`Rdma::connect_with`] fails with
+    /// [`Error::Rejected`] carrying `private_data` (at most [`MAX_PRIVATE_DATA`] bytes).
+    pub async fn reject(mut self, private_data: &[u8]) -> Result<()> {
+        check_private_data(private_data)?;
+        let mut answer = vec![b'J'];
+        put_private_data(&mut answer, private_data);
+        self.stream.write_all(&answer).await?;
+        self.stream.shutdown().await?;
+        Ok(())
+    }
+}
+
+/// Reads a connection request from a freshly accepted TCP stream.
+pub(crate) async fn read_request(
+    rdma: &Rdma,
+    mut stream: TcpStream,
+    peer: std::net::SocketAddr,
+) -> Result<ConnRequest> {
+    let timeout = rdma.config().handshake_timeout;
+    let read = async {
+        stream.set_nodelay(true)?;
+        let mut buf = [0u8; ENDPOINT_INFO_LEN];
+        stream.read_exact(&mut buf).await?;
+        let remote = EndpointInfo::from_bytes(&buf)?;
+        let private_data = read_private_data(&mut stream).await?;
+        Ok::<_, Error>((remote, private_data))
+    };
+    let (remote, private_data) = match tokio::time::timeout(timeout, read).await {
+        Ok(r) => r?,
+        Err(_) => return Err(Error::Timeout("connection handshake")),
+    };
+    Ok(ConnRequest {
+        rdma: rdma.clone(),
+        stream,
+        remote,
+        private_data,
+        peer,
+    })
+}
+
+/// What happens to a connection, as librpma's `rpma_conn_next_event` reports it (a
+/// rejected connection is [`Error::Rejected`] from [`Rdma::connect_with`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnectionEvent {
+    /// The connection is up (the first event of every connection).
+    Established,
+    /// It was closed in order: by the peer, or by this side ([`Connection::close`]).
+    Closed,
+    /// It was lost: the transport gave up, an asynchronous error, a protocol violation
+    /// (why).
+    Lost(String),
 }
 
 fn rand_psn() -> u32 {
@@ -629,7 +827,9 @@ impl ConnShared {
         use remem_verbs::{AsyncEventElement as E, AsyncEventType as T};
         match (ev.event_type, ev.element) {
             (T::QpFatal | T::QpReqErr | T::QpAccessErr, E::Qp(n)) => n == self.qp.qp_num(),
-            (T::CqErr, E::Cq(id)) => id == self.cq.id(),
+            (T::CqErr, E::Cq(id)) => {
+                id == self.cq.id() || self.rcq.as_ref().is_some_and(|r| r.id() == id)
+            }
             (T::DeviceFatal, _) => true,
             _ => false,
         }
@@ -679,6 +879,7 @@ impl ConnShared {
             *c = Some(reason);
         }
         self.is_closed.store(true, Ordering::Release);
+        self.ended.notify_waiters();
         self.sq.close();
         self.credits.close();
         self.rdv.close();
@@ -704,7 +905,11 @@ impl ConnShared {
 
     /// Arms the CQ for the next completion (`req_notify`).
     pub(crate) fn arm(&self) -> remem_verbs::Result<()> {
-        self.cq.req_notify(false)
+        self.cq.req_notify(false)?;
+        match &self.rcq {
+            Some(rcq) => rcq.req_notify(false),
+            None => Ok(()),
+        }
     }
 
     /// Ends the connection because this side can no longer serve it.
@@ -714,11 +919,19 @@ impl ConnShared {
 
     /// Polls the CQ until it is empty; returns how many completions it handled.
     pub(crate) fn poll_cq(self: &Arc<Self>) -> usize {
+        let mut total = self.poll_one_cq(&self.cq);
+        if let Some(rcq) = &self.rcq {
+            total += self.poll_one_cq(rcq);
+        }
+        total
+    }
+
+    fn poll_one_cq(self: &Arc<Self>, cq: &Arc<dyn CompletionQueue>) -> usize {
         let mut buf = [WorkCompletion::default(); MAX_PER_POLL];
         let wcs = &mut buf[..self.rdma.config().cqe_per_poll.clamp(1, MAX_PER_POLL)];
         let mut total = 0;
         loop {
-            let n = match self.cq.poll(wcs) {
+            let n = match cq.poll(wcs) {
                 Ok(n) => n,
                 Err(e) => {
                     self.mark_closed(format!("completion queue failed: {e}"));
@@ -813,7 +1026,10 @@ impl ConnShared {
                 Some(t) => self.tokens.push(t),
                 None => self.fail("peer sent a malformed memory region token".into()),
             },
-            Some(Kind::Close) => self.mark_closed("closed by the peer".into()),
+            Some(Kind::Close) => {
+                self.graceful.store(true, Ordering::Release);
+                self.mark_closed("closed by the peer".into())
+            }
             Some(Kind::Rts) => self.on_rts(&data, imm),
             Some(Kind::Agent) => {
                 // Handled here, so its credit goes back at once.
@@ -1672,7 +1888,38 @@ impl Connection {
                 tokio::task::yield_now().await;
             }
         }
+        self.shared.graceful.store(true, Ordering::Release);
         self.shared.mark_closed("closed locally".into());
+    }
+
+    /// The private data the peer sent when the connection was made
+    /// ([`ConnectOptions::private_data`]); empty if none.
+    pub fn peer_private_data(&self) -> Vec<u8> {
+        lock(&self.shared.peer_private_data).clone()
+    }
+
+    /// The connection's next event (librpma's `rpma_conn_next_event`): first
+    /// [`ConnectionEvent::Established`], then, once it ends, [`ConnectionEvent::Closed`]
+    /// (in order, by either side) or [`ConnectionEvent::Lost`] (and that again on every
+    /// later call).
+    pub async fn next_event(&self) -> ConnectionEvent {
+        let sh = &self.shared;
+        if !sh.established_told.swap(true, Ordering::AcqRel) {
+            return ConnectionEvent::Established;
+        }
+        loop {
+            let ended = sh.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if sh.is_closed.load(Ordering::Acquire) {
+                return if sh.graceful.load(Ordering::Acquire) {
+                    ConnectionEvent::Closed
+                } else {
+                    ConnectionEvent::Lost(lock(&sh.closed).clone().unwrap_or_default())
+                };
+            }
+            ended.await;
+        }
     }
 
     fn sq_depth(&self) -> usize {

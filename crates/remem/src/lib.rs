@@ -86,7 +86,10 @@ mod rdma;
 mod sys;
 
 pub use agent::RemoteLease;
-pub use conn::{Batch, Connection, ENDPOINT_INFO_LEN, EndpointInfo, Message, PreparedConnection};
+pub use conn::{
+    Batch, ConnRequest, ConnectOptions, Connection, ConnectionEvent, ENDPOINT_INFO_LEN,
+    EndpointInfo, MAX_PRIVATE_DATA, Message, PreparedConnection,
+};
 pub use error::Error;
 pub use mr::{Local, LocalMr, LocalMrMut, LocalMrRef, LocalMut, MR_DESCRIPTOR_LEN, RemoteMr};
 pub use persist::{FlushType, PEER_CONFIG_DESCRIPTOR_LEN, PeerConfig};

@@ -2,7 +2,7 @@
 //! [`RdmaBuilder`], and [`Listener`].
 
 use crate::conn::ConnShared;
-use crate::conn::Connection;
+use crate::conn::{ConnRequest, ConnectOptions, Connection};
 use crate::error::{Error, Result};
 use crate::mr::{LocalMr, register};
 use remem_verbs::AsyncEvent;
@@ -577,10 +577,20 @@ impl Listener {
         Ok(self.tcp.local_addr()?)
     }
 
-    /// Waits for the next connection and completes its handshake.
+    /// Waits for the next connection and accepts it (with default options and no private
+    /// data): [`Listener::next_request`] then [`ConnRequest::accept`].
     pub async fn accept(&self) -> Result<Connection> {
+        self.next_request()
+            .await?
+            .accept(&ConnectOptions::default())
+            .await
+    }
+
+    /// Waits for the next connection request: the application reads its private data and
+    /// accepts ([`ConnRequest::accept`]) or rejects ([`ConnRequest::reject`]) it.
+    pub async fn next_request(&self) -> Result<ConnRequest> {
         let (stream, peer) = self.tcp.accept().await?;
-        tracing::debug!(%peer, "accepting");
-        self.rdma.handshake(stream).await
+        tracing::debug!(%peer, "connection request");
+        crate::conn::read_request(&self.rdma, stream, peer).await
     }
 }
