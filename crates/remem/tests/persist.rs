@@ -1,5 +1,5 @@
 //! Remote persistent memory through the async API (librpma's operations) on soft devices
-//! (127.0.12.x, one UDP port per pair): FLUSH and ATOMIC WRITE natively and by librpma's
+//! (127.0.14.x, one UDP port per pair): FLUSH and ATOMIC WRITE natively and by librpma's
 //! fallbacks, file-backed regions, writes that complete only on error, MR descriptors.
 
 use remem::{
@@ -18,7 +18,7 @@ fn pair(a_without_placement: bool) -> (Rdma, Rdma) {
         no_placement: a_without_placement,
         ..SoftOptions::default()
     };
-    let dev = SoftContext::bind_with(format!("127.0.12.{n}:0").parse().unwrap(), &opts).unwrap();
+    let dev = SoftContext::bind_with(format!("127.0.14.{n}:0").parse().unwrap(), &opts).unwrap();
     let port = dev.local_addr().port();
     let a = RdmaBuilder::new()
         .context(Arc::new(dev))
@@ -26,7 +26,7 @@ fn pair(a_without_placement: bool) -> (Rdma, Rdma) {
         .build()
         .unwrap();
     let b = RdmaBuilder::new()
-        .device(format!("soft@127.0.12.{}:{port}", n + 1))
+        .device(format!("soft@127.0.14.{}:{port}", n + 1))
         .build()
         .unwrap();
     (a, b)
