@@ -30,6 +30,7 @@
 use crate::error::{Error, Result};
 use crate::mr::{Local, LocalMr, LocalMut, RemoteMr, Span, register};
 use crate::rdma::{Polling, Rdma};
+use crate::srq::{Srq, SrqShared};
 use crate::{FlushType, PeerConfig};
 use remem_verbs::{
     AccessFlags, AhAttr, CompletionQueue, Gid, MemoryBuffer, Mtu, QpAttr, QpAttrMask, QpInitAttr,
@@ -45,7 +46,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 
 /// Bytes of the header in front of every message.
-const HDR: usize = 8;
+pub(crate) const HDR: usize = 8;
 /// Large messages (rendezvous) in flight per direction.
 const RDV_MAX: u32 = 4;
 /// Receive buffers beyond the credits: one for a credit message, one for close, one per
@@ -180,8 +181,10 @@ impl PreparedConnection {
             .store(remote.max_message, Ordering::Relaxed);
         let shared = self.shared;
         shared.rdma.dispatcher().register(&shared, &shared.cq)?;
-        if let Some(rcq) = &shared.rcq {
-            shared.rdma.dispatcher().register(&shared, rcq)?;
+        match (&shared.srq, &shared.rcq) {
+            (Some(srq), _) => srq.attach(&shared)?,
+            (None, Some(rcq)) => shared.rdma.dispatcher().register(&shared, rcq)?,
+            (None, None) => {}
         }
         shared.rdma.watch(&shared);
         if let (Some(every), Ok(rt)) = (
@@ -260,8 +263,8 @@ pub struct Message {
 }
 
 pub(crate) struct Inbox<T> {
-    queue: Mutex<VecDeque<T>>,
-    notify: Notify,
+    pub(crate) queue: Mutex<VecDeque<T>>,
+    pub(crate) notify: Notify,
     /// Whether taking an item returns a credit to the peer (its message used one and is
     /// still owed).
     credited: bool,
@@ -335,8 +338,11 @@ impl Slots {
 pub(crate) struct ConnShared {
     qp: Arc<dyn QueuePair>,
     cq: Arc<dyn CompletionQueue>,
-    /// The receive completion queue, when receives have one of their own.
+    /// The receive completion queue, when receives have one of their own (a shared
+    /// receive queue's, polled by the queue, or the connection's).
     rcq: Option<Arc<dyn CompletionQueue>>,
+    /// The shared receive queue receives come from, if any.
+    srq: Option<Arc<SrqShared>>,
     /// What the peer sent in the handshake.
     peer_private_data: Mutex<Vec<u8>>,
     /// The connection ended in order (a close message, or `close`).
@@ -432,13 +438,22 @@ impl Rdma {
         let cfg = self.config();
         let ctx = self.context();
         let channel = self.dispatcher().channel();
-        let depth = cfg.recv_depth + SPARE;
+        let srq = opts.srq.as_ref().map(|s| s.shared.clone());
+        // With a shared receive queue the connection posts no receives of its own.
+        let depth = if srq.is_some() {
+            0
+        } else {
+            cfg.recv_depth + SPARE
+        };
         let cap = remem_verbs::QpCap {
             max_recv_wr: cfg.cap.max_recv_wr.max(depth),
             max_send_sge: cfg.cap.max_send_sge.max(2),
             ..cfg.cap
         };
-        let (cq, rcq) = if opts.separate_recv_cq {
+        let (cq, rcq) = if let Some(s) = &srq {
+            let n = cfg.cq_size.max(cap.max_send_wr);
+            (ctx.create_cq(n, channel)?, Some(s.cq.clone()))
+        } else if opts.separate_recv_cq {
             let cq = ctx.create_cq(cfg.cq_size.max(cap.max_send_wr), channel.clone())?;
             let rcq = ctx.create_cq(cfg.cq_size.max(cap.max_recv_wr), channel)?;
             (cq, Some(rcq))
@@ -450,14 +465,14 @@ impl Rdma {
             qp_type: QpType::Rc,
             send_cq: cq.clone(),
             recv_cq: rcq.clone().unwrap_or_else(|| cq.clone()),
-            srq: None,
+            srq: srq.as_ref().map(|s| s.srq.clone()),
             cap,
             sq_sig_all: false,
         })?;
         let recv_slot = HDR + cfg.max_message;
         let recv_mr = register(
             self.pd(),
-            MemoryBuffer::zeroed(recv_slot * depth as usize)?,
+            MemoryBuffer::zeroed(recv_slot * depth.max(1) as usize)?,
             AccessFlags::LOCAL_WRITE,
         )?;
         // Slots for headers and atomic results: one per send-queue entry, and spares for
@@ -482,6 +497,7 @@ impl Rdma {
             qp,
             cq,
             rcq,
+            srq: srq.clone(),
             peer_private_data: Mutex::new(Vec::new()),
             graceful: AtomicBool::new(false),
             ended: Notify::new(),
@@ -523,7 +539,13 @@ impl Rdma {
             psn,
             gid: self.gid(),
             mtu: self.mtu(),
-            recv_credits: cfg.recv_depth,
+            // Behind a shared receive queue, credits do not apply: the queue's buffers
+            // serve every connection, and an empty queue is met with RNR retries.
+            recv_credits: if srq.is_some() {
+                u32::MAX
+            } else {
+                cfg.recv_depth
+            },
             max_message: cfg.max_message as u32,
         };
         Ok(PreparedConnection { shared, info })
@@ -625,6 +647,10 @@ pub struct ConnectOptions {
     /// Receive completions on a completion queue of their own rather than on the one send
     /// completions use (librpma's `rpma_conn_cfg_set_rcq_size`).
     pub separate_recv_cq: bool,
+    /// Take receives from this shared receive queue (its buffers and its completion
+    /// queue) instead of buffers of the connection's own; messages then arrive at
+    /// [`Srq::receive`]. Overrides `separate_recv_cq`.
+    pub srq: Option<Srq>,
 }
 
 /// A connection request a [`crate::Listener`] received: who asks and what it says
@@ -906,9 +932,9 @@ impl ConnShared {
     /// Arms the CQ for the next completion (`req_notify`).
     pub(crate) fn arm(&self) -> remem_verbs::Result<()> {
         self.cq.req_notify(false)?;
-        match &self.rcq {
-            Some(rcq) => rcq.req_notify(false),
-            None => Ok(()),
+        match (&self.srq, &self.rcq) {
+            (None, Some(rcq)) => rcq.req_notify(false),
+            _ => Ok(()),
         }
     }
 
@@ -920,8 +946,10 @@ impl ConnShared {
     /// Polls the CQ until it is empty; returns how many completions it handled.
     pub(crate) fn poll_cq(self: &Arc<Self>) -> usize {
         let mut total = self.poll_one_cq(&self.cq);
-        if let Some(rcq) = &self.rcq {
-            total += self.poll_one_cq(rcq);
+        match (&self.srq, &self.rcq) {
+            (Some(_), _) => {} // the shared receive queue polls its own
+            (None, Some(rcq)) => total += self.poll_one_cq(rcq),
+            (None, None) => {}
         }
         total
     }
@@ -1003,24 +1031,59 @@ impl ConnShared {
             return;
         }
         let base = index as usize * self.recv_slot;
-        let len = wc.byte_len as usize;
-        let mut hdr = [0u8; HDR];
-        if len < HDR || self.recv_mr.read(base, &mut hdr).is_err() {
-            self.fail("peer sent a message without a header".into());
+        let message = read_message(&self.recv_mr, base, wc.byte_len as usize);
+        let _ = self.post_recv(index);
+        match message {
+            Some((hdr, data)) => self.on_message(hdr, data),
+            None => self.fail("peer sent a message without a header".into()),
+        }
+    }
+
+    /// A receive from a shared receive queue, for this connection's QP.
+    pub(crate) fn on_srq_receive(self: &Arc<Self>, wc: &WorkCompletion, message: Option<Message0>) {
+        if wc.status != WcStatus::Success {
+            if wc.status != WcStatus::WrFlushErr {
+                self.mark_closed(format!("receive failed with {}", wc.status));
+            }
             return;
         }
+        if wc.opcode == WcOpcode::RecvRdmaWithImm {
+            self.write_imms.push(wc.imm_data);
+            return;
+        }
+        match message {
+            Some((hdr, data)) => self.on_message(hdr, data),
+            None => self.fail("peer sent a message without a header".into()),
+        }
+    }
+
+    /// Queues a message (or the place of a large one still being read) for the
+    /// application: at the shared receive queue if the connection has one.
+    fn deliver(&self, place: Arc<Mutex<Option<Message>>>) {
+        match &self.srq {
+            Some(srq) => srq.messages.push((self.qp.qp_num(), place)),
+            None => self.messages.push(place),
+        }
+    }
+
+    fn notify_messages(&self) {
+        let notify = match &self.srq {
+            Some(srq) => &srq.messages.notify,
+            None => &self.messages.notify,
+        };
+        notify.notify_waiters();
+        notify.notify_one();
+    }
+
+    /// A message (header and data) arrived.
+    fn on_message(self: &Arc<Self>, hdr: [u8; HDR], data: Vec<u8>) {
         let credits = u16::from_be_bytes([hdr[2], hdr[3]]);
         if credits > 0 {
             self.credits.add_permits(usize::from(credits));
         }
         let imm = (hdr[1] & 1 != 0).then(|| u32::from_be_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]));
-        let mut data = vec![0u8; len - HDR];
-        let _ = self.recv_mr.read(base + HDR, &mut data);
-        let _ = self.post_recv(index);
         match Kind::from_u8(hdr[0]) {
-            Some(Kind::Data) => self
-                .messages
-                .push(Arc::new(Mutex::new(Some(Message { data, imm })))),
+            Some(Kind::Data) => self.deliver(Arc::new(Mutex::new(Some(Message { data, imm })))),
             Some(Kind::Credit) => {}
             Some(Kind::MrToken) => match RemoteMr::from_bytes(&data) {
                 Some(t) => self.tokens.push(t),
@@ -1068,7 +1131,7 @@ impl ConnShared {
         };
         // Its place in the order of messages is kept until it has been read.
         let place = Arc::new(Mutex::new(None));
-        self.messages.push(place.clone());
+        self.deliver(place.clone());
         rt.spawn(self.clone().fetch_large(rid, token, imm, place));
     }
 
@@ -1096,8 +1159,7 @@ impl ConnShared {
         match read.await {
             Ok(data) => {
                 *lock(&place) = Some(Message { data, imm });
-                self.messages.notify.notify_waiters();
-                self.messages.notify.notify_one();
+                self.notify_messages();
             }
             Err(e) => self.fail(format!("reading a large message: {e}")),
         }
@@ -1457,6 +1519,20 @@ impl ConnShared {
     }
 }
 
+/// A received message: its header and its data.
+pub(crate) type Message0 = ([u8; HDR], Vec<u8>);
+
+/// Reads the message of `len` bytes at `base` of `mr`: `None` if it has no header.
+pub(crate) fn read_message(mr: &LocalMr, base: usize, len: usize) -> Option<Message0> {
+    let mut hdr = [0u8; HDR];
+    if len < HDR || mr.read(base, &mut hdr).is_err() {
+        return None;
+    }
+    let mut data = vec![0u8; len - HDR];
+    mr.read(base + HDR, &mut data).ok()?;
+    Some((hdr, data))
+}
+
 fn header(kind: Kind, credits: u16, imm: Option<u32>) -> [u8; HDR] {
     let mut h = [0u8; HDR];
     h[0] = kind as u8;
@@ -1802,8 +1878,15 @@ impl Connection {
             .await
     }
 
-    /// The next message the peer sent.
+    /// The next message the peer sent. (On a connection with a shared receive queue,
+    /// messages arrive at [`Srq::receive`] instead: this is an error there.)
     pub async fn receive(&self) -> Result<Message> {
+        if self.shared.srq.is_some() {
+            return Err(Error::InvalidArgument(
+                "this connection's messages arrive at its shared receive queue (Srq::receive)"
+                    .into(),
+            ));
+        }
         self.shared
             .take(&self.shared.messages, |m| lock(m).take())
             .await
@@ -1841,7 +1924,11 @@ impl Connection {
         {
             tracing::warn!(error = %e, "driving the device failed");
         }
-        self.shared.poll_cq()
+        let mut n = self.shared.poll_cq();
+        if let Some(srq) = &self.shared.srq {
+            n += srq.poll_cq();
+        }
+        n
     }
 
     /// A batch of one-sided operations posted together, with only the last signaled: for

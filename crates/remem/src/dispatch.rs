@@ -11,6 +11,7 @@
 use crate::conn::ConnShared;
 use crate::error::{Error, Result};
 use crate::rdma::Polling;
+use crate::srq::SrqShared;
 use remem_verbs::{CompletionChannel, CompletionQueue, Context, CqId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -27,7 +28,59 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// provider may refuse to destroy a CQ with unacknowledged events).
 struct Entry {
     cq: Arc<dyn CompletionQueue>,
-    conn: Weak<ConnShared>,
+    conn: Owner,
+}
+
+/// Whose completion queue an entry is: a connection's, or a shared receive queue's.
+#[derive(Clone)]
+enum Owner {
+    Conn(Weak<ConnShared>),
+    Srq(Weak<SrqShared>),
+}
+
+/// A live owner.
+enum Live {
+    Conn(Arc<ConnShared>),
+    Srq(Arc<SrqShared>),
+}
+
+impl Owner {
+    fn upgrade(&self) -> Option<Live> {
+        match self {
+            Owner::Conn(w) => w.upgrade().map(Live::Conn),
+            Owner::Srq(w) => w.upgrade().map(Live::Srq),
+        }
+    }
+
+    fn strong_count(&self) -> usize {
+        match self {
+            Owner::Conn(w) => w.strong_count(),
+            Owner::Srq(w) => w.strong_count(),
+        }
+    }
+}
+
+impl Live {
+    fn poll_cq(&self) -> usize {
+        match self {
+            Live::Conn(c) => c.poll_cq(),
+            Live::Srq(s) => s.poll_cq(),
+        }
+    }
+
+    fn arm(&self) -> remem_verbs::Result<()> {
+        match self {
+            Live::Conn(c) => c.arm(),
+            Live::Srq(s) => s.arm(),
+        }
+    }
+
+    fn fail_local(&self, reason: String) {
+        match self {
+            Live::Conn(c) => c.fail_local(reason),
+            Live::Srq(s) => s.fail_local(reason),
+        }
+    }
 }
 
 /// The completion dispatcher of one [`Rdma`](crate::Rdma).
@@ -90,14 +143,24 @@ impl Dispatcher {
         conn: &Arc<ConnShared>,
         cq: &Arc<dyn CompletionQueue>,
     ) -> Result<()> {
+        self.serve(cq, Owner::Conn(Arc::downgrade(conn)))
+    }
+
+    /// Starts serving a shared receive queue's completion queue.
+    pub(crate) fn register_srq(self: &Arc<Self>, srq: &Arc<SrqShared>) -> Result<()> {
+        self.serve(&srq.cq, Owner::Srq(Arc::downgrade(srq)))
+    }
+
+    fn serve(self: &Arc<Self>, cq: &Arc<dyn CompletionQueue>, owner: Owner) -> Result<()> {
         if self.polling == Polling::Manual {
             return Ok(());
         }
+        let live = owner.upgrade();
         lock(&self.entries).insert(
             cq.id(),
             Entry {
                 cq: cq.clone(),
-                conn: Arc::downgrade(conn),
+                conn: owner,
             },
         );
         self.generation.fetch_add(1, Ordering::AcqRel);
@@ -107,7 +170,9 @@ impl Dispatcher {
             Polling::Event | Polling::Adaptive { .. } => {
                 self.start_task()?;
                 // Arm the new CQ; whatever completed before arming is polled here.
-                settle(conn);
+                if let Some(live) = &live {
+                    settle(live);
+                }
                 Ok(())
             }
         }
@@ -144,7 +209,7 @@ impl Dispatcher {
 
     fn busy_loop(self: Arc<Self>) {
         let mut seen = u64::MAX;
-        let mut conns: Vec<Weak<ConnShared>> = Vec::new();
+        let mut conns: Vec<Owner> = Vec::new();
         while !self.stopped.load(Ordering::Acquire) {
             let generation = self.generation.load(Ordering::Acquire);
             if generation != seen {
@@ -251,7 +316,7 @@ impl Dispatcher {
 
 /// Drains `conn`'s CQ and arms it; a completion that arrived before arming raises no
 /// event, so the CQ is polled once more after arming.
-fn settle(conn: &Arc<ConnShared>) {
+fn settle(conn: &Live) {
     loop {
         conn.poll_cq();
         if let Err(e) = conn.arm() {

@@ -83,6 +83,7 @@ mod mr;
 mod persist;
 mod pool;
 mod rdma;
+mod srq;
 mod sys;
 
 pub use agent::RemoteLease;
@@ -96,6 +97,7 @@ pub use persist::{FlushType, PEER_CONFIG_DESCRIPTOR_LEN, PeerConfig};
 pub use rdma::{Listener, Polling, Rdma, RdmaBuilder};
 pub use remem_verbs as verbs;
 pub use remem_verbs::{AccessFlags, MemoryBuffer};
+pub use srq::Srq;
 
 use remem_verbs::{Context, DeviceInfo, Provider};
 

@@ -1,0 +1,233 @@
+//! Shared receive queues: one pool of receive buffers and one receive completion queue for
+//! many connections (librpma's `rpma_srq`).
+//!
+//! Connections made with [`ConnectOptions::srq`](crate::ConnectOptions::srq) take their
+//! receives from the queue: every message they get, from any peer, arrives at
+//! [`Srq::receive`] with the number of the local queue pair it came to
+//! ([`Connection::qp_num`](crate::Connection::qp_num)). Control messages (credits, close,
+//! memory tokens, the agent) still reach their connection. Buffers are reposted as soon as
+//! their data is copied out. Credits do not apply behind a shared queue: a peer that finds
+//! it empty is told to retry (RNR), as the queue pair's `rnr_retry` allows.
+
+use crate::conn::{ConnShared, HDR, Inbox, Message, read_message};
+use crate::error::{Error, Result};
+use crate::mr::{LocalMr, register};
+use crate::rdma::Rdma;
+use remem_verbs::{
+    AccessFlags, CompletionQueue, MemoryBuffer, RecvWr, Sge, SharedReceiveQueue, SrqAttr,
+    WorkCompletion,
+};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A message that arrived at a [`Srq`], or its place while it is being read.
+pub(crate) type Arrival = (u32, Arc<Mutex<Option<Message>>>);
+
+/// A shared receive queue ([`Rdma::create_srq`]). Cheap to clone; the queue lives while a
+/// clone or a connection using it does.
+#[derive(Debug, Clone)]
+pub struct Srq {
+    pub(crate) shared: Arc<SrqShared>,
+}
+
+pub(crate) struct SrqShared {
+    pub(crate) srq: Arc<dyn SharedReceiveQueue>,
+    pub(crate) cq: Arc<dyn CompletionQueue>,
+    rdma: Rdma,
+    recv_mr: LocalMr,
+    slot: usize,
+    depth: u32,
+    /// The connections using it, by local QP number.
+    conns: Mutex<HashMap<u32, Weak<ConnShared>>>,
+    pub(crate) messages: Inbox<Arrival>,
+    registered: AtomicBool,
+}
+
+impl std::fmt::Debug for SrqShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Srq")
+            .field("srq_num", &self.srq.srq_num())
+            .field("depth", &self.depth)
+            .field("connections", &lock(&self.conns).len())
+            .finish()
+    }
+}
+
+impl Rdma {
+    /// Creates a shared receive queue of `depth` receive buffers, each taking a message of
+    /// up to [`RdmaBuilder::max_message`](crate::RdmaBuilder::max_message) bytes, with a
+    /// receive completion queue of its own.
+    pub fn create_srq(&self, depth: u32) -> Result<Srq> {
+        if depth == 0 {
+            return Err(Error::InvalidArgument(
+                "a shared receive queue needs at least one buffer".into(),
+            ));
+        }
+        let cfg = self.config();
+        let srq = self.pd().create_srq(SrqAttr {
+            max_wr: depth,
+            max_sge: 1,
+            srq_limit: 0,
+        })?;
+        let cq = self
+            .context()
+            .create_cq(depth.max(cfg.cq_size), self.dispatcher().channel())?;
+        let slot = HDR + cfg.max_message;
+        let recv_mr = register(
+            self.pd(),
+            MemoryBuffer::zeroed(slot * depth as usize)?,
+            AccessFlags::LOCAL_WRITE,
+        )?;
+        let shared = Arc::new(SrqShared {
+            srq,
+            cq,
+            rdma: self.clone(),
+            recv_mr,
+            slot,
+            depth,
+            conns: Mutex::new(HashMap::new()),
+            messages: Inbox::default(),
+            registered: AtomicBool::new(false),
+        });
+        for i in 0..depth {
+            shared.post(i)?;
+        }
+        Ok(Srq { shared })
+    }
+}
+
+impl Srq {
+    /// The next message any connection using the queue received, with the number of the
+    /// local queue pair it came to ([`Connection::qp_num`](crate::Connection::qp_num)).
+    /// Messages of one connection come in order; a large one (read by RDMA READ) keeps its
+    /// place.
+    pub async fn receive(&self) -> Result<(u32, Message)> {
+        let inbox = &self.shared.messages;
+        loop {
+            let notified = inbox.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut q = lock(&inbox.queue);
+                let ready = q
+                    .front()
+                    .and_then(|(qpn, place)| lock(place).take().map(|m| (*qpn, m)));
+                if let Some(r) = ready {
+                    q.pop_front();
+                    return Ok(r);
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Receive buffers in the queue.
+    pub fn depth(&self) -> u32 {
+        self.shared.depth
+    }
+
+    /// Drives the queue's completions by hand (with [`Polling::Manual`](crate::Polling)):
+    /// returns how many it handled.
+    pub fn poll_completions(&self) -> usize {
+        self.shared.poll_cq()
+    }
+}
+
+impl SrqShared {
+    fn post(&self, index: u32) -> Result<()> {
+        let sge = Sge {
+            addr: self.recv_mr.addr() + (index as usize * self.slot) as u64,
+            length: self.slot as u32,
+            lkey: self.recv_mr.lkey(),
+        };
+        self.srq
+            .post_recv(&[RecvWr {
+                wr_id: u64::from(index),
+                sg_list: &[sge],
+            }])
+            .map_err(|e| Error::Verbs(e.error))
+    }
+
+    /// A connection starts using the queue (it is connected): its receives are routed to
+    /// it, and the queue's completions are served by the dispatcher.
+    pub(crate) fn attach(self: &Arc<Self>, conn: &Arc<ConnShared>) -> Result<()> {
+        {
+            let mut conns = lock(&self.conns);
+            conns.retain(|_, c| c.strong_count() > 0);
+            conns.insert(conn.qp_num(), Arc::downgrade(conn));
+        }
+        if !self.registered.swap(true, Ordering::AcqRel) {
+            self.rdma.dispatcher().register_srq(self)?;
+        }
+        Ok(())
+    }
+
+    /// Polls the receive completion queue until it is empty; returns how many completions
+    /// it handled.
+    pub(crate) fn poll_cq(&self) -> usize {
+        let mut wcs = [WorkCompletion::default(); 32];
+        let mut total = 0;
+        loop {
+            let n = match self.cq.poll(&mut wcs) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.fail_local(format!("shared receive completion queue failed: {e}"));
+                    return total;
+                }
+            };
+            for wc in &wcs[..n] {
+                self.on_completion(wc);
+            }
+            total += n;
+            if n < wcs.len() {
+                return total;
+            }
+        }
+    }
+
+    fn on_completion(&self, wc: &WorkCompletion) {
+        let index = wc.wr_id as u32;
+        // Copy the message out, then give the buffer back at once.
+        let message = (wc.status == remem_verbs::WcStatus::Success
+            && wc.opcode != remem_verbs::WcOpcode::RecvRdmaWithImm)
+            .then(|| {
+                read_message(
+                    &self.recv_mr,
+                    index as usize * self.slot,
+                    wc.byte_len as usize,
+                )
+            })
+            .flatten();
+        if index < self.depth
+            && let Err(e) = self.post(index)
+        {
+            tracing::warn!(error = %e, "reposting a shared receive buffer failed");
+        }
+        let conn = lock(&self.conns).get(&wc.qp_num).and_then(Weak::upgrade);
+        match conn {
+            Some(c) => c.on_srq_receive(wc, message),
+            None => tracing::debug!(qpn = wc.qp_num, "receive for a connection that is gone"),
+        }
+    }
+
+    /// Arms the completion queue.
+    pub(crate) fn arm(&self) -> remem_verbs::Result<()> {
+        self.cq.req_notify(false)
+    }
+
+    /// The queue can no longer be served: every connection using it ends.
+    pub(crate) fn fail_local(&self, reason: String) {
+        let conns: Vec<_> = lock(&self.conns)
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for c in conns {
+            c.fail_local(reason.clone());
+        }
+    }
+}
