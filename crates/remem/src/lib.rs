@@ -55,6 +55,45 @@
 //! # }
 //! ```
 //!
+//! # Remote persistent memory
+//!
+//! As librpma offers it: a region backed by a file at the target, written by the peer and
+//! made durable with a persistent flush (a RoCEv2 FLUSH; the target writes the range back
+//! to the file before it answers).
+//!
+//! ```
+//! use remem::{AccessFlags, FlushType, RdmaBuilder};
+//! use std::alloc::Layout;
+//!
+//! # fn main() -> Result<(), remem::Error> {
+//! tokio::runtime::Runtime::new()?.block_on(async {
+//!     let target = RdmaBuilder::new().device("soft@127.0.0.4:0").build()?;
+//!     let port = target.context().info().udp_addr.unwrap().port();
+//!     let writer = RdmaBuilder::new().device(format!("soft@127.0.0.3:{port}")).build()?;
+//!     let listener = target.listen("127.0.0.1:0").await?;
+//!     let addr = listener.local_addr()?;
+//!     let (w, t) = tokio::join!(writer.connect(addr), listener.accept());
+//!     let (w, t) = (w?, t?);
+//!
+//!     let path = std::env::temp_dir().join(format!("remem-doc-{}", std::process::id()));
+//!     let file = std::fs::OpenOptions::new().read(true).write(true).create(true).open(&path)?;
+//!     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE
+//!         | AccessFlags::FLUSH_GLOBAL | AccessFlags::FLUSH_PERSISTENT;
+//!     let log = target.register_file(&file, 0, 4096, access)?;
+//!     t.share_local_mr(&log).await?;
+//!     let remote = w.receive_shared_mr().await?;
+//!
+//!     let record = writer.alloc_local_mr(Layout::array::<u8>(6).unwrap())?;
+//!     record.write(0, b"record")?;
+//!     w.post_write(&record, &remote.get(0..6)?).await?; // completes only on error
+//!     w.flush(&remote.get(0..6)?, FlushType::Persistent).await?; // durable once it returns
+//!     assert_eq!(&std::fs::read(&path)?[..6], b"record");
+//!     std::fs::remove_file(&path)?;
+//!     Ok(())
+//! })
+//! # }
+//! ```
+//!
 //! Memory the NIC or the peer may touch is never exposed as `&[u8]`: see [`LocalMr`] for
 //! the model. The crate's design (dispatcher, credits, cancellation) is described in
 //! ARCHITECTURE.md.
