@@ -14,9 +14,11 @@
 //! On receive, an IPv6 packet's ICRC is always verified (every covered header field is known
 //! from the socket); a mismatch drops it. An IPv4 packet is verified assuming identification
 //! 0, then its index in the GRO batch it arrived in (a remem sender's GSO segment); if neither
-//! matches — always the case for kernel rxe, whose identifications are unpredictable — it is
-//! counted as `icrc_unverified` and accepted, relying on the UDP checksum where the sender
-//! set one.
+//! matches — always the case for kernel rxe, whose identifications are unpredictable — the
+//! identification is recovered from the ICRC itself ([`icrc::recover_ipv4_id`]: a CRC is
+//! affine, so 16 unknown bits against 32 check bits leave a 16-bit check): a packet some
+//! identification fits is counted as `icrc_id_recovered` and accepted, any other is dropped
+//! as a bad ICRC.
 
 use crate::qp::SoftQp;
 use crate::transport::glue;
@@ -58,8 +60,9 @@ pub struct EngineStats {
     pub drop_bad_icrc: AtomicU64,
     /// Dropped: unknown destination QP.
     pub drop_unknown_qp: AtomicU64,
-    /// IPv4 packets whose ICRC could not be checked (sender's IP ID unknown).
-    pub icrc_unverified: AtomicU64,
+    /// IPv4 packets whose ICRC checked out with an IP identification recovered from the
+    /// ICRC itself (the sender's identification was neither 0 nor its GSO index).
+    pub icrc_id_recovered: AtomicU64,
     /// UDP sends (each may carry a GSO batch of packets).
     pub tx_datagrams: AtomicU64,
     /// UDP datagrams received (each may carry a GRO batch of packets).
@@ -234,11 +237,13 @@ impl Engine {
         };
         self.capture(from, to_port, payload, verified.unwrap_or(0));
         if verified.is_none() {
-            if from.is_ipv6() || to.is_ipv6() {
+            let recovered = !(from.is_ipv6() || to.is_ipv6())
+                && icrc::recover_ipv4_id(&ip_fields(from.ip(), to, 0), ports, payload).is_some();
+            if !recovered {
                 count(&self.stats.drop_bad_icrc);
                 return Err(DropCause::BadIcrc);
             }
-            count(&self.stats.icrc_unverified);
+            count(&self.stats.icrc_id_recovered);
         }
         let Some(rx) = glue::rx(&pkt) else {
             count(&self.stats.drop_malformed);
@@ -676,7 +681,7 @@ mod tests {
         };
         for s in [&a, &b] {
             // Every packet's ICRC verified: with identification 0, or its GRO index.
-            assert_eq!(get(s, |e| &e.icrc_unverified), 0);
+            assert_eq!(get(s, |e| &e.icrc_id_recovered), 0);
             assert_eq!(get(s, |e| &e.drop_bad_icrc), 0);
         }
         let (sent, sends) = (get(&a, |e| &e.sent_pkts), get(&a, |e| &e.tx_datagrams));

@@ -126,6 +126,87 @@ pub fn verify(ip: &IpFields, ports: UdpPorts, udp_payload: &[u8]) -> bool {
     }
 }
 
+/// For an IPv4 packet whose sender's IP identification is unknown (a kernel picks it):
+/// the identification that makes its ICRC right, if there is one.
+///
+/// The ICRC covers the 16-bit identification, and a CRC is affine over GF(2): the ICRC for
+/// identification `id` is the ICRC for 0 XOR a linear function of `id`'s bits. Solving that
+/// system (16 unknowns, 32 equations) finds the one `id` that fits, or shows none does; so
+/// the ICRC still checks 16 of its 32 bits — a corrupted packet passes with probability
+/// 2^-16 rather than always. `ip` must be [`IpFields::V4`] (its `id` is ignored); `None` for
+/// IPv6, short packets and packets no identification fits.
+pub fn recover_ipv4_id(ip: &IpFields, ports: UdpPorts, udp_payload: &[u8]) -> Option<u16> {
+    let IpFields::V4 {
+        src,
+        dst,
+        flags_frag,
+        ..
+    } = *ip
+    else {
+        return None;
+    };
+    let n = udp_payload.len();
+    let with_id = |id| IpFields::V4 {
+        src,
+        dst,
+        id,
+        flags_frag,
+    };
+    let c0 = compute(&with_id(0), ports, udp_payload).ok()?;
+    let got = u32::from_le_bytes(udp_payload[n - ICRC_LEN..].try_into().ok()?);
+    let target = c0 ^ got;
+    if target == 0 {
+        return Some(0);
+    }
+    // The CRC of the whole pre-image has this many bytes after the identification field
+    // (at offset 12: 8 bytes of LRH, 4 of the IPv4 header before it, then the ID itself).
+    const ID_END: usize = 8 + 6;
+    let total = 8 + 20 + 8 + 12 + (n - 12 - ICRC_LEN);
+    let mut tail = crc32fast::Hasher::new();
+    const ZEROS: [u8; 256] = [0; 256];
+    let mut left = total - ID_END;
+    while left > 0 {
+        let k = left.min(ZEROS.len());
+        tail.update(&ZEROS[..k]);
+        left -= k;
+    }
+    let crc_with = |id: u16| {
+        let mut head = [0u8; ID_END];
+        head[12..14].copy_from_slice(&id.to_be_bytes());
+        let mut h = crc32fast::Hasher::new();
+        h.update(&head);
+        h.combine(&tail);
+        h.finalize()
+    };
+    let zero = crc_with(0);
+    // Each identification bit's effect on the CRC, reduced to a basis by elimination;
+    // `combo[k]` records which identification bits make up `basis[k]`.
+    let mut basis: Vec<(u32, u16)> = Vec::with_capacity(16);
+    for bit in 0..16 {
+        let mut v = crc_with(1 << bit) ^ zero;
+        let mut combo = 1u16 << bit;
+        for &(b, c) in &basis {
+            if v ^ b < v {
+                v ^= b;
+                combo ^= c;
+            }
+        }
+        if v != 0 {
+            basis.push((v, combo));
+            basis.sort_by_key(|b| std::cmp::Reverse(b.0));
+        }
+    }
+    let mut rest = target;
+    let mut id = 0u16;
+    for &(b, c) in &basis {
+        if rest ^ b < rest {
+            rest ^= b;
+            id ^= c;
+        }
+    }
+    (rest == 0 && verify(&with_id(id), ports, udp_payload)).then_some(id)
+}
+
 /// The internet checksum of an IPv4 header (checksum field treated as zero).
 pub fn ipv4_checksum(header: &[u8; 20]) -> u16 {
     let mut sum: u32 = 0;
@@ -240,5 +321,49 @@ mod tests {
         };
         assert!(!verify(&ip, other, &payload));
         assert!(compute(&ip, ports, &[0; 15]).is_err());
+    }
+
+    #[test]
+    fn an_unknown_ipv4_identification_is_recovered_and_corruption_still_caught() {
+        let ports = UdpPorts {
+            src: 51000,
+            dst: 4791,
+        };
+        for (len, id) in [
+            (16usize, 1u16),
+            (60, 0x8001),
+            (1100, 0xbeef),
+            (4124, 0xffff),
+        ] {
+            let mut payload: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+            let ip = |id| IpFields::V4 {
+                src: "10.0.0.1".parse().unwrap(),
+                dst: "10.0.0.2".parse().unwrap(),
+                id,
+                flags_frag: IPV4_DF,
+            };
+            fill(&ip(id), ports, &mut payload).unwrap();
+            assert!(!verify(&ip(0), ports, &payload) || id == 0);
+            assert_eq!(
+                recover_ipv4_id(&ip(0), ports, &payload),
+                Some(id),
+                "len {len}"
+            );
+            // A flipped bit anywhere the ICRC covers: no identification fits.
+            let mut missed = 0;
+            for byte in (0..len - 4).filter(|b| *b != 4) {
+                let mut p = payload.clone();
+                p[byte] ^= 0x10;
+                if recover_ipv4_id(&ip(0), ports, &p).is_some() {
+                    missed += 1;
+                }
+            }
+            assert_eq!(missed, 0, "len {len}");
+        }
+        let v6 = IpFields::V6 {
+            src: "fe80::1".parse().unwrap(),
+            dst: "fe80::2".parse().unwrap(),
+        };
+        assert_eq!(recover_ipv4_id(&v6, ports, &[0; 40]), None);
     }
 }

@@ -128,6 +128,15 @@ fn check_file(pcap: &Path) -> usize {
         let f = dissect(frame);
         let p = Packet::parse(&f.roce).unwrap_or_else(|e| panic!("{ctx}: {e}"));
         assert!(icrc::verify(&f.ip, f.ports, &f.roce), "{ctx}: ICRC");
+        // What a receiver that cannot see the IP header does: recover the kernel's
+        // identification from the ICRC alone.
+        if let IpFields::V4 { id, .. } = f.ip {
+            assert_eq!(
+                icrc::recover_ipv4_id(&f.ip, f.ports, &f.roce),
+                Some(id),
+                "{ctx}: identification from the ICRC"
+            );
+        }
         let h = &p.headers;
         let eq = |col: &str, got: Option<u64>| {
             assert_eq!(got, num(row, col), "{ctx}: {col}");

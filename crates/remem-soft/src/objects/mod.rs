@@ -195,7 +195,7 @@ impl DeviceShared {
             counter("drop_malformed", &e.drop_malformed),
             counter("drop_bad_icrc", &e.drop_bad_icrc),
             counter("drop_unknown_qp", &e.drop_unknown_qp),
-            counter("icrc_unverified", &e.icrc_unverified),
+            counter("icrc_id_recovered", &e.icrc_id_recovered),
             counter("tx_datagrams", &e.tx_datagrams),
             counter("rx_datagrams", &e.rx_datagrams),
         ]);
