@@ -34,6 +34,9 @@ pub struct SoftOptions {
     /// post them. (It still answers them as a responder.) For testing code that must work
     /// on such devices.
     pub no_placement: bool,
+    /// Faults to inject into every packet the device sends (testing; also from
+    /// `REMEM_SOFT_FAULTS`, see [`crate::faults`]).
+    pub faults: Option<crate::faults::FaultConfig>,
 }
 
 /// The environment variable that pins progress threads to a CPU.
@@ -55,6 +58,7 @@ impl SoftOptions {
             busy_poll: Duration::from_micros(num(BUSY_POLL_ENV).unwrap_or(0)),
             peer_port: None,
             no_placement: false,
+            faults: None,
         }
     }
 }

@@ -10,6 +10,7 @@
 //! ([`Inline`]).
 
 use crate::engine::Engine;
+use crate::faults::{FaultConfig, FaultInjector};
 use quinn_udp::{RecvMeta, Transmit, UdpSockRef, UdpSocketState};
 use std::io::{self, IoSliceMut};
 use std::net::{SocketAddr, UdpSocket};
@@ -53,6 +54,8 @@ pub struct Nic {
     rx: Vec<u8>,
     meta: Vec<RecvMeta>,
     tx: TxBatch,
+    /// Faults injected into what this NIC sends (testing).
+    faults: Option<Box<FaultInjector>>,
 }
 
 impl Nic {
@@ -83,7 +86,49 @@ impl Nic {
                 dst: local,
                 closed: false,
             },
+            faults: None,
         })
+    }
+
+    /// Injects `cfg`'s faults into every packet this NIC sends (one packet per send then:
+    /// no GSO batches).
+    pub fn with_faults(mut self, cfg: FaultConfig) -> Self {
+        self.faults = cfg.is_active().then(|| Box::new(FaultInjector::new(cfg)));
+        self
+    }
+
+    /// When a packet held back by fault injection becomes due.
+    pub fn next_fault_due(&self) -> Option<Instant> {
+        self.faults.as_ref().and_then(|f| f.next_due())
+    }
+
+    /// Sends what fault injection decided, one datagram each.
+    fn send_faulted(&mut self, engine: &Engine, out: Vec<(SocketAddr, Vec<u8>)>) {
+        for (dst, bytes) in out {
+            let transmit = Transmit {
+                destination: dst,
+                ecn: None,
+                contents: &bytes,
+                segment_size: None,
+                src_ip: None,
+            };
+            let _ = self
+                .state
+                .try_send(UdpSockRef::from(&*self.socket), &transmit);
+            engine.stats.tx_datagrams.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Releases packets held back by fault injection that are due.
+    fn release_faulted(&mut self, engine: &Engine, now: Instant) -> usize {
+        let Some(f) = self.faults.as_mut() else {
+            return 0;
+        };
+        let mut out = Vec::new();
+        f.due(now, &mut out);
+        let n = out.len();
+        self.send_faulted(engine, out);
+        n
     }
 
     /// How many packets one send may carry (1 without GSO).
@@ -101,7 +146,7 @@ impl Nic {
     pub fn pump(&mut self, engine: &Engine) -> usize {
         let now = Instant::now();
         engine.on_timeout(now);
-        self.transmit(engine, now) + self.receive(engine)
+        self.release_faulted(engine, now) + self.transmit(engine, now) + self.receive(engine)
     }
 
     /// Waits until the socket is readable or `timeout` has passed.
@@ -119,7 +164,11 @@ impl Nic {
     }
 
     fn transmit(&mut self, engine: &Engine, now: Instant) -> usize {
-        let max_segments = self.state.max_gso_segments().clamp(1, 64);
+        let max_segments = if self.faults.is_some() {
+            1
+        } else {
+            self.state.max_gso_segments().clamp(1, 64)
+        };
         let mut sent = 0;
         loop {
             let b = &self.tx;
@@ -168,6 +217,24 @@ impl Nic {
 
     /// Sends the batch in `tx.buf[..end]` and empties it.
     fn flush(&mut self, engine: &Engine, end: usize) {
+        if let Some(f) = self.faults.as_mut() {
+            // One packet (no batches with faults): its fate first.
+            let b = &mut self.tx;
+            let mut out = Vec::new();
+            f.on_send(Instant::now(), b.dst, &b.buf[..end], &mut out);
+            engine.transmitted(b.dst, &b.buf[..end], 0);
+            let c = f.counts;
+            let s = &engine.stats;
+            s.fault_dropped.store(c.dropped, Ordering::Relaxed);
+            s.fault_corrupted.store(c.corrupted, Ordering::Relaxed);
+            s.fault_duplicated.store(c.duplicated, Ordering::Relaxed);
+            s.fault_reordered.store(c.reordered, Ordering::Relaxed);
+            b.len = 0;
+            b.count = 0;
+            b.closed = false;
+            self.send_faulted(engine, out);
+            return;
+        }
         let b = &mut self.tx;
         let contents = &b.buf[..end];
         let transmit = Transmit {
@@ -338,15 +405,17 @@ fn run(nic: &mut Nic, engine: &Engine, waiting: &AtomicBool, stop: &AtomicBool, 
             waiting.store(false, Ordering::Release);
             continue;
         }
-        nic.wait(time_to_next_timer(engine, Duration::from_millis(100)));
+        nic.wait(time_to_next_timer(engine, nic, Duration::from_millis(100)));
         waiting.store(false, Ordering::Release);
     }
 }
 
-fn time_to_next_timer(engine: &Engine, at_most: Duration) -> Duration {
-    engine
-        .next_timeout()
-        .map(|t| t.saturating_duration_since(Instant::now()))
+fn time_to_next_timer(engine: &Engine, nic: &Nic, at_most: Duration) -> Duration {
+    let next = match (engine.next_timeout(), nic.next_fault_due()) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    next.map(|t| t.saturating_duration_since(Instant::now()))
         .unwrap_or(at_most)
         .min(at_most)
         .max(Duration::from_micros(1))
@@ -373,7 +442,8 @@ impl Inline {
         if moved > 0 || timeout.is_zero() || engine.has_ready() {
             return moved;
         }
-        self.nic.wait(time_to_next_timer(engine, timeout));
+        self.nic
+            .wait(time_to_next_timer(engine, &self.nic, timeout));
         self.nic.pump(engine)
     }
 }

@@ -65,6 +65,14 @@ pub struct EngineStats {
     pub icrc_id_recovered: AtomicU64,
     /// UDP sends (each may carry a GSO batch of packets).
     pub tx_datagrams: AtomicU64,
+    /// Fault injection: packets lost.
+    pub fault_dropped: AtomicU64,
+    /// Fault injection: packets corrupted.
+    pub fault_corrupted: AtomicU64,
+    /// Fault injection: packets duplicated.
+    pub fault_duplicated: AtomicU64,
+    /// Fault injection: packets reordered.
+    pub fault_reordered: AtomicU64,
     /// UDP datagrams received (each may carry a GRO batch of packets).
     pub rx_datagrams: AtomicU64,
 }

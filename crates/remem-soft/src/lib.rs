@@ -20,6 +20,7 @@
 mod context;
 pub mod driver;
 pub mod engine;
+pub mod faults;
 mod netdev;
 pub mod objects;
 pub mod pcap;
@@ -28,6 +29,7 @@ pub mod transport;
 pub mod wqe;
 
 pub use context::{SoftContext, SoftOptions};
+pub use faults::FaultConfig;
 pub use netdev::{Netdev, list_netdevs};
 
 use remem_verbs::{Context, DeviceInfo, Error, Provider, Result};

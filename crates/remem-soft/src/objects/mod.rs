@@ -103,7 +103,8 @@ impl DeviceShared {
             info.name = info.name.replace(&asked.to_string(), &local.to_string());
             info.udp_addr = Some(local);
         }
-        let nic = Nic::new(socket)?;
+        let faults = opts.faults.or_else(crate::faults::FaultConfig::from_env);
+        let nic = Nic::new(socket)?.with_faults(faults.unwrap_or_default());
         let pcap = match &opts.pcap {
             Some(path) => Some(crate::pcap::PcapWriter::open(path)?),
             None => None,
@@ -198,6 +199,10 @@ impl DeviceShared {
             counter("icrc_id_recovered", &e.icrc_id_recovered),
             counter("tx_datagrams", &e.tx_datagrams),
             counter("rx_datagrams", &e.rx_datagrams),
+            counter("fault_dropped", &e.fault_dropped),
+            counter("fault_corrupted", &e.fault_corrupted),
+            counter("fault_duplicated", &e.fault_duplicated),
+            counter("fault_reordered", &e.fault_reordered),
         ]);
         out
     }

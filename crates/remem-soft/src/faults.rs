@@ -1,0 +1,309 @@
+//! Fault injection for soft devices, as smoltcp's `FaultInjector` does it for its devices:
+//! a seeded random fate for every packet a device sends — lost, corrupted (after its ICRC
+//! was computed, so the receiver's ICRC check must catch it), duplicated, reordered (sent
+//! after the next one) or delayed. The packets still cross a real UDP socket; only their
+//! fate is decided here. Off unless configured ([`FaultConfig`], `REMEM_SOFT_FAULTS`).
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// The environment variable [`FaultConfig::from_env`] reads, e.g.
+/// `REMEM_SOFT_FAULTS=loss=0.01,dup=0.005,reorder=0.01,corrupt=0.001,delay_us=200,seed=7`.
+pub const FAULTS_ENV: &str = "REMEM_SOFT_FAULTS";
+
+/// What happens to the packets a soft device sends (probabilities per packet).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct FaultConfig {
+    /// Lost.
+    pub loss: f64,
+    /// A random bit flipped after the ICRC was computed.
+    pub corrupt: f64,
+    /// Sent twice.
+    pub duplicate: f64,
+    /// Held back and sent after the next packet (or after 1 ms if none comes).
+    pub reorder: f64,
+    /// Every packet leaves this much later (in order).
+    pub delay: Duration,
+    /// Seed of the random fates: the same seed and traffic give the same faults.
+    pub seed: u64,
+}
+
+impl FaultConfig {
+    /// Whether any fault is configured.
+    pub fn is_active(&self) -> bool {
+        self.loss > 0.0
+            || self.corrupt > 0.0
+            || self.duplicate > 0.0
+            || self.reorder > 0.0
+            || !self.delay.is_zero()
+    }
+
+    /// Parses `key=value` pairs separated by commas: `loss`, `corrupt`, `dup`, `reorder`
+    /// (probabilities in [0, 1]), `delay_us`, `seed`.
+    pub fn parse(s: &str) -> Result<FaultConfig, String> {
+        let mut c = FaultConfig::default();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| format!("`{part}`: want key=value"))?;
+            let p = || -> Result<f64, String> {
+                let x: f64 = v.parse().map_err(|_| format!("`{part}`: not a number"))?;
+                if (0.0..=1.0).contains(&x) {
+                    Ok(x)
+                } else {
+                    Err(format!("`{part}`: a probability is between 0 and 1"))
+                }
+            };
+            match k {
+                "loss" => c.loss = p()?,
+                "corrupt" => c.corrupt = p()?,
+                "dup" | "duplicate" => c.duplicate = p()?,
+                "reorder" => c.reorder = p()?,
+                "delay_us" => {
+                    c.delay = Duration::from_micros(
+                        v.parse().map_err(|_| format!("`{part}`: not a number"))?,
+                    )
+                }
+                "seed" => c.seed = v.parse().map_err(|_| format!("`{part}`: not a number"))?,
+                _ => return Err(format!("unknown fault `{k}`")),
+            }
+        }
+        Ok(c)
+    }
+
+    /// The configuration `REMEM_SOFT_FAULTS` names, if it is set and valid (an invalid
+    /// one is reported on stderr and ignored).
+    pub fn from_env() -> Option<FaultConfig> {
+        let s = std::env::var(FAULTS_ENV).ok()?;
+        match FaultConfig::parse(&s) {
+            Ok(c) => Some(c).filter(FaultConfig::is_active),
+            Err(e) => {
+                eprintln!("remem-soft: ignoring {FAULTS_ENV}: {e}");
+                None
+            }
+        }
+    }
+}
+
+/// How many packets met each fault.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct FaultCounts {
+    /// Lost.
+    pub dropped: u64,
+    /// Corrupted.
+    pub corrupted: u64,
+    /// Duplicated.
+    pub duplicated: u64,
+    /// Reordered.
+    pub reordered: u64,
+}
+
+/// The fates of one device's outgoing packets.
+#[derive(Debug)]
+pub struct FaultInjector {
+    cfg: FaultConfig,
+    rng: StdRng,
+    /// Delayed packets, due in order.
+    delayed: VecDeque<(Instant, SocketAddr, Vec<u8>)>,
+    /// A packet held back to go after the next one, and when it must go anyway.
+    held: Option<(Instant, SocketAddr, Vec<u8>)>,
+    /// Counts so far.
+    pub counts: FaultCounts,
+}
+
+/// Longest a reordered packet waits for a packet to overtake it.
+const REORDER_WAIT: Duration = Duration::from_millis(1);
+
+impl FaultInjector {
+    /// An injector for `cfg`.
+    pub fn new(cfg: FaultConfig) -> Self {
+        FaultInjector {
+            cfg,
+            rng: StdRng::seed_from_u64(cfg.seed),
+            delayed: VecDeque::new(),
+            held: None,
+            counts: FaultCounts::default(),
+        }
+    }
+
+    /// Decides the fate of `pkt`, leaving for `dst` at `now`: what must go now is pushed
+    /// to `out` (nothing, the packet, the packet twice, or a held one after it).
+    pub fn on_send(
+        &mut self,
+        now: Instant,
+        dst: SocketAddr,
+        pkt: &[u8],
+        out: &mut Vec<(SocketAddr, Vec<u8>)>,
+    ) {
+        if self.rng.random_bool(self.cfg.loss) {
+            self.counts.dropped += 1;
+            return;
+        }
+        let mut bytes = pkt.to_vec();
+        if !bytes.is_empty() && self.rng.random_bool(self.cfg.corrupt) {
+            let bit = self.rng.random_range(0..bytes.len() * 8);
+            bytes[bit / 8] ^= 1 << (bit % 8);
+            self.counts.corrupted += 1;
+        }
+        let copies = if self.rng.random_bool(self.cfg.duplicate) {
+            self.counts.duplicated += 1;
+            2
+        } else {
+            1
+        };
+        if self.held.is_none() && self.rng.random_bool(self.cfg.reorder) {
+            self.counts.reordered += 1;
+            self.held = Some((now + REORDER_WAIT, dst, bytes));
+            return;
+        }
+        let mut ready = Vec::with_capacity(3);
+        for _ in 0..copies {
+            ready.push((dst, bytes.clone()));
+        }
+        if let Some((_, d, b)) = self.held.take() {
+            ready.push((d, b)); // overtaken
+        }
+        if self.cfg.delay.is_zero() {
+            out.extend(ready);
+        } else {
+            let due = now + self.cfg.delay;
+            self.delayed
+                .extend(ready.into_iter().map(|(d, b)| (due, d, b)));
+        }
+    }
+
+    /// Pushes to `out` what is due at `now` (delayed packets, a held packet that waited
+    /// long enough).
+    pub fn due(&mut self, now: Instant, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+        if self.held.as_ref().is_some_and(|(t, _, _)| *t <= now)
+            && let Some((_, d, b)) = self.held.take()
+        {
+            if self.cfg.delay.is_zero() {
+                out.push((d, b));
+            } else {
+                self.delayed.push_back((now + self.cfg.delay, d, b));
+            }
+        }
+        while self.delayed.front().is_some_and(|(t, _, _)| *t <= now) {
+            if let Some((_, d, b)) = self.delayed.pop_front() {
+                out.push((d, b));
+            }
+        }
+    }
+
+    /// When something held becomes due.
+    pub fn next_due(&self) -> Option<Instant> {
+        let held = self.held.as_ref().map(|(t, _, _)| *t);
+        let delayed = self.delayed.front().map(|(t, _, _)| *t);
+        match (held, delayed) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dst() -> SocketAddr {
+        "127.0.0.1:4791".parse().unwrap()
+    }
+
+    #[test]
+    fn parses_and_rejects() {
+        let c = FaultConfig::parse("loss=0.01, dup=0.5,reorder=1,corrupt=0,delay_us=250,seed=9")
+            .unwrap();
+        assert_eq!(c.loss, 0.01);
+        assert_eq!(c.duplicate, 0.5);
+        assert_eq!(c.reorder, 1.0);
+        assert_eq!(c.delay, Duration::from_micros(250));
+        assert_eq!(c.seed, 9);
+        assert!(c.is_active());
+        assert!(!FaultConfig::parse("").unwrap().is_active());
+        for bad in ["loss=2", "loss", "jitter=1", "delay_us=-1", "seed=x"] {
+            assert!(FaultConfig::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn fates_follow_the_configuration() {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        // Everything lost.
+        let mut f = FaultInjector::new(FaultConfig {
+            loss: 1.0,
+            ..FaultConfig::default()
+        });
+        f.on_send(now, dst(), b"abc", &mut out);
+        assert!(out.is_empty());
+        assert_eq!(f.counts.dropped, 1);
+        // Everything duplicated and corrupted in exactly one bit.
+        let mut f = FaultInjector::new(FaultConfig {
+            duplicate: 1.0,
+            corrupt: 1.0,
+            ..FaultConfig::default()
+        });
+        f.on_send(now, dst(), &[0u8; 16], &mut out);
+        assert_eq!(out.len(), 2);
+        for (_, b) in &out {
+            assert_eq!(b.iter().map(|x| x.count_ones()).sum::<u32>(), 1);
+        }
+        // Reordered: the first waits for the second and goes after it; a lone one goes
+        // after its wait.
+        out.clear();
+        let mut f = FaultInjector::new(FaultConfig {
+            reorder: 1.0,
+            ..FaultConfig::default()
+        });
+        f.on_send(now, dst(), b"first", &mut out);
+        assert!(out.is_empty());
+        f.on_send(now, dst(), b"second", &mut out);
+        let order: Vec<&[u8]> = out.iter().map(|(_, b)| b.as_slice()).collect();
+        assert_eq!(order, [&b"second"[..], &b"first"[..]]);
+        out.clear();
+        f.on_send(now, dst(), b"third", &mut out);
+        assert!(out.is_empty());
+        f.due(now, &mut out);
+        assert!(out.is_empty());
+        f.due(f.next_due().unwrap(), &mut out);
+        assert_eq!(out.len(), 1);
+        // Delayed: nothing before its time, in order after.
+        out.clear();
+        let mut f = FaultInjector::new(FaultConfig {
+            delay: Duration::from_millis(5),
+            ..FaultConfig::default()
+        });
+        f.on_send(now, dst(), b"a", &mut out);
+        f.on_send(now, dst(), b"b", &mut out);
+        assert!(out.is_empty());
+        f.due(now + Duration::from_millis(4), &mut out);
+        assert!(out.is_empty());
+        f.due(now + Duration::from_millis(5), &mut out);
+        let order: Vec<&[u8]> = out.iter().map(|(_, b)| b.as_slice()).collect();
+        assert_eq!(order, [&b"a"[..], &b"b"[..]]);
+        assert_eq!(f.next_due(), None);
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_fates() {
+        let cfg = FaultConfig {
+            loss: 0.3,
+            duplicate: 0.3,
+            seed: 42,
+            ..FaultConfig::default()
+        };
+        let run = || {
+            let mut f = FaultInjector::new(cfg);
+            let mut out = Vec::new();
+            for i in 0..200u32 {
+                f.on_send(Instant::now(), dst(), &i.to_be_bytes(), &mut out);
+            }
+            out.into_iter().map(|(_, b)| b).collect::<Vec<_>>()
+        };
+        assert_eq!(run(), run());
+    }
+}
