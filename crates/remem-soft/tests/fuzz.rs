@@ -337,7 +337,14 @@ fn responder_fuzz() {
     let t = Target::new();
     let (mut packets, mut responses) = (0, 0);
     for seed in first..first + iters {
-        one_sequence(seed, &t, &mut packets, &mut responses);
+        let run =
+            std::panic::AssertUnwindSafe(|| one_sequence(seed, &t, &mut packets, &mut responses));
+        if let Err(e) = std::panic::catch_unwind(run) {
+            eprintln!(
+                "fuzz: sequence {seed} failed; rerun with REMEM_FUZZ_SEED={seed} REMEM_FUZZ_ITERS=1"
+            );
+            std::panic::resume_unwind(e);
+        }
     }
     assert!(
         responses > 0,
