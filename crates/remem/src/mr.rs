@@ -315,6 +315,15 @@ impl LocalMr {
         Ok(self.inner.region().store_u64(at, value)?)
     }
 
+    /// Makes `[offset, offset + len)` of the region durable here: for a file-backed region
+    /// ([`crate::Rdma::register_file`]) its dirty pages are written back to the file
+    /// (`msync`); other memory has no backing store and only the range is checked. What a
+    /// server does for a peer that asks it to persist a range (librpma's GPSPM).
+    pub fn persist(&self, offset: usize, len: usize) -> Result<()> {
+        let at = self.inner.at(offset, len)?;
+        Ok(self.inner.region().persist(at, len)?)
+    }
+
     pub(crate) fn fill_zero(&self) -> Result<()> {
         let at = self.inner.at(0, self.len())?;
         Ok(self
