@@ -132,7 +132,6 @@ async fn main() -> Result<(), Error> {
     let port = a.context().info().udp_addr.expect("soft device").port();
     let b = RdmaBuilder::new()
         .device(format!("soft@127.0.60.2:{port}"))
-        .timeout(10)
         .build()?;
     let start = Instant::now();
     let end = start + Duration::from_secs(secs);
