@@ -125,10 +125,7 @@ async fn main() -> Result<(), Error> {
     let mut args = std::env::args().skip(1);
     let secs: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(600);
     let every: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(10);
-    let a = RdmaBuilder::new()
-        .device("soft@127.0.60.1:0")
-        .timeout(10)
-        .build()?;
+    let a = RdmaBuilder::new().device("soft@127.0.60.1:0").build()?;
     let port = a.context().info().udp_addr.expect("soft device").port();
     let b = RdmaBuilder::new()
         .device(format!("soft@127.0.60.2:{port}"))
