@@ -983,7 +983,10 @@ impl ConnShared {
         if wc.wr_id & RECV_TAG != 0 {
             return self.on_receive(wc, (wc.wr_id & !RECV_TAG) as u32);
         }
-        let Some(p) = lock(&self.pending).remove(&wc.wr_id) else {
+        // (The pending map's lock is released before the unsignaled queue's is taken:
+        // posting takes them in the other order.)
+        let pending = lock(&self.pending).remove(&wc.wr_id);
+        let Some(p) = pending else {
             // One posted to complete silently (signaled now and then, or failed).
             if self.release_unsignaled(wc.wr_id)
                 && wc.status != WcStatus::Success
