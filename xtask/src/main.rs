@@ -1,0 +1,682 @@
+//! Repository tasks. `cargo xtask rxe …` gives tests a real Linux kernel Soft-RoCE
+//! (`rdma_rxe`) on machines without RDMA: it builds a small guest image from Debian
+//! packages (cached), boots it in qemu (TCG), creates `rxe0`, runs a command there and
+//! returns its exit status. See `xtask/README.md`.
+
+#![warn(missing_docs)]
+
+use clap::{Parser, Subcommand, ValueEnum};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+/// Repository tasks for remem.
+#[derive(Parser, Debug)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand, Debug)]
+enum Task {
+    /// Kernel Soft-RoCE in a throwaway qemu guest.
+    Rxe {
+        /// Cache directory for packages and images (default: target/rxe-cache, or
+        /// REMEM_RXE_CACHE).
+        #[arg(long, global = true)]
+        cache: Option<PathBuf>,
+        #[command(subcommand)]
+        what: Rxe,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum Rxe {
+    /// Build (or reuse) the guest image.
+    Image,
+    /// Boot the guest, run a command with rxe0 up, print its output, exit with its status.
+    Run {
+        /// Host files to copy into the guest's /opt/remem (with the shared libraries an
+        /// ELF file needs).
+        #[arg(long = "copy")]
+        copy: Vec<PathBuf>,
+        /// The guest's network: `user` (qemu's, fine inside the guest; it rewrites IP
+        /// headers, so no RoCE to the host) or `none` (loopback only).
+        #[arg(long, value_enum, default_value_t = Net::User)]
+        net: Net,
+        /// Kill the guest after this many seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+        /// The command (a shell command line run by the guest's /bin/sh).
+        #[arg(trailing_var_arg = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Boot the guest and check it: rxe0 listed, ibv_rc_pingpong over it within the guest.
+    Selftest,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum Net {
+    User,
+    None,
+}
+
+/// Userspace packages the guest needs (their shared libraries come along by `ldd`).
+const PACKAGES: &[&str] = &[
+    "libibverbs1",
+    "ibverbs-providers",
+    "ibverbs-utils",
+    "librdmacm1",
+    "rdmacm-utils",
+    "libnl-3-200",
+    "libnl-route-3-200",
+    "perftest",
+    "libibumad3",
+    "libpci3",
+    "iproute2",
+    "libmnl0",
+    "libelf1",
+    "libbpf1",
+    "libcap2",
+    "libxtables12",
+    "libbsd0",
+    "libmd0",
+    "libtirpc3",
+    "libdb5.3",
+    "libselinux1",
+];
+
+/// Kernel modules to load, in an order that satisfies their dependencies (the closure is
+/// computed from each module's `depends=`).
+const MODULES: &[&str] = &[
+    "virtio_pci",
+    "virtio_net",
+    "crc32_generic",
+    "crc32_pclmul",
+    "rdma_rxe",
+    "rdma_ucm",
+    "sch_netem",
+    "veth",
+];
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let Task::Rxe { cache, what } = cli.task;
+    let cache = cache
+        .or_else(|| std::env::var_os("REMEM_RXE_CACHE").map(PathBuf::from))
+        .unwrap_or_else(|| workspace_root().join("target/rxe-cache"));
+    let result = match what {
+        Rxe::Image => image(&cache).map(|img| {
+            println!("image: {}", img.dir.display());
+            0
+        }),
+        Rxe::Run {
+            copy,
+            net,
+            timeout,
+            command,
+        } => image(&cache).and_then(|img| {
+            run(
+                &img,
+                &copy,
+                net,
+                Duration::from_secs(timeout),
+                &command.join(" "),
+            )
+        }),
+        Rxe::Selftest => image(&cache).and_then(|img| selftest(&img)),
+    };
+    match result {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code.clamp(1, 255) as u8),
+        Err(e) => {
+            eprintln!("xtask rxe: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Res<T> = Result<T, String>;
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Runs a command, failing with its stderr.
+fn sh(cmd: &mut Command) -> Res<String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn need_tool(tool: &str, package: &str) -> Res<()> {
+    if Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+    {
+        return Ok(());
+    }
+    Err(format!(
+        "`{tool}` is missing: install it (apt-get install {package}; qemu-system-x86 from bookworm-backports on Debian 12)"
+    ))
+}
+
+/// A built guest image: kernel and base initramfs.
+struct Image {
+    dir: PathBuf,
+    kernel: PathBuf,
+    initrd: PathBuf,
+}
+
+/// The newest Debian 6.1 kernel package (what `linux-image-amd64` depends on).
+fn kernel_package() -> Res<String> {
+    let out = sh(Command::new("apt-cache").args(["depends", "linux-image-amd64"]))?;
+    out.lines()
+        .filter_map(|l| l.trim().strip_prefix("Depends: "))
+        .find(|p| p.starts_with("linux-image-") && p.ends_with("-amd64"))
+        .map(str::to_string)
+        .ok_or_else(|| "no linux-image package found (apt-get update?)".to_string())
+}
+
+fn image(cache: &Path) -> Res<Image> {
+    for (tool, pkg) in [
+        ("apt-get", "apt"),
+        ("dpkg", "dpkg"),
+        ("cpio", "cpio"),
+        ("gzip", "gzip"),
+        ("busybox", "busybox-static"),
+        ("qemu-system-x86_64", "qemu-system-x86"),
+        ("ldd", "libc-bin"),
+    ] {
+        need_tool(tool, pkg)?;
+    }
+    let kpkg = kernel_package()?;
+    let version = kpkg.trim_start_matches("linux-image-").to_string();
+    let dir = cache.join(&version);
+    let root = dir.join("root");
+    let initrd = dir.join("base.cpio.gz");
+    let kernel = root.join(format!("boot/vmlinuz-{version}"));
+    // What the image is made of: a different list (or /init) rebuilds it.
+    let stamp_path = dir.join("image.stamp");
+    let stamp = format!("{PACKAGES:?} {MODULES:?} init-{INIT_VERSION}");
+    let fresh = std::fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp);
+    if fresh && initrd.exists() && kernel.exists() {
+        return Ok(Image {
+            dir,
+            kernel,
+            initrd,
+        });
+    }
+    let started = Instant::now();
+    let debs = dir.join("debs");
+    std::fs::create_dir_all(&debs).map_err(|e| e.to_string())?;
+    let mut wanted: Vec<&str> = PACKAGES.to_vec();
+    wanted.push(&kpkg);
+    for p in &wanted {
+        let have = std::fs::read_dir(&debs)
+            .map_err(|e| e.to_string())?
+            .filter_map(Result::ok)
+            .any(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{p}_"))
+            });
+        if !have {
+            eprintln!("xtask rxe: downloading {p}");
+            sh(Command::new("apt-get")
+                .arg("download")
+                .arg(p)
+                .current_dir(&debs))?;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).map_err(|e| e.to_string())?;
+    for e in std::fs::read_dir(&debs).map_err(|e| e.to_string())? {
+        let path = e.map_err(|e| e.to_string())?.path();
+        sh(Command::new("dpkg").arg("-x").arg(&path).arg(&root))?;
+    }
+    // Modules: the closure of what we load, in dependency order.
+    let mods = root.join(format!("lib/modules/{version}"));
+    let order = module_order(&mods)?;
+    let staging = dir.join("initramfs");
+    let _ = std::fs::remove_dir_all(&staging);
+    for d in [
+        "bin",
+        "sbin",
+        "etc",
+        "proc",
+        "sys",
+        "dev",
+        "tmp",
+        "run",
+        "opt/remem",
+        "lib/modules",
+    ] {
+        std::fs::create_dir_all(staging.join(d)).map_err(|e| e.to_string())?;
+    }
+    let mut loads = String::new();
+    for (name, path) in &order {
+        let dst = staging.join("lib/modules").join(format!("{name}.ko"));
+        copy_module(path, &dst)?;
+        loads.push_str(&format!("insmod /lib/modules/{name}.ko\n"));
+    }
+    // Busybox, the rdma-core tools and libraries, iproute2, perftest.
+    std::fs::copy(which("busybox")?, staging.join("bin/busybox")).map_err(|e| e.to_string())?;
+    for sub in [
+        "usr/bin",
+        "usr/sbin",
+        "sbin",
+        "bin",
+        "usr/lib/x86_64-linux-gnu",
+        "lib/x86_64-linux-gnu",
+        "etc/libibverbs.d",
+        "etc/iproute2",
+    ] {
+        let from = root.join(sub);
+        if from.exists() {
+            copy_tree(&from, &staging.join(sub))?;
+        }
+    }
+    // Shared libraries the guest's ELF files need that no package brought: the host's.
+    let mut elves = Vec::new();
+    for sub in [
+        "usr/bin",
+        "usr/sbin",
+        "sbin",
+        "bin",
+        "usr/lib/x86_64-linux-gnu",
+    ] {
+        collect_elves(&staging.join(sub), &mut elves)?;
+    }
+    add_libraries(&staging, &elves)?;
+    write_init(&staging, &loads)?;
+    pack(&staging, &initrd)?;
+    std::fs::write(&stamp_path, stamp).map_err(|e| e.to_string())?;
+    eprintln!(
+        "xtask rxe: image for {version} built in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(Image {
+        dir,
+        kernel,
+        initrd,
+    })
+}
+
+fn which(tool: &str) -> Res<PathBuf> {
+    let out = sh(Command::new("sh").args(["-c", &format!("command -v {tool}")]))?;
+    Ok(PathBuf::from(out.trim()))
+}
+
+/// The modules to load and their files, dependencies first.
+fn module_order(mods: &Path) -> Res<Vec<(String, PathBuf)>> {
+    let mut files = BTreeMap::new();
+    let mut stack = vec![mods.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).map_err(|e| format!("{}: {e}", d.display()))? {
+            let p = e.map_err(|e| e.to_string())?.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Some(n) = p.file_name().and_then(|n| n.to_str()) {
+                let base = n.trim_end_matches(".xz").trim_end_matches(".ko");
+                if n.contains(".ko") {
+                    files.insert(base.replace('-', "_"), p.clone());
+                }
+            }
+        }
+    }
+    let mut order = Vec::new();
+    let mut seen = BTreeSet::new();
+    fn visit(
+        name: &str,
+        files: &BTreeMap<String, PathBuf>,
+        seen: &mut BTreeSet<String>,
+        order: &mut Vec<(String, PathBuf)>,
+    ) -> Res<()> {
+        if !seen.insert(name.to_string()) {
+            return Ok(());
+        }
+        let Some(path) = files.get(name) else {
+            return Ok(()); // built into the kernel
+        };
+        for dep in module_depends(path)? {
+            visit(&dep, files, seen, order)?;
+        }
+        order.push((name.to_string(), path.clone()));
+        Ok(())
+    }
+    for m in MODULES {
+        visit(m, &files, &mut seen, &mut order)?;
+    }
+    Ok(order)
+}
+
+/// The `depends=` of a module file (its .modinfo section holds NUL-separated key=value).
+fn module_depends(path: &Path) -> Res<Vec<String>> {
+    let bytes = read_module(path)?;
+    let key = b"depends=";
+    let Some(at) = bytes.windows(key.len()).position(|w| w == key) else {
+        return Ok(Vec::new());
+    };
+    let rest = &bytes[at + key.len()..];
+    let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+    Ok(String::from_utf8_lossy(&rest[..end])
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.replace('-', "_"))
+        .collect())
+}
+
+fn read_module(path: &Path) -> Res<Vec<u8>> {
+    if path.extension().is_some_and(|e| e == "xz") {
+        let out = Command::new("xz")
+            .args(["-dc"])
+            .arg(path)
+            .output()
+            .map_err(|e| e.to_string())?;
+        return Ok(out.stdout);
+    }
+    std::fs::read(path).map_err(|e| e.to_string())
+}
+
+fn copy_module(from: &Path, to: &Path) -> Res<()> {
+    std::fs::write(to, read_module(from)?).map_err(|e| e.to_string())
+}
+
+fn copy_tree(from: &Path, to: &Path) -> Res<()> {
+    std::fs::create_dir_all(to).map_err(|e| e.to_string())?;
+    sh(Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", from.display()))
+        .arg(to))?;
+    Ok(())
+}
+
+fn collect_elves(dir: &Path, out: &mut Vec<PathBuf>) -> Res<()> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for e in rd {
+        let p = e.map_err(|e| e.to_string())?.path();
+        if p.is_dir() {
+            collect_elves(&p, out)?;
+        } else if p.is_file()
+            && !p.is_symlink()
+            && std::fs::read(&p)
+                .map(|b| b.starts_with(b"\x7fELF"))
+                .unwrap_or(false)
+        {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// Copies into `staging` every shared library `elves` need that is not there yet, taking
+/// the host's (Debian 12 both sides).
+fn add_libraries(staging: &Path, elves: &[PathBuf]) -> Res<()> {
+    let libpath = format!(
+        "{0}/usr/lib/x86_64-linux-gnu:{0}/lib/x86_64-linux-gnu:{0}/usr/lib/x86_64-linux-gnu/libibverbs",
+        staging.display()
+    );
+    let mut missing = BTreeSet::new();
+    let mut host = BTreeSet::new();
+    for elf in elves {
+        let Ok(out) = Command::new("ldd")
+            .arg(elf)
+            .env("LD_LIBRARY_PATH", &libpath)
+            .output()
+        else {
+            continue;
+        };
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let line = line.trim();
+            if line.contains("not found") {
+                missing.insert(line.split_whitespace().next().unwrap_or("").to_string());
+            } else if let Some((_, target)) = line.split_once("=> ") {
+                let path = target.split_whitespace().next().unwrap_or("");
+                if path.starts_with('/') && !path.starts_with(&*staging.to_string_lossy()) {
+                    host.insert(PathBuf::from(path));
+                }
+            } else if line.starts_with('/') {
+                // The dynamic loader.
+                host.insert(PathBuf::from(line.split_whitespace().next().unwrap_or("")));
+            }
+        }
+    }
+    if !missing.is_empty() {
+        return Err(format!("shared libraries found nowhere: {missing:?}"));
+    }
+    for lib in host {
+        let real = std::fs::canonicalize(&lib).map_err(|e| format!("{}: {e}", lib.display()))?;
+        let dst = staging.join(lib.strip_prefix("/").unwrap_or(&lib));
+        if let Some(parent) = dst.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+        }
+        if !dst.exists() {
+            std::fs::copy(&real, &dst).map_err(|e| format!("{}: {e}", real.display()))?;
+        }
+    }
+    // The loader at its canonical path (/lib64/ld-linux-x86-64.so.2).
+    let ld = staging.join("lib64");
+    std::fs::create_dir_all(&ld).map_err(|e| e.to_string())?;
+    if !ld.join("ld-linux-x86-64.so.2").exists() {
+        std::fs::copy(
+            "/lib64/ld-linux-x86-64.so.2",
+            ld.join("ld-linux-x86-64.so.2"),
+        )
+        .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Bumped whenever `write_init` changes, so that cached images are rebuilt.
+const INIT_VERSION: u32 = 2;
+
+/// The guest's /init: modules, network, rxe0, then /run.sh (from the per-run archive).
+fn write_init(staging: &Path, loads: &str) -> Res<()> {
+    let init = format!(
+        r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+echo 0 > /proc/sys/kernel/printk
+{loads}
+ip() {{ /usr/bin/ip "$@" || /sbin/ip "$@"; }}
+/usr/bin/ip link set lo up 2>/dev/null || /sbin/ip link set lo up
+IF=$(ls /sys/class/net | grep -v '^lo$' | head -1)
+if [ -n "$IF" ]; then
+  /sbin/ip link set "$IF" up 2>/dev/null || /usr/bin/ip link set "$IF" up
+  /sbin/ip addr add "${{RXE_GUEST_IP:-10.0.2.15}}/24" dev "$IF" 2>/dev/null || /usr/bin/ip addr add "${{RXE_GUEST_IP:-10.0.2.15}}/24" dev "$IF"
+  RXE_NETDEV=$IF
+else
+  RXE_NETDEV=lo
+fi
+/usr/bin/rdma link add rxe0 type rxe netdev "$RXE_NETDEV" || /sbin/rdma link add rxe0 type rxe netdev "$RXE_NETDEV"
+# The IPv4 RoCE v2 GID's index varies between boots: look it up.
+RXE_GID_INDEX=
+for g in /sys/class/infiniband/rxe0/ports/1/gids/*; do
+  i=${{g##*/}}
+  t=$(cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/types/$i 2>/dev/null)
+  case "$(cat $g)" in 0000:0000:0000:0000:0000:ffff:*) [ "$t" = "RoCE v2" ] && RXE_GID_INDEX=$i && break ;; esac
+done
+export RXE_GID_INDEX RXE_NETDEV
+echo "@@RXE-READY gid_index=$RXE_GID_INDEX netdev=$RXE_NETDEV@@"
+cd /opt/remem
+if [ -f /run.sh ]; then /bin/sh /run.sh; code=$?; else echo "no /run.sh"; code=127; fi
+echo "@@RXE-EXIT=$code@@"
+sync
+poweroff -f
+"#
+    );
+    let path = staging.join("init");
+    std::fs::write(&path, init).map_err(|e| e.to_string())?;
+    sh(Command::new("chmod").arg("755").arg(&path))?;
+    Ok(())
+}
+
+/// Packs `dir` into a gzip'd newc cpio archive at `out`.
+fn pack(dir: &Path, out: &Path) -> Res<()> {
+    let script = format!(
+        "cd '{}' && find . -print0 | cpio --null -o -H newc --quiet | gzip -1 > '{}'",
+        dir.display(),
+        out.display()
+    );
+    sh(Command::new("sh").args(["-c", &script]))?;
+    Ok(())
+}
+
+/// Boots the guest with `command` as /run.sh and `copies` in /opt/remem; returns the
+/// command's exit status.
+fn run(img: &Image, copies: &[PathBuf], net: Net, limit: Duration, command: &str) -> Res<i32> {
+    let run_dir = img.dir.join(format!("run-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&run_dir);
+    let overlay = run_dir.join("overlay");
+    std::fs::create_dir_all(overlay.join("opt/remem")).map_err(|e| e.to_string())?;
+    let mut elves = Vec::new();
+    for c in copies {
+        let name = c.file_name().ok_or("a file to copy has no name")?;
+        let dst = overlay.join("opt/remem").join(name);
+        std::fs::copy(c, &dst).map_err(|e| format!("{}: {e}", c.display()))?;
+        if std::fs::read(&dst)
+            .map(|b| b.starts_with(b"\x7fELF"))
+            .unwrap_or(false)
+        {
+            elves.push(dst);
+        }
+    }
+    if !elves.is_empty() {
+        // Libraries the copied programs need beyond the image's.
+        let staging = img.dir.join("initramfs");
+        let before: BTreeSet<PathBuf> = list_files(&staging);
+        add_libraries(&staging, &elves)?;
+        for f in list_files(&staging).difference(&before) {
+            let rel = f.strip_prefix(&staging).map_err(|e| e.to_string())?;
+            let dst = overlay.join(rel);
+            if let Some(p) = dst.parent() {
+                std::fs::create_dir_all(p).map_err(|e| e.to_string())?;
+            }
+            std::fs::rename(f, &dst).map_err(|e| e.to_string())?;
+        }
+    }
+    std::fs::write(overlay.join("run.sh"), format!("{command}\n")).map_err(|e| e.to_string())?;
+    let overlay_cpio = run_dir.join("overlay.cpio.gz");
+    pack(&overlay, &overlay_cpio)?;
+    // The kernel takes concatenated archives: the image, then this run's files.
+    let initrd = run_dir.join("initrd.cpio.gz");
+    let mut all = std::fs::read(&img.initrd).map_err(|e| e.to_string())?;
+    all.extend(std::fs::read(&overlay_cpio).map_err(|e| e.to_string())?);
+    std::fs::write(&initrd, all).map_err(|e| e.to_string())?;
+
+    let mut qemu = Command::new("qemu-system-x86_64");
+    qemu.args([
+        "-accel",
+        "tcg,thread=multi",
+        "-cpu",
+        "max",
+        "-smp",
+        "2",
+        "-m",
+        "1024",
+    ])
+    .args(["-nographic", "-no-reboot", "-kernel"])
+    .arg(&img.kernel)
+    .arg("-initrd")
+    .arg(&initrd)
+    .args(["-append", "console=ttyS0 quiet loglevel=1 panic=-1"]);
+    match net {
+        Net::User => {
+            qemu.args([
+                "-netdev",
+                "user,id=n0",
+                "-device",
+                "virtio-net-pci,netdev=n0",
+            ]);
+        }
+        Net::None => {
+            qemu.args(["-nic", "none"]);
+        }
+    }
+    let started = Instant::now();
+    let mut child = qemu
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("qemu: {e}"))?;
+    let pid = child.id();
+    // A watchdog: kill qemu past the limit.
+    std::thread::spawn(move || {
+        std::thread::sleep(limit);
+        let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+    });
+    let mut code = None;
+    let stdout = child.stdout.take().ok_or("no qemu output")?;
+    let mut out = std::io::stdout();
+    for line in BufReader::new(stdout).lines() {
+        let line = line.map_err(|e| e.to_string())?;
+        if let Some(rest) = line.trim().strip_prefix("@@RXE-EXIT=") {
+            code = rest.trim_end_matches("@@").parse::<i32>().ok();
+        }
+        let _ = writeln!(out, "guest| {line}");
+    }
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&run_dir);
+    eprintln!(
+        "xtask rxe: boot, run and power-off in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    code.ok_or_else(|| {
+        format!("the guest ended without reporting an exit status (limit {limit:?})")
+    })
+}
+
+fn list_files(dir: &Path) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        if let Ok(rd) = std::fs::read_dir(&d) {
+            for e in rd.flatten() {
+                let p = e.path();
+                if p.is_dir() && !p.is_symlink() {
+                    stack.push(p);
+                } else {
+                    out.insert(p);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn selftest(img: &Image) -> Res<i32> {
+    let script = r#"set -e
+ibv_devices | grep -q rxe0
+echo "selftest: rxe0 is listed"
+ibv_rc_pingpong -d rxe0 -g "$RXE_GID_INDEX" -n 100 > /tmp/server.log 2>&1 &
+ibv_rc_pingpong -d rxe0 -g "$RXE_GID_INDEX" -n 100 127.0.0.1 > /tmp/client.log 2>&1 || { cat /tmp/client.log /tmp/server.log; exit 1; }
+wait
+grep -q "100 iters" /tmp/client.log
+echo "selftest: ibv_rc_pingpong over rxe0 passed"
+"#;
+    let code = run(img, &[], Net::User, Duration::from_secs(300), script)?;
+    if code == 0 {
+        println!("selftest: ok");
+    }
+    Ok(code)
+}
