@@ -44,9 +44,15 @@ enum Rxe {
         #[arg(long = "copy")]
         copy: Vec<PathBuf>,
         /// The guest's network: `user` (qemu's, fine inside the guest; it rewrites IP
-        /// headers, so no RoCE to the host) or `none` (loopback only).
+        /// headers, so no RoCE to the host), `tap` (a tap device in a network namespace
+        /// of its own: the host side is 10.77.0.1, the guest 10.77.0.2) or `none`.
         #[arg(long, value_enum, default_value_t = Net::User)]
         net: Net,
+        /// With `--net tap`: a host command run in the namespace (before the guest boots,
+        /// so a server there is listening when the guest starts); the run fails if it
+        /// fails. Its output is prefixed `host| `.
+        #[arg(long)]
+        host_cmd: Option<String>,
         /// Kill the guest after this many seconds.
         #[arg(long, default_value_t = 300)]
         timeout: u64,
@@ -56,12 +62,53 @@ enum Rxe {
     },
     /// Boot the guest and check it: rxe0 listed, ibv_rc_pingpong over it within the guest.
     Selftest,
+    /// Wire interop: remem's soft provider on the host against kernel rxe in the guest,
+    /// over a tap device — `ibv_rc_pingpong` in the guest against remem's `rc_pingpong`
+    /// example on the host, each side once as server.
+    Interop {
+        /// Ping-pongs per direction.
+        #[arg(long, default_value_t = 100)]
+        iters: u32,
+    },
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 enum Net {
+    /// qemu's user network.
     User,
+    /// A tap device in a network namespace.
+    Tap,
+    /// No network device.
     None,
+}
+
+/// Host and guest addresses on the tap network.
+const TAP_HOST: &str = "10.77.0.1";
+const TAP_GUEST: &str = "10.77.0.2";
+
+/// A network namespace with a tap device, removed when dropped.
+struct TapNet {
+    ns: String,
+}
+
+impl TapNet {
+    fn new() -> Res<TapNet> {
+        let ns = format!("remem-rxe-{}", std::process::id());
+        sh(Command::new("ip").args(["netns", "add", &ns]))?;
+        let net = TapNet { ns };
+        let ip = |args: &[&str]| sh(Command::new("ip").arg("-n").arg(&net.ns).args(args));
+        ip(&["tuntap", "add", "tap0", "mode", "tap"])?;
+        ip(&["addr", "add", &format!("{TAP_HOST}/24"), "dev", "tap0"])?;
+        ip(&["link", "set", "tap0", "up"])?;
+        ip(&["link", "set", "lo", "up"])?;
+        Ok(net)
+    }
+}
+
+impl Drop for TapNet {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+    }
 }
 
 /// Userspace packages the guest needs (their shared libraries come along by `ldd`).
@@ -116,6 +163,7 @@ fn main() -> ExitCode {
         Rxe::Run {
             copy,
             net,
+            host_cmd,
             timeout,
             command,
         } => image(&cache).and_then(|img| {
@@ -123,11 +171,13 @@ fn main() -> ExitCode {
                 &img,
                 &copy,
                 net,
+                host_cmd.as_deref(),
                 Duration::from_secs(timeout),
                 &command.join(" "),
             )
         }),
         Rxe::Selftest => image(&cache).and_then(|img| selftest(&img)),
+        Rxe::Interop { iters } => image(&cache).and_then(|img| interop(&img, iters)),
     };
     match result {
         Ok(0) => ExitCode::SUCCESS,
@@ -543,7 +593,17 @@ fn pack(dir: &Path, out: &Path) -> Res<()> {
 
 /// Boots the guest with `command` as /run.sh and `copies` in /opt/remem; returns the
 /// command's exit status.
-fn run(img: &Image, copies: &[PathBuf], net: Net, limit: Duration, command: &str) -> Res<i32> {
+fn run(
+    img: &Image,
+    copies: &[PathBuf],
+    net: Net,
+    host_cmd: Option<&str>,
+    limit: Duration,
+    command: &str,
+) -> Res<i32> {
+    if host_cmd.is_some() && net != Net::Tap {
+        return Err("--host-cmd needs --net tap".into());
+    }
     let run_dir = img.dir.join(format!("run-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&run_dir);
     let overlay = run_dir.join("overlay");
@@ -583,7 +643,27 @@ fn run(img: &Image, copies: &[PathBuf], net: Net, limit: Duration, command: &str
     all.extend(std::fs::read(&overlay_cpio).map_err(|e| e.to_string())?);
     std::fs::write(&initrd, all).map_err(|e| e.to_string())?;
 
-    let mut qemu = Command::new("qemu-system-x86_64");
+    let tap = if net == Net::Tap {
+        Some(TapNet::new()?)
+    } else {
+        None
+    };
+    let mut qemu = match &tap {
+        Some(t) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", &t.ns, "qemu-system-x86_64"]);
+            c
+        }
+        None => Command::new("qemu-system-x86_64"),
+    };
+    let guest_ip = if net == Net::Tap {
+        TAP_GUEST
+    } else {
+        "10.0.2.15"
+    };
+    let append = format!(
+        "console=ttyS0 quiet loglevel=1 panic=-1 RXE_GUEST_IP={guest_ip} RXE_HOST_IP={TAP_HOST}"
+    );
     qemu.args([
         "-accel",
         "tcg,thread=multi",
@@ -598,8 +678,17 @@ fn run(img: &Image, copies: &[PathBuf], net: Net, limit: Duration, command: &str
     .arg(&img.kernel)
     .arg("-initrd")
     .arg(&initrd)
-    .args(["-append", "console=ttyS0 quiet loglevel=1 panic=-1"]);
+    .arg("-append")
+    .arg(&append);
     match net {
+        Net::Tap => {
+            qemu.args([
+                "-netdev",
+                "tap,id=n0,ifname=tap0,script=no,downscript=no",
+                "-device",
+                "virtio-net-pci,netdev=n0",
+            ]);
+        }
         Net::User => {
             qemu.args([
                 "-netdev",
@@ -612,6 +701,29 @@ fn run(img: &Image, copies: &[PathBuf], net: Net, limit: Duration, command: &str
             qemu.args(["-nic", "none"]);
         }
     }
+    // The host side starts first, in the namespace, so that its server listens when the
+    // guest's command starts.
+    let host = match (host_cmd, &tap) {
+        (Some(cmd), Some(t)) => {
+            let mut c = Command::new("ip")
+                .args(["netns", "exec", &t.ns, "sh", "-c", cmd])
+                .env("RXE_HOST_IP", TAP_HOST)
+                .env("RXE_GUEST_IP", TAP_GUEST)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .map_err(|e| format!("host command: {e}"))?;
+            let out = c.stdout.take().ok_or("no host output")?;
+            let printer = std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    println!("host| {line}");
+                }
+            });
+            Some((c, printer))
+        }
+        _ => None,
+    };
     let started = Instant::now();
     let mut child = qemu
         .stdin(Stdio::null())
@@ -636,14 +748,36 @@ fn run(img: &Image, copies: &[PathBuf], net: Net, limit: Duration, command: &str
         let _ = writeln!(out, "guest| {line}");
     }
     let _ = child.wait();
+    let host_status = match host {
+        Some((mut c, printer)) => {
+            let pid = c.id();
+            // The host side gets the limit again to finish.
+            std::thread::spawn(move || {
+                std::thread::sleep(limit);
+                let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            });
+            let status = c.wait().map_err(|e| e.to_string())?;
+            let _ = printer.join();
+            Some(status.code().unwrap_or(1))
+        }
+        None => None,
+    };
+    drop(tap);
     let _ = std::fs::remove_dir_all(&run_dir);
     eprintln!(
         "xtask rxe: boot, run and power-off in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    code.ok_or_else(|| {
+    let code = code.ok_or_else(|| {
         format!("the guest ended without reporting an exit status (limit {limit:?})")
-    })
+    })?;
+    match host_status {
+        Some(h) if h != 0 => {
+            eprintln!("xtask rxe: the host command failed with status {h}");
+            Ok(if code != 0 { code } else { h })
+        }
+        _ => Ok(code),
+    }
 }
 
 fn list_files(dir: &Path) -> BTreeSet<PathBuf> {
@@ -674,9 +808,52 @@ wait
 grep -q "100 iters" /tmp/client.log
 echo "selftest: ibv_rc_pingpong over rxe0 passed"
 "#;
-    let code = run(img, &[], Net::User, Duration::from_secs(300), script)?;
+    let code = run(img, &[], Net::User, None, Duration::from_secs(300), script)?;
     if code == 0 {
         println!("selftest: ok");
     }
     Ok(code)
+}
+
+fn interop(img: &Image, iters: u32) -> Res<i32> {
+    let root = workspace_root();
+    sh(Command::new("cargo")
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "-p",
+            "remem-soft",
+            "--example",
+            "rc_pingpong",
+        ])
+        .current_dir(&root))?;
+    let host = root.join("target/release/examples/rc_pingpong");
+    let host = host.display();
+    let limit = Duration::from_secs(300);
+    let mut failed = 0;
+    // The host serves, the guest (kernel rxe) connects; then the other way round.
+    let runs = [
+        (
+            format!("{host} --device soft@{TAP_HOST}:4791 -n {iters}"),
+            format!("ibv_rc_pingpong -d rxe0 -g \"$RXE_GID_INDEX\" -n {iters} {TAP_HOST}"),
+            "host serves, kernel rxe connects",
+        ),
+        (
+            format!("{host} --device soft@{TAP_HOST}:4791 -n {iters} {TAP_GUEST}"),
+            format!("ibv_rc_pingpong -d rxe0 -g \"$RXE_GID_INDEX\" -n {iters}"),
+            "kernel rxe serves, host connects",
+        ),
+    ];
+    for (host_cmd, guest_cmd, what) in runs {
+        let code = run(img, &[], Net::Tap, Some(&host_cmd), limit, &guest_cmd)?;
+        println!(
+            "interop: {what}: {}",
+            if code == 0 { "ok" } else { "FAILED" }
+        );
+        if code != 0 {
+            failed += 1;
+        }
+    }
+    Ok(failed)
 }
