@@ -40,8 +40,7 @@ fn world() -> std::sync::MutexGuard<'static, World> {
         let dev = SoftContext::bind(SocketAddr::new(VICTIM_IP.into(), 0)).unwrap();
         let port = dev.local_addr().port();
         let sock = UdpSocket::bind(SocketAddr::new(PEER_IP.into(), port)).unwrap();
-        sock.set_read_timeout(Some(Duration::from_millis(300)))
-            .unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         Mutex::new(World {
             ctx: Arc::new(dev),
             sock,
@@ -126,7 +125,8 @@ fn seal_and_send(w: &World, mut buf: Vec<u8>, bad_icrc: bool) {
         .unwrap();
 }
 
-/// The answers the victim sends within a short while: (opcode, psn, syndrome).
+/// The answers the victim sends: whatever arrives within 2 s of the first wait, then until
+/// 50 ms pass without another (opcode, psn, syndrome).
 fn answers(w: &World) -> Vec<(Opcode, u32, Option<Syndrome>)> {
     let mut out = Vec::new();
     let mut b = [0u8; 9000];
@@ -144,12 +144,12 @@ fn answers(w: &World) -> Vec<(Opcode, u32, Option<Syndrome>)> {
             .unwrap();
     }
     w.sock
-        .set_read_timeout(Some(Duration::from_millis(300)))
+        .set_read_timeout(Some(Duration::from_secs(2)))
         .unwrap();
     out
 }
 
-/// Silence: nothing comes back within the wait.
+/// Silence: nothing comes back within 2 s.
 fn silence(w: &World) -> bool {
     answers(w).is_empty()
 }
