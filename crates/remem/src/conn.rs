@@ -1021,29 +1021,25 @@ impl ConnShared {
         }
     }
 
+    /// A receive into one of the connection's own buffers: its message is copied out and
+    /// the buffer posted again at once.
     fn on_receive(self: &Arc<Self>, wc: &WorkCompletion, index: u32) {
-        if wc.status != WcStatus::Success {
-            if wc.status != WcStatus::WrFlushErr {
-                self.mark_closed(format!("receive failed with {}", wc.status));
-            }
-            return;
-        }
-        if wc.opcode == WcOpcode::RecvRdmaWithImm {
-            self.write_imms.push(wc.imm_data);
+        let ok = wc.status == WcStatus::Success;
+        let message = (ok && wc.opcode != WcOpcode::RecvRdmaWithImm)
+            .then(|| {
+                let base = index as usize * self.recv_slot;
+                read_message(&self.recv_mr, base, wc.byte_len as usize)
+            })
+            .flatten();
+        if ok {
             let _ = self.post_recv(index);
-            return;
         }
-        let base = index as usize * self.recv_slot;
-        let message = read_message(&self.recv_mr, base, wc.byte_len as usize);
-        let _ = self.post_recv(index);
-        match message {
-            Some((hdr, data)) => self.on_message(hdr, data),
-            None => self.fail("peer sent a message without a header".into()),
-        }
+        self.on_received(wc, message);
     }
 
-    /// A receive from a shared receive queue, for this connection's QP.
-    pub(crate) fn on_srq_receive(self: &Arc<Self>, wc: &WorkCompletion, message: Option<Message0>) {
+    /// A receive completed, its message (if it carried one) already copied out of the
+    /// buffer — one of the connection's own or one of a shared receive queue's.
+    pub(crate) fn on_received(self: &Arc<Self>, wc: &WorkCompletion, message: Option<Message0>) {
         if wc.status != WcStatus::Success {
             if wc.status != WcStatus::WrFlushErr {
                 self.mark_closed(format!("receive failed with {}", wc.status));

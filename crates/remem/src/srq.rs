@@ -210,7 +210,7 @@ impl SrqShared {
         }
         let conn = lock(&self.conns).get(&wc.qp_num).and_then(Weak::upgrade);
         match conn {
-            Some(c) => c.on_srq_receive(wc, message),
+            Some(c) => c.on_received(wc, message),
             None => tracing::debug!(qpn = wc.qp_num, "receive for a connection that is gone"),
         }
     }

@@ -166,13 +166,7 @@ impl MrTable {
         need: AccessFlags,
     ) -> std::result::Result<MemRegion, RemoteKeyError> {
         let t = self.tables.read().unwrap_or_else(|p| p.into_inner());
-        let e = t.by_rkey.get(&rkey).ok_or(RemoteKeyError::UnknownKey)?;
-        if e.pd != pd {
-            return Err(RemoteKeyError::OtherPd);
-        }
-        if !e.access.contains(need) {
-            return Err(RemoteKeyError::MissingAccess);
-        }
+        let e = Self::granted(&t, pd, rkey, need)?;
         let off = e
             .region
             .offset_of(va, len)
@@ -189,6 +183,16 @@ impl MrTable {
         need: AccessFlags,
     ) -> std::result::Result<MemRegion, RemoteKeyError> {
         let t = self.tables.read().unwrap_or_else(|p| p.into_inner());
+        Ok(Self::granted(&t, pd, rkey, need)?.region.clone())
+    }
+
+    /// The entry of `rkey` if it is in `pd` and grants `need` (rxe's order of checks).
+    fn granted(
+        t: &Tables,
+        pd: PdId,
+        rkey: u32,
+        need: AccessFlags,
+    ) -> std::result::Result<&MrEntry, RemoteKeyError> {
         let e = t.by_rkey.get(&rkey).ok_or(RemoteKeyError::UnknownKey)?;
         if e.pd != pd {
             return Err(RemoteKeyError::OtherPd);
@@ -196,7 +200,7 @@ impl MrTable {
         if !e.access.contains(need) {
             return Err(RemoteKeyError::MissingAccess);
         }
-        Ok(e.region.clone())
+        Ok(e)
     }
 }
 
