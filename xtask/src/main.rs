@@ -70,6 +70,11 @@ enum Rxe {
         #[arg(long, default_value_t = 100)]
         iters: u32,
     },
+    /// The provider conformance suite with the rdma-core provider on kernel rxe in the
+    /// guest (both sides in the guest), then between the soft provider on the host and
+    /// rdma-core on rxe in the guest, each side once as A (the driver) — at path MTU 1024
+    /// and 4096. Builds `remem-ibverbs`' `conformance` example (needs cmake and libclang).
+    Conformance,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -99,6 +104,8 @@ impl TapNet {
         let ip = |args: &[&str]| sh(Command::new("ip").arg("-n").arg(&net.ns).args(args));
         ip(&["tuntap", "add", "tap0", "mode", "tap"])?;
         ip(&["addr", "add", &format!("{TAP_HOST}/24"), "dev", "tap0"])?;
+        // Jumbo frames, so that both sides' RoCE MTU can be 4096.
+        ip(&["link", "set", "tap0", "mtu", "9000"])?;
         ip(&["link", "set", "tap0", "up"])?;
         ip(&["link", "set", "lo", "up"])?;
         Ok(net)
@@ -178,6 +185,7 @@ fn main() -> ExitCode {
         }),
         Rxe::Selftest => image(&cache).and_then(|img| selftest(&img)),
         Rxe::Interop { iters } => image(&cache).and_then(|img| interop(&img, iters)),
+        Rxe::Conformance => image(&cache).and_then(|img| conformance(&img)),
     };
     match result {
         Ok(0) => ExitCode::SUCCESS,
@@ -534,7 +542,7 @@ fn add_libraries(staging: &Path, elves: &[PathBuf]) -> Res<()> {
 }
 
 /// Bumped whenever `write_init` changes, so that cached images are rebuilt.
-const INIT_VERSION: u32 = 2;
+const INIT_VERSION: u32 = 3;
 
 /// The guest's /init: modules, network, rxe0, then /run.sh (from the per-run archive).
 fn write_init(staging: &Path, loads: &str) -> Res<()> {
@@ -551,6 +559,7 @@ ip() {{ /usr/bin/ip "$@" || /sbin/ip "$@"; }}
 /usr/bin/ip link set lo up 2>/dev/null || /sbin/ip link set lo up
 IF=$(ls /sys/class/net | grep -v '^lo$' | head -1)
 if [ -n "$IF" ]; then
+  /sbin/ip link set "$IF" mtu 9000 2>/dev/null || /usr/bin/ip link set "$IF" mtu 9000
   /sbin/ip link set "$IF" up 2>/dev/null || /usr/bin/ip link set "$IF" up
   /sbin/ip addr add "${{RXE_GUEST_IP:-10.0.2.15}}/24" dev "$IF" 2>/dev/null || /usr/bin/ip addr add "${{RXE_GUEST_IP:-10.0.2.15}}/24" dev "$IF"
   RXE_NETDEV=$IF
@@ -856,4 +865,59 @@ fn interop(img: &Image, iters: u32) -> Res<i32> {
         }
     }
     Ok(failed)
+}
+
+fn conformance(img: &Image) -> Res<i32> {
+    let root = workspace_root();
+    sh(Command::new("cargo")
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "-p",
+            "remem-ibverbs",
+            "--example",
+            "conformance",
+        ])
+        .current_dir(&root))?;
+    let bin = root.join("target/release/examples/conformance");
+    let host_bin = bin.display();
+    let link = format!("{TAP_HOST}:7471");
+    let soft = format!("soft@{TAP_HOST}:4791");
+    // The guest runs the suite on rxe0 alone, then one session per MTU and role against
+    // the host, which plays the other role in the same order.
+    // Every step runs (a failed one must not leave the other side waiting); the status
+    // says whether any failed.
+    let mut guest = String::from("rc=0\nexport RUST_BACKTRACE=1\n");
+    let mut host = String::from("rc=0\n");
+    for mtu in [1024, 4096] {
+        guest.push_str(&format!(
+            "echo '== rdma-core on rxe0, both sides in the guest, MTU {mtu}'\n\
+             REMEM_CONFORMANCE_MTU={mtu} ./conformance local rxe0 || rc=1\n"
+        ));
+        for (guest_role, host_role) in [("B", "A"), ("A", "B")] {
+            guest.push_str(&format!(
+                "echo '== MTU {mtu}: guest (rdma-core, kernel rxe) {guest_role}, host (soft) {host_role}'\n\
+                 REMEM_CONFORMANCE_MTU={mtu} ./conformance link rxe0 connect {link} {guest_role} || rc=1\n"
+            ));
+            host.push_str(&format!(
+                "REMEM_CONFORMANCE_MTU={mtu} {host_bin} link {soft} listen {link} {host_role} || rc=1\n"
+            ));
+        }
+    }
+    guest.push_str("exit $rc\n");
+    host.push_str("exit $rc\n");
+    let code = run(
+        img,
+        std::slice::from_ref(&bin),
+        Net::Tap,
+        Some(&host),
+        Duration::from_secs(900),
+        &guest,
+    )?;
+    println!(
+        "conformance on kernel rxe and against it: {}",
+        if code == 0 { "ok" } else { "FAILED" }
+    );
+    Ok(code)
 }

@@ -33,12 +33,16 @@ impl Pair {
     }
 }
 
+/// The environment variable that sets the suite's default path MTU in bytes.
+pub const MTU_ENV: &str = "REMEM_CONFORMANCE_MTU";
+
 /// Options for [`connect_rc`].
 #[derive(Debug, Clone, Copy)]
 pub struct QpOptions {
     /// Queue sizes.
     pub cap: QpCap,
-    /// Path MTU (clamped to both ports' active MTU).
+    /// Path MTU (clamped to both ports' active MTU). Default 1024, or the bytes that
+    /// [`MTU_ENV`] names (`REMEM_CONFORMANCE_MTU=4096` runs the suite at MTU 4096).
     pub mtu: Mtu,
     /// Remote access the responder QP grants.
     pub access: AccessFlags,
@@ -66,7 +70,11 @@ impl Default for QpOptions {
                 max_recv_sge: 4,
                 max_inline_data: 64,
             },
-            mtu: Mtu::Mtu1024,
+            mtu: std::env::var(MTU_ENV)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .and_then(Mtu::from_bytes)
+                .unwrap_or(Mtu::Mtu1024),
             access: AccessFlags::LOCAL_WRITE
                 | AccessFlags::REMOTE_WRITE
                 | AccessFlags::REMOTE_READ
@@ -109,6 +117,19 @@ impl Endpoint {
             .map_err(|e| format!("reg_mr: {e}"))?;
         Ok((buf, mr))
     }
+}
+
+/// Whether `ctx` is the Linux kernel's Soft-RoCE (`rdma_rxe`) through rdma-core (vendor
+/// 0xFFFFFF on the `ibverbs` provider). Cases accept its known deviations from IBTA —
+/// and only for it — each where it is checked:
+///
+/// - a SEND longer than the receive is a malformed WQE to rxe (Linux 6.1): the receive
+///   completes with `LOC_QP_OP_ERR` and the requester gets `REM_OP_ERR`, where IBTA asks for
+///   `LOC_LEN_ERR` and an Invalid Request NAK (`REM_INV_REQ_ERR`);
+/// - rxe sends a UD datagram larger than the path MTU (when the IP MTU allows it) instead
+///   of failing it with `LOC_LEN_ERR`.
+pub fn is_kernel_rxe(ctx: &dyn Context) -> bool {
+    ctx.info().provider == "ibverbs" && ctx.query_device().is_ok_and(|d| d.vendor_id == 0x00ff_ffff)
 }
 
 /// The first RoCE v2 GID of port 1 (IPv4-mapped ones first): its index and value.

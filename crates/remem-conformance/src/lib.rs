@@ -28,8 +28,8 @@ mod side;
 
 pub use cases::CASES;
 pub use harness::{
-    Endpoint, Pair, QpOptions, TIMEOUT, bring_up, connect_rc, endpoint, poll_n, poll_one,
-    roce_v2_gid,
+    Endpoint, MTU_ENV, Pair, QpOptions, TIMEOUT, bring_up, connect_rc, endpoint, is_kernel_rxe,
+    poll_n, poll_one, roce_v2_gid,
 };
 pub use link::{ChannelLink, Link, Stream, StreamLink};
 pub use side::{RemoteMr, Role, Side, run_pair, run_side};

@@ -146,9 +146,15 @@ use std::sync::Arc;
 /// The environment variable that names the device [`open_device`] opens by default.
 pub const DEVICE_ENV: &str = "REMEM_DEVICE";
 
-/// Every provider built into this binary, in order of preference (hardware first).
+/// Every provider built into this binary, in order of preference: rdma-core's devices
+/// first (with the `ibverbs` feature), so that a real NIC wins where one exists, then the
+/// soft provider.
 pub fn providers() -> Vec<Box<dyn Provider>> {
-    vec![Box::new(remem_soft::SoftProvider::new())]
+    vec![
+        #[cfg(feature = "ibverbs")]
+        Box::new(remem_ibverbs::IbverbsProvider::new()),
+        Box::new(remem_soft::SoftProvider::new()),
+    ]
 }
 
 /// The devices every provider can open, in order of preference.

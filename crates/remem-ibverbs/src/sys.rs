@@ -1,0 +1,570 @@
+//! The one module of this crate that calls libibverbs through raw handles.
+//!
+//! sideway's safe API covers devices, contexts, protection domains, memory registration
+//! and completion queues; it has no completion-channel events, no shared receive queues,
+//! no address handles and no classic `ibv_post_send` with every work-request field. Those
+//! calls live here, each wrapped in a safe function whose arguments make the call sound:
+//! every raw pointer passed to libibverbs comes from a live object this module owns (or
+//! from sideway, whose `Arc`s keep it alive), and every structure read back is plain data.
+//!
+//! libibverbs' verbs are thread-safe (rdma-core guarantees it for every provider), so the
+//! owning types are `Send` and `Sync`.
+
+#![allow(unsafe_code)]
+
+use rdma_mummy_sys as ffi;
+use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel, CompletionQueue};
+use sideway::ibverbs::device_context::DeviceContext;
+use sideway::ibverbs::protection_domain::ProtectionDomain;
+use std::io;
+use std::os::fd::{BorrowedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+pub(crate) use ffi::{
+    ibv_ah_attr, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wc,
+};
+
+/// An all-zero value of a libibverbs plain-data structure.
+pub(crate) trait Zeroed: Sized {
+    /// All fields zero (null pointers, zero numbers): a valid value of every C structure
+    /// this trait is implemented for.
+    fn zeroed() -> Self;
+}
+
+macro_rules! zeroed {
+    ($($t:ty),*) => {$(
+        impl Zeroed for $t {
+            fn zeroed() -> Self {
+                // SAFETY: a C structure of integers, raw pointers, unions of those and
+                // arrays of them: all-zero bytes are a valid value.
+                unsafe { std::mem::zeroed() }
+            }
+        }
+    )*};
+}
+zeroed!(
+    ibv_qp_attr,
+    ibv_qp_init_attr,
+    ibv_send_wr,
+    ibv_recv_wr,
+    ibv_wc,
+    ibv_ah_attr,
+    ffi::ibv_srq_attr
+);
+
+fn errno_result(ret: i32) -> io::Result<()> {
+    match ret {
+        0 => Ok(()),
+        // Providers return a positive errno, some a negative one, some -1 with errno set.
+        -1 => Err(io::Error::last_os_error()),
+        e => Err(io::Error::from_raw_os_error(e.abs())),
+    }
+}
+
+/// The raw context of a sideway device context.
+fn ctx_ptr(ctx: &DeviceContext) -> *mut ffi::ibv_context {
+    // SAFETY: the pointer is only used while `ctx` (which owns it) is borrowed.
+    unsafe { ctx.context() }.as_ptr()
+}
+
+fn pd_ptr(pd: &ProtectionDomain) -> *mut ffi::ibv_pd {
+    // SAFETY: the pointer is only used while `pd` (which owns it) is borrowed.
+    unsafe { pd.pd() }.as_ptr()
+}
+
+/// The context's async event file descriptor, switched to non-blocking.
+pub(crate) fn async_fd(ctx: &DeviceContext) -> io::Result<RawFd> {
+    // SAFETY: the context is live while borrowed; `async_fd` is a plain field.
+    let fd = unsafe { (*ctx_ptr(ctx)).async_fd };
+    set_nonblocking(fd)?;
+    Ok(fd)
+}
+
+fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor the caller's object owns; no memory is passed.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Borrows a descriptor owned by an object that outlives the borrow.
+pub(crate) fn borrow_fd<T: ?Sized>(_owner: &T, fd: RawFd) -> BorrowedFd<'_> {
+    // SAFETY: `fd` belongs to `_owner` (a context or completion channel), which closes it
+    // only when dropped, after this borrow ends.
+    unsafe { BorrowedFd::borrow_raw(fd) }
+}
+
+/// One async event, taken and acknowledged.
+pub(crate) struct RawAsyncEvent {
+    /// `ibv_event_type`.
+    pub event_type: u32,
+    /// The QP number, SRQ context, CQ context or port the event names (by type).
+    pub element: u64,
+}
+
+/// `struct ibv_async_event` with the event type as a plain integer (a Rust enum must not
+/// receive a value it lacks, and a newer kernel may add event types).
+#[repr(C)]
+struct AsyncEventRaw {
+    element: ffi::ibv_async_event_element_t,
+    event_type: u32,
+}
+
+const EV_CQ_ERR: u32 = 0;
+const EV_SRQ_ERR: u32 = 14;
+const EV_SRQ_LIMIT: u32 = 15;
+const EV_PORT_ACTIVE: u32 = 9;
+const EV_PORT_ERR: u32 = 10;
+const EV_LID_CHANGE: u32 = 11;
+const EV_PKEY_CHANGE: u32 = 12;
+const EV_SM_CHANGE: u32 = 13;
+const EV_CLIENT_REREGISTER: u32 = 17;
+const EV_GID_CHANGE: u32 = 18;
+const EV_DEVICE_FATAL: u32 = 8;
+const EV_WQ_FATAL: u32 = 19;
+
+/// Takes the next async event (the fd is non-blocking) and acknowledges it.
+pub(crate) fn get_async_event(ctx: &DeviceContext) -> Option<RawAsyncEvent> {
+    let mut ev = std::mem::MaybeUninit::<AsyncEventRaw>::uninit();
+    // SAFETY: `ev` has the layout of `struct ibv_async_event`; the context is live.
+    let ret = unsafe { ffi::ibv_get_async_event(ctx_ptr(ctx), ev.as_mut_ptr().cast()) };
+    if ret != 0 {
+        return None;
+    }
+    // SAFETY: libibverbs filled the event.
+    let mut ev = unsafe { ev.assume_init() };
+    let element = match ev.event_type {
+        // SAFETY: the union member read is the one the event type names; the objects it
+        // points to stay alive until the event is acknowledged below.
+        EV_CQ_ERR => unsafe { (*ev.element.cq).cq_context as u64 },
+        // SAFETY: as above.
+        EV_SRQ_ERR | EV_SRQ_LIMIT => unsafe { (*ev.element.srq).srq_context as u64 },
+        EV_PORT_ACTIVE | EV_PORT_ERR | EV_LID_CHANGE | EV_PKEY_CHANGE | EV_SM_CHANGE
+        | EV_CLIENT_REREGISTER | EV_GID_CHANGE => {
+            // SAFETY: as above.
+            unsafe { ev.element.port_num as u64 }
+        }
+        EV_DEVICE_FATAL | EV_WQ_FATAL => 0,
+        // SAFETY: every other event names a QP.
+        _ => unsafe { u64::from((*ev.element.qp).qp_num) },
+    };
+    // SAFETY: the event came from ibv_get_async_event and is acknowledged once.
+    unsafe { ffi::ibv_ack_async_event((&raw mut ev).cast()) };
+    Some(RawAsyncEvent {
+        event_type: ev.event_type,
+        element,
+    })
+}
+
+/// A GID table entry: the GID, its type and its netdev's interface index.
+pub(crate) fn query_gid(
+    ctx: &DeviceContext,
+    port: u8,
+    index: u32,
+) -> io::Result<([u8; 16], u32, u32)> {
+    let mut entry = std::mem::MaybeUninit::<ffi::ibv_gid_entry>::zeroed();
+    // SAFETY: `entry` is a writable `ibv_gid_entry`; the context is live.
+    let ret = unsafe {
+        ffi::ibv_query_gid_ex(ctx_ptr(ctx), u32::from(port), index, entry.as_mut_ptr(), 0)
+    };
+    errno_result(ret)?;
+    // SAFETY: zeroed is a valid value, and libibverbs filled it.
+    let entry = unsafe { entry.assume_init() };
+    // SAFETY: both union members are 16 plain bytes.
+    let raw = unsafe { entry.gid.raw };
+    Ok((raw, entry.gid_type, entry.ndev_ifindex))
+}
+
+/// A completion channel's next CQ event: the CQ context (this crate's CQ id), or `None`.
+pub(crate) fn get_cq_event(channel: &CompletionChannel) -> io::Result<Option<u64>> {
+    // SAFETY: the channel is live while borrowed.
+    let ch = unsafe { channel.comp_channel() }.as_ptr();
+    let mut cq: *mut ffi::ibv_cq = std::ptr::null_mut();
+    let mut cq_ctx: *mut libc::c_void = std::ptr::null_mut();
+    // SAFETY: out-pointers to locals; the fd is non-blocking, so this does not wait.
+    let ret = unsafe { ffi::ibv_get_cq_event(ch, &mut cq, &mut cq_ctx) };
+    if ret != 0 {
+        let e = io::Error::last_os_error();
+        return match e.kind() {
+            io::ErrorKind::WouldBlock => Ok(None),
+            _ => Err(e),
+        };
+    }
+    Ok(Some(cq_ctx as u64))
+}
+
+/// A completion channel's descriptor, switched to non-blocking.
+pub(crate) fn channel_fd(channel: &CompletionChannel) -> io::Result<RawFd> {
+    use std::os::fd::AsRawFd;
+    let fd = channel.as_raw_fd();
+    set_nonblocking(fd)?;
+    Ok(fd)
+}
+
+/// CQ operations on a sideway CQ.
+pub(crate) struct Cq(pub Arc<BasicCompletionQueue>);
+
+impl Cq {
+    pub(crate) fn ptr(&self) -> *mut ffi::ibv_cq {
+        // SAFETY: used only while `self` keeps the CQ alive.
+        unsafe { self.0.cq() }.as_ptr()
+    }
+
+    /// `ibv_poll_cq` into `wc`: how many were taken.
+    pub(crate) fn poll(&self, wc: &mut [ibv_wc]) -> io::Result<usize> {
+        let n = i32::try_from(wc.len()).unwrap_or(i32::MAX);
+        // SAFETY: `wc` holds `n` writable entries; the CQ is live.
+        let ret = unsafe { ffi::ibv_poll_cq(self.ptr(), n, wc.as_mut_ptr()) };
+        if ret < 0 {
+            return Err(io::Error::from_raw_os_error(-ret));
+        }
+        Ok(ret as usize)
+    }
+
+    pub(crate) fn req_notify(&self, solicited_only: bool) -> io::Result<()> {
+        // SAFETY: the CQ is live.
+        errno_result(unsafe { ffi::ibv_req_notify_cq(self.ptr(), i32::from(solicited_only)) })
+    }
+
+    pub(crate) fn ack_events(&self, n: u32) {
+        // SAFETY: the CQ is live; acknowledging more events than were taken is the
+        // caller's error, which libibverbs tolerates (a counter).
+        unsafe { ffi::ibv_ack_cq_events(self.ptr(), n) }
+    }
+
+    pub(crate) fn cqe(&self) -> u32 {
+        // SAFETY: a plain field of a live CQ.
+        unsafe { (*self.ptr()).cqe }.max(0) as u32
+    }
+}
+
+/// A queue pair: destroyed on drop. Its owner keeps the PD, CQs and SRQ alive.
+pub(crate) struct Qp {
+    ptr: NonNull<ffi::ibv_qp>,
+}
+
+// SAFETY: libibverbs QP verbs are thread-safe.
+unsafe impl Send for Qp {}
+// SAFETY: as above.
+unsafe impl Sync for Qp {}
+
+impl Qp {
+    /// `ibv_create_qp`; `init` carries CQ (and SRQ) pointers from [`Cq::ptr`] and
+    /// [`Srq::ptr`], and gets the granted capacities.
+    pub(crate) fn create(pd: &ProtectionDomain, init: &mut ibv_qp_init_attr) -> io::Result<Qp> {
+        // SAFETY: `init` is a valid attribute structure whose CQ/SRQ pointers are live
+        // objects of the same context (the caller holds them).
+        let qp = unsafe { ffi::ibv_create_qp(pd_ptr(pd), init) };
+        NonNull::new(qp)
+            .map(|ptr| Qp { ptr })
+            .ok_or_else(io::Error::last_os_error)
+    }
+
+    pub(crate) fn qp_num(&self) -> u32 {
+        // SAFETY: a plain field of a live QP.
+        unsafe { self.ptr.as_ref() }.qp_num
+    }
+
+    pub(crate) fn modify(&self, attr: &mut ibv_qp_attr, mask: u32) -> io::Result<()> {
+        // SAFETY: a valid attribute structure; the QP is live.
+        errno_result(unsafe { ffi::ibv_modify_qp(self.ptr.as_ptr(), attr, mask as i32) })
+    }
+
+    pub(crate) fn query(&self, mask: u32) -> io::Result<(ibv_qp_attr, ibv_qp_init_attr)> {
+        let mut attr = ibv_qp_attr::zeroed();
+        let mut init = ibv_qp_init_attr::zeroed();
+        // SAFETY: out-structures; the QP is live.
+        let ret =
+            unsafe { ffi::ibv_query_qp(self.ptr.as_ptr(), &mut attr, mask as i32, &mut init) };
+        errno_result(ret)?;
+        Ok((attr, init))
+    }
+
+    /// `ibv_post_send` of `wrs` in order, each with the scatter list `sges[ranges[i]]`
+    /// (`next` and `sg_list` are set here). On error: the index of the first WR not posted.
+    pub(crate) fn post_send(
+        &self,
+        wrs: &mut [ibv_send_wr],
+        sges: &mut [ibv_sge],
+        ranges: &[(usize, usize)],
+    ) -> Result<(), (usize, io::Error)> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        link_sends(wrs, sges, ranges);
+        let base = wrs.as_mut_ptr();
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: a linked list of valid WRs whose scatter lists lie in `sges` (bounds
+        // checked in link_sends); the provider copies them before returning. Remote
+        // addresses and keys are checked by the NIC, local ones against registered
+        // memory by the NIC too.
+        let ret = unsafe { ffi::ibv_post_send(self.ptr.as_ptr(), base, &mut bad) };
+        errno_result(ret).map_err(|e| (bad_index(base, bad, wrs.len()), e))
+    }
+
+    /// `ibv_post_recv`, as [`Qp::post_send`].
+    pub(crate) fn post_recv(
+        &self,
+        wrs: &mut [ibv_recv_wr],
+        sges: &mut [ibv_sge],
+        ranges: &[(usize, usize)],
+    ) -> Result<(), (usize, io::Error)> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        link_recvs(wrs, sges, ranges);
+        let base = wrs.as_mut_ptr();
+        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: as for post_send.
+        let ret = unsafe { ffi::ibv_post_recv(self.ptr.as_ptr(), base, &mut bad) };
+        errno_result(ret).map_err(|e| (bad_index(base, bad, wrs.len()), e))
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        // SAFETY: the QP is live and destroyed once; its CQs and PD outlive it (the owner
+        // holds them in fields dropped after this one).
+        let _ = unsafe { ffi::ibv_destroy_qp(self.ptr.as_ptr()) };
+    }
+}
+
+fn link_sends(wrs: &mut [ibv_send_wr], sges: &mut [ibv_sge], ranges: &[(usize, usize)]) {
+    let sge_base = sges.as_mut_ptr();
+    let n = wrs.len();
+    let base = wrs.as_mut_ptr();
+    for (i, wr) in wrs.iter_mut().enumerate() {
+        let (start, len) = ranges[i];
+        assert!(start + len <= sges.len(), "scatter range outside the list");
+        // SAFETY (pointer arithmetic only): `start` is within `sges`.
+        wr.sg_list = if len == 0 {
+            std::ptr::null_mut()
+        } else {
+            sge_base.wrapping_add(start)
+        };
+        wr.num_sge = len as i32;
+        wr.next = if i + 1 < n {
+            base.wrapping_add(i + 1)
+        } else {
+            std::ptr::null_mut()
+        };
+    }
+}
+
+fn link_recvs(wrs: &mut [ibv_recv_wr], sges: &mut [ibv_sge], ranges: &[(usize, usize)]) {
+    let sge_base = sges.as_mut_ptr();
+    let n = wrs.len();
+    let base = wrs.as_mut_ptr();
+    for (i, wr) in wrs.iter_mut().enumerate() {
+        let (start, len) = ranges[i];
+        assert!(start + len <= sges.len(), "scatter range outside the list");
+        wr.sg_list = if len == 0 {
+            std::ptr::null_mut()
+        } else {
+            sge_base.wrapping_add(start)
+        };
+        wr.num_sge = len as i32;
+        wr.next = if i + 1 < n {
+            base.wrapping_add(i + 1)
+        } else {
+            std::ptr::null_mut()
+        };
+    }
+}
+
+fn bad_index<T>(base: *mut T, bad: *mut T, n: usize) -> usize {
+    if bad.is_null() {
+        return 0;
+    }
+    let offset = (bad as usize).wrapping_sub(base as usize) / std::mem::size_of::<T>();
+    offset.min(n)
+}
+
+/// A shared receive queue: destroyed on drop.
+pub(crate) struct Srq {
+    ptr: NonNull<ffi::ibv_srq>,
+}
+
+// SAFETY: libibverbs SRQ verbs are thread-safe.
+unsafe impl Send for Srq {}
+// SAFETY: as above.
+unsafe impl Sync for Srq {}
+
+impl Srq {
+    /// `ibv_create_srq` with `id` as its context (what async events report).
+    pub(crate) fn create(
+        pd: &ProtectionDomain,
+        max_wr: u32,
+        max_sge: u32,
+        limit: u32,
+        id: u32,
+    ) -> io::Result<(Srq, u32, u32)> {
+        let mut init: ffi::ibv_srq_init_attr = ffi::ibv_srq_init_attr {
+            srq_context: id as usize as *mut libc::c_void,
+            attr: ffi::ibv_srq_attr {
+                max_wr,
+                max_sge,
+                srq_limit: limit,
+            },
+        };
+        // SAFETY: a valid init structure; the PD is live.
+        let srq = unsafe { ffi::ibv_create_srq(pd_ptr(pd), &mut init) };
+        let ptr = NonNull::new(srq).ok_or_else(io::Error::last_os_error)?;
+        Ok((Srq { ptr }, init.attr.max_wr, init.attr.max_sge))
+    }
+
+    pub(crate) fn ptr(&self) -> *mut ffi::ibv_srq {
+        self.ptr.as_ptr()
+    }
+
+    pub(crate) fn post_recv(
+        &self,
+        wrs: &mut [ibv_recv_wr],
+        sges: &mut [ibv_sge],
+        ranges: &[(usize, usize)],
+    ) -> Result<(), (usize, io::Error)> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        link_recvs(wrs, sges, ranges);
+        let base = wrs.as_mut_ptr();
+        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: as for Qp::post_recv.
+        let ret = unsafe { ffi::ibv_post_srq_recv(self.ptr.as_ptr(), base, &mut bad) };
+        errno_result(ret).map_err(|e| (bad_index(base, bad, wrs.len()), e))
+    }
+
+    pub(crate) fn set_limit(&self, limit: u32) -> io::Result<()> {
+        let mut attr = ffi::ibv_srq_attr::zeroed();
+        attr.srq_limit = limit;
+        const IBV_SRQ_LIMIT: i32 = 2;
+        // SAFETY: a valid attribute structure; the SRQ is live.
+        errno_result(unsafe { ffi::ibv_modify_srq(self.ptr.as_ptr(), &mut attr, IBV_SRQ_LIMIT) })
+    }
+
+    pub(crate) fn query(&self) -> io::Result<(u32, u32, u32)> {
+        let mut attr = ffi::ibv_srq_attr::zeroed();
+        // SAFETY: an out-structure; the SRQ is live.
+        errno_result(unsafe { ffi::ibv_query_srq(self.ptr.as_ptr(), &mut attr) })?;
+        Ok((attr.max_wr, attr.max_sge, attr.srq_limit))
+    }
+}
+
+impl Drop for Srq {
+    fn drop(&mut self) {
+        // SAFETY: live, destroyed once, after every QP that uses it (QPs hold its owner).
+        let _ = unsafe { ffi::ibv_destroy_srq(self.ptr.as_ptr()) };
+    }
+}
+
+/// An address handle: destroyed on drop.
+pub(crate) struct Ah {
+    ptr: NonNull<ffi::ibv_ah>,
+}
+
+// SAFETY: an AH is immutable after creation; libibverbs verbs are thread-safe.
+unsafe impl Send for Ah {}
+// SAFETY: as above.
+unsafe impl Sync for Ah {}
+
+impl Ah {
+    pub(crate) fn create(pd: &ProtectionDomain, attr: &mut ibv_ah_attr) -> io::Result<Ah> {
+        // SAFETY: a valid attribute structure; the PD is live.
+        let ah = unsafe { ffi::ibv_create_ah(pd_ptr(pd), attr) };
+        NonNull::new(ah)
+            .map(|ptr| Ah { ptr })
+            .ok_or_else(io::Error::last_os_error)
+    }
+
+    pub(crate) fn ptr(&self) -> *mut ffi::ibv_ah {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for Ah {
+    fn drop(&mut self) {
+        // SAFETY: live and destroyed once; WRs that name it hold its owner until posted.
+        let _ = unsafe { ffi::ibv_destroy_ah(self.ptr.as_ptr()) };
+    }
+}
+
+/// Registers `len` bytes at `addr`, which the caller's buffer owns and keeps alive (and
+/// in place) for as long as the returned region lives.
+pub(crate) fn reg_mr(
+    pd: &Arc<ProtectionDomain>,
+    buffer: &remem_verbs::MemoryBuffer,
+    offset: usize,
+    len: usize,
+    access: i32,
+) -> io::Result<Arc<sideway::ibverbs::memory_region::MemoryRegion>> {
+    buffer
+        .check(offset, len)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    let addr = buffer.as_ptr() as usize + offset;
+    let access = sideway::ibverbs::AccessFlags::from(access);
+    // SAFETY: [addr, addr + len) lies inside `buffer` (checked above), whose memory never
+    // moves and which the caller's memory region object keeps alive until after the
+    // region is deregistered (fields drop in order). The NIC accesses it only as the
+    // registration allows; the buffer is made for exactly that (every access in Rust
+    // goes through atomics).
+    unsafe { pd.reg_mr(addr, len, access) }.map_err(|e| io::Error::other(e.to_string()))
+}
+
+/// The 16 bytes of a GID.
+pub(crate) fn gid_bytes(gid: &ffi::ibv_gid) -> [u8; 16] {
+    // SAFETY: both members of the union are 16 plain bytes.
+    unsafe { gid.raw }
+}
+
+/// A completion's immediate data (network order) or invalidated rkey, as stored.
+pub(crate) fn wc_imm(wc: &ibv_wc) -> u32 {
+    // SAFETY: both members of the union are a plain u32.
+    unsafe { wc.imm_data_invalidated_rkey_union.imm_data }
+}
+
+/// Sets a WR's immediate data (network order) or rkey to invalidate.
+pub(crate) fn set_imm(wr: &mut ibv_send_wr, value: u32) {
+    wr.imm_data_invalidated_rkey_union.imm_data = value;
+}
+
+/// Sets a WR's RDMA target.
+pub(crate) fn set_rdma(wr: &mut ibv_send_wr, remote_addr: u64, rkey: u32) {
+    wr.wr.rdma = ffi::rdma_t { remote_addr, rkey };
+}
+
+/// Sets a WR's atomic target and operands.
+pub(crate) fn set_atomic(
+    wr: &mut ibv_send_wr,
+    remote_addr: u64,
+    rkey: u32,
+    compare_add: u64,
+    swap: u64,
+) {
+    wr.wr.atomic = ffi::atomic_t {
+        remote_addr,
+        compare_add,
+        swap,
+        rkey,
+    };
+}
+
+/// Sets a UD WR's destination.
+pub(crate) fn set_ud(
+    wr: &mut ibv_send_wr,
+    ah: *mut ffi::ibv_ah,
+    remote_qpn: u32,
+    remote_qkey: u32,
+) {
+    wr.wr.ud = ffi::ud_t {
+        ah,
+        remote_qpn,
+        remote_qkey,
+    };
+}
