@@ -882,6 +882,7 @@ fn conformance(img: &Image) -> Res<i32> {
         .current_dir(&root))?;
     let bin = root.join("target/release/examples/conformance");
     let host_bin = bin.display();
+    let api = test_binary(&root, "remem", "api", "ibverbs")?;
     let link = format!("{TAP_HOST}:7471");
     let soft = format!("soft@{TAP_HOST}:4791");
     // The guest runs the suite on rxe0 alone, then one session per MTU and role against
@@ -905,11 +906,16 @@ fn conformance(img: &Image) -> Res<i32> {
             ));
         }
     }
+    // The async API's tests: those on a pair of devices run on two contexts of rxe0.
+    guest.push_str(
+        "echo '== the async API tests (remem, feature ibverbs) on rxe0'\n\
+         REMEM_TEST_DEVICE=rxe0 ./api --test-threads=1 || rc=1\n",
+    );
     guest.push_str("exit $rc\n");
     host.push_str("exit $rc\n");
     let code = run(
         img,
-        std::slice::from_ref(&bin),
+        &[bin.clone(), api],
         Net::Tap,
         Some(&host),
         Duration::from_secs(900),
@@ -920,4 +926,36 @@ fn conformance(img: &Image) -> Res<i32> {
         if code == 0 { "ok" } else { "FAILED" }
     );
     Ok(code)
+}
+
+/// Builds an integration test of `package` with `features` (release) and copies it to
+/// `target/rxe-bins/<test>`, so that it has a stable name in the guest.
+fn test_binary(root: &Path, package: &str, test: &str, features: &str) -> Res<PathBuf> {
+    let out = sh(Command::new("cargo")
+        .args([
+            "test",
+            "--quiet",
+            "--release",
+            "--no-run",
+            "--message-format=json",
+            "-p",
+            package,
+            "--features",
+            features,
+            "--test",
+            test,
+        ])
+        .current_dir(root))?;
+    let exe = out
+        .lines()
+        .filter(|l| l.contains("\"executable\":\""))
+        .filter_map(|l| l.split("\"executable\":\"").nth(1))
+        .filter_map(|rest| rest.split('"').next())
+        .next_back()
+        .ok_or_else(|| format!("no executable for test {test} of {package}"))?;
+    let dir = root.join("target/rxe-bins");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let dst = dir.join(test);
+    std::fs::copy(exe, &dst).map_err(|e| format!("{exe}: {e}"))?;
+    Ok(dst)
 }
