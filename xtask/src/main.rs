@@ -883,6 +883,18 @@ fn conformance(img: &Image) -> Res<i32> {
     let bin = root.join("target/release/examples/conformance");
     let host_bin = bin.display();
     let api = test_binary(&root, "remem", "api", "ibverbs")?;
+    sh(Command::new("cargo")
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "-p",
+            "remem-cli",
+            "--features",
+            "ibverbs",
+        ])
+        .current_dir(&root))?;
+    let cli = root.join("target/release/remem");
     let link = format!("{TAP_HOST}:7471");
     let soft = format!("soft@{TAP_HOST}:4791");
     // The guest runs the suite on rxe0 alone, then one session per MTU and role against
@@ -911,11 +923,25 @@ fn conformance(img: &Image) -> Res<i32> {
         "echo '== the async API tests (remem, feature ibverbs) on rxe0'\n\
          REMEM_TEST_DEVICE=rxe0 ./api --test-threads=1 || rc=1\n",
     );
+    // The CLI built with the rdma-core provider: it lists rxe0, and every perftest-style
+    // test runs between two processes on it (server in the background, ready once its
+    // port listens).
+    guest.push_str("echo '== remem devices; remem perf on rxe0 (server and client)'\n");
+    guest.push_str("./remem devices | grep rxe0 || rc=1\n");
+    guest.push_str(
+        "for t in write_bw read_bw send_bw atomic_bw write_lat read_lat send_lat atomic_lat; do\n\
+         \x20 ./remem perf -d rxe0 $t -n 200 > /tmp/server.log 2>&1 &\n\
+         \x20 server=$!\n\
+         \x20 for i in $(seq 100); do netstat -ltn 2>/dev/null | grep -q ':18515 ' && break; sleep 0.1; done\n\
+         \x20 ./remem perf -d rxe0 $t -n 200 127.0.0.1 || { rc=1; cat /tmp/server.log; }\n\
+         \x20 wait $server || { rc=1; echo \"server of $t failed\"; cat /tmp/server.log; }\n\
+         done\n",
+    );
     guest.push_str("exit $rc\n");
     host.push_str("exit $rc\n");
     let code = run(
         img,
-        &[bin.clone(), api],
+        &[bin.clone(), api, cli],
         Net::Tap,
         Some(&host),
         Duration::from_secs(900),

@@ -10,7 +10,10 @@ use std::sync::atomic::{AtomicU8, Ordering};
 /// both on the device `REMEM_TEST_DEVICE` names (two contexts of e.g. `rxe0`: `cargo xtask
 /// rxe conformance` runs these tests on kernel Soft-RoCE with the `ibverbs` feature).
 fn pair(polling: Polling) -> (Rdma, Rdma) {
-    if let Some(dev) = std::env::var("REMEM_TEST_DEVICE").ok().filter(|d| !d.is_empty()) {
+    if let Some(dev) = std::env::var("REMEM_TEST_DEVICE")
+        .ok()
+        .filter(|d| !d.is_empty())
+    {
         let open = || {
             RdmaBuilder::new()
                 .device(dev.clone())
