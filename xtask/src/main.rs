@@ -826,17 +826,7 @@ echo "selftest: ibv_rc_pingpong over rxe0 passed"
 
 fn interop(img: &Image, iters: u32) -> Res<i32> {
     let root = workspace_root();
-    sh(Command::new("cargo")
-        .args([
-            "build",
-            "--quiet",
-            "--release",
-            "-p",
-            "remem-soft",
-            "--example",
-            "rc_pingpong",
-        ])
-        .current_dir(&root))?;
+    cargo_release(&root, &["-p", "remem-soft", "--example", "rc_pingpong"])?;
     let host = root.join("target/release/examples/rc_pingpong");
     let host = host.display();
     let limit = Duration::from_secs(300);
@@ -869,31 +859,11 @@ fn interop(img: &Image, iters: u32) -> Res<i32> {
 
 fn conformance(img: &Image) -> Res<i32> {
     let root = workspace_root();
-    sh(Command::new("cargo")
-        .args([
-            "build",
-            "--quiet",
-            "--release",
-            "-p",
-            "remem-ibverbs",
-            "--example",
-            "conformance",
-        ])
-        .current_dir(&root))?;
+    cargo_release(&root, &["-p", "remem-ibverbs", "--example", "conformance"])?;
     let bin = root.join("target/release/examples/conformance");
     let host_bin = bin.display();
     let api = test_binary(&root, "remem", "api", "ibverbs")?;
-    sh(Command::new("cargo")
-        .args([
-            "build",
-            "--quiet",
-            "--release",
-            "-p",
-            "remem-cli",
-            "--features",
-            "ibverbs",
-        ])
-        .current_dir(&root))?;
+    cargo_release(&root, &["-p", "remem-cli", "--features", "ibverbs"])?;
     let cli = root.join("target/release/remem");
     let link = format!("{TAP_HOST}:7471");
     let soft = format!("soft@{TAP_HOST}:4791");
@@ -984,4 +954,13 @@ fn test_binary(root: &Path, package: &str, test: &str, features: &str) -> Res<Pa
     let dst = dir.join(test);
     std::fs::copy(exe, &dst).map_err(|e| format!("{exe}: {e}"))?;
     Ok(dst)
+}
+
+/// `cargo build --quiet --release <args>` in the workspace.
+fn cargo_release(root: &Path, args: &[&str]) -> Res<()> {
+    sh(Command::new("cargo")
+        .args(["build", "--quiet", "--release"])
+        .args(args)
+        .current_dir(root))
+    .map(drop)
 }

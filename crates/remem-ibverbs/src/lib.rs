@@ -338,10 +338,7 @@ impl Context for IbContext {
         b.setup_cqe(cqe);
         b.setup_cq_context(id as usize as *mut std::ffi::c_void);
         if let Some(ch) = &channel {
-            let any: Arc<dyn Any + Send + Sync> = ch.clone();
-            let ch = any.downcast::<IbChannel>().map_err(|_| {
-                Error::InvalidArgument("completion channel of another provider".into())
-            })?;
+            let ch: Arc<IbChannel> = own(ch.clone(), "completion channel")?;
             b.setup_comp_channel(&ch.ch, 0);
         }
         let cq = b.build().map_err(|e| other("ibv_create_cq", e))?;
@@ -453,16 +450,20 @@ pub struct IbPd {
     inner: Arc<PdInner>,
 }
 
+/// Recovers this provider's object from a handle; a handle of another provider is an
+/// `InvalidArgument` naming `what`.
+fn own<T: Any + Send + Sync>(handle: Arc<dyn Any + Send + Sync>, what: &str) -> Result<Arc<T>> {
+    handle
+        .downcast::<T>()
+        .map_err(|_| Error::InvalidArgument(format!("{what} of another provider")))
+}
+
 fn own_cq(cq: &Arc<dyn CompletionQueue>) -> Result<Arc<IbCq>> {
-    let any: Arc<dyn Any + Send + Sync> = cq.clone();
-    any.downcast::<IbCq>()
-        .map_err(|_| Error::InvalidArgument("CQ of another provider".into()))
+    own(cq.clone(), "CQ")
 }
 
 fn own_srq(srq: &Arc<dyn SharedReceiveQueue>) -> Result<Arc<IbSrq>> {
-    let any: Arc<dyn Any + Send + Sync> = srq.clone();
-    any.downcast::<IbSrq>()
-        .map_err(|_| Error::InvalidArgument("SRQ of another provider".into()))
+    own(srq.clone(), "SRQ")
 }
 
 fn ah_attr(a: &AhAttr) -> sys::ibv_ah_attr {
@@ -940,10 +941,7 @@ impl IbQp {
                 .ud
                 .as_ref()
                 .ok_or_else(|| Error::InvalidArgument("a UD send needs a destination".into()))?;
-            let any: Arc<dyn Any + Send + Sync> = ud.ah.clone();
-            let ah = any
-                .downcast::<IbAh>()
-                .map_err(|_| Error::InvalidArgument("address handle of another provider".into()))?;
+            let ah: Arc<IbAh> = own(ud.ah.clone(), "address handle")?;
             if !Arc::ptr_eq(&ah.pd, &self.pd) {
                 return Err(Error::InvalidArgument(
                     "address handle of another protection domain".into(),

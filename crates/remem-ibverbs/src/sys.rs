@@ -295,18 +295,13 @@ impl Qp {
         sges: &mut [ibv_sge],
         ranges: &[(usize, usize)],
     ) -> Result<(), (usize, io::Error)> {
-        if wrs.is_empty() {
-            return Ok(());
-        }
-        link_sends(wrs, sges, ranges);
-        let base = wrs.as_mut_ptr();
-        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: a linked list of valid WRs whose scatter lists lie in `sges` (bounds
-        // checked in link_sends); the provider copies them before returning. Remote
-        // addresses and keys are checked by the NIC, local ones against registered
-        // memory by the NIC too.
-        let ret = unsafe { ffi::ibv_post_send(self.ptr.as_ptr(), base, &mut bad) };
-        errno_result(ret).map_err(|e| (bad_index(base, bad, wrs.len()), e))
+        post_list(wrs, sges, ranges, |list, bad| {
+            // SAFETY: a linked list of valid WRs whose scatter lists lie in `sges` (bounds
+            // checked in post_list); the provider copies them before returning. Local
+            // entries were checked against the PD's regions by the caller, remote
+            // addresses and keys are checked by the NIC.
+            unsafe { ffi::ibv_post_send(self.ptr.as_ptr(), list, bad) }
+        })
     }
 
     /// `ibv_post_recv`, as [`Qp::post_send`].
@@ -316,15 +311,10 @@ impl Qp {
         sges: &mut [ibv_sge],
         ranges: &[(usize, usize)],
     ) -> Result<(), (usize, io::Error)> {
-        if wrs.is_empty() {
-            return Ok(());
-        }
-        link_recvs(wrs, sges, ranges);
-        let base = wrs.as_mut_ptr();
-        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: as for post_send.
-        let ret = unsafe { ffi::ibv_post_recv(self.ptr.as_ptr(), base, &mut bad) };
-        errno_result(ret).map_err(|e| (bad_index(base, bad, wrs.len()), e))
+        post_list(wrs, sges, ranges, |list, bad| {
+            // SAFETY: as for post_send.
+            unsafe { ffi::ibv_post_recv(self.ptr.as_ptr(), list, bad) }
+        })
     }
 }
 
@@ -336,47 +326,55 @@ impl Drop for Qp {
     }
 }
 
-fn link_sends(wrs: &mut [ibv_send_wr], sges: &mut [ibv_sge], ranges: &[(usize, usize)]) {
-    let sge_base = sges.as_mut_ptr();
-    let n = wrs.len();
-    let base = wrs.as_mut_ptr();
-    for (i, wr) in wrs.iter_mut().enumerate() {
-        let (start, len) = ranges[i];
-        assert!(start + len <= sges.len(), "scatter range outside the list");
-        // SAFETY (pointer arithmetic only): `start` is within `sges`.
-        wr.sg_list = if len == 0 {
-            std::ptr::null_mut()
-        } else {
-            sge_base.wrapping_add(start)
-        };
-        wr.num_sge = len as i32;
-        wr.next = if i + 1 < n {
-            base.wrapping_add(i + 1)
-        } else {
-            std::ptr::null_mut()
-        };
+/// A work request type with a `next` pointer and a scatter list.
+pub(crate) trait Linked: Sized {
+    fn set_links(&mut self, next: *mut Self, sg_list: *mut ibv_sge, num_sge: i32);
+}
+
+impl Linked for ibv_send_wr {
+    fn set_links(&mut self, next: *mut Self, sg_list: *mut ibv_sge, num_sge: i32) {
+        (self.next, self.sg_list, self.num_sge) = (next, sg_list, num_sge);
     }
 }
 
-fn link_recvs(wrs: &mut [ibv_recv_wr], sges: &mut [ibv_sge], ranges: &[(usize, usize)]) {
+impl Linked for ibv_recv_wr {
+    fn set_links(&mut self, next: *mut Self, sg_list: *mut ibv_sge, num_sge: i32) {
+        (self.next, self.sg_list, self.num_sge) = (next, sg_list, num_sge);
+    }
+}
+
+/// Chains `wrs` into a list, WR `i` scattering over `sges[ranges[i]]`, and hands it to
+/// `post` (an `ibv_post_*` call): on error, the index of the first WR not posted.
+fn post_list<T: Linked>(
+    wrs: &mut [T],
+    sges: &mut [ibv_sge],
+    ranges: &[(usize, usize)],
+    post: impl FnOnce(*mut T, &mut *mut T) -> i32,
+) -> Result<(), (usize, io::Error)> {
+    if wrs.is_empty() {
+        return Ok(());
+    }
     let sge_base = sges.as_mut_ptr();
     let n = wrs.len();
     let base = wrs.as_mut_ptr();
     for (i, wr) in wrs.iter_mut().enumerate() {
         let (start, len) = ranges[i];
         assert!(start + len <= sges.len(), "scatter range outside the list");
-        wr.sg_list = if len == 0 {
+        // Pointer arithmetic only: `start` is within `sges`, `i + 1` within `wrs`.
+        let sg = if len == 0 {
             std::ptr::null_mut()
         } else {
             sge_base.wrapping_add(start)
         };
-        wr.num_sge = len as i32;
-        wr.next = if i + 1 < n {
+        let next = if i + 1 < n {
             base.wrapping_add(i + 1)
         } else {
             std::ptr::null_mut()
         };
+        wr.set_links(next, sg, len as i32);
     }
+    let mut bad: *mut T = std::ptr::null_mut();
+    errno_result(post(base, &mut bad)).map_err(|e| (bad_index(base, bad, n), e))
 }
 
 fn bad_index<T>(base: *mut T, bad: *mut T, n: usize) -> usize {
@@ -430,15 +428,10 @@ impl Srq {
         sges: &mut [ibv_sge],
         ranges: &[(usize, usize)],
     ) -> Result<(), (usize, io::Error)> {
-        if wrs.is_empty() {
-            return Ok(());
-        }
-        link_recvs(wrs, sges, ranges);
-        let base = wrs.as_mut_ptr();
-        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: as for Qp::post_recv.
-        let ret = unsafe { ffi::ibv_post_srq_recv(self.ptr.as_ptr(), base, &mut bad) };
-        errno_result(ret).map_err(|e| (bad_index(base, bad, wrs.len()), e))
+        post_list(wrs, sges, ranges, |list, bad| {
+            // SAFETY: as for Qp::post_send.
+            unsafe { ffi::ibv_post_srq_recv(self.ptr.as_ptr(), list, bad) }
+        })
     }
 
     pub(crate) fn set_limit(&self, limit: u32) -> io::Result<()> {
