@@ -127,8 +127,10 @@ const EV_PKEY_CHANGE: u32 = 12;
 const EV_SM_CHANGE: u32 = 13;
 const EV_CLIENT_REREGISTER: u32 = 17;
 const EV_GID_CHANGE: u32 = 18;
-const EV_DEVICE_FATAL: u32 = 8;
-const EV_WQ_FATAL: u32 = 19;
+/// QP_FATAL (1) through PATH_MIG_ERR (7) name a QP, as does QP_LAST_WQE_REACHED (16).
+const EV_QP_FIRST: u32 = 1;
+const EV_QP_LAST: u32 = 7;
+const EV_QP_LAST_WQE: u32 = 16;
 
 /// Takes the next async event (the fd is non-blocking) and acknowledges it.
 pub(crate) fn get_async_event(ctx: &DeviceContext) -> Option<RawAsyncEvent> {
@@ -151,9 +153,10 @@ pub(crate) fn get_async_event(ctx: &DeviceContext) -> Option<RawAsyncEvent> {
             // SAFETY: as above.
             unsafe { ev.element.port_num as u64 }
         }
-        EV_DEVICE_FATAL | EV_WQ_FATAL => 0,
-        // SAFETY: every other event names a QP.
-        _ => unsafe { u64::from((*ev.element.qp).qp_num) },
+        // SAFETY: these events name a QP.
+        EV_QP_FIRST..=EV_QP_LAST | EV_QP_LAST_WQE => unsafe { u64::from((*ev.element.qp).qp_num) },
+        // The device, a WQ, or an event type newer than this crate: no element is read.
+        _ => 0,
     };
     // SAFETY: the event came from ibv_get_async_event and is acknowledged once.
     unsafe { ffi::ibv_ack_async_event((&raw mut ev).cast()) };
