@@ -249,6 +249,15 @@ fn kernel_package() -> Res<String> {
         .ok_or_else(|| "no linux-image package found (apt-get update?)".to_string())
 }
 
+/// The image's directories of programs and libraries (their ELF files' libraries are added).
+const ELF_DIRS: [&str; 5] = [
+    "usr/bin",
+    "usr/sbin",
+    "sbin",
+    "bin",
+    "usr/lib/x86_64-linux-gnu",
+];
+
 fn image(cache: &Path) -> Res<Image> {
     for (tool, pkg) in [
         ("apt-get", "apt"),
@@ -333,16 +342,10 @@ fn image(cache: &Path) -> Res<Image> {
     }
     // Busybox, the rdma-core tools and libraries, iproute2, perftest.
     std::fs::copy(which("busybox")?, staging.join("bin/busybox")).map_err(|e| e.to_string())?;
-    for sub in [
-        "usr/bin",
-        "usr/sbin",
-        "sbin",
-        "bin",
-        "usr/lib/x86_64-linux-gnu",
-        "lib/x86_64-linux-gnu",
-        "etc/libibverbs.d",
-        "etc/iproute2",
-    ] {
+    for sub in ELF_DIRS
+        .iter()
+        .chain(&["lib/x86_64-linux-gnu", "etc/libibverbs.d", "etc/iproute2"])
+    {
         let from = root.join(sub);
         if from.exists() {
             copy_tree(&from, &staging.join(sub))?;
@@ -350,13 +353,7 @@ fn image(cache: &Path) -> Res<Image> {
     }
     // Shared libraries the guest's ELF files need that no package brought: the host's.
     let mut elves = Vec::new();
-    for sub in [
-        "usr/bin",
-        "usr/sbin",
-        "sbin",
-        "bin",
-        "usr/lib/x86_64-linux-gnu",
-    ] {
+    for sub in ELF_DIRS {
         collect_elves(&staging.join(sub), &mut elves)?;
     }
     add_libraries(&staging, &elves)?;

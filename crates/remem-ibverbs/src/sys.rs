@@ -248,44 +248,73 @@ impl Cq {
     }
 }
 
-/// A queue pair: destroyed on drop. Its owner keeps the PD, CQs and SRQ alive.
-pub(crate) struct Qp {
-    ptr: NonNull<ffi::ibv_qp>,
+/// An owned libibverbs object: destroyed (once) when dropped.
+struct Handle<T> {
+    ptr: NonNull<T>,
+    destroy: unsafe extern "C" fn(*mut T) -> libc::c_int,
 }
 
-// SAFETY: libibverbs QP verbs are thread-safe.
-unsafe impl Send for Qp {}
+// SAFETY: libibverbs verbs are thread-safe for every provider (rdma-core guarantees it),
+// and an object is only destroyed by its one owner's drop.
+unsafe impl<T> Send for Handle<T> {}
 // SAFETY: as above.
-unsafe impl Sync for Qp {}
+unsafe impl<T> Sync for Handle<T> {}
+
+impl<T> Handle<T> {
+    /// Owns what a `ibv_create_*` call returned; null is its error (errno).
+    ///
+    /// # Safety
+    /// `raw` is null or a live object that nothing else destroys, and `destroy` is its
+    /// `ibv_destroy_*`.
+    unsafe fn new(
+        raw: *mut T,
+        destroy: unsafe extern "C" fn(*mut T) -> libc::c_int,
+    ) -> io::Result<Self> {
+        let ptr = NonNull::new(raw).ok_or_else(io::Error::last_os_error)?;
+        Ok(Handle { ptr, destroy })
+    }
+
+    fn ptr(&self) -> *mut T {
+        self.ptr.as_ptr()
+    }
+}
+
+impl<T> Drop for Handle<T> {
+    fn drop(&mut self) {
+        // SAFETY: the object is live and destroyed once. Its owner keeps what it depends
+        // on (a QP's CQs, SRQ and PD; an SRQ's or AH's PD) in fields dropped after it.
+        let _ = unsafe { (self.destroy)(self.ptr.as_ptr()) };
+    }
+}
+
+/// A queue pair. Its owner keeps the PD, CQs and SRQ alive.
+pub(crate) struct Qp(Handle<ffi::ibv_qp>);
 
 impl Qp {
     /// `ibv_create_qp`; `init` carries CQ (and SRQ) pointers from [`Cq::ptr`] and
     /// [`Srq::ptr`], and gets the granted capacities.
     pub(crate) fn create(pd: &ProtectionDomain, init: &mut ibv_qp_init_attr) -> io::Result<Qp> {
         // SAFETY: `init` is a valid attribute structure whose CQ/SRQ pointers are live
-        // objects of the same context (the caller holds them).
-        let qp = unsafe { ffi::ibv_create_qp(pd_ptr(pd), init) };
-        NonNull::new(qp)
-            .map(|ptr| Qp { ptr })
-            .ok_or_else(io::Error::last_os_error)
+        // objects of the same context (the caller holds them); the new QP (or null) is
+        // owned here alone.
+        unsafe { Handle::new(ffi::ibv_create_qp(pd_ptr(pd), init), ffi::ibv_destroy_qp) }.map(Qp)
     }
 
     pub(crate) fn qp_num(&self) -> u32 {
         // SAFETY: a plain field of a live QP.
-        unsafe { self.ptr.as_ref() }.qp_num
+        unsafe { (*self.0.ptr()).qp_num }
     }
 
     pub(crate) fn modify(&self, attr: &mut ibv_qp_attr, mask: u32) -> io::Result<()> {
         // SAFETY: a valid attribute structure; the QP is live.
-        errno_result(unsafe { ffi::ibv_modify_qp(self.ptr.as_ptr(), attr, mask as i32) })
+        errno_result(unsafe { ffi::ibv_modify_qp(self.0.ptr(), attr, mask as i32) })
     }
 
     pub(crate) fn query(&self, mask: u32) -> io::Result<(ibv_qp_attr, ibv_qp_init_attr)> {
         let mut attr = ibv_qp_attr::zeroed();
         let mut init = ibv_qp_init_attr::zeroed();
         // SAFETY: out-structures; the QP is live.
-        let ret =
-            unsafe { ffi::ibv_query_qp(self.ptr.as_ptr(), &mut attr, mask as i32, &mut init) };
+        let ret = unsafe { ffi::ibv_query_qp(self.0.ptr(), &mut attr, mask as i32, &mut init) };
         errno_result(ret)?;
         Ok((attr, init))
     }
@@ -303,7 +332,7 @@ impl Qp {
             // checked in post_list); the provider copies them before returning. Local
             // entries were checked against the PD's regions by the caller, remote
             // addresses and keys are checked by the NIC.
-            unsafe { ffi::ibv_post_send(self.ptr.as_ptr(), list, bad) }
+            unsafe { ffi::ibv_post_send(self.0.ptr(), list, bad) }
         })
     }
 
@@ -316,16 +345,8 @@ impl Qp {
     ) -> Result<(), (usize, io::Error)> {
         post_list(wrs, sges, ranges, |list, bad| {
             // SAFETY: as for post_send.
-            unsafe { ffi::ibv_post_recv(self.ptr.as_ptr(), list, bad) }
+            unsafe { ffi::ibv_post_recv(self.0.ptr(), list, bad) }
         })
-    }
-}
-
-impl Drop for Qp {
-    fn drop(&mut self) {
-        // SAFETY: the QP is live and destroyed once; its CQs and PD outlive it (the owner
-        // holds them in fields dropped after this one).
-        let _ = unsafe { ffi::ibv_destroy_qp(self.ptr.as_ptr()) };
     }
 }
 
@@ -388,15 +409,8 @@ fn bad_index<T>(base: *mut T, bad: *mut T, n: usize) -> usize {
     offset.min(n)
 }
 
-/// A shared receive queue: destroyed on drop.
-pub(crate) struct Srq {
-    ptr: NonNull<ffi::ibv_srq>,
-}
-
-// SAFETY: libibverbs SRQ verbs are thread-safe.
-unsafe impl Send for Srq {}
-// SAFETY: as above.
-unsafe impl Sync for Srq {}
+/// A shared receive queue.
+pub(crate) struct Srq(Handle<ffi::ibv_srq>);
 
 impl Srq {
     /// `ibv_create_srq` with `id` as its context (what async events report).
@@ -417,12 +431,13 @@ impl Srq {
         };
         // SAFETY: a valid init structure; the PD is live.
         let srq = unsafe { ffi::ibv_create_srq(pd_ptr(pd), &mut init) };
-        let ptr = NonNull::new(srq).ok_or_else(io::Error::last_os_error)?;
-        Ok((Srq { ptr }, init.attr.max_wr, init.attr.max_sge))
+        // SAFETY: the new SRQ (or null) is owned here alone.
+        let srq = unsafe { Handle::new(srq, ffi::ibv_destroy_srq) }.map(Srq)?;
+        Ok((srq, init.attr.max_wr, init.attr.max_sge))
     }
 
     pub(crate) fn ptr(&self) -> *mut ffi::ibv_srq {
-        self.ptr.as_ptr()
+        self.0.ptr()
     }
 
     pub(crate) fn post_recv(
@@ -433,7 +448,7 @@ impl Srq {
     ) -> Result<(), (usize, io::Error)> {
         post_list(wrs, sges, ranges, |list, bad| {
             // SAFETY: as for Qp::post_send.
-            unsafe { ffi::ibv_post_srq_recv(self.ptr.as_ptr(), list, bad) }
+            unsafe { ffi::ibv_post_srq_recv(self.0.ptr(), list, bad) }
         })
     }
 
@@ -442,52 +457,29 @@ impl Srq {
         attr.srq_limit = limit;
         const IBV_SRQ_LIMIT: i32 = 2;
         // SAFETY: a valid attribute structure; the SRQ is live.
-        errno_result(unsafe { ffi::ibv_modify_srq(self.ptr.as_ptr(), &mut attr, IBV_SRQ_LIMIT) })
+        errno_result(unsafe { ffi::ibv_modify_srq(self.0.ptr(), &mut attr, IBV_SRQ_LIMIT) })
     }
 
     pub(crate) fn query(&self) -> io::Result<(u32, u32, u32)> {
         let mut attr = ffi::ibv_srq_attr::zeroed();
         // SAFETY: an out-structure; the SRQ is live.
-        errno_result(unsafe { ffi::ibv_query_srq(self.ptr.as_ptr(), &mut attr) })?;
+        errno_result(unsafe { ffi::ibv_query_srq(self.0.ptr(), &mut attr) })?;
         Ok((attr.max_wr, attr.max_sge, attr.srq_limit))
     }
 }
 
-impl Drop for Srq {
-    fn drop(&mut self) {
-        // SAFETY: live, destroyed once, after every QP that uses it (QPs hold its owner).
-        let _ = unsafe { ffi::ibv_destroy_srq(self.ptr.as_ptr()) };
-    }
-}
-
-/// An address handle: destroyed on drop.
-pub(crate) struct Ah {
-    ptr: NonNull<ffi::ibv_ah>,
-}
-
-// SAFETY: an AH is immutable after creation; libibverbs verbs are thread-safe.
-unsafe impl Send for Ah {}
-// SAFETY: as above.
-unsafe impl Sync for Ah {}
+/// An address handle.
+pub(crate) struct Ah(Handle<ffi::ibv_ah>);
 
 impl Ah {
     pub(crate) fn create(pd: &ProtectionDomain, attr: &mut ibv_ah_attr) -> io::Result<Ah> {
-        // SAFETY: a valid attribute structure; the PD is live.
-        let ah = unsafe { ffi::ibv_create_ah(pd_ptr(pd), attr) };
-        NonNull::new(ah)
-            .map(|ptr| Ah { ptr })
-            .ok_or_else(io::Error::last_os_error)
+        // SAFETY: a valid attribute structure; the PD is live; the new AH (or null) is
+        // owned here alone.
+        unsafe { Handle::new(ffi::ibv_create_ah(pd_ptr(pd), attr), ffi::ibv_destroy_ah) }.map(Ah)
     }
 
     pub(crate) fn ptr(&self) -> *mut ffi::ibv_ah {
-        self.ptr.as_ptr()
-    }
-}
-
-impl Drop for Ah {
-    fn drop(&mut self) {
-        // SAFETY: live and destroyed once; WRs that name it hold its owner until posted.
-        let _ = unsafe { ffi::ibv_destroy_ah(self.ptr.as_ptr()) };
+        self.0.ptr()
     }
 }
 
