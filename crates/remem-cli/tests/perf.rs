@@ -226,6 +226,9 @@ fn bad_arguments_fail_with_a_message() {
         &["--loopback", "write_lat", "-D", "1"],
         &["--loopback", "write_bw", "--plot", "x.svg"],
         &["--loopback", "nope_bw"],
+        &["--loopback", "--perftest", "send_lat"],
+        &["--loopback", "--perftest", "read_bw", "-D", "1"],
+        &["--loopback", "--perftest", "--api", "read_bw"],
     ] {
         let (ok, _, stderr) = perf(args);
         assert!(!ok, "{args:?} succeeded");
@@ -284,4 +287,113 @@ fn server_and_client_in_two_processes() {
     let row: serde_json::Value =
         serde_json::from_str(String::from_utf8_lossy(&client.stdout).trim()).unwrap();
     check_bw(&row, "send_bw", 65536, 300);
+}
+
+#[test]
+fn every_test_but_send_lat_runs_over_perftests_exchange() {
+    for (test, size) in [
+        ("write_bw", 4096),
+        ("read_bw", 4096),
+        ("send_bw", 4096),
+        ("atomic_bw", 8),
+        ("write_lat", 100),
+        ("read_lat", 100),
+        ("atomic_lat", 8),
+    ] {
+        let r = rows(&[
+            "--loopback",
+            "--perftest",
+            test,
+            "-s",
+            &size.to_string(),
+            "-n",
+            "200",
+            "--json",
+        ]);
+        assert_eq!(r.len(), 1, "{test}: {r:?}");
+        if test.ends_with("_bw") {
+            check_bw(&r[0], test, size, 200);
+        } else {
+            check_lat(&r[0], test, size, 200);
+        }
+    }
+    // Two QPs (a handshake each), and every size of send_bw (handshakes around each).
+    let r = rows(&[
+        "--loopback",
+        "--perftest",
+        "read_bw",
+        "-q",
+        "2",
+        "-n",
+        "100",
+        "--json",
+    ]);
+    check_bw(&r[0], "read_bw", 65536, 200);
+    let r = rows(&[
+        "--loopback",
+        "--perftest",
+        "send_bw",
+        "-a",
+        "-n",
+        "20",
+        "--json",
+    ]);
+    assert_eq!(r.len(), 23);
+    for (i, row) in r.iter().enumerate() {
+        check_bw(row, "send_bw", 2 << i, 20);
+    }
+}
+
+/// Free ports: UDP for two soft devices (on 127.0.0.1 and 127.0.0.2), TCP for the
+/// out-of-band connection.
+fn free_ports() -> (u16, String) {
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let udp_port = udp.local_addr().unwrap().port();
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let tcp_port = tcp.local_addr().unwrap().port().to_string();
+    (udp_port, tcp_port)
+}
+
+#[test]
+fn a_server_recognises_a_perftest_client_and_prints_its_result() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let (udp_port, tcp_port) = free_ports();
+    // The server has no --perftest: the client's first message tells.
+    let mut server = Command::new(env!("CARGO_BIN_EXE_remem"))
+        .args(["perf", "write_bw", "-s", "8192", "-n", "250", "--json"])
+        .args(["-p", &tcp_port, "-d"])
+        .arg(format!("soft@127.0.0.1:{udp_port}"))
+        .stderr(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.contains("waiting for a client"), "{first}");
+    let client = Command::new(env!("CARGO_BIN_EXE_remem"))
+        .args(["perf", "--perftest", "write_bw", "127.0.0.1", "-s", "8192"])
+        .args(["-n", "250", "--json", "-p", &tcp_port, "-d"])
+        .arg(format!("soft@127.0.0.2:{udp_port}"))
+        .output()
+        .unwrap();
+    if !client.status.success() {
+        let _ = server.kill();
+    }
+    let served = server.wait_with_output().unwrap();
+    assert!(
+        client.status.success(),
+        "{}",
+        String::from_utf8_lossy(&client.stderr)
+    );
+    assert!(served.status.success());
+    let mine: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&client.stdout).trim()).unwrap();
+    check_bw(&mine, "write_bw", 8192, 250);
+    // perftest's server prints the client's result, which came in the report exchange.
+    let theirs: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&served.stdout).trim()).unwrap();
+    check_bw(&theirs, "write_bw", 8192, 250);
+    let avg = |r: &serde_json::Value| r["bw_avg_MBps"].as_f64().unwrap();
+    assert!((avg(&mine) - avg(&theirs)).abs() <= avg(&mine) * 1e-9);
 }

@@ -146,7 +146,16 @@ impl Nic {
     pub fn pump(&mut self, engine: &Engine) -> usize {
         let now = Instant::now();
         engine.on_timeout(now);
-        self.release_faulted(engine, now) + self.transmit(engine, now) + self.receive(engine)
+        let moved = self.release_faulted(engine, now) + self.transmit(engine, now);
+        let received = self.receive(engine);
+        if received == 0 {
+            return moved;
+        }
+        // What the received packets produced (ACKs, READ and atomic responses) leaves in
+        // this same call, as a NIC answers without waiting for the application: a caller
+        // that sees a WRITE land in its memory may stop driving, or drop the device, at
+        // once — the peer must still get its ACK.
+        moved + received + self.transmit(engine, Instant::now())
     }
 
     /// Waits until the socket is readable or `timeout` has passed.

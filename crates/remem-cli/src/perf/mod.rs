@@ -15,6 +15,7 @@ pub mod report;
 
 mod api;
 mod ctrl;
+mod perftest;
 mod raw;
 
 use report::Row;
@@ -198,6 +199,11 @@ pub struct PerfArgs {
     /// benchmark's thread (raw provider only).
     #[arg(long = "soft-thread")]
     pub soft_thread: bool,
+    /// Speak perftest's out-of-band exchange instead of remem's own, to run against
+    /// perftest's `ib_*` tools (as with perftest, both sides need the same test and
+    /// flags). A server recognises a perftest client by itself.
+    #[arg(long)]
+    pub perftest: bool,
 }
 
 /// What the client tells the server: the test and its parameters.
@@ -301,6 +307,9 @@ pub fn run(args: &PerfArgs) -> Result<(), PerfError> {
     if args.plot.is_some() && !args.all {
         return Err("--plot draws a curve over sizes: use it with -a".into());
     }
+    if args.perftest {
+        perftest::check(&settings)?;
+    }
     let rows = if args.loopback {
         if args.host.is_some() || args.ib_dev.is_some() {
             return Err("--loopback picks its own soft devices: no HOST or -d".into());
@@ -351,11 +360,34 @@ fn serve(args: &PerfArgs) -> Result<(), PerfError> {
         .accept()
         .map_err(|e| format!("accept failed: {e}"))?;
     eprintln!("remem perf: client {peer}");
-    server(stream, device_of(args))
+    server(stream, device_of(args), args, true)
 }
 
-/// The server side of one client's run: settings in, then the test.
-pub(crate) fn server(stream: TcpStream, device: DeviceChoice) -> Result<(), PerfError> {
+/// Whether a client speaks perftest's exchange: its first message is a version number,
+/// remem's a settings frame (tag 1).
+fn speaks_perftest(stream: &TcpStream) -> bool {
+    let mut first = [0u8];
+    matches!(stream.peek(&mut first), Ok(1) if first[0].is_ascii_digit())
+}
+
+/// The server side of one client's run. A remem client sends the settings; a perftest
+/// client (or any with `--perftest`) runs with this side's own flags, `local`, and
+/// prints what perftest's server prints unless `!print`.
+pub(crate) fn server(
+    stream: TcpStream,
+    device: DeviceChoice,
+    local: &PerfArgs,
+    print: bool,
+) -> Result<(), PerfError> {
+    if local.perftest || speaks_perftest(&stream) {
+        let settings = Settings::from_args(local)?;
+        perftest::check(&settings)?;
+        let mut out = Output::new(local, &settings);
+        out.quiet = !print;
+        perftest::server(stream, &settings, &device, &mut out)?;
+        out.finish();
+        return Ok(());
+    }
     let mut ctrl = ctrl::Ctrl::new(stream)?;
     let settings = ctrl.recv_settings()?;
     if settings.api {
@@ -371,9 +403,14 @@ fn client(
     stream: TcpStream,
     device: DeviceChoice,
 ) -> Result<Vec<Row>, PerfError> {
+    let mut out = Output::new(args, settings);
+    if args.perftest {
+        let rows = perftest::client(stream, settings, &device, &mut out)?;
+        out.finish();
+        return Ok(rows);
+    }
     let mut ctrl = ctrl::Ctrl::new(stream)?;
     ctrl.send_settings(settings)?;
-    let mut out = Output::new(args, settings);
     let rows = if settings.api {
         api::client(ctrl, settings, &device, &mut out)?
     } else {
@@ -399,11 +436,13 @@ fn loopback(args: &PerfArgs, settings: &Settings) -> Result<Vec<Row>, PerfError>
         gid_index: None,
         soft_inline,
     };
+    let local = args.clone();
     let server = std::thread::Builder::new()
         .name("remem-perf-server".into())
         .spawn(move || -> Result<(), PerfError> {
             let (stream, _) = listener.accept().map_err(|e| e.to_string())?;
-            server(stream, server_dev)
+            // The client prints the results.
+            server(stream, server_dev, &local, false)
         })
         .map_err(|e| e.to_string())?;
     let client_dev = DeviceChoice {
@@ -429,6 +468,8 @@ pub(crate) struct Output {
     gbits: bool,
     header_done: bool,
     progress: bool,
+    /// Print nothing.
+    quiet: bool,
 }
 
 impl Output {
@@ -440,15 +481,19 @@ impl Output {
             gbits: args.report_gbits,
             header_done: false,
             progress: std::io::stderr().is_terminal(),
+            quiet: false,
         }
     }
 
     /// Whether to draw a progress indicator (stderr is a terminal).
     pub(crate) fn progress(&self) -> Option<report::Progress> {
-        self.progress.then(report::Progress::new)
+        (self.progress && !self.quiet).then(report::Progress::new)
     }
 
     pub(crate) fn row(&mut self, settings: &Settings, row: &Row) {
+        if self.quiet {
+            return;
+        }
         if self.json {
             println!("{}", report::json(self.test, self.api, settings, row));
             return;

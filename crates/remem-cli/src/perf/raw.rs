@@ -19,13 +19,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Receive work requests carry this bit in their id.
-const RECV: u64 = 1 << 63;
+pub(super) const RECV: u64 = 1 << 63;
 /// Receives posted per QP for SEND tests.
 const RX_DEPTH: u32 = 512;
 /// The port of every device.
 const PORT: u8 = 1;
 /// Outstanding RDMA READs and atomics per QP (perftest's `-o` default is 16 too).
-const RD_ATOMIC: u8 = 16;
+pub(super) const RD_ATOMIC: u8 = 16;
 
 fn err(what: &str) -> impl Fn(remem::verbs::Error) -> PerfError + '_ {
     move |e| format!("{what}: {e}")
@@ -33,14 +33,14 @@ fn err(what: &str) -> impl Fn(remem::verbs::Error) -> PerfError + '_ {
 
 /// What one side tells the other about one of its QPs.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Endpoint {
-    qpn: u32,
-    psn: u32,
-    gid: Gid,
-    mtu: u32,
+pub(super) struct Endpoint {
+    pub(super) qpn: u32,
+    pub(super) psn: u32,
+    pub(super) gid: Gid,
+    pub(super) mtu: u32,
     /// The QP's receive area.
-    addr: u64,
-    rkey: u32,
+    pub(super) addr: u64,
+    pub(super) rkey: u32,
 }
 
 fn encode_endpoints(eps: &[Endpoint]) -> Vec<u8> {
@@ -83,17 +83,17 @@ fn decode_endpoints(b: &[u8]) -> Option<Vec<Endpoint>> {
 }
 
 /// One side's verbs objects.
-struct Side {
+pub(super) struct Side {
     soft: Option<Arc<SoftContext>>,
     cq: Arc<dyn CompletionQueue>,
-    qps: Vec<Arc<dyn QueuePair>>,
-    buf: Arc<MemoryBuffer>,
+    pub(super) qps: Vec<Arc<dyn QueuePair>>,
+    pub(super) buf: Arc<MemoryBuffer>,
     mr: Arc<dyn MemoryRegion>,
-    /// Bytes per area (the largest message, rounded up to 64).
+    /// Bytes per area (the largest message or `min_area`, rounded up to 64).
     area: usize,
-    gid_index: u8,
-    gid: Gid,
-    mtu: Mtu,
+    pub(super) gid_index: u8,
+    pub(super) gid: Gid,
+    pub(super) mtu: Mtu,
     psns: Vec<u32>,
     // Kept alive for the objects above.
     _pd: Arc<dyn ProtectionDomain>,
@@ -123,7 +123,13 @@ fn open(dev: &DeviceChoice) -> Result<Opened, PerfError> {
 }
 
 impl Side {
-    fn new(s: &Settings, dev: &DeviceChoice) -> Result<Side, PerfError> {
+    /// Opens the device and creates the objects; each area holds at least `min_area`
+    /// bytes.
+    pub(super) fn new(
+        s: &Settings,
+        dev: &DeviceChoice,
+        min_area: usize,
+    ) -> Result<Side, PerfError> {
         let (ctx, soft) = open(dev)?;
         let port = ctx.query_port(PORT).map_err(err("query_port"))?;
         let (gid_index, gid) = match dev.gid_index {
@@ -143,7 +149,7 @@ impl Side {
                 .ok_or("the device has no RoCE v2 GID")?,
         };
         let pd = ctx.alloc_pd().map_err(err("alloc_pd"))?;
-        let area = (s.max_size() as usize).div_ceil(64) * 64;
+        let area = (s.max_size() as usize).max(min_area).div_ceil(64) * 64;
         let qps_n = s.qps as usize;
         let buf = Arc::new(
             MemoryBuffer::zeroed(2 * area * qps_n)
@@ -220,11 +226,11 @@ impl Side {
         Ok(side)
     }
 
-    fn recv_area(&self, q: usize) -> usize {
+    pub(super) fn recv_area(&self, q: usize) -> usize {
         2 * q * self.area
     }
 
-    fn src_area(&self, q: usize) -> usize {
+    pub(super) fn src_area(&self, q: usize) -> usize {
         (2 * q + 1) * self.area
     }
 
@@ -236,7 +242,7 @@ impl Side {
         }
     }
 
-    fn post_recv(&self, q: usize) -> Result<(), PerfError> {
+    pub(super) fn post_recv(&self, q: usize) -> Result<(), PerfError> {
         let sge = [self.sge(self.recv_area(q), self.area as u64)];
         self.qps[q]
             .post_recv(&[RecvWr {
@@ -246,7 +252,7 @@ impl Side {
             .map_err(|e| format!("post_recv: {}", e.error))
     }
 
-    fn endpoints(&self) -> Vec<Endpoint> {
+    pub(super) fn endpoints(&self) -> Vec<Endpoint> {
         (0..self.qps.len())
             .map(|q| Endpoint {
                 qpn: self.qps[q].qp_num(),
@@ -259,7 +265,9 @@ impl Side {
             .collect()
     }
 
-    fn connect(&self, remote: &[Endpoint]) -> Result<(), PerfError> {
+    /// Connects QP `q` to `remote[q]`, with up to `rd_atomic` RDMA READs and atomics
+    /// outstanding towards the peer.
+    pub(super) fn connect(&self, remote: &[Endpoint], rd_atomic: u8) -> Result<(), PerfError> {
         if remote.len() != self.qps.len() {
             return Err(format!(
                 "the peer has {} QPs, this side {}",
@@ -296,7 +304,7 @@ impl Side {
             attr.timeout = 14;
             attr.retry_cnt = 7;
             attr.rnr_retry = 7;
-            attr.max_rd_atomic = RD_ATOMIC;
+            attr.max_rd_atomic = rd_atomic;
             self.qps[q]
                 .modify(&attr, QpAttrMask::RC_TO_RTS)
                 .map_err(err("modify_qp to RTS"))?;
@@ -304,16 +312,21 @@ impl Side {
         Ok(())
     }
 
+    /// Whether this side moves its device's packets itself (see [`Side::drive`]).
+    pub(super) fn drives(&self) -> bool {
+        self.soft.is_some()
+    }
+
     /// Moves packets (an inline soft device); waits up to `wait` when there is nothing to
     /// do. Other devices move packets by themselves.
-    fn drive(&self, wait: Duration) -> Result<(), PerfError> {
+    pub(super) fn drive(&self, wait: Duration) -> Result<(), PerfError> {
         if let Some(soft) = &self.soft {
             soft.progress(wait).map_err(err("progress"))?;
         }
         Ok(())
     }
 
-    fn poll(&self, wcs: &mut [WorkCompletion]) -> Result<usize, PerfError> {
+    pub(super) fn poll(&self, wcs: &mut [WorkCompletion]) -> Result<usize, PerfError> {
         let n = self.cq.poll(wcs).map_err(err("poll_cq"))?;
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
@@ -340,7 +353,7 @@ impl Side {
     }
 
     /// The operation a bandwidth/latency client posts on QP `q`.
-    fn op(&self, s: &Settings, remote: &Endpoint) -> SendOp {
+    pub(super) fn op(&self, s: &Settings, remote: &Endpoint) -> SendOp {
         match s.test {
             Test::WriteBw | Test::WriteLat => SendOp::RdmaWrite {
                 remote_addr: remote.addr,
@@ -369,7 +382,7 @@ impl Side {
 
     /// The local memory of an operation on QP `q`: READs and atomics fill the receive
     /// area, the others send from the source area.
-    fn local(&self, s: &Settings, q: usize, size: u64) -> Sge {
+    pub(super) fn local(&self, s: &Settings, q: usize, size: u64) -> Sge {
         match s.test {
             Test::ReadBw | Test::ReadLat | Test::AtomicBw | Test::AtomicLat => {
                 self.sge(self.recv_area(q), size)
@@ -378,7 +391,7 @@ impl Side {
         }
     }
 
-    fn flags(&self, s: &Settings, size: u64) -> SendFlags {
+    pub(super) fn flags(&self, s: &Settings, size: u64) -> SendFlags {
         let inline = matches!(
             s.test,
             Test::WriteBw | Test::WriteLat | Test::SendBw | Test::SendLat
@@ -402,7 +415,7 @@ fn handshake(ctrl: &mut Ctrl, side: &Side, server: bool) -> Result<Vec<Endpoint>
         t
     };
     let remote = decode_endpoints(&theirs).ok_or("malformed endpoint information")?;
-    side.connect(&remote)?;
+    side.connect(&remote, RD_ATOMIC)?;
     Ok(remote)
 }
 
@@ -416,7 +429,7 @@ pub(crate) fn server(mut ctrl: Ctrl, s: &Settings, dev: &DeviceChoice) -> Result
 }
 
 fn serve_sizes(ctrl: &mut Ctrl, s: &Settings, dev: &DeviceChoice) -> Result<(), PerfError> {
-    let side = Side::new(s, dev)?;
+    let side = Side::new(s, dev, 0)?;
     let remote = handshake(ctrl, &side, true)?;
     ctrl.send(ctrl::READY, &[])?;
     let mut wcs = [WorkCompletion::default(); 64];
@@ -543,7 +556,7 @@ fn pong(
 }
 
 /// Posts one operation; every 8th is signaled (and reaped by [`drain`]).
-fn post(
+pub(super) fn post(
     side: &Side,
     q: usize,
     op: SendOp,
@@ -562,7 +575,7 @@ fn post(
 }
 
 /// Reaps send completions without waiting; reposts receives it finds.
-fn drain(side: &Side, wcs: &mut [WorkCompletion]) -> Result<usize, PerfError> {
+pub(super) fn drain(side: &Side, wcs: &mut [WorkCompletion]) -> Result<usize, PerfError> {
     let n = side.poll(wcs)?;
     let mut recvs = 0;
     for wc in &wcs[..n] {
@@ -575,7 +588,7 @@ fn drain(side: &Side, wcs: &mut [WorkCompletion]) -> Result<usize, PerfError> {
 }
 
 /// Waits for one receive completion (and reposts it).
-fn wait_recv(
+pub(super) fn wait_recv(
     side: &Side,
     wcs: &mut [WorkCompletion],
     check: &mut dyn FnMut() -> Result<(), PerfError>,
@@ -611,7 +624,7 @@ fn run_sizes(
     dev: &DeviceChoice,
     out: &mut Output,
 ) -> Result<Vec<Row>, PerfError> {
-    let side = Side::new(s, dev)?;
+    let side = Side::new(s, dev, 0)?;
     let remote = handshake(ctrl, &side, false)?;
     ctrl.expect(ctrl::READY)?;
     let mut rows = Vec::new();
@@ -648,7 +661,7 @@ impl Side {
 
 /// A bandwidth run: keeps `tx_depth` operations in flight on every QP, signaling one in
 /// every `cq_mod`; returns the result and how many operations completed.
-fn bandwidth(
+pub(super) fn bandwidth(
     side: &Side,
     s: &Settings,
     remote: &[Endpoint],
@@ -748,7 +761,7 @@ fn bandwidth(
 
 /// A latency run: ping-pong (WRITE, SEND; half the round trip) or one operation at a
 /// time (READ, atomics; the whole operation).
-fn latency(
+pub(super) fn latency(
     side: &Side,
     s: &Settings,
     remote: &Endpoint,

@@ -103,7 +103,7 @@ pub(crate) fn print_header(test: Test, api: bool, s: &Settings, gbits: bool) {
 }
 
 /// Bandwidth in the table's unit: MB/sec with MB = 2^20 bytes (perftest's), or Gb/sec.
-fn table_bw(bps: f64, gbits: bool) -> f64 {
+pub(crate) fn table_bw(bps: f64, gbits: bool) -> f64 {
     if gbits {
         bps * 8.0 / 1e9
     } else {
