@@ -904,6 +904,12 @@ fn conformance(img: &Image) -> Res<i32> {
          \x20 wait $server || { rc=1; echo \"server of $t failed\"; cat /tmp/server.log; }\n\
          done\n",
     );
+    perftest_steps(
+        &mut guest,
+        &mut host,
+        &host_bin.to_string(),
+        &cli.display().to_string(),
+    );
     guest.push_str("exit $rc\n");
     host.push_str("exit $rc\n");
     let code = run(
@@ -919,6 +925,62 @@ fn conformance(img: &Image) -> Res<i32> {
         if code == 0 { "ok" } else { "FAILED" }
     );
     Ok(code)
+}
+
+/// perftest's tools in the guest (kernel rxe) against `remem perf --perftest` on the host
+/// (soft provider), each side once as server, test by test; then the same within the
+/// guest with remem on the rdma-core provider. The two scripts meet at a
+/// barrier (`conformance sync`, the host listening) before each client starts, once the
+/// step's server listens.
+fn perftest_steps(guest: &mut String, host: &mut String, conformance: &str, cli: &str) {
+    let sync = format!("{TAP_HOST}:7472");
+    let soft = format!("soft@{TAP_HOST}:4791");
+    let tests = "write_bw read_bw send_bw atomic_bw write_lat read_lat atomic_lat";
+    let flags = "-n 100";
+    guest.push_str(&format!(
+        "for t in {tests}; do\n\
+         \x20 echo \"== perftest's ib_$t (rdma-core, kernel rxe, guest) against remem perf --perftest (soft, host)\"\n\
+         \x20 ./conformance sync connect {sync} || rc=1\n\
+         \x20 ib_$t -d rxe0 -x \"$RXE_GID_INDEX\" {flags} {TAP_HOST} || {{ rc=1; echo \"ib_$t (client) failed\"; }}\n\
+         \x20 echo \"== remem perf --perftest (soft, host) against perftest's ib_$t (rdma-core, kernel rxe, guest)\"\n\
+         \x20 ib_$t -d rxe0 -x \"$RXE_GID_INDEX\" {flags} > /tmp/server.log 2>&1 &\n\
+         \x20 server=$!\n\
+         \x20 for i in $(seq 100); do netstat -ltn 2>/dev/null | grep -q ':18515 ' && break; sleep 0.1; done\n\
+         \x20 ./conformance sync connect {sync} || rc=1\n\
+         \x20 wait $server || {{ rc=1; echo \"ib_$t (server) failed\"; }}\n\
+         \x20 cat /tmp/server.log\n\
+         done\n"
+    ));
+    // And in the guest alone: remem perf on the rdma-core provider against perftest, both
+    // on rxe0, each side once as server.
+    guest.push_str(&format!(
+        "for t in {tests}; do\n\
+         \x20 echo \"== remem perf --perftest (rdma-core) against perftest's ib_$t, both on rxe0\"\n\
+         \x20 ib_$t -d rxe0 -x \"$RXE_GID_INDEX\" {flags} > /tmp/server.log 2>&1 &\n\
+         \x20 server=$!\n\
+         \x20 for i in $(seq 100); do netstat -ltn 2>/dev/null | grep -q ':18515 ' && break; sleep 0.1; done\n\
+         \x20 ./remem perf --perftest $t {flags} -d rxe0 -x \"$RXE_GID_INDEX\" 127.0.0.1 || {{ rc=1; echo \"remem perf --perftest $t (client) failed\"; }}\n\
+         \x20 wait $server || {{ rc=1; echo \"ib_$t (server) failed\"; cat /tmp/server.log; }}\n\
+         \x20 echo \"== perftest's ib_$t against remem perf --perftest (rdma-core), both on rxe0\"\n\
+         \x20 ./remem perf --perftest $t {flags} -d rxe0 -x \"$RXE_GID_INDEX\" > /tmp/server.log 2>&1 &\n\
+         \x20 server=$!\n\
+         \x20 for i in $(seq 100); do netstat -ltn 2>/dev/null | grep -q ':18515 ' && break; sleep 0.1; done\n\
+         \x20 ib_$t -d rxe0 -x \"$RXE_GID_INDEX\" {flags} 127.0.0.1 > /tmp/client.log 2>&1 || {{ rc=1; echo \"ib_$t (client) failed\"; cat /tmp/client.log; }}\n\
+         \x20 wait $server || {{ rc=1; echo \"remem perf --perftest $t (server) failed\"; }}\n\
+         \x20 cat /tmp/server.log\n\
+         done\n"
+    ));
+    host.push_str(&format!(
+        "for t in {tests}; do\n\
+         \x20 {cli} perf --perftest $t {flags} -d {soft} &\n\
+         \x20 server=$!\n\
+         \x20 i=0; while [ $i -lt 100 ] && ! ss -ltn | grep -q ':18515 '; do sleep 0.1; i=$((i+1)); done\n\
+         \x20 {conformance} sync listen {sync} || rc=1\n\
+         \x20 wait $server || {{ rc=1; echo \"remem perf --perftest $t (server) failed\"; }}\n\
+         \x20 {conformance} sync listen {sync} || rc=1\n\
+         \x20 {cli} perf --perftest $t {flags} -d {soft} {TAP_GUEST} || {{ rc=1; echo \"remem perf --perftest $t (client) failed\"; }}\n\
+         done\n"
+    ));
 }
 
 /// Builds an integration test of `package` with `features` (release) and copies it to

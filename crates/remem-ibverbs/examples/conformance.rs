@@ -7,6 +7,9 @@
 //!     every case (or those named), both sides in this process on two contexts of <device>
 //! conformance link <device> listen|connect <host:port> A|B
 //!     one session against a peer process: A names and drives the cases, B serves them
+//! conformance sync listen|connect <host:port>
+//!     a barrier between two scripts (the VM lane's host and guest): returns once the
+//!     peer has reached its own `sync` (connect retries while nobody listens)
 //! conformance list
 //! ```
 //!
@@ -16,6 +19,7 @@
 
 use remem_conformance::{CASES, Case, Pair, StreamLink, TIMEOUT, remote};
 use remem_verbs::{Context, Provider};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -51,7 +55,8 @@ fn report(results: &[(&str, Result<(), String>)]) -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: conformance local <device> [case…] | link <device> listen|connect <addr> A|B | list"
+        "usage: conformance local <device> [case…] | link <device> listen|connect <addr> A|B \
+         | sync listen|connect <addr> | list"
     );
     ExitCode::from(101)
 }
@@ -79,6 +84,29 @@ fn main() -> ExitCode {
                 println!("{}: {}", c.name, c.about);
             }
             ExitCode::SUCCESS
+        }
+        ["sync", how @ ("listen" | "connect"), addr] => {
+            let stream = if *how == "listen" {
+                TcpListener::bind(addr)
+                    .and_then(|l| l.accept())
+                    .map(|(s, _)| s)
+                    .map_err(|e| format!("listen {addr}: {e}"))
+            } else {
+                connect(addr)
+            };
+            // One byte each way: both sides are here.
+            let met = stream.and_then(|mut s| {
+                s.write_all(&[1])
+                    .and_then(|()| s.read_exact(&mut [0u8]))
+                    .map_err(|e| format!("sync {addr}: {e}"))
+            });
+            match met {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("conformance: {e}");
+                    ExitCode::from(100)
+                }
+            }
         }
         ["local", device, names @ ..] => {
             let (a, b) = match (open(device), open(device)) {
