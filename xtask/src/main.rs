@@ -856,8 +856,19 @@ fn interop(img: &Image, iters: u32) -> Res<i32> {
 
 fn conformance(img: &Image) -> Res<i32> {
     let root = workspace_root();
-    cargo_release(&root, &["-p", "remem-ibverbs", "--example", "conformance"])?;
+    cargo_release(
+        &root,
+        &[
+            "-p",
+            "remem-ibverbs",
+            "--example",
+            "conformance",
+            "--example",
+            "cm",
+        ],
+    )?;
     let bin = root.join("target/release/examples/conformance");
+    let cm = root.join("target/release/examples/cm");
     let host_bin = bin.display();
     let api = test_binary(&root, "remem", "api", "ibverbs")?;
     cargo_release(&root, &["-p", "remem-cli", "--features", "ibverbs"])?;
@@ -910,11 +921,12 @@ fn conformance(img: &Image) -> Res<i32> {
         &host_bin.to_string(),
         &cli.display().to_string(),
     );
+    cm_steps(&mut guest);
     guest.push_str("exit $rc\n");
     host.push_str("exit $rc\n");
     let code = run(
         img,
-        &[bin.clone(), api, cli],
+        &[bin.clone(), api, cli, cm],
         Net::Tap,
         Some(&host),
         Duration::from_secs(900),
@@ -981,6 +993,37 @@ fn perftest_steps(guest: &mut String, host: &mut String, conformance: &str, cli:
          \x20 {cli} perf --perftest $t {flags} -d {soft} {TAP_GUEST} || {{ rc=1; echo \"remem perf --perftest $t (client) failed\"; }}\n\
          done\n"
     ));
+}
+
+/// RDMA CM on rxe0 in the guest: remem's `cm` example (rdma-core provider) against
+/// librdmacm's `rdma_server` and `rdma_client`, and against itself with an RDMA WRITE and
+/// READ over the connection. A step's server listens (`rdma res show cm_id`) before its
+/// client starts; every program is bounded by `timeout`.
+fn cm_steps(guest: &mut String) {
+    guest.push_str(
+        "wait_cm_listen() { for i in $(seq 100); do rdma res show cm_id 2>/dev/null | grep -q LISTEN && return 0; sleep 0.1; done; echo 'no RDMA CM listener'; }\n\
+         echo '== RDMA CM: remem cm client against rdma_server (librdmacm), on rxe0'\n\
+         timeout 60 rdma_server > /tmp/server.log 2>&1 &\n\
+         server=$!\n\
+         wait_cm_listen\n\
+         timeout 60 ./cm client \"$RXE_GUEST_IP:7471\" || rc=1\n\
+         wait $server || { rc=1; echo 'rdma_server failed'; }\n\
+         cat /tmp/server.log\n\
+         echo '== RDMA CM: rdma_client (librdmacm) against remem cm server, on rxe0'\n\
+         timeout 60 ./cm server > /tmp/server.log 2>&1 &\n\
+         server=$!\n\
+         wait_cm_listen\n\
+         timeout 60 rdma_client -s \"$RXE_GUEST_IP\" || rc=1\n\
+         wait $server || { rc=1; echo 'remem cm server failed'; }\n\
+         cat /tmp/server.log\n\
+         echo '== RDMA CM: remem cm client (WRITE and READ through the reply private data) against remem cm server, on rxe0'\n\
+         timeout 60 ./cm server > /tmp/server.log 2>&1 &\n\
+         server=$!\n\
+         wait_cm_listen\n\
+         timeout 60 ./cm client \"$RXE_GUEST_IP:7471\" --rdma || rc=1\n\
+         wait $server || { rc=1; echo 'remem cm server failed'; }\n\
+         cat /tmp/server.log\n",
+    );
 }
 
 /// Builds an integration test of `package` with `features` (release) and copies it to

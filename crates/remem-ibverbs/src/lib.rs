@@ -25,6 +25,7 @@
 
 #![warn(missing_docs)]
 
+pub mod cm;
 mod sys;
 
 use remem_verbs::{
@@ -308,6 +309,7 @@ impl Context for IbContext {
         Ok(Arc::new(IbPd {
             inner: Arc::new(PdInner {
                 pd,
+                device: self.info.name.clone(),
                 mrs: RwLock::new(HashMap::new()),
                 ids: self.ids.clone(),
             }),
@@ -416,6 +418,8 @@ struct MrEntry {
 
 struct PdInner {
     pd: Arc<sideway::ibverbs::protection_domain::ProtectionDomain>,
+    /// The device's name (RDMA CM checks a QP is on the device of its connection).
+    device: String,
     mrs: RwLock<HashMap<u32, MrEntry>>,
     ids: Arc<AtomicU32>,
 }
@@ -816,6 +820,38 @@ fn qp_state(raw: u32) -> QpState {
     }
 }
 
+/// A libibverbs QP attribute structure in remem's terms.
+fn from_raw_qp_attr(r: &sys::ibv_qp_attr) -> QpAttr {
+    QpAttr {
+        qp_state: qp_state(r.qp_state),
+        cur_qp_state: qp_state(r.cur_qp_state),
+        path_mtu: mtu(r.path_mtu),
+        qkey: r.qkey,
+        rq_psn: r.rq_psn,
+        sq_psn: r.sq_psn,
+        dest_qp_num: r.dest_qp_num,
+        qp_access_flags: AccessFlags::from_bits_truncate(r.qp_access_flags),
+        cap: QpCap {
+            max_send_wr: r.cap.max_send_wr,
+            max_recv_wr: r.cap.max_recv_wr,
+            max_send_sge: r.cap.max_send_sge,
+            max_recv_sge: r.cap.max_recv_sge,
+            max_inline_data: r.cap.max_inline_data,
+        },
+        ah_attr: from_ah_attr(&r.ah_attr),
+        pkey_index: r.pkey_index,
+        en_sqd_async_notify: r.en_sqd_async_notify != 0,
+        sq_draining: r.sq_draining != 0,
+        max_rd_atomic: r.max_rd_atomic,
+        max_dest_rd_atomic: r.max_dest_rd_atomic,
+        min_rnr_timer: r.min_rnr_timer,
+        port_num: r.port_num,
+        timeout: r.timeout,
+        retry_cnt: r.retry_cnt,
+        rnr_retry: r.rnr_retry,
+    }
+}
+
 fn raw_qp_attr(a: &QpAttr) -> sys::ibv_qp_attr {
     let mut r = sys::ibv_qp_attr::zeroed();
     r.qp_state = a.qp_state as u32;
@@ -1002,34 +1038,7 @@ impl QueuePair for IbQp {
             .qp
             .query(ALL_ATTRS)
             .map_err(|e| io_err("ibv_query_qp", e))?;
-        Ok(QpAttr {
-            qp_state: qp_state(r.qp_state),
-            cur_qp_state: qp_state(r.cur_qp_state),
-            path_mtu: mtu(r.path_mtu),
-            qkey: r.qkey,
-            rq_psn: r.rq_psn,
-            sq_psn: r.sq_psn,
-            dest_qp_num: r.dest_qp_num,
-            qp_access_flags: AccessFlags::from_bits_truncate(r.qp_access_flags),
-            cap: QpCap {
-                max_send_wr: r.cap.max_send_wr,
-                max_recv_wr: r.cap.max_recv_wr,
-                max_send_sge: r.cap.max_send_sge,
-                max_recv_sge: r.cap.max_recv_sge,
-                max_inline_data: r.cap.max_inline_data,
-            },
-            ah_attr: from_ah_attr(&r.ah_attr),
-            pkey_index: r.pkey_index,
-            en_sqd_async_notify: r.en_sqd_async_notify != 0,
-            sq_draining: r.sq_draining != 0,
-            max_rd_atomic: r.max_rd_atomic,
-            max_dest_rd_atomic: r.max_dest_rd_atomic,
-            min_rnr_timer: r.min_rnr_timer,
-            port_num: r.port_num,
-            timeout: r.timeout,
-            retry_cnt: r.retry_cnt,
-            rnr_retry: r.rnr_retry,
-        })
+        Ok(from_raw_qp_attr(&r))
     }
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {

@@ -556,3 +556,368 @@ pub(crate) fn set_ud(
         remote_qkey,
     };
 }
+
+// ---------------------------------------------------------------------------------------
+// RDMA CM (librdmacm, loaded at run time like libibverbs): event channels and CM ids.
+// ---------------------------------------------------------------------------------------
+
+/// The RDMA CM event types this crate acts on (`enum rdma_cm_event_type`).
+pub(crate) mod cm_event {
+    pub(crate) const ADDR_RESOLVED: u32 = 0;
+    pub(crate) const ROUTE_RESOLVED: u32 = 2;
+    pub(crate) const CONNECT_REQUEST: u32 = 4;
+    pub(crate) const CONNECT_RESPONSE: u32 = 5;
+    pub(crate) const ESTABLISHED: u32 = 9;
+    pub(crate) const DISCONNECTED: u32 = 10;
+}
+
+/// An RDMA CM event channel; destroyed when dropped (after every id on it, which hold it).
+pub(crate) struct CmChannel(NonNull<ffi::rdma_event_channel>);
+
+// SAFETY: librdmacm's calls on a channel are thread-safe (its own locking); the channel
+// is destroyed once, by its owner's drop.
+unsafe impl Send for CmChannel {}
+// SAFETY: as above.
+unsafe impl Sync for CmChannel {}
+
+/// One RDMA CM event, copied out and acknowledged.
+pub(crate) struct CmEvent {
+    /// `enum rdma_cm_event_type`.
+    pub kind: u32,
+    /// The event's status (a negative errno, or a reject reason).
+    pub status: i32,
+    /// The id the event is for, as an address to compare (not to use).
+    pub id: usize,
+    /// For a connection request: the new id, owned.
+    pub new_id: Option<CmId>,
+    /// The connection parameters' private data (requests, replies, rejects).
+    pub private_data: Vec<u8>,
+    /// The peer's responder resources and initiator depth (requests and replies).
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+}
+
+impl CmChannel {
+    /// `rdma_create_event_channel`; its descriptor is made non-blocking (events are
+    /// awaited with [`wait_readable`]).
+    pub(crate) fn new() -> io::Result<Arc<CmChannel>> {
+        // SAFETY: no arguments; the channel (or null) is owned here alone.
+        let raw = unsafe { ffi::rdma_create_event_channel() };
+        let ch = CmChannel(NonNull::new(raw).ok_or_else(io::Error::last_os_error)?);
+        set_nonblocking(ch.fd())?;
+        Ok(Arc::new(ch))
+    }
+
+    pub(crate) fn fd(&self) -> RawFd {
+        // SAFETY: a plain field of the live channel.
+        unsafe { (*self.0.as_ptr()).fd }
+    }
+
+    /// The next event if one is waiting (`None` when there is none), acknowledged.
+    pub(crate) fn try_event(self: &Arc<Self>) -> io::Result<Option<CmEvent>> {
+        let mut ev: *mut ffi::rdma_cm_event = std::ptr::null_mut();
+        // SAFETY: the channel is live; `ev` receives an event owned by librdmacm until
+        // acknowledged below.
+        if unsafe { ffi::rdma_get_cm_event(self.0.as_ptr(), &mut ev) } != 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock => Ok(None),
+                _ => Err(e),
+            };
+        }
+        // SAFETY: a successful call returned a live event, readable until acknowledged;
+        // `param.conn` is the union member of connection events (for others it holds
+        // zeros or data that is only copied, never followed, except `private_data`, which
+        // librdmacm sets to null or to `private_data_len` readable bytes).
+        let out = unsafe {
+            let e = &*ev;
+            let conn = &e.param.conn;
+            let private_data = if conn.private_data.is_null() {
+                Vec::new()
+            } else {
+                std::slice::from_raw_parts(
+                    conn.private_data.cast::<u8>(),
+                    usize::from(conn.private_data_len),
+                )
+                .to_vec()
+            };
+            let new_id = if e.event == cm_event::CONNECT_REQUEST {
+                NonNull::new(e.id).map(|id| CmId {
+                    id,
+                    chan: self.clone(),
+                })
+            } else {
+                None
+            };
+            let out = CmEvent {
+                kind: e.event,
+                status: e.status,
+                id: e.id as usize,
+                new_id,
+                private_data,
+                responder_resources: conn.responder_resources,
+                initiator_depth: conn.initiator_depth,
+            };
+            ffi::rdma_ack_cm_event(ev);
+            out
+        };
+        Ok(Some(out))
+    }
+}
+
+impl Drop for CmChannel {
+    fn drop(&mut self) {
+        // SAFETY: the channel is live, and every id on it (each holds an `Arc` of it) has
+        // been destroyed.
+        unsafe { ffi::rdma_destroy_event_channel(self.0.as_ptr()) }
+    }
+}
+
+/// Waits until `fd` is readable or `timeout` passes; `false` on timeout.
+pub(crate) fn wait_readable(fd: RawFd, timeout: std::time::Duration) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: one valid pollfd for the duration of the call.
+    let n = unsafe { libc::poll(&mut p, 1, ms) };
+    match n {
+        n if n < 0 => {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                Ok(true)
+            } else {
+                Err(e)
+            }
+        }
+        0 => Ok(false),
+        _ => Ok(true),
+    }
+}
+
+/// An RDMA CM id (`RDMA_PS_TCP`: reliable connections), destroyed when dropped.
+pub(crate) struct CmId {
+    id: NonNull<ffi::rdma_cm_id>,
+    chan: Arc<CmChannel>,
+}
+
+// SAFETY: librdmacm's calls on an id are thread-safe; the id is destroyed once, by its
+// owner's drop; its fields are read only through `&self` (plain data).
+unsafe impl Send for CmId {}
+// SAFETY: as above.
+unsafe impl Sync for CmId {}
+
+/// The connection parameters of `rdma_connect` and `rdma_accept`.
+pub(crate) struct ConnParam<'a> {
+    pub private_data: &'a [u8],
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    pub qp_num: u32,
+}
+
+impl ConnParam<'_> {
+    fn raw(&self) -> io::Result<ffi::rdma_conn_param> {
+        let len = u8::try_from(self.private_data.len())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        Ok(ffi::rdma_conn_param {
+            private_data: if len == 0 {
+                std::ptr::null()
+            } else {
+                self.private_data.as_ptr().cast()
+            },
+            private_data_len: len,
+            responder_resources: self.responder_resources,
+            initiator_depth: self.initiator_depth,
+            flow_control: 0,
+            retry_count: self.retry_count.min(7),
+            rnr_retry_count: self.rnr_retry_count.min(7),
+            srq: 0,
+            qp_num: self.qp_num & 0xff_ffff,
+        })
+    }
+}
+
+/// A socket address as the `sockaddr_storage` librdmacm reads.
+fn sockaddr(addr: std::net::SocketAddr) -> libc::sockaddr_storage {
+    // SAFETY: all-zero bytes are a valid sockaddr_storage.
+    let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    match addr {
+        std::net::SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { std::ptr::write((&raw mut st).cast::<libc::sockaddr_in>(), sin) };
+        }
+        std::net::SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo().to_be(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            unsafe { std::ptr::write((&raw mut st).cast::<libc::sockaddr_in6>(), sin6) };
+        }
+    }
+    st
+}
+
+impl CmId {
+    /// `rdma_create_id` on `chan`.
+    pub(crate) fn new(chan: &Arc<CmChannel>) -> io::Result<CmId> {
+        let mut raw: *mut ffi::rdma_cm_id = std::ptr::null_mut();
+        // SAFETY: the channel is live; `raw` receives the new id (owned here alone).
+        let ret = unsafe {
+            ffi::rdma_create_id(
+                chan.0.as_ptr(),
+                &mut raw,
+                std::ptr::null_mut(),
+                ffi::rdma_port_space::RDMA_PS_TCP,
+            )
+        };
+        errno_result(ret)?;
+        let id = NonNull::new(raw).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+        Ok(CmId {
+            id,
+            chan: chan.clone(),
+        })
+    }
+
+    fn ptr(&self) -> *mut ffi::rdma_cm_id {
+        self.id.as_ptr()
+    }
+
+    /// The id's address, to match events against.
+    pub(crate) fn key(&self) -> usize {
+        self.ptr() as usize
+    }
+
+    pub(crate) fn channel(&self) -> &Arc<CmChannel> {
+        &self.chan
+    }
+
+    pub(crate) fn bind(&self, addr: std::net::SocketAddr) -> io::Result<()> {
+        let mut st = sockaddr(addr);
+        // SAFETY: the id is live; the address is a valid sockaddr for the call.
+        errno_result(unsafe { ffi::rdma_bind_addr(self.ptr(), (&raw mut st).cast()) })
+    }
+
+    pub(crate) fn listen(&self, backlog: i32) -> io::Result<()> {
+        // SAFETY: the id is live and bound.
+        errno_result(unsafe { ffi::rdma_listen(self.ptr(), backlog) })
+    }
+
+    pub(crate) fn resolve_addr(
+        &self,
+        dst: std::net::SocketAddr,
+        timeout_ms: i32,
+    ) -> io::Result<()> {
+        let mut st = sockaddr(dst);
+        // SAFETY: the id is live; the address is valid for the call (copied by it).
+        errno_result(unsafe {
+            ffi::rdma_resolve_addr(
+                self.ptr(),
+                std::ptr::null_mut(),
+                (&raw mut st).cast(),
+                timeout_ms,
+            )
+        })
+    }
+
+    pub(crate) fn resolve_route(&self, timeout_ms: i32) -> io::Result<()> {
+        // SAFETY: the id is live with a resolved address.
+        errno_result(unsafe { ffi::rdma_resolve_route(self.ptr(), timeout_ms) })
+    }
+
+    pub(crate) fn connect(&self, p: &ConnParam<'_>) -> io::Result<()> {
+        let mut raw = p.raw()?;
+        // SAFETY: the id is live; `raw` and its private data (borrowed from `p`) are valid
+        // for the call, which copies them.
+        errno_result(unsafe { ffi::rdma_connect(self.ptr(), &mut raw) })
+    }
+
+    pub(crate) fn accept(&self, p: &ConnParam<'_>) -> io::Result<()> {
+        let mut raw = p.raw()?;
+        // SAFETY: as for `connect`.
+        errno_result(unsafe { ffi::rdma_accept(self.ptr(), &mut raw) })
+    }
+
+    pub(crate) fn reject(&self, private_data: &[u8]) -> io::Result<()> {
+        let len = u8::try_from(private_data.len())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: the id is live; the data is valid for the call, which copies it.
+        errno_result(unsafe { ffi::rdma_reject(self.ptr(), private_data.as_ptr().cast(), len) })
+    }
+
+    pub(crate) fn establish(&self) -> io::Result<()> {
+        // SAFETY: the id is live.
+        errno_result(unsafe { ffi::rdma_establish(self.ptr()) })
+    }
+
+    pub(crate) fn disconnect(&self) -> io::Result<()> {
+        // SAFETY: the id is live.
+        errno_result(unsafe { ffi::rdma_disconnect(self.ptr()) })
+    }
+
+    /// `rdma_init_qp_attr` for moving a QP to `state` (`enum ibv_qp_state`): the
+    /// attributes and their mask.
+    pub(crate) fn init_qp_attr(&self, state: u32) -> io::Result<(ibv_qp_attr, i32)> {
+        let mut attr = ibv_qp_attr::zeroed();
+        attr.qp_state = state;
+        let mut mask = 0;
+        // SAFETY: the id is live; `attr` and `mask` are written by the call.
+        errno_result(unsafe { ffi::rdma_init_qp_attr(self.ptr(), &mut attr, &mut mask) })?;
+        Ok((attr, mask))
+    }
+
+    /// Moves the id's events to `chan` (`rdma_migrate_id`).
+    pub(crate) fn migrate(&mut self, chan: &Arc<CmChannel>) -> io::Result<()> {
+        // SAFETY: the id and both channels are live; the old channel stays alive until
+        // its `Arc` is released below, after the call.
+        errno_result(unsafe { ffi::rdma_migrate_id(self.ptr(), chan.0.as_ptr()) })?;
+        self.chan = chan.clone();
+        Ok(())
+    }
+
+    /// The name of the device the id is bound to, once it is bound to one.
+    pub(crate) fn device_name(&self) -> Option<String> {
+        // SAFETY: the id is live; `verbs` is null or librdmacm's live context of the id's
+        // device, whose `device` and name outlive the id.
+        unsafe {
+            let verbs = (*self.ptr()).verbs;
+            if verbs.is_null() {
+                return None;
+            }
+            let name = ffi::ibv_get_device_name((*verbs).device);
+            if name.is_null() {
+                return None;
+            }
+            Some(
+                std::ffi::CStr::from_ptr(name)
+                    .to_string_lossy()
+                    .into_owned(),
+            )
+        }
+    }
+}
+
+impl Drop for CmId {
+    fn drop(&mut self) {
+        // SAFETY: the id is live and destroyed once; every event on it was acknowledged
+        // when taken ([`CmChannel::try_event`]).
+        let _ = unsafe { ffi::rdma_destroy_id(self.ptr()) };
+    }
+}
