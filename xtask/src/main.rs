@@ -87,6 +87,10 @@ enum Net {
     None,
 }
 
+/// The async API's test binaries that take `REMEM_TEST_DEVICE` (the others test soft
+/// provider features: fault injection, persistence, two soft processes).
+const API_TESTS: [&str; 4] = ["api", "connect", "dispatch", "srq"];
+
 /// Host and guest addresses on the tap network.
 const TAP_HOST: &str = "10.77.0.1";
 const TAP_GUEST: &str = "10.77.0.2";
@@ -870,7 +874,11 @@ fn conformance(img: &Image) -> Res<i32> {
     let bin = root.join("target/release/examples/conformance");
     let cm = root.join("target/release/examples/cm");
     let host_bin = bin.display();
-    let api = test_binary(&root, "remem", "api", "ibverbs")?;
+    // The async API's tests that run on any device pair (REMEM_TEST_DEVICE).
+    let mut api_tests = Vec::new();
+    for test in API_TESTS {
+        api_tests.push(test_binary(&root, "remem", test, "ibverbs")?);
+    }
     cargo_release(&root, &["-p", "remem-cli", "--features", "ibverbs"])?;
     let cli = root.join("target/release/remem");
     let link = format!("{TAP_HOST}:7471");
@@ -897,10 +905,12 @@ fn conformance(img: &Image) -> Res<i32> {
         }
     }
     // The async API's tests: those on a pair of devices run on two contexts of rxe0.
-    guest.push_str(
-        "echo '== the async API tests (remem, feature ibverbs) on rxe0'\n\
-         REMEM_TEST_DEVICE=rxe0 ./api --test-threads=1 || rc=1\n",
-    );
+    for test in API_TESTS {
+        guest.push_str(&format!(
+            "echo '== the async API tests ({test}; remem, feature ibverbs) on rxe0'\n\
+             REMEM_TEST_DEVICE=rxe0 ./{test} --test-threads=1 || rc=1\n"
+        ));
+    }
     // The CLI built with the rdma-core provider: it lists rxe0, and every perftest-style
     // test runs between two processes on it (server in the background, ready once its
     // port listens).
@@ -926,7 +936,7 @@ fn conformance(img: &Image) -> Res<i32> {
     host.push_str("exit $rc\n");
     let code = run(
         img,
-        &[bin.clone(), api, cli, cm],
+        &[vec![bin.clone(), cli, cm], api_tests].concat(),
         Net::Tap,
         Some(&host),
         Duration::from_secs(900),

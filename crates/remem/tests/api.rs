@@ -6,33 +6,19 @@ use remem::{AccessFlags, Connection, Error, Polling, Rdma, RdmaBuilder};
 use std::alloc::Layout;
 use std::sync::atomic::{AtomicU8, Ordering};
 
+mod common;
+
 /// Two `Rdma`s that can talk: on two soft devices (distinct addresses, one UDP port), or
-/// both on the device `REMEM_TEST_DEVICE` names (two contexts of e.g. `rxe0`: `cargo xtask
-/// rxe conformance` runs these tests on kernel Soft-RoCE with the `ibverbs` feature).
+/// both on the device `REMEM_TEST_DEVICE` names (two contexts of e.g. `rxe0`).
 fn pair(polling: Polling) -> (Rdma, Rdma) {
-    if let Some(dev) = std::env::var("REMEM_TEST_DEVICE")
-        .ok()
-        .filter(|d| !d.is_empty())
-    {
-        let open = || {
-            RdmaBuilder::new()
-                .device(dev.clone())
-                .polling(polling)
-                .build()
-                .unwrap()
-        };
-        return (open(), open());
-    }
     static NEXT: AtomicU8 = AtomicU8::new(1);
     let n = NEXT.fetch_add(2, Ordering::Relaxed);
-    let a = RdmaBuilder::new()
-        .device(format!("soft@127.0.11.{n}:0"))
+    let a = common::builder(format!("soft@127.0.11.{n}:0"))
         .polling(polling)
         .build()
         .unwrap();
-    let port = a.context().info().udp_addr.unwrap().port();
-    let b = RdmaBuilder::new()
-        .device(format!("soft@127.0.11.{}:{port}", n + 1))
+    let port = common::soft_port(&a);
+    let b = common::builder(format!("soft@127.0.11.{}:{port}", n + 1))
         .polling(polling)
         .build()
         .unwrap();
@@ -261,7 +247,7 @@ async fn cancelled_operation_keeps_its_memory_alive() {
             break;
         }
     }
-    if std::env::var_os("REMEM_TEST_DEVICE").is_some() && !cancelled {
+    if common::test_device().is_some() && !cancelled {
         // Kernel rxe on one device may run a whole READ inside the post system call: then
         // no read is still in flight after its first poll, and there is nothing to cancel.
         eprintln!("every read finished within its first poll: cancellation not exercised");

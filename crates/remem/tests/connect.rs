@@ -1,5 +1,6 @@
-//! Connection setup as librpma exposes it, on soft devices (127.0.13.x): private data on
-//! connect and accept, rejection, connection events, a separate receive CQ.
+//! Connection setup as librpma exposes it, on soft devices (127.0.13.x) or
+//! `REMEM_TEST_DEVICE`: private data on connect and accept, rejection, connection events,
+//! a separate receive CQ.
 
 use remem::{
     ConnectOptions, Connection, ConnectionEvent, Error, MAX_PRIVATE_DATA, Polling, Rdma,
@@ -9,17 +10,17 @@ use std::alloc::Layout;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
+mod common;
+
 fn pair() -> (Rdma, Rdma) {
     static NEXT: AtomicU8 = AtomicU8::new(1);
     let n = NEXT.fetch_add(2, Ordering::Relaxed);
-    let a = RdmaBuilder::new()
-        .device(format!("soft@127.0.13.{n}:0"))
+    let a = common::builder(format!("soft@127.0.13.{n}:0"))
         .polling(Polling::Event)
         .build()
         .unwrap();
-    let port = a.context().info().udp_addr.unwrap().port();
-    let b = RdmaBuilder::new()
-        .device(format!("soft@127.0.13.{}:{port}", n + 1))
+    let port = common::soft_port(&a);
+    let b = common::builder(format!("soft@127.0.13.{}:{port}", n + 1))
         .build()
         .unwrap();
     (a, b)

@@ -6,17 +6,19 @@ use remem::{Connection, Polling, Rdma, RdmaBuilder};
 use std::alloc::Layout;
 use std::task::Poll;
 
+mod common;
+
+/// Two `Rdma`s on soft devices (127.0.12.`first` and the next) or `REMEM_TEST_DEVICE`.
 fn pair(first: u8, polling: Polling) -> (Rdma, Rdma) {
     let build = |addr: String| {
-        RdmaBuilder::new()
-            .device(addr)
+        common::builder(addr)
             .polling(polling)
             .keepalive(None)
             .build()
             .unwrap()
     };
     let a = build(format!("soft@127.0.12.{first}:0"));
-    let port = a.context().info().udp_addr.unwrap().port();
+    let port = common::soft_port(&a);
     let b = build(format!("soft@127.0.12.{}:{port}", first + 1));
     (a, b)
 }

@@ -1,4 +1,5 @@
-//! Shared receive queues through the async API on soft devices (127.0.15.x): several
+//! Shared receive queues through the async API on soft devices (127.0.15.x) or
+//! `REMEM_TEST_DEVICE`: several
 //! connections' messages arriving at one queue, in order per connection, bursts larger
 //! than the queue, large messages and WRITE_WITH_IMM behind it.
 
@@ -7,9 +8,10 @@ use std::alloc::Layout;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 
+mod common;
+
 fn rdma(n: u8, port: u16) -> Rdma {
-    RdmaBuilder::new()
-        .device(format!("soft@127.0.15.{n}:{port}"))
+    common::builder(format!("soft@127.0.15.{n}:{port}"))
         .polling(Polling::Event)
         .build()
         .unwrap()
@@ -20,7 +22,7 @@ async fn setup(clients: usize, depth: u32) -> (Rdma, Srq, Vec<(Rdma, Connection,
     static NEXT: AtomicU8 = AtomicU8::new(1);
     let base = NEXT.fetch_add(10, Ordering::Relaxed);
     let server = rdma(base, 0);
-    let port = server.context().info().udp_addr.unwrap().port();
+    let port = common::soft_port(&server);
     let srq = server.create_srq(depth).unwrap();
     let listener = server.listen("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
