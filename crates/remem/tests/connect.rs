@@ -3,8 +3,7 @@
 //! a separate receive CQ.
 
 use remem::{
-    ConnectOptions, Connection, ConnectionEvent, Error, MAX_PRIVATE_DATA, Polling, Rdma,
-    RdmaBuilder, RemoteMr,
+    ConnectOptions, Connection, ConnectionEvent, Error, MAX_PRIVATE_DATA, Polling, Rdma, RemoteMr,
 };
 use std::alloc::Layout;
 use std::sync::atomic::{AtomicU8, Ordering};

@@ -2,7 +2,7 @@
 //! client makes) share one tokio task (event-driven polling) or one polling thread (busy
 //! polling), however many there are. Own test binary: it counts the process's threads.
 
-use remem::{Connection, Polling, Rdma, RdmaBuilder};
+use remem::{Connection, Polling, Rdma};
 use std::alloc::Layout;
 use std::task::Poll;
 

@@ -3,7 +3,7 @@
 //! connections' messages arriving at one queue, in order per connection, bursts larger
 //! than the queue, large messages and WRITE_WITH_IMM behind it.
 
-use remem::{ConnectOptions, Connection, Error, Polling, Rdma, RdmaBuilder, Srq};
+use remem::{ConnectOptions, Connection, Error, Polling, Rdma, Srq};
 use std::alloc::Layout;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
