@@ -975,7 +975,7 @@ fn conformance(img: &Image) -> Res<i32> {
 fn perftest_steps(guest: &mut String, host: &mut String, conformance: &str, cli: &str) {
     let sync = format!("{TAP_HOST}:7472");
     let soft = format!("soft@{TAP_HOST}:4791");
-    let tests = "write_bw read_bw send_bw atomic_bw write_lat read_lat atomic_lat";
+    let tests = "write_bw read_bw send_bw atomic_bw write_lat read_lat send_lat atomic_lat";
     // -F: perftest measures the CPU clock and, under emulation, may find it too noisy to
     // report unless told to go on (remem perf accepts the flag and ignores it).
     let flags = "-n 100 -F";

@@ -3,7 +3,9 @@
 //! `remem perf write_bw` serves; `remem perf write_bw HOST` connects to a server and runs
 //! the test; `remem perf --loopback write_bw` runs both ends in one process, each on a soft
 //! device of its own (127.0.0.1 and 127.0.0.2, one UDP port). The client tells the server
-//! what to run, so the server needs no flags but the port.
+//! what to run, so the server needs no flags but the port. With `--perftest` the two sides
+//! speak perftest's own out-of-band exchange instead (`perftest.rs`), so either may be one
+//! of perftest's `ib_*` tools; then, as with perftest, both sides take the test's flags.
 //!
 //! Conventions (as perftest): write and send latency are half a round trip (ping-pong),
 //! read and atomic latency the whole operation; bandwidth counts message bytes. The tables

@@ -28,7 +28,8 @@
 //! holds at least the cycle buffer, since perftest spreads its operations over that many
 //! bytes. WRITE latency is perftest's ping-pong on memory: each side writes `size` bytes
 //! whose last byte counts the iterations (mod 256) and polls the last byte of its own
-//! area for the peer's count; the server writes first.
+//! area for the peer's count; the server writes first. SEND latency is perftest's
+//! message ping-pong; the client sends first.
 
 use super::raw::{self, Endpoint, RD_ATOMIC, RECV, Side};
 use super::report::{self, BwRow, LatRow, Row};
@@ -312,9 +313,6 @@ pub(crate) fn check(s: &Settings) -> Result<(), PerfError> {
     if s.duration.is_some() {
         return Err("--perftest runs a number of iterations: use -n, not -D".into());
     }
-    if s.test == Test::SendLat {
-        return Err("--perftest does not run send_lat (yet); the other seven tests run".into());
-    }
     Ok(())
 }
 
@@ -427,7 +425,7 @@ fn run(
         .unwrap_or(1)
         .clamp(1, u16::from(RD_ATOMIC)) as u8;
     side.connect(&endpoints, rd_atomic)?;
-    if s.test == Test::SendBw {
+    if matches!(s.test, Test::SendBw | Test::SendLat) {
         w.hand_shake(&mine[0], &side)?;
         for d in &mine {
             w.hand_shake(d, &side)?;
@@ -507,7 +505,16 @@ fn run(
             }
             // perftest's write_lat ends without a closing exchange.
         }
-        Test::SendLat => return Err("--perftest does not run send_lat".into()),
+        Test::SendLat => {
+            for &size in &s.sizes {
+                // perftest posts its receives, then this handshake (once per size).
+                w.hand_shake(&mine[0], &side)?;
+                let row = send_ping_pong(&side, s, &endpoints[0], size, client)?;
+                out.row(s, &Row::Lat(row));
+                rows.push(Row::Lat(row));
+            }
+            w.close(&mine[0], &side)?;
+        }
     }
     Ok(rows)
 }
@@ -612,6 +619,46 @@ fn write_ping_pong(
         .map(|w| (w[1] - w[0]).as_secs_f64() * 1e6 / 2.0)
         .collect();
     // perftest reports the iterations run (one sample fewer).
+    Ok(LatRow {
+        iterations: iters,
+        ..report::lat_row(size, &mut samples)
+    })
+}
+
+/// perftest's SEND latency ping-pong (`run_iter_lat_send`): the client sends first; each
+/// side waits for the peer's message before sending the next. Latency is half the time
+/// between consecutive posts.
+fn send_ping_pong(
+    side: &Side,
+    s: &Settings,
+    remote: &Endpoint,
+    size: u64,
+    client: bool,
+) -> Result<LatRow, PerfError> {
+    let iters = s.iters;
+    let op = side.op(s, remote);
+    let sge = [side.local(s, 0, size)];
+    let flags = side.flags(s, size);
+    let mut wcs = [WorkCompletion::default(); 64];
+    let (mut scnt, mut rcnt) = (0u64, 0u64);
+    let mut posted: Vec<Instant> = Vec::with_capacity(iters.min(1 << 24) as usize);
+    while scnt < iters || rcnt < iters {
+        // The server waits first; after that each side waits for the peer's message.
+        if rcnt < iters && (!client || scnt >= 1) {
+            raw::wait_recv(side, &mut wcs, &mut || Ok(()))?;
+            rcnt += 1;
+        }
+        if scnt < iters {
+            posted.push(Instant::now());
+            raw::post(side, 0, op, &sge, flags, scnt)?;
+            scnt += 1;
+            side.drive(Duration::ZERO)?;
+        }
+    }
+    let mut samples: Vec<f64> = posted
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64() * 1e6 / 2.0)
+        .collect();
     Ok(LatRow {
         iterations: iters,
         ..report::lat_row(size, &mut samples)
