@@ -116,12 +116,29 @@ fn main() -> ExitCode {
                     return ExitCode::from(100);
                 }
             };
+            let first = a.clone();
             let pair = Pair::new(a, b);
             let cases: Vec<&Case> = CASES
                 .iter()
                 .filter(|c| names.is_empty() || names.contains(&c.name))
                 .collect();
-            let results: Vec<_> = cases.iter().map(|c| (c.name, (c.run)(&pair))).collect();
+            let mut results: Vec<_> = cases.iter().map(|c| (c.name, (c.run)(&pair))).collect();
+            if remem_conformance::is_kernel_rxe(&*first) {
+                // The device's counters (sysfs) saw the suite's packets.
+                let counters = first.counters();
+                let sent = counters.iter().find(|c| c.name == "sent_pkts");
+                println!(
+                    "conformance: {} counters of {device}, sent_pkts {sent:?}",
+                    counters.len()
+                );
+                results.push((
+                    "device_counters",
+                    match sent {
+                        Some(c) if c.value > 0 => Ok(()),
+                        _ => Err(format!("no packets counted in {counters:?}")),
+                    },
+                ));
+            }
             report(&results)
         }
         [

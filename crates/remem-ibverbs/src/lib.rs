@@ -19,7 +19,8 @@
 //!
 //! Not offered: FLUSH and ATOMIC WRITE (classic `ibv_post_send` has no place for them;
 //! [`DeviceAttr::flush_global`] and friends are `false`, and the async API falls back),
-//! UC QPs, and device counters.
+//! and UC QPs. Device counters are the kernel's sysfs `hw_counters` (and port
+//! `counters`).
 //!
 //! The only `unsafe` code is in the private module `sys`, each block with its reasons.
 
@@ -403,9 +404,73 @@ impl Context for IbContext {
         }
     }
 
+    /// The device's hardware counters as the kernel exposes them in sysfs
+    /// (`/sys/class/infiniband/<dev>/hw_counters`, each port's `hw_counters` and
+    /// `counters`; for kernel rxe `sent_pkts`, `rcvd_pkts`, `retry_exceeded_err`, …). A
+    /// port's counters are named `<file>` for port 1 and `p<port>:<file>` for the others.
     fn counters(&self) -> Vec<Counter> {
-        Vec::new()
+        sysfs_counters(&std::path::Path::new("/sys/class/infiniband").join(&self.info.name))
     }
+}
+
+/// Counter names, each leaked once: there are as many as the kernel's drivers define.
+fn intern(name: String) -> &'static str {
+    static NAMES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut names = NAMES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(n) = names.iter().find(|n| **n == name) {
+        return n;
+    }
+    let leaked: &'static str = Box::leak(name.into_boxed_str());
+    names.push(leaked);
+    leaked
+}
+
+/// The counters under a device's sysfs directory (see [`IbContext::counters`]); files
+/// that do not hold a number are skipped.
+fn sysfs_counters(dev: &std::path::Path) -> Vec<Counter> {
+    let mut out = Vec::new();
+    let mut read_dir = |dir: std::path::PathBuf, prefix: &str| {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        let mut found: Vec<(String, u64)> = entries
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let value = std::fs::read_to_string(e.path())
+                    .ok()?
+                    .trim()
+                    .parse()
+                    .ok()?;
+                Some((format!("{prefix}{name}"), value))
+            })
+            .collect();
+        found.sort();
+        out.extend(found.into_iter().map(|(name, value)| Counter {
+            name: intern(name),
+            value,
+        }));
+    };
+    read_dir(dev.join("hw_counters"), "");
+    let mut ports: Vec<u32> = std::fs::read_dir(dev.join("ports"))
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    ports.sort_unstable();
+    for port in ports {
+        let prefix = if port == 1 {
+            String::new()
+        } else {
+            format!("p{port}:")
+        };
+        let dir = dev.join("ports").join(port.to_string());
+        read_dir(dir.join("hw_counters"), &prefix);
+        read_dir(dir.join("counters"), &prefix);
+    }
+    out
 }
 
 /// What a PD knows of its memory regions, to check scatter/gather entries when posted.
@@ -1169,6 +1234,46 @@ impl AddressHandle for IbAh {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sysfs_counters_are_read_by_port_and_named_once() {
+        let dir = std::env::temp_dir().join(format!("remem-ib-counters-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for (path, value) in [
+            ("hw_counters/lifespan", "10\n"),
+            ("ports/1/hw_counters/sent_pkts", "42\n"),
+            ("ports/1/hw_counters/rcvd_pkts", "41\n"),
+            ("ports/1/counters/port_xmit_data", "7\n"),
+            ("ports/2/hw_counters/sent_pkts", "5\n"),
+            ("ports/1/hw_counters/not_a_number", "x\n"),
+        ] {
+            let p = dir.join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, value).unwrap();
+        }
+        let got: Vec<(&str, u64)> = super::sysfs_counters(&dir)
+            .iter()
+            .map(|c| (c.name, c.value))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("lifespan", 10),
+                ("rcvd_pkts", 41),
+                ("sent_pkts", 42),
+                ("port_xmit_data", 7),
+                ("p2:sent_pkts", 5)
+            ]
+        );
+        // A name read again is the same leaked string.
+        let again = super::sysfs_counters(&dir);
+        assert!(std::ptr::eq(
+            again[2].name,
+            super::intern("sent_pkts".into())
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(super::sysfs_counters(&dir).is_empty());
+    }
+
     use super::*;
 
     #[test]
