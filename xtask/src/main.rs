@@ -813,6 +813,8 @@ fn selftest(img: &Image) -> Res<i32> {
 ibv_devices | grep -q rxe0
 echo "selftest: rxe0 is listed"
 ibv_rc_pingpong -d rxe0 -g "$RXE_GID_INDEX" -n 100 > /tmp/server.log 2>&1 &
+# The client starts once the server listens (it does not retry).
+for i in $(seq 100); do netstat -ltn 2>/dev/null | grep -q ':18515 ' && break; sleep 0.1; done
 ibv_rc_pingpong -d rxe0 -g "$RXE_GID_INDEX" -n 100 127.0.0.1 > /tmp/client.log 2>&1 || { cat /tmp/client.log /tmp/server.log; exit 1; }
 wait
 grep -q "100 iters" /tmp/client.log
@@ -983,9 +985,9 @@ fn perftest_steps(guest: &mut String, host: &mut String, conformance: &str, cli:
         "for t in {tests}; do\n\
          \x20 echo \"== perftest's ib_$t (rdma-core, kernel rxe, guest) against remem perf --perftest (soft, host)\"\n\
          \x20 ./conformance sync connect {sync} || rc=1\n\
-         \x20 ib_$t -d rxe0 -x \"$RXE_GID_INDEX\" {flags} {TAP_HOST} || {{ rc=1; echo \"ib_$t (client) failed\"; }}\n\
+         \x20 timeout 120 ib_$t -d rxe0 -x \"$RXE_GID_INDEX\" {flags} {TAP_HOST} || {{ rc=1; echo \"ib_$t (client) failed\"; }}\n\
          \x20 echo \"== remem perf --perftest (soft, host) against perftest's ib_$t (rdma-core, kernel rxe, guest)\"\n\
-         \x20 ib_$t -d rxe0 -x \"$RXE_GID_INDEX\" {flags} > /tmp/server.log 2>&1 &\n\
+         \x20 timeout 120 ib_$t -d rxe0 -x \"$RXE_GID_INDEX\" {flags} > /tmp/server.log 2>&1 &\n\
          \x20 server=$!\n\
          \x20 for i in $(seq 100); do netstat -ltn 2>/dev/null | grep -q ':18515 ' && break; sleep 0.1; done\n\
          \x20 ./conformance sync connect {sync} || rc=1\n\
@@ -998,29 +1000,29 @@ fn perftest_steps(guest: &mut String, host: &mut String, conformance: &str, cli:
     guest.push_str(&format!(
         "for t in {tests}; do\n\
          \x20 echo \"== remem perf --perftest (rdma-core) against perftest's ib_$t, both on rxe0\"\n\
-         \x20 ib_$t -d rxe0 -x \"$RXE_GID_INDEX\" {flags} > /tmp/server.log 2>&1 &\n\
+         \x20 timeout 120 ib_$t -d rxe0 -x \"$RXE_GID_INDEX\" {flags} > /tmp/server.log 2>&1 &\n\
          \x20 server=$!\n\
          \x20 for i in $(seq 100); do netstat -ltn 2>/dev/null | grep -q ':18515 ' && break; sleep 0.1; done\n\
-         \x20 ./remem perf --perftest $t {flags} -d rxe0 -x \"$RXE_GID_INDEX\" 127.0.0.1 || {{ rc=1; echo \"remem perf --perftest $t (client) failed\"; }}\n\
+         \x20 timeout 120 ./remem perf --perftest $t {flags} -d rxe0 -x \"$RXE_GID_INDEX\" 127.0.0.1 || {{ rc=1; echo \"remem perf --perftest $t (client) failed\"; }}\n\
          \x20 wait $server || {{ rc=1; echo \"ib_$t (server) failed\"; cat /tmp/server.log; }}\n\
          \x20 echo \"== perftest's ib_$t against remem perf --perftest (rdma-core), both on rxe0\"\n\
-         \x20 ./remem perf --perftest $t {flags} -d rxe0 -x \"$RXE_GID_INDEX\" > /tmp/server.log 2>&1 &\n\
+         \x20 timeout 120 ./remem perf --perftest $t {flags} -d rxe0 -x \"$RXE_GID_INDEX\" > /tmp/server.log 2>&1 &\n\
          \x20 server=$!\n\
          \x20 for i in $(seq 100); do netstat -ltn 2>/dev/null | grep -q ':18515 ' && break; sleep 0.1; done\n\
-         \x20 ib_$t -d rxe0 -x \"$RXE_GID_INDEX\" {flags} 127.0.0.1 > /tmp/client.log 2>&1 || {{ rc=1; echo \"ib_$t (client) failed\"; cat /tmp/client.log; }}\n\
+         \x20 timeout 120 ib_$t -d rxe0 -x \"$RXE_GID_INDEX\" {flags} 127.0.0.1 > /tmp/client.log 2>&1 || {{ rc=1; echo \"ib_$t (client) failed\"; cat /tmp/client.log; }}\n\
          \x20 wait $server || {{ rc=1; echo \"remem perf --perftest $t (server) failed\"; }}\n\
          \x20 cat /tmp/server.log\n\
          done\n"
     ));
     host.push_str(&format!(
         "for t in {tests}; do\n\
-         \x20 {cli} perf --perftest $t {flags} -d {soft} &\n\
+         \x20 timeout 120 {cli} perf --perftest $t {flags} -d {soft} &\n\
          \x20 server=$!\n\
          \x20 i=0; while [ $i -lt 100 ] && ! ss -ltn | grep -q ':18515 '; do sleep 0.1; i=$((i+1)); done\n\
          \x20 {conformance} sync listen {sync} || rc=1\n\
          \x20 wait $server || {{ rc=1; echo \"remem perf --perftest $t (server) failed\"; }}\n\
          \x20 {conformance} sync listen {sync} || rc=1\n\
-         \x20 {cli} perf --perftest $t {flags} -d {soft} {TAP_GUEST} || {{ rc=1; echo \"remem perf --perftest $t (client) failed\"; }}\n\
+         \x20 timeout 120 {cli} perf --perftest $t {flags} -d {soft} {TAP_GUEST} || {{ rc=1; echo \"remem perf --perftest $t (client) failed\"; }}\n\
          done\n"
     ));
 }
@@ -1035,22 +1037,22 @@ fn api_steps(guest: &mut String, host: &mut String, conformance: &str, peer: &st
     guest.push_str(&format!(
         "echo '== the async API: verified_peer on rxe0 (guest) against verified_peer serving on the soft provider (host)'\n\
          ./conformance sync connect {sync} || rc=1\n\
-         ./verified_peer run rxe0 {TAP_HOST}:7473 {ops} || rc=1\n\
+         timeout 120 ./verified_peer run rxe0 {TAP_HOST}:7473 {ops} || rc=1\n\
          echo '== the async API: verified_peer on the soft provider (host) against verified_peer serving on rxe0 (guest)'\n\
-         ./verified_peer serve rxe0 {TAP_GUEST}:7473 &\n\
+         timeout 120 ./verified_peer serve rxe0 {TAP_GUEST}:7473 &\n\
          server=$!\n\
          for i in $(seq 100); do netstat -ltn 2>/dev/null | grep -q ':7473 ' && break; sleep 0.1; done\n\
          ./conformance sync connect {sync} || rc=1\n\
          wait $server || {{ rc=1; echo 'verified_peer (server, guest) failed'; }}\n"
     ));
     host.push_str(&format!(
-        "{peer} serve {soft} {TAP_HOST}:7473 &\n\
+        "timeout 120 {peer} serve {soft} {TAP_HOST}:7473 &\n\
          server=$!\n\
          i=0; while [ $i -lt 100 ] && ! ss -ltn | grep -q ':7473 '; do sleep 0.1; i=$((i+1)); done\n\
          {conformance} sync listen {sync} || rc=1\n\
          wait $server || {{ rc=1; echo 'verified_peer (server, host) failed'; }}\n\
          {conformance} sync listen {sync} || rc=1\n\
-         {peer} run {soft} {TAP_GUEST}:7473 {ops} || {{ rc=1; echo 'verified_peer (client, host) failed'; }}\n"
+         timeout 120 {peer} run {soft} {TAP_GUEST}:7473 {ops} || {{ rc=1; echo 'verified_peer (client, host) failed'; }}\n"
     ));
 }
 
