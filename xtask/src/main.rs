@@ -1062,29 +1062,37 @@ fn api_steps(guest: &mut String, host: &mut String, conformance: &str, peer: &st
 /// client starts; every program is bounded by `timeout`.
 fn cm_steps(guest: &mut String) {
     guest.push_str(
-        "wait_cm_listen() { for i in $(seq 100); do rdma res show cm_id 2>/dev/null | grep -q LISTEN && return 0; sleep 0.1; done; echo 'no RDMA CM listener'; }\n\
-         echo '== RDMA CM: remem cm client against rdma_server (librdmacm), on rxe0'\n\
-         timeout 60 rdma_server > /tmp/server.log 2>&1 &\n\
-         server=$!\n\
-         wait_cm_listen\n\
-         timeout 60 ./cm client \"$RXE_GUEST_IP:7471\" || rc=1\n\
-         wait $server || { rc=1; echo 'rdma_server failed'; }\n\
-         cat /tmp/server.log\n\
-         echo '== RDMA CM: rdma_client (librdmacm) against remem cm server, on rxe0'\n\
-         timeout 60 ./cm server > /tmp/server.log 2>&1 &\n\
-         server=$!\n\
-         wait_cm_listen\n\
-         timeout 60 rdma_client -s \"$RXE_GUEST_IP\" || rc=1\n\
-         wait $server || { rc=1; echo 'remem cm server failed'; }\n\
-         cat /tmp/server.log\n\
-         echo '== RDMA CM: remem cm client (WRITE and READ through the reply private data) against remem cm server, on rxe0'\n\
-         timeout 60 ./cm server > /tmp/server.log 2>&1 &\n\
-         server=$!\n\
-         wait_cm_listen\n\
-         timeout 60 ./cm client \"$RXE_GUEST_IP:7471\" --rdma || rc=1\n\
-         wait $server || { rc=1; echo 'remem cm server failed'; }\n\
-         cat /tmp/server.log\n",
+        "wait_cm_listen() { for i in $(seq 100); do rdma res show cm_id 2>/dev/null | grep -q LISTEN && return 0; sleep 0.1; done; echo 'no RDMA CM listener'; }\n",
     );
+    let remem_client = "./cm client \"$RXE_GUEST_IP:7471\"";
+    let steps = [
+        (
+            "remem cm client against rdma_server (librdmacm)",
+            "rdma_server",
+            remem_client.to_string(),
+        ),
+        (
+            "rdma_client (librdmacm) against remem cm server",
+            "./cm server",
+            "rdma_client -s \"$RXE_GUEST_IP\"".to_string(),
+        ),
+        (
+            "remem cm client (WRITE and READ through the reply private data) against remem cm server",
+            "./cm server",
+            format!("{remem_client} --rdma"),
+        ),
+    ];
+    for (title, server, client) in steps {
+        guest.push_str(&format!(
+            "echo '== RDMA CM: {title}, on rxe0'\n\
+             timeout 60 {server} > /tmp/server.log 2>&1 &\n\
+             server=$!\n\
+             wait_cm_listen\n\
+             timeout 60 {client} || rc=1\n\
+             wait $server || {{ rc=1; echo '{server} failed'; }}\n\
+             cat /tmp/server.log\n"
+        ));
+    }
 }
 
 /// Builds an integration test of `package` with `features` (release) and copies it to

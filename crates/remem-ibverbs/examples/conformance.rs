@@ -61,6 +61,18 @@ fn usage() -> ExitCode {
     ExitCode::from(101)
 }
 
+/// Accepts one connection on `addr` (`listen`) or connects to it (`connect`).
+fn stream(how: &str, addr: &str) -> Result<TcpStream, String> {
+    if how == "listen" {
+        TcpListener::bind(addr)
+            .and_then(|l| l.accept())
+            .map(|(s, _)| s)
+            .map_err(|e| format!("listen {addr}: {e}"))
+    } else {
+        connect(addr)
+    }
+}
+
 /// Connects, retrying while the peer is not yet listening (bounded).
 fn connect(addr: &str) -> Result<TcpStream, String> {
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -86,16 +98,8 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         ["sync", how @ ("listen" | "connect"), addr] => {
-            let stream = if *how == "listen" {
-                TcpListener::bind(addr)
-                    .and_then(|l| l.accept())
-                    .map(|(s, _)| s)
-                    .map_err(|e| format!("listen {addr}: {e}"))
-            } else {
-                connect(addr)
-            };
             // One byte each way: both sides are here.
-            let met = stream.and_then(|mut s| {
+            let met = stream(how, addr).and_then(|mut s| {
                 s.write_all(&[1])
                     .and_then(|()| s.read_exact(&mut [0u8]))
                     .map_err(|e| format!("sync {addr}: {e}"))
@@ -155,15 +159,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(100);
                 }
             };
-            let stream = if *how == "listen" {
-                TcpListener::bind(addr)
-                    .and_then(|l| l.accept())
-                    .map(|(s, _)| s)
-                    .map_err(|e| format!("listen {addr}: {e}"))
-            } else {
-                connect(addr)
-            };
-            let stream = match stream {
+            let stream = match stream(how, addr) {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("conformance: {e}");

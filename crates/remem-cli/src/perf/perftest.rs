@@ -616,15 +616,20 @@ fn write_ping_pong(
             }
         }
     }
+    Ok(half_round_trips(size, &posted))
+}
+
+/// A ping-pong's latency row, as perftest computes it: half the time between consecutive
+/// posts, over the iterations run (one sample fewer).
+fn half_round_trips(size: u64, posted: &[Instant]) -> LatRow {
     let mut samples: Vec<f64> = posted
         .windows(2)
         .map(|w| (w[1] - w[0]).as_secs_f64() * 1e6 / 2.0)
         .collect();
-    // perftest reports the iterations run (one sample fewer).
-    Ok(LatRow {
-        iterations: iters,
+    LatRow {
+        iterations: posted.len() as u64,
         ..report::lat_row(size, &mut samples)
-    })
+    }
 }
 
 /// perftest's SEND latency ping-pong (`run_iter_lat_send`): the client sends first; each
@@ -657,14 +662,7 @@ fn send_ping_pong(
             side.drive(Duration::ZERO)?;
         }
     }
-    let mut samples: Vec<f64> = posted
-        .windows(2)
-        .map(|w| (w[1] - w[0]).as_secs_f64() * 1e6 / 2.0)
-        .collect();
-    Ok(LatRow {
-        iterations: iters,
-        ..report::lat_row(size, &mut samples)
-    })
+    Ok(half_round_trips(size, &posted))
 }
 
 #[cfg(test)]
