@@ -347,6 +347,9 @@ pub(crate) struct ConnShared {
     peer_private_data: Mutex<Vec<u8>>,
     /// The connection ended in order (a close message, or `close`).
     graceful: AtomicBool,
+    /// The peer closed while work of ours was in flight: the QP goes to the error state
+    /// once that work has completed.
+    error_when_drained: AtomicBool,
     /// Woken when the connection ends.
     ended: Notify,
     /// `next_event` reported `Established`.
@@ -500,6 +503,7 @@ impl Rdma {
             srq: srq.clone(),
             peer_private_data: Mutex::new(Vec::new()),
             graceful: AtomicBool::new(false),
+            error_when_drained: AtomicBool::new(false),
             ended: Notify::new(),
             established_told: AtomicBool::new(false),
             rdma: self.clone(),
@@ -921,6 +925,14 @@ impl ConnShared {
     }
 
     /// Moves the QP to ERR: every work request in flight completes with a flush error.
+    /// After the peer's close: moves the QP to the error state once no work of ours is
+    /// in flight.
+    fn error_if_drained(&self) {
+        if lock(&self.pending).is_empty() && self.error_when_drained.swap(false, Ordering::AcqRel) {
+            self.to_error();
+        }
+    }
+
     fn to_error(&self) {
         let err = QpAttr {
             qp_state: QpState::Err,
@@ -1009,6 +1021,9 @@ impl ConnShared {
         if wc.status != WcStatus::Success && wc.status != WcStatus::WrFlushErr {
             self.mark_closed(format!("{:?} failed with {}", wc.opcode, wc.status));
         }
+        if self.error_when_drained.load(Ordering::Acquire) {
+            self.error_if_drained();
+        }
         if let Some(tx) = p.tx {
             // The slot's word (an atomic's result) is read before the slot is freed.
             let word = p
@@ -1090,7 +1105,14 @@ impl ConnShared {
             },
             Some(Kind::Close) => {
                 self.graceful.store(true, Ordering::Release);
-                self.mark_closed("closed by the peer".into())
+                // What this side posted before the close arrived may still wait for its
+                // ACK (the peer's ACK can trail its close message on the wire): the QP
+                // goes to the error state once that work has completed (or failed: the
+                // transport's retries bound the wait), not under it.
+                if self.close_state("closed by the peer".into()) {
+                    self.error_when_drained.store(true, Ordering::Release);
+                    self.error_if_drained();
+                }
             }
             Some(Kind::Rts) => self.on_rts(&data, imm),
             Some(Kind::Agent) => {
