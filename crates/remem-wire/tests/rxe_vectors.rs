@@ -2,8 +2,9 @@
 //! beside the repository). Every packet must parse, verify its ICRC against its real IPv4
 //! and UDP headers, match Wireshark's decode field by field, and rebuild byte for byte.
 //!
-//! Without `../shared` the test says it skipped; with `REMEM_REQUIRE_VECTORS=1` (set by
-//! `.ci/run` when `../shared` exists) a missing directory is a failure.
+//! Without `../shared` the test is reported as ignored, with the reason, in `cargo test`'s
+//! summary; with `REMEM_REQUIRE_VECTORS=1` (set by `.ci/run` when `../shared` exists) a
+//! missing directory is a failure.
 
 use remem_wire::icrc::{self, IpFields, UdpPorts};
 use remem_wire::{Packet, Syndrome};
@@ -104,16 +105,127 @@ fn tsv_rows(text: &str) -> Vec<HashMap<String, String>> {
         .collect()
 }
 
-/// A decoded number: decimal or 0x-hex; Wireshark repeats some fields as "v,v".
+/// How Wireshark declares a field (its `FT_*` type), which decides how `tshark -T fields`
+/// prints it. Facts from Wireshark's InfiniBand dissector (`tshark -G fields`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FieldType {
+    /// `FT_UINT8` … `FT_UINT64`: decimal, or `0x`-hex for `BASE_HEX` fields.
+    Uint,
+    /// `FT_BOOLEAN`: `0`/`1` (older tshark) or `False`/`True` (newer).
+    Bool,
+    /// `FT_BYTES`: hex digits without `0x`, bytes optionally separated by `:`; read here as a
+    /// big-endian number (the headers carry them in network order).
+    Bytes,
+}
+
+/// The type of every column the test compares; a column missing here fails the test, so a
+/// new comparison must state how Wireshark prints it.
+fn field_type(col: &str) -> FieldType {
+    match col {
+        "frame.number"
+        | "infiniband.bth.opcode"
+        | "infiniband.bth.padcnt"
+        | "infiniband.bth.tver"
+        | "infiniband.bth.p_key"
+        | "infiniband.bth.destqp"
+        | "infiniband.bth.psn"
+        | "infiniband.deth.q_key"
+        | "infiniband.deth.srcqp"
+        | "infiniband.reth.va"
+        | "infiniband.reth.r_key"
+        | "infiniband.reth.dmalen"
+        | "infiniband.aeth.syndrome"
+        | "infiniband.aeth.msn"
+        | "infiniband.atomiceth.swapdt"
+        | "infiniband.atomiceth.cmpdt"
+        | "infiniband.atomicacketh.origremdt"
+        | "infiniband.invariant.crc" => FieldType::Uint,
+        "infiniband.bth.se" | "infiniband.bth.m" | "infiniband.bth.a" => FieldType::Bool,
+        "infiniband.immdt" | "infiniband.ieth" => FieldType::Bytes,
+        other => panic!("no Wireshark field type recorded for column {other}"),
+    }
+}
+
+/// A decoded field as a number, read by its Wireshark type; `None` when absent. Wireshark
+/// repeats some fields as "v,v" (the field and its subtree): the first is taken.
 fn num(row: &HashMap<String, String>, col: &str) -> Option<u64> {
     let v = row.get(col)?.split(',').next()?.trim();
     if v.is_empty() {
         return None;
     }
-    Some(match v.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16).unwrap_or_else(|_| panic!("{col}={v}")),
-        None => v.parse().unwrap_or_else(|_| panic!("{col}={v}")),
+    let bad = || {
+        panic!(
+            "{col}={v:?} is not a {:?} as Wireshark prints it",
+            field_type(col)
+        )
+    };
+    Some(match field_type(col) {
+        FieldType::Uint => match v.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16).unwrap_or_else(|_| bad()),
+            None => v.parse().unwrap_or_else(|_| bad()),
+        },
+        FieldType::Bool => match v {
+            "0" | "False" => 0,
+            "1" | "True" => 1,
+            _ => bad(),
+        },
+        FieldType::Bytes => {
+            let hex: String = v.chars().filter(|c| *c != ':').collect();
+            if hex.is_empty() || hex.len() % 2 != 0 || hex.len() > 16 || hex.starts_with("0x") {
+                bad();
+            }
+            u64::from_str_radix(&hex, 16).unwrap_or_else(|_| bad())
+        }
     })
+}
+
+#[test]
+fn wireshark_field_types_are_read_as_printed() {
+    let row = |col: &str, v: &str| HashMap::from([(col.to_string(), v.to_string())]);
+    // Immediate data is a byte string: hex without 0x, in network order.
+    assert_eq!(
+        num(
+            &row("infiniband.immdt", "11223344,11223344"),
+            "infiniband.immdt"
+        ),
+        Some(0x1122_3344)
+    );
+    assert_eq!(
+        num(&row("infiniband.immdt", "11:22:33:44"), "infiniband.immdt"),
+        Some(0x1122_3344)
+    );
+    assert_eq!(
+        num(&row("infiniband.ieth", "0000abcd"), "infiniband.ieth"),
+        Some(0xabcd)
+    );
+    // Integers: decimal, or 0x-hex for BASE_HEX fields.
+    assert_eq!(
+        num(&row("infiniband.bth.psn", "256"), "infiniband.bth.psn"),
+        Some(256)
+    );
+    assert_eq!(
+        num(
+            &row("infiniband.bth.destqp", "0x00001f"),
+            "infiniband.bth.destqp"
+        ),
+        Some(31)
+    );
+    assert_eq!(
+        num(&row("infiniband.bth.a", "True"), "infiniband.bth.a"),
+        Some(1)
+    );
+    assert_eq!(
+        num(&row("infiniband.bth.a", "0"), "infiniband.bth.a"),
+        Some(0)
+    );
+    assert_eq!(num(&row("infiniband.immdt", ""), "infiniband.immdt"), None);
+}
+
+#[test]
+#[should_panic(expected = "is not a Bytes")]
+fn a_byte_string_with_0x_is_not_what_wireshark_prints() {
+    let row = HashMap::from([("infiniband.immdt".to_string(), "0x11223344".to_string())]);
+    num(&row, "infiniband.immdt");
 }
 
 fn check_file(pcap: &Path) -> usize {
@@ -190,16 +302,17 @@ fn check_file(pcap: &Path) -> usize {
     frames.len()
 }
 
+/// Without the captures this test is *ignored* (the build script sees the directory is
+/// missing), so `cargo test`'s summary says so with the reason; `REMEM_REQUIRE_VECTORS`
+/// turns a missing directory into a failure (`captures_present_when_required`).
 #[test]
+#[cfg_attr(
+    rxe_vectors_missing,
+    ignore = "kernel Soft-RoCE captures not found (../shared/vectors/rxe beside the repository)"
+)]
 fn kernel_soft_roce_captures() {
     let Some(dir) = vectors_dir() else {
-        assert!(
-            std::env::var_os("REMEM_REQUIRE_VECTORS").is_none(),
-            "REMEM_REQUIRE_VECTORS is set but ../shared/vectors/rxe is missing"
-        );
-        println!("skipping rxe vectors: ../shared/vectors/rxe not found");
-        eprintln!("skipping rxe vectors: ../shared/vectors/rxe not found");
-        return;
+        panic!("../shared/vectors/rxe disappeared since the build; run `cargo test` again");
     };
     let mut pcaps: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
@@ -219,4 +332,14 @@ fn kernel_soft_roce_captures() {
         pcaps.len()
     );
     assert!(total >= 200, "only {total} packets checked");
+}
+
+#[test]
+fn captures_present_when_required() {
+    if std::env::var_os("REMEM_REQUIRE_VECTORS").is_some() {
+        assert!(
+            vectors_dir().is_some(),
+            "REMEM_REQUIRE_VECTORS is set but ../shared/vectors/rxe is missing"
+        );
+    }
 }
