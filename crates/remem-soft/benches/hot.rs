@@ -26,7 +26,7 @@ use remem_soft::engine::Engine;
 use remem_soft::objects::cq::SoftCq;
 use remem_soft::objects::mr::MrTable;
 use remem_soft::qp::{LocalMemory, QpLimits, QpSurroundings, SoftQp, SoftQpParts};
-use remem_soft::transport::{RemoteKeyError, Stat};
+use remem_soft::transport::{Grant, RemoteKeyError, Stat};
 use remem_soft::wqe::{PdId, RecvWqe};
 use remem_soft::{SoftContext, SoftOptions};
 use remem_verbs::{
@@ -70,7 +70,7 @@ fn mr_lookup(c: &mut Criterion) {
             b.iter(|| {
                 i = (i + 1) % regions;
                 let e = &entries[order[i]];
-                let va = e.region.addr() + 64;
+                let va = e.region().addr() + 64;
                 black_box(
                     table
                         .remote(PD, black_box(e.rkey), va, 128, AccessFlags::REMOTE_WRITE)
@@ -83,7 +83,7 @@ fn mr_lookup(c: &mut Criterion) {
                 i = (i + 1) % regions;
                 let e = &entries[order[i]];
                 let sge = Sge {
-                    addr: e.region.addr() + 64,
+                    addr: e.region().addr() + 64,
                     length: 128,
                     lkey: black_box(e.lkey),
                 };
@@ -191,7 +191,7 @@ impl QpSurroundings for Around {
         va: u64,
         len: u64,
         need: AccessFlags,
-    ) -> Result<MemRegion, RemoteKeyError> {
+    ) -> Result<Grant, RemoteKeyError> {
         self.mrs.remote(pd, rkey, va, len, need)
     }
     fn remote_region(
@@ -199,7 +199,7 @@ impl QpSurroundings for Around {
         pd: PdId,
         rkey: u32,
         need: AccessFlags,
-    ) -> Result<MemRegion, RemoteKeyError> {
+    ) -> Result<Grant, RemoteKeyError> {
         self.mrs.remote_region(pd, rkey, need)
     }
     fn srq_pop(&self) -> Option<Option<RecvWqe>> {
@@ -213,6 +213,7 @@ impl QpSurroundings for Around {
         self.completions.fetch_add(1, Ordering::Relaxed);
     }
     fn count(&self, _stat: Stat) {}
+    fn async_event(&self, _event: remem_verbs::AsyncEvent) {}
     fn check_av(&self, _av: &AhAttr) -> remem_verbs::Result<()> {
         Ok(())
     }
@@ -517,7 +518,7 @@ fn multi_packet(c: &mut Criterion, now: Instant) {
     let (a, b) = pair();
     let mut out = vec![0u8; 8192];
     let mut psn = 0u32;
-    let mut write = |out: &mut [u8], datagrams: &[Vec<u8>]| {
+    let write = |out: &mut [u8], datagrams: &[Vec<u8>]| {
         for d in datagrams {
             b.receive(now, &a, d);
         }
@@ -551,7 +552,7 @@ fn multi_packet(c: &mut Criterion, now: Instant) {
             )
         },
     );
-    let mut read = |out: &mut [u8], datagram: &[u8]| {
+    let read = |out: &mut [u8], datagram: &[u8]| {
         b.receive(now, &a, datagram);
         let mut n = 0;
         while b.transmit(now, out).is_some() {

@@ -2,14 +2,14 @@
 
 use super::psn::{add, diff};
 use super::{
-    ACK_UNLIMITED, AtomicEth, Env, Feth, Kind, Pos, RemoteKeyError, Reth, RxPacket, Stat, Syndrome,
-    TxPacket,
+    ACK_UNLIMITED, AccessError, AtomicEth, Env, Feth, Grant, Kind, Pos, RemoteKeyError, Reth,
+    RxPacket, Stat, Syndrome, TxPacket,
 };
 use crate::wqe::{RecvWqe, SendWqe, scatter_into};
 use remem_verbs::qp::{local_ack_timeout_ns, rnr_timer_us};
 use remem_verbs::{
-    AccessFlags, FlushLevel, FlushType, MemError, MemRegion, QpState, RNR_RETRY_INFINITE, SendOp,
-    WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AsyncEvent, AsyncEventElement, AsyncEventType, FlushLevel, FlushType, MemError,
+    QpState, RNR_RETRY_INFINITE, SendOp, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -168,7 +168,9 @@ enum InProgress {
         offset: u64,
     },
     Write {
-        region: Option<MemRegion>,
+        /// The grant resolved at FIRST (none for a zero-length WRITE); every later packet
+        /// goes through it, so a deregistration in between refuses them.
+        region: Option<Grant>,
         kind: Kind,
         offset: u64,
         len: u64,
@@ -180,7 +182,7 @@ enum Resource {
     Read {
         psn: u32,
         npkts: u32,
-        region: Option<MemRegion>,
+        region: Option<Grant>,
         len: u64,
     },
     Atomic {
@@ -227,7 +229,9 @@ enum Out {
         orig: u64,
     },
     Read {
-        region: Option<MemRegion>,
+        /// Checked before each packet's payload is gathered (a revoked key ends the
+        /// response with a NAK).
+        region: Option<Grant>,
         /// PSN of packet index 0 of the READ.
         base_psn: u32,
         /// Length of the whole READ.
@@ -282,12 +286,31 @@ impl Responder {
     }
 }
 
-/// Why the responder refuses a request: the NAK it sends.
+/// Why the responder refuses a request: the NAK it sends and the affiliated asynchronous
+/// event it raises (IBTA C9-222.1.1: the error goes to the responder's client as an
+/// affiliated asynchronous error unless a receive work request's completion reports it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Refuse {
+    /// Invalid request NAK; `IBV_EVENT_QP_REQ_ERR` (Invalid Request Local WQ Error).
     Invalid,
+    /// Remote access error NAK; `IBV_EVENT_QP_ACCESS_ERR` (Local Access Violation WQ Error).
     Access(RemoteKeyError),
+    /// Remote operational error NAK; `IBV_EVENT_QP_FATAL` (Local WQ Catastrophic Error).
     Operational,
+    /// A NAK with this syndrome, the error already reported by an error completion of the
+    /// receive the request consumed: no event.
+    Reported(Syndrome),
+}
+
+impl Refuse {
+    /// The refusal of an access through a grant: a revoked key is an access error, a
+    /// failure of the memory itself an operational error.
+    fn of_access(e: AccessError) -> Refuse {
+        match e {
+            AccessError::Revoked => Refuse::Access(RemoteKeyError::Revoked),
+            AccessError::Mem(_) => Refuse::Operational,
+        }
+    }
 }
 
 /// The RC transport of one queue pair.
@@ -420,10 +443,13 @@ impl RcTransport {
 
     /// Produces the next packet to send, if any: calls `emit` with its headers and a
     /// function that writes its payload into the slice it is given (exactly
-    /// `payload_len` bytes). Responses go first, then new or retransmitted requests.
+    /// `payload_len` bytes). Responses go first, then new or retransmitted requests. A READ
+    /// response whose memory region was deregistered meanwhile is not sent: a NAK takes
+    /// its place and the QP goes to ERR (completions and the event through `env`).
     pub fn poll_transmit<R>(
         &mut self,
         now: Instant,
+        env: &mut dyn Env,
         emit: impl FnOnce(&TxPacket, &mut dyn FnMut(&mut [u8]) -> Result<(), MemError>) -> R,
     ) -> Option<R> {
         let sending = matches!(self.state, QpState::Rts | QpState::Sqd);
@@ -439,7 +465,7 @@ impl RcTransport {
         self.ack_waited = first.is_some();
         let (pkt, src) = match first {
             Some(p) => p,
-            None => match self.poll_response() {
+            None => match self.poll_response(env) {
                 Some(p) => p,
                 None if sending => self.poll_request(now)?,
                 None => return None,
@@ -456,7 +482,18 @@ impl RcTransport {
                     size: 0,
                 }),
             },
-            PayloadSrc::Region { region, offset } => region.read(*offset, dst),
+            PayloadSrc::Region { region, offset } => {
+                region.read(*offset, dst).map_err(|e| match e {
+                    AccessError::Mem(m) => m,
+                    // Revoked since `poll_response` checked: the packet is not sent, and
+                    // the next poll answers with the NAK.
+                    AccessError::Revoked => MemError::OutOfBounds {
+                        offset: *offset as u64,
+                        len: dst.len() as u64,
+                        size: 0,
+                    },
+                })
+            }
         };
         Some(emit(&pkt, &mut fill))
     }
@@ -652,10 +689,27 @@ impl RcTransport {
     }
 
     /// The next queued response (ACK/NAK, atomic ACK, READ response packet).
-    fn poll_response(&mut self) -> Option<(TxPacket, PayloadSrc)> {
+    fn poll_response(&mut self, env: &mut dyn Env) -> Option<(TxPacket, PayloadSrc)> {
         let mtu = self.cfg.mtu;
         let dest = self.cfg.dest_qpn;
         let msn = self.resp.msn;
+        // A READ response goes on only while its key stands (rxe re-checks the key before
+        // each response packet: `rxe_recheck_mr`): once the region is deregistered, the
+        // packet that would carry its memory is replaced by a remote access error NAK with
+        // its PSN, and the QP goes to ERR.
+        if let Some(Out::Read {
+            region: Some(r),
+            base_psn,
+            next,
+            ..
+        }) = self.resp.out.front()
+            && r.is_revoked()
+        {
+            let psn = add(*base_psn, *next);
+            self.resp.out.pop_front();
+            self.refuse(psn, Refuse::Access(RemoteKeyError::Revoked), env);
+            return self.poll_response(env);
+        }
         let out = self.resp.out.front_mut()?;
         let result = match out {
             Out::Ack { psn, syndrome } => {
@@ -1105,18 +1159,46 @@ impl RcTransport {
         }
         self.resp.nak_sent = false;
         if let Err(refuse) = self.execute(pkt, env) {
-            let syndrome = match refuse {
-                Refuse::Invalid => Syndrome::NakInvalidRequest,
-                Refuse::Access(_) => Syndrome::NakRemoteAccessError,
-                Refuse::Operational => Syndrome::NakRemoteOperationalError,
-            };
-            env.count(Stat::SendErr);
-            self.resp.push_nak(pkt.psn, syndrome);
-            // Invalid requests and access errors put the responder's QP in ERR (IBTA
-            // 9.9.3, as rxe does); the NAK stays queued and is still sent.
-            self.state = QpState::Err;
-            self.flush(env);
+            self.refuse(pkt.psn, refuse, env);
         }
+    }
+
+    /// Refuses the request at `psn`: queues its NAK, moves the QP to ERR (IBTA 9.9.3, as
+    /// rxe does: the NAK stays queued and is still sent, everything else is flushed) and
+    /// raises the affiliated asynchronous event of the refusal.
+    fn refuse(&mut self, psn: u32, why: Refuse, env: &mut dyn Env) {
+        use AsyncEventType as E;
+        let (syndrome, event) = match why {
+            Refuse::Invalid => (Syndrome::NakInvalidRequest, Some(E::QpReqErr)),
+            Refuse::Access(_) => (Syndrome::NakRemoteAccessError, Some(E::QpAccessErr)),
+            Refuse::Operational => (Syndrome::NakRemoteOperationalError, Some(E::QpFatal)),
+            Refuse::Reported(syndrome) => (syndrome, None),
+        };
+        tracing::debug!(
+            qpn = self.cfg.qpn,
+            psn,
+            ?why,
+            "responder refuses a request: NAK, QP to ERR"
+        );
+        env.count(Stat::SendErr);
+        self.resp.push_nak(psn, syndrome);
+        self.state = QpState::Err;
+        self.flush(env);
+        if let Some(event_type) = event {
+            env.async_event(AsyncEvent {
+                event_type,
+                element: AsyncEventElement::Qp(self.cfg.qpn),
+            });
+        }
+    }
+
+    /// READ responses queued (new ones and replays, partly sent or not).
+    fn queued_reads(&self) -> usize {
+        self.resp
+            .out
+            .iter()
+            .filter(|o| matches!(o, Out::Read { .. }))
+            .count()
     }
 
     fn duplicate(&mut self, pkt: &RxPacket<'_>, env: &mut dyn Env) {
@@ -1132,20 +1214,57 @@ impl RcTransport {
                         len,
                     } => {
                         let d = diff(psn, *base);
-                        (d >= 0 && (d as u32) < *npkts).then(|| Out::Read {
-                            region: region.clone(),
-                            base_psn: *base,
-                            len: *len,
-                            start: d as u32,
-                            next: d as u32,
-                            npkts: *npkts,
-                        })
+                        (d >= 0 && (d as u32) < *npkts)
+                            .then(|| (*base, *npkts, region.clone(), *len, d as u32))
                     }
                     Resource::Atomic { .. } | Resource::Done { .. } => None,
                 });
-                if let Some(out) = found {
-                    self.resp.out.push_back(out);
+                // No resource holds it (reused since): dropped, as rxe does (class D).
+                let Some((base, npkts, region, len, d)) = found else {
+                    return;
+                };
+                // A replay re-validates the key (rxe's `rxe_recheck_mr`): the region may
+                // have been deregistered since the READ was executed.
+                if region.as_ref().is_some_and(Grant::is_revoked) {
+                    self.refuse(psn, Refuse::Access(RemoteKeyError::Revoked), env);
+                    return;
                 }
+                // Bounded replay work: one queued response per READ. One still to send
+                // packet `d` covers the duplicate; one already past it starts again from
+                // `d`. Otherwise a new replay is queued, up to as many READ responses as
+                // the QP has responder resources.
+                let mut queued = 0;
+                for o in self.resp.out.iter_mut() {
+                    if let Out::Read {
+                        base_psn,
+                        start,
+                        next,
+                        ..
+                    } = o
+                    {
+                        if *base_psn == base {
+                            if d >= *next {
+                                env.count(Stat::DuplicateReadDropped);
+                            } else {
+                                (*start, *next) = (d, d);
+                            }
+                            return;
+                        }
+                        queued += 1;
+                    }
+                }
+                if queued >= usize::from(self.cfg.max_dest_rd_atomic) {
+                    env.count(Stat::DuplicateReadDropped);
+                    return;
+                }
+                self.resp.out.push_back(Out::Read {
+                    region,
+                    base_psn: base,
+                    len,
+                    start: d,
+                    next: d,
+                    npkts,
+                });
             }
             Kind::CompareSwap | Kind::FetchAdd => {
                 let found = self.resp.resources.iter().find_map(|r| match r {
@@ -1181,7 +1300,7 @@ impl RcTransport {
         va: u64,
         len: u64,
         need: AccessFlags,
-    ) -> Result<Option<MemRegion>, Refuse> {
+    ) -> Result<Option<Grant>, Refuse> {
         if len == 0 {
             return Ok(None); // zero-length accesses check no key (IBTA 9.4.3, 9.4.4)
         }
@@ -1246,6 +1365,15 @@ impl RcTransport {
                     return Err(Refuse::Invalid);
                 }
                 let region = Self::remote(env, reth.rkey, reth.va, len, AccessFlags::REMOTE_READ)?;
+                // At most as many READ responses queued as the QP has responder resources
+                // (a requester within its max_rd_atomic never has more outstanding): one
+                // beyond is dropped unexecuted, as a lost packet, and the requester's
+                // retransmission finds room once the queue has drained.
+                let cap = usize::from(self.cfg.max_dest_rd_atomic);
+                if cap > 0 && self.queued_reads() >= cap {
+                    env.count(Stat::ReadOverflowDropped);
+                    return Ok(());
+                }
                 let npkts = len.div_ceil(mtu).max(1) as u32;
                 self.push_resource(Resource::Read {
                     psn: pkt.psn,
@@ -1279,7 +1407,7 @@ impl RcTransport {
                     Kind::CompareSwap => region.compare_swap_u64(0, a.compare, a.swap_add),
                     _ => region.fetch_add_u64(0, a.swap_add),
                 }
-                .map_err(|_| Refuse::Operational)?;
+                .map_err(Refuse::of_access)?;
                 self.push_resource(Resource::Atomic { psn: pkt.psn, orig })?;
                 self.resp
                     .out
@@ -1303,7 +1431,7 @@ impl RcTransport {
                 // The 8 bytes land as they are, in one store, after everything before.
                 region
                     .store_u64(0, u64::from_ne_bytes(value))
-                    .map_err(|_| Refuse::Operational)?;
+                    .map_err(Refuse::of_access)?;
                 self.answer_with_empty_read_response(pkt.psn)?;
                 return Ok(());
             }
@@ -1342,9 +1470,9 @@ impl RcTransport {
                 if need.contains(AccessFlags::FLUSH_PERSISTENT)
                     && let Some(r) = &region
                 {
-                    r.persist(0, r.len()).map_err(|e| {
-                        tracing::warn!(error = %e, "persistent FLUSH failed");
-                        Refuse::Operational
+                    r.persist().map_err(|e| {
+                        tracing::warn!(error = ?e, "persistent FLUSH failed");
+                        Refuse::of_access(e)
                     })?;
                 }
                 self.answer_with_empty_read_response(pkt.psn)?;
@@ -1419,7 +1547,7 @@ impl RcTransport {
                 },
                 false,
             );
-            return Err(Refuse::Invalid);
+            return Err(Refuse::Reported(Syndrome::NakInvalidRequest));
         }
         let offset = offset + pkt.payload.len() as u64;
         if pkt.pos.ends() {
@@ -1478,6 +1606,11 @@ impl RcTransport {
         if end > len || (pkt.pos.ends() && end != len) {
             return Err(Refuse::Invalid);
         }
+        // Every packet re-validates the key resolved at FIRST (as rxe's check_rkey does for
+        // MIDDLE and LAST): a region deregistered since is not written.
+        if !pkt.payload.is_empty() && region.as_ref().is_some_and(Grant::is_revoked) {
+            return Err(Refuse::Access(RemoteKeyError::Revoked));
+        }
         // A WRITE with immediate consumes a receive at its end: check before touching
         // memory so that an RNR retry is harmless.
         let recv = if pkt.kind == Kind::WriteImm && pkt.pos.ends() {
@@ -1502,9 +1635,29 @@ impl RcTransport {
         };
         if let Some(r) = &region
             && !pkt.payload.is_empty()
+            && let Err(e) = r.write(offset as usize, pkt.payload)
         {
-            r.write(offset as usize, pkt.payload)
-                .map_err(|_| Refuse::Access(RemoteKeyError::OutOfBounds))?;
+            let why = match e {
+                AccessError::Revoked => RemoteKeyError::Revoked,
+                AccessError::Mem(_) => RemoteKeyError::OutOfBounds,
+            };
+            // Revoked between the check above and the copy: a receive this packet took
+            // completes with the error (which then needs no event).
+            if let Some(w) = recv {
+                env.recv_completion(
+                    WorkCompletion {
+                        wr_id: w.wr_id,
+                        status: WcStatus::RemAccessErr,
+                        opcode: WcOpcode::RecvRdmaWithImm,
+                        qp_num: self.cfg.qpn,
+                        src_qp: self.cfg.dest_qpn,
+                        ..WorkCompletion::default()
+                    },
+                    false,
+                );
+                return Err(Refuse::Reported(Syndrome::NakRemoteAccessError));
+            }
+            return Err(Refuse::Access(why));
         }
         if pkt.pos.ends() {
             self.resp.msn = add(self.resp.msn, 1);
@@ -1545,7 +1698,7 @@ enum PayloadSrc {
     },
     /// A responder memory region (READ responses).
     Region {
-        region: MemRegion,
+        region: Grant,
         offset: usize,
     },
 }

@@ -9,13 +9,15 @@
 //! the model's original values (so each executed exactly once), and every SEND arrives once,
 //! in order, with its data and immediate.
 
-use super::{Env, Kind, RcConfig, RcTransport, RemoteKeyError, RxPacket, Stat, TxPacket};
+use super::{
+    Env, Grant, KeyedRegion, Kind, RcConfig, RcTransport, RemoteKeyError, RxPacket, Stat, TxPacket,
+};
 use crate::wqe::{RecvWqe, SendData, SendWqe};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use remem_verbs::{
-    AccessFlags, FlushLevel, FlushType, MemRegion, MemoryBuffer, QpState, SendOp, WcFlags,
-    WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AsyncEvent, AsyncEventElement, AsyncEventType, FlushLevel, FlushType, MemRegion,
+    MemoryBuffer, QpState, SendOp, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -72,7 +74,7 @@ impl SimPacket {
 /// Memory regions by rkey, as a device's MR table would hold them.
 #[derive(Default)]
 struct Keys {
-    by_rkey: HashMap<u32, (MemRegion, AccessFlags)>,
+    by_rkey: HashMap<u32, (Arc<KeyedRegion>, AccessFlags)>,
 }
 
 struct NodeEnv<'a> {
@@ -81,6 +83,7 @@ struct NodeEnv<'a> {
     send_wcs: &'a mut Vec<WorkCompletion>,
     recv_wcs: &'a mut Vec<WorkCompletion>,
     stats: &'a mut HashMap<&'static str, u64>,
+    events: &'a mut Vec<AsyncEvent>,
 }
 
 impl Env for NodeEnv<'_> {
@@ -90,8 +93,8 @@ impl Env for NodeEnv<'_> {
         va: u64,
         len: u64,
         need: AccessFlags,
-    ) -> Result<MemRegion, RemoteKeyError> {
-        let (region, access) = self
+    ) -> Result<Grant, RemoteKeyError> {
+        let (key, access) = self
             .keys
             .by_rkey
             .get(&rkey)
@@ -99,18 +102,11 @@ impl Env for NodeEnv<'_> {
         if !access.contains(need) {
             return Err(RemoteKeyError::MissingAccess);
         }
-        let off = region
-            .offset_of(va, len)
-            .map_err(|_| RemoteKeyError::OutOfBounds)?;
-        MemRegion::new(
-            region.buffer().clone(),
-            region.offset() + off..region.offset() + off + len as usize,
-        )
-        .map_err(|_| RemoteKeyError::OutOfBounds)
+        key.grant(va, len)
     }
 
-    fn remote_region(&mut self, rkey: u32, need: AccessFlags) -> Result<MemRegion, RemoteKeyError> {
-        let (region, access) = self
+    fn remote_region(&mut self, rkey: u32, need: AccessFlags) -> Result<Grant, RemoteKeyError> {
+        let (key, access) = self
             .keys
             .by_rkey
             .get(&rkey)
@@ -118,7 +114,7 @@ impl Env for NodeEnv<'_> {
         if !access.contains(need) {
             return Err(RemoteKeyError::MissingAccess);
         }
-        Ok(region.clone())
+        key.grant_all()
     }
 
     fn take_recv(&mut self) -> Option<RecvWqe> {
@@ -136,6 +132,10 @@ impl Env for NodeEnv<'_> {
     fn count(&mut self, stat: Stat) {
         *self.stats.entry(stat_name(stat)).or_default() += 1;
     }
+
+    fn async_event(&mut self, event: AsyncEvent) {
+        self.events.push(event);
+    }
 }
 
 fn stat_name(s: Stat) -> &'static str {
@@ -149,6 +149,8 @@ fn stat_name(s: Stat) -> &'static str {
         Stat::RnrRetryExceeded => "retry_rnr_exceeded_err",
         Stat::CompleterRetry => "completer_retry_err",
         Stat::SendErr => "send_err",
+        Stat::DuplicateReadDropped => "drop_duplicate_read",
+        Stat::ReadOverflowDropped => "drop_read_overflow",
     }
 }
 
@@ -159,6 +161,8 @@ struct Node {
     send_wcs: Vec<WorkCompletion>,
     recv_wcs: Vec<WorkCompletion>,
     stats: HashMap<&'static str, u64>,
+    /// Affiliated asynchronous events raised.
+    events: Vec<AsyncEvent>,
     /// Memory the peer reads, writes and runs atomics on.
     target: Arc<MemoryBuffer>,
     target_rkey: u32,
@@ -177,7 +181,7 @@ impl Node {
         keys.by_rkey.insert(
             rkey,
             (
-                MemRegion::whole(target.clone()),
+                KeyedRegion::new(MemRegion::whole(target.clone())),
                 AccessFlags::LOCAL_WRITE | (AccessFlags::REMOTE - AccessFlags::FLUSH_PERSISTENT),
             ),
         );
@@ -188,6 +192,7 @@ impl Node {
             send_wcs: Vec::new(),
             recv_wcs: Vec::new(),
             stats: HashMap::new(),
+            events: Vec::new(),
             target,
             target_rkey: rkey,
             local: Arc::new(MemoryBuffer::zeroed(LOCAL_LEN).unwrap()),
@@ -205,6 +210,7 @@ impl Node {
                 send_wcs: &mut self.send_wcs,
                 recv_wcs: &mut self.recv_wcs,
                 stats: &mut self.stats,
+                events: &mut self.events,
             },
         )
     }
@@ -521,11 +527,15 @@ fn run(
         // Transmit everything that can go now.
         for (i, node) in nodes.iter_mut().enumerate() {
             let now = net.now;
-            while let Some(pkt) = node.rc.poll_transmit(now, |hdr, fill| {
-                let mut payload = vec![0u8; hdr.payload_len as usize];
-                fill(&mut payload).expect("payload source in bounds");
-                SimPacket { hdr: *hdr, payload }
-            }) {
+            loop {
+                let (rc, mut env) = node.env();
+                let Some(pkt) = rc.poll_transmit(now, &mut env, |hdr, fill| {
+                    let mut payload = vec![0u8; hdr.payload_len as usize];
+                    fill(&mut payload).expect("payload source in bounds");
+                    SimPacket { hdr: *hdr, payload }
+                }) else {
+                    break;
+                };
                 net.send(1 - i, pkt);
             }
         }
@@ -648,6 +658,7 @@ fn check_seed(seed: u64, faults: Faults, ops: usize) -> Outcome {
             n.stats
         );
         assert_eq!(n.rc.send_queue_len(), 0, "{ctx}: work requests left over");
+        assert!(n.events.is_empty(), "{ctx}: async events {:?}", n.events);
         // Exactly one completion per signaled WR, in post order, all successful.
         let signaled: Vec<u64> = wl.wqes[me]
             .iter()
@@ -886,6 +897,18 @@ fn bad_rkey_is_remote_access_error_and_both_sides_error() {
         QpState::Err,
         "responder QP goes to ERR"
     );
+    assert_eq!(
+        out.nodes[1].events,
+        [AsyncEvent {
+            event_type: AsyncEventType::QpAccessErr,
+            element: AsyncEventElement::Qp(0x22),
+        }],
+        "the responder's client learns of it"
+    );
+    assert!(
+        a.events.is_empty(),
+        "the requester's error is its completion"
+    );
     same_bytes(
         &out.nodes[1].target.to_vec(0, TARGET_LEN).unwrap(),
         &[0; TARGET_LEN],
@@ -924,6 +947,7 @@ fn send_longer_than_receive_buffer() {
     assert_eq!(b.recv_wcs.len(), 1);
     assert_eq!(b.recv_wcs[0].status, WcStatus::LocLenErr);
     assert_eq!(b.rc.state(), QpState::Err);
+    assert!(b.events.is_empty(), "reported by the receive's completion");
 }
 
 #[test]
@@ -987,6 +1011,13 @@ fn misaligned_atomic_is_invalid_request() {
         7,
     );
     assert_eq!(out.nodes[0].send_wcs[0].status, WcStatus::RemInvReqErr);
+    assert_eq!(
+        out.nodes[1].events,
+        [AsyncEvent {
+            event_type: AsyncEventType::QpReqErr,
+            element: AsyncEventElement::Qp(0x22),
+        }]
+    );
     same_bytes(
         &out.nodes[1].target.to_vec(0, TARGET_LEN).unwrap(),
         &[0; TARGET_LEN],
