@@ -208,6 +208,44 @@ impl Grant {
         let at = self.at(0, self.len)?;
         self.access(|r| r.persist(at, self.len))
     }
+
+    /// Enters an access that lasts until the returned [`Held`] is dropped (revocation waits
+    /// for it); `None` if the key is revoked. For a check and a later copy that must not
+    /// be split by a revocation: a READ response packet is decided, then its payload
+    /// gathered when the packet is built.
+    pub fn hold(self) -> Option<Held> {
+        let prev = self.key.state.fetch_add(1, Ordering::Acquire);
+        if prev & REVOKED != 0 {
+            self.key.state.fetch_sub(1, Ordering::Release);
+            return None;
+        }
+        Some(Held { grant: self })
+    }
+}
+
+/// A [`Grant`] in an access (see [`Grant::hold`]): its key cannot be revoked until this is
+/// dropped.
+#[derive(Debug)]
+pub struct Held {
+    grant: Grant,
+}
+
+impl Held {
+    /// Copies from the range at `offset` into `dst`.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemError> {
+        let g = &self.grant;
+        match g.at(offset, dst.len()) {
+            Ok(at) => g.key.region.read(at, dst),
+            Err(AccessError::Mem(e)) => Err(e),
+            Err(AccessError::Revoked) => unreachable!("bounds checks do not revoke"),
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.grant.key.state.fetch_sub(1, Ordering::Release);
+    }
 }
 
 #[cfg(test)]
@@ -298,5 +336,36 @@ mod tests {
         assert_eq!(buf.to_vec(16, 4096).unwrap(), after);
         // Whole packets only: the copy in progress finished before `revoke` returned.
         assert!(after.iter().all(|&b| b == after[0]));
+    }
+
+    #[test]
+    fn a_held_grant_delays_revocation() {
+        let (buf, k) = key(64);
+        buf.fill(16, 48, 5).unwrap();
+        let held = k.grant_all().unwrap().hold().unwrap();
+        let revoker = {
+            let k = k.clone();
+            std::thread::spawn(move || k.revoke())
+        };
+        // Revocation is under way (the bit is set) but waits for the holder.
+        while !k.is_revoked() {
+            std::hint::spin_loop();
+        }
+        let mut out = [0u8; 48];
+        held.read(0, &mut out).unwrap();
+        assert_eq!(out, [5; 48]);
+        assert!(
+            !revoker.is_finished(),
+            "revoke returned while the grant was held"
+        );
+        drop(held);
+        revoker.join().unwrap();
+        assert!(k.grant_all().is_err());
+        let g = Grant {
+            key: k.clone(),
+            offset: 0,
+            len: 8,
+        };
+        assert!(g.hold().is_none(), "a revoked key cannot be held");
     }
 }

@@ -21,7 +21,7 @@ mod rc;
 mod sim;
 mod ud;
 
-pub use grant::{AccessError, Grant, KeyedRegion};
+pub use grant::{AccessError, Grant, Held, KeyedRegion};
 pub use rc::{RcConfig, RcTransport};
 pub use ud::{UdSource, UdTransport};
 

@@ -482,18 +482,7 @@ impl RcTransport {
                     size: 0,
                 }),
             },
-            PayloadSrc::Region { region, offset } => {
-                region.read(*offset, dst).map_err(|e| match e {
-                    AccessError::Mem(m) => m,
-                    // Revoked since `poll_response` checked: the packet is not sent, and
-                    // the next poll answers with the NAK.
-                    AccessError::Revoked => MemError::OutOfBounds {
-                        offset: *offset as u64,
-                        len: dst.len() as u64,
-                        size: 0,
-                    },
-                })
-            }
+            PayloadSrc::Region { held, offset } => held.read(*offset, dst),
         };
         Some(emit(&pkt, &mut fill))
     }
@@ -693,23 +682,6 @@ impl RcTransport {
         let mtu = self.cfg.mtu;
         let dest = self.cfg.dest_qpn;
         let msn = self.resp.msn;
-        // A READ response goes on only while its key stands (rxe re-checks the key before
-        // each response packet: `rxe_recheck_mr`): once the region is deregistered, the
-        // packet that would carry its memory is replaced by a remote access error NAK with
-        // its PSN, and the QP goes to ERR.
-        if let Some(Out::Read {
-            region: Some(r),
-            base_psn,
-            next,
-            ..
-        }) = self.resp.out.front()
-            && r.is_revoked()
-        {
-            let psn = add(*base_psn, *next);
-            self.resp.out.pop_front();
-            self.refuse(psn, Refuse::Access(RemoteKeyError::Revoked), env);
-            return self.poll_response(env);
-        }
         let out = self.resp.out.front_mut()?;
         let result = match out {
             Out::Ack { psn, syndrome } => {
@@ -732,21 +704,35 @@ impl RcTransport {
                 npkts,
             } => {
                 let idx = *next;
-                let pos = Pos::of(idx - *start, *npkts - *start);
-                let mut p = TxPacket::new(Kind::ReadResponse, pos, dest, add(*base_psn, idx));
+                let psn = add(*base_psn, idx);
                 let offset = u64::from(idx) * u64::from(mtu);
-                p.payload_len = len.saturating_sub(offset).min(u64::from(mtu)) as u32;
+                let payload_len = len.saturating_sub(offset).min(u64::from(mtu)) as u32;
+                // A READ response goes on only while its key stands (rxe re-checks the key
+                // before each response packet: `rxe_recheck_mr`). The packet holds the
+                // grant until its payload is gathered, so a deregistration either comes
+                // first — the packet is replaced by a remote access error NAK with its
+                // PSN, and the QP goes to ERR — or waits for the copy.
+                let src = match region {
+                    Some(r) if payload_len > 0 => match r.clone().hold() {
+                        Some(held) => PayloadSrc::Region {
+                            held,
+                            offset: offset as usize,
+                        },
+                        None => {
+                            self.resp.out.pop_front();
+                            self.refuse(psn, Refuse::Access(RemoteKeyError::Revoked), env);
+                            return self.poll_response(env);
+                        }
+                    },
+                    _ => PayloadSrc::None,
+                };
+                let pos = Pos::of(idx - *start, *npkts - *start);
+                let mut p = TxPacket::new(Kind::ReadResponse, pos, dest, psn);
+                p.payload_len = payload_len;
                 if pos != Pos::Middle {
                     p.aeth = Some((ACK_UNLIMITED, msn));
                 }
                 *next += 1;
-                let src = match region {
-                    Some(r) if p.payload_len > 0 => PayloadSrc::Region {
-                        region: r.clone(),
-                        offset: offset as usize,
-                    },
-                    _ => PayloadSrc::None,
-                };
                 (p, src, *next >= *npkts)
             }
         };
@@ -1696,9 +1682,336 @@ enum PayloadSrc {
         index: usize,
         offset: u64,
     },
-    /// A responder memory region (READ responses).
+    /// A responder memory region (READ responses), held against revocation until the
+    /// packet is built.
     Region {
-        region: Grant,
+        held: super::grant::Held,
         offset: usize,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::KeyedRegion;
+    use remem_verbs::{MemRegion, MemoryBuffer};
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    const RKEY: u32 = 0x77;
+    const MTU: u32 = 256;
+    const EPSN: u32 = 0x00ff_fffe; // the READs below wrap the 24-bit PSN space
+
+    /// One revocable region under `RKEY`, and what the transport reports.
+    struct TestEnv {
+        buf: Arc<MemoryBuffer>,
+        key: Arc<KeyedRegion>,
+        stats: HashMap<&'static str, u64>,
+        events: Vec<AsyncEvent>,
+        send_wcs: Vec<WorkCompletion>,
+    }
+
+    impl TestEnv {
+        fn new() -> Self {
+            let buf = Arc::new(MemoryBuffer::zeroed(64 * 1024).unwrap());
+            TestEnv {
+                key: KeyedRegion::new(MemRegion::whole(buf.clone())),
+                buf,
+                stats: HashMap::new(),
+                events: Vec::new(),
+                send_wcs: Vec::new(),
+            }
+        }
+        fn stat(&self, name: &str) -> u64 {
+            self.stats.get(name).copied().unwrap_or(0)
+        }
+    }
+
+    impl Env for TestEnv {
+        fn remote(
+            &mut self,
+            rkey: u32,
+            va: u64,
+            len: u64,
+            _need: AccessFlags,
+        ) -> Result<Grant, RemoteKeyError> {
+            if rkey != RKEY || self.key.is_revoked() {
+                return Err(RemoteKeyError::UnknownKey);
+            }
+            self.key.grant(va, len)
+        }
+        fn remote_region(&mut self, rkey: u32, need: AccessFlags) -> Result<Grant, RemoteKeyError> {
+            let va = self.key.region().addr();
+            let len = self.key.region().len() as u64;
+            self.remote(rkey, va, len, need)
+        }
+        fn take_recv(&mut self) -> Option<RecvWqe> {
+            None
+        }
+        fn send_completion(&mut self, wc: WorkCompletion) {
+            self.send_wcs.push(wc);
+        }
+        fn recv_completion(&mut self, _wc: WorkCompletion, _solicited: bool) {}
+        fn count(&mut self, stat: Stat) {
+            let name = match stat {
+                Stat::DuplicateRequest => "duplicate_request",
+                Stat::SendErr => "send_err",
+                Stat::DuplicateReadDropped => "drop_duplicate_read",
+                Stat::ReadOverflowDropped => "drop_read_overflow",
+                Stat::OutOfSeqRequest => "out_of_seq_request",
+                _ => "other",
+            };
+            *self.stats.entry(name).or_default() += 1;
+        }
+        fn async_event(&mut self, event: AsyncEvent) {
+            self.events.push(event);
+        }
+    }
+
+    fn responder(env: &mut TestEnv, max_dest_rd_atomic: u8) -> RcTransport {
+        let cfg = RcConfig {
+            qpn: 0x42,
+            dest_qpn: 0x24,
+            mtu: MTU,
+            rq_psn: EPSN,
+            max_dest_rd_atomic,
+            access: AccessFlags::REMOTE,
+            ..RcConfig::default()
+        };
+        let mut t = RcTransport::new(cfg);
+        for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
+            t.set_state(cfg, s, env);
+        }
+        t
+    }
+
+    /// What the transport sends: (kind, pos, psn, syndrome, payload).
+    type Sent = (Kind, Pos, u32, Option<Syndrome>, Vec<u8>);
+
+    /// Takes up to `max` packets out of the transport.
+    fn transmit(t: &mut RcTransport, env: &mut TestEnv, max: usize) -> Vec<Sent> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            let Some(p) = t.poll_transmit(Instant::now(), env, |h, fill| {
+                let mut payload = vec![0u8; h.payload_len as usize];
+                fill(&mut payload).expect("payload gathered");
+                (h.kind, h.pos, h.psn, h.aeth.map(|a| a.0), payload)
+            }) else {
+                break;
+            };
+            out.push(p);
+        }
+        out
+    }
+
+    fn write_pkt(pos: Pos, psn: u32, payload: &[u8], total: u32, va: u64) -> RxPacket<'_> {
+        let mut p = RxPacket::new(Kind::Write, pos, psn);
+        if pos.starts() {
+            p.reth = Some(Reth {
+                va,
+                rkey: RKEY,
+                dma_len: total,
+            });
+        }
+        p.ack_req = pos.ends();
+        p.payload = payload;
+        p
+    }
+
+    fn read_pkt(psn: u32, va: u64, len: u32) -> RxPacket<'static> {
+        let mut p = RxPacket::new(Kind::ReadRequest, Pos::Only, psn);
+        p.reth = Some(Reth {
+            va,
+            rkey: RKEY,
+            dma_len: len,
+        });
+        p
+    }
+
+    fn qp_event(event_type: AsyncEventType) -> AsyncEvent {
+        AsyncEvent {
+            event_type,
+            element: AsyncEventElement::Qp(0x42),
+        }
+    }
+
+    fn nak(kind_psn: &Sent) -> Option<(u32, Syndrome)> {
+        match kind_psn {
+            (Kind::Ack, _, psn, Some(s), _) if !matches!(s, Syndrome::Ack { .. }) => {
+                Some((*psn, *s))
+            }
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_write_continued_after_deregistration_is_refused() {
+        let mut env = TestEnv::new();
+        let mut t = responder(&mut env, 4);
+        let va = env.key.region().addr();
+        let now = Instant::now();
+        let first = [0xaa; MTU as usize];
+        t.handle_packet(
+            now,
+            &write_pkt(Pos::First, EPSN, &first, 3 * MTU, va),
+            &mut env,
+        );
+        assert_eq!(env.buf.to_vec(0, 256).unwrap(), first, "FIRST lands");
+        env.key.revoke(); // ibv_dereg_mr between FIRST and MIDDLE
+        let middle = [0xbb; MTU as usize];
+        let psn = add(EPSN, 1);
+        t.handle_packet(now, &write_pkt(Pos::Middle, psn, &middle, 0, 0), &mut env);
+        let last = [0xcc; MTU as usize];
+        t.handle_packet(
+            now,
+            &write_pkt(Pos::Last, add(psn, 1), &last, 0, 0),
+            &mut env,
+        );
+        assert_eq!(
+            env.buf.to_vec(256, 512).unwrap(),
+            vec![0; 512],
+            "nothing written after the deregistration"
+        );
+        let sent = transmit(&mut t, &mut env, 10);
+        assert_eq!(
+            sent.iter().filter_map(nak).collect::<Vec<_>>(),
+            [(psn, Syndrome::NakRemoteAccessError)]
+        );
+        assert_eq!(t.state(), QpState::Err);
+        assert_eq!(env.events, [qp_event(AsyncEventType::QpAccessErr)]);
+    }
+
+    #[test]
+    fn a_read_response_stops_at_deregistration() {
+        let mut env = TestEnv::new();
+        env.buf.fill(0, 4 * MTU as usize, 0x5a).unwrap();
+        let mut t = responder(&mut env, 4);
+        let va = env.key.region().addr();
+        t.handle_packet(Instant::now(), &read_pkt(EPSN, va, 4 * MTU), &mut env);
+        let first = transmit(&mut t, &mut env, 1);
+        assert_eq!(first.len(), 1);
+        assert_eq!((first[0].0, first[0].1), (Kind::ReadResponse, Pos::First));
+        assert_eq!(first[0].4, vec![0x5a; MTU as usize]);
+        env.key.revoke();
+        let rest = transmit(&mut t, &mut env, 10);
+        assert!(
+            rest.iter().all(|p| p.0 != Kind::ReadResponse),
+            "no response packet after the deregistration: {rest:?}"
+        );
+        // A NAK in place of the next response packet, with its PSN.
+        assert_eq!(
+            rest.iter().filter_map(nak).collect::<Vec<_>>(),
+            [(add(EPSN, 1), Syndrome::NakRemoteAccessError)]
+        );
+        assert_eq!(t.state(), QpState::Err);
+        assert_eq!(env.events, [qp_event(AsyncEventType::QpAccessErr)]);
+    }
+
+    #[test]
+    fn a_duplicate_read_after_deregistration_returns_no_data() {
+        let mut env = TestEnv::new();
+        env.buf.fill(0, 2 * MTU as usize, 0x5a).unwrap();
+        let mut t = responder(&mut env, 4);
+        let va = env.key.region().addr();
+        let now = Instant::now();
+        t.handle_packet(now, &read_pkt(EPSN, va, 2 * MTU), &mut env);
+        assert_eq!(transmit(&mut t, &mut env, 10).len(), 2);
+        // The region is deregistered and its memory reused for other data.
+        env.key.revoke();
+        env.buf.fill(0, 2 * MTU as usize, 0x99).unwrap();
+        t.handle_packet(now, &read_pkt(EPSN, va, 2 * MTU), &mut env);
+        let sent = transmit(&mut t, &mut env, 10);
+        assert!(
+            sent.iter().all(|p| p.4.is_empty()),
+            "data replayed: {sent:?}"
+        );
+        assert_eq!(
+            sent.iter().filter_map(nak).collect::<Vec<_>>(),
+            [(EPSN, Syndrome::NakRemoteAccessError)]
+        );
+        assert_eq!(t.state(), QpState::Err);
+        assert_eq!(env.events, [qp_event(AsyncEventType::QpAccessErr)]);
+    }
+
+    #[test]
+    fn a_flood_of_duplicate_reads_is_bounded() {
+        let mut env = TestEnv::new();
+        let mut t = responder(&mut env, 2);
+        let va = env.key.region().addr();
+        let now = Instant::now();
+        const PKTS: u32 = 64;
+        t.handle_packet(now, &read_pkt(EPSN, va, PKTS * MTU), &mut env);
+        // Duplicates while the response is queued: covered by it, dropped.
+        for _ in 0..1000 {
+            t.handle_packet(now, &read_pkt(EPSN, va, PKTS * MTU), &mut env);
+        }
+        assert_eq!(env.stat("drop_duplicate_read"), 1000);
+        assert_eq!(transmit(&mut t, &mut env, 100_000).len(), PKTS as usize);
+        // Part of a replay out, then duplicates from the start: it starts again, once.
+        t.handle_packet(now, &read_pkt(EPSN, va, PKTS * MTU), &mut env);
+        assert_eq!(transmit(&mut t, &mut env, 10).len(), 10);
+        for _ in 0..1000 {
+            t.handle_packet(now, &read_pkt(EPSN, va, PKTS * MTU), &mut env);
+        }
+        let replay = transmit(&mut t, &mut env, 100_000);
+        assert_eq!(replay.len(), PKTS as usize);
+        assert_eq!((replay[0].1, replay[0].2), (Pos::First, EPSN));
+        assert_eq!(env.stat("drop_duplicate_read"), 1000 + 999);
+        // A duplicate from the middle (the requester's re-request) while a replay of the
+        // READ is still queued from an earlier PSN: covered by it.
+        let mid = add(EPSN, 40);
+        t.handle_packet(now, &read_pkt(EPSN, va, PKTS * MTU), &mut env);
+        t.handle_packet(now, &read_pkt(mid, va + 40 * 256, 24 * MTU), &mut env);
+        assert_eq!(transmit(&mut t, &mut env, 100_000).len(), PKTS as usize);
+        assert_eq!(t.state(), QpState::Rts);
+        assert!(env.events.is_empty());
+    }
+
+    #[test]
+    fn reads_beyond_the_responder_resources_are_dropped_as_lost() {
+        let mut env = TestEnv::new();
+        let mut t = responder(&mut env, 2);
+        let va = env.key.region().addr();
+        let now = Instant::now();
+        let mut psn = EPSN;
+        for _ in 0..3 {
+            t.handle_packet(now, &read_pkt(psn, va, 4 * MTU), &mut env);
+            psn = add(psn, 4);
+        }
+        assert_eq!(env.stat("drop_read_overflow"), 1, "the third is dropped");
+        let sent = transmit(&mut t, &mut env, 100);
+        assert_eq!(sent.len(), 8, "two READs answered");
+        // Not executed: its PSN is still expected, and it is accepted once there is room.
+        let third = add(EPSN, 8);
+        t.handle_packet(now, &read_pkt(third, va, 4 * MTU), &mut env);
+        let sent = transmit(&mut t, &mut env, 100);
+        assert_eq!(sent.len(), 4);
+        assert_eq!(sent[0].2, third);
+        assert_eq!(t.state(), QpState::Rts);
+    }
+
+    #[test]
+    fn refusals_raise_their_affiliated_events() {
+        // Invalid request: a MIDDLE without FIRST.
+        let mut env = TestEnv::new();
+        let mut t = responder(&mut env, 4);
+        let m = [0u8; MTU as usize];
+        t.handle_packet(
+            Instant::now(),
+            &write_pkt(Pos::Middle, EPSN, &m, 0, 0),
+            &mut env,
+        );
+        assert_eq!(t.state(), QpState::Err);
+        assert_eq!(env.events, [qp_event(AsyncEventType::QpReqErr)]);
+        // Access error: an unknown key.
+        let mut env = TestEnv::new();
+        let mut t = responder(&mut env, 4);
+        let mut p = read_pkt(EPSN, env.key.region().addr(), 8);
+        p.reth.as_mut().unwrap().rkey = RKEY + 1;
+        t.handle_packet(Instant::now(), &p, &mut env);
+        assert_eq!(env.events, [qp_event(AsyncEventType::QpAccessErr)]);
+        // A duplicate or a packet after ERR raises nothing more.
+        t.handle_packet(Instant::now(), &p, &mut env);
+        assert_eq!(env.events.len(), 1);
+    }
 }
