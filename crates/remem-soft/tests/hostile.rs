@@ -1089,3 +1089,20 @@ fn a_flood_of_duplicate_reads_is_bounded() {
     assert!(counter("drop_duplicate_read") >= 100 - pumps.min(4));
     assert_eq!(ep.qp.state(), QpState::Rts);
 }
+
+#[test]
+fn qpns_are_not_enumerable_from_one_known() {
+    // A peer knows the QPN of its own connection; the device's other QPs must not be the
+    // numbers next to it.
+    let w = world();
+    let eps: Vec<_> = (0..64)
+        .map(|_| endpoint(&w.ctx, &QpOptions::default(), QpType::Rc, None).unwrap())
+        .collect();
+    let qpns: Vec<u32> = eps.iter().map(|e| e.qp.qp_num()).collect();
+    let near = qpns
+        .windows(2)
+        .filter(|p| p[1].abs_diff(p[0]) <= 64)
+        .count();
+    assert!(near <= 1, "QPNs in sequence: {qpns:x?}");
+    assert!(qpns.iter().all(|q| (16..1 << 24).contains(q)));
+}
