@@ -148,11 +148,17 @@ const KINDS: [Kind; 13] = [
 ];
 const POSITIONS: [Pos; 4] = [Pos::First, Pos::Middle, Pos::Last, Pos::Only];
 
-/// An address near the registered ranges, or anywhere.
-fn address(rng: &mut StdRng, t: &Target) -> u64 {
-    let base = match rng.random_range(0..5) {
-        0 | 1 => t.writable.region().addr(),
-        2 => t.revocable_buf.addr(),
+/// An address near the registered ranges (mostly that of `rkey`), or anywhere.
+fn address(rng: &mut StdRng, t: &Target, rkey: u32) -> u64 {
+    let pick = match rkey {
+        _ if rng.random_bool(0.3) => rng.random_range(0..3),
+        WRITABLE_KEY => 0,
+        REVOCABLE_KEY => 1,
+        _ => 2,
+    };
+    let base = match pick {
+        0 => t.writable.region().addr(),
+        1 => t.revocable_buf.addr(),
         _ => t.readonly.region().addr(),
     };
     match rng.random_range(0..6) {
@@ -183,32 +189,37 @@ fn length(rng: &mut StdRng) -> u32 {
     }
 }
 
-/// Checks what the responder sends and the invariants on memory and state; `revoked`:
-/// the revocable region's contents when its key was revoked.
+/// Checks what the responder sends (at most `budget` packets) and the invariants on memory
+/// and state; `revoked`: the revocable region's contents when its key was revoked.
 fn check(
     qp: &mut RcTransport,
     env: &mut FuzzEnv<'_>,
     revoked: Option<&[u8]>,
     now: Instant,
-    sent: &mut u64,
+    counts: &mut Counts,
+    budget: usize,
 ) {
     let t = env.t;
-    while let Some(bytes) = qp.poll_transmit(now, env, |hdr, fill| {
-        let mut payload = vec![0u8; hdr.payload_len as usize];
-        fill(&mut payload).expect("a response's payload is in bounds");
-        assert!(
-            !hdr.kind.is_request(),
-            "the responder sent a request: {hdr:?}"
-        );
-        let h = glue::headers(hdr);
-        let mut out = vec![0u8; h.packet_len(payload.len())];
-        let n = h.build(&payload, &mut out).expect("a response builds");
-        out.truncate(n);
-        out
-    }) {
+    let mut sent = 0;
+    while sent < budget
+        && let Some(bytes) = qp.poll_transmit(now, env, |hdr, fill| {
+            let mut payload = vec![0u8; hdr.payload_len as usize];
+            fill(&mut payload).expect("a response's payload is in bounds");
+            assert!(
+                !hdr.kind.is_request(),
+                "the responder sent a request: {hdr:?}"
+            );
+            let h = glue::headers(hdr);
+            let mut out = vec![0u8; h.packet_len(payload.len())];
+            let n = h.build(&payload, &mut out).expect("a response builds");
+            out.truncate(n);
+            out
+        })
+    {
         let p = Packet::parse(&bytes).expect("a response parses back");
         assert!(glue::rx(&p).is_some());
-        *sent += 1;
+        sent += 1;
+        counts.responses += 1;
     }
     let guard_ok = |b: &[u8]| b.iter().all(|&x| x == 0xa5);
     assert!(
@@ -245,7 +256,17 @@ fn check(
     );
 }
 
-fn one_sequence(seed: u64, t: &Target, packets: &mut u64, responses: &mut u64) {
+/// Counts of one run.
+#[derive(Default)]
+struct Counts {
+    packets: u64,
+    responses: u64,
+    /// Revocations that found a grant of the key held by the transport (a WRITE in
+    /// progress, a READ's resource or queued response).
+    revoked_in_use: u64,
+}
+
+fn one_sequence(seed: u64, t: &Target, counts: &mut Counts) {
     let mut rng = StdRng::seed_from_u64(seed);
     let cfg = RcConfig {
         qpn: 0x11,
@@ -276,8 +297,49 @@ fn one_sequence(seed: u64, t: &Target, packets: &mut u64, responses: &mut u64) {
     let mut now = Instant::now();
     let mut epsn = cfg.rq_psn;
     for _ in 0..rng.random_range(1..=64) {
-        *packets += 1;
-        if rng.random_bool(0.1) {
+        counts.packets += 1;
+        if rng.random_bool(0.25) {
+            // A well-formed READ or WRITE at the expected PSN, mostly through the revocable
+            // key, which may be revoked between the WRITE's packets.
+            let key = if rng.random_bool(0.7) {
+                REVOCABLE_KEY
+            } else {
+                WRITABLE_KEY
+            };
+            let base = match key {
+                REVOCABLE_KEY => t.revocable_buf.addr(),
+                _ => t.writable.region().addr(),
+            };
+            let mtu = cfg.mtu as usize;
+            let npkts = rng.random_range(1..=(LEN / mtu).min(4));
+            let len = (npkts - 1) * mtu + rng.random_range(1..=mtu);
+            let va = base + rng.random_range(0..=(LEN - len)) as u64;
+            let reth = Some(Reth {
+                va,
+                rkey: key,
+                dma_len: len as u32,
+            });
+            if rng.random_bool(0.5) {
+                let mut rx = RxPacket::new(Kind::ReadRequest, Pos::Only, epsn);
+                rx.reth = reth;
+                qp.handle_packet(now, &rx, &mut env);
+                epsn = (epsn + npkts as u32) & 0xff_ffff;
+            } else {
+                let payload: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+                for (i, chunk) in payload.chunks(mtu).enumerate() {
+                    let mut rx = RxPacket::new(Kind::Write, Pos::of(i as u32, npkts as u32), epsn);
+                    rx.reth = reth.filter(|_| i == 0);
+                    rx.ack_req = i + 1 == npkts;
+                    rx.payload = chunk;
+                    qp.handle_packet(now, &rx, &mut env);
+                    epsn = (epsn + 1) & 0xff_ffff;
+                    if rng.random_bool(0.2) {
+                        maybe_revoke(&mut env, &mut revoked, counts);
+                    }
+                    check(&mut qp, &mut env, revoked.as_deref(), now, counts, 0);
+                }
+            }
+        } else if rng.random_bool(0.1) {
             // Raw bytes, or a valid-looking packet with bytes flipped, through the parser.
             let mut bytes: Vec<u8> = (0..rng.random_range(0..200))
                 .map(|_| rng.random())
@@ -303,17 +365,19 @@ fn one_sequence(seed: u64, t: &Target, packets: &mut u64, responses: &mut u64) {
             let mut rx = RxPacket::new(kind, pos, psn);
             rx.ack_req = rng.random_bool(0.5);
             if rng.random_bool(0.8) {
+                let rkey = rkey(&mut rng);
                 rx.reth = Some(Reth {
-                    va: address(&mut rng, t),
-                    rkey: rkey(&mut rng),
+                    va: address(&mut rng, t, rkey),
+                    rkey,
                     dma_len: length(&mut rng),
                 });
             }
             if rng.random_bool(0.5) {
-                let va = address(&mut rng, t);
+                let rkey = rkey(&mut rng);
+                let va = address(&mut rng, t, rkey);
                 rx.atomic = Some(AtomicEth {
                     va: if rng.random_bool(0.8) { va & !7 } else { va },
-                    rkey: rkey(&mut rng),
+                    rkey,
                     swap_add: rng.random(),
                     compare: rng.random(),
                 });
@@ -351,12 +415,34 @@ fn one_sequence(seed: u64, t: &Target, packets: &mut u64, responses: &mut u64) {
         if rng.random_bool(0.1) {
             env.recvs += 1;
         }
-        if revoked.is_none() && rng.random_bool(0.05) {
-            env.revocable.revoke();
-            revoked = Some(t.revocable_buf.to_vec(0, LEN).unwrap());
+        if rng.random_bool(0.05) {
+            maybe_revoke(&mut env, &mut revoked, counts);
         }
-        check(&mut qp, &mut env, revoked.as_deref(), now, responses);
+        // Responses leave a few at a time, so that some are still queued when the key is
+        // revoked.
+        let budget = rng.random_range(0..8);
+        check(&mut qp, &mut env, revoked.as_deref(), now, counts, budget);
     }
+    check(
+        &mut qp,
+        &mut env,
+        revoked.as_deref(),
+        now,
+        counts,
+        usize::MAX,
+    );
+}
+
+/// Revokes the revocable key (once per sequence), remembering its memory at that moment.
+fn maybe_revoke(env: &mut FuzzEnv<'_>, revoked: &mut Option<Vec<u8>>, counts: &mut Counts) {
+    if revoked.is_some() {
+        return;
+    }
+    if Arc::strong_count(&env.revocable) > 1 {
+        counts.revoked_in_use += 1;
+    }
+    env.revocable.revoke();
+    *revoked = Some(env.t.revocable_buf.to_vec(0, LEN).unwrap());
 }
 
 #[test]
@@ -370,10 +456,9 @@ fn responder_fuzz() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
     let t = Target::new();
-    let (mut packets, mut responses) = (0, 0);
+    let mut counts = Counts::default();
     for seed in first..first + iters {
-        let run =
-            std::panic::AssertUnwindSafe(|| one_sequence(seed, &t, &mut packets, &mut responses));
+        let run = std::panic::AssertUnwindSafe(|| one_sequence(seed, &t, &mut counts));
         if let Err(e) = std::panic::catch_unwind(run) {
             eprintln!(
                 "fuzz: sequence {seed} failed; rerun with REMEM_FUZZ_SEED={seed} REMEM_FUZZ_ITERS=1"
@@ -381,11 +466,20 @@ fn responder_fuzz() {
             std::panic::resume_unwind(e);
         }
     }
+    let Counts {
+        packets,
+        responses,
+        revoked_in_use,
+    } = counts;
     assert!(
         responses > 0,
         "the responder never answered: the harness is not reaching it"
     );
+    assert!(
+        iters < 1000 || revoked_in_use > 0,
+        "no key was revoked while the responder held it: the harness is not reaching it"
+    );
     println!(
-        "fuzz: {iters} sequences from seed {first}: {packets} packets executed, {responses} responses checked"
+        "fuzz: {iters} sequences from seed {first}: {packets} packets executed, {responses} responses checked, {revoked_in_use} keys revoked while in use"
     );
 }
