@@ -1057,6 +1057,81 @@ fn single_read() {
     );
 }
 
+/// Moves up to `max` packets from node `from` straight to the other node.
+fn hand_over(nodes: &mut [Node; 2], from: usize, max: usize, now: Instant) -> usize {
+    let mut moved = 0;
+    while moved < max {
+        let (rc, mut env) = nodes[from].env();
+        let Some(pkt) = rc.poll_transmit(now, &mut env, |hdr, fill| {
+            let mut payload = vec![0u8; hdr.payload_len as usize];
+            fill(&mut payload).expect("payload source in bounds");
+            SimPacket { hdr: *hdr, payload }
+        }) else {
+            break;
+        };
+        let (rc, mut env) = nodes[1 - from].env();
+        rc.handle_packet(now, &pkt.rx(), &mut env);
+        moved += 1;
+    }
+    moved
+}
+
+#[test]
+fn a_read_whose_region_is_deregistered_mid_response_fails_with_remote_access_error() {
+    let (mut nodes, _) = connected_pair(3, 1024);
+    nodes[1].target.fill(0, TARGET_LEN, 0x5a).unwrap();
+    let va = nodes[1].target.addr();
+    let local = nodes[0].local.clone();
+    let wqe = SendWqe {
+        wr_id: 9,
+        op: SendOp::RdmaRead {
+            remote_addr: va,
+            rkey: 0xbbbb,
+        },
+        data: SendData::Sges(vec![MemRegion::new(local.clone(), 0..TARGET_LEN).unwrap()]),
+        len: TARGET_LEN as u64,
+        signaled: true,
+        solicited: false,
+        fence: false,
+        ud: None,
+    };
+    let (rc, mut env) = nodes[0].env();
+    rc.post_send(wqe, &mut env);
+    let now = Instant::now();
+    assert_eq!(hand_over(&mut nodes, 0, 10, now), 1, "the READ request");
+    assert_eq!(hand_over(&mut nodes, 1, 10, now), 10, "10 of 64 responses");
+    // The responder's application deregisters the region and reuses the memory.
+    nodes[1].keys.by_rkey[&0xbbbb].0.revoke();
+    nodes[1].target.fill(0, TARGET_LEN, 0x77).unwrap();
+    let out = run(
+        nodes,
+        Net::new(1, Faults::NONE),
+        Duration::from_secs(60),
+        |_, _| {},
+    );
+    let (a, b) = (&out.nodes[0], &out.nodes[1]);
+    assert_eq!(a.send_wcs.len(), 1);
+    assert_eq!(
+        a.send_wcs[0].status,
+        WcStatus::RemAccessErr,
+        "at once, no retries"
+    );
+    assert_eq!(a.stats.get("completer_retry_err"), None);
+    assert_eq!(
+        local.to_vec(10 * 1024, TARGET_LEN - 10 * 1024).unwrap(),
+        vec![0; TARGET_LEN - 10 * 1024],
+        "nothing after the deregistration arrived"
+    );
+    assert_eq!(b.rc.state(), QpState::Err);
+    assert_eq!(
+        b.events,
+        [AsyncEvent {
+            event_type: AsyncEventType::QpAccessErr,
+            element: AsyncEventElement::Qp(0x22),
+        }]
+    );
+}
+
 #[test]
 fn kinds_classify() {
     assert!(Kind::Send.is_request());
