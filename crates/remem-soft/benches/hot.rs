@@ -13,7 +13,9 @@
 //!   ICRC filled). The datagrams are built beforehand, outside the measurement.
 //!   `write_round_trip` is a whole signaled RDMA WRITE between the two engines: post,
 //!   requester builds the packet, responder handles it and builds the ACK, completer
-//!   handles the ACK and completes the work request.
+//!   handles the ACK and completes the work request. `responder_write_4_packets` and
+//!   `responder_read_4_packets` are per packet of a 4-packet WRITE (FIRST, MIDDLE, MIDDLE,
+//!   LAST, then the ACK out) and of a 4-packet READ (request in, 4 responses out).
 //!
 //! `cargo bench -p remem-soft --bench hot`
 
@@ -24,7 +26,7 @@ use remem_soft::engine::Engine;
 use remem_soft::objects::cq::SoftCq;
 use remem_soft::objects::mr::MrTable;
 use remem_soft::qp::{LocalMemory, QpLimits, QpSurroundings, SoftQp, SoftQpParts};
-use remem_soft::transport::{RemoteKeyError, Stat};
+use remem_soft::transport::{Grant, RemoteKeyError, Stat};
 use remem_soft::wqe::{PdId, RecvWqe};
 use remem_soft::{SoftContext, SoftOptions};
 use remem_verbs::{
@@ -68,7 +70,7 @@ fn mr_lookup(c: &mut Criterion) {
             b.iter(|| {
                 i = (i + 1) % regions;
                 let e = &entries[order[i]];
-                let va = e.region.addr() + 64;
+                let va = e.region().addr() + 64;
                 black_box(
                     table
                         .remote(PD, black_box(e.rkey), va, 128, AccessFlags::REMOTE_WRITE)
@@ -81,7 +83,7 @@ fn mr_lookup(c: &mut Criterion) {
                 i = (i + 1) % regions;
                 let e = &entries[order[i]];
                 let sge = Sge {
-                    addr: e.region.addr() + 64,
+                    addr: e.region().addr() + 64,
                     length: 128,
                     lkey: black_box(e.lkey),
                 };
@@ -189,7 +191,7 @@ impl QpSurroundings for Around {
         va: u64,
         len: u64,
         need: AccessFlags,
-    ) -> Result<MemRegion, RemoteKeyError> {
+    ) -> Result<Grant, RemoteKeyError> {
         self.mrs.remote(pd, rkey, va, len, need)
     }
     fn remote_region(
@@ -197,7 +199,7 @@ impl QpSurroundings for Around {
         pd: PdId,
         rkey: u32,
         need: AccessFlags,
-    ) -> Result<MemRegion, RemoteKeyError> {
+    ) -> Result<Grant, RemoteKeyError> {
         self.mrs.remote_region(pd, rkey, need)
     }
     fn srq_pop(&self) -> Option<Option<RecvWqe>> {
@@ -211,6 +213,7 @@ impl QpSurroundings for Around {
         self.completions.fetch_add(1, Ordering::Relaxed);
     }
     fn count(&self, _stat: Stat) {}
+    fn async_event(&self, _event: remem_verbs::AsyncEvent) {}
     fn check_av(&self, _av: &AhAttr) -> remem_verbs::Result<()> {
         Ok(())
     }
@@ -357,6 +360,53 @@ fn write_datagram(from: &Side, to: &Side, psn: u32, payload: &[u8], offset: u64)
         rkey: to.rkey,
         dma_len: payload.len() as u32,
     });
+    datagram(from, to, &h, payload)
+}
+
+/// A WRITE of `packets` full-MTU (4096-byte) packets from `from` to `to` from PSN `psn`:
+/// FIRST (with the RETH), MIDDLEs, LAST (asking for the ACK).
+fn multi_write_datagrams(from: &Side, to: &Side, psn: u32, packets: u32) -> Vec<Vec<u8>> {
+    let payload = vec![0x5au8; 4096];
+    (0..packets)
+        .map(|i| {
+            let op = match i {
+                0 => Opcode::RcWriteFirst,
+                i if i + 1 == packets => Opcode::RcWriteLast,
+                _ => Opcode::RcWriteMiddle,
+            };
+            let psn = Psn::new((psn + i) & 0x00ff_ffff);
+            let mut h = Headers::new(Bth::new(op, to.qp.qp_num(), psn));
+            h.bth.ack_req = i + 1 == packets;
+            if i == 0 {
+                h.reth = Some(Reth {
+                    va: to.buf.addr() + 65536,
+                    rkey: to.rkey,
+                    dma_len: packets * 4096,
+                });
+            }
+            datagram(from, to, &h, &payload)
+        })
+        .collect()
+}
+
+/// An RDMA READ request of `len` bytes from `from` to `to` with PSN `psn`.
+fn read_datagram(from: &Side, to: &Side, psn: u32, len: u32) -> Vec<u8> {
+    let mut h = Headers::new(Bth::new(
+        Opcode::RcReadRequest,
+        to.qp.qp_num(),
+        Psn::new(psn),
+    ));
+    h.bth.ack_req = true;
+    h.reth = Some(Reth {
+        va: to.buf.addr() + 65536,
+        rkey: to.rkey,
+        dma_len: len,
+    });
+    datagram(from, to, &h, &[])
+}
+
+/// `h` and `payload` as a datagram from `from` to `to`, ICRC filled (identification 0).
+fn datagram(from: &Side, to: &Side, h: &Headers, payload: &[u8]) -> Vec<u8> {
     let mut out = vec![0u8; h.packet_len(payload.len())];
     let len = h.build(payload, &mut out).unwrap();
     let (IpAddr::V4(src), IpAddr::V4(dst)) = (from.engine.local().ip(), to.engine.local().ip())
@@ -454,6 +504,82 @@ fn transport_step(c: &mut Criterion) {
             bench.iter(|| round_trip(&mut out))
         });
     }
+    group.finish();
+    multi_packet(c, now);
+}
+
+/// Per packet of multi-packet messages at the responder: a WRITE of 4 × 4096 bytes
+/// (FIRST, 2 × MIDDLE, LAST, then its ACK out) and a READ of 4 × 4096 bytes (the request
+/// in, its 4 response packets out, each payload gathered from the region).
+fn multi_packet(c: &mut Criterion, now: Instant) {
+    const PACKETS: u32 = 4;
+    let mut group = c.benchmark_group("transport_step");
+    group.throughput(Throughput::Elements(u64::from(PACKETS)));
+    let (a, b) = pair();
+    let mut out = vec![0u8; 8192];
+    let mut psn = 0u32;
+    let write = |out: &mut [u8], datagrams: &[Vec<u8>]| {
+        for d in datagrams {
+            b.receive(now, &a, d);
+        }
+        let (_, len) = b.transmit(now, out).expect("an ACK");
+        assert!(b.transmit(now, out).is_none(), "one ACK per message");
+        len
+    };
+    {
+        let d = multi_write_datagrams(&a, &b, psn, PACKETS);
+        let len = write(&mut out, &d);
+        let ack = Packet::parse(&out[..len]).unwrap();
+        assert_eq!(ack.headers.bth.opcode, Opcode::RcAck);
+        assert_eq!(ack.headers.bth.psn, Psn::new(psn + PACKETS - 1));
+        assert_eq!(
+            b.buf.to_vec(65536, 4096 * PACKETS as usize).unwrap(),
+            vec![0x5a; 4096 * PACKETS as usize]
+        );
+        psn += PACKETS;
+    }
+    group.bench_function(
+        BenchmarkId::new("responder_write_4_packets", 4096),
+        |bench| {
+            bench.iter_batched_ref(
+                || {
+                    let d = multi_write_datagrams(&a, &b, psn & 0x00ff_ffff, PACKETS);
+                    psn += PACKETS;
+                    d
+                },
+                |d| black_box(write(&mut out, d)),
+                BatchSize::SmallInput,
+            )
+        },
+    );
+    let read = |out: &mut [u8], datagram: &[u8]| {
+        b.receive(now, &a, datagram);
+        let mut n = 0;
+        while b.transmit(now, out).is_some() {
+            n += 1;
+        }
+        assert_eq!(n, PACKETS, "one response packet per MTU");
+        n
+    };
+    read(
+        &mut out,
+        &read_datagram(&a, &b, psn & 0x00ff_ffff, PACKETS * 4096),
+    );
+    psn += PACKETS;
+    group.bench_function(
+        BenchmarkId::new("responder_read_4_packets", 4096),
+        |bench| {
+            bench.iter_batched_ref(
+                || {
+                    let d = read_datagram(&a, &b, psn & 0x00ff_ffff, PACKETS * 4096);
+                    psn += PACKETS;
+                    d
+                },
+                |d| black_box(read(&mut out, d)),
+                BatchSize::SmallInput,
+            )
+        },
+    );
     group.finish();
 }
 

@@ -22,6 +22,7 @@
 
 use crate::qp::SoftQp;
 use crate::transport::glue;
+use remem_verbs::QpType;
 use remem_wire::Packet;
 use remem_wire::icrc::{self, IPV4_DF, IpFields, UdpPorts};
 use std::collections::VecDeque;
@@ -45,6 +46,12 @@ pub enum DropCause {
     BadIcrc,
     /// No QP with that number.
     UnknownQp,
+    /// The opcode is of another transport service than the QP's (a UD SEND at an RC QP,
+    /// an RC opcode at a UD QP, any UC opcode: rxe's `check_type_state`).
+    WrongTransport,
+    /// An RC packet whose source address is not the QP's destination GID (rxe's
+    /// `check_addr`).
+    WrongSource,
 }
 
 /// Packet counters of the engine.
@@ -60,6 +67,10 @@ pub struct EngineStats {
     pub drop_bad_icrc: AtomicU64,
     /// Dropped: unknown destination QP.
     pub drop_unknown_qp: AtomicU64,
+    /// Dropped: an opcode of another transport service than the destination QP's.
+    pub drop_wrong_transport: AtomicU64,
+    /// Dropped: an RC packet from another address than the QP's peer.
+    pub drop_wrong_source: AtomicU64,
     /// IPv4 packets whose ICRC checked out with an IP identification recovered from the
     /// ICRC itself (the sender's identification was neither 0 nor its GSO index).
     pub icrc_id_recovered: AtomicU64,
@@ -253,24 +264,37 @@ impl Engine {
             }
             count(&self.stats.icrc_id_recovered);
         }
-        let Some(rx) = glue::rx(&pkt) else {
-            count(&self.stats.drop_malformed);
-            return Err(DropCause::Malformed);
-        };
         let qpn = pkt.headers.bth.dest_qp;
         let Some(qp) = self.qp(qpn) else {
             count(&self.stats.drop_unknown_qp);
             return Err(DropCause::UnknownQp);
         };
+        // The opcode's transport service (its top three bits) must be the QP's.
+        let service = match pkt.headers.bth.opcode.value() >> 5 {
+            0 => Some(QpType::Rc),
+            3 => Some(QpType::Ud),
+            _ => None, // UC (not supported), and nothing else parses
+        };
+        if service != Some(remem_verbs::QueuePair::qp_type(&*qp)) {
+            count(&self.stats.drop_wrong_transport);
+            return Err(DropCause::WrongTransport);
+        }
+        let Some(rx) = glue::rx(&pkt) else {
+            count(&self.stats.drop_malformed);
+            return Err(DropCause::Malformed);
+        };
+        let src = crate::transport::UdSource {
+            src: from.ip(),
+            dst: to,
+        };
+        if let Err(cause) = qp.handle_packet(now, &rx, &src) {
+            match cause {
+                DropCause::WrongSource => count(&self.stats.drop_wrong_source),
+                _ => count(&self.stats.drop_malformed),
+            }
+            return Err(cause);
+        }
         count(&self.stats.rcvd_pkts);
-        qp.handle_packet(
-            now,
-            &rx,
-            &crate::transport::UdSource {
-                src: from.ip(),
-                dst: to,
-            },
-        );
         self.mark_ready_held(qp);
         self.mark_timed(qpn);
         Ok(())
@@ -411,7 +435,7 @@ mod tests {
     use super::*;
     use crate::driver::Progress;
     use crate::qp::{LocalMemory, QpLimits, QpSurroundings, SoftQpParts};
-    use crate::transport::{RemoteKeyError, Stat};
+    use crate::transport::{Grant, KeyedRegion, RemoteKeyError, Stat};
     use crate::wqe::{PdId, RecvWqe};
     use remem_verbs::{
         AccessFlags, AhAttr, Error, Gid, MemRegion, MemoryBuffer, Mtu, QpAttr, QpAttrMask, QpCap,
@@ -423,7 +447,7 @@ mod tests {
 
     /// One registered buffer (lkey = rkey = 7) and a completion list.
     struct Around {
-        region: MemRegion,
+        key: Arc<KeyedRegion>,
         wcs: Mutex<Vec<WorkCompletion>>,
     }
 
@@ -435,27 +459,22 @@ mod tests {
             va: u64,
             len: u64,
             _need: AccessFlags,
-        ) -> Result<MemRegion, RemoteKeyError> {
+        ) -> Result<Grant, RemoteKeyError> {
             if rkey != 7 {
                 return Err(RemoteKeyError::UnknownKey);
             }
-            let off = self
-                .region
-                .offset_of(va, len)
-                .map_err(|_| RemoteKeyError::OutOfBounds)?;
-            MemRegion::new(self.region.buffer().clone(), off..off + len as usize)
-                .map_err(|_| RemoteKeyError::OutOfBounds)
+            self.key.grant(va, len)
         }
         fn remote_region(
             &self,
             _pd: PdId,
             rkey: u32,
             _need: AccessFlags,
-        ) -> Result<MemRegion, RemoteKeyError> {
+        ) -> Result<Grant, RemoteKeyError> {
             if rkey != 7 {
                 return Err(RemoteKeyError::UnknownKey);
             }
-            Ok(self.region.clone())
+            self.key.grant_all()
         }
         fn srq_pop(&self) -> Option<Option<RecvWqe>> {
             None
@@ -467,6 +486,7 @@ mod tests {
             self.wcs.lock().unwrap().push(wc);
         }
         fn count(&self, _stat: Stat) {}
+        fn async_event(&self, _event: remem_verbs::AsyncEvent) {}
         fn check_av(&self, _av: &AhAttr) -> remem_verbs::Result<()> {
             Ok(())
         }
@@ -477,9 +497,10 @@ mod tests {
             if sge.lkey != 7 {
                 return Err(Error::InvalidLkey { lkey: sge.lkey });
             }
-            let off = self.region.offset_of(sge.addr, u64::from(sge.length))?;
+            let region = self.key.region();
+            let off = region.offset_of(sge.addr, u64::from(sge.length))?;
             Ok(MemRegion::new(
-                self.region.buffer().clone(),
+                region.buffer().clone(),
                 off..off + sge.length as usize,
             )?)
         }
@@ -504,7 +525,7 @@ mod tests {
             Arc::new(Progress::start(nic, engine.clone(), None, Duration::ZERO).unwrap());
         let buf = Arc::new(MemoryBuffer::zeroed(1 << 20).unwrap());
         let around = Arc::new(Around {
-            region: MemRegion::whole(buf.clone()),
+            key: KeyedRegion::new(MemRegion::whole(buf.clone())),
             wcs: Mutex::new(Vec::new()),
         });
         let wake = {

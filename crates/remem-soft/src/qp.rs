@@ -1,6 +1,9 @@
 //! The soft provider's queue pair: verbs validation around the RC transport.
 
-use crate::transport::{Env, RcConfig, RcTransport, RemoteKeyError, Stat, UdSource, UdTransport};
+use crate::engine::DropCause;
+use crate::transport::{
+    Env, Grant, RcConfig, RcTransport, RemoteKeyError, Stat, UdSource, UdTransport,
+};
 use crate::wqe::{PdId, RecvWqe, SendData, SendWqe};
 use remem_verbs::{
     AccessFlags, Error, MemRegion, PostError, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr,
@@ -423,14 +426,14 @@ pub trait QpSurroundings {
         va: u64,
         len: u64,
         need: AccessFlags,
-    ) -> std::result::Result<MemRegion, RemoteKeyError>;
+    ) -> std::result::Result<Grant, RemoteKeyError>;
     /// `remote_region` of the device's MR table.
     fn remote_region(
         &self,
         pd: PdId,
         rkey: u32,
         need: AccessFlags,
-    ) -> std::result::Result<MemRegion, RemoteKeyError>;
+    ) -> std::result::Result<Grant, RemoteKeyError>;
     /// Takes a receive from the SRQ, if the QP has one.
     fn srq_pop(&self) -> Option<Option<RecvWqe>>;
     /// Pushes a send completion.
@@ -439,6 +442,8 @@ pub trait QpSurroundings {
     fn recv_cq(&self, wc: WorkCompletion, solicited: bool);
     /// Counts a transport statistic.
     fn count(&self, stat: Stat);
+    /// Raises an affiliated asynchronous event (to the device's async event queue).
+    fn async_event(&self, event: remem_verbs::AsyncEvent);
     /// Checks an address vector: its `sgid_index` must name a RoCE v2 GID of the device
     /// and its `dgid` must be of the same IP family.
     fn check_av(&self, av: &remem_verbs::AhAttr) -> Result<()>;
@@ -463,7 +468,7 @@ impl Env for QpEnv<'_> {
         va: u64,
         len: u64,
         need: AccessFlags,
-    ) -> std::result::Result<MemRegion, RemoteKeyError> {
+    ) -> std::result::Result<Grant, RemoteKeyError> {
         self.around.remote(self.pd, rkey, va, len, need)
     }
 
@@ -471,7 +476,7 @@ impl Env for QpEnv<'_> {
         &mut self,
         rkey: u32,
         need: AccessFlags,
-    ) -> std::result::Result<MemRegion, RemoteKeyError> {
+    ) -> std::result::Result<Grant, RemoteKeyError> {
         self.around.remote_region(self.pd, rkey, need)
     }
 
@@ -492,6 +497,10 @@ impl Env for QpEnv<'_> {
 
     fn count(&mut self, stat: Stat) {
         self.around.count(stat);
+    }
+
+    fn async_event(&mut self, event: remem_verbs::AsyncEvent) {
+        self.around.async_event(event);
     }
 }
 
@@ -629,14 +638,29 @@ impl SoftQp {
         }
     }
 
-    /// Handles a packet addressed to this QP, received from `src`.
+    /// Handles a packet addressed to this QP, received from `src`. An RC QP connected to
+    /// a peer (RTR, RTS, SQD) takes packets only from its destination GID's address, as
+    /// rxe's `check_addr` does: one from any other source is dropped
+    /// ([`DropCause::WrongSource`]) before it reaches the transport, so a third party can
+    /// neither write through the QP nor forge its ACKs, NAKs or READ responses without
+    /// spoofing the peer's address. (The transport itself ignores packets in the other
+    /// states.)
     pub fn handle_packet(
         &self,
         now: std::time::Instant,
         pkt: &crate::transport::RxPacket<'_>,
         src: &UdSource,
-    ) {
-        self.with_env(|t, env| t.handle_packet(now, pkt, src, env));
+    ) -> std::result::Result<(), DropCause> {
+        self.with_env(|t, env| {
+            if let Transport::Rc(rc) = t
+                && matches!(rc.state(), QpState::Rtr | QpState::Rts | QpState::Sqd)
+                && remem_verbs::Gid::from(src.src) != env.around_dgid
+            {
+                return Err(DropCause::WrongSource);
+            }
+            t.handle_packet(now, pkt, src, env);
+            Ok(())
+        })
     }
 
     /// Handles expired timers.
@@ -659,7 +683,7 @@ impl SoftQp {
         self.with_env(|t, env| match t {
             Transport::Rc(rc) => {
                 let dgid = env.around_dgid;
-                rc.poll_transmit(now, |tx, fill| emit(tx, dgid, fill))
+                rc.poll_transmit(now, env, |tx, fill| emit(tx, dgid, fill))
             }
             Transport::Ud(ud) => {
                 ud.poll_transmit(env, |tx, target, fill| emit(tx, target.av.dgid, fill))

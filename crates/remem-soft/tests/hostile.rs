@@ -1,18 +1,22 @@
 //! Hostile peers: a raw RoCEv2 sender built on `remem-wire` — a plain UDP socket on
 //! 127.0.21.2 — aims crafted packets at a soft device on 127.0.21.1 whose queue pairs are
-//! connected to it. For each attack: the target memory is unchanged (compared whole), the
-//! answer is the NAK the IBTA specification prescribes or silence, a device counter counts
-//! it, the victim QP ends in the state the specification says (ERR after an access error
-//! or an invalid request NAK, as rxe does), and another QP on the same device keeps
-//! working (a legitimate WRITE through it lands).
+//! connected to it; a third party on 127.0.21.3 (not the QPs' peer) tries the same. For
+//! each attack: the target memory is unchanged (compared whole), the answer is the NAK the
+//! IBTA specification prescribes or silence, a device counter counts it, the victim QP
+//! ends in the state the specification says (ERR after an access error or an invalid
+//! request NAK, as rxe does) and the victim's application gets the affiliated asynchronous
+//! event of it, and another QP on the same device keeps working (a legitimate WRITE
+//! through it lands).
 
 use remem_conformance::{Endpoint, QpOptions, bring_up, endpoint};
 use remem_soft::SoftContext;
+use remem_soft::SoftOptions;
 use remem_verbs::{
-    AccessFlags, Context, Gid, MemRegion, MemoryBuffer, MemoryRegion, Mtu, QpState, QpType,
+    AccessFlags, AsyncEvent, AsyncEventElement, AsyncEventType, Context, Gid, MemRegion,
+    MemoryBuffer, MemoryRegion, Mtu, QpState, QpType, RecvWr, SendOp, SendWr, Sge, WcStatus,
 };
 use remem_wire::icrc::{self, IPV4_DF, IpFields, UdpPorts};
-use remem_wire::{AtomicEth, Bth, Feth, Headers, Opcode, Packet, Psn, Reth, Syndrome};
+use remem_wire::{Aeth, AtomicEth, Bth, Deth, Feth, Headers, Opcode, Packet, Psn, Reth, Syndrome};
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -20,6 +24,8 @@ use std::time::Duration;
 
 const VICTIM_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 21, 1);
 const PEER_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 21, 2);
+/// A third party: not the peer of any victim QP.
+const THIRD_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 21, 3);
 /// The raw peer's QPN as the victim QPs know it.
 const PEER_QPN: u32 = 0xabcd;
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE
@@ -27,10 +33,12 @@ const RW: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_READ)
     .union(AccessFlags::REMOTE_ATOMIC);
 
-/// The victim device and the raw peer's socket (one per test binary: tests take turns).
+/// The victim device, the raw peer's socket and a third party's (one per test binary:
+/// tests take turns).
 struct World {
     ctx: Arc<dyn Context>,
     sock: UdpSocket,
+    third: UdpSocket,
     port: u16,
 }
 
@@ -41,9 +49,11 @@ fn world() -> std::sync::MutexGuard<'static, World> {
         let port = dev.local_addr().port();
         let sock = UdpSocket::bind(SocketAddr::new(PEER_IP.into(), port)).unwrap();
         sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let third = UdpSocket::bind(SocketAddr::new(THIRD_IP.into(), port)).unwrap();
         Mutex::new(World {
             ctx: Arc::new(dev),
             sock,
+            third,
             port,
         })
     })
@@ -102,16 +112,47 @@ fn send(w: &World, h: &Headers, payload: &[u8], bad_icrc: bool) {
     seal_and_send(w, buf, bad_icrc);
 }
 
-fn seal_and_send(w: &World, mut buf: Vec<u8>, bad_icrc: bool) {
+fn seal_and_send(w: &World, buf: Vec<u8>, bad_icrc: bool) {
+    send_raw(&w.sock, PEER_IP, VICTIM_IP, w.port, buf, bad_icrc);
+}
+
+/// Builds `h`/`payload` and sends it from the third party (a right ICRC for its address).
+fn send_from_third(w: &World, h: &Headers, payload: &[u8]) {
+    send_raw(
+        &w.third,
+        THIRD_IP,
+        VICTIM_IP,
+        w.port,
+        build(h, payload),
+        false,
+    );
+}
+
+fn build(h: &Headers, payload: &[u8]) -> Vec<u8> {
+    let mut buf = vec![0u8; h.packet_len(payload.len())];
+    let n = h.build(payload, &mut buf).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+/// Sends a packet from `sock` (bound to `src`) to `dst`, ICRC filled for those addresses.
+fn send_raw(
+    sock: &UdpSocket,
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    port: u16,
+    mut buf: Vec<u8>,
+    bad_icrc: bool,
+) {
     let ip = IpFields::V4 {
-        src: PEER_IP,
-        dst: VICTIM_IP,
+        src,
+        dst,
         id: 0,
         flags_frag: IPV4_DF,
     };
     let ports = UdpPorts {
-        src: w.port,
-        dst: w.port,
+        src: port,
+        dst: port,
     };
     if buf.len() >= 16 {
         icrc::fill(&ip, ports, &mut buf).unwrap();
@@ -120,8 +161,7 @@ fn seal_and_send(w: &World, mut buf: Vec<u8>, bad_icrc: bool) {
             buf[n - 1] ^= 0x55;
         }
     }
-    w.sock
-        .send_to(&buf, SocketAddr::new(VICTIM_IP.into(), w.port))
+    sock.send_to(&buf, SocketAddr::new(dst.into(), port))
         .unwrap();
 }
 
@@ -152,6 +192,18 @@ fn answers(w: &World) -> Vec<(Opcode, u32, Option<Syndrome>)> {
 /// Silence: nothing comes back within 2 s.
 fn silence(w: &World) -> bool {
     answers(w).is_empty()
+}
+
+/// The affiliated asynchronous events pending on the device (taking them).
+fn events(w: &World) -> Vec<AsyncEvent> {
+    std::iter::from_fn(|| w.ctx.get_async_event()).collect()
+}
+
+fn qp_event(v: &Victim, event_type: AsyncEventType) -> AsyncEvent {
+    AsyncEvent {
+        event_type,
+        element: AsyncEventElement::Qp(v.ep.qp.qp_num()),
+    }
 }
 
 fn request(v: &Victim, op: Opcode, psn: u32) -> Headers {
@@ -208,9 +260,22 @@ fn attack(
     state: QpState,
     what: &str,
 ) {
+    let _ = events(w);
     let before = counters(w);
     send(w, h, payload, false);
     let a = answers(w);
+    // The victim's application learns of the NAK its QP sent (IBTA C9-222.1.1, rxe): the
+    // event is raised as the QP goes to ERR, before the NAK leaves.
+    let mine: Vec<_> = events(w)
+        .into_iter()
+        .filter(|e| e.element == AsyncEventElement::Qp(v.ep.qp.qp_num()))
+        .collect();
+    let event = match want {
+        Some(Syndrome::NakRemoteAccessError) => vec![qp_event(v, AsyncEventType::QpAccessErr)],
+        Some(Syndrome::NakInvalidRequest) => vec![qp_event(v, AsyncEventType::QpReqErr)],
+        _ => vec![],
+    };
+    assert_eq!(mine, event, "{what}: affiliated asynchronous events");
     match want {
         Some(syn) => assert!(
             a.iter().any(|(op, psn, s)| *op == Opcode::RcAck
@@ -591,4 +656,453 @@ fn a_flood_of_duplicates_executes_once() {
     );
     assert_eq!(v.ep.qp.state(), QpState::Rts);
     others_unaffected(&w);
+}
+
+// ------------------------------------------------------------------ revocation
+
+/// Everything the victim sends until 50 ms pass without a packet (2 s for the first):
+/// opcode, PSN, syndrome and payload.
+fn packets(w: &World) -> Vec<(Opcode, u32, Option<Syndrome>, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut b = [0u8; 9000];
+    while let Ok(n) = w.sock.recv(&mut b) {
+        if let Ok(p) = Packet::parse(&b[..n]) {
+            out.push((
+                p.headers.bth.opcode,
+                p.headers.bth.psn.value(),
+                p.headers.aeth.map(|a| a.syndrome),
+                p.payload.to_vec(),
+            ));
+        }
+        w.sock
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+    }
+    w.sock
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    out
+}
+
+fn is_read_response(op: Opcode) -> bool {
+    matches!(
+        op,
+        Opcode::RcReadResponseFirst
+            | Opcode::RcReadResponseMiddle
+            | Opcode::RcReadResponseLast
+            | Opcode::RcReadResponseOnly
+    )
+}
+
+#[test]
+fn a_write_continued_after_deregistration_changes_nothing() {
+    let w = world();
+    let v = victim(&w, RW, RW);
+    let Victim { ep, buf, mr, epsn } = v;
+    let (va, rkey) = (mr.addr(), mr.rkey());
+    // FIRST of a 3-packet WRITE (asking for an ACK, so that we know it was executed).
+    let mut h = Headers::new(Bth::new(
+        Opcode::RcWriteFirst,
+        ep.qp.qp_num(),
+        Psn::new(epsn),
+    ));
+    h.bth.ack_req = true;
+    h.reth = reth(va, rkey, 3 * 1024);
+    send(&w, &h, &[0xee; 1024], false);
+    let a = answers(&w);
+    assert!(
+        a.iter()
+            .any(|(op, psn, _)| *op == Opcode::RcAck && *psn == epsn),
+        "{a:?}"
+    );
+    assert_eq!(buf.to_vec(0, 1024).unwrap(), vec![0xee; 1024]);
+    // The application deregisters the region (and would hand the memory out again).
+    drop(mr);
+    let _ = events(&w);
+    let before = counters(&w);
+    for (op, psn) in [
+        (Opcode::RcWriteMiddle, epsn + 1),
+        (Opcode::RcWriteLast, epsn + 2),
+    ] {
+        let mut h = Headers::new(Bth::new(op, ep.qp.qp_num(), Psn::new(psn)));
+        h.bth.ack_req = op == Opcode::RcWriteLast;
+        send(&w, &h, &[0xdd; 1024], false);
+    }
+    let a = answers(&w);
+    assert!(
+        a.iter().any(|(op, psn, s)| *op == Opcode::RcAck
+            && *psn == epsn + 1
+            && *s == Some(Syndrome::NakRemoteAccessError)),
+        "a remote access error NAK for the MIDDLE: {a:?}"
+    );
+    assert!(
+        buf.to_vec(1024, 3072).unwrap().iter().all(|&b| b == 0x3c),
+        "memory written after its deregistration"
+    );
+    assert_eq!(ep.qp.state(), QpState::Err);
+    assert!(counters(&w)["send_err"] > before["send_err"]);
+    assert_eq!(
+        events(&w),
+        [AsyncEvent {
+            event_type: AsyncEventType::QpAccessErr,
+            element: AsyncEventElement::Qp(ep.qp.qp_num()),
+        }]
+    );
+    others_unaffected(&w);
+}
+
+#[test]
+fn a_duplicate_read_after_deregistration_returns_no_data() {
+    let w = world();
+    let v = victim(&w, RW, RW);
+    let Victim { ep, buf, mr, epsn } = v;
+    let mut h = Headers::new(Bth::new(
+        Opcode::RcReadRequest,
+        ep.qp.qp_num(),
+        Psn::new(epsn),
+    ));
+    h.reth = reth(mr.addr(), mr.rkey(), 2048);
+    send(&w, &h, &[], false);
+    let first = packets(&w);
+    assert_eq!(
+        first.iter().filter(|p| is_read_response(p.0)).count(),
+        2,
+        "{first:?}"
+    );
+    // Deregistered, and the memory reused for other data; then the READ comes again.
+    drop(mr);
+    buf.fill(0, 4096, 0x77).unwrap();
+    let _ = events(&w);
+    send(&w, &h, &[], false);
+    let again = packets(&w);
+    assert!(
+        again.iter().all(|p| !is_read_response(p.0)),
+        "a replay after deregistration: {:?}",
+        again.iter().map(|p| (p.0, p.1)).collect::<Vec<_>>()
+    );
+    assert!(
+        again
+            .iter()
+            .any(|p| p.0 == Opcode::RcAck && p.1 == epsn && p.2 == ACCESS),
+        "{again:?}"
+    );
+    assert_eq!(ep.qp.state(), QpState::Err);
+    let qpn = ep.qp.qp_num();
+    assert_eq!(
+        events(&w),
+        [AsyncEvent {
+            event_type: AsyncEventType::QpAccessErr,
+            element: AsyncEventElement::Qp(qpn),
+        }]
+    );
+    others_unaffected(&w);
+}
+
+#[test]
+fn a_read_response_stops_when_its_region_is_deregistered() {
+    let w = world();
+    let v = victim(&w, RW, RW);
+    // A READ of 256 MiB (262,144 response packets): far longer than it takes to
+    // deregister the region once its first response packet is seen.
+    const LEN: usize = 256 << 20;
+    let big = Arc::new(MemoryBuffer::zeroed(LEN).unwrap());
+    let mr = v.ep.pd.reg_mr(MemRegion::whole(big.clone()), RW).unwrap();
+    let mut h = request(&v, Opcode::RcReadRequest, v.epsn);
+    h.reth = reth(mr.addr(), mr.rkey(), LEN as u32);
+    let before = counters(&w);
+    let _ = events(&w);
+    send(&w, &h, &[], false);
+    let mut b = [0u8; 9000];
+    let n = w.sock.recv(&mut b).unwrap();
+    assert!(is_read_response(
+        Packet::parse(&b[..n]).unwrap().headers.bth.opcode
+    ));
+    drop(mr);
+    big.fill(0, 1 << 20, 0x77).unwrap(); // handed out again
+    let rest = packets(&w);
+    assert!(
+        rest.iter().all(|p| !p.3.contains(&0x77)),
+        "memory of a deregistered region was sent"
+    );
+    let sent = counters(&w)["sent_pkts"] - before["sent_pkts"];
+    assert!(
+        sent < (LEN / 1024) as u64 / 2,
+        "{sent} packets: the READ went on"
+    );
+    assert_eq!(v.ep.qp.state(), QpState::Err);
+    assert_eq!(events(&w), [qp_event(&v, AsyncEventType::QpAccessErr)]);
+    others_unaffected(&w);
+}
+
+// ------------------------------------------------------------------ what a NIC checks first
+
+#[test]
+fn opcodes_of_another_transport_are_dropped_and_counted() {
+    let w = world();
+    let v = victim(&w, RW, RW);
+    // A receive the victim could consume.
+    let sge = Sge {
+        addr: v.mr.addr(),
+        length: 1024,
+        lkey: v.mr.lkey(),
+    };
+    v.ep.qp
+        .post_recv(&[RecvWr {
+            wr_id: 1,
+            sg_list: &[sge],
+        }])
+        .unwrap();
+    // A UD SEND (with its DETH) at the RC QP: not run as an RC SEND.
+    let mut h = request(&v, Opcode::UdSendOnly, v.epsn);
+    h.deth = Some(Deth {
+        qkey: 0x1111_1111,
+        src_qp: PEER_QPN,
+    });
+    let before = counters(&w);
+    send(&w, &h, &[0xee; 64], false);
+    assert!(silence(&w), "a UD SEND answered by an RC QP");
+    // A UC WRITE (UC is not supported: nothing takes it).
+    let mut h = request(&v, Opcode::UcWriteOnly, v.epsn);
+    h.reth = reth(v.mr.addr(), v.mr.rkey(), 64);
+    send(&w, &h, &[0xee; 64], false);
+    assert!(silence(&w), "a UC WRITE answered");
+    let after = counters(&w);
+    assert_eq!(
+        after["drop_wrong_transport"],
+        before.get("drop_wrong_transport").copied().unwrap_or(0) + 2
+    );
+    assert!(unchanged(&v), "memory or the receive buffer changed");
+    let mut wc = [remem_verbs::WorkCompletion::default(); 2];
+    assert_eq!(
+        v.ep.cq.poll(&mut wc).unwrap(),
+        0,
+        "the receive was consumed"
+    );
+    assert_eq!(v.ep.qp.state(), QpState::Rts);
+    // An RC WRITE at a UD QP.
+    let ud = endpoint(&w.ctx, &QpOptions::default(), QpType::Ud, None).unwrap();
+    use remem_verbs::{QpAttr, QpAttrMask as M};
+    let mut attr = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qkey: 0x1111_1111,
+        ..QpAttr::default()
+    };
+    ud.qp
+        .modify(&attr, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
+        .unwrap();
+    attr.qp_state = QpState::Rtr;
+    ud.qp.modify(&attr, M::STATE).unwrap();
+    let mut h = Headers::new(Bth::new(Opcode::RcWriteOnly, ud.qp.qp_num(), Psn::new(0)));
+    h.reth = reth(v.mr.addr(), v.mr.rkey(), 64);
+    send(&w, &h, &[0xee; 64], false);
+    assert!(silence(&w));
+    assert_eq!(
+        counters(&w)["drop_wrong_transport"],
+        after["drop_wrong_transport"] + 1
+    );
+    others_unaffected(&w);
+}
+
+#[test]
+fn requests_from_another_address_are_dropped_and_counted() {
+    let w = world();
+    let v = victim(&w, RW, RW);
+    let before = counters(&w);
+    // A valid WRITE, right QPN, PSN and rkey, from an address that is not the QP's peer.
+    let (h, p) = write(&v, v.mr.addr(), v.mr.rkey(), 64);
+    send_from_third(&w, &h, &p);
+    // A READ too.
+    let mut r = request(&v, Opcode::RcReadRequest, v.epsn);
+    r.reth = reth(v.mr.addr(), v.mr.rkey(), 64);
+    send_from_third(&w, &r, &[]);
+    let mut b = [0u8; 512];
+    w.third
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    assert!(
+        w.third.recv(&mut b).is_err(),
+        "the third party got an answer"
+    );
+    assert!(silence(&w), "the peer got an answer");
+    assert!(unchanged(&v));
+    assert_eq!(
+        counters(&w)["drop_wrong_source"],
+        before.get("drop_wrong_source").copied().unwrap_or(0) + 2
+    );
+    assert_eq!(v.ep.qp.state(), QpState::Rts);
+    // The PSN is still expected: the same WRITE from the peer lands.
+    send(&w, &h, &p, false);
+    let a = answers(&w);
+    assert!(
+        a.iter()
+            .any(|(op, psn, _)| *op == Opcode::RcAck && *psn == v.epsn),
+        "{a:?}"
+    );
+    assert_eq!(v.buf.to_vec(0, 64).unwrap(), vec![0xee; 64]);
+}
+
+#[test]
+fn forged_acks_and_naks_from_a_third_party_change_nothing() {
+    let w = world();
+    let v = victim(&w, RW, RW);
+    // The victim's QP (requester) WRITEs to the raw peer: its PSN is bring_up's 5000.
+    let sge = Sge {
+        addr: v.mr.addr(),
+        length: 64,
+        lkey: v.mr.lkey(),
+    };
+    let op = SendOp::RdmaWrite {
+        remote_addr: 0x1000,
+        rkey: 0x1234,
+    };
+    v.ep.qp.post_send(&[SendWr::new(7, op, &[sge])]).unwrap();
+    let a = answers(&w);
+    assert!(
+        a.iter()
+            .any(|(op, psn, _)| *op == Opcode::RcWriteOnly && *psn == 5000),
+        "{a:?}"
+    );
+    let before = counters(&w);
+    // The third party NAKs it (it would fail with REM_ACCESS_ERR, the QP to ERR), then
+    // ACKs it (it would complete without having arrived).
+    for syndrome in [
+        Syndrome::NakRemoteAccessError,
+        Syndrome::Ack { credits: 31 },
+    ] {
+        let mut h = Headers::new(Bth::new(Opcode::RcAck, v.ep.qp.qp_num(), Psn::new(5000)));
+        h.aeth = Some(Aeth { syndrome, msn: 1 });
+        send_from_third(&w, &h, &[]);
+    }
+    // A READ response naming it too.
+    let mut h = Headers::new(Bth::new(
+        Opcode::RcReadResponseOnly,
+        v.ep.qp.qp_num(),
+        Psn::new(5000),
+    ));
+    h.aeth = Some(Aeth {
+        syndrome: Syndrome::Ack { credits: 31 },
+        msn: 1,
+    });
+    send_from_third(&w, &h, &[0; 64]);
+    // The victim retransmits (no ACK came from its peer): proof the forgeries did nothing.
+    let a = answers(&w);
+    assert!(
+        a.iter()
+            .any(|(op, psn, _)| *op == Opcode::RcWriteOnly && *psn == 5000),
+        "{a:?}"
+    );
+    let mut wc = [remem_verbs::WorkCompletion::default(); 2];
+    assert_eq!(v.ep.cq.poll(&mut wc).unwrap(), 0, "a forged completion");
+    assert_eq!(v.ep.qp.state(), QpState::Rts);
+    assert_eq!(
+        counters(&w)["drop_wrong_source"],
+        before.get("drop_wrong_source").copied().unwrap_or(0) + 3
+    );
+    // The peer's own ACK completes it.
+    let mut h = Headers::new(Bth::new(Opcode::RcAck, v.ep.qp.qp_num(), Psn::new(5000)));
+    h.aeth = Some(Aeth {
+        syndrome: Syndrome::Ack { credits: 31 },
+        msn: 1,
+    });
+    send(&w, &h, &[], false);
+    let wc = remem_conformance::poll_one(&*v.ep.cq, Duration::from_secs(5)).unwrap();
+    assert_eq!((wc.wr_id, wc.status), (7, WcStatus::Success));
+}
+
+// ------------------------------------------------------------------ replay work
+
+#[test]
+fn a_flood_of_duplicate_reads_is_bounded() {
+    // An inline device (driven here): the whole flood is received in one go, then what it
+    // produced is sent.
+    let victim_ip = Ipv4Addr::new(127, 0, 22, 1);
+    let peer_ip = Ipv4Addr::new(127, 0, 22, 2);
+    let opts = SoftOptions {
+        inline: true,
+        ..SoftOptions::default()
+    };
+    let dev = SoftContext::bind_with(SocketAddr::new(victim_ip.into(), 0), &opts).unwrap();
+    let port = dev.local_addr().port();
+    let ctx: Arc<dyn Context> = Arc::new(dev);
+    let sock = UdpSocket::bind(SocketAddr::new(peer_ip.into(), port)).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let o = QpOptions {
+        access: RW,
+        mtu: Mtu::Mtu1024,
+        ..QpOptions::default()
+    };
+    let ep = endpoint(&ctx, &o, QpType::Rc, None).unwrap();
+    bring_up(
+        &ep,
+        PEER_QPN,
+        Gid::from(peer_ip),
+        5000,
+        1000,
+        Mtu::Mtu1024,
+        &o,
+    )
+    .unwrap();
+    let (_buf, mr) = ep.reg(16 * 1024, RW).unwrap();
+    let mut h = Headers::new(Bth::new(
+        Opcode::RcReadRequest,
+        ep.qp.qp_num(),
+        Psn::new(1000),
+    ));
+    h.reth = reth(mr.addr(), mr.rkey(), 16 * 1024);
+    let counter = |name: &str| {
+        ctx.counters()
+            .iter()
+            .find(|c| c.name == name)
+            .map_or(0, |c| c.value)
+    };
+    let received = |n: usize| {
+        let mut b = [0u8; 2048];
+        (0..n).filter(|_| sock.recv(&mut b).is_ok()).count()
+    };
+    // The READ: 16 response packets.
+    send_raw(&sock, peer_ip, victim_ip, port, build(&h, &[]), false);
+    let sent0 = counter("sent_pkts");
+    while counter("sent_pkts") < sent0 + 16 {
+        ctx.drive(Duration::from_millis(100)).unwrap();
+    }
+    assert_eq!(received(16), 16);
+    // 100 copies of the 60-byte request.
+    let (sent1, dups1) = (counter("sent_pkts"), counter("duplicate_request"));
+    for _ in 0..100 {
+        send_raw(&sock, peer_ip, victim_ip, port, build(&h, &[]), false);
+    }
+    let mut pumps = 0u64;
+    while counter("duplicate_request") < dups1 + 100 {
+        ctx.drive(Duration::from_millis(100)).unwrap();
+        pumps += 1;
+        assert!(pumps < 100, "the duplicates did not arrive");
+    }
+    ctx.drive(Duration::ZERO).unwrap();
+    let sent = counter("sent_pkts") - sent1;
+    // One replay per batch of duplicates received (normally one batch), not one each.
+    assert!(
+        sent >= 16 && sent <= 16 * pumps.min(4),
+        "{sent} packets sent for 100 duplicates in {pumps} receive batches"
+    );
+    assert!(counter("drop_duplicate_read") >= 100 - pumps.min(4));
+    assert_eq!(ep.qp.state(), QpState::Rts);
+}
+
+#[test]
+fn qpns_are_not_enumerable_from_one_known() {
+    // A peer knows the QPN of its own connection; the device's other QPs must not be the
+    // numbers next to it.
+    let w = world();
+    let eps: Vec<_> = (0..64)
+        .map(|_| endpoint(&w.ctx, &QpOptions::default(), QpType::Rc, None).unwrap())
+        .collect();
+    let qpns: Vec<u32> = eps.iter().map(|e| e.qp.qp_num()).collect();
+    let near = qpns
+        .windows(2)
+        .filter(|p| p[1].abs_diff(p[0]) <= 64)
+        .count();
+    assert!(near <= 1, "QPNs in sequence: {qpns:x?}");
+    assert!(qpns.iter().all(|q| (16..1 << 24).contains(q)));
 }

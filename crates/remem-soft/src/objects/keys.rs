@@ -1,9 +1,11 @@
-//! Memory keys: unpredictable to a peer, unique until 2^32 registrations.
+//! Memory keys and QP numbers: unpredictable to a peer, unique until the space wraps.
 //!
 //! Keys are a secret 32-bit permutation (a 4-round Feistel network with random round keys)
 //! applied to a counter that starts at a random value: consecutive registrations get
 //! unrelated-looking keys, no key repeats before the counter wraps, and no per-key state is
-//! kept. Key 0 is never handed out.
+//! kept. Key 0 is never handed out. QP numbers ([`QpnGen`]) are made the same way in the
+//! 24-bit QPN space, so that a peer cannot enumerate a device's QPs from one it knows, and
+//! a destroyed QP's number comes back only after 2^24 more have been handed out.
 
 use rand::Rng;
 
@@ -48,6 +50,18 @@ impl KeyGen {
 }
 
 #[cfg(test)]
+impl QpnGen {
+    /// Makes `qpn` the next number of the sequence.
+    pub(crate) fn seek(&mut self, qpn: u32) {
+        let (mut l, mut r) = ((qpn >> (QPN_BITS / 2)) & HALF_MASK, qpn & HALF_MASK);
+        for k in self.round_keys.iter().rev() {
+            (l, r) = (r ^ Self::round(l, *k), l);
+        }
+        self.next = (l << (QPN_BITS / 2)) | r;
+    }
+}
+
+#[cfg(test)]
 impl KeyGen {
     /// Steps the counter back, replaying keys (as after 2^32 keys).
     pub(crate) fn rewind(&mut self, n: u32) {
@@ -56,6 +70,57 @@ impl KeyGen {
 }
 
 impl Default for KeyGen {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Width of a QP number.
+const QPN_BITS: u32 = 24;
+/// One Feistel half of a QP number.
+const HALF_MASK: u32 = (1 << (QPN_BITS / 2)) - 1;
+
+/// Generates QP numbers for one device: a secret permutation of the 24-bit space applied
+/// to a counter from a random start. The device skips numbers below its first QPN (0 and 1
+/// are the special QPs) and numbers in use.
+#[derive(Debug)]
+pub struct QpnGen {
+    round_keys: [u32; 4],
+    next: u32,
+}
+
+impl QpnGen {
+    /// A generator with fresh random round keys and start.
+    pub fn new() -> Self {
+        let mut rng = rand::rng();
+        QpnGen {
+            round_keys: rng.random(),
+            next: rng.random::<u32>() & ((1 << QPN_BITS) - 1),
+        }
+    }
+
+    fn round(r: u32, k: u32) -> u32 {
+        let f = (r ^ k).wrapping_mul(0x9e37_79b1).rotate_left(11);
+        (f ^ (f >> 16)) & HALF_MASK
+    }
+
+    fn permute(&self, x: u32) -> u32 {
+        let (mut l, mut r) = ((x >> (QPN_BITS / 2)) & HALF_MASK, x & HALF_MASK);
+        for k in self.round_keys {
+            (l, r) = (r, l ^ Self::round(r, k));
+        }
+        (l << (QPN_BITS / 2)) | r
+    }
+
+    /// The next QP number of the sequence (any 24-bit value).
+    pub fn next_qpn(&mut self) -> u32 {
+        let q = self.permute(self.next);
+        self.next = (self.next + 1) & ((1 << QPN_BITS) - 1);
+        q
+    }
+}
+
+impl Default for QpnGen {
     fn default() -> Self {
         Self::new()
     }
@@ -86,6 +151,41 @@ mod tests {
         let g = KeyGen::new();
         let set: HashSet<u32> = (0..1u32 << 18).map(|x| g.permute(x)).collect();
         assert_eq!(set.len(), 1 << 18);
+    }
+
+    #[test]
+    fn qpns_are_a_permutation_of_24_bits() {
+        let mut g = QpnGen::new();
+        let all: HashSet<u32> = (0..1u32 << 24).map(|_| g.next_qpn()).collect();
+        assert_eq!(all.len(), 1 << 24, "every 24-bit value once per cycle");
+        assert!(all.iter().all(|q| *q < 1 << 24));
+    }
+
+    #[test]
+    fn seek_inverts_the_permutation() {
+        let mut g = QpnGen::new();
+        for q in [0, 1, 16, 0x00ab_cdef, 0x00ff_ffff] {
+            g.seek(q);
+            assert_eq!(g.next_qpn(), q);
+        }
+    }
+
+    #[test]
+    fn consecutive_qpns_are_not_enumerable() {
+        let mut g = QpnGen::new();
+        let qpns: Vec<u32> = (0..10_000).map(|_| g.next_qpn()).collect();
+        // Knowing one QPN tells nothing about the next: few neighbours within ±1024.
+        let near = qpns
+            .windows(2)
+            .filter(|w| w[1].abs_diff(w[0]) <= 1024)
+            .count();
+        assert!(near < 20, "{near} near-sequential QPNs");
+        let (a, b) = (QpnGen::new(), QpnGen::new());
+        assert_ne!(
+            (0..8).map(|x| a.permute(x)).collect::<Vec<_>>(),
+            (0..8).map(|x| b.permute(x)).collect::<Vec<_>>(),
+            "devices differ"
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ pub mod srq;
 use crate::driver::{Inline, Nic, Progress};
 use crate::engine::Engine;
 use crate::qp::{LocalMemory, QpLimits, QpSurroundings, SoftQp, SoftQpParts};
-use crate::transport::{RemoteKeyError, Stat};
+use crate::transport::{Grant, RemoteKeyError, Stat};
 use crate::wqe::{PdId, RecvWqe};
 use ah::SoftAh;
 use cq::SoftCq;
@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Transport statistics in counter order, with their rxe names.
-pub const STAT_NAMES: [(Stat, &str); 9] = [
+pub const STAT_NAMES: [(Stat, &str); 11] = [
     (Stat::DuplicateRequest, "duplicate_request"),
     (Stat::OutOfSeqRequest, "out_of_seq_request"),
     (Stat::RcvdRnrNak, "rcvd_rnr_err"),
@@ -40,11 +40,13 @@ pub const STAT_NAMES: [(Stat, &str); 9] = [
     (Stat::RnrRetryExceeded, "retry_rnr_exceeded_err"),
     (Stat::CompleterRetry, "completer_retry_err"),
     (Stat::SendErr, "send_err"),
+    (Stat::DuplicateReadDropped, "drop_duplicate_read"),
+    (Stat::ReadOverflowDropped, "drop_read_overflow"),
 ];
 
 static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
 
-/// The first QP number handed out (rxe's first QP index; 0 and 1 are the special QPs).
+/// The lowest QP number handed out (rxe's first QP index; 0 and 1 are the special QPs).
 const FIRST_QPN: u32 = 16;
 /// The largest QP number (24 bits).
 const MAX_QPN: u32 = 0x00ff_ffff;
@@ -81,7 +83,7 @@ pub struct DeviceShared {
     pub quotas: quota::Quotas,
     driver: Driver,
     stats: [AtomicU64; STAT_NAMES.len()],
-    next_qpn: Mutex<u32>,
+    qpns: Mutex<keys::QpnGen>,
     next_id: AtomicU32,
 }
 
@@ -145,7 +147,7 @@ impl DeviceShared {
             quotas,
             driver,
             stats: Default::default(),
-            next_qpn: Mutex::new(FIRST_QPN + rand::random::<u32>() % 0x1000),
+            qpns: Mutex::new(keys::QpnGen::new()),
             next_id: AtomicU32::new(1),
         }))
     }
@@ -155,13 +157,14 @@ impl DeviceShared {
     }
 
     /// A QP number not in use by a live QP: 24 bits, from 16 up (0 and 1 are the special
-    /// QPs), handed out in sequence from a random start and wrapping to 16.
+    /// QPs), in the order of a secret permutation of the QPN space ([`keys::QpnGen`]): a
+    /// peer who knows one of the device's QPNs cannot guess the others, and a destroyed
+    /// QP's number is handed out again only after the rest of the space.
     pub(crate) fn alloc_qpn(&self) -> Result<u32> {
-        let mut n = self.next_qpn.lock().unwrap_or_else(|p| p.into_inner());
-        for _ in 0..=(MAX_QPN - FIRST_QPN) {
-            let qpn = *n;
-            *n = if *n >= MAX_QPN { FIRST_QPN } else { *n + 1 };
-            if !self.engine.has_qp(qpn) {
+        let mut g = self.qpns.lock().unwrap_or_else(|p| p.into_inner());
+        for _ in 0..=MAX_QPN {
+            let qpn = g.next_qpn();
+            if qpn >= FIRST_QPN && !self.engine.has_qp(qpn) {
                 return Ok(qpn);
             }
         }
@@ -196,6 +199,8 @@ impl DeviceShared {
             counter("drop_malformed", &e.drop_malformed),
             counter("drop_bad_icrc", &e.drop_bad_icrc),
             counter("drop_unknown_qp", &e.drop_unknown_qp),
+            counter("drop_wrong_transport", &e.drop_wrong_transport),
+            counter("drop_wrong_source", &e.drop_wrong_source),
             counter("icrc_id_recovered", &e.icrc_id_recovered),
             counter("tx_datagrams", &e.tx_datagrams),
             counter("rx_datagrams", &e.rx_datagrams),
@@ -379,7 +384,7 @@ impl QpSurroundings for QpAround {
         va: u64,
         len: u64,
         need: AccessFlags,
-    ) -> std::result::Result<MemRegion, RemoteKeyError> {
+    ) -> std::result::Result<Grant, RemoteKeyError> {
         self.dev.mrs.remote(pd, rkey, va, len, need)
     }
 
@@ -388,7 +393,7 @@ impl QpSurroundings for QpAround {
         pd: PdId,
         rkey: u32,
         need: AccessFlags,
-    ) -> std::result::Result<MemRegion, RemoteKeyError> {
+    ) -> std::result::Result<Grant, RemoteKeyError> {
         self.dev.mrs.remote_region(pd, rkey, need)
     }
 
@@ -406,6 +411,10 @@ impl QpSurroundings for QpAround {
 
     fn count(&self, stat: Stat) {
         self.dev.count(stat);
+    }
+
+    fn async_event(&self, event: remem_verbs::AsyncEvent) {
+        self.dev.events.raise(event);
     }
 
     fn check_av(&self, av: &AhAttr) -> Result<()> {
@@ -591,9 +600,18 @@ mod tests {
             dev.mrs.local(pd.id(), &s, false),
             Err(Error::InvalidLkey { .. })
         ));
-        // An operation that resolved its memory before keeps it.
-        held.write(0, b"still here").unwrap();
-        assert_eq!(buf.to_vec(0, 10).unwrap(), b"still here");
+        // A responder's resolution made before (a WRITE in progress, a READ's responses)
+        // is revoked with the key: it reaches the memory no more.
+        assert!(held.is_revoked());
+        assert_eq!(
+            held.write(0, b"too late"),
+            Err(crate::transport::AccessError::Revoked)
+        );
+        assert_eq!(
+            held.read(0, &mut [0; 8]),
+            Err(crate::transport::AccessError::Revoked)
+        );
+        assert_eq!(buf.to_vec(0, 8).unwrap(), [0; 8]);
     }
 
     #[test]
@@ -723,29 +741,33 @@ mod tests {
     }
 
     #[test]
-    fn qpns_are_24_bit_from_16_and_skip_live_ones() {
+    fn qpns_are_24_bit_from_16_unpredictable_and_skip_live_ones() {
         let ctx = device();
         let dev = ctx.shared().clone();
-        let a = dev.alloc_qpn().unwrap();
-        let b = dev.alloc_qpn().unwrap();
-        assert!((FIRST_QPN..=MAX_QPN).contains(&a));
-        assert_ne!(a, b);
-        *dev.next_qpn.lock().unwrap() = MAX_QPN;
-        assert_eq!(dev.alloc_qpn().unwrap(), MAX_QPN);
-        assert_eq!(
-            dev.alloc_qpn().unwrap(),
-            FIRST_QPN,
-            "wraps to 16, never 0 or 1"
-        );
+        let qpns: Vec<u32> = (0..1000).map(|_| dev.alloc_qpn().unwrap()).collect();
+        assert!(qpns.iter().all(|q| (FIRST_QPN..=MAX_QPN).contains(q)));
+        // Not a sequence: knowing one number does not give the next.
+        let sequential = qpns.windows(2).filter(|w| w[1] == w[0] + 1).count();
+        assert!(sequential < 5, "{sequential} sequential QPNs");
+        // 0, 1 and the rest below 16 are never handed out.
+        for special in [0, 1, 15] {
+            dev.qpns.lock().unwrap().seek(special);
+            let q = dev.alloc_qpn().unwrap();
+            assert!(q >= FIRST_QPN, "{q} after seeking {special}");
+        }
         // A live QP's number is skipped when the sequence comes round to it.
         let pd = dev.alloc_pd().unwrap();
         let qp = qp_of(&dev, &pd, QpType::Rc);
         let live = qp.qp_num();
-        *dev.next_qpn.lock().unwrap() = live;
-        assert_eq!(dev.alloc_qpn().unwrap(), live + 1);
+        dev.qpns.lock().unwrap().seek(live);
+        assert_ne!(dev.alloc_qpn().unwrap(), live);
         drop(qp);
-        *dev.next_qpn.lock().unwrap() = live;
+        dev.qpns.lock().unwrap().seek(live);
         assert_eq!(dev.alloc_qpn().unwrap(), live, "free again once destroyed");
+        // And a destroyed QP's number does not come back soon: not among the next 10,000.
+        let pd = dev.alloc_pd().unwrap();
+        let gone = qp_of(&dev, &pd, QpType::Rc).qp_num();
+        assert!((0..10_000).all(|_| dev.alloc_qpn().unwrap() != gone));
     }
 
     #[test]

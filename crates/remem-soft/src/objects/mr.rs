@@ -5,12 +5,17 @@
 //! posting and once per request packet on the responder: they take a read lock, hash the
 //! key with one multiplication (keys come from a secret permutation, so they are already
 //! spread and a peer cannot choose them), and allocate nothing — the resulting
-//! [`MemRegion`] shares the registration's buffer.
+//! [`MemRegion`] or [`Grant`] shares the registration's buffer.
+//!
+//! Deregistration revokes the rkey at the root: the registration's [`KeyedRegion`] is
+//! shared by every [`Grant`] a responder resolved from it (and kept for a WRITE's later
+//! packets, a READ's responses, a duplicate READ's replay), so [`MrTable::remove`] reaches
+//! all of them — it returns once no grant can touch the memory any more.
 
 use super::DeviceShared;
 use super::keys::KeyGen;
 use crate::qp::LocalMemory;
-use crate::transport::RemoteKeyError;
+use crate::transport::{Grant, KeyedRegion, RemoteKeyError};
 use crate::wqe::PdId;
 use remem_verbs::{AccessFlags, Error, MemRegion, Result, Sge};
 use std::collections::HashMap;
@@ -22,14 +27,21 @@ use std::sync::{Arc, RwLock};
 pub struct MrEntry {
     /// Protection domain.
     pub pd: PdId,
-    /// The memory.
-    pub region: MemRegion,
+    /// The memory, and whether its keys still stand.
+    pub key: Arc<KeyedRegion>,
     /// Access rights.
     pub access: AccessFlags,
     /// Local key.
     pub lkey: u32,
     /// Remote key.
     pub rkey: u32,
+}
+
+impl MrEntry {
+    /// The registered memory.
+    pub fn region(&self) -> &MemRegion {
+        self.key.region()
+    }
 }
 
 /// Hashes a memory key or a QP number: Fibonacci hashing, which fills the high bits the table's probe
@@ -107,7 +119,7 @@ impl MrTable {
         let rkey = t.fresh_key();
         let e = Arc::new(MrEntry {
             pd,
-            region,
+            key: KeyedRegion::new(region),
             access,
             lkey,
             rkey,
@@ -118,15 +130,22 @@ impl MrTable {
     }
 
     /// Removes a registration: both its keys stop working at once (for posts and for
-    /// peers). Operations already resolved keep their own [`MemRegion`]s.
+    /// peers), and every grant a responder resolved from its rkey is revoked — once this
+    /// returns, no peer's packet reads or writes the memory (a copy in progress is waited
+    /// for). Work requests posted with its lkey keep their own [`MemRegion`]s (using them
+    /// after deregistration is the application's error, as with verbs).
     pub fn remove(&self, e: &Arc<MrEntry>) {
-        let mut t = self.tables.write().unwrap_or_else(|p| p.into_inner());
-        if t.by_lkey.get(&e.lkey).is_some_and(|x| Arc::ptr_eq(x, e)) {
-            t.by_lkey.remove(&e.lkey);
+        {
+            let mut t = self.tables.write().unwrap_or_else(|p| p.into_inner());
+            if t.by_lkey.get(&e.lkey).is_some_and(|x| Arc::ptr_eq(x, e)) {
+                t.by_lkey.remove(&e.lkey);
+            }
+            if t.by_rkey.get(&e.rkey).is_some_and(|x| Arc::ptr_eq(x, e)) {
+                t.by_rkey.remove(&e.rkey);
+            }
         }
-        if t.by_rkey.get(&e.rkey).is_some_and(|x| Arc::ptr_eq(x, e)) {
-            t.by_rkey.remove(&e.rkey);
-        }
+        // Outside the table's lock: lookups of other keys need not wait for a copy.
+        e.key.revoke();
     }
 
     /// Number of registrations.
@@ -153,10 +172,10 @@ impl MrTable {
         .ok()
     }
 
-    /// Resolves a remote access for the responder: the sub-region exactly covering
+    /// Resolves a remote access for the responder: a grant exactly covering
     /// `[va, va + len)` if `rkey` names a region of `pd` granting `need` that contains it.
     /// Checked in rxe's order: key, PD, access rights, bounds; a range wrapping past 2^64 is
-    /// out of bounds.
+    /// out of bounds. The grant works until the region is deregistered.
     pub fn remote(
         &self,
         pd: PdId,
@@ -164,26 +183,21 @@ impl MrTable {
         va: u64,
         len: u64,
         need: AccessFlags,
-    ) -> std::result::Result<MemRegion, RemoteKeyError> {
+    ) -> std::result::Result<Grant, RemoteKeyError> {
         let t = self.tables.read().unwrap_or_else(|p| p.into_inner());
-        let e = Self::granted(&t, pd, rkey, need)?;
-        let off = e
-            .region
-            .offset_of(va, len)
-            .map_err(|_| RemoteKeyError::OutOfBounds)?;
-        Self::sub(&e.region, off, len).ok_or(RemoteKeyError::OutOfBounds)
+        Self::granted(&t, pd, rkey, need)?.key.grant(va, len)
     }
 
-    /// Resolves a remote key to its whole region (a FLUSH of the memory region), with the
-    /// same key, PD and access checks as [`MrTable::remote`].
+    /// Resolves a remote key to a grant for its whole region (a FLUSH of the memory
+    /// region), with the same key, PD and access checks as [`MrTable::remote`].
     pub fn remote_region(
         &self,
         pd: PdId,
         rkey: u32,
         need: AccessFlags,
-    ) -> std::result::Result<MemRegion, RemoteKeyError> {
+    ) -> std::result::Result<Grant, RemoteKeyError> {
         let t = self.tables.read().unwrap_or_else(|p| p.into_inner());
-        Ok(Self::granted(&t, pd, rkey, need)?.region.clone())
+        Self::granted(&t, pd, rkey, need)?.key.grant_all()
     }
 
     /// The entry of `rkey` if it is in `pd` and grants `need` (rxe's order of checks).
@@ -220,10 +234,10 @@ impl LocalMemory for MrTable {
             return Err(Error::LocalAccess { lkey: sge.lkey });
         }
         let len = u64::from(sge.length);
-        e.region
+        e.region()
             .offset_of(sge.addr, len)
             .ok()
-            .and_then(|off| Self::sub(&e.region, off, len))
+            .and_then(|off| Self::sub(e.region(), off, len))
             .ok_or(Error::SgeOutOfBounds {
                 addr: sge.addr,
                 length: sge.length,
@@ -253,7 +267,7 @@ impl remem_verbs::MemoryRegion for SoftMr {
         self.entry.rkey
     }
     fn region(&self) -> &MemRegion {
-        &self.entry.region
+        self.entry.region()
     }
     fn access(&self) -> AccessFlags {
         self.entry.access

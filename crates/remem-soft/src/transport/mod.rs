@@ -14,17 +14,19 @@
 //! packets.
 
 pub mod glue;
+pub mod grant;
 pub mod psn;
 mod rc;
 #[cfg(test)]
 mod sim;
 mod ud;
 
+pub use grant::{AccessError, Grant, Held, KeyedRegion};
 pub use rc::{RcConfig, RcTransport};
 pub use ud::{UdSource, UdTransport};
 
 use crate::wqe::RecvWqe;
-use remem_verbs::{AccessFlags, MemRegion, WorkCompletion};
+use remem_verbs::{AccessFlags, AsyncEvent, WorkCompletion};
 
 /// What a packet is, independent of its position in a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -232,6 +234,9 @@ pub enum RemoteKeyError {
     OutOfBounds,
     /// The region lacks the access right.
     MissingAccess,
+    /// The key was valid when the message started (a WRITE's FIRST packet, a READ
+    /// request) and has been revoked since: its memory region was deregistered.
+    Revoked,
 }
 
 /// Transport statistics the environment counts (the device counters of rxe).
@@ -255,25 +260,34 @@ pub enum Stat {
     CompleterRetry,
     /// A NAK other than sequence/RNR was sent or an error completion made (`send_err`).
     SendErr,
+    /// A duplicate READ request was dropped: a response covering it was already queued,
+    /// or as many READ responses as the QP has responder resources were queued
+    /// (`drop_duplicate_read`).
+    DuplicateReadDropped,
+    /// A new READ request was dropped unexecuted (as if lost: the requester retries it)
+    /// while as many READ responses as the QP has responder resources were still queued
+    /// (`drop_read_overflow`).
+    ReadOverflowDropped,
 }
 
 /// What the transport needs from its surroundings: memory, receive queues, completion
 /// queues, counters. Implemented by the soft QP over the device's tables, and by the
 /// simulation tests over models.
 pub trait Env {
-    /// Resolves a remote access: the region covering `[va, va + len)` of the memory region
-    /// `rkey` if it is in the QP's protection domain and grants `need`.
+    /// Resolves a remote access: a grant for `[va, va + len)` of the memory region `rkey`
+    /// if it is in the QP's protection domain and grants `need`. The grant stops working
+    /// when the region is deregistered ([`KeyedRegion::revoke`]).
     fn remote(
         &mut self,
         rkey: u32,
         va: u64,
         len: u64,
         need: AccessFlags,
-    ) -> Result<MemRegion, RemoteKeyError>;
+    ) -> Result<Grant, RemoteKeyError>;
 
-    /// Resolves a remote key to its whole memory region if it is in the QP's protection
-    /// domain and grants `need` (a FLUSH of the whole region).
-    fn remote_region(&mut self, rkey: u32, need: AccessFlags) -> Result<MemRegion, RemoteKeyError>;
+    /// Resolves a remote key to a grant for its whole memory region if it is in the QP's
+    /// protection domain and grants `need` (a FLUSH of the whole region).
+    fn remote_region(&mut self, rkey: u32, need: AccessFlags) -> Result<Grant, RemoteKeyError>;
 
     /// Takes the next receive work request (from the QP's receive queue or its SRQ).
     fn take_recv(&mut self) -> Option<RecvWqe>;
@@ -286,4 +300,9 @@ pub trait Env {
 
     /// Counts an event.
     fn count(&mut self, stat: Stat);
+
+    /// Raises an affiliated asynchronous event (the responder moved the QP to ERR over a
+    /// peer's request: `IBV_EVENT_QP_ACCESS_ERR`, `IBV_EVENT_QP_REQ_ERR`,
+    /// `IBV_EVENT_QP_FATAL`).
+    fn async_event(&mut self, event: AsyncEvent);
 }

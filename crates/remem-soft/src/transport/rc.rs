@@ -2,14 +2,14 @@
 
 use super::psn::{add, diff};
 use super::{
-    ACK_UNLIMITED, AtomicEth, Env, Feth, Kind, Pos, RemoteKeyError, Reth, RxPacket, Stat, Syndrome,
-    TxPacket,
+    ACK_UNLIMITED, AccessError, AtomicEth, Env, Feth, Grant, Kind, Pos, RemoteKeyError, Reth,
+    RxPacket, Stat, Syndrome, TxPacket,
 };
 use crate::wqe::{RecvWqe, SendWqe, scatter_into};
 use remem_verbs::qp::{local_ack_timeout_ns, rnr_timer_us};
 use remem_verbs::{
-    AccessFlags, FlushLevel, FlushType, MemError, MemRegion, QpState, RNR_RETRY_INFINITE, SendOp,
-    WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AsyncEvent, AsyncEventElement, AsyncEventType, FlushLevel, FlushType, MemError,
+    QpState, RNR_RETRY_INFINITE, SendOp, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -168,7 +168,9 @@ enum InProgress {
         offset: u64,
     },
     Write {
-        region: Option<MemRegion>,
+        /// The grant resolved at FIRST (none for a zero-length WRITE); every later packet
+        /// goes through it, so a deregistration in between refuses them.
+        region: Option<Grant>,
         kind: Kind,
         offset: u64,
         len: u64,
@@ -180,7 +182,7 @@ enum Resource {
     Read {
         psn: u32,
         npkts: u32,
-        region: Option<MemRegion>,
+        region: Option<Grant>,
         len: u64,
     },
     Atomic {
@@ -227,7 +229,9 @@ enum Out {
         orig: u64,
     },
     Read {
-        region: Option<MemRegion>,
+        /// Checked before each packet's payload is gathered (a revoked key ends the
+        /// response with a NAK).
+        region: Option<Grant>,
         /// PSN of packet index 0 of the READ.
         base_psn: u32,
         /// Length of the whole READ.
@@ -282,12 +286,31 @@ impl Responder {
     }
 }
 
-/// Why the responder refuses a request: the NAK it sends.
+/// Why the responder refuses a request: the NAK it sends and the affiliated asynchronous
+/// event it raises (IBTA C9-222.1.1: the error goes to the responder's client as an
+/// affiliated asynchronous error unless a receive work request's completion reports it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Refuse {
+    /// Invalid request NAK; `IBV_EVENT_QP_REQ_ERR` (Invalid Request Local WQ Error).
     Invalid,
+    /// Remote access error NAK; `IBV_EVENT_QP_ACCESS_ERR` (Local Access Violation WQ Error).
     Access(RemoteKeyError),
+    /// Remote operational error NAK; `IBV_EVENT_QP_FATAL` (Local WQ Catastrophic Error).
     Operational,
+    /// A NAK with this syndrome, the error already reported by an error completion of the
+    /// receive the request consumed: no event.
+    Reported(Syndrome),
+}
+
+impl Refuse {
+    /// The refusal of an access through a grant: a revoked key is an access error, a
+    /// failure of the memory itself an operational error.
+    fn of_access(e: AccessError) -> Refuse {
+        match e {
+            AccessError::Revoked => Refuse::Access(RemoteKeyError::Revoked),
+            AccessError::Mem(_) => Refuse::Operational,
+        }
+    }
 }
 
 /// The RC transport of one queue pair.
@@ -420,10 +443,13 @@ impl RcTransport {
 
     /// Produces the next packet to send, if any: calls `emit` with its headers and a
     /// function that writes its payload into the slice it is given (exactly
-    /// `payload_len` bytes). Responses go first, then new or retransmitted requests.
+    /// `payload_len` bytes). Responses go first, then new or retransmitted requests. A READ
+    /// response whose memory region was deregistered meanwhile is not sent: a NAK takes
+    /// its place and the QP goes to ERR (completions and the event through `env`).
     pub fn poll_transmit<R>(
         &mut self,
         now: Instant,
+        env: &mut dyn Env,
         emit: impl FnOnce(&TxPacket, &mut dyn FnMut(&mut [u8]) -> Result<(), MemError>) -> R,
     ) -> Option<R> {
         let sending = matches!(self.state, QpState::Rts | QpState::Sqd);
@@ -439,7 +465,7 @@ impl RcTransport {
         self.ack_waited = first.is_some();
         let (pkt, src) = match first {
             Some(p) => p,
-            None => match self.poll_response() {
+            None => match self.poll_response(env) {
                 Some(p) => p,
                 None if sending => self.poll_request(now)?,
                 None => return None,
@@ -456,7 +482,7 @@ impl RcTransport {
                     size: 0,
                 }),
             },
-            PayloadSrc::Region { region, offset } => region.read(*offset, dst),
+            PayloadSrc::Region { held, offset } => held.read(*offset, dst),
         };
         Some(emit(&pkt, &mut fill))
     }
@@ -652,7 +678,7 @@ impl RcTransport {
     }
 
     /// The next queued response (ACK/NAK, atomic ACK, READ response packet).
-    fn poll_response(&mut self) -> Option<(TxPacket, PayloadSrc)> {
+    fn poll_response(&mut self, env: &mut dyn Env) -> Option<(TxPacket, PayloadSrc)> {
         let mtu = self.cfg.mtu;
         let dest = self.cfg.dest_qpn;
         let msn = self.resp.msn;
@@ -678,21 +704,35 @@ impl RcTransport {
                 npkts,
             } => {
                 let idx = *next;
-                let pos = Pos::of(idx - *start, *npkts - *start);
-                let mut p = TxPacket::new(Kind::ReadResponse, pos, dest, add(*base_psn, idx));
+                let psn = add(*base_psn, idx);
                 let offset = u64::from(idx) * u64::from(mtu);
-                p.payload_len = len.saturating_sub(offset).min(u64::from(mtu)) as u32;
+                let payload_len = len.saturating_sub(offset).min(u64::from(mtu)) as u32;
+                // A READ response goes on only while its key stands (rxe re-checks the key
+                // before each response packet: `rxe_recheck_mr`). The packet holds the
+                // grant until its payload is gathered, so a deregistration either comes
+                // first — the packet is replaced by a remote access error NAK with its
+                // PSN, and the QP goes to ERR — or waits for the copy.
+                let src = match region {
+                    Some(r) if payload_len > 0 => match r.clone().hold() {
+                        Some(held) => PayloadSrc::Region {
+                            held,
+                            offset: offset as usize,
+                        },
+                        None => {
+                            self.resp.out.pop_front();
+                            self.refuse(psn, Refuse::Access(RemoteKeyError::Revoked), env);
+                            return self.poll_response(env);
+                        }
+                    },
+                    _ => PayloadSrc::None,
+                };
+                let pos = Pos::of(idx - *start, *npkts - *start);
+                let mut p = TxPacket::new(Kind::ReadResponse, pos, dest, psn);
+                p.payload_len = payload_len;
                 if pos != Pos::Middle {
                     p.aeth = Some((ACK_UNLIMITED, msn));
                 }
                 *next += 1;
-                let src = match region {
-                    Some(r) if p.payload_len > 0 => PayloadSrc::Region {
-                        region: r.clone(),
-                        offset: offset as usize,
-                    },
-                    _ => PayloadSrc::None,
-                };
                 (p, src, *next >= *npkts)
             }
         };
@@ -1105,18 +1145,46 @@ impl RcTransport {
         }
         self.resp.nak_sent = false;
         if let Err(refuse) = self.execute(pkt, env) {
-            let syndrome = match refuse {
-                Refuse::Invalid => Syndrome::NakInvalidRequest,
-                Refuse::Access(_) => Syndrome::NakRemoteAccessError,
-                Refuse::Operational => Syndrome::NakRemoteOperationalError,
-            };
-            env.count(Stat::SendErr);
-            self.resp.push_nak(pkt.psn, syndrome);
-            // Invalid requests and access errors put the responder's QP in ERR (IBTA
-            // 9.9.3, as rxe does); the NAK stays queued and is still sent.
-            self.state = QpState::Err;
-            self.flush(env);
+            self.refuse(pkt.psn, refuse, env);
         }
+    }
+
+    /// Refuses the request at `psn`: queues its NAK, moves the QP to ERR (IBTA 9.9.3, as
+    /// rxe does: the NAK stays queued and is still sent, everything else is flushed) and
+    /// raises the affiliated asynchronous event of the refusal.
+    fn refuse(&mut self, psn: u32, why: Refuse, env: &mut dyn Env) {
+        use AsyncEventType as E;
+        let (syndrome, event) = match why {
+            Refuse::Invalid => (Syndrome::NakInvalidRequest, Some(E::QpReqErr)),
+            Refuse::Access(_) => (Syndrome::NakRemoteAccessError, Some(E::QpAccessErr)),
+            Refuse::Operational => (Syndrome::NakRemoteOperationalError, Some(E::QpFatal)),
+            Refuse::Reported(syndrome) => (syndrome, None),
+        };
+        tracing::debug!(
+            qpn = self.cfg.qpn,
+            psn,
+            ?why,
+            "responder refuses a request: NAK, QP to ERR"
+        );
+        env.count(Stat::SendErr);
+        self.resp.push_nak(psn, syndrome);
+        self.state = QpState::Err;
+        self.flush(env);
+        if let Some(event_type) = event {
+            env.async_event(AsyncEvent {
+                event_type,
+                element: AsyncEventElement::Qp(self.cfg.qpn),
+            });
+        }
+    }
+
+    /// READ responses queued (new ones and replays, partly sent or not).
+    fn queued_reads(&self) -> usize {
+        self.resp
+            .out
+            .iter()
+            .filter(|o| matches!(o, Out::Read { .. }))
+            .count()
     }
 
     fn duplicate(&mut self, pkt: &RxPacket<'_>, env: &mut dyn Env) {
@@ -1132,20 +1200,57 @@ impl RcTransport {
                         len,
                     } => {
                         let d = diff(psn, *base);
-                        (d >= 0 && (d as u32) < *npkts).then(|| Out::Read {
-                            region: region.clone(),
-                            base_psn: *base,
-                            len: *len,
-                            start: d as u32,
-                            next: d as u32,
-                            npkts: *npkts,
-                        })
+                        (d >= 0 && (d as u32) < *npkts)
+                            .then(|| (*base, *npkts, region.clone(), *len, d as u32))
                     }
                     Resource::Atomic { .. } | Resource::Done { .. } => None,
                 });
-                if let Some(out) = found {
-                    self.resp.out.push_back(out);
+                // No resource holds it (reused since): dropped, as rxe does (class D).
+                let Some((base, npkts, region, len, d)) = found else {
+                    return;
+                };
+                // A replay re-validates the key (rxe's `rxe_recheck_mr`): the region may
+                // have been deregistered since the READ was executed.
+                if region.as_ref().is_some_and(Grant::is_revoked) {
+                    self.refuse(psn, Refuse::Access(RemoteKeyError::Revoked), env);
+                    return;
                 }
+                // Bounded replay work: one queued response per READ. One still to send
+                // packet `d` covers the duplicate; one already past it starts again from
+                // `d`. Otherwise a new replay is queued, up to as many READ responses as
+                // the QP has responder resources.
+                let mut queued = 0;
+                for o in self.resp.out.iter_mut() {
+                    if let Out::Read {
+                        base_psn,
+                        start,
+                        next,
+                        ..
+                    } = o
+                    {
+                        if *base_psn == base {
+                            if d >= *next {
+                                env.count(Stat::DuplicateReadDropped);
+                            } else {
+                                (*start, *next) = (d, d);
+                            }
+                            return;
+                        }
+                        queued += 1;
+                    }
+                }
+                if queued >= usize::from(self.cfg.max_dest_rd_atomic) {
+                    env.count(Stat::DuplicateReadDropped);
+                    return;
+                }
+                self.resp.out.push_back(Out::Read {
+                    region,
+                    base_psn: base,
+                    len,
+                    start: d,
+                    next: d,
+                    npkts,
+                });
             }
             Kind::CompareSwap | Kind::FetchAdd => {
                 let found = self.resp.resources.iter().find_map(|r| match r {
@@ -1181,7 +1286,7 @@ impl RcTransport {
         va: u64,
         len: u64,
         need: AccessFlags,
-    ) -> Result<Option<MemRegion>, Refuse> {
+    ) -> Result<Option<Grant>, Refuse> {
         if len == 0 {
             return Ok(None); // zero-length accesses check no key (IBTA 9.4.3, 9.4.4)
         }
@@ -1246,6 +1351,15 @@ impl RcTransport {
                     return Err(Refuse::Invalid);
                 }
                 let region = Self::remote(env, reth.rkey, reth.va, len, AccessFlags::REMOTE_READ)?;
+                // At most as many READ responses queued as the QP has responder resources
+                // (a requester within its max_rd_atomic never has more outstanding): one
+                // beyond is dropped unexecuted, as a lost packet, and the requester's
+                // retransmission finds room once the queue has drained.
+                let cap = usize::from(self.cfg.max_dest_rd_atomic);
+                if cap > 0 && self.queued_reads() >= cap {
+                    env.count(Stat::ReadOverflowDropped);
+                    return Ok(());
+                }
                 let npkts = len.div_ceil(mtu).max(1) as u32;
                 self.push_resource(Resource::Read {
                     psn: pkt.psn,
@@ -1279,7 +1393,7 @@ impl RcTransport {
                     Kind::CompareSwap => region.compare_swap_u64(0, a.compare, a.swap_add),
                     _ => region.fetch_add_u64(0, a.swap_add),
                 }
-                .map_err(|_| Refuse::Operational)?;
+                .map_err(Refuse::of_access)?;
                 self.push_resource(Resource::Atomic { psn: pkt.psn, orig })?;
                 self.resp
                     .out
@@ -1303,7 +1417,7 @@ impl RcTransport {
                 // The 8 bytes land as they are, in one store, after everything before.
                 region
                     .store_u64(0, u64::from_ne_bytes(value))
-                    .map_err(|_| Refuse::Operational)?;
+                    .map_err(Refuse::of_access)?;
                 self.answer_with_empty_read_response(pkt.psn)?;
                 return Ok(());
             }
@@ -1342,9 +1456,9 @@ impl RcTransport {
                 if need.contains(AccessFlags::FLUSH_PERSISTENT)
                     && let Some(r) = &region
                 {
-                    r.persist(0, r.len()).map_err(|e| {
-                        tracing::warn!(error = %e, "persistent FLUSH failed");
-                        Refuse::Operational
+                    r.persist().map_err(|e| {
+                        tracing::warn!(error = ?e, "persistent FLUSH failed");
+                        Refuse::of_access(e)
                     })?;
                 }
                 self.answer_with_empty_read_response(pkt.psn)?;
@@ -1419,7 +1533,7 @@ impl RcTransport {
                 },
                 false,
             );
-            return Err(Refuse::Invalid);
+            return Err(Refuse::Reported(Syndrome::NakInvalidRequest));
         }
         let offset = offset + pkt.payload.len() as u64;
         if pkt.pos.ends() {
@@ -1478,6 +1592,11 @@ impl RcTransport {
         if end > len || (pkt.pos.ends() && end != len) {
             return Err(Refuse::Invalid);
         }
+        // Every packet re-validates the key resolved at FIRST (as rxe's check_rkey does for
+        // MIDDLE and LAST): a region deregistered since is not written.
+        if !pkt.payload.is_empty() && region.as_ref().is_some_and(Grant::is_revoked) {
+            return Err(Refuse::Access(RemoteKeyError::Revoked));
+        }
         // A WRITE with immediate consumes a receive at its end: check before touching
         // memory so that an RNR retry is harmless.
         let recv = if pkt.kind == Kind::WriteImm && pkt.pos.ends() {
@@ -1502,9 +1621,29 @@ impl RcTransport {
         };
         if let Some(r) = &region
             && !pkt.payload.is_empty()
+            && let Err(e) = r.write(offset as usize, pkt.payload)
         {
-            r.write(offset as usize, pkt.payload)
-                .map_err(|_| Refuse::Access(RemoteKeyError::OutOfBounds))?;
+            let why = match e {
+                AccessError::Revoked => RemoteKeyError::Revoked,
+                AccessError::Mem(_) => RemoteKeyError::OutOfBounds,
+            };
+            // Revoked between the check above and the copy: a receive this packet took
+            // completes with the error (which then needs no event).
+            if let Some(w) = recv {
+                env.recv_completion(
+                    WorkCompletion {
+                        wr_id: w.wr_id,
+                        status: WcStatus::RemAccessErr,
+                        opcode: WcOpcode::RecvRdmaWithImm,
+                        qp_num: self.cfg.qpn,
+                        src_qp: self.cfg.dest_qpn,
+                        ..WorkCompletion::default()
+                    },
+                    false,
+                );
+                return Err(Refuse::Reported(Syndrome::NakRemoteAccessError));
+            }
+            return Err(Refuse::Access(why));
         }
         if pkt.pos.ends() {
             self.resp.msn = add(self.resp.msn, 1);
@@ -1543,9 +1682,336 @@ enum PayloadSrc {
         index: usize,
         offset: u64,
     },
-    /// A responder memory region (READ responses).
+    /// A responder memory region (READ responses), held against revocation until the
+    /// packet is built.
     Region {
-        region: MemRegion,
+        held: super::grant::Held,
         offset: usize,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::KeyedRegion;
+    use remem_verbs::{MemRegion, MemoryBuffer};
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    const RKEY: u32 = 0x77;
+    const MTU: u32 = 256;
+    const EPSN: u32 = 0x00ff_fffe; // the READs below wrap the 24-bit PSN space
+
+    /// One revocable region under `RKEY`, and what the transport reports.
+    struct TestEnv {
+        buf: Arc<MemoryBuffer>,
+        key: Arc<KeyedRegion>,
+        stats: HashMap<&'static str, u64>,
+        events: Vec<AsyncEvent>,
+        send_wcs: Vec<WorkCompletion>,
+    }
+
+    impl TestEnv {
+        fn new() -> Self {
+            let buf = Arc::new(MemoryBuffer::zeroed(64 * 1024).unwrap());
+            TestEnv {
+                key: KeyedRegion::new(MemRegion::whole(buf.clone())),
+                buf,
+                stats: HashMap::new(),
+                events: Vec::new(),
+                send_wcs: Vec::new(),
+            }
+        }
+        fn stat(&self, name: &str) -> u64 {
+            self.stats.get(name).copied().unwrap_or(0)
+        }
+    }
+
+    impl Env for TestEnv {
+        fn remote(
+            &mut self,
+            rkey: u32,
+            va: u64,
+            len: u64,
+            _need: AccessFlags,
+        ) -> Result<Grant, RemoteKeyError> {
+            if rkey != RKEY || self.key.is_revoked() {
+                return Err(RemoteKeyError::UnknownKey);
+            }
+            self.key.grant(va, len)
+        }
+        fn remote_region(&mut self, rkey: u32, need: AccessFlags) -> Result<Grant, RemoteKeyError> {
+            let va = self.key.region().addr();
+            let len = self.key.region().len() as u64;
+            self.remote(rkey, va, len, need)
+        }
+        fn take_recv(&mut self) -> Option<RecvWqe> {
+            None
+        }
+        fn send_completion(&mut self, wc: WorkCompletion) {
+            self.send_wcs.push(wc);
+        }
+        fn recv_completion(&mut self, _wc: WorkCompletion, _solicited: bool) {}
+        fn count(&mut self, stat: Stat) {
+            let name = match stat {
+                Stat::DuplicateRequest => "duplicate_request",
+                Stat::SendErr => "send_err",
+                Stat::DuplicateReadDropped => "drop_duplicate_read",
+                Stat::ReadOverflowDropped => "drop_read_overflow",
+                Stat::OutOfSeqRequest => "out_of_seq_request",
+                _ => "other",
+            };
+            *self.stats.entry(name).or_default() += 1;
+        }
+        fn async_event(&mut self, event: AsyncEvent) {
+            self.events.push(event);
+        }
+    }
+
+    fn responder(env: &mut TestEnv, max_dest_rd_atomic: u8) -> RcTransport {
+        let cfg = RcConfig {
+            qpn: 0x42,
+            dest_qpn: 0x24,
+            mtu: MTU,
+            rq_psn: EPSN,
+            max_dest_rd_atomic,
+            access: AccessFlags::REMOTE,
+            ..RcConfig::default()
+        };
+        let mut t = RcTransport::new(cfg);
+        for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
+            t.set_state(cfg, s, env);
+        }
+        t
+    }
+
+    /// What the transport sends: (kind, pos, psn, syndrome, payload).
+    type Sent = (Kind, Pos, u32, Option<Syndrome>, Vec<u8>);
+
+    /// Takes up to `max` packets out of the transport.
+    fn transmit(t: &mut RcTransport, env: &mut TestEnv, max: usize) -> Vec<Sent> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            let Some(p) = t.poll_transmit(Instant::now(), env, |h, fill| {
+                let mut payload = vec![0u8; h.payload_len as usize];
+                fill(&mut payload).expect("payload gathered");
+                (h.kind, h.pos, h.psn, h.aeth.map(|a| a.0), payload)
+            }) else {
+                break;
+            };
+            out.push(p);
+        }
+        out
+    }
+
+    fn write_pkt(pos: Pos, psn: u32, payload: &[u8], total: u32, va: u64) -> RxPacket<'_> {
+        let mut p = RxPacket::new(Kind::Write, pos, psn);
+        if pos.starts() {
+            p.reth = Some(Reth {
+                va,
+                rkey: RKEY,
+                dma_len: total,
+            });
+        }
+        p.ack_req = pos.ends();
+        p.payload = payload;
+        p
+    }
+
+    fn read_pkt(psn: u32, va: u64, len: u32) -> RxPacket<'static> {
+        let mut p = RxPacket::new(Kind::ReadRequest, Pos::Only, psn);
+        p.reth = Some(Reth {
+            va,
+            rkey: RKEY,
+            dma_len: len,
+        });
+        p
+    }
+
+    fn qp_event(event_type: AsyncEventType) -> AsyncEvent {
+        AsyncEvent {
+            event_type,
+            element: AsyncEventElement::Qp(0x42),
+        }
+    }
+
+    fn nak(kind_psn: &Sent) -> Option<(u32, Syndrome)> {
+        match kind_psn {
+            (Kind::Ack, _, psn, Some(s), _) if !matches!(s, Syndrome::Ack { .. }) => {
+                Some((*psn, *s))
+            }
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_write_continued_after_deregistration_is_refused() {
+        let mut env = TestEnv::new();
+        let mut t = responder(&mut env, 4);
+        let va = env.key.region().addr();
+        let now = Instant::now();
+        let first = [0xaa; MTU as usize];
+        t.handle_packet(
+            now,
+            &write_pkt(Pos::First, EPSN, &first, 3 * MTU, va),
+            &mut env,
+        );
+        assert_eq!(env.buf.to_vec(0, 256).unwrap(), first, "FIRST lands");
+        env.key.revoke(); // ibv_dereg_mr between FIRST and MIDDLE
+        let middle = [0xbb; MTU as usize];
+        let psn = add(EPSN, 1);
+        t.handle_packet(now, &write_pkt(Pos::Middle, psn, &middle, 0, 0), &mut env);
+        let last = [0xcc; MTU as usize];
+        t.handle_packet(
+            now,
+            &write_pkt(Pos::Last, add(psn, 1), &last, 0, 0),
+            &mut env,
+        );
+        assert_eq!(
+            env.buf.to_vec(256, 512).unwrap(),
+            vec![0; 512],
+            "nothing written after the deregistration"
+        );
+        let sent = transmit(&mut t, &mut env, 10);
+        assert_eq!(
+            sent.iter().filter_map(nak).collect::<Vec<_>>(),
+            [(psn, Syndrome::NakRemoteAccessError)]
+        );
+        assert_eq!(t.state(), QpState::Err);
+        assert_eq!(env.events, [qp_event(AsyncEventType::QpAccessErr)]);
+    }
+
+    #[test]
+    fn a_read_response_stops_at_deregistration() {
+        let mut env = TestEnv::new();
+        env.buf.fill(0, 4 * MTU as usize, 0x5a).unwrap();
+        let mut t = responder(&mut env, 4);
+        let va = env.key.region().addr();
+        t.handle_packet(Instant::now(), &read_pkt(EPSN, va, 4 * MTU), &mut env);
+        let first = transmit(&mut t, &mut env, 1);
+        assert_eq!(first.len(), 1);
+        assert_eq!((first[0].0, first[0].1), (Kind::ReadResponse, Pos::First));
+        assert_eq!(first[0].4, vec![0x5a; MTU as usize]);
+        env.key.revoke();
+        let rest = transmit(&mut t, &mut env, 10);
+        assert!(
+            rest.iter().all(|p| p.0 != Kind::ReadResponse),
+            "no response packet after the deregistration: {rest:?}"
+        );
+        // A NAK in place of the next response packet, with its PSN.
+        assert_eq!(
+            rest.iter().filter_map(nak).collect::<Vec<_>>(),
+            [(add(EPSN, 1), Syndrome::NakRemoteAccessError)]
+        );
+        assert_eq!(t.state(), QpState::Err);
+        assert_eq!(env.events, [qp_event(AsyncEventType::QpAccessErr)]);
+    }
+
+    #[test]
+    fn a_duplicate_read_after_deregistration_returns_no_data() {
+        let mut env = TestEnv::new();
+        env.buf.fill(0, 2 * MTU as usize, 0x5a).unwrap();
+        let mut t = responder(&mut env, 4);
+        let va = env.key.region().addr();
+        let now = Instant::now();
+        t.handle_packet(now, &read_pkt(EPSN, va, 2 * MTU), &mut env);
+        assert_eq!(transmit(&mut t, &mut env, 10).len(), 2);
+        // The region is deregistered and its memory reused for other data.
+        env.key.revoke();
+        env.buf.fill(0, 2 * MTU as usize, 0x99).unwrap();
+        t.handle_packet(now, &read_pkt(EPSN, va, 2 * MTU), &mut env);
+        let sent = transmit(&mut t, &mut env, 10);
+        assert!(
+            sent.iter().all(|p| p.4.is_empty()),
+            "data replayed: {sent:?}"
+        );
+        assert_eq!(
+            sent.iter().filter_map(nak).collect::<Vec<_>>(),
+            [(EPSN, Syndrome::NakRemoteAccessError)]
+        );
+        assert_eq!(t.state(), QpState::Err);
+        assert_eq!(env.events, [qp_event(AsyncEventType::QpAccessErr)]);
+    }
+
+    #[test]
+    fn a_flood_of_duplicate_reads_is_bounded() {
+        let mut env = TestEnv::new();
+        let mut t = responder(&mut env, 2);
+        let va = env.key.region().addr();
+        let now = Instant::now();
+        const PKTS: u32 = 64;
+        t.handle_packet(now, &read_pkt(EPSN, va, PKTS * MTU), &mut env);
+        // Duplicates while the response is queued: covered by it, dropped.
+        for _ in 0..1000 {
+            t.handle_packet(now, &read_pkt(EPSN, va, PKTS * MTU), &mut env);
+        }
+        assert_eq!(env.stat("drop_duplicate_read"), 1000);
+        assert_eq!(transmit(&mut t, &mut env, 100_000).len(), PKTS as usize);
+        // Part of a replay out, then duplicates from the start: it starts again, once.
+        t.handle_packet(now, &read_pkt(EPSN, va, PKTS * MTU), &mut env);
+        assert_eq!(transmit(&mut t, &mut env, 10).len(), 10);
+        for _ in 0..1000 {
+            t.handle_packet(now, &read_pkt(EPSN, va, PKTS * MTU), &mut env);
+        }
+        let replay = transmit(&mut t, &mut env, 100_000);
+        assert_eq!(replay.len(), PKTS as usize);
+        assert_eq!((replay[0].1, replay[0].2), (Pos::First, EPSN));
+        assert_eq!(env.stat("drop_duplicate_read"), 1000 + 999);
+        // A duplicate from the middle (the requester's re-request) while a replay of the
+        // READ is still queued from an earlier PSN: covered by it.
+        let mid = add(EPSN, 40);
+        t.handle_packet(now, &read_pkt(EPSN, va, PKTS * MTU), &mut env);
+        t.handle_packet(now, &read_pkt(mid, va + 40 * 256, 24 * MTU), &mut env);
+        assert_eq!(transmit(&mut t, &mut env, 100_000).len(), PKTS as usize);
+        assert_eq!(t.state(), QpState::Rts);
+        assert!(env.events.is_empty());
+    }
+
+    #[test]
+    fn reads_beyond_the_responder_resources_are_dropped_as_lost() {
+        let mut env = TestEnv::new();
+        let mut t = responder(&mut env, 2);
+        let va = env.key.region().addr();
+        let now = Instant::now();
+        let mut psn = EPSN;
+        for _ in 0..3 {
+            t.handle_packet(now, &read_pkt(psn, va, 4 * MTU), &mut env);
+            psn = add(psn, 4);
+        }
+        assert_eq!(env.stat("drop_read_overflow"), 1, "the third is dropped");
+        let sent = transmit(&mut t, &mut env, 100);
+        assert_eq!(sent.len(), 8, "two READs answered");
+        // Not executed: its PSN is still expected, and it is accepted once there is room.
+        let third = add(EPSN, 8);
+        t.handle_packet(now, &read_pkt(third, va, 4 * MTU), &mut env);
+        let sent = transmit(&mut t, &mut env, 100);
+        assert_eq!(sent.len(), 4);
+        assert_eq!(sent[0].2, third);
+        assert_eq!(t.state(), QpState::Rts);
+    }
+
+    #[test]
+    fn refusals_raise_their_affiliated_events() {
+        // Invalid request: a MIDDLE without FIRST.
+        let mut env = TestEnv::new();
+        let mut t = responder(&mut env, 4);
+        let m = [0u8; MTU as usize];
+        t.handle_packet(
+            Instant::now(),
+            &write_pkt(Pos::Middle, EPSN, &m, 0, 0),
+            &mut env,
+        );
+        assert_eq!(t.state(), QpState::Err);
+        assert_eq!(env.events, [qp_event(AsyncEventType::QpReqErr)]);
+        // Access error: an unknown key.
+        let mut env = TestEnv::new();
+        let mut t = responder(&mut env, 4);
+        let mut p = read_pkt(EPSN, env.key.region().addr(), 8);
+        p.reth.as_mut().unwrap().rkey = RKEY + 1;
+        t.handle_packet(Instant::now(), &p, &mut env);
+        assert_eq!(env.events, [qp_event(AsyncEventType::QpAccessErr)]);
+        // A duplicate or a packet after ERR raises nothing more.
+        t.handle_packet(Instant::now(), &p, &mut env);
+        assert_eq!(env.events.len(), 1);
+    }
 }

@@ -9,13 +9,15 @@
 //! the model's original values (so each executed exactly once), and every SEND arrives once,
 //! in order, with its data and immediate.
 
-use super::{Env, Kind, RcConfig, RcTransport, RemoteKeyError, RxPacket, Stat, TxPacket};
+use super::{
+    Env, Grant, KeyedRegion, Kind, RcConfig, RcTransport, RemoteKeyError, RxPacket, Stat, TxPacket,
+};
 use crate::wqe::{RecvWqe, SendData, SendWqe};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use remem_verbs::{
-    AccessFlags, FlushLevel, FlushType, MemRegion, MemoryBuffer, QpState, SendOp, WcFlags,
-    WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AsyncEvent, AsyncEventElement, AsyncEventType, FlushLevel, FlushType, MemRegion,
+    MemoryBuffer, QpState, SendOp, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -72,7 +74,7 @@ impl SimPacket {
 /// Memory regions by rkey, as a device's MR table would hold them.
 #[derive(Default)]
 struct Keys {
-    by_rkey: HashMap<u32, (MemRegion, AccessFlags)>,
+    by_rkey: HashMap<u32, (Arc<KeyedRegion>, AccessFlags)>,
 }
 
 struct NodeEnv<'a> {
@@ -81,6 +83,7 @@ struct NodeEnv<'a> {
     send_wcs: &'a mut Vec<WorkCompletion>,
     recv_wcs: &'a mut Vec<WorkCompletion>,
     stats: &'a mut HashMap<&'static str, u64>,
+    events: &'a mut Vec<AsyncEvent>,
 }
 
 impl Env for NodeEnv<'_> {
@@ -90,8 +93,8 @@ impl Env for NodeEnv<'_> {
         va: u64,
         len: u64,
         need: AccessFlags,
-    ) -> Result<MemRegion, RemoteKeyError> {
-        let (region, access) = self
+    ) -> Result<Grant, RemoteKeyError> {
+        let (key, access) = self
             .keys
             .by_rkey
             .get(&rkey)
@@ -99,18 +102,11 @@ impl Env for NodeEnv<'_> {
         if !access.contains(need) {
             return Err(RemoteKeyError::MissingAccess);
         }
-        let off = region
-            .offset_of(va, len)
-            .map_err(|_| RemoteKeyError::OutOfBounds)?;
-        MemRegion::new(
-            region.buffer().clone(),
-            region.offset() + off..region.offset() + off + len as usize,
-        )
-        .map_err(|_| RemoteKeyError::OutOfBounds)
+        key.grant(va, len)
     }
 
-    fn remote_region(&mut self, rkey: u32, need: AccessFlags) -> Result<MemRegion, RemoteKeyError> {
-        let (region, access) = self
+    fn remote_region(&mut self, rkey: u32, need: AccessFlags) -> Result<Grant, RemoteKeyError> {
+        let (key, access) = self
             .keys
             .by_rkey
             .get(&rkey)
@@ -118,7 +114,7 @@ impl Env for NodeEnv<'_> {
         if !access.contains(need) {
             return Err(RemoteKeyError::MissingAccess);
         }
-        Ok(region.clone())
+        key.grant_all()
     }
 
     fn take_recv(&mut self) -> Option<RecvWqe> {
@@ -136,6 +132,10 @@ impl Env for NodeEnv<'_> {
     fn count(&mut self, stat: Stat) {
         *self.stats.entry(stat_name(stat)).or_default() += 1;
     }
+
+    fn async_event(&mut self, event: AsyncEvent) {
+        self.events.push(event);
+    }
 }
 
 fn stat_name(s: Stat) -> &'static str {
@@ -149,6 +149,8 @@ fn stat_name(s: Stat) -> &'static str {
         Stat::RnrRetryExceeded => "retry_rnr_exceeded_err",
         Stat::CompleterRetry => "completer_retry_err",
         Stat::SendErr => "send_err",
+        Stat::DuplicateReadDropped => "drop_duplicate_read",
+        Stat::ReadOverflowDropped => "drop_read_overflow",
     }
 }
 
@@ -159,6 +161,8 @@ struct Node {
     send_wcs: Vec<WorkCompletion>,
     recv_wcs: Vec<WorkCompletion>,
     stats: HashMap<&'static str, u64>,
+    /// Affiliated asynchronous events raised.
+    events: Vec<AsyncEvent>,
     /// Memory the peer reads, writes and runs atomics on.
     target: Arc<MemoryBuffer>,
     target_rkey: u32,
@@ -177,7 +181,7 @@ impl Node {
         keys.by_rkey.insert(
             rkey,
             (
-                MemRegion::whole(target.clone()),
+                KeyedRegion::new(MemRegion::whole(target.clone())),
                 AccessFlags::LOCAL_WRITE | (AccessFlags::REMOTE - AccessFlags::FLUSH_PERSISTENT),
             ),
         );
@@ -188,6 +192,7 @@ impl Node {
             send_wcs: Vec::new(),
             recv_wcs: Vec::new(),
             stats: HashMap::new(),
+            events: Vec::new(),
             target,
             target_rkey: rkey,
             local: Arc::new(MemoryBuffer::zeroed(LOCAL_LEN).unwrap()),
@@ -205,6 +210,7 @@ impl Node {
                 send_wcs: &mut self.send_wcs,
                 recv_wcs: &mut self.recv_wcs,
                 stats: &mut self.stats,
+                events: &mut self.events,
             },
         )
     }
@@ -521,11 +527,15 @@ fn run(
         // Transmit everything that can go now.
         for (i, node) in nodes.iter_mut().enumerate() {
             let now = net.now;
-            while let Some(pkt) = node.rc.poll_transmit(now, |hdr, fill| {
-                let mut payload = vec![0u8; hdr.payload_len as usize];
-                fill(&mut payload).expect("payload source in bounds");
-                SimPacket { hdr: *hdr, payload }
-            }) {
+            loop {
+                let (rc, mut env) = node.env();
+                let Some(pkt) = rc.poll_transmit(now, &mut env, |hdr, fill| {
+                    let mut payload = vec![0u8; hdr.payload_len as usize];
+                    fill(&mut payload).expect("payload source in bounds");
+                    SimPacket { hdr: *hdr, payload }
+                }) else {
+                    break;
+                };
                 net.send(1 - i, pkt);
             }
         }
@@ -648,6 +658,7 @@ fn check_seed(seed: u64, faults: Faults, ops: usize) -> Outcome {
             n.stats
         );
         assert_eq!(n.rc.send_queue_len(), 0, "{ctx}: work requests left over");
+        assert!(n.events.is_empty(), "{ctx}: async events {:?}", n.events);
         // Exactly one completion per signaled WR, in post order, all successful.
         let signaled: Vec<u64> = wl.wqes[me]
             .iter()
@@ -886,6 +897,18 @@ fn bad_rkey_is_remote_access_error_and_both_sides_error() {
         QpState::Err,
         "responder QP goes to ERR"
     );
+    assert_eq!(
+        out.nodes[1].events,
+        [AsyncEvent {
+            event_type: AsyncEventType::QpAccessErr,
+            element: AsyncEventElement::Qp(0x22),
+        }],
+        "the responder's client learns of it"
+    );
+    assert!(
+        a.events.is_empty(),
+        "the requester's error is its completion"
+    );
     same_bytes(
         &out.nodes[1].target.to_vec(0, TARGET_LEN).unwrap(),
         &[0; TARGET_LEN],
@@ -924,6 +947,7 @@ fn send_longer_than_receive_buffer() {
     assert_eq!(b.recv_wcs.len(), 1);
     assert_eq!(b.recv_wcs[0].status, WcStatus::LocLenErr);
     assert_eq!(b.rc.state(), QpState::Err);
+    assert!(b.events.is_empty(), "reported by the receive's completion");
 }
 
 #[test]
@@ -987,6 +1011,13 @@ fn misaligned_atomic_is_invalid_request() {
         7,
     );
     assert_eq!(out.nodes[0].send_wcs[0].status, WcStatus::RemInvReqErr);
+    assert_eq!(
+        out.nodes[1].events,
+        [AsyncEvent {
+            event_type: AsyncEventType::QpReqErr,
+            element: AsyncEventElement::Qp(0x22),
+        }]
+    );
     same_bytes(
         &out.nodes[1].target.to_vec(0, TARGET_LEN).unwrap(),
         &[0; TARGET_LEN],
@@ -1023,6 +1054,81 @@ fn single_read() {
         &out.nodes[0].local.to_vec(0, 100).unwrap(),
         &[7u8; 100],
         "read data",
+    );
+}
+
+/// Moves up to `max` packets from node `from` straight to the other node.
+fn hand_over(nodes: &mut [Node; 2], from: usize, max: usize, now: Instant) -> usize {
+    let mut moved = 0;
+    while moved < max {
+        let (rc, mut env) = nodes[from].env();
+        let Some(pkt) = rc.poll_transmit(now, &mut env, |hdr, fill| {
+            let mut payload = vec![0u8; hdr.payload_len as usize];
+            fill(&mut payload).expect("payload source in bounds");
+            SimPacket { hdr: *hdr, payload }
+        }) else {
+            break;
+        };
+        let (rc, mut env) = nodes[1 - from].env();
+        rc.handle_packet(now, &pkt.rx(), &mut env);
+        moved += 1;
+    }
+    moved
+}
+
+#[test]
+fn a_read_whose_region_is_deregistered_mid_response_fails_with_remote_access_error() {
+    let (mut nodes, _) = connected_pair(3, 1024);
+    nodes[1].target.fill(0, TARGET_LEN, 0x5a).unwrap();
+    let va = nodes[1].target.addr();
+    let local = nodes[0].local.clone();
+    let wqe = SendWqe {
+        wr_id: 9,
+        op: SendOp::RdmaRead {
+            remote_addr: va,
+            rkey: 0xbbbb,
+        },
+        data: SendData::Sges(vec![MemRegion::new(local.clone(), 0..TARGET_LEN).unwrap()]),
+        len: TARGET_LEN as u64,
+        signaled: true,
+        solicited: false,
+        fence: false,
+        ud: None,
+    };
+    let (rc, mut env) = nodes[0].env();
+    rc.post_send(wqe, &mut env);
+    let now = Instant::now();
+    assert_eq!(hand_over(&mut nodes, 0, 10, now), 1, "the READ request");
+    assert_eq!(hand_over(&mut nodes, 1, 10, now), 10, "10 of 64 responses");
+    // The responder's application deregisters the region and reuses the memory.
+    nodes[1].keys.by_rkey[&0xbbbb].0.revoke();
+    nodes[1].target.fill(0, TARGET_LEN, 0x77).unwrap();
+    let out = run(
+        nodes,
+        Net::new(1, Faults::NONE),
+        Duration::from_secs(60),
+        |_, _| {},
+    );
+    let (a, b) = (&out.nodes[0], &out.nodes[1]);
+    assert_eq!(a.send_wcs.len(), 1);
+    assert_eq!(
+        a.send_wcs[0].status,
+        WcStatus::RemAccessErr,
+        "at once, no retries"
+    );
+    assert_eq!(a.stats.get("completer_retry_err"), None);
+    assert_eq!(
+        local.to_vec(10 * 1024, TARGET_LEN - 10 * 1024).unwrap(),
+        vec![0; TARGET_LEN - 10 * 1024],
+        "nothing after the deregistration arrived"
+    );
+    assert_eq!(b.rc.state(), QpState::Err);
+    assert_eq!(
+        b.events,
+        [AsyncEvent {
+            event_type: AsyncEventType::QpAccessErr,
+            element: AsyncEventElement::Qp(0x22),
+        }]
     );
 }
 

@@ -212,7 +212,7 @@ fn grh_bytes(src: &UdSource, payload_len: usize) -> [u8; GRH_LEN] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::{RemoteKeyError, RxPacket};
+    use crate::transport::{Grant, RemoteKeyError, RxPacket};
     use crate::wqe::{RecvWqe, SendData};
     use remem_verbs::{AccessFlags, AhAttr, MemRegion, MemoryBuffer};
     use std::sync::Arc;
@@ -231,10 +231,10 @@ mod tests {
             _: u64,
             _: u64,
             _: AccessFlags,
-        ) -> Result<MemRegion, RemoteKeyError> {
+        ) -> Result<Grant, RemoteKeyError> {
             Err(RemoteKeyError::UnknownKey)
         }
-        fn remote_region(&mut self, _: u32, _: AccessFlags) -> Result<MemRegion, RemoteKeyError> {
+        fn remote_region(&mut self, _: u32, _: AccessFlags) -> Result<Grant, RemoteKeyError> {
             Err(RemoteKeyError::UnknownKey)
         }
         fn take_recv(&mut self) -> Option<RecvWqe> {
@@ -249,6 +249,7 @@ mod tests {
         fn count(&mut self, _: Stat) {
             self.counts += 1;
         }
+        fn async_event(&mut self, _: remem_verbs::AsyncEvent) {}
     }
 
     fn ready(qpn: u32, env: &mut E) -> UdTransport {

@@ -1,0 +1,371 @@
+//! What a remote key resolves to, and its revocation.
+//!
+//! A responder resolves an rkey once per message (at a WRITE's FIRST packet, at a READ
+//! request) and keeps the result for the packets that follow: the WRITE's MIDDLE and LAST,
+//! the READ's response packets, a duplicate READ's replay. Deregistration must reach those
+//! cached resolutions too, as a NIC's does (kernel rxe re-validates the key whenever it
+//! continues or replays: `rxe_recheck_mr`). So a registration's memory is a [`KeyedRegion`]
+//! shared by the key table and by every [`Grant`] resolved from it, and it carries one atomic
+//! word: a revoked bit and the number of accesses in progress. Every access through a grant
+//! enters (one atomic add, which also reads the revoked bit), touches memory and leaves (one
+//! atomic subtract); [`KeyedRegion::revoke`] sets the bit and waits until the accesses that
+//! entered before it have left. From the moment `revoke` returns, no grant reaches the
+//! memory: no allocation, no lock, two uncontended atomic operations per packet.
+
+use super::RemoteKeyError;
+use remem_verbs::{MemError, MemRegion};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The revoked bit of [`KeyedRegion::state`]; the bits below count accesses in progress.
+const REVOKED: u64 = 1 << 63;
+
+/// The memory a remote key opens, and whether the key still stands. Shared (in an `Arc`) by
+/// the key table and every [`Grant`] resolved from the key.
+#[derive(Debug)]
+pub struct KeyedRegion {
+    region: MemRegion,
+    /// [`REVOKED`] | accesses in progress.
+    state: AtomicU64,
+}
+
+impl KeyedRegion {
+    /// A key's memory, not revoked.
+    pub fn new(region: MemRegion) -> Arc<Self> {
+        Arc::new(KeyedRegion {
+            region,
+            state: AtomicU64::new(0),
+        })
+    }
+
+    /// The registered memory.
+    pub fn region(&self) -> &MemRegion {
+        &self.region
+    }
+
+    /// Whether the key was revoked.
+    pub fn is_revoked(&self) -> bool {
+        self.state.load(Ordering::Acquire) & REVOKED != 0
+    }
+
+    /// Revokes the key: once this returns, no grant resolved from it reads or writes the
+    /// memory (accesses already in progress — at most one packet's copy each — are waited
+    /// for). Idempotent.
+    pub fn revoke(&self) {
+        self.state.fetch_or(REVOKED, Ordering::AcqRel);
+        let mut spins = 0u32;
+        while self.state.load(Ordering::Acquire) & !REVOKED != 0 {
+            if spins < 64 {
+                std::hint::spin_loop();
+                spins += 1;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Enters an access; `None` if the key is revoked.
+    fn enter(&self) -> Option<Entered<'_>> {
+        let prev = self.state.fetch_add(1, Ordering::Acquire);
+        if prev & REVOKED != 0 {
+            self.state.fetch_sub(1, Ordering::Release);
+            return None;
+        }
+        Some(Entered(self))
+    }
+
+    /// A grant for `[va, va + len)`, which must lie inside the region (checked without
+    /// overflow); a revoked key is an unknown key.
+    pub fn grant(self: &Arc<Self>, va: u64, len: u64) -> Result<Grant, RemoteKeyError> {
+        if self.is_revoked() {
+            return Err(RemoteKeyError::UnknownKey);
+        }
+        let offset = self
+            .region
+            .offset_of(va, len)
+            .map_err(|_| RemoteKeyError::OutOfBounds)?;
+        Ok(Grant {
+            key: self.clone(),
+            offset,
+            len: usize::try_from(len).map_err(|_| RemoteKeyError::OutOfBounds)?,
+        })
+    }
+
+    /// A grant for the whole region (a FLUSH of the memory region).
+    pub fn grant_all(self: &Arc<Self>) -> Result<Grant, RemoteKeyError> {
+        self.grant(self.region.addr(), self.region.len() as u64)
+    }
+}
+
+/// An access in progress (leaves on drop).
+struct Entered<'a>(&'a KeyedRegion);
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        self.0.state.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// Why an access through a [`Grant`] failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessError {
+    /// The key was revoked (its memory region deregistered) since the grant was resolved.
+    Revoked,
+    /// The memory refused the access (out of the grant's range, a failed persist).
+    Mem(MemError),
+}
+
+/// A resolved remote access: a range of a key's memory, usable until the key is revoked.
+/// Offsets of its methods are relative to the start of the range. Cloning it is one
+/// reference-count increment.
+#[derive(Debug, Clone)]
+pub struct Grant {
+    key: Arc<KeyedRegion>,
+    /// Offset of the range inside the key's region.
+    offset: usize,
+    len: usize,
+}
+
+impl Grant {
+    /// Length of the granted range.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Virtual address of the range.
+    pub fn addr(&self) -> u64 {
+        self.key.region.addr() + self.offset as u64
+    }
+
+    /// Whether the key was revoked since the grant was resolved.
+    pub fn is_revoked(&self) -> bool {
+        self.key.is_revoked()
+    }
+
+    /// `offset..offset + n` of the range, as an offset in the key's region.
+    fn at(&self, offset: usize, n: usize) -> Result<usize, AccessError> {
+        match offset.checked_add(n) {
+            Some(end) if end <= self.len => Ok(self.offset + offset),
+            _ => Err(AccessError::Mem(MemError::OutOfBounds {
+                offset: offset as u64,
+                len: n as u64,
+                size: self.len as u64,
+            })),
+        }
+    }
+
+    /// Runs `f` on the key's region as one access (refused once the key is revoked).
+    fn access<T>(
+        &self,
+        f: impl FnOnce(&MemRegion) -> Result<T, MemError>,
+    ) -> Result<T, AccessError> {
+        let _entered = self.key.enter().ok_or(AccessError::Revoked)?;
+        f(&self.key.region).map_err(AccessError::Mem)
+    }
+
+    /// Copies `src` into the range at `offset`.
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), AccessError> {
+        let at = self.at(offset, src.len())?;
+        self.access(|r| r.write(at, src))
+    }
+
+    /// Copies from the range at `offset` into `dst`.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), AccessError> {
+        let at = self.at(offset, dst.len())?;
+        self.access(|r| r.read(at, dst))
+    }
+
+    /// Atomic store of the u64 at `offset`.
+    pub fn store_u64(&self, offset: usize, value: u64) -> Result<(), AccessError> {
+        let at = self.at(offset, 8)?;
+        self.access(|r| r.store_u64(at, value))
+    }
+
+    /// Atomic compare-and-swap of the u64 at `offset`; returns the original value.
+    pub fn compare_swap_u64(
+        &self,
+        offset: usize,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, AccessError> {
+        let at = self.at(offset, 8)?;
+        self.access(|r| r.compare_swap_u64(at, compare, swap))
+    }
+
+    /// Atomic fetch-and-add of the u64 at `offset`; returns the original value.
+    pub fn fetch_add_u64(&self, offset: usize, add: u64) -> Result<u64, AccessError> {
+        let at = self.at(offset, 8)?;
+        self.access(|r| r.fetch_add_u64(at, add))
+    }
+
+    /// Makes the whole range durable (see [`MemRegion::persist`]).
+    pub fn persist(&self) -> Result<(), AccessError> {
+        let at = self.at(0, self.len)?;
+        self.access(|r| r.persist(at, self.len))
+    }
+
+    /// Enters an access that lasts until the returned [`Held`] is dropped (revocation waits
+    /// for it); `None` if the key is revoked. For a check and a later copy that must not
+    /// be split by a revocation: a READ response packet is decided, then its payload
+    /// gathered when the packet is built.
+    pub fn hold(self) -> Option<Held> {
+        let prev = self.key.state.fetch_add(1, Ordering::Acquire);
+        if prev & REVOKED != 0 {
+            self.key.state.fetch_sub(1, Ordering::Release);
+            return None;
+        }
+        Some(Held { grant: self })
+    }
+}
+
+/// A [`Grant`] in an access (see [`Grant::hold`]): its key cannot be revoked until this is
+/// dropped.
+#[derive(Debug)]
+pub struct Held {
+    grant: Grant,
+}
+
+impl Held {
+    /// Copies from the range at `offset` into `dst`.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemError> {
+        let g = &self.grant;
+        match g.at(offset, dst.len()) {
+            Ok(at) => g.key.region.read(at, dst),
+            Err(AccessError::Mem(e)) => Err(e),
+            Err(AccessError::Revoked) => unreachable!("bounds checks do not revoke"),
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.grant.key.state.fetch_sub(1, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use remem_verbs::MemoryBuffer;
+    use std::sync::atomic::AtomicBool;
+
+    fn key(len: usize) -> (Arc<MemoryBuffer>, Arc<KeyedRegion>) {
+        let buf = Arc::new(MemoryBuffer::zeroed(len).unwrap());
+        let k = KeyedRegion::new(MemRegion::new(buf.clone(), 16..len).unwrap());
+        (buf, k)
+    }
+
+    #[test]
+    fn grants_are_bounded_to_their_range() {
+        let (buf, k) = key(128);
+        let va = k.region().addr();
+        let g = k.grant(va + 8, 16).unwrap();
+        assert_eq!((g.addr(), g.len()), (va + 8, 16));
+        g.write(0, &[1; 16]).unwrap();
+        assert_eq!(buf.to_vec(24, 16).unwrap(), vec![1; 16]);
+        assert!(matches!(g.write(1, &[1; 16]), Err(AccessError::Mem(_))));
+        assert!(matches!(
+            g.read(usize::MAX, &mut [0; 2]),
+            Err(AccessError::Mem(_))
+        ));
+        assert_eq!(g.fetch_add_u64(8, 2).unwrap(), 0x0101_0101_0101_0101);
+        assert!(matches!(g.store_u64(9, 0), Err(AccessError::Mem(_))));
+        assert_eq!(
+            k.grant(va + 100, 13).err(),
+            Some(RemoteKeyError::OutOfBounds)
+        );
+        assert_eq!(
+            k.grant(u64::MAX - 3, 8).err(),
+            Some(RemoteKeyError::OutOfBounds)
+        );
+        assert_eq!(k.grant_all().unwrap().len(), 112);
+    }
+
+    #[test]
+    fn revocation_reaches_every_grant() {
+        let (buf, k) = key(64);
+        let va = k.region().addr();
+        let g = k.grant(va, 8).unwrap();
+        let copy = g.clone();
+        g.store_u64(0, 7).unwrap();
+        k.revoke();
+        assert!(g.is_revoked() && copy.is_revoked());
+        for g in [&g, &copy] {
+            assert_eq!(g.write(0, &[9; 8]), Err(AccessError::Revoked));
+            assert_eq!(g.read(0, &mut [0; 8]), Err(AccessError::Revoked));
+            assert_eq!(g.fetch_add_u64(0, 1), Err(AccessError::Revoked));
+            assert_eq!(g.compare_swap_u64(0, 7, 1), Err(AccessError::Revoked));
+            assert_eq!(g.store_u64(0, 1), Err(AccessError::Revoked));
+        }
+        assert_eq!(buf.load_u64(16).unwrap(), 7, "untouched after revocation");
+        assert_eq!(k.grant(va, 8).err(), Some(RemoteKeyError::UnknownKey));
+        k.revoke(); // idempotent
+    }
+
+    #[test]
+    fn revoke_waits_for_accesses_in_progress() {
+        // A writer hammers the region through a grant; once `revoke` returns, the memory
+        // never changes again.
+        let (buf, k) = key(4096 + 16);
+        let g = k.grant_all().unwrap();
+        let started = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let started = started.clone();
+            std::thread::spawn(move || {
+                let mut n = 0u8;
+                loop {
+                    n = n.wrapping_add(1);
+                    if g.write(0, &[n; 4096]).is_err() {
+                        return;
+                    }
+                    started.store(true, Ordering::Release);
+                }
+            })
+        };
+        while !started.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+        }
+        k.revoke();
+        let after = buf.to_vec(16, 4096).unwrap();
+        writer.join().unwrap();
+        assert_eq!(buf.to_vec(16, 4096).unwrap(), after);
+        // Whole packets only: the copy in progress finished before `revoke` returned.
+        assert!(after.iter().all(|&b| b == after[0]));
+    }
+
+    #[test]
+    fn a_held_grant_delays_revocation() {
+        let (buf, k) = key(64);
+        buf.fill(16, 48, 5).unwrap();
+        let held = k.grant_all().unwrap().hold().unwrap();
+        let revoker = {
+            let k = k.clone();
+            std::thread::spawn(move || k.revoke())
+        };
+        // Revocation is under way (the bit is set) but waits for the holder.
+        while !k.is_revoked() {
+            std::hint::spin_loop();
+        }
+        let mut out = [0u8; 48];
+        held.read(0, &mut out).unwrap();
+        assert_eq!(out, [5; 48]);
+        assert!(
+            !revoker.is_finished(),
+            "revoke returned while the grant was held"
+        );
+        drop(held);
+        revoker.join().unwrap();
+        assert!(k.grant_all().is_err());
+        let g = Grant {
+            key: k.clone(),
+            offset: 0,
+            len: 8,
+        };
+        assert!(g.hold().is_none(), "a revoked key cannot be held");
+    }
+}
