@@ -31,13 +31,19 @@ fn check_bw(row: &serde_json::Value, test: &str, size: u64, iterations: u64) {
     assert_eq!(row["test"], test, "{row}");
     assert_eq!(row["size"], size, "{row}");
     assert_eq!(row["iterations"], iterations, "{row}");
-    let avg = row["bw_avg_MBps"].as_f64().unwrap();
-    let peak = row["bw_peak_MBps"].as_f64().unwrap();
-    let rate = row["msg_rate_Mpps"].as_f64().unwrap();
+    let avg = row["bw_avg_mib_s"].as_f64().unwrap();
+    let peak = row["bw_peak_mib_s"].as_f64().unwrap();
+    let rate = row["msg_rate_mpps"].as_f64().unwrap();
     assert!(avg > 0.0 && peak >= avg, "{row}");
-    // MB = 10^6 bytes: bandwidth = message rate × size.
+    // MiB = 2^20 bytes (perftest's MB): bandwidth = message rate × size.
     assert!(
-        (avg - rate * size as f64).abs() <= avg * 1e-3 + 1e-3,
+        (avg - rate * 1e6 * size as f64 / 1048576.0).abs() <= avg * 1e-3 + 1e-3,
+        "{row}"
+    );
+    // The same bandwidth in Gb/s.
+    let gbit = row["bw_avg_gbit_s"].as_f64().unwrap();
+    assert!(
+        (gbit - avg * 1048576.0 * 8.0 / 1e9).abs() <= gbit * 1e-9,
         "{row}"
     );
 }
@@ -394,6 +400,6 @@ fn a_server_recognises_a_perftest_client_and_prints_its_result() {
     let theirs: serde_json::Value =
         serde_json::from_str(String::from_utf8_lossy(&served.stdout).trim()).unwrap();
     check_bw(&theirs, "write_bw", 8192, 250);
-    let avg = |r: &serde_json::Value| r["bw_avg_MBps"].as_f64().unwrap();
+    let avg = |r: &serde_json::Value| r["bw_avg_mib_s"].as_f64().unwrap();
     assert!((avg(&mine) - avg(&theirs)).abs() <= avg(&mine) * 1e-9);
 }
