@@ -944,3 +944,22 @@ fn the_table_states_its_unit() {
     assert!(ok, "{stderr}");
     assert!(stdout.contains("Gb/sec = 10^9 bits per second"), "{stdout}");
 }
+
+/// A run that fails on the wire says what the device counted (retries, NAKs, drops), as
+/// the first clue to why (issue 16: `-q 4 write_bw` against a TCG guest's rxe ended in
+/// RETRY_EXC_ERR with nothing else to go on).
+#[test]
+fn a_failed_run_names_the_devices_counters() {
+    let out = Command::new(env!("CARGO_BIN_EXE_remem"))
+        .args(["perf", "--loopback", "write_bw", "-s", "4096", "-n", "100"])
+        .env_remove("REMEM_DEVICE")
+        // Both soft NICs lose nearly every packet they send: the requester gives up.
+        .env("REMEM_SOFT_FAULTS", "loss=0.8,seed=3")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("RetryExcErr"), "{stderr}");
+    assert!(stderr.contains("device counters:"), "{stderr}");
+    assert!(stderr.contains("retry_exceeded_err=1"), "{stderr}");
+}

@@ -114,9 +114,8 @@ pub(super) struct Side {
     /// Per QP, the peer's QP as a UD destination (UD only, after [`Side::connect`]).
     ud: Vec<UdDest>,
     psns: Vec<u32>,
-    // Kept alive for the objects above.
     pd: Arc<dyn ProtectionDomain>,
-    _ctx: Arc<dyn Context>,
+    ctx: Arc<dyn Context>,
 }
 
 impl Side {
@@ -217,7 +216,7 @@ impl Side {
             ud: Vec::new(),
             psns,
             pd,
-            _ctx: ctx,
+            ctx,
         };
         if rx > 1 {
             for q in 0..qps_n {
@@ -377,12 +376,31 @@ impl Side {
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
                 return Err(format!(
-                    "work completion with status {:?} (wr_id {:#x}, vendor error {:#x})",
-                    wc.status, wc.wr_id, wc.vendor_err
+                    "work completion with status {:?} (wr_id {:#x}, vendor error {:#x}){}",
+                    wc.status,
+                    wc.wr_id,
+                    wc.vendor_err,
+                    self.counters()
                 ));
             }
         }
         Ok(n)
+    }
+
+    /// The device's non-zero counters (retries, NAKs, …), to explain a failed run.
+    fn counters(&self) -> String {
+        let c: Vec<String> = self
+            .ctx
+            .counters()
+            .iter()
+            .filter(|c| c.value != 0)
+            .map(|c| format!("{}={}", c.name, c.value))
+            .collect();
+        if c.is_empty() {
+            String::new()
+        } else {
+            format!("; device counters: {}", c.join(" "))
+        }
     }
 
     /// Polls the CQ, reposts the receives it finds and adds them to `got`; send
