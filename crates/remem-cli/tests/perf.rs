@@ -963,3 +963,33 @@ fn a_failed_run_names_the_devices_counters() {
     assert!(stderr.contains("device counters:"), "{stderr}");
     assert!(stderr.contains("retry_exceeded_err=1"), "{stderr}");
 }
+
+/// Over perftest's exchange nothing names the test; a READ or atomic tool gives itself
+/// away by accepting more than one outstanding READ, and a side running another test
+/// says so and closes the connection instead of leaving its peer waiting.
+#[test]
+fn a_perftest_peer_running_another_test_is_named() {
+    let (udp_port, tcp_port) = free_ports();
+    let server_dev = format!("soft@127.0.0.1:{udp_port}");
+    let mut server = Server::start(&["write_bw", "-n", "50", "-p", &tcp_port, "-d", &server_dev]);
+    server.line(&["waiting for a client"]);
+    let client_dev = format!("soft@127.0.0.2:{udp_port}");
+    let (ok, _, stderr) = perf_within(
+        &[
+            "--perftest",
+            "read_bw",
+            "127.0.0.1",
+            "-n",
+            "50",
+            "-p",
+            &tcp_port,
+            "-d",
+            &client_dev,
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(!ok, "{stderr}");
+    let (served, rest) = server.finish();
+    assert!(!served);
+    assert!(rest.contains("runs a READ or atomic test"), "{rest}");
+}
