@@ -299,6 +299,8 @@ pub(crate) struct Settings {
 
 /// Most message sizes a run may ask for (`-a` goes to 8 MiB).
 const MAX_SIZE: u64 = 1 << 30;
+/// Most bytes of buffers a run may make each side allocate (16 GiB: `-a -q 1024`).
+const MAX_BUFFERS: u64 = 1 << 34;
 
 impl Settings {
     fn from_args(a: &PerfArgs) -> Result<Settings, String> {
@@ -405,6 +407,17 @@ impl Settings {
         }
         if self.qps == 0 || self.qps > 1024 {
             return Err(format!("-q {} outside 1..=1024", self.qps));
+        }
+        // Each side allocates two areas of the largest message per QP: a client's settings
+        // cannot make a server allocate without bound.
+        let buffers = 2 * self.max_size() * u64::from(self.qps);
+        if buffers > MAX_BUFFERS {
+            return Err(format!(
+                "-q {} with {}-byte messages needs {buffers} bytes of buffers per side, more \
+                 than {MAX_BUFFERS}",
+                self.qps,
+                self.max_size()
+            ));
         }
         if self.tx_depth == 0 || self.tx_depth > 8192 {
             return Err(format!("-t {} outside 1..=8192", self.tx_depth));
@@ -1101,6 +1114,9 @@ mod tests {
         assert!(parse(&["write_bw", "-s", "0"]).is_err());
         assert!(parse(&["write_bw", "-t", "0"]).is_err());
         assert!(parse(&["write_bw", "-I", "4096"]).is_err());
+        // Buffers: 2 × 1 GiB × 16 QPs is more than a side allocates.
+        assert!(parse(&["write_bw", "-s", "1073741824", "-q", "16"]).is_err());
+        assert!(parse(&["write_bw", "-a", "-q", "1024"]).is_ok());
     }
 
     /// Flags perftest refuses are refused, each with a message that names the flag.
