@@ -17,7 +17,8 @@ bin=target/release/remem
 
 run() { # fault spec ("" for none); prints the average bandwidth in MB/s (10^6)
   REMEM_SOFT_FAULTS="$1" timeout 300 "$bin" perf --loopback "$test" -s "$size" -D "$secs" --json \
-    | tail -1 | sed -n 's/.*"bw_avg_MBps":\([0-9.e+-]*\).*/\1/p'
+    | tail -1 | sed -n 's/.*"bw_avg_mib_s":\([0-9.e+-]*\).*/\1/p' \
+    | awk '{ printf "%f\n", $1 * 1048576 / 1e6 }'   # MiB/s (2^20) to MB/s (10^6)
 }
 
 base=$(run "")

@@ -945,6 +945,12 @@ fn conformance(img: &Image) -> Res<i32> {
         &host_bin.to_string(),
         &cli.display().to_string(),
     );
+    perftest_flag_steps(
+        &mut guest,
+        &mut host,
+        &host_bin.to_string(),
+        &cli.display().to_string(),
+    );
     cm_steps(&mut guest);
     api_steps(
         &mut guest,
@@ -1024,6 +1030,47 @@ fn perftest_steps(guest: &mut String, host: &mut String, conformance: &str, cli:
          \x20 {conformance} sync listen {sync} || rc=1\n\
          \x20 timeout 120 {cli} perf --perftest $t {flags} -d {soft} {TAP_GUEST} || {{ rc=1; echo \"remem perf --perftest $t (client) failed\"; }}\n\
          done\n"
+    ));
+}
+
+/// perftest's `-b` (bidirectional) and `-c UD` between perftest's tools in the guest
+/// (kernel rxe) and `remem perf --perftest` on the host (soft provider), each side once as
+/// server, as `perftest_steps` runs the plain tests.
+fn perftest_flag_steps(guest: &mut String, host: &mut String, conformance: &str, cli: &str) {
+    let sync = format!("{TAP_HOST}:7472");
+    let soft = format!("soft@{TAP_HOST}:4791");
+    // One run per line: the test and its flags (both sides take the same, as perftest's).
+    let runs = "write_bw -b -n 100\nread_bw -b -q 2 -n 100\nsend_bw -b -n 100\n\
+                atomic_bw -b -n 100\nsend_bw -c UD -n 100\nsend_bw -c UD -b -n 100\n\
+                send_bw -c UD -a -n 20\nsend_lat -c UD -n 100";
+    let common = "-F";
+    guest.push_str(&format!(
+        "printf '{runs}\\n' > /tmp/flag-runs\n\
+         while read -r t extra; do\n\
+         \x20 echo \"== perftest's ib_$t $extra (rdma-core, kernel rxe, guest) against remem perf --perftest (soft, host)\"\n\
+         \x20 ./conformance sync connect {sync} < /dev/null || rc=1\n\
+         \x20 timeout 120 ib_$t -d rxe0 -x \"$RXE_GID_INDEX\" {common} $extra {TAP_HOST} < /dev/null || {{ rc=1; echo \"ib_$t $extra (client) failed\"; }}\n\
+         \x20 echo \"== remem perf --perftest $t $extra (soft, host) against perftest's ib_$t (rdma-core, kernel rxe, guest)\"\n\
+         \x20 timeout 120 ib_$t -d rxe0 -x \"$RXE_GID_INDEX\" {common} $extra < /dev/null > /tmp/server.log 2>&1 &\n\
+         \x20 server=$!\n\
+         \x20 for i in $(seq 100); do netstat -ltn 2>/dev/null | grep -q ':18515 ' && break; sleep 0.1; done\n\
+         \x20 ./conformance sync connect {sync} < /dev/null || rc=1\n\
+         \x20 wait $server || {{ rc=1; echo \"ib_$t $extra (server) failed\"; }}\n\
+         \x20 cat /tmp/server.log\n\
+         done < /tmp/flag-runs\n"
+    ));
+    host.push_str(&format!(
+        "printf '{runs}\\n' > /tmp/remem-flag-runs.$$\n\
+         while read -r t extra; do\n\
+         \x20 timeout 120 {cli} perf --perftest $t {common} $extra -d {soft} < /dev/null &\n\
+         \x20 server=$!\n\
+         \x20 i=0; while [ $i -lt 100 ] && ! ss -ltn | grep -q ':18515 '; do sleep 0.1; i=$((i+1)); done\n\
+         \x20 {conformance} sync listen {sync} < /dev/null || rc=1\n\
+         \x20 wait $server || {{ rc=1; echo \"remem perf --perftest $t $extra (server) failed\"; }}\n\
+         \x20 {conformance} sync listen {sync} < /dev/null || rc=1\n\
+         \x20 timeout 120 {cli} perf --perftest $t {common} $extra -d {soft} {TAP_GUEST} < /dev/null || {{ rc=1; echo \"remem perf --perftest $t $extra (client) failed\"; }}\n\
+         done < /tmp/remem-flag-runs.$$\n\
+         rm -f /tmp/remem-flag-runs.$$\n"
     ));
 }
 

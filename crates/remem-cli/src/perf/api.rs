@@ -7,13 +7,14 @@
 //! busy-polling dispatcher thread.
 
 use super::ctrl::{self, Ctrl, Cursor};
+use super::raw::Tally;
 use super::report::{self, Row};
-use super::{AtomicType, DeviceChoice, Output, PerfError, Settings, Test};
+use super::{AtomicType, Device, Output, PerfError, Settings, Test};
 use remem::{Connection, EndpointInfo, LocalMr, Polling, Rdma, RdmaBuilder, RemoteMr};
 use std::alloc::Layout;
 use std::future::Future;
 use std::task::Poll;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Bytes of read targets in flight at most (READ lanes each need a region of their own).
 const READ_BUDGET: u64 = 64 << 20;
@@ -70,26 +71,13 @@ struct Side<'a> {
 async fn connect(
     ctrl: &mut Ctrl,
     s: &Settings,
-    dev: &DeviceChoice,
+    dev: &Device,
     server: bool,
 ) -> Result<(Rdma, Vec<Connection>, bool), PerfError> {
-    let inline = match &dev.name {
-        Some(name) if dev.soft_inline && name.starts_with("soft@") => {
-            let addr = name["soft@".len()..]
-                .parse()
-                .map_err(|_| format!("{name}: expected soft@<ip>:<port>"))?;
-            let opts = remem_soft::SoftOptions {
-                inline: true,
-                ..remem_soft::SoftOptions::from_env()
-            };
-            let ctx = remem_soft::SoftContext::bind_with(addr, &opts)
-                .map_err(|err| format!("{name}: {err}"))?;
-            Some(std::sync::Arc::new(ctx))
-        }
-        _ => None,
-    };
-    let manual = inline.is_some();
-    let mut b = RdmaBuilder::new()
+    let manual = dev.soft.is_some();
+    let b = RdmaBuilder::new()
+        .context(dev.ctx.clone())
+        .gid_index(dev.gid_index)
         .polling(if manual {
             Polling::Manual
         } else {
@@ -104,17 +92,6 @@ async fn connect(
             max_recv_sge: 1,
             max_inline_data: s.inline_size,
         });
-    match inline {
-        Some(ctx) => b = b.context(ctx),
-        None => {
-            if let Some(name) = &dev.name {
-                b = b.device(name.clone());
-            }
-        }
-    }
-    if let Some(i) = dev.gid_index {
-        b = b.gid_index(i);
-    }
     let rdma = b.build().map_err(e("opening the device"))?;
     let prepared: Vec<_> = (0..s.qps)
         .map(|_| rdma.prepare())
@@ -197,20 +174,25 @@ async fn driven<T>(conns: &[Connection], manual: bool, fut: impl Future<Output =
     .await
 }
 
-/// The next control frame, waited for on another thread so this task keeps driving.
-async fn recv(ctrl: &mut Ctrl) -> Result<(u8, Vec<u8>), PerfError> {
+/// The next control frame (within `limit`), waited for on another thread so this task
+/// keeps driving.
+async fn recv(ctrl: &mut Ctrl, limit: Option<Duration>) -> Result<(u8, Vec<u8>), PerfError> {
     let mut c = ctrl.try_clone()?;
-    tokio::task::spawn_blocking(move || c.recv())
+    tokio::task::spawn_blocking(move || c.recv_within(limit))
         .await
         .map_err(|err| err.to_string())?
 }
 
-async fn expect(ctrl: &mut Ctrl, tag: u8) -> Result<(), PerfError> {
-    let (got, _) = recv(ctrl).await?;
-    if got != tag {
-        return Err(format!("control: expected frame {tag}, got {got}"));
-    }
-    Ok(())
+/// The next control frame, which must carry `tag`, within `limit`.
+async fn expect(ctrl: &mut Ctrl, tag: u8, limit: Option<Duration>) -> Result<Vec<u8>, PerfError> {
+    let (got, payload) = recv(ctrl, limit).await?;
+    ctrl::check_tag(got, tag)?;
+    Ok(payload)
+}
+
+/// How long a wait that spans a run may take (see the raw path's).
+fn run_limit(s: &Settings, ctrl: &Ctrl) -> Option<Duration> {
+    s.duration.map(|d| d + ctrl.timeout())
 }
 
 fn marker(i: u64) -> u8 {
@@ -247,7 +229,7 @@ async fn wait_byte(
 }
 
 /// The server.
-pub(crate) fn server(mut ctrl: Ctrl, s: &Settings, dev: &DeviceChoice) -> Result<(), PerfError> {
+pub(crate) fn server(mut ctrl: Ctrl, s: &Settings, dev: &Device) -> Result<(), PerfError> {
     let rt = super::runtime()?;
     let result = rt.block_on(serve(&mut ctrl, s, dev));
     if let Err(err) = &result {
@@ -256,7 +238,7 @@ pub(crate) fn server(mut ctrl: Ctrl, s: &Settings, dev: &DeviceChoice) -> Result
     result
 }
 
-async fn serve(ctrl: &mut Ctrl, s: &Settings, dev: &DeviceChoice) -> Result<(), PerfError> {
+async fn serve(ctrl: &mut Ctrl, s: &Settings, dev: &Device) -> Result<(), PerfError> {
     let (rdma, conns, manual) = connect(ctrl, s, dev, true).await?;
     driven(&conns, manual, serve_sizes(ctrl, s, &rdma, &conns)).await
 }
@@ -274,7 +256,9 @@ async fn serve_sizes(
         .alloc_local_mr(layout(s.max_size())?)
         .map_err(e("alloc"))?;
     loop {
-        let (tag, payload) = recv(ctrl).await?;
+        let t = Some(ctrl.timeout());
+        let mut received = 0;
+        let (tag, payload) = recv(ctrl, t).await?;
         match tag {
             ctrl::DONE => return Ok(()),
             ctrl::START => {}
@@ -293,7 +277,7 @@ async fn serve_sizes(
                     src_last(&src, size, m)?;
                     c.write(&view, &dst).await.map_err(e("write"))?;
                 }
-                expect(ctrl, ctrl::DONE).await?;
+                expect(ctrl, ctrl::DONE, t).await?;
             }
             Test::SendLat => {
                 let c = &side.conns[0];
@@ -302,7 +286,7 @@ async fn serve_sizes(
                     c.receive().await.map_err(e("receive"))?;
                     c.send(&src).await.map_err(e("send"))?;
                 }
-                expect(ctrl, ctrl::DONE).await?;
+                expect(ctrl, ctrl::DONE, t).await?;
             }
             Test::SendBw => {
                 // Every connection receives until the client has said how many it sent
@@ -325,9 +309,11 @@ async fn serve_sizes(
                     }));
                 }
                 let mut ctrl2 = ctrl.try_clone()?;
-                let got = &got;
+                let limit = run_limit(s, ctrl);
+                let got_ref = &got;
                 all.push(Box::pin(async move {
-                    let (tag, p) = tokio::task::spawn_blocking(move || ctrl2.recv())
+                    let got = got_ref;
+                    let (tag, p) = tokio::task::spawn_blocking(move || ctrl2.recv_within(limit))
                         .await
                         .map_err(|err| err.to_string())??;
                     if tag != ctrl::DONE {
@@ -341,10 +327,18 @@ async fn serve_sizes(
                     Ok(())
                 }));
                 join_all(all).await?;
+                received = got.into_inner();
             }
-            _ => expect(ctrl, ctrl::DONE).await?,
+            _ => {
+                expect(ctrl, ctrl::DONE, run_limit(s, ctrl)).await?;
+            }
         }
-        block(|| ctrl.send(ctrl::READY, &[]))?;
+        let tally = Tally {
+            received,
+            sent: 0,
+            row: None,
+        };
+        block(|| ctrl.send(ctrl::RESULT, &tally.encode()))?;
     }
 }
 
@@ -356,7 +350,7 @@ fn src_last(src: &LocalMr, size: u64, m: u8) -> Result<(), PerfError> {
 pub(crate) fn client(
     mut ctrl: Ctrl,
     s: &Settings,
-    dev: &DeviceChoice,
+    dev: &Device,
     out: &mut Output,
 ) -> Result<Vec<Row>, PerfError> {
     let rt = super::runtime()?;
@@ -370,7 +364,7 @@ pub(crate) fn client(
 async fn run(
     ctrl: &mut Ctrl,
     s: &Settings,
-    dev: &DeviceChoice,
+    dev: &Device,
     out: &mut Output,
 ) -> Result<Vec<Row>, PerfError> {
     let (rdma, conns, manual) = connect(ctrl, s, dev, false).await?;
@@ -385,11 +379,12 @@ async fn run_sizes(
     out: &mut Output,
 ) -> Result<Vec<Row>, PerfError> {
     let side = share_areas(rdma, conns, s).await?;
-    expect(ctrl, ctrl::READY).await?;
+    let t = Some(ctrl.timeout());
+    expect(ctrl, ctrl::READY, t).await?;
     let mut rows = Vec::new();
     for &size in &s.sizes {
         block(|| ctrl.send(ctrl::START, &size.to_be_bytes()))?;
-        expect(ctrl, ctrl::READY).await?;
+        expect(ctrl, ctrl::READY, t).await?;
         let (row, count) = if s.test.is_bw() {
             let (r, n) = bandwidth(&side, s, size).await?;
             (Row::Bw(r), n)
@@ -398,7 +393,14 @@ async fn run_sizes(
             (Row::Lat(r), r.iterations)
         };
         block(|| ctrl.send(ctrl::DONE, &count.to_be_bytes()))?;
-        expect(ctrl, ctrl::READY).await?;
+        let p = expect(ctrl, ctrl::RESULT, t).await?;
+        let tally = Tally::decode(&p).ok_or("malformed RESULT")?;
+        if s.test == Test::SendBw && tally.received != count {
+            return Err(format!(
+                "the server received {} of the {count} messages sent",
+                tally.received
+            ));
+        }
         out.row(s, &row);
         rows.push(row);
     }

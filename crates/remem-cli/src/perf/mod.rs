@@ -3,14 +3,20 @@
 //! `remem perf write_bw` serves; `remem perf write_bw HOST` connects to a server and runs
 //! the test; `remem perf --loopback write_bw` runs both ends in one process, each on a soft
 //! device of its own (127.0.0.1 and 127.0.0.2, one UDP port). The client tells the server
-//! what to run, so the server needs no flags but the port. With `--perftest` the two sides
-//! speak perftest's own out-of-band exchange instead (`perftest.rs`), so either may be one
-//! of perftest's `ib_*` tools; then, as with perftest, both sides take the test's flags.
+//! what to run, so the server needs no flags but the test's name and the port. With
+//! `--perftest` the two sides speak perftest's own out-of-band exchange instead
+//! (`perftest.rs`), so either may be one of perftest's `ib_*` tools; then, as with
+//! perftest, both sides take the test's flags.
+//!
+//! A server opens its device (and checks `-d`/`-x`) before it waits for a client. A
+//! connection that turns out not to be a remem perf or perftest client (silent, closed at
+//! once, or speaking something else) is reported and the server waits for the next; the
+//! first real client's run decides the exit status, and the server exits, as perftest's do.
 //!
 //! Conventions (as perftest): write and send latency are half a round trip (ping-pong),
-//! read and atomic latency the whole operation; bandwidth counts message bytes. The tables
-//! print MB/sec with MB = 2^20 bytes as perftest does (Gb/sec = 10^9 bits with
-//! `--report_gbits`); `--json` prints MB = 10^6 bytes.
+//! read and atomic latency the whole operation; bandwidth counts message bytes. One unit
+//! everywhere: MB = 2^20 bytes (perftest's MB/sec, called MiB/s in `--json` and the plot),
+//! or Gb = 10^9 bits with `--report_gbits`.
 
 pub mod plot;
 pub mod report;
@@ -20,9 +26,11 @@ mod ctrl;
 mod perftest;
 mod raw;
 
+use remem::verbs::{Context, Gid, GidType};
+use remem_soft::{SoftContext, SoftOptions};
 use report::Row;
-use std::io::IsTerminal;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{IsTerminal, Read};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,6 +91,19 @@ impl Test {
         )
     }
 
+    /// A SEND test.
+    fn is_send(self) -> bool {
+        matches!(self, Test::SendBw | Test::SendLat)
+    }
+
+    /// A READ or atomic test (the peer needs responder resources).
+    fn is_read_or_atomic(self) -> bool {
+        matches!(
+            self,
+            Test::ReadBw | Test::ReadLat | Test::AtomicBw | Test::AtomicLat
+        )
+    }
+
     fn is_atomic(self) -> bool {
         matches!(self, Test::AtomicBw | Test::AtomicLat)
     }
@@ -128,6 +149,41 @@ pub enum AtomicType {
     CmpAndSwap,
 }
 
+impl AtomicType {
+    /// perftest's name of the operation.
+    pub fn name(self) -> &'static str {
+        match self {
+            AtomicType::FetchAndAdd => "FETCH_AND_ADD",
+            AtomicType::CmpAndSwap => "CMP_AND_SWAP",
+        }
+    }
+}
+
+/// The queue pair type (perftest's `-c`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Conn {
+    /// Reliable connected (the default).
+    #[value(name = "RC")]
+    Rc,
+    /// Unreliable connected: not supported yet, refused at once.
+    #[value(name = "UC")]
+    Uc,
+    /// Unreliable datagram: SEND tests only, messages of at most the path MTU.
+    #[value(name = "UD")]
+    Ud,
+}
+
+impl Conn {
+    /// perftest's name of the type.
+    pub fn name(self) -> &'static str {
+        match self {
+            Conn::Rc => "RC",
+            Conn::Uc => "UC",
+            Conn::Ud => "UD",
+        }
+    }
+}
+
 /// `remem perf` options (perftest's flags where perftest has them).
 #[derive(clap::Args, Debug, Clone)]
 pub struct PerfArgs {
@@ -142,19 +198,35 @@ pub struct PerfArgs {
     /// Message size in bytes (default: 65536 for bandwidth, 2 for latency, 8 for atomics).
     #[arg(short = 's', long = "size")]
     pub size: Option<u64>,
-    /// Iterations (default: 5000 for bandwidth, 1000 for latency).
+    /// Iterations per QP (default: 5000 for bandwidth, 1000 for latency).
     #[arg(short = 'n', long = "iters")]
     pub iters: Option<u64>,
-    /// Every size from 2 bytes to 8 MiB (powers of two; atomics: 8 bytes only).
+    /// Every size from 2 bytes to 8 MiB (powers of two; atomics: 8 bytes only; UD: up to
+    /// the path MTU).
     #[arg(short = 'a', long = "all")]
     pub all: bool,
     /// Run for this many seconds instead of a number of iterations.
     #[arg(short = 'D', long = "duration")]
     pub duration: Option<u64>,
-    /// Report bandwidth in Gb/sec instead of MB/sec.
+    /// Report bandwidth in Gb/sec (10^9 bits) instead of MB/sec (2^20 bytes).
     #[arg(long = "report_gbits", alias = "report-gbits")]
     pub report_gbits: bool,
-    /// Device to use (default: REMEM_DEVICE, else the first device).
+    /// Bidirectional: both sides run the bandwidth test at once (bandwidth tests); the
+    /// result is the sum of both directions, as perftest's.
+    #[arg(short = 'b', long = "bidirectional")]
+    pub bidir: bool,
+    /// Queue pair type: RC, or UD (send_bw and send_lat; messages of at most the path
+    /// MTU). UC is not supported yet.
+    #[arg(
+        short = 'c',
+        long = "connection",
+        value_enum,
+        default_value = "RC",
+        ignore_case = true
+    )]
+    pub conn: Conn,
+    /// Device to use: a NIC, an interface's soft device, or `soft@IP[:PORT]` (UDP port 4791
+    /// when omitted) (default: REMEM_DEVICE, else the first device).
     #[arg(short = 'd', long = "ib-dev")]
     pub ib_dev: Option<String>,
     /// GID index (default: the device's first RoCE v2 GID, IPv4 preferred).
@@ -180,14 +252,9 @@ pub struct PerfArgs {
     /// Accepted for perftest compatibility (CPU frequency checks do not apply).
     #[arg(short = 'F', long = "CPU-freq")]
     pub cpu_freq: bool,
-    /// The atomic operation of atomic tests.
-    #[arg(
-        short = 'A',
-        long = "atomic_type",
-        value_enum,
-        default_value = "FETCH_AND_ADD"
-    )]
-    pub atomic_type: AtomicType,
+    /// The atomic operation of atomic tests (default FETCH_AND_ADD).
+    #[arg(short = 'A', long = "atomic_type", value_enum)]
+    pub atomic_type: Option<AtomicType>,
     /// One JSON object per result row on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -198,7 +265,7 @@ pub struct PerfArgs {
     #[arg(long)]
     pub plot: Option<std::path::PathBuf>,
     /// Soft devices: move packets on a progress thread of their own instead of the
-    /// benchmark's thread (raw provider only).
+    /// benchmark's thread.
     #[arg(long = "soft-thread")]
     pub soft_thread: bool,
     /// Speak perftest's out-of-band exchange instead of remem's own, to run against
@@ -206,6 +273,10 @@ pub struct PerfArgs {
     /// flags). A server recognises a perftest client by itself.
     #[arg(long)]
     pub perftest: bool,
+    /// Seconds to wait for the peer on the control connection (connecting, and each
+    /// answer it owes before and between runs).
+    #[arg(long = "ctrl-timeout", default_value_t = 10.0)]
+    pub ctrl_timeout: f64,
 }
 
 /// What the client tells the server: the test and its parameters.
@@ -220,14 +291,31 @@ pub(crate) struct Settings {
     pub iters: u64,
     pub duration: Option<Duration>,
     pub sizes: Vec<u64>,
+    /// Both sides run the bandwidth test at once.
+    pub bidir: bool,
+    /// The queue pair type (RC or UD).
+    pub conn: Conn,
 }
 
 /// Most message sizes a run may ask for (`-a` goes to 8 MiB).
 const MAX_SIZE: u64 = 1 << 30;
+/// Most bytes of buffers a run may make each side allocate (16 GiB: `-a -q 1024`).
+const MAX_BUFFERS: u64 = 1 << 34;
 
 impl Settings {
     fn from_args(a: &PerfArgs) -> Result<Settings, String> {
         let test = a.test;
+        if a.atomic_type.is_some() && !test.is_atomic() {
+            // perftest: "You are not running the atomic_lat/bw test!"
+            return Err(format!(
+                "-A applies to atomic tests (atomic_bw, atomic_lat), not {}",
+                test.name()
+            ));
+        }
+        if a.all && a.duration.is_some() {
+            // perftest: "Duration mode currently doesn't support running on all sizes."
+            return Err("-D cannot run every size (-a): use one or the other".into());
+        }
         let sizes = if a.all {
             if test.is_atomic() {
                 vec![8]
@@ -237,7 +325,31 @@ impl Settings {
         } else {
             vec![a.size.unwrap_or(test.default_size())]
         };
-        for &s in &sizes {
+        let tx_depth = a.tx_depth.unwrap_or(if test.is_bw() { 128 } else { 1 });
+        let s = Settings {
+            test,
+            api: a.api,
+            atomic: a.atomic_type.unwrap_or(AtomicType::FetchAndAdd),
+            qps: a.qps,
+            tx_depth,
+            inline_size: a.inline_size,
+            iters: a.iters.unwrap_or(test.default_iters()),
+            duration: a.duration.map(Duration::from_secs),
+            sizes,
+            bidir: a.bidir,
+            conn: a.conn,
+        };
+        if a.duration == Some(0) {
+            return Err("-D must be at least 1 second".into());
+        }
+        s.check()?;
+        Ok(s)
+    }
+
+    /// Why these settings cannot run, if they cannot (a server checks a client's too).
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let test = self.test;
+        for &s in &self.sizes {
             if s == 0 || s > MAX_SIZE {
                 return Err(format!("message size {s} outside 1..={MAX_SIZE}"));
             }
@@ -245,63 +357,333 @@ impl Settings {
                 return Err("atomic operations are 8 bytes (-s 8)".into());
             }
         }
+        if self.bidir && !test.is_bw() {
+            // perftest: "Bidirectional is only available in BW test"
+            return Err(format!(
+                "-b (bidirectional) applies to bandwidth tests, not {}",
+                test.name()
+            ));
+        }
+        match self.conn {
+            Conn::Rc => {}
+            Conn::Uc if test.is_read_or_atomic() => {
+                // perftest: "UC connection not possible in READ/ATOMIC verbs"
+                return Err(format!(
+                    "-c UC: UC queue pairs have no READ or atomic operations ({})",
+                    test.name()
+                ));
+            }
+            Conn::Uc => {
+                return Err(
+                    "-c UC: UC queue pairs are not supported yet; remem perf runs RC, and UD \
+                     for send_bw and send_lat"
+                        .into(),
+                );
+            }
+            Conn::Ud if !test.is_send() => {
+                // perftest: "UD connection only possible in SEND verb"
+                return Err(format!(
+                    "-c UD runs SEND tests only (send_bw, send_lat), not {}",
+                    test.name()
+                ));
+            }
+            Conn::Ud => {}
+        }
+        if self.api && self.conn != Conn::Rc {
+            return Err("--api runs RC connections: no -c UD".into());
+        }
+        if self.api && self.bidir {
+            return Err("-b runs on the raw provider: not with --api".into());
+        }
         let ping_pong = matches!(test, Test::WriteLat | Test::SendLat);
-        if a.duration.is_some() && ping_pong {
+        if self.duration.is_some() && ping_pong {
             return Err(format!(
                 "-D is not supported by {} (ping-pong): use -n",
                 test.name()
             ));
         }
-        if !test.is_bw() && a.qps != 1 {
+        if !test.is_bw() && self.qps != 1 {
             return Err("latency tests use one QP (-q 1)".into());
         }
-        if a.qps == 0 || a.qps > 1024 {
-            return Err(format!("-q {} outside 1..=1024", a.qps));
+        if self.qps == 0 || self.qps > 1024 {
+            return Err(format!("-q {} outside 1..=1024", self.qps));
         }
-        let tx_depth = a.tx_depth.unwrap_or(if test.is_bw() { 128 } else { 1 });
-        if tx_depth == 0 || tx_depth > 8192 {
-            return Err(format!("-t {tx_depth} outside 1..=8192"));
+        // Each side allocates two areas of the largest message per QP: a client's settings
+        // cannot make a server allocate without bound.
+        let buffers = 2 * self.max_size() * u64::from(self.qps);
+        if buffers > MAX_BUFFERS {
+            return Err(format!(
+                "-q {} with {}-byte messages needs {buffers} bytes of buffers per side, more \
+                 than {MAX_BUFFERS}",
+                self.qps,
+                self.max_size()
+            ));
         }
-        let iters = a.iters.unwrap_or(test.default_iters());
-        if iters == 0 {
+        if self.tx_depth == 0 || self.tx_depth > 8192 {
+            return Err(format!("-t {} outside 1..=8192", self.tx_depth));
+        }
+        if self.iters == 0 {
             return Err("-n must be at least 1".into());
         }
-        if a.duration == Some(0) {
-            return Err("-D must be at least 1 second".into());
+        if self.inline_size > 512 {
+            return Err(format!(
+                "-I {} above the devices' 512 bytes",
+                self.inline_size
+            ));
         }
-        if a.inline_size > 512 {
-            return Err(format!("-I {} above the devices' 512 bytes", a.inline_size));
-        }
-        Ok(Settings {
-            test,
-            api: a.api,
-            atomic: a.atomic_type,
-            qps: a.qps,
-            tx_depth,
-            inline_size: a.inline_size,
-            iters,
-            duration: a.duration.map(Duration::from_secs),
-            sizes,
-        })
+        Ok(())
     }
 
     pub(crate) fn max_size(&self) -> u64 {
         self.sizes.iter().copied().max().unwrap_or(8).max(8)
+    }
+
+    /// The settings to run over a path MTU of `mtu` bytes: a UD message is at most one
+    /// MTU, so `-a` stops there and a larger `-s` becomes the MTU (as perftest does), with
+    /// a note saying so. Unchanged for RC.
+    pub(crate) fn fit_path_mtu(&self, mtu: u64) -> (Settings, Option<String>) {
+        let mut s = self.clone();
+        if self.conn != Conn::Ud || self.sizes.iter().all(|&x| x <= mtu) {
+            return (s, None);
+        }
+        let note = if self.sizes.len() > 1 {
+            s.sizes.retain(|&x| x <= mtu);
+            format!("UD messages are at most the path MTU: -a runs sizes up to {mtu} bytes")
+        } else {
+            format!(
+                "-s {} is above the UD path MTU: {mtu}-byte messages, as perftest",
+                self.sizes[0]
+            )
+        };
+        if s.sizes.is_empty() || self.sizes.len() == 1 {
+            s.sizes = vec![mtu];
+        }
+        (s, Some(note))
+    }
+}
+
+/// What the flags say that does not change the run (perftest accepts these and ignores
+/// the flag without a word; remem perf says so).
+fn warnings(a: &PerfArgs) -> Vec<String> {
+    let mut w = Vec::new();
+    if a.all
+        && let Some(s) = a.size
+    {
+        w.push(format!(
+            "-s {s} is ignored: -a runs every size from 2 bytes to 8 MiB"
+        ));
+    }
+    if let (Some(n), Some(d)) = (a.iters, a.duration) {
+        w.push(format!("-n {n} is ignored: -D runs the test for {d} s"));
+    }
+    if a.inline_size > 0 && a.test.is_read_or_atomic() {
+        w.push(format!(
+            "-I {} is ignored: {} sends no data inline",
+            a.inline_size,
+            a.test.name()
+        ));
+    }
+    if a.report_gbits && !a.test.is_bw() {
+        w.push("--report_gbits is ignored: latency tests report microseconds".into());
+    }
+    if a.tx_depth.is_some() && !a.test.is_bw() {
+        w.push("-t is ignored: latency tests keep one operation in flight".into());
+    }
+    w
+}
+
+/// A server's own flags that the client's settings override (a remem perf server takes
+/// its client's settings), one line each.
+fn overridden(a: &PerfArgs, c: &Settings) -> Vec<String> {
+    let mut d = Vec::new();
+    let mut differ = |flag: String, theirs: String| {
+        d.push(format!(
+            "{flag} given to this server is ignored: the client's {theirs} applies"
+        ))
+    };
+    match (a.all, a.size) {
+        (true, _) if c.sizes.len() == 1 => {
+            differ("-a".into(), format!("size of {} bytes", c.sizes[0]))
+        }
+        (false, Some(s)) if c.sizes != [s] => differ(
+            format!("-s {s}"),
+            if c.sizes.len() == 1 {
+                format!("size of {} bytes", c.sizes[0])
+            } else {
+                "-a".into()
+            },
+        ),
+        _ => {}
+    }
+    if let Some(n) = a.iters
+        && (n != c.iters || c.duration.is_some())
+    {
+        differ(format!("-n {n}"), run_length(c));
+    }
+    if let Some(dur) = a.duration
+        && c.duration != Some(Duration::from_secs(dur))
+    {
+        differ(format!("-D {dur}"), run_length(c));
+    }
+    if let Some(t) = a.tx_depth
+        && t != c.tx_depth
+    {
+        differ(format!("-t {t}"), format!("-t {}", c.tx_depth));
+    }
+    if a.qps != 1 && a.qps != c.qps {
+        differ(format!("-q {}", a.qps), format!("-q {}", c.qps));
+    }
+    if a.inline_size != 0 && a.inline_size != c.inline_size {
+        differ(
+            format!("-I {}", a.inline_size),
+            format!("-I {}", c.inline_size),
+        );
+    }
+    if let Some(at) = a.atomic_type
+        && at != c.atomic
+    {
+        differ(
+            format!("-A {}", at.name()),
+            format!("-A {}", c.atomic.name()),
+        );
+    }
+    if a.bidir && !c.bidir {
+        differ("-b".into(), "unidirectional run".into());
+    }
+    if a.conn != Conn::Rc && a.conn != c.conn {
+        differ(
+            format!("-c {}", a.conn.name()),
+            format!("-c {}", c.conn.name()),
+        );
+    }
+    if a.api && !c.api {
+        differ("--api".into(), "raw provider".into());
+    }
+    d
+}
+
+fn run_length(s: &Settings) -> String {
+    match s.duration {
+        Some(d) => format!("-D {}", d.as_secs()),
+        None => format!("-n {}", s.iters),
     }
 }
 
 /// Where a side runs: its device and how its packets move.
 #[derive(Debug, Clone)]
 pub(crate) struct DeviceChoice {
-    /// Device name (`soft@ip:port`, an interface's soft device, or a NIC).
+    /// Device name (`soft@ip[:port]`, an interface's soft device, or a NIC).
     pub name: Option<String>,
     pub gid_index: Option<u8>,
     /// Soft devices: driven by the benchmark thread (no progress thread).
     pub soft_inline: bool,
 }
 
+/// The port of every device.
+pub(crate) const PORT: u8 = 1;
+
+/// An open device with its GID chosen and checked.
+pub(crate) struct Device {
+    pub ctx: Arc<dyn Context>,
+    /// The soft device to drive, when it is driven by the benchmark's thread.
+    pub soft: Option<Arc<SoftContext>>,
+    pub gid_index: u8,
+    pub gid: Gid,
+    /// The device's name.
+    pub name: String,
+}
+
+/// The address of a `soft@<ip>[:<port>]` device name (UDP port 4791 when omitted, as the
+/// soft provider reads its names); `None` if `name` is not of that form.
+pub(crate) fn soft_addr(name: &str) -> Option<Result<SocketAddr, PerfError>> {
+    let addr = name.strip_prefix("soft@")?;
+    Some(
+        addr.parse::<SocketAddr>()
+            .or_else(|_| {
+                addr.parse::<IpAddr>()
+                    .map(|ip| SocketAddr::new(ip, remem_soft::ROCEV2_UDP_PORT))
+            })
+            .map_err(|_| format!("{name}: expected soft@<ip>[:<port>]")),
+    )
+}
+
+/// Opens the chosen device and checks its GID (`-x`, or the first RoCE v2 GID, IPv4
+/// preferred).
+pub(crate) fn open_device(choice: &DeviceChoice) -> Result<Device, PerfError> {
+    let (ctx, soft): (Arc<dyn Context>, _) = match choice.name.as_deref().and_then(soft_addr) {
+        Some(addr) => {
+            let addr = addr?;
+            let name = choice.name.as_deref().unwrap_or("soft");
+            let opts = SoftOptions {
+                inline: choice.soft_inline,
+                ..SoftOptions::from_env()
+            };
+            let soft =
+                Arc::new(SoftContext::bind_with(addr, &opts).map_err(|e| format!("{name}: {e}"))?);
+            (soft.clone(), choice.soft_inline.then_some(soft))
+        }
+        None => (
+            remem::open_device(choice.name.as_deref())
+                .map_err(|e| format!("opening the device: {e}"))?,
+            None,
+        ),
+    };
+    let name = ctx.info().name.clone();
+    let (gid_index, gid) = match choice.gid_index {
+        Some(i) => {
+            let entry = ctx
+                .query_gid(PORT, u32::from(i))
+                .map_err(|e| format!("{name}: GID index {i} (-x): {e}"))?;
+            if entry.gid.raw() == &[0; 16] {
+                return Err(format!("{name}: GID index {i} (-x) is empty"));
+            }
+            if entry.gid_type != GidType::RoceV2 {
+                return Err(format!(
+                    "{name}: GID index {i} (-x) is not a RoCE v2 GID: remem speaks RoCE v2 \
+                     (`remem devices -v` lists the table)"
+                ));
+            }
+            (i, entry.gid)
+        }
+        None => ctx
+            .gid_table(PORT)
+            .map_err(|e| format!("{name}: the GID table: {e}"))?
+            .iter()
+            .filter(|g| g.gid_type == GidType::RoceV2)
+            .min_by_key(|g| !g.gid.is_ipv4_mapped())
+            .map(|g| (g.index as u8, g.gid))
+            .ok_or_else(|| format!("{name} has no RoCE v2 GID"))?,
+    };
+    Ok(Device {
+        ctx,
+        soft,
+        gid_index,
+        gid,
+        name,
+    })
+}
+
 /// The error of a benchmark run.
 pub type PerfError = String;
+
+/// Why a server did not run a client.
+pub(crate) enum Refusal {
+    /// The connection is not a remem perf or perftest client: the server waits for the
+    /// next.
+    NotAPeer(String),
+    /// A client came and its run failed (or was refused): the server exits with this.
+    Failed(PerfError),
+}
+
+fn ctrl_timeout(a: &PerfArgs) -> Result<Duration, PerfError> {
+    if !(a.ctrl_timeout.is_finite() && a.ctrl_timeout > 0.0 && a.ctrl_timeout <= 86_400.0) {
+        return Err(format!(
+            "--ctrl-timeout {} outside (0, 86400] seconds",
+            a.ctrl_timeout
+        ));
+    }
+    Ok(Duration::from_secs_f64(a.ctrl_timeout))
+}
 
 /// Runs `remem perf`; prints results to stdout; returns an error message on failure.
 pub fn run(args: &PerfArgs) -> Result<(), PerfError> {
@@ -312,23 +694,58 @@ pub fn run(args: &PerfArgs) -> Result<(), PerfError> {
     if args.perftest {
         perftest::check(&settings)?;
     }
-    let rows = if args.loopback {
-        if args.host.is_some() || args.ib_dev.is_some() {
-            return Err("--loopback picks its own soft devices: no HOST or -d".into());
-        }
-        loopback(args, &settings)?
+    let timeout = ctrl_timeout(args)?;
+    if args.loopback && (args.host.is_some() || args.ib_dev.is_some() || args.gid_index.is_some()) {
+        return Err("--loopback picks its own soft devices: no HOST, -d or -x".into());
+    }
+    for w in warnings(args) {
+        eprintln!("remem perf: warning: {w}");
+    }
+    let (rows, devices) = if args.loopback {
+        loopback(args, &settings, timeout)?
     } else if let Some(host) = &args.host {
-        let stream = connect(host, args.port)?;
-        client(args, &settings, stream, device_of(args))?
+        // The device first: a bad -d or -x fails before anything is sent.
+        let dev = open_device(&device_of(args))?;
+        let stream = connect(host, args.port, timeout)?;
+        let (rows, peer) = client(args, &settings, stream, &dev, timeout)?;
+        (rows, (dev.name, peer))
     } else {
-        serve(args)?;
-        return Ok(());
+        return serve(args, timeout);
     };
     if let Some(path) = &args.plot {
-        plot::plot(path, settings.test.name(), &rows, args.report_gbits)
+        let title = plot::Title {
+            test: settings.test.name().into(),
+            params: plot_params(&settings, &devices),
+        };
+        plot::plot(path, &title, &rows, args.report_gbits)
             .map_err(|e| format!("cannot draw {}: {e}", path.display()))?;
     }
     Ok(())
+}
+
+/// The run's parameters as the plot's subtitle.
+fn plot_params(s: &Settings, (mine, peer): &(String, String)) -> String {
+    let mut p = vec![
+        if s.api { "async API" } else { "raw provider" }.to_string(),
+        format!(
+            "{}{}",
+            s.conn.name(),
+            if s.bidir { ", bidirectional" } else { "" }
+        ),
+        format!("{mine} → {peer}"),
+        format!("{} QP{}", s.qps, if s.qps == 1 { "" } else { "s" }),
+    ];
+    p.push(match s.duration {
+        Some(d) => format!("{} s per size", d.as_secs()),
+        None => format!("{} iterations per size", s.iters),
+    });
+    if s.test.is_bw() {
+        p.push(format!("tx depth {}", s.tx_depth));
+    }
+    if s.test.is_atomic() {
+        p.push(s.atomic.name().into());
+    }
+    p.join(" · ")
 }
 
 fn device_of(args: &PerfArgs) -> DeviceChoice {
@@ -339,91 +756,198 @@ fn device_of(args: &PerfArgs) -> DeviceChoice {
     }
 }
 
-fn connect(host: &str, port: u16) -> Result<TcpStream, PerfError> {
+fn connect(host: &str, port: u16, timeout: Duration) -> Result<TcpStream, PerfError> {
     let addr =
         if host.contains(':') && !host.starts_with('[') && host.parse::<SocketAddr>().is_err() {
             format!("[{host}]:{port}")
         } else {
             format!("{host}:{port}")
         };
-    TcpStream::connect(&addr).map_err(|e| format!("cannot connect to {addr}: {e}"))
+    let addrs: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {addr}: {e}"))?
+        .collect();
+    let mut last = format!("cannot resolve {addr}: no address");
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = format!("cannot connect to {addr}: {e}"),
+        }
+    }
+    Err(last)
 }
 
-fn serve(args: &PerfArgs) -> Result<(), PerfError> {
+fn serve(args: &PerfArgs, timeout: Duration) -> Result<(), PerfError> {
+    let dev = open_device(&device_of(args))?;
     let listener = TcpListener::bind(("0.0.0.0", args.port))
         .or_else(|_| TcpListener::bind(("::", args.port)))
         .map_err(|e| format!("cannot listen on port {}: {e}", args.port))?;
     eprintln!(
         "remem perf: waiting for a client on port {} (device {})",
-        args.port,
-        args.ib_dev.as_deref().unwrap_or("default")
+        args.port, dev.name
     );
-    let (stream, peer) = listener
-        .accept()
-        .map_err(|e| format!("accept failed: {e}"))?;
-    eprintln!("remem perf: client {peer}");
-    server(stream, device_of(args), args, true)
+    loop {
+        let (stream, peer) = listener
+            .accept()
+            .map_err(|e| format!("accept failed: {e}"))?;
+        match server(stream, &dev, args, true, timeout) {
+            Ok(()) => return Ok(()),
+            Err(Refusal::Failed(e)) => return Err(e),
+            Err(Refusal::NotAPeer(why)) => {
+                eprintln!("remem perf: {peer}: {why}; waiting for another client");
+            }
+        }
+    }
 }
 
-/// Whether a client speaks perftest's exchange: its first message is a version number,
-/// remem's a settings frame (tag 1).
-fn speaks_perftest(stream: &TcpStream) -> bool {
+/// What a new connection's first byte says it is, within `timeout`.
+fn first_byte(stream: &TcpStream, timeout: Duration) -> Result<u8, Refusal> {
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| Refusal::NotAPeer(e.to_string()))?;
     let mut first = [0u8];
-    matches!(stream.peek(&mut first), Ok(1) if first[0].is_ascii_digit())
+    loop {
+        return match stream.peek(&mut first) {
+            Ok(0) => Err(Refusal::NotAPeer(
+                "closed the connection without a word".into(),
+            )),
+            Ok(_) => Ok(first[0]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                Err(Refusal::NotAPeer(format!(
+                    "said nothing for {:.1} s: not a remem perf or perftest client",
+                    timeout.as_secs_f64()
+                )))
+            }
+            Err(e) => Err(Refusal::NotAPeer(e.to_string())),
+        };
+    }
 }
 
-/// The server side of one client's run. A remem client sends the settings; a perftest
+/// The server side of one connection. A remem client sends the settings; a perftest
 /// client (or any with `--perftest`) runs with this side's own flags, `local`, and
 /// prints what perftest's server prints unless `!print`.
 pub(crate) fn server(
-    stream: TcpStream,
-    device: DeviceChoice,
+    mut stream: TcpStream,
+    dev: &Device,
     local: &PerfArgs,
     print: bool,
-) -> Result<(), PerfError> {
-    if local.perftest || speaks_perftest(&stream) {
-        let settings = Settings::from_args(local)?;
-        perftest::check(&settings)?;
+    timeout: Duration,
+) -> Result<(), Refusal> {
+    let peer = stream
+        .peer_addr()
+        .map_or_else(|_| "?".to_string(), |a| a.to_string());
+    let first = first_byte(&stream, timeout)?;
+    // perftest's client speaks first: its version, as text.
+    if first.is_ascii_digit() {
+        let mut version = [0u8; perftest::VERSION_LEN];
+        stream
+            .read_exact(&mut version)
+            .map_err(|e| Refusal::NotAPeer(format!("not a perftest client: {e}")))?;
+        let Some(v) = perftest::parse_version(&version) else {
+            return Err(Refusal::NotAPeer(format!(
+                "not a remem perf or perftest client: it sent {:?}",
+                String::from_utf8_lossy(&version)
+            )));
+        };
+        if print {
+            eprintln!("remem perf: client {peer} (perftest {v})");
+        }
+        let settings = Settings::from_args(local).map_err(Refusal::Failed)?;
+        perftest::check(&settings).map_err(Refusal::Failed)?;
         let mut out = Output::new(local, &settings);
         out.quiet = !print;
-        perftest::server(stream, &settings, &device, &mut out)?;
+        perftest::server(stream, version, &settings, dev, &mut out, timeout)
+            .map_err(Refusal::Failed)?;
         out.finish();
         return Ok(());
     }
-    let mut ctrl = ctrl::Ctrl::new(stream)?;
-    let settings = ctrl.recv_settings()?;
-    if settings.api {
-        api::server(ctrl, &settings, &device)
-    } else {
-        raw::server(ctrl, &settings, &device)
+    if local.perftest {
+        let mut head = [0u8; 16];
+        let n = stream.peek(&mut head).unwrap_or(0);
+        return Err(Refusal::NotAPeer(format!(
+            "not a perftest client: it sent {:?}",
+            String::from_utf8_lossy(&head[..n])
+        )));
     }
+    let mut ctrl = ctrl::Ctrl::new(stream, timeout).map_err(Refusal::NotAPeer)?;
+    let settings = match ctrl.recv_settings() {
+        Ok(s) => s,
+        Err(e) => {
+            // A remem perf of another version learns why.
+            ctrl.fail(&e);
+            return Err(Refusal::NotAPeer(e));
+        }
+    };
+    if print {
+        eprintln!("remem perf: client {peer}");
+    }
+    let refuse = |ctrl: &mut ctrl::Ctrl, why: String| {
+        ctrl.fail(&why);
+        Refusal::Failed(why)
+    };
+    if settings.test != local.test {
+        let why = format!(
+            "this server runs {}, the client asked for {}: run the same test on both sides",
+            local.test.name(),
+            settings.test.name()
+        );
+        return Err(refuse(&mut ctrl, why));
+    }
+    if let Err(why) = settings.check() {
+        return Err(refuse(&mut ctrl, why));
+    }
+    if print {
+        for w in overridden(local, &settings) {
+            eprintln!("remem perf: warning: {w}");
+        }
+    }
+    ctrl.send_hello(&dev.name).map_err(Refusal::Failed)?;
+    if settings.api {
+        api::server(ctrl, &settings, dev)
+    } else {
+        raw::server(ctrl, &settings, dev)
+    }
+    .map_err(Refusal::Failed)
 }
 
+/// A client's run; returns the rows and the peer's device name.
 fn client(
     args: &PerfArgs,
     settings: &Settings,
     stream: TcpStream,
-    device: DeviceChoice,
-) -> Result<Vec<Row>, PerfError> {
+    dev: &Device,
+    timeout: Duration,
+) -> Result<(Vec<Row>, String), PerfError> {
     let mut out = Output::new(args, settings);
     if args.perftest {
-        let rows = perftest::client(stream, settings, &device, &mut out)?;
+        let rows = perftest::client(stream, settings, dev, &mut out, timeout)?;
         out.finish();
-        return Ok(rows);
+        return Ok((rows, "a perftest peer".into()));
     }
-    let mut ctrl = ctrl::Ctrl::new(stream)?;
+    let mut ctrl = ctrl::Ctrl::new(stream, timeout)?;
     ctrl.send_settings(settings)?;
+    let peer = ctrl.recv_hello()?;
     let rows = if settings.api {
-        api::client(ctrl, settings, &device, &mut out)?
+        api::client(ctrl, settings, dev, &mut out)?
     } else {
-        raw::client(ctrl, settings, &device, &mut out)?
+        raw::client(ctrl, settings, dev, &mut out)?
     };
     out.finish();
-    Ok(rows)
+    Ok((rows, peer))
 }
 
 /// Both ends in this process: the server on a thread, each on its own soft device.
-fn loopback(args: &PerfArgs, settings: &Settings) -> Result<Vec<Row>, PerfError> {
+fn loopback(
+    args: &PerfArgs,
+    settings: &Settings,
+    timeout: Duration,
+) -> Result<(Vec<Row>, (String, String)), PerfError> {
     let soft_inline = !args.soft_thread;
     // The server's device picks a free UDP port; the client's binds the same port on
     // another address (soft devices talk to their peer's port).
@@ -431,35 +955,38 @@ fn loopback(args: &PerfArgs, settings: &Settings) -> Result<Vec<Row>, PerfError>
         .and_then(|s| s.local_addr())
         .map_err(|e| format!("no free UDP port: {e}"))?;
     let udp_port = probe.port();
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    let tcp = listener.local_addr().map_err(|e| e.to_string())?;
-    let server_dev = DeviceChoice {
+    let server_dev = open_device(&DeviceChoice {
         name: Some(format!("soft@127.0.0.1:{udp_port}")),
         gid_index: None,
         soft_inline,
-    };
+    })?;
+    let client_dev = open_device(&DeviceChoice {
+        name: Some(format!("soft@127.0.0.2:{udp_port}")),
+        gid_index: None,
+        soft_inline,
+    })?;
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let tcp = listener.local_addr().map_err(|e| e.to_string())?;
     let local = args.clone();
+    let server_name = server_dev.name.clone();
     let server = std::thread::Builder::new()
         .name("remem-perf-server".into())
         .spawn(move || -> Result<(), PerfError> {
             let (stream, _) = listener.accept().map_err(|e| e.to_string())?;
             // The client prints the results.
-            server(stream, server_dev, &local, false)
+            server(stream, &server_dev, &local, false, timeout).map_err(|r| match r {
+                Refusal::NotAPeer(e) | Refusal::Failed(e) => e,
+            })
         })
         .map_err(|e| e.to_string())?;
-    let client_dev = DeviceChoice {
-        name: Some(format!("soft@127.0.0.2:{udp_port}")),
-        gid_index: None,
-        soft_inline,
-    };
     let stream = TcpStream::connect(tcp).map_err(|e| e.to_string())?;
-    let result = client(args, settings, stream, client_dev);
+    let result = client(args, settings, stream, &client_dev, timeout);
     let served = server
         .join()
         .map_err(|_| "the server thread panicked".to_string())?;
-    let rows = result?;
+    let (rows, _) = result?;
     served.map_err(|e| format!("server: {e}"))?;
-    Ok(rows)
+    Ok((rows, (client_dev.name.clone(), server_name)))
 }
 
 /// Where results go: the table (or JSON lines) and the progress indicator.
@@ -490,6 +1017,13 @@ impl Output {
     /// Whether to draw a progress indicator (stderr is a terminal).
     pub(crate) fn progress(&self) -> Option<report::Progress> {
         (self.progress && !self.quiet).then(report::Progress::new)
+    }
+
+    /// A note for the user (stderr), unless quiet.
+    pub(crate) fn note(&self, what: &str) {
+        if !self.quiet {
+            eprintln!("remem perf: {what}");
+        }
     }
 
     pub(crate) fn row(&mut self, settings: &Settings, row: &Row) {
@@ -535,6 +1069,12 @@ mod tests {
         perf: PerfArgs,
     }
 
+    fn args(args: &[&str]) -> PerfArgs {
+        Cli::try_parse_from(std::iter::once("perf").chain(args.iter().copied()))
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+            .perf
+    }
+
     fn parse(args: &[&str]) -> Result<Settings, String> {
         let cli = Cli::try_parse_from(std::iter::once("perf").chain(args.iter().copied()))
             .map_err(|e| e.to_string())?;
@@ -558,9 +1098,10 @@ mod tests {
             (s.sizes.clone(), s.atomic),
             (vec![8], AtomicType::CmpAndSwap)
         );
-        let s = parse(&["send_bw", "-a", "--report_gbits", "-F", "-D", "2"]).unwrap();
+        let s = parse(&["send_bw", "-a", "--report_gbits", "-F"]).unwrap();
         assert_eq!(s.sizes.len(), 23);
         assert_eq!((s.sizes[0], s.sizes[22]), (2, 8 << 20));
+        let s = parse(&["send_bw", "-D", "2"]).unwrap();
         assert_eq!(s.duration, Some(Duration::from_secs(2)));
     }
 
@@ -573,6 +1114,107 @@ mod tests {
         assert!(parse(&["write_bw", "-s", "0"]).is_err());
         assert!(parse(&["write_bw", "-t", "0"]).is_err());
         assert!(parse(&["write_bw", "-I", "4096"]).is_err());
+        // Buffers: 2 × 1 GiB × 16 QPs is more than a side allocates.
+        assert!(parse(&["write_bw", "-s", "1073741824", "-q", "16"]).is_err());
+        assert!(parse(&["write_bw", "-a", "-q", "1024"]).is_ok());
+    }
+
+    /// Flags perftest refuses are refused, each with a message that names the flag.
+    #[test]
+    fn flags_that_do_not_apply_are_errors_as_in_perftest() {
+        for (args, names) in [
+            (&["write_bw", "-A", "CMP_AND_SWAP"][..], "-A"),
+            (&["read_lat", "-A", "FETCH_AND_ADD"], "-A"),
+            (&["write_lat", "-b"], "-b"),
+            (&["send_lat", "-b"], "-b"),
+            (&["write_bw", "-a", "-D", "2"], "-D"),
+            (&["write_bw", "-c", "UD"], "-c UD"),
+            (&["read_bw", "-c", "UD"], "-c UD"),
+            (&["send_bw", "-c", "UC"], "UC"),
+            (&["write_bw", "-c", "UC"], "UC"),
+            (&["read_bw", "-c", "UC"], "UC"),
+            (&["send_bw", "-c", "UD", "--api"], "--api"),
+            (&["write_bw", "-b", "--api"], "--api"),
+        ] {
+            let err = parse(args).expect_err(&format!("{args:?} was accepted"));
+            assert!(err.contains(names), "{args:?}: {err}");
+        }
+        assert!(parse(&["send_bw", "-c", "XRC"]).is_err());
+    }
+
+    #[test]
+    fn new_perftest_flags_parse() {
+        let s = parse(&["send_bw", "-c", "UD", "-b", "-q", "2"]).unwrap();
+        assert_eq!((s.conn, s.bidir, s.qps), (Conn::Ud, true, 2));
+        let s = parse(&["send_lat", "-c", "ud"]).unwrap();
+        assert_eq!((s.conn, s.bidir), (Conn::Ud, false));
+        let s = parse(&["atomic_bw", "-b"]).unwrap();
+        assert!(s.bidir);
+        assert_eq!(s.atomic, AtomicType::FetchAndAdd);
+    }
+
+    /// Flags perftest ignores without a word: remem perf runs, and says so.
+    #[test]
+    fn flags_that_change_nothing_are_warned_about() {
+        let cases: [(&[&str], &str); 5] = [
+            (&["write_bw", "-a", "-s", "4096"], "-s 4096 is ignored"),
+            (&["write_bw", "-n", "10", "-D", "2"], "-n 10 is ignored"),
+            (&["read_bw", "-I", "64"], "-I 64 is ignored"),
+            (
+                &["write_lat", "--report_gbits"],
+                "--report_gbits is ignored",
+            ),
+            (&["read_lat", "-t", "16"], "-t is ignored"),
+        ];
+        for (a, want) in cases {
+            assert!(parse(a).is_ok(), "{a:?}");
+            let w = warnings(&args(a));
+            assert!(w.iter().any(|w| w.contains(want)), "{a:?}: {w:?}");
+        }
+        assert!(warnings(&args(&["write_bw", "-s", "4096", "-n", "10"])).is_empty());
+    }
+
+    #[test]
+    fn a_servers_own_flags_that_the_client_overrides_are_named() {
+        let client = parse(&["write_bw", "-s", "65536", "-n", "100"]).unwrap();
+        let w = overridden(&args(&["write_bw", "-s", "4096", "-q", "2"]), &client);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(
+            w[0].contains("-s 4096") && w[0].contains("65536 bytes"),
+            "{w:?}"
+        );
+        assert!(w[1].contains("-q 2"), "{w:?}");
+        // Flags the client also gave, with the same values, are not named.
+        assert!(overridden(&args(&["write_bw", "-s", "65536", "-n", "100"]), &client).is_empty());
+        assert!(overridden(&args(&["write_bw"]), &client).is_empty());
+    }
+
+    #[test]
+    fn ud_sizes_fit_the_path_mtu() {
+        let s = parse(&["send_bw", "-c", "UD", "-a"]).unwrap();
+        let (fit, note) = s.fit_path_mtu(1024);
+        assert_eq!(fit.sizes, (1..=10).map(|p| 1u64 << p).collect::<Vec<_>>());
+        assert!(note.unwrap().contains("1024"));
+        let s = parse(&["send_bw", "-c", "UD"]).unwrap();
+        let (fit, note) = s.fit_path_mtu(4096);
+        assert_eq!(fit.sizes, [4096]);
+        assert!(note.unwrap().contains("-s 65536"));
+        let s = parse(&["send_bw", "-c", "UD", "-s", "100"]).unwrap();
+        assert_eq!(s.fit_path_mtu(1024), (s.clone(), None));
+        // RC messages are not bounded by the MTU.
+        let s = parse(&["send_bw"]).unwrap();
+        assert_eq!(s.fit_path_mtu(1024), (s.clone(), None));
+    }
+
+    #[test]
+    fn soft_device_names_default_to_the_rocev2_port() {
+        let addr = |n: &str| soft_addr(n).unwrap().unwrap();
+        assert_eq!(addr("soft@10.0.0.1"), "10.0.0.1:4791".parse().unwrap());
+        assert_eq!(addr("soft@10.0.0.1:7000"), "10.0.0.1:7000".parse().unwrap());
+        assert_eq!(addr("soft@::1"), "[::1]:4791".parse().unwrap());
+        assert_eq!(addr("soft@[::1]:7000"), "[::1]:7000".parse().unwrap());
+        assert!(soft_addr("soft@nope").unwrap().is_err());
+        assert!(soft_addr("rxe0").is_none());
     }
 
     #[test]

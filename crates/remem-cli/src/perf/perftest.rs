@@ -24,6 +24,23 @@
 //!    prints;
 //! 6. a last handshake and `"done\0"` from each side.
 //!
+//! Bidirectional runs (`-b`, perftest's duplex; bandwidth tests) run the test on both
+//! sides at once. WRITE, READ and atomics: per size a handshake, the run, with `-a` a
+//! handshake more, then both sides' reports; SEND: per size a handshake (receives
+//! posted), the run (sending and receiving), the reports, and with `-a` a handshake. Each
+//! side prints the sum of both directions (its own iteration count), as perftest does.
+//!
+//! UD (`-c UD`, SEND tests): UD QPs with perftest's Q_Key (0x11111111), an address handle
+//! from the peer's GID per QP, 40 bytes for the GRH at the start of each receive buffer,
+//! messages of at most the path MTU (`-a` stops there, a larger `-s` becomes the MTU). A
+//! UD receiver knows the sender is done when it moves on to the next exchange on the TCP
+//! connection; lost datagrams are reported, not waited for.
+//!
+//! The steps before the run are bounded by the control timeout (a perftest peer that
+//! says nothing, or one whose sequence of handshakes differs because it runs another
+//! test, is an error, not a hang); a peer running a READ or atomic tool against another
+//! test is named (its `out_reads` above 1).
+//!
 //! The remote address a peer gets (`vaddr`) is this side's receive area of that QP; it
 //! holds at least the cycle buffer, since perftest spreads its operations over that many
 //! bytes. WRITE latency is perftest's ping-pong on memory: each side writes `size` bytes
@@ -31,10 +48,10 @@
 //! area for the peer's count; the server writes first. SEND latency is perftest's
 //! message ping-pong; the client sends first.
 
-use super::raw::{self, Endpoint, RD_ATOMIC, RECV, Side};
+use super::raw::{self, Endpoint, RD_ATOMIC, Side, UD_GRACE};
 use super::report::{self, BwRow, LatRow, Row};
-use super::{DeviceChoice, Output, PerfError, Settings, Test};
-use remem::verbs::{Gid, Mtu, SendFlags, SendWr, WorkCompletion};
+use super::{Device, Output, PerfError, Settings, Test};
+use remem::verbs::{Gid, Mtu, SendFlags, WorkCompletion};
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -44,7 +61,7 @@ pub(crate) const VERSION: &str = "6.06";
 /// The oldest perftest version accepted as a peer (perftest refuses older ones too).
 const MIN_PEER_VERSION: f64 = 5.70;
 /// Bytes of the version message.
-const VERSION_LEN: usize = 16;
+pub(crate) const VERSION_LEN: usize = 16;
 /// Bytes of one QP's message (perftest's `KEY_MSG_SIZE_GID`).
 const DEST_LEN: usize = 108;
 /// This side's cycle buffer (perftest's default: the page size) and cache line.
@@ -207,9 +224,21 @@ impl Report {
 struct Wire {
     stream: TcpStream,
     client: bool,
+    /// How long the peer may take to answer; `None` once the runs begin (a handshake may
+    /// then wait for the peer's whole run).
+    limit: Option<Duration>,
 }
 
 impl Wire {
+    fn timed_out(&self) -> PerfError {
+        format!(
+            "no answer from the perftest peer in {:.1} s (before the run; the peer may run \
+             another test or other flags: perftest's tools need the same test and flags on \
+             both sides)",
+            self.limit.unwrap_or_default().as_secs_f64()
+        )
+    }
+
     /// Reads exactly `buf.len()` bytes; a soft device driven by this thread keeps moving
     /// packets meanwhile (the peer may be running its test against this side's memory).
     fn read(&mut self, buf: &mut [u8], side: Option<&Side>) -> Result<(), PerfError> {
@@ -217,15 +246,34 @@ impl Wire {
         self.stream
             .set_nonblocking(drive.is_some())
             .map_err(|e| e.to_string())?;
+        let deadline = self.limit.map(|l| Instant::now() + l);
         let mut got = 0;
         while got < buf.len() {
+            if drive.is_none() {
+                let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                if left.is_some_and(|l| l.is_zero()) {
+                    return Err(self.timed_out());
+                }
+                self.stream
+                    .set_read_timeout(left)
+                    .map_err(|e| e.to_string())?;
+            }
             match self.stream.read(&mut buf[got..]) {
                 Ok(0) => return Err("the perftest peer closed the connection".into()),
                 Ok(n) => got += n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    if let Some(s) = drive {
-                        s.drive(Duration::from_millis(1))?;
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    match drive {
+                        Some(s) => {
+                            if deadline.is_some_and(|d| Instant::now() >= d) {
+                                return Err(self.timed_out());
+                            }
+                            s.drive(Duration::from_millis(1))?;
+                        }
+                        None if deadline.is_some_and(|d| Instant::now() >= d) => {
+                            return Err(self.timed_out());
+                        }
+                        None => {}
                     }
                 }
                 Err(e) => return Err(format!("perftest connection: {e}")),
@@ -239,8 +287,31 @@ impl Wire {
             .set_nonblocking(false)
             .map_err(|e| e.to_string())?;
         self.stream
+            .set_write_timeout(self.limit)
+            .map_err(|e| e.to_string())?;
+        self.stream
             .write_all(msg)
             .map_err(|e| format!("perftest connection: {e}"))
+    }
+
+    /// Whether the peer has sent something this side has not read yet (it has finished
+    /// its run and moved on to the next exchange), or closed the connection.
+    fn peer_moved_on(&mut self) -> Result<bool, PerfError> {
+        self.stream
+            .set_nonblocking(true)
+            .map_err(|e| e.to_string())?;
+        let mut b = [0u8];
+        let r = self.stream.peek(&mut b);
+        self.stream
+            .set_nonblocking(false)
+            .map_err(|e| e.to_string())?;
+        match r {
+            Ok(_) => Ok(true),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
+                Ok(false)
+            }
+            Err(e) => Err(format!("perftest connection: {e}")),
+        }
     }
 
     /// One exchange: this side's message for the peer's of the same length.
@@ -318,42 +389,60 @@ pub(crate) fn check(s: &Settings) -> Result<(), PerfError> {
 }
 
 /// Serves one perftest client (`ib_*` with this host's address) with `s` from this
-/// side's own flags; prints what perftest's server prints.
+/// side's own flags; `version` is the client's first message, already read. Prints what
+/// perftest's server prints.
 pub(crate) fn server(
     stream: TcpStream,
+    version: [u8; VERSION_LEN],
     s: &Settings,
-    dev: &DeviceChoice,
+    dev: &Device,
     out: &mut Output,
+    timeout: Duration,
 ) -> Result<Vec<Row>, PerfError> {
-    run(stream, s, dev, out, false)
+    run(stream, Some(version), s, dev, out, timeout)
 }
 
 /// Runs `s` against a perftest server.
 pub(crate) fn client(
     stream: TcpStream,
     s: &Settings,
-    dev: &DeviceChoice,
+    dev: &Device,
     out: &mut Output,
+    timeout: Duration,
 ) -> Result<Vec<Row>, PerfError> {
-    run(stream, s, dev, out, true)
+    run(stream, None, s, dev, out, timeout)
 }
 
 fn is_v4_mapped(gid: &[u8; 16]) -> bool {
     gid[..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff
 }
 
+/// Runs the exchange and the test; `their_version` is a client's version message when
+/// this side serves (read already to tell a perftest client from a remem one).
 fn run(
     stream: TcpStream,
+    their_version: Option<[u8; VERSION_LEN]>,
     s: &Settings,
-    dev: &DeviceChoice,
+    dev: &Device,
     out: &mut Output,
-    client: bool,
+    timeout: Duration,
 ) -> Result<Vec<Row>, PerfError> {
     check(s)?;
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
-    let mut w = Wire { stream, client };
+    let client = their_version.is_none();
+    let mut w = Wire {
+        stream,
+        client,
+        limit: Some(timeout),
+    };
 
-    let theirs = w.xchg(&version_message(VERSION), None)?;
+    let theirs = match their_version {
+        Some(v) => {
+            w.write(&version_message(VERSION))?;
+            v.to_vec()
+        }
+        None => w.xchg(&version_message(VERSION), None)?,
+    };
     let peer = parse_version(&theirs).unwrap_or(0.0);
     if peer < MIN_PEER_VERSION {
         return Err(format!(
@@ -371,14 +460,17 @@ fn run(
     }
     // Each QP's area: the largest message or the cycle buffer, whole cache lines.
     let min_area = (cycle as usize).div_ceil(cache_line as usize) * cache_line as usize;
-    let side = Side::new(s, dev, min_area)?;
+    let mut side = Side::new(s, dev, min_area)?;
     let theirs = w.xchg(&mtu_message(side.mtu), Some(&side))?;
     let mtu = parse_mtu(&theirs).map_or(side.mtu, |m| m.min(side.mtu));
+    // UD messages are at most the path MTU (perftest's check_mtu and size clamp).
+    let (fit, note) = s.fit_path_mtu(u64::from(mtu.bytes()));
+    if let Some(n) = note {
+        out.note(&n);
+    }
+    let s = &fit;
 
-    let reads = matches!(
-        s.test,
-        Test::ReadBw | Test::ReadLat | Test::AtomicBw | Test::AtomicLat
-    );
+    let reads = s.test.is_read_or_atomic();
     let mine: Vec<Dest> = side
         .endpoints()
         .iter()
@@ -409,6 +501,16 @@ fn run(
                 .into(),
         );
     }
+    // perftest's READ and atomic tools accept their device's outstanding READs; the
+    // others send 1. A peer that accepts more runs another test than this side.
+    if !reads && remote.iter().any(|r| r.out_reads > 1) {
+        return Err(format!(
+            "the perftest peer runs a READ or atomic test (it accepts {} outstanding READs), \
+             this side {}: run the same test on both sides",
+            remote[0].out_reads,
+            s.test.name()
+        ));
+    }
     let endpoints: Vec<Endpoint> = remote
         .iter()
         .map(|r| Endpoint {
@@ -427,7 +529,7 @@ fn run(
         .unwrap_or(1)
         .clamp(1, u16::from(RD_ATOMIC)) as u8;
     side.connect(&endpoints, rd_atomic)?;
-    if matches!(s.test, Test::SendBw | Test::SendLat) {
+    if s.test.is_send() {
         w.hand_shake(&mine[0], &side)?;
         for d in &mine {
             w.hand_shake(d, &side)?;
@@ -438,16 +540,38 @@ fn run(
         }
         w.hand_shake(&mine[0], &side)?;
     }
+    // From here on a handshake may wait for the peer's run.
+    w.limit = None;
 
     let mut rows = Vec::new();
     let gbits = out.gbits;
+    let all = s.sizes.len() > 1;
     match s.test {
+        Test::WriteBw | Test::ReadBw | Test::AtomicBw if s.bidir => {
+            // perftest's duplex: a handshake before each size's run, one after it with
+            // -a, then the reports; each side prints the sum of both.
+            for &size in &s.sizes {
+                w.hand_shake(&mine[0], &side)?;
+                let mut progress = out.progress();
+                let (row, _) = raw::bandwidth(&side, s, &endpoints, size, &mut 0, &mut progress)?;
+                drop(progress);
+                if all {
+                    w.hand_shake(&mine[0], &side)?;
+                }
+                let theirs = w.xchg_report(&Report::from_row(&row, gbits), &side)?;
+                let row = Row::Bw(report::both_ways(&row, &theirs.to_row(gbits)));
+                out.row(s, &row);
+                rows.push(row);
+            }
+            w.close(&mine[0], &side)?;
+        }
         Test::WriteBw | Test::ReadBw | Test::AtomicBw => {
             if client {
                 let mut last = None;
                 for &size in &s.sizes {
                     let mut progress = out.progress();
-                    let (row, _) = raw::bandwidth(&side, s, &endpoints, size, &mut progress)?;
+                    let (row, _) =
+                        raw::bandwidth(&side, s, &endpoints, size, &mut 0, &mut progress)?;
                     drop(progress);
                     out.row(s, &Row::Bw(row));
                     rows.push(Row::Bw(row));
@@ -467,16 +591,26 @@ fn run(
             w.close(&mine[0], &side)?;
         }
         Test::SendBw => {
-            let all = s.sizes.len() > 1;
+            let expected = s.iters * u64::from(s.qps);
             for &size in &s.sizes {
-                // perftest's server posts its receives, then this handshake.
+                // perftest's side posts its receives, then this handshake.
                 w.hand_shake(&mine[0], &side)?;
-                let row = if client {
+                let row = if s.bidir {
                     let mut progress = out.progress();
-                    let (row, _) = raw::bandwidth(&side, s, &endpoints, size, &mut progress)?;
+                    let mut got = 0;
+                    let (row, _) =
+                        raw::bandwidth(&side, s, &endpoints, size, &mut got, &mut progress)?;
+                    drop(progress);
+                    receive_from_peer(&side, &mut got, expected, &mut w, timeout, |_| {})?;
+                    let theirs = w.xchg_report(&Report::from_row(&row, gbits), &side)?;
+                    report::both_ways(&row, &theirs.to_row(gbits))
+                } else if client {
+                    let mut progress = out.progress();
+                    let (row, _) =
+                        raw::bandwidth(&side, s, &endpoints, size, &mut 0, &mut progress)?;
                     row
                 } else {
-                    receive_bw(&side, size, s.iters * s.qps as u64)?
+                    receive_bw(&side, size, expected, &mut w, timeout)?
                 };
                 out.row(s, &Row::Bw(row));
                 rows.push(Row::Bw(row));
@@ -530,32 +664,65 @@ const EMPTY_REPORT: Report = Report {
     msg_rate_mpps: 0.0,
 };
 
-/// A SEND bandwidth server: receives (and reposts) `expected` messages; the time runs
-/// from the first to the last.
-fn receive_bw(side: &Side, size: u64, expected: u64) -> Result<BwRow, PerfError> {
+/// Receives (and reposts) until `got` reaches `expected`, calling `arrived` with the new
+/// total after each batch. The peer has sent everything once it moves on to the next
+/// exchange on the TCP connection: then on UD the wait ends [`raw::UD_GRACE`] after the
+/// last arrival (lost datagrams never come); on RC, where nothing is lost, a peer that
+/// moved on with messages missing for `timeout` sent fewer than `expected` (other `-n` or
+/// `-q` than this side): an error.
+fn receive_from_peer(
+    side: &Side,
+    got: &mut u64,
+    expected: u64,
+    w: &mut Wire,
+    timeout: Duration,
+    mut arrived: impl FnMut(u64),
+) -> Result<(), PerfError> {
     let mut wcs = [WorkCompletion::default(); 64];
-    let mut got = 0u64;
+    let mut last = Instant::now();
+    let quiet = if side.is_ud() { UD_GRACE } else { timeout };
+    while *got < expected {
+        if side.take_recvs(&mut wcs, got)? > 0 {
+            last = Instant::now();
+            arrived(*got);
+            side.drive(Duration::ZERO)?;
+            continue;
+        }
+        if last.elapsed() >= quiet && w.peer_moved_on()? {
+            if side.is_ud() {
+                return Ok(());
+            }
+            return Err(format!(
+                "the perftest peer sent {got} of the {expected} messages this side expects \
+                 (-n × -q): run both sides with the same flags"
+            ));
+        }
+        side.drive(Duration::from_micros(200))?;
+    }
+    Ok(())
+}
+
+/// A SEND bandwidth server: receives (and reposts) `expected` messages (fewer on UD when
+/// some are lost); the time runs from the first to the last.
+fn receive_bw(
+    side: &Side,
+    size: u64,
+    expected: u64,
+    w: &mut Wire,
+    timeout: Duration,
+) -> Result<BwRow, PerfError> {
     let mut marks: Vec<(f64, u64)> = Vec::with_capacity(4096);
     let mut start = None;
-    while got < expected {
-        let n = side.poll(&mut wcs)?;
-        let mut recvs = 0;
-        for wc in &wcs[..n] {
-            if wc.wr_id & RECV != 0 {
-                recvs += 1;
-                side.post_recv((wc.wr_id & 0xffff_ffff) as usize)?;
-            }
-        }
-        if recvs > 0 {
-            let t0 = *start.get_or_insert_with(Instant::now);
-            got += recvs;
-            marks.push((t0.elapsed().as_secs_f64(), got));
-        }
-        side.drive(if n > 0 {
-            Duration::ZERO
-        } else {
-            Duration::from_micros(200)
-        })?;
+    let mut got = 0;
+    receive_from_peer(side, &mut got, expected, w, timeout, |total| {
+        let t0 = *start.get_or_insert_with(Instant::now);
+        marks.push((t0.elapsed().as_secs_f64(), total));
+    })?;
+    if got < expected {
+        eprintln!(
+            "remem perf: {size} B: {got} of {expected} datagrams arrived (UD does not \
+             retransmit)"
+        );
     }
     Ok(report::bw_row(size, &marks))
 }
@@ -600,7 +767,7 @@ fn write_ping_pong(
                 .write(post_at, &[scnt as u8])
                 .map_err(|e| e.to_string())?;
             posted.push(Instant::now());
-            let mut wr = SendWr::new(scnt, op, &sge);
+            let mut wr = side.wr(0, scnt, op, &sge);
             wr.flags = flags;
             side.qps[0]
                 .post_send(&[wr])

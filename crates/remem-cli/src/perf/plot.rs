@@ -1,13 +1,18 @@
 //! SVG plots of `remem perf` results against message size (`--plot FILE`).
 //!
-//! The x axis is the message size on a log2 scale, labelled `2`, `64`, `1K`, `64K`, `8M`.
-//! Bandwidth rows give two panels: average and peak bandwidth (MB/s, 10^6 bytes, or Gb/s),
-//! then the message rate (Mpps). Latency rows give one panel: the median (`t_typical`), the
-//! mean and the 99th percentile, in µs. Values that are not finite or are negative are left
-//! out, rows with size 0 are left out, and absurdly large values are clamped, so no input
-//! makes plotting panic.
+//! The title names the test and, below it, the run's parameters (raw provider or async
+//! API, QP type, devices, QPs, iterations or duration, …). The x axis is the message size
+//! on a log2 scale, labelled `2`, `64`, `1K`, `64K`, `8M`. Bandwidth rows give two panels:
+//! average and peak bandwidth in the table's unit (MiB/s = perftest's MB/sec, 2^20 bytes
+//! per second, or Gb/s with `--report_gbits`), then the message rate (Mpps) on a log
+//! scale, so that the rate of 8 MiB messages is as visible as that of 2-byte ones.
+//! Latency rows give one panel: the median (`t_typical`), the mean and the 99th
+//! percentile, in µs. Values that are not finite or are negative are left out (and
+//! values that are not above 0 on the log scale), rows with size 0 are left out, and
+//! absurdly large values are clamped, so no input makes plotting panic.
 
-use super::report::{BwRow, LatRow, Row};
+use super::report::{self, BwRow, LatRow, Row};
+use plotters::coord::combinators::IntoLogRange;
 use plotters::coord::ranged1d::{KeyPointHint, NoDefaultFormatting, ValueFormatter};
 use plotters::prelude::*;
 use std::io;
@@ -18,7 +23,7 @@ const WIDTH: u32 = 960;
 /// Height of one panel, pixels.
 const PANEL_HEIGHT: u32 = 380;
 /// Height of the title strip above the panels, pixels.
-const TITLE_HEIGHT: u32 = 50;
+const TITLE_HEIGHT: u32 = 80;
 /// At most this many labelled ticks on the size axis.
 const MAX_X_LABELS: usize = 12;
 /// The third line colour (a darker green than plotters' `GREEN`).
@@ -40,26 +45,38 @@ struct Panel {
     caption: &'static str,
     legend: SeriesLabelPosition,
     y_desc: &'static str,
+    /// A log-scale y axis.
+    log_y: bool,
     series: Vec<Series>,
 }
 
-/// Writes an SVG drawing of `rows` against message size to `path`, titled with `test`.
+/// The title of a drawing.
+#[derive(Debug, Clone)]
+pub struct Title {
+    /// The test (`write_bw`, …), the title's first line.
+    pub test: String,
+    /// The run's parameters, the second line.
+    pub params: String,
+}
+
+/// Writes an SVG drawing of `rows` against message size to `path`, titled with `title`.
 ///
-/// Bandwidth rows are drawn as average and peak bandwidth (MB/s, or Gb/s when `gbits`)
-/// with the message rate (Mpps) in a second panel; latency rows as median, mean and 99th
-/// percentile latency (µs). A slice holding both kinds gets all three panels.
+/// Bandwidth rows are drawn as average and peak bandwidth (MiB/s, or Gb/s when `gbits`)
+/// with the message rate (Mpps, log scale) in a second panel; latency rows as median,
+/// mean and 99th percentile latency (µs). A slice holding both kinds gets all three
+/// panels.
 ///
 /// # Errors
 ///
 /// [`io::ErrorKind::InvalidInput`] when `rows` is empty or has no row with a message size
 /// above 0; any error from drawing or from writing the file.
-pub fn plot(path: &Path, test: &str, rows: &[Row], gbits: bool) -> io::Result<()> {
-    let svg = render(test, rows, gbits)?;
+pub fn plot(path: &Path, title: &Title, rows: &[Row], gbits: bool) -> io::Result<()> {
+    let svg = render(title, rows, gbits)?;
     std::fs::write(path, svg)
 }
 
-/// Draws the SVG document into a string.
-fn render(test: &str, rows: &[Row], gbits: bool) -> io::Result<String> {
+/// The panels of `rows` and the smallest and largest message size.
+fn panels(rows: &[Row], gbits: bool) -> io::Result<(Vec<Panel>, u64, u64)> {
     if rows.is_empty() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -94,28 +111,37 @@ fn render(test: &str, rows: &[Row], gbits: bool) -> io::Result<String> {
 
     let mut panels = Vec::new();
     if !bw.is_empty() {
-        let (scale, y_desc) = if gbits {
-            (8.0 / 1e9, "bandwidth (Gb/s)")
+        // The table's unit and numbers (report::table_bw), so that the two agree.
+        let y_desc = if gbits {
+            "bandwidth (Gb/s = 10^9 bit/s)"
         } else {
-            (1.0 / 1e6, "bandwidth (MB/s)")
+            "bandwidth (MiB/s = 2^20 B/s, perftest's MB/sec)"
         };
         panels.push(Panel {
             caption: "bandwidth",
             legend: SeriesLabelPosition::UpperLeft,
             y_desc,
+            log_y: false,
             series: vec![
                 series(
                     "average",
                     BLUE,
-                    bw.iter().map(|b| (b.size, b.avg_bps * scale)),
+                    bw.iter()
+                        .map(|b| (b.size, report::table_bw(b.avg_bps, gbits))),
                 ),
-                series("peak", RED, bw.iter().map(|b| (b.size, b.peak_bps * scale))),
+                series(
+                    "peak",
+                    RED,
+                    bw.iter()
+                        .map(|b| (b.size, report::table_bw(b.peak_bps, gbits))),
+                ),
             ],
         });
         panels.push(Panel {
             caption: "message rate",
             legend: SeriesLabelPosition::UpperRight,
-            y_desc: "message rate (Mpps)",
+            y_desc: "message rate (Mpps, log scale)",
+            log_y: true,
             series: vec![series(
                 "average",
                 DARK_GREEN,
@@ -128,6 +154,7 @@ fn render(test: &str, rows: &[Row], gbits: bool) -> io::Result<String> {
             caption: "latency",
             legend: SeriesLabelPosition::UpperLeft,
             y_desc: "latency (µs)",
+            log_y: false,
             series: vec![
                 series(
                     "typical (median)",
@@ -140,6 +167,12 @@ fn render(test: &str, rows: &[Row], gbits: bool) -> io::Result<String> {
         });
     }
 
+    Ok((panels, min_size, max_size))
+}
+
+/// Draws the SVG document into a string.
+fn render(title: &Title, rows: &[Row], gbits: bool) -> io::Result<String> {
+    let (panels, min_size, max_size) = panels(rows, gbits)?;
     let x_axis = SizeAxis::new(min_size, max_size);
     // At most three panels: the cast cannot truncate.
     let height = TITLE_HEIGHT + PANEL_HEIGHT * panels.len() as u32;
@@ -147,8 +180,23 @@ fn render(test: &str, rows: &[Row], gbits: bool) -> io::Result<String> {
     {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
         root.fill(&WHITE).map_err(draw_error)?;
-        let body = root
-            .titled(&format!("remem perf: {test}"), ("sans-serif", 30))
+        let (top, body) = root.split_vertically(TITLE_HEIGHT);
+        let center = |size: u32| {
+            ("sans-serif", size).into_font().color(&BLACK).pos(
+                plotters::style::text_anchor::Pos::new(
+                    plotters::style::text_anchor::HPos::Center,
+                    plotters::style::text_anchor::VPos::Top,
+                ),
+            )
+        };
+        let mid = (WIDTH / 2) as i32;
+        top.draw(&Text::new(
+            format!("remem perf: {}", title.test),
+            (mid, 8),
+            center(28),
+        ))
+        .map_err(draw_error)?;
+        top.draw(&Text::new(title.params.clone(), (mid, 48), center(15)))
             .map_err(draw_error)?;
         let areas = body.split_evenly((panels.len(), 1));
         for (area, panel) in areas.iter().zip(&panels) {
@@ -273,25 +321,91 @@ fn size_label(exp: f64) -> String {
     }
 }
 
+/// A panel's y axis: linear from 0, or logarithmic around the positive values.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct YAxis {
+    lo: f64,
+    hi: f64,
+    log: bool,
+}
+
+impl YAxis {
+    fn of(panel: &Panel) -> YAxis {
+        let ys = || {
+            panel
+                .series
+                .iter()
+                .flat_map(|s| s.points.iter().map(|&(_, y)| y))
+        };
+        if panel.log_y {
+            let min = ys().filter(|&y| y > 0.0).fold(f64::INFINITY, f64::min);
+            let max = ys().filter(|&y| y > 0.0).fold(0.0, f64::max);
+            if min.is_finite() && max > 0.0 {
+                // Room around the extremes; at least a decade.
+                let lo = min / 2.0;
+                return YAxis {
+                    lo,
+                    hi: (max * 2.0).max(lo * 10.0),
+                    log: true,
+                };
+            }
+        }
+        let y_max = ys().fold(0.0f64, f64::max);
+        YAxis {
+            lo: 0.0,
+            hi: (y_max * 1.1).max(Y_MIN_SPAN),
+            log: false,
+        }
+    }
+
+    /// Where `y` sits on the axis, from 0 (bottom) to 1 (top).
+    #[cfg(test)]
+    fn fraction(&self, y: f64) -> f64 {
+        if self.log {
+            (y.ln() - self.lo.ln()) / (self.hi.ln() - self.lo.ln())
+        } else {
+            (y - self.lo) / (self.hi - self.lo)
+        }
+    }
+}
+
 /// Draws one panel into `area`.
 fn draw_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, plotters::coord::Shift>,
     panel: &Panel,
     x_axis: &SizeAxis,
 ) -> io::Result<()> {
-    let y_max = panel
-        .series
-        .iter()
-        .flat_map(|s| s.points.iter().map(|&(_, y)| y))
-        .fold(0.0f64, f64::max);
-    let y_top = (y_max * 1.1).max(Y_MIN_SPAN);
-    let mut chart = ChartBuilder::on(area)
+    let y = YAxis::of(panel);
+    let mut builder = ChartBuilder::on(area);
+    builder
         .caption(panel.caption, ("sans-serif", 21))
         .margin(12)
         .x_label_area_size(45)
-        .y_label_area_size(80)
-        .build_cartesian_2d(x_axis.clone(), 0.0..y_top)
-        .map_err(draw_error)?;
+        .y_label_area_size(80);
+    if y.log {
+        let chart = builder
+            .build_cartesian_2d(x_axis.clone(), (y.lo..y.hi).log_scale())
+            .map_err(draw_error)?;
+        draw_series_into(chart, panel, true)
+    } else {
+        let chart = builder
+            .build_cartesian_2d(x_axis.clone(), y.lo..y.hi)
+            .map_err(draw_error)?;
+        draw_series_into(chart, panel, false)
+    }
+}
+
+/// Draws the mesh, the lines and the legend of `panel` into `chart`; on a log axis only
+/// the points above 0.
+fn draw_series_into<'a, DB, Y>(
+    mut chart: ChartContext<'a, DB, Cartesian2d<SizeAxis, Y>>,
+    panel: &Panel,
+    positive_only: bool,
+) -> io::Result<()>
+where
+    DB: DrawingBackend + 'a,
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
     chart
         .configure_mesh()
         .x_desc("message size (bytes)")
@@ -304,16 +418,22 @@ fn draw_panel<DB: DrawingBackend>(
         .map_err(draw_error)?;
     for s in &panel.series {
         let color = s.color;
+        let points: Vec<(f64, f64)> = s
+            .points
+            .iter()
+            .copied()
+            .filter(|&(_, y)| !positive_only || y > 0.0)
+            .collect();
         chart
             .draw_series(LineSeries::new(
-                s.points.iter().copied(),
+                points.iter().copied(),
                 color.stroke_width(2),
             ))
             .map_err(draw_error)?
             .label(s.label)
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
         chart
-            .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+            .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
             .map_err(draw_error)?;
     }
     chart
@@ -351,10 +471,17 @@ mod tests {
         ))
     }
 
+    fn title(test: &str) -> Title {
+        Title {
+            test: test.into(),
+            params: "raw provider · RC · soft@127.0.0.2:4791 → soft@127.0.0.1:4791 · 1 QP".into(),
+        }
+    }
+
     /// Plots to a temp file and returns what was written (the file is removed).
     fn plot_to_string(name: &str, test: &str, rows: &[Row], gbits: bool) -> String {
         let path = temp_path(name);
-        plot(&path, test, rows, gbits).expect("plot");
+        plot(&path, &title(test), rows, gbits).expect("plot");
         let svg = std::fs::read_to_string(&path).expect("read the plot back");
         let _ = std::fs::remove_file(&path);
         svg
@@ -487,9 +614,10 @@ mod tests {
         check_well_formed(&svg).unwrap();
         for want in [
             "remem perf: write_bw",
+            "soft@127.0.0.2:4791 → soft@127.0.0.1:4791",
             "message size (bytes)",
-            "bandwidth (MB/s)",
-            "message rate (Mpps)",
+            "bandwidth (MiB/s = 2^20 B/s, perftest&apos;s MB/sec)",
+            "message rate (Mpps, log scale)",
             "average",
             "peak",
             "\n2\n</text>",
@@ -505,8 +633,8 @@ mod tests {
         let rows = [bw(64, 100.0), bw(1024, 900.0), bw(65536, 3000.0)];
         let svg = plot_to_string("gbits", "read_bw", &rows, true);
         check_well_formed(&svg).unwrap();
-        assert!(svg.contains("bandwidth (Gb/s)"));
-        assert!(!svg.contains("bandwidth (MB/s)"));
+        assert!(svg.contains("bandwidth (Gb/s = 10^9 bit/s)"));
+        assert!(!svg.contains("MiB/s"));
         for want in ["\n64\n</text>", "\n1K\n</text>", "\n64K\n</text>"] {
             assert!(svg.contains(want), "{want:?} missing from the plot");
         }
@@ -537,10 +665,10 @@ mod tests {
     #[test]
     fn empty_rows_are_invalid_input() {
         let path = temp_path("empty");
-        let err = plot(&path, "write_bw", &[], false).unwrap_err();
+        let err = plot(&path, &title("write_bw"), &[], false).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
         assert!(!path.exists(), "no file is written for nothing");
-        let err = plot(&path, "write_bw", &[bw(0, 1.0), lat(0, 1.0)], false).unwrap_err();
+        let err = plot(&path, &title("write_bw"), &[bw(0, 1.0), lat(0, 1.0)], false).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
     }
 
@@ -577,13 +705,106 @@ mod tests {
                 }),
                 bw(1, v),
             ];
-            let svg = render("odd <&> \"test\"", &rows, i % 2 == 0).unwrap();
+            let odd = Title {
+                test: "odd <&> \"test\"".into(),
+                params: "<params & more>".into(),
+            };
+            let svg = render(&odd, &rows, i % 2 == 0).unwrap();
             check_well_formed(&svg).unwrap_or_else(|e| panic!("value {v}: {e}"));
         }
         // One size only, all zero.
-        let svg = render("one", &[bw(8, 0.0)], false).unwrap();
+        let svg = render(&title("one"), &[bw(8, 0.0)], false).unwrap();
         check_well_formed(&svg).unwrap();
         assert!(svg.contains("\n8\n</text>"));
+    }
+
+    /// The plot draws the numbers the table prints (and `--json` names), in its unit.
+    #[test]
+    fn bandwidth_panel_values_are_the_tables() {
+        let row = BwRow {
+            size: 65536,
+            iterations: 5000,
+            peak_bps: 1.9e9,
+            avg_bps: 1.7e9,
+            msg_rate: 1.7e9 / 65536.0,
+        };
+        for gbits in [false, true] {
+            let (panels, _, _) = panels(&[Row::Bw(row)], gbits).unwrap();
+            let table = report::format_row(&Row::Bw(row), gbits);
+            let cols: Vec<f64> = table
+                .split_whitespace()
+                .map(|c| c.parse().unwrap())
+                .collect();
+            let y = |label: &str| {
+                panels[0]
+                    .series
+                    .iter()
+                    .find(|s| s.label == label)
+                    .unwrap()
+                    .points[0]
+                    .1
+            };
+            assert_eq!(format!("{:.2}", y("peak")), format!("{:.2}", cols[2]));
+            assert_eq!(format!("{:.2}", y("average")), format!("{:.2}", cols[3]));
+            assert_eq!(
+                format!("{:.6}", panels[1].series[0].points[0].1),
+                format!("{:.6}", cols[4])
+            );
+        }
+    }
+
+    /// The message rate of every size stands clear of the axis: from 2 bytes (millions of
+    /// messages a second) to 8 MiB (hundreds), each point at least a twentieth of the
+    /// panel above its bottom (on a linear axis the 8 MiB point sat at 0.0001).
+    #[test]
+    fn every_message_rate_is_visible() {
+        // A link of 2 GB/s at large sizes, 2 Mpps at small ones.
+        let rows: Vec<Row> = (1..=23)
+            .map(|e| {
+                let size = 1u64 << e;
+                let rate = (2e9 / size as f64).min(2e6);
+                Row::Bw(BwRow {
+                    size,
+                    iterations: 1000,
+                    peak_bps: rate * size as f64,
+                    avg_bps: rate * size as f64,
+                    msg_rate: rate,
+                })
+            })
+            .collect();
+        let (panels, _, _) = panels(&rows, false).unwrap();
+        let rate = &panels[1];
+        assert!(rate.log_y);
+        let axis = YAxis::of(rate);
+        for &(x, y) in &rate.series[0].points {
+            let f = axis.fraction(y);
+            assert!(
+                (0.05..=1.0).contains(&f),
+                "size 2^{x}: {y} Mpps at {f} of the axis"
+            );
+        }
+        let svg = render(&title("write_bw"), &rows, false).unwrap();
+        check_well_formed(&svg).unwrap();
+    }
+
+    #[test]
+    fn the_title_carries_the_parameters() {
+        let t = Title {
+            test: "send_bw".into(),
+            params: "raw provider · UD, bidirectional · soft@a → soft@b · 4 QPs · 100 \
+                     iterations per size"
+                .into(),
+        };
+        let svg = render(&t, &[bw(2, 1.0), bw(4, 2.0)], false).unwrap();
+        check_well_formed(&svg).unwrap();
+        for want in [
+            "remem perf: send_bw",
+            "UD, bidirectional",
+            "4 QPs",
+            "100 iterations",
+        ] {
+            assert!(svg.contains(want), "{want:?} missing from the title");
+        }
     }
 
     #[test]

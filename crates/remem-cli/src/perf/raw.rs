@@ -1,20 +1,27 @@
 //! The benchmarks on the raw provider (`remem-verbs`), as perftest drives libibverbs.
 //!
-//! Each side has one CQ, one RC QP per `-q`, and one registered buffer with two areas per
-//! QP: a receive area (where the peer's WRITEs and SENDs land, and what its READs and
-//! atomics target) and a source area (what this side writes and sends). A soft device is
-//! driven by the benchmark thread itself (no progress thread) unless `--soft-thread`.
+//! Each side has one CQ, one QP per `-q` (RC, or UD for SEND tests with `-c UD`), and one
+//! registered buffer with two areas per QP: a receive area (where the peer's WRITEs and
+//! SENDs land, and what its READs and atomics target) and a source area (what this side
+//! writes and sends). A UD receive area starts with the 40 bytes the GRH lands in. A soft
+//! device is driven by the benchmark thread itself (no progress thread) unless
+//! `--soft-thread`.
+//!
+//! The exchange on the control connection, after the settings and the server's hello:
+//! ENDPOINTS each way (the server's first), READY from the server once its QPs are up;
+//! then per size START (client), READY (server), the run, DONE with the operations the
+//! client completed, and RESULT from the server: what it received, and with `-b` what it
+//! sent and measured (its own run in the other direction). A last DONE of 0 ends it.
 
 use super::ctrl::{self, Ctrl, Cursor};
-use super::report::{self, Row};
-use super::{AtomicType, DeviceChoice, Output, PerfError, Settings, Test};
+use super::report::{self, BwRow, Row};
+use super::{AtomicType, Conn, Device, Output, PORT, PerfError, Settings, Test};
 use remem::verbs::{
     AccessFlags, AhAttr, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, MemoryRegion, Mtu,
     ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, QueuePair, RecvWr,
-    SendFlags, SendOp, SendWr, Sge, WcStatus, WorkCompletion,
+    SendFlags, SendOp, SendWr, Sge, UdDest, WcStatus, WorkCompletion,
 };
-use remem_soft::{SoftContext, SoftOptions};
-use std::net::SocketAddr;
+use remem_soft::SoftContext;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,10 +29,15 @@ use std::time::{Duration, Instant};
 pub(super) const RECV: u64 = 1 << 63;
 /// Receives posted per QP for SEND tests.
 const RX_DEPTH: u32 = 512;
-/// The port of every device.
-const PORT: u8 = 1;
 /// Outstanding RDMA READs and atomics per QP (perftest's `-o` default is 16 too).
 pub(super) const RD_ATOMIC: u8 = 16;
+/// The Q_Key of UD QPs (perftest's `DEF_QKEY`).
+pub(super) const QKEY: u32 = 0x1111_1111;
+/// Bytes at the start of a UD receive buffer that receive the GRH.
+pub(super) const GRH: usize = 40;
+/// How long a UD receiver waits for stragglers once the sender is done: datagrams still
+/// in flight arrive within it; lost ones never will.
+pub(super) const UD_GRACE: Duration = Duration::from_millis(200);
 
 fn err(what: &str) -> impl Fn(remem::verbs::Error) -> PerfError + '_ {
     move |e| format!("{what}: {e}")
@@ -89,67 +101,38 @@ pub(super) struct Side {
     pub(super) qps: Vec<Arc<dyn QueuePair>>,
     pub(super) buf: Arc<MemoryBuffer>,
     mr: Arc<dyn MemoryRegion>,
-    /// Bytes per area (the largest message or `min_area`, rounded up to 64).
+    /// Bytes per area (the largest message or `min_area`, with the GRH on UD, rounded up
+    /// to 64).
     area: usize,
     pub(super) gid_index: u8,
     pub(super) gid: Gid,
+    /// The port's active MTU.
     pub(super) mtu: Mtu,
+    /// The MTU of the path to the peer (after [`Side::connect`]).
+    pub(super) path_mtu: Mtu,
+    conn: Conn,
+    /// Per QP, the peer's QP as a UD destination (UD only, after [`Side::connect`]).
+    ud: Vec<UdDest>,
     psns: Vec<u32>,
-    // Kept alive for the objects above.
-    _pd: Arc<dyn ProtectionDomain>,
-    _ctx: Arc<dyn Context>,
-}
-
-/// An open device, and the soft device to drive when it is one driven inline.
-type Opened = (Arc<dyn Context>, Option<Arc<SoftContext>>);
-
-fn open(dev: &DeviceChoice) -> Result<Opened, PerfError> {
-    if let Some(name) = &dev.name
-        && let Some(addr) = name.strip_prefix("soft@")
-    {
-        let addr: SocketAddr = addr
-            .parse()
-            .map_err(|_| format!("{name}: expected soft@<ip>:<port>"))?;
-        let opts = SoftOptions {
-            inline: dev.soft_inline,
-            ..SoftOptions::from_env()
-        };
-        let soft = Arc::new(SoftContext::bind_with(addr, &opts).map_err(err(name))?);
-        let ctx: Arc<dyn Context> = soft.clone();
-        return Ok((ctx, dev.soft_inline.then_some(soft)));
-    }
-    let ctx = remem::open_device(dev.name.as_deref()).map_err(err("opening the device"))?;
-    Ok((ctx, None))
+    pd: Arc<dyn ProtectionDomain>,
+    ctx: Arc<dyn Context>,
 }
 
 impl Side {
-    /// Opens the device and creates the objects; each area holds at least `min_area`
-    /// bytes.
-    pub(super) fn new(
-        s: &Settings,
-        dev: &DeviceChoice,
-        min_area: usize,
-    ) -> Result<Side, PerfError> {
-        let (ctx, soft) = open(dev)?;
+    /// Creates the objects on `dev`; each area holds at least `min_area` bytes.
+    pub(super) fn new(s: &Settings, dev: &Device, min_area: usize) -> Result<Side, PerfError> {
+        let ctx = dev.ctx.clone();
         let port = ctx.query_port(PORT).map_err(err("query_port"))?;
-        let (gid_index, gid) = match dev.gid_index {
-            Some(i) => (
-                i,
-                ctx.query_gid(PORT, u32::from(i))
-                    .map_err(err("query_gid"))?
-                    .gid,
-            ),
-            None => ctx
-                .gid_table(PORT)
-                .map_err(err("gid_table"))?
-                .iter()
-                .filter(|g| g.gid_type == remem::verbs::GidType::RoceV2)
-                .min_by_key(|g| !g.gid.is_ipv4_mapped())
-                .map(|g| (g.index as u8, g.gid))
-                .ok_or("the device has no RoCE v2 GID")?,
-        };
+        let mtu = port.active_mtu;
         let pd = ctx.alloc_pd().map_err(err("alloc_pd"))?;
-        let area = (s.max_size() as usize).max(min_area).div_ceil(64) * 64;
+        let ud = s.conn == Conn::Ud;
+        // A UD message is at most one MTU, after the GRH.
+        let msg = if ud {
+            s.max_size().min(u64::from(mtu.bytes())) as usize + GRH
+        } else {
+            s.max_size() as usize
+        };
+        let area = msg.max(min_area).div_ceil(64) * 64;
         let qps_n = s.qps as usize;
         let buf = Arc::new(
             MemoryBuffer::zeroed(2 * area * qps_n)
@@ -161,7 +144,7 @@ impl Side {
                 AccessFlags::LOCAL_WRITE | (AccessFlags::REMOTE - AccessFlags::FLUSH_PERSISTENT),
             )
             .map_err(err("reg_mr"))?;
-        let rx = if matches!(s.test, Test::SendBw | Test::SendLat) {
+        let rx = if s.test.is_send() {
             RX_DEPTH.min(32_000 / s.qps).max(2)
         } else {
             1
@@ -175,7 +158,7 @@ impl Side {
         for _ in 0..qps_n {
             let qp = pd
                 .create_qp(&QpInitAttr {
-                    qp_type: QpType::Rc,
+                    qp_type: if ud { QpType::Ud } else { QpType::Rc },
                     send_cq: cq.clone(),
                     recv_cq: cq.clone(),
                     srq: None,
@@ -189,32 +172,51 @@ impl Side {
                     sq_sig_all: false,
                 })
                 .map_err(err("create_qp"))?;
-            qp.modify(
-                &QpAttr {
-                    qp_state: QpState::Init,
-                    port_num: PORT,
-                    qp_access_flags: AccessFlags::REMOTE,
-                    ..QpAttr::default()
-                },
-                QpAttrMask::RC_TO_INIT,
-            )
-            .map_err(err("modify_qp to INIT"))?;
+            let (attr, mask) = if ud {
+                (
+                    QpAttr {
+                        qp_state: QpState::Init,
+                        port_num: PORT,
+                        qkey: QKEY,
+                        ..QpAttr::default()
+                    },
+                    QpAttrMask::STATE
+                        | QpAttrMask::PKEY_INDEX
+                        | QpAttrMask::PORT
+                        | QpAttrMask::QKEY,
+                )
+            } else {
+                (
+                    QpAttr {
+                        qp_state: QpState::Init,
+                        port_num: PORT,
+                        qp_access_flags: AccessFlags::REMOTE,
+                        ..QpAttr::default()
+                    },
+                    QpAttrMask::RC_TO_INIT,
+                )
+            };
+            qp.modify(&attr, mask).map_err(err("modify_qp to INIT"))?;
             qps.push(qp);
+            // Initial PSNs from the thread's CSPRNG (rand), never the clock.
             psns.push(rand::random::<u32>() & 0x00ff_ffff);
         }
         let side = Side {
-            soft,
+            soft: dev.soft.clone(),
             cq,
             qps,
             buf,
             mr,
             area,
-            gid_index,
-            gid,
-            mtu: port.active_mtu,
+            gid_index: dev.gid_index,
+            gid: dev.gid,
+            mtu,
+            path_mtu: mtu,
+            conn: s.conn,
+            ud: Vec::new(),
             psns,
-            _pd: pd,
-            _ctx: ctx,
+            pd,
+            ctx,
         };
         if rx > 1 {
             for q in 0..qps_n {
@@ -266,8 +268,9 @@ impl Side {
     }
 
     /// Connects QP `q` to `remote[q]`, with up to `rd_atomic` RDMA READs and atomics
-    /// outstanding towards the peer.
-    pub(super) fn connect(&self, remote: &[Endpoint], rd_atomic: u8) -> Result<(), PerfError> {
+    /// outstanding towards the peer. RC QPs go to RTR (the peer's QPN and PSN) and RTS;
+    /// UD QPs to RTS with an address handle for the peer's QP.
+    pub(super) fn connect(&mut self, remote: &[Endpoint], rd_atomic: u8) -> Result<(), PerfError> {
         if remote.len() != self.qps.len() {
             return Err(format!(
                 "the peer has {} QPs, this side {}",
@@ -275,10 +278,41 @@ impl Side {
                 self.qps.len()
             ));
         }
+        let mut path_mtu = self.mtu;
+        let mut ud = Vec::new();
         for (q, r) in remote.iter().enumerate() {
             let mtu = Mtu::from_bytes(r.mtu)
                 .ok_or_else(|| format!("the peer sent an MTU of {}", r.mtu))?
                 .min(self.mtu);
+            path_mtu = path_mtu.min(mtu);
+            let av = AhAttr {
+                dgid: r.gid,
+                sgid_index: self.gid_index,
+                hop_limit: 64,
+                is_global: true,
+                port_num: PORT,
+                ..AhAttr::default()
+            };
+            if self.conn == Conn::Ud {
+                let mut attr = QpAttr {
+                    qp_state: QpState::Rtr,
+                    ..QpAttr::default()
+                };
+                self.qps[q]
+                    .modify(&attr, QpAttrMask::STATE)
+                    .map_err(err("modify_qp to RTR"))?;
+                attr.qp_state = QpState::Rts;
+                attr.sq_psn = self.psns[q];
+                self.qps[q]
+                    .modify(&attr, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
+                    .map_err(err("modify_qp to RTS"))?;
+                ud.push(UdDest {
+                    ah: self.pd.create_ah(&av).map_err(err("create_ah"))?,
+                    remote_qpn: r.qpn,
+                    remote_qkey: QKEY,
+                });
+                continue;
+            }
             let mut attr = QpAttr {
                 qp_state: QpState::Rtr,
                 path_mtu: mtu,
@@ -286,14 +320,7 @@ impl Side {
                 rq_psn: r.psn,
                 max_dest_rd_atomic: RD_ATOMIC,
                 min_rnr_timer: 12,
-                ah_attr: AhAttr {
-                    dgid: r.gid,
-                    sgid_index: self.gid_index,
-                    hop_limit: 64,
-                    is_global: true,
-                    port_num: PORT,
-                    ..AhAttr::default()
-                },
+                ah_attr: av,
                 ..QpAttr::default()
             };
             self.qps[q]
@@ -309,7 +336,21 @@ impl Side {
                 .modify(&attr, QpAttrMask::RC_TO_RTS)
                 .map_err(err("modify_qp to RTS"))?;
         }
+        self.path_mtu = path_mtu;
+        self.ud = ud;
         Ok(())
+    }
+
+    /// Whether the QPs are UD.
+    pub(super) fn is_ud(&self) -> bool {
+        self.conn == Conn::Ud
+    }
+
+    /// A send work request on QP `q` (with the peer's address on UD).
+    pub(super) fn wr<'a>(&self, q: usize, wr_id: u64, op: SendOp, sge: &'a [Sge]) -> SendWr<'a> {
+        let mut wr = SendWr::new(wr_id, op, sge);
+        wr.ud = self.ud.get(q).cloned();
+        wr
     }
 
     /// Whether this side moves its device's packets itself (see [`Side::drive`]).
@@ -318,10 +359,14 @@ impl Side {
     }
 
     /// Moves packets (an inline soft device); waits up to `wait` when there is nothing to
-    /// do. Other devices move packets by themselves.
+    /// do. Other devices move packets by themselves: this only yields the thread.
     pub(super) fn drive(&self, wait: Duration) -> Result<(), PerfError> {
-        if let Some(soft) = &self.soft {
-            soft.progress(wait).map_err(err("progress"))?;
+        match &self.soft {
+            Some(soft) => {
+                soft.progress(wait).map_err(err("progress"))?;
+            }
+            None if !wait.is_zero() => std::thread::yield_now(),
+            None => {}
         }
         Ok(())
     }
@@ -331,25 +376,127 @@ impl Side {
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
                 return Err(format!(
-                    "work completion with status {:?} (wr_id {:#x}, vendor error {:#x})",
-                    wc.status, wc.wr_id, wc.vendor_err
+                    "work completion with status {:?} (wr_id {:#x}, vendor error {:#x}){}",
+                    wc.status,
+                    wc.wr_id,
+                    wc.vendor_err,
+                    self.counters()
                 ));
             }
         }
         Ok(n)
     }
 
-    /// Waits for a control frame, moving packets meanwhile.
-    fn wait_ctrl(&self, ctrl: &mut Ctrl) -> Result<(u8, Vec<u8>), PerfError> {
-        if self.soft.is_none() {
-            return ctrl.recv();
+    /// The device's non-zero counters (retries, NAKs, …), to explain a failed run.
+    fn counters(&self) -> String {
+        let c: Vec<String> = self
+            .ctx
+            .counters()
+            .iter()
+            .filter(|c| c.value != 0)
+            .map(|c| format!("{}={}", c.name, c.value))
+            .collect();
+        if c.is_empty() {
+            String::new()
+        } else {
+            format!("; device counters: {}", c.join(" "))
         }
+    }
+
+    /// Polls the CQ, reposts the receives it finds and adds them to `got`; send
+    /// completions found are dropped. Returns the number of receives.
+    pub(super) fn take_recvs(
+        &self,
+        wcs: &mut [WorkCompletion],
+        got: &mut u64,
+    ) -> Result<u64, PerfError> {
+        let n = self.poll(wcs)?;
+        let mut recvs = 0;
+        for wc in &wcs[..n] {
+            if wc.wr_id & RECV != 0 {
+                recvs += 1;
+                self.post_recv((wc.wr_id & 0xffff_ffff) as usize)?;
+            }
+        }
+        *got += recvs;
+        Ok(recvs)
+    }
+
+    /// Receives (and reposts) until `got` reaches `expected`. On RC every message the
+    /// peer saw complete has arrived; a peer that claims more than come within `quiet`
+    /// is an error. On UD a lost datagram never comes: the wait ends `UD_GRACE` after the
+    /// last arrival.
+    pub(super) fn receive_rest(
+        &self,
+        got: &mut u64,
+        expected: u64,
+        quiet: Duration,
+    ) -> Result<(), PerfError> {
+        let mut wcs = [WorkCompletion::default(); 64];
+        let mut last = Instant::now();
+        while *got < expected {
+            if self.take_recvs(&mut wcs, got)? > 0 {
+                last = Instant::now();
+                self.drive(Duration::ZERO)?;
+                continue;
+            }
+            if self.is_ud() && last.elapsed() >= UD_GRACE {
+                return Ok(());
+            }
+            if !self.is_ud() && last.elapsed() >= quiet {
+                return Err(format!(
+                    "the peer sent {expected} messages; {got} arrived and nothing more for \
+                     {:.1} s",
+                    quiet.as_secs_f64()
+                ));
+            }
+            self.drive(Duration::from_micros(100))?;
+        }
+        Ok(())
+    }
+
+    /// Waits for a control frame (at most `limit`), moving packets meanwhile; with `got`,
+    /// also takes (reposts and counts) the receives that complete meanwhile.
+    fn wait_ctrl(
+        &self,
+        ctrl: &mut Ctrl,
+        limit: Option<Duration>,
+        mut got: Option<&mut u64>,
+    ) -> Result<(u8, Vec<u8>), PerfError> {
+        if self.soft.is_none() && got.is_none() {
+            return ctrl.recv_within(limit);
+        }
+        let deadline = limit.map(|l| Instant::now() + l);
+        let mut wcs = [WorkCompletion::default(); 64];
         loop {
             if let Some(frame) = ctrl.try_recv()? {
                 return Ok(frame);
             }
-            self.drive(Duration::from_millis(1))?;
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(ctrl.silent(limit.unwrap_or_default()));
+            }
+            let mut busy = false;
+            if let Some(got) = got.as_deref_mut() {
+                busy = self.take_recvs(&mut wcs, got)? > 0;
+            }
+            self.drive(if busy {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(1)
+            })?;
         }
+    }
+
+    fn wait_ctrl_expect(
+        &self,
+        ctrl: &mut Ctrl,
+        tag: u8,
+        limit: Option<Duration>,
+        got: Option<&mut u64>,
+    ) -> Result<Vec<u8>, PerfError> {
+        let (t, payload) = self.wait_ctrl(ctrl, limit, got)?;
+        ctrl::check_tag(t, tag)?;
+        Ok(payload)
     }
 
     /// The operation a bandwidth/latency client posts on QP `q`.
@@ -404,7 +551,7 @@ impl Side {
     }
 }
 
-fn handshake(ctrl: &mut Ctrl, side: &Side, server: bool) -> Result<Vec<Endpoint>, PerfError> {
+fn handshake(ctrl: &mut Ctrl, side: &mut Side, server: bool) -> Result<Vec<Endpoint>, PerfError> {
     let mine = encode_endpoints(&side.endpoints());
     let theirs = if server {
         ctrl.send(ctrl::ENDPOINTS, &mine)?;
@@ -419,8 +566,67 @@ fn handshake(ctrl: &mut Ctrl, side: &Side, server: bool) -> Result<Vec<Endpoint>
     Ok(remote)
 }
 
+/// How long a wait that spans a run may take: the run's duration and the control
+/// timeout, or without bound for a number of iterations (the connection's end ends it).
+fn run_limit(s: &Settings, ctrl: &Ctrl) -> Option<Duration> {
+    s.duration.map(|d| d + ctrl.timeout())
+}
+
+/// The server's account of a size (the RESULT frame).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Tally {
+    /// Messages this side received (SEND tests).
+    pub(super) received: u64,
+    /// Operations this side completed (bidirectional runs).
+    pub(super) sent: u64,
+    /// This side's own run (bidirectional runs).
+    pub(super) row: Option<BwRow>,
+}
+
+impl Tally {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(57);
+        b.extend_from_slice(&self.received.to_be_bytes());
+        b.extend_from_slice(&self.sent.to_be_bytes());
+        if let Some(r) = &self.row {
+            b.push(1);
+            for v in [r.size, r.iterations] {
+                b.extend_from_slice(&v.to_be_bytes());
+            }
+            for v in [r.peak_bps, r.avg_bps, r.msg_rate] {
+                b.extend_from_slice(&v.to_bits().to_be_bytes());
+            }
+        } else {
+            b.push(0);
+        }
+        b
+    }
+
+    pub(super) fn decode(b: &[u8]) -> Option<Tally> {
+        let mut c = Cursor(b);
+        let received = c.u64()?;
+        let sent = c.u64()?;
+        let row = match c.u8()? {
+            0 => None,
+            1 => Some(BwRow {
+                size: c.u64()?,
+                iterations: c.u64()?,
+                peak_bps: c.f64()?,
+                avg_bps: c.f64()?,
+                msg_rate: c.f64()?,
+            }),
+            _ => return None,
+        };
+        c.0.is_empty().then_some(Tally {
+            received,
+            sent,
+            row,
+        })
+    }
+}
+
 /// The server: sets up, then serves each size the client runs.
-pub(crate) fn server(mut ctrl: Ctrl, s: &Settings, dev: &DeviceChoice) -> Result<(), PerfError> {
+pub(crate) fn server(mut ctrl: Ctrl, s: &Settings, dev: &Device) -> Result<(), PerfError> {
     let result = serve_sizes(&mut ctrl, s, dev);
     if let Err(e) = &result {
         ctrl.fail(e);
@@ -428,74 +634,55 @@ pub(crate) fn server(mut ctrl: Ctrl, s: &Settings, dev: &DeviceChoice) -> Result
     result
 }
 
-fn serve_sizes(ctrl: &mut Ctrl, s: &Settings, dev: &DeviceChoice) -> Result<(), PerfError> {
-    let side = Side::new(s, dev, 0)?;
-    let remote = handshake(ctrl, &side, true)?;
+fn serve_sizes(ctrl: &mut Ctrl, s: &Settings, dev: &Device) -> Result<(), PerfError> {
+    let mut side = Side::new(s, dev, 0)?;
+    let remote = handshake(ctrl, &mut side, true)?;
     ctrl.send(ctrl::READY, &[])?;
     let mut wcs = [WorkCompletion::default(); 64];
+    let receives = s.test.is_send();
     loop {
-        let (tag, payload) = side.wait_ctrl(ctrl)?;
-        match tag {
-            ctrl::DONE => return Ok(()),
-            ctrl::START => {}
-            other => return Err(format!("control: unexpected frame {other}")),
-        }
+        let mut got = 0u64;
+        let payload = {
+            let (tag, payload) = side.wait_ctrl(ctrl, Some(ctrl.timeout()), None)?;
+            match tag {
+                ctrl::DONE => return Ok(()),
+                ctrl::START => payload,
+                other => return Err(format!("control: unexpected frame {other}")),
+            }
+        };
         let size = Cursor(&payload).u64().ok_or("malformed START")?;
         ctrl.send(ctrl::READY, &[])?;
-        match s.test {
-            Test::WriteLat | Test::SendLat => {
-                pong(&side, s, &remote[0], size, &mut wcs, ctrl)?;
-                // The client's end of this size.
-                let (tag, _) = side.wait_ctrl(ctrl)?;
-                if tag != ctrl::DONE {
-                    return Err(format!("control: unexpected frame {tag}"));
-                }
-            }
-            Test::SendBw => {
-                // Receive (and repost) until the client says how many it sent.
-                let mut got = 0u64;
-                let expected = loop {
-                    let n = side.poll(&mut wcs)?;
-                    for wc in &wcs[..n] {
-                        if wc.wr_id & RECV != 0 {
-                            got += 1;
-                            side.post_recv((wc.wr_id & 0xffff_ffff) as usize)?;
-                        }
-                    }
-                    if n == 0 {
-                        if let Some((tag, p)) = ctrl.try_recv()? {
-                            if tag != ctrl::DONE {
-                                return Err(format!("control: unexpected frame {tag}"));
-                            }
-                            break Cursor(&p).u64().ok_or("malformed DONE")?;
-                        }
-                        side.drive(Duration::from_micros(200))?;
-                    } else {
-                        side.drive(Duration::ZERO)?;
-                    }
-                };
-                // Every SEND the client saw complete has been received here.
-                while got < expected {
-                    let n = side.poll(&mut wcs)?;
-                    for wc in &wcs[..n] {
-                        if wc.wr_id & RECV != 0 {
-                            got += 1;
-                            side.post_recv((wc.wr_id & 0xffff_ffff) as usize)?;
-                        }
-                    }
-                    side.drive(Duration::from_micros(100))?;
-                }
-            }
-            _ => {
-                // One-sided: the client's operations need nothing from this side but
-                // its NIC; wait for the end of the size.
-                let (tag, _) = side.wait_ctrl(ctrl)?;
-                if tag != ctrl::DONE {
-                    return Err(format!("control: unexpected frame {tag}"));
-                }
-            }
+        let mut tally = Tally {
+            received: 0,
+            sent: 0,
+            row: None,
+        };
+        if matches!(s.test, Test::WriteLat | Test::SendLat) {
+            pong(&side, s, &remote[0], size, &mut wcs, ctrl)?;
+        } else if s.bidir {
+            // This side runs the same test towards the client meanwhile.
+            let (row, sent) = bandwidth(&side, s, &remote, size, &mut got, &mut None)?;
+            tally.sent = sent;
+            tally.row = Some(row);
         }
-        ctrl.send(ctrl::READY, &[])?;
+        // The client's end of this size (receiving meanwhile on SEND tests).
+        let p = side.wait_ctrl_expect(
+            ctrl,
+            ctrl::DONE,
+            if matches!(s.test, Test::WriteLat | Test::SendLat) {
+                Some(ctrl.timeout())
+            } else {
+                run_limit(s, ctrl)
+            },
+            receives.then_some(&mut got),
+        )?;
+        let expected = Cursor(&p).u64().ok_or("malformed DONE")?;
+        if receives && s.test.is_bw() {
+            // Every SEND the client saw complete has arrived here (RC), or will not (UD).
+            side.receive_rest(&mut got, expected, ctrl.timeout())?;
+        }
+        tally.received = got;
+        ctrl.send(ctrl::RESULT, &tally.encode())?;
     }
 }
 
@@ -564,7 +751,7 @@ pub(super) fn post(
     flags: SendFlags,
     i: u64,
 ) -> Result<(), PerfError> {
-    let mut wr = SendWr::new(i, op, sge);
+    let mut wr = side.wr(q, i, op, sge);
     wr.flags = flags;
     if i % 8 == 7 {
         wr.flags |= SendFlags::SIGNALED;
@@ -575,16 +762,9 @@ pub(super) fn post(
 }
 
 /// Reaps send completions without waiting; reposts receives it finds.
-pub(super) fn drain(side: &Side, wcs: &mut [WorkCompletion]) -> Result<usize, PerfError> {
-    let n = side.poll(wcs)?;
-    let mut recvs = 0;
-    for wc in &wcs[..n] {
-        if wc.wr_id & RECV != 0 {
-            recvs += 1;
-            side.post_recv((wc.wr_id & 0xffff_ffff) as usize)?;
-        }
-    }
-    Ok(recvs)
+pub(super) fn drain(side: &Side, wcs: &mut [WorkCompletion]) -> Result<u64, PerfError> {
+    let mut got = 0;
+    side.take_recvs(wcs, &mut got)
 }
 
 /// Waits for one receive completion (and reposts it).
@@ -608,7 +788,7 @@ pub(super) fn wait_recv(
 pub(crate) fn client(
     mut ctrl: Ctrl,
     s: &Settings,
-    dev: &DeviceChoice,
+    dev: &Device,
     out: &mut Output,
 ) -> Result<Vec<Row>, PerfError> {
     let result = run_sizes(&mut ctrl, s, dev, out);
@@ -621,19 +801,25 @@ pub(crate) fn client(
 fn run_sizes(
     ctrl: &mut Ctrl,
     s: &Settings,
-    dev: &DeviceChoice,
+    dev: &Device,
     out: &mut Output,
 ) -> Result<Vec<Row>, PerfError> {
-    let side = Side::new(s, dev, 0)?;
-    let remote = handshake(ctrl, &side, false)?;
-    ctrl.expect(ctrl::READY)?;
+    let mut side = Side::new(s, dev, 0)?;
+    let remote = handshake(ctrl, &mut side, false)?;
+    let (fit, note) = s.fit_path_mtu(u64::from(side.path_mtu.bytes()));
+    if let Some(n) = note {
+        out.note(&n);
+    }
+    let s = &fit;
+    side.wait_ctrl_expect(ctrl, ctrl::READY, Some(ctrl.timeout()), None)?;
     let mut rows = Vec::new();
     for &size in &s.sizes {
         ctrl.send(ctrl::START, &size.to_be_bytes())?;
-        side.wait_ctrl_expect(ctrl, ctrl::READY)?;
+        side.wait_ctrl_expect(ctrl, ctrl::READY, Some(ctrl.timeout()), None)?;
         let mut progress = out.progress();
+        let mut got = 0u64;
         let (row, count) = if s.test.is_bw() {
-            let (row, count) = bandwidth(&side, s, &remote, size, &mut progress)?;
+            let (row, count) = bandwidth(&side, s, &remote, size, &mut got, &mut progress)?;
             (Row::Bw(row), count)
         } else {
             let row = latency(&side, s, &remote[0], size, &mut progress)?;
@@ -641,7 +827,43 @@ fn run_sizes(
         };
         drop(progress);
         ctrl.send(ctrl::DONE, &count.to_be_bytes())?;
-        side.wait_ctrl_expect(ctrl, ctrl::READY)?;
+        // With -b the server may still be running (and sending): receive meanwhile.
+        let receives = s.bidir && s.test.is_send();
+        let p = side.wait_ctrl_expect(
+            ctrl,
+            ctrl::RESULT,
+            if s.bidir {
+                run_limit(s, ctrl)
+            } else {
+                Some(ctrl.timeout())
+            },
+            receives.then_some(&mut got),
+        )?;
+        let tally = Tally::decode(&p).ok_or("malformed RESULT")?;
+        if s.test == Test::SendBw && tally.received < count {
+            out.note(&format!(
+                "{size} B: {} of {count} messages arrived at the server (UD does not \
+                 retransmit)",
+                tally.received
+            ));
+        }
+        let row = match (row, tally.row) {
+            (Row::Bw(mine), Some(theirs)) if s.bidir => {
+                if receives {
+                    side.receive_rest(&mut got, tally.sent, ctrl.timeout())?;
+                    if got < tally.sent {
+                        out.note(&format!(
+                            "{size} B: {got} of the server's {} messages arrived here (UD \
+                             does not retransmit)",
+                            tally.sent
+                        ));
+                    }
+                }
+                Row::Bw(report::both_ways(&mine, &theirs))
+            }
+            (row, None) if !s.bidir || !s.test.is_bw() => row,
+            _ => return Err("the server's RESULT does not match the run".into()),
+        };
         out.row(s, &row);
         rows.push(row);
     }
@@ -649,25 +871,17 @@ fn run_sizes(
     Ok(rows)
 }
 
-impl Side {
-    fn wait_ctrl_expect(&self, ctrl: &mut Ctrl, tag: u8) -> Result<(), PerfError> {
-        let (got, _) = self.wait_ctrl(ctrl)?;
-        if got != tag {
-            return Err(format!("control: expected frame {tag}, got {got}"));
-        }
-        Ok(())
-    }
-}
-
 /// A bandwidth run: keeps `tx_depth` operations in flight on every QP, signaling one in
-/// every `cq_mod`; returns the result and how many operations completed.
+/// every `cq_mod`; returns the result and how many operations completed. Receives that
+/// complete meanwhile are reposted and added to `got` (SEND runs in both directions).
 pub(super) fn bandwidth(
     side: &Side,
     s: &Settings,
     remote: &[Endpoint],
     size: u64,
+    got: &mut u64,
     progress: &mut Option<report::Progress>,
-) -> Result<(report::BwRow, u64), PerfError> {
+) -> Result<(BwRow, u64), PerfError> {
     let nq = side.qps.len();
     let cq_mod = (s.tx_depth / 2).clamp(1, 64) as u64;
     let per_qp = if s.duration.is_some() {
@@ -706,7 +920,7 @@ pub(super) fn bandwidth(
                 }
                 batch.clear();
                 for j in 0..k {
-                    let mut wr = SendWr::new(0, ops[q], &sges[q]);
+                    let mut wr = side.wr(q, 0, ops[q], &sges[q]);
                     wr.flags = flags;
                     if j == k - 1 {
                         wr.flags |= SendFlags::SIGNALED;
@@ -725,8 +939,11 @@ pub(super) fn bandwidth(
         let n = side.poll(&mut wcs)?;
         if n > 0 {
             let now = start.elapsed().as_secs_f64();
+            let before = done;
             for wc in &wcs[..n] {
                 if wc.wr_id & RECV != 0 {
+                    *got += 1;
+                    side.post_recv((wc.wr_id & 0xffff_ffff) as usize)?;
                     continue;
                 }
                 let q = (wc.wr_id >> 32) as usize;
@@ -736,14 +953,16 @@ pub(super) fn bandwidth(
                 }
                 done += k;
             }
-            marks.push((now, done));
             busy = true;
-            if let Some(p) = progress.as_mut() {
-                let f = match s.duration {
-                    Some(d) => now / d.as_secs_f64(),
-                    None => done as f64 / total as f64,
-                };
-                p.update(s.test.name(), f);
+            if done > before {
+                marks.push((now, done));
+                if let Some(p) = progress.as_mut() {
+                    let f = match s.duration {
+                        Some(d) => now / d.as_secs_f64(),
+                        None => done as f64 / total as f64,
+                    };
+                    p.update(s.test.name(), f);
+                }
             }
         }
         let all_posted = stop_posting || posted.iter().all(|&p| p == per_qp);
@@ -810,7 +1029,7 @@ pub(super) fn latency(
                 samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
             }
             _ => {
-                let mut wr = SendWr::new(i, op, &sge);
+                let mut wr = side.wr(0, i, op, &sge);
                 wr.flags = flags | SendFlags::SIGNALED;
                 let t0 = Instant::now();
                 side.qps[0]
@@ -860,6 +1079,28 @@ mod tests {
         assert_eq!(decode_endpoints(&b), Some(eps));
         for cut in 0..b.len() {
             assert_eq!(decode_endpoints(&b[..cut]), None);
+        }
+    }
+
+    #[test]
+    fn tallies_round_trip_and_truncation_fails() {
+        let t = Tally {
+            received: 7,
+            sent: 9,
+            row: Some(BwRow {
+                size: 4096,
+                iterations: 9,
+                peak_bps: 1.5e9,
+                avg_bps: 1.25e9,
+                msg_rate: 3e5,
+            }),
+        };
+        for t in [t, Tally { row: None, ..t }] {
+            let b = t.encode();
+            assert_eq!(Tally::decode(&b), Some(t));
+            for cut in 0..b.len() {
+                assert_eq!(Tally::decode(&b[..cut]), None);
+            }
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Results of `remem perf` and how they are printed: perftest's tables, or JSON lines.
 
-use super::{AtomicType, Settings, Test};
+use super::{Settings, Test};
 use std::io::Write;
 
 /// One bandwidth result row (perftest's `ib_*_bw`).
@@ -67,27 +67,47 @@ fn title(test: Test) -> &'static str {
     }
 }
 
-/// The table's header (test, parameters, column names).
+/// The table's header (test, parameters, units, column names).
 pub(crate) fn print_header(test: Test, api: bool, s: &Settings, gbits: bool) {
     println!("{RULE}");
-    println!("                    {}", title(test));
+    let title = title(test);
+    if s.bidir {
+        // perftest: "RDMA_Write Bidirectional BW Test".
+        println!(
+            "                    {}",
+            title.replacen(" BW Test", " Bidirectional BW Test", 1)
+        );
+    } else {
+        println!("                    {title}");
+    }
     println!(
-        " Number of qps   : {:<8}Transport type : RoCEv2 RC{}",
+        " Number of qps   : {:<8}Transport type : RoCEv2{}",
         s.qps,
         if api { " (remem async API)" } else { "" }
+    );
+    println!(
+        " Connection type : {:<8}Using SRQ      : OFF",
+        s.conn.name()
     );
     println!(
         " TX depth        : {:<8}Inline size    : {}",
         s.tx_depth, s.inline_size
     );
     if matches!(test, Test::AtomicBw | Test::AtomicLat) {
+        println!(" Atomic type     : {}", s.atomic.name());
+    }
+    if test.is_bw() {
         println!(
-            " Atomic type     : {}",
-            match s.atomic {
-                AtomicType::FetchAndAdd => "FETCH_AND_ADD",
-                AtomicType::CmpAndSwap => "CMP_AND_SWAP",
+            " BW unit         : {}",
+            if gbits {
+                "Gb/sec = 10^9 bits per second"
+            } else {
+                "MB/sec = 2^20 bytes per second (as perftest; --json: bw_*_mib_s)"
             }
         );
+        if s.bidir {
+            println!(" Bidirectional   : the sum of both directions");
+        }
     }
     println!("{RULE}");
     if test.is_bw() {
@@ -102,19 +122,47 @@ pub(crate) fn print_header(test: Test, api: bool, s: &Settings, gbits: bool) {
     }
 }
 
+/// Bytes in perftest's MB (its MB/sec is 2^20 bytes per second): the unit of the table,
+/// of `--json`'s `bw_*_mib_s` and of the plot.
+pub(crate) const MIB: f64 = 1_048_576.0;
+
+/// Bandwidth in MiB/s (perftest's MB/sec).
+pub(crate) fn mib_s(bps: f64) -> f64 {
+    bps / MIB
+}
+
+/// Bandwidth in Gb/s (10^9 bits per second).
+pub(crate) fn gbit_s(bps: f64) -> f64 {
+    bps * 8.0 / 1e9
+}
+
 /// Bandwidth in the table's unit: MB/sec with MB = 2^20 bytes (perftest's), or Gb/sec.
 pub(crate) fn table_bw(bps: f64, gbits: bool) -> f64 {
-    if gbits {
-        bps * 8.0 / 1e9
-    } else {
-        bps / f64::from(1u32 << 20)
+    if gbits { gbit_s(bps) } else { mib_s(bps) }
+}
+
+/// A bidirectional result as perftest prints it: the sum of both directions' bandwidth
+/// and message rate, with this side's size and iteration count.
+pub(crate) fn both_ways(mine: &BwRow, theirs: &BwRow) -> BwRow {
+    BwRow {
+        size: mine.size,
+        iterations: mine.iterations,
+        peak_bps: mine.peak_bps + theirs.peak_bps,
+        avg_bps: mine.avg_bps + theirs.avg_bps,
+        msg_rate: mine.msg_rate + theirs.msg_rate,
     }
 }
 
 /// One row of the table.
 pub(crate) fn print_row(row: &Row, gbits: bool) {
+    println!("{}", format_row(row, gbits));
+    let _ = std::io::stdout().flush();
+}
+
+/// One row of the table, as text.
+pub(crate) fn format_row(row: &Row, gbits: bool) -> String {
     match row {
-        Row::Bw(r) => println!(
+        Row::Bw(r) => format!(
             " {:<10} {:<10}     {:>10.2}         {:>10.2}            {:.6}",
             r.size,
             r.iterations,
@@ -122,12 +170,11 @@ pub(crate) fn print_row(row: &Row, gbits: bool) {
             table_bw(r.avg_bps, gbits),
             r.msg_rate / 1e6
         ),
-        Row::Lat(r) => println!(
+        Row::Lat(r) => format!(
             " {:<7} {:<10}     {:<10.2}     {:<10.2}   {:<10.2}         {:<10.2}     {:<10.2}      {:<10.2}             {:<10.2}",
             r.size, r.iterations, r.min, r.max, r.typical, r.avg, r.stdev, r.p99, r.p999
         ),
     }
-    let _ = std::io::stdout().flush();
 }
 
 /// The closing rule.
@@ -135,12 +182,16 @@ pub(crate) fn print_footer() {
     println!("{RULE}");
 }
 
-/// One JSON object for a row (MB = 10^6 bytes).
+/// One JSON object for a row. Every field that carries a unit names it: bandwidth in
+/// MiB/s (2^20 bytes per second, the table's MB/sec) and Gb/s (10^9 bits per second),
+/// message rate in Mpps (10^6 messages per second), latency in µs.
 pub(crate) fn json(test: Test, api: bool, s: &Settings, row: &Row) -> String {
     let common = format!(
-        "\"test\":\"{}\",\"api\":{},\"qps\":{},\"tx_depth\":{}",
+        "\"test\":\"{}\",\"api\":{},\"connection\":\"{}\",\"bidirectional\":{},\"qps\":{},\"tx_depth\":{}",
         test.name(),
         api,
+        s.conn.name(),
+        s.bidir,
         s.qps,
         s.tx_depth
     );
@@ -153,11 +204,13 @@ pub(crate) fn json(test: Test, api: bool, s: &Settings, row: &Row) -> String {
     };
     match row {
         Row::Bw(r) => format!(
-            "{{{common},\"size\":{},\"iterations\":{},\"bw_peak_MBps\":{},\"bw_avg_MBps\":{},\"msg_rate_Mpps\":{}}}",
+            "{{{common},\"size\":{},\"iterations\":{},\"bw_peak_mib_s\":{},\"bw_avg_mib_s\":{},\"bw_peak_gbit_s\":{},\"bw_avg_gbit_s\":{},\"msg_rate_mpps\":{}}}",
             r.size,
             r.iterations,
-            num(r.peak_bps / 1e6),
-            num(r.avg_bps / 1e6),
+            num(mib_s(r.peak_bps)),
+            num(mib_s(r.avg_bps)),
+            num(gbit_s(r.peak_bps)),
+            num(gbit_s(r.avg_bps)),
             num(r.msg_rate / 1e6)
         ),
         Row::Lat(r) => format!(
@@ -326,19 +379,25 @@ mod tests {
         assert_eq!(bw_row(8, &[]).iterations, 0);
     }
 
-    #[test]
-    fn json_rows_have_the_documented_fields() {
-        let s = Settings {
+    fn settings() -> Settings {
+        Settings {
             test: Test::WriteBw,
             api: false,
-            atomic: AtomicType::FetchAndAdd,
+            atomic: super::super::AtomicType::FetchAndAdd,
             qps: 1,
             tx_depth: 128,
             inline_size: 0,
             iters: 10,
             duration: None,
             sizes: vec![65536],
-        };
+            bidir: false,
+            conn: super::super::Conn::Rc,
+        }
+    }
+
+    #[test]
+    fn json_rows_have_the_documented_fields() {
+        let s = settings();
         let bw = json(
             Test::WriteBw,
             false,
@@ -346,18 +405,21 @@ mod tests {
             &Row::Bw(BwRow {
                 size: 65536,
                 iterations: 10,
-                peak_bps: 3e9,
-                avg_bps: 2e9,
+                peak_bps: 3.0 * MIB * 1000.0,
+                avg_bps: 2.0 * MIB * 1000.0,
                 msg_rate: 30517.0,
             }),
         );
         for field in [
             "\"test\":\"write_bw\"",
+            "\"connection\":\"RC\"",
+            "\"bidirectional\":false",
             "\"size\":65536",
             "\"iterations\":10",
-            "\"bw_peak_MBps\":3000.0",
-            "\"bw_avg_MBps\":2000.0",
-            "\"msg_rate_Mpps\":0.030517",
+            "\"bw_peak_mib_s\":3000.0",
+            "\"bw_avg_mib_s\":2000.0",
+            "\"bw_avg_gbit_s\":16.777216",
+            "\"msg_rate_mpps\":0.030517",
         ] {
             assert!(bw.contains(field), "{bw} lacks {field}");
         }
@@ -371,5 +433,64 @@ mod tests {
         assert!(lat.contains("\"lat_us\":{\"min\":1.0"), "{lat}");
         assert!(lat.contains("\"p999\":3.0}"), "{lat}");
         assert!(lat.contains("\"api\":true"), "{lat}");
+    }
+
+    /// The table and `--json` say the same number for the same row, in each unit.
+    #[test]
+    fn the_table_and_json_agree() {
+        let row = BwRow {
+            size: 65536,
+            iterations: 5000,
+            peak_bps: 1.9e9,
+            avg_bps: 1.7654321e9,
+            msg_rate: 1.7654321e9 / 65536.0,
+        };
+        let j: Vec<(String, f64)> = json(Test::WriteBw, false, &settings(), &Row::Bw(row))
+            .trim_matches(|c| c == '{' || c == '}')
+            .split(',')
+            .filter_map(|kv| {
+                let (k, v) = kv.split_once(':')?;
+                Some((k.trim_matches('"').to_string(), v.parse().ok()?))
+            })
+            .collect();
+        let field = |k: &str| j.iter().find(|(n, _)| n == k).unwrap().1;
+        for (gbits, peak, avg) in [
+            (false, "bw_peak_mib_s", "bw_avg_mib_s"),
+            (true, "bw_peak_gbit_s", "bw_avg_gbit_s"),
+        ] {
+            let table = format_row(&Row::Bw(row), gbits);
+            let cols: Vec<f64> = table
+                .split_whitespace()
+                .map(|c| c.parse().unwrap())
+                .collect();
+            assert_eq!(format!("{:.2}", field(peak)), format!("{:.2}", cols[2]));
+            assert_eq!(format!("{:.2}", field(avg)), format!("{:.2}", cols[3]));
+            assert_eq!(
+                format!("{:.6}", field("msg_rate_mpps")),
+                format!("{:.6}", cols[4])
+            );
+        }
+        // MB/sec is perftest's: 2^20 bytes per second.
+        assert!((field("bw_avg_mib_s") - 1.7654321e9 / 1048576.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn both_ways_sums_as_perftest() {
+        let a = BwRow {
+            size: 8,
+            iterations: 10,
+            peak_bps: 3.0,
+            avg_bps: 2.0,
+            msg_rate: 1.0,
+        };
+        let b = BwRow {
+            iterations: 12,
+            ..a
+        };
+        let s = both_ways(&a, &b);
+        assert_eq!(
+            (s.iterations, s.peak_bps, s.avg_bps, s.msg_rate),
+            (10, 6.0, 4.0, 2.0)
+        );
     }
 }
