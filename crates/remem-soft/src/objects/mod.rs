@@ -29,6 +29,11 @@ use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// Most PSNs an RC requester keeps unacknowledged in flight, as kernel rxe
+/// (`RXE_MAX_UNACKED_PSNS`). More than this only fills the queues between the peers: with
+/// 1024, four QPs against a slow rxe peer overflowed its queues and the go-back-N resends
+/// ran out of retries (RETRY_EXC_ERR).
+pub const MAX_UNACKED_PSNS: u32 = 128;
 /// Transport statistics in counter order, with their rxe names.
 pub const STAT_NAMES: [(Stat, &str); 11] = [
     (Stat::DuplicateRequest, "duplicate_request"),
@@ -488,7 +493,7 @@ impl ProtectionDomain for SoftPd {
             has_srq: init.srq.is_some(),
             pd: self.id,
             limits: dev.limits,
-            window: 1024,
+            window: MAX_UNACKED_PSNS,
             around,
             mem: dev.clone(),
             wake: Arc::new(move |qpn| {

@@ -495,11 +495,14 @@ impl RcTransport {
         }
         r.rnr_until = None;
         let entry = r.sq.get_mut(r.cur)?;
+        // At most `window` PSNs unacknowledged, checked for every packet (as rxe's
+        // requester does), not only when a work request starts: one long message must not
+        // put more than the window on the wire.
+        if diff(r.next_psn, r.una) >= cfg.window as i32 {
+            return None;
+        }
         if !entry.started {
             if self.state == QpState::Sqd {
-                return None;
-            }
-            if diff(r.next_psn, r.una) >= cfg.window as i32 {
                 return None;
             }
             if entry.wqe.fence && r.rd_outstanding > 0 {
