@@ -921,6 +921,8 @@ impl ConnShared {
         ] {
             n.notify_waiters();
         }
+        // Leases and regions given away on this connection end with it.
+        self.agent.on_close();
         true
     }
 

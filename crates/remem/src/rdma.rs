@@ -65,6 +65,7 @@ pub struct RdmaBuilder {
     pub(crate) request_timeout: Duration,
     pub(crate) max_lease: Duration,
     pub(crate) lend_limit: usize,
+    pub(crate) lend_count_limit: usize,
     pub(crate) context: Option<OpenDevice>,
 }
 
@@ -115,6 +116,7 @@ impl Default for RdmaBuilder {
             request_timeout: Duration::from_secs(10),
             max_lease: Duration::from_secs(600),
             lend_limit: 64 << 20,
+            lend_count_limit: 1024,
             context: None,
         }
     }
@@ -281,9 +283,20 @@ impl RdmaBuilder {
     }
 
     /// How many bytes this side lends to each connection's peer at once (default
-    /// 64 MiB); requests beyond it are refused.
+    /// 64 MiB); requests beyond it are refused. Each lease counts as the whole pages it
+    /// pins (at least one, even for a request of zero bytes), and regions the peer gave
+    /// back count until they are taken ([`Connection::receive_local_mr`]).
     pub fn lend_limit(mut self, bytes: usize) -> Self {
         self.lend_limit = bytes;
+        self
+    }
+
+    /// How many regions this side lends to each connection's peer at once (default
+    /// 1024, and never more than a sixteenth of the device's `max_mr`: each lease takes
+    /// two registrations, so no one connection can use up the device's registrations);
+    /// requests beyond it are refused. Regions the peer gave back count until taken.
+    pub fn lend_count_limit(mut self, regions: usize) -> Self {
+        self.lend_count_limit = regions;
         self
     }
 
