@@ -65,13 +65,13 @@ const TRANSFER: u8 = 6;
 
 /// Answers (grants, refusals, returns of unwanted grants) a peer may leave waiting to be
 /// sent before its connection is closed as a protocol violation.
-pub const MAX_QUEUED_REPLIES: usize = 256;
+pub(crate) const MAX_QUEUED_REPLIES: usize = 256;
 /// This side's requests that wait for the peer's answer at once (a quarter of
 /// [`MAX_QUEUED_REPLIES`], so that requests this side gave up on still leave room).
-pub const MAX_OPEN_REQUESTS: usize = 64;
+pub(crate) const MAX_OPEN_REQUESTS: usize = 64;
 /// Regions given to this side and not yet taken that a peer may leave before its
 /// connection is closed as a protocol violation.
-pub const MAX_UNTAKEN_REGIONS: usize = 1024;
+pub(crate) const MAX_UNTAKEN_REGIONS: usize = 1024;
 /// The largest refusal reason sent, in bytes.
 const MAX_REASON: usize = 256;
 /// Memory is pinned in pages: what a lease counts against the byte limit is rounded up.
@@ -683,5 +683,124 @@ struct Forget<'a>(&'a Arc<ConnShared>, u32);
 impl Drop for Forget<'_> {
     fn drop(&mut self) {
         lock(&self.0.agent.waiting).remove(&self.1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mr::Local;
+    use crate::{ConnectionEvent, Rdma, RdmaBuilder};
+    use remem_verbs::{AccessFlags, WcStatus};
+    use std::sync::atomic::AtomicU8;
+
+    /// Two `Rdma`s that can talk on soft devices (127.0.54.x), the first (the peer that
+    /// misbehaves in some tests) built from `a`.
+    fn pair(a: impl FnOnce(RdmaBuilder) -> RdmaBuilder) -> (Rdma, Rdma) {
+        static NEXT: AtomicU8 = AtomicU8::new(1);
+        let n = NEXT.fetch_add(2, Ordering::Relaxed);
+        let a = a(RdmaBuilder::new().device(format!("soft@127.0.54.{n}:0")))
+            .build()
+            .unwrap();
+        let port = a.context().info().udp_addr.unwrap().port();
+        let b = RdmaBuilder::new()
+            .device(format!("soft@127.0.54.{}:{port}", n + 1))
+            .build()
+            .unwrap();
+        (a, b)
+    }
+
+    async fn connect(a: &Rdma, b: &Rdma) -> (Connection, Connection) {
+        let listener = b.listen("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (ca, cb) = tokio::join!(a.connect(addr), listener.accept());
+        (ca.unwrap(), cb.unwrap())
+    }
+
+    fn layout(n: usize) -> Layout {
+        Layout::from_size_align(n, 8).unwrap()
+    }
+
+    /// How the connection ended (bounded wait).
+    async fn ended(conn: &Connection) -> ConnectionEvent {
+        let deadline = Duration::from_secs(10);
+        loop {
+            match tokio::time::timeout(deadline, conn.next_event()).await {
+                Ok(ConnectionEvent::Established) => continue,
+                Ok(ev) => return ev,
+                Err(_) => panic!("the connection is still open"),
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_region_given_back_is_unreachable_while_an_operation_of_ours_holds_it() {
+        let (a, b) = pair(|a| a);
+        let rights =
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+        for own_registration in [true, false] {
+            // A fresh connection each round: an access error ends the last one.
+            let (ca, cb) = connect(&a, &b).await;
+            let given = if own_registration {
+                b.alloc_local_mr_with(layout(4096), rights).unwrap()
+            } else {
+                b.alloc_local_mr(layout(4096)).unwrap()
+            };
+            // What an operation of B's still in flight (a cancelled one) holds.
+            let in_flight = given.span();
+            cb.send_local_mr(given).await.unwrap();
+            let lease = ca.receive_remote_mr().await.unwrap();
+            let token = *lease.mr();
+            ca.send_remote_mr(lease).await.unwrap();
+            let back = cb.receive_local_mr().await.unwrap();
+            back.write(0, &[4; 4096]).unwrap();
+            let src = a.alloc_local_mr(layout(4096)).unwrap();
+            src.write(0, &[9; 4096]).unwrap();
+            match ca.write(&src, &token).await {
+                Err(Error::Completion { status, .. }) => {
+                    assert_eq!(status, WcStatus::RemAccessErr)
+                }
+                other => panic!("a write through the old key: {other:?}"),
+            }
+            assert_eq!(back.to_vec(), vec![4; 4096]);
+            drop(in_flight);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_that_requests_but_takes_no_answers_is_cut_off() {
+        // A takes at most two messages of B's before it returns credits, and takes none.
+        let (a, b) = pair(|a| a.recv_depth(2));
+        let (ca, cb) = connect(&a, &b).await;
+        let m = b.alloc_local_mr(layout(8)).unwrap();
+        cb.send(&m).await.unwrap();
+        cb.send(&m).await.unwrap();
+        // B can send A nothing more; A sends requests (zero bytes, the cheapest) as fast as
+        // its credits allow. B may leave MAX_QUEUED_REPLIES answers waiting, then cuts A off.
+        let mut sent = 0;
+        for id in 0..(MAX_QUEUED_REPLIES as u32 + 64) {
+            let mut r = vec![REQUEST];
+            r.extend_from_slice(&id.to_be_bytes());
+            r.extend_from_slice(&0u64.to_be_bytes());
+            r.extend_from_slice(&1u64.to_be_bytes());
+            r.extend_from_slice(&60_000u64.to_be_bytes());
+            if ca.shared().send_bytes(Kind::Agent, r).await.is_err() {
+                break;
+            }
+            sent += 1;
+        }
+        assert!(sent > MAX_QUEUED_REPLIES, "B closed after {sent} requests");
+        match ended(&cb).await {
+            ConnectionEvent::Lost(why) => assert!(why.contains("protocol violation"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        // What B held for A ended with the connection.
+        assert_eq!(lock(&cb.shared().agent.lent).len(), 0);
+        assert_eq!(lock(&cb.shared().agent.budget).regions, 0);
+        // Others are served.
+        let (ca, _cb) = connect(&a, &b).await;
+        ca.request_remote_mr(layout(64), Duration::from_secs(1))
+            .await
+            .unwrap();
     }
 }

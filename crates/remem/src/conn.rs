@@ -909,6 +909,8 @@ impl ConnShared {
             *c = Some(reason);
         }
         self.is_closed.store(true, Ordering::Release);
+        // Leases and regions given away on this connection end with it.
+        self.agent.on_close();
         self.ended.notify_waiters();
         self.sq.close();
         self.credits.close();
@@ -921,8 +923,6 @@ impl ConnShared {
         ] {
             n.notify_waiters();
         }
-        // Leases and regions given away on this connection end with it.
-        self.agent.on_close();
         true
     }
 

@@ -10,18 +10,22 @@ use std::time::Duration;
 
 mod common;
 
-/// Two `Rdma`s that can talk (the second one built from `b`, e.g. with agent limits).
-fn pair_with(b: impl FnOnce(RdmaBuilder) -> RdmaBuilder) -> (Rdma, Rdma) {
+/// Two `Rdma`s that can talk (the second one built from `b`, given its builder and the
+/// name of its device, e.g. with agent limits).
+fn pair_on(b: impl FnOnce(RdmaBuilder, &str) -> RdmaBuilder) -> (Rdma, Rdma) {
     static NEXT: AtomicU8 = AtomicU8::new(1);
     let n = NEXT.fetch_add(2, Ordering::Relaxed);
     let a = common::builder(format!("soft@127.0.53.{n}:0"))
         .build()
         .unwrap();
     let port = common::soft_port(&a);
-    let b = b(common::builder(format!("soft@127.0.53.{}:{port}", n + 1)))
-        .build()
-        .unwrap();
+    let name = common::test_device().unwrap_or(format!("soft@127.0.53.{}:{port}", n + 1));
+    let b = b(RdmaBuilder::new().device(&name), &name).build().unwrap();
     (a, b)
+}
+
+fn pair_with(b: impl FnOnce(RdmaBuilder) -> RdmaBuilder) -> (Rdma, Rdma) {
+    pair_on(|builder, _| b(builder))
 }
 
 fn pair() -> (Rdma, Rdma) {
@@ -141,4 +145,258 @@ async fn a_region_given_back_is_out_of_the_borrowers_reach() {
         assert_unreachable(&a, &b, &ca, &token).await;
         assert_eq!(back.to_vec(), vec![6; 4096]);
     }
+}
+
+/// Asks for `n` zero-byte leases one after another; returns those granted and the first
+/// refusal's reason (if any).
+async fn lease_zero_bytes(
+    conn: &Connection,
+    n: usize,
+) -> (Vec<remem::RemoteLease>, Option<String>) {
+    let mut granted = Vec::new();
+    for _ in 0..n {
+        match conn
+            .request_remote_mr(layout(0), Duration::from_secs(600))
+            .await
+        {
+            Ok(l) => granted.push(l),
+            Err(Error::Refused(why)) => return (granted, Some(why)),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    (granted, None)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_byte_leases_count_against_the_lend_limit() {
+    // Each lease counts as the pages it pins: at least one, even for zero bytes.
+    let (a, b) = pair_with(|b| b.lend_limit(4 * 4096));
+    let (ca, _cb) = connect(&a, &b).await;
+    let (granted, refused) = lease_zero_bytes(&ca, 8).await;
+    assert_eq!(granted.len(), 4);
+    assert!(refused.unwrap().contains("limit"));
+    // Returned: the budget is free again (the returns travel as messages, which a
+    // request sent meanwhile may overtake: then it is refused, and asked again).
+    drop(granted);
+    let mut tries = 0;
+    while let Err(e) = ca
+        .request_remote_mr(layout(4 * 4096), Duration::from_secs(1))
+        .await
+    {
+        assert!(matches!(e, Error::Refused(_)), "{e}");
+        tries += 1;
+        assert!(tries < 1000, "the budget never came back");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_cannot_use_up_the_devices_registrations() {
+    // Default limits: at most 1024 regions lent per connection, whatever their size.
+    let (a, b) = pair();
+    let (ca, _cb) = connect(&a, &b).await;
+    let (granted, refused) = lease_zero_bytes(&ca, 1100).await;
+    assert_eq!(granted.len(), 1024);
+    assert!(refused.unwrap().contains("regions"));
+    // Another client is served meanwhile.
+    let (other, _ob) = connect(&a, &b).await;
+    let lease = other
+        .request_remote_mr(layout(4096), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let src = a.alloc_local_mr(layout(4096)).unwrap();
+    other.write(&src, lease.mr()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_that_end_leave_no_timers_behind() {
+    let (a, b) = pair();
+    let (ca, cb) = connect(&a, &b).await;
+    let alive = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    // Warm up (the agent's sender task, the dispatcher's), then measure.
+    let lease = ca
+        .request_remote_mr(layout(64), Duration::from_secs(600))
+        .await
+        .unwrap();
+    ca.return_remote_mr(lease).await.unwrap();
+    let before = alive();
+    for _ in 0..300 {
+        let lease = ca
+            .request_remote_mr(layout(64), Duration::from_secs(600))
+            .await
+            .unwrap();
+        ca.return_remote_mr(lease).await.unwrap();
+    }
+    // The last return is a message: once a request behind it is answered, it was handled.
+    let last = ca
+        .request_remote_mr(layout(64), Duration::from_secs(600))
+        .await
+        .unwrap();
+    let after = alive();
+    assert!(
+        after < before + 20,
+        "{before} tasks before 300 leases that ended, {after} after"
+    );
+    drop((last, cb));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regions_given_and_never_taken_are_bounded() {
+    let (a, b) = pair();
+    let (ca, cb) = connect(&a, &b).await;
+    // A gives B regions that B never takes: B holds at most 1024, then cuts A off.
+    let mut given = 0;
+    for _ in 0..1100 {
+        if ca
+            .send_local_mr(a.alloc_local_mr(layout(64)).unwrap())
+            .await
+            .is_err()
+        {
+            break;
+        }
+        given += 1;
+    }
+    assert!(given >= 1024, "cut off after {given}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let ev = tokio::time::timeout_at(deadline.into(), cb.next_event()).await;
+        match ev.expect("B still serves a peer that gave 1100 regions") {
+            remem::ConnectionEvent::Established => continue,
+            remem::ConnectionEvent::Lost(why) => {
+                assert!(why.contains("protocol violation"), "{why}");
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// A soft device that reports a small `max_mr` and, when told to, refuses registrations
+/// for remote access as a device whose registrations are used up does.
+mod small_device {
+    use remem::verbs::{
+        AccessFlags, AddressHandle, AhAttr, AsyncEvent, CompletionChannel, CompletionQueue,
+        Context, Counter, DeviceAttr, DeviceInfo, Error, GidEntry, MemRegion, MemoryRegion,
+        PortAttr, ProtectionDomain, QpInitAttr, QueuePair, Result, SharedReceiveQueue, SrqAttr,
+    };
+    use std::os::fd::BorrowedFd;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    pub struct SmallDevice {
+        pub ctx: Arc<dyn Context>,
+        pub max_mr: u32,
+        pub refuse: Arc<AtomicBool>,
+    }
+
+    struct Pd(Arc<dyn ProtectionDomain>, Arc<AtomicBool>);
+
+    impl ProtectionDomain for Pd {
+        fn reg_mr(&self, region: MemRegion, access: AccessFlags) -> Result<Arc<dyn MemoryRegion>> {
+            if access.intersects(AccessFlags::REMOTE) && self.1.load(Ordering::Relaxed) {
+                return Err(Error::Exhausted("memory regions (max_mr)"));
+            }
+            self.0.reg_mr(region, access)
+        }
+        fn create_qp(&self, init: &QpInitAttr) -> Result<Arc<dyn QueuePair>> {
+            self.0.create_qp(init)
+        }
+        fn create_srq(&self, attr: SrqAttr) -> Result<Arc<dyn SharedReceiveQueue>> {
+            self.0.create_srq(attr)
+        }
+        fn create_ah(&self, attr: &AhAttr) -> Result<Arc<dyn AddressHandle>> {
+            self.0.create_ah(attr)
+        }
+    }
+
+    impl Context for SmallDevice {
+        fn info(&self) -> &DeviceInfo {
+            self.ctx.info()
+        }
+        fn query_device(&self) -> Result<DeviceAttr> {
+            Ok(DeviceAttr {
+                max_mr: self.max_mr,
+                ..self.ctx.query_device()?
+            })
+        }
+        fn query_port(&self, port_num: u8) -> Result<PortAttr> {
+            self.ctx.query_port(port_num)
+        }
+        fn query_gid(&self, port_num: u8, index: u32) -> Result<GidEntry> {
+            self.ctx.query_gid(port_num, index)
+        }
+        fn alloc_pd(&self) -> Result<Arc<dyn ProtectionDomain>> {
+            Ok(Arc::new(Pd(self.ctx.alloc_pd()?, self.refuse.clone())))
+        }
+        fn create_comp_channel(&self) -> Result<Arc<dyn CompletionChannel>> {
+            self.ctx.create_comp_channel()
+        }
+        fn create_cq(
+            &self,
+            cqe: u32,
+            channel: Option<Arc<dyn CompletionChannel>>,
+        ) -> Result<Arc<dyn CompletionQueue>> {
+            self.ctx.create_cq(cqe, channel)
+        }
+        fn async_fd(&self) -> BorrowedFd<'_> {
+            self.ctx.async_fd()
+        }
+        fn get_async_event(&self) -> Option<AsyncEvent> {
+            self.ctx.get_async_event()
+        }
+        fn counters(&self) -> Vec<Counter> {
+            self.ctx.counters()
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_devices_limit_bounds_leases_and_its_refusal_is_an_answer() {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    // The lender's device has 1024 registrations: one connection may take a sixteenth
+    // (64 leases of two registrations each).
+    let refuse = Arc::new(AtomicBool::new(false));
+    let (a, b) = pair_on(|b, name| {
+        let soft = remem::open_device(Some(name)).unwrap();
+        b.context(Arc::new(small_device::SmallDevice {
+            ctx: soft,
+            max_mr: 1024,
+            refuse: refuse.clone(),
+        }))
+    });
+    let (ca, _cb) = connect(&a, &b).await;
+    let (mut granted, refused) = lease_zero_bytes(&ca, 70).await;
+    assert_eq!(granted.len(), 64);
+    assert!(refused.unwrap().contains("regions"));
+    // The device refuses the next registration: the request is refused with the device's
+    // reason, the connection goes on, and nothing is held for the refused request.
+    ca.return_remote_mr(granted.pop().unwrap()).await.unwrap();
+    refuse.store(true, Ordering::Relaxed);
+    let mut why = String::new();
+    for _ in 0..1000 {
+        match ca
+            .request_remote_mr(layout(64), Duration::from_secs(1))
+            .await
+        {
+            Err(Error::Refused(w)) if w.contains("max_mr") => {
+                why = w;
+                break;
+            }
+            // The return may still be on its way: refused for the count, asked again.
+            Err(Error::Refused(w)) => assert!(w.contains("regions"), "{w}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(why.contains("max_mr"), "{why}");
+    refuse.store(false, Ordering::Relaxed);
+    let lease = ca
+        .request_remote_mr(layout(64), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let src = a.alloc_local_mr(layout(64)).unwrap();
+    ca.write(&src, lease.mr()).await.unwrap();
 }
