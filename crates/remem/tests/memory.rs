@@ -400,3 +400,153 @@ async fn the_devices_limit_bounds_leases_and_its_refusal_is_an_answer() {
     let src = a.alloc_local_mr(layout(64)).unwrap();
     ca.write(&src, lease.mr()).await.unwrap();
 }
+
+/// A fresh path in `dir`, removed when dropped.
+struct TempPath(std::path::PathBuf);
+
+impl TempPath {
+    fn new(dir: &std::path::Path, tag: &str) -> Self {
+        static N: AtomicU8 = AtomicU8::new(0);
+        TempPath(dir.join(format!(
+            "remem-memory-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        )))
+    }
+
+    fn create(&self) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&self.0)
+            .unwrap()
+    }
+}
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Bytes the file system has allocated to the file.
+fn allocated(file: &std::fs::File) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    file.metadata().unwrap().blocks() * 512
+}
+
+const FILE_RIGHTS: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_WRITE);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sparse_file_is_reserved_when_registered() {
+    let (_a, b) = pair();
+    let path = TempPath::new(&std::env::temp_dir(), "sparse");
+    let file = path.create();
+    // A hole of 1 MiB (most file systems allocate nothing for it), and one beyond the end.
+    file.set_len(1 << 20).unwrap();
+    for (offset, len) in [(0, 1 << 20), (1 << 20, 256 << 10)] {
+        match b.register_file(&file, offset, len, FILE_RIGHTS) {
+            Ok(mr) => {
+                assert_eq!(mr.len(), len);
+                assert!(
+                    allocated(&file) >= offset + len as u64,
+                    "{} bytes allocated for a region ending at {}",
+                    allocated(&file),
+                    offset + len as u64
+                );
+            }
+            // A file system that cannot reserve refuses clearly.
+            Err(Error::File(e)) => assert_eq!(e.kind(), std::io::ErrorKind::Unsupported, "{e}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(file.metadata().unwrap().len(), (1 << 20) + (256 << 10));
+}
+
+/// A small tmpfs mounted for the test, unmounted when dropped; `None` (the test is
+/// skipped, and says so) where mounting is not permitted.
+struct SmallFs(std::path::PathBuf);
+
+impl SmallFs {
+    fn mount(size: &str) -> Option<SmallFs> {
+        let dir = TempPath::new(&std::env::temp_dir(), "tmpfs");
+        std::fs::create_dir(&dir.0).ok()?;
+        let dir = SmallFs(std::mem::take(&mut { dir }.0));
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "remem-test"])
+            .arg(&dir.0)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(dir),
+            Ok(o) => {
+                eprintln!(
+                    "SKIPPED: cannot mount a tmpfs (needs root): {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                );
+                let _ = std::fs::remove_dir(&dir.0);
+                std::mem::forget(dir);
+                None
+            }
+            Err(e) => {
+                eprintln!("SKIPPED: cannot run mount: {e}");
+                let _ = std::fs::remove_dir(&dir.0);
+                std::mem::forget(dir);
+                None
+            }
+        }
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_file_system_refuses_at_registration_not_with_sigbus_later() {
+    let Some(fs) = SmallFs::mount("256k") else {
+        return;
+    };
+    let (a, b) = pair();
+    let (ca, cb) = connect(&a, &b).await;
+
+    // Larger than the file system: refused at registration.
+    let big = TempPath::new(&fs.0, "big");
+    let file = big.create();
+    match b.register_file(&file, 0, 1 << 20, FILE_RIGHTS) {
+        Err(Error::File(e)) => assert_eq!(e.kind(), std::io::ErrorKind::StorageFull, "{e}"),
+        Ok(_) => panic!("registered 1 MiB of a file on a 256 KiB file system"),
+        Err(e) => panic!("{e}"),
+    }
+    drop(file);
+    drop(big);
+
+    // Fits: reserved, so filling the file system afterwards takes nothing from it, and a
+    // peer's write into the whole region lands (without reservation: SIGBUS).
+    let target = TempPath::new(&fs.0, "target");
+    let file = target.create();
+    let region = b.register_file(&file, 0, 128 << 10, FILE_RIGHTS).unwrap();
+    let filler = TempPath::new(&fs.0, "filler");
+    let mut fill = filler.create();
+    let chunk = vec![1u8; 4096];
+    loop {
+        use std::io::Write;
+        match fill.write(&chunk) {
+            Ok(n) if n > 0 => {}
+            _ => break,
+        }
+    }
+    cb.share_local_mr(&region).await.unwrap();
+    let token = ca.receive_shared_mr().await.unwrap();
+    let src = a.alloc_local_mr(layout(128 << 10)).unwrap();
+    src.write(0, &vec![0x5a; 128 << 10]).unwrap();
+    ca.write(&src, &token).await.unwrap();
+    assert_eq!(region.to_vec(), vec![0x5a; 128 << 10]);
+    drop((region, file, fill));
+}
