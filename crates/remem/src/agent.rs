@@ -572,7 +572,15 @@ impl Connection {
     /// Asks the peer for a zeroed region of `layout`, lent for `lease` (the peer may
     /// shorten it to its `max_lease`). The peer's agent answers by itself; no code runs on
     /// the peer for it. Fails with [`Error::Timeout`] after
-    /// [`crate::RdmaBuilder::request_timeout`], or with the peer's reason if it refuses.
+    /// [`crate::RdmaBuilder::request_timeout`], or with [`Error::Refused`] and the peer's
+    /// reason if it refuses (beyond its [`crate::RdmaBuilder::lend_limit`] or
+    /// [`crate::RdmaBuilder::lend_count_limit`], or when its device refuses the
+    /// registration).
+    ///
+    /// At most 64 requests of a connection wait for an answer at once; further ones wait
+    /// for their turn (within the timeout). A peer leaves at most 256 answers unsent
+    /// (while this side does not take its messages) before it closes the connection as a
+    /// protocol violation.
     pub async fn request_remote_mr(&self, layout: Layout, lease: Duration) -> Result<RemoteLease> {
         let sh = self.shared();
         let timeout = sh.rdma.config().request_timeout;
@@ -614,11 +622,17 @@ impl Connection {
 
     /// Gives `mr` to the peer: ownership passes. The peer takes it with
     /// [`Connection::receive_remote_mr`] and reaches the whole region with the rights `mr`
-    /// was registered with (a registration of its own, for a pool region); this side
-    /// keeps the memory alive, and nothing else, until the peer returns it (then it is
-    /// freed), gives it back ([`Connection::send_remote_mr`]; this side takes it again with
-    /// [`Connection::receive_local_mr`]), drops it, or the connection ends. To let the
-    /// peer reach a region this side keeps using, use [`Connection::share_local_mr`].
+    /// grants when lent ([`LocalMr::access`]), through a registration made for it of
+    /// exactly the region's range; this side keeps the memory alive, and nothing else,
+    /// until the peer returns it (then it is freed), gives it back
+    /// ([`Connection::send_remote_mr`]; this side takes it again with
+    /// [`Connection::receive_local_mr`]), drops it, or the connection ends — then that
+    /// registration ends at once, even while an operation of this side (a cancelled one
+    /// still in flight) holds the memory. To let the peer reach a region this side keeps
+    /// using, use [`Connection::share_local_mr`].
+    ///
+    /// The peer holds at most 1024 regions given to it and not yet taken; one more closes
+    /// the connection as a protocol violation.
     pub async fn send_local_mr(&self, mr: LocalMr) -> Result<()> {
         let sh = self.shared();
         let token = mr.give_token(sh.rdma.pd())?;
@@ -668,7 +682,9 @@ impl Connection {
     }
 
     /// The next region the peer gave back with [`Connection::send_remote_mr`], registered
-    /// for local access only: the peer's token for it reaches nothing any more.
+    /// for local access only: the peer's token for it reaches nothing any more (its
+    /// registration ended before the region was queued here). A leased region counts
+    /// against this side's [`crate::RdmaBuilder::lend_limit`] until it is taken here.
     pub async fn receive_local_mr(&self) -> Result<LocalMr> {
         let sh = self.shared();
         // Taken: the region no longer counts against what this side lends.
@@ -784,8 +800,11 @@ mod tests {
             r.extend_from_slice(&0u64.to_be_bytes());
             r.extend_from_slice(&1u64.to_be_bytes());
             r.extend_from_slice(&60_000u64.to_be_bytes());
-            if ca.shared().send_bytes(Kind::Agent, r).await.is_err() {
-                break;
+            let send = ca.shared().send_bytes(Kind::Agent, r);
+            match tokio::time::timeout(Duration::from_secs(10), send).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => break, // B closed the connection
+                Err(_) => panic!("B took no more requests after {sent}"),
             }
             sent += 1;
         }
