@@ -270,6 +270,11 @@ impl ConnShared {
     /// Handles an agent message from the peer (on the dispatcher; answers are queued and
     /// sent by a task).
     pub(crate) fn on_agent(self: &Arc<Self>, msg: &[u8]) {
+        if !self.is_open() {
+            // What arrives after the end (it was in flight) is not served: everything
+            // lent on the connection ended with it.
+            return;
+        }
         let (Some(&op), Some(id)) = (msg.first(), u32_at(msg, 1)) else {
             return self.fail("peer sent a malformed agent message".into());
         };
@@ -456,6 +461,13 @@ impl ConnShared {
                 expiry: None,
             },
         );
+        if !self.is_open() {
+            // The connection ended meanwhile (its end took the leases before this one
+            // was in): this one ends too.
+            let lease = lock(&self.agent.lent).remove(&id);
+            drop(lease);
+            return Err(self.closed_error());
+        }
         let weak = Arc::downgrade(self);
         let expiry = self.spawn(async move {
             tokio::time::sleep(lease_for).await;
