@@ -27,7 +27,7 @@ pub(crate) struct MrInner {
     /// is not reached through `mr` (a pool block, whose slab is registered for local
     /// access only, or a region given away or lent, [`LocalMr::give_token`]): made on
     /// first use, dropped when access is revoked ([`LocalMr::revoke_remote`]) or with the
-    /// region. Declared first, so it ends first.
+    /// region (first: see `Drop`).
     lent: Mutex<Option<Lent>>,
     pub(crate) mr: Arc<dyn MemoryRegion>,
     /// Where the block starts within `mr`.
@@ -36,19 +36,25 @@ pub(crate) struct MrInner {
     /// The access rights lending grants (the registration's own, or for memory registered
     /// for local access only, such as a pool block, the rights it was allocated with).
     access: AccessFlags,
-    /// The pool block, shared with the registration in `lent`: it returns to its pool when
-    /// the last of them is gone.
-    block: Option<Arc<crate::pool::Block>>,
+    /// The pool block, returned to its pool when the region is dropped — after `lent`
+    /// has ended ([`MrInner`]'s `Drop`).
+    block: Option<crate::pool::Block>,
 }
 
-/// A registration for remote access of exactly a region's range, and the pool block it
-/// covers, if any. The block is shared with the region: it goes back to its pool (and may
-/// be handed out for other data) only when the region *and* every such registration of
-/// it are gone — and the fields drop in order, so the registration is deregistered (its
-/// key reaches nothing) before this holder lets go of the block.
+/// A registration for remote access of exactly a region's range. Held by its region
+/// alone (private, not `Clone`), which ends it before anything else of it, so a pool
+/// block never goes back to its pool (to be handed out for other data) while a key a peer
+/// holds for it still works.
 struct Lent {
     mr: Arc<dyn MemoryRegion>,
-    _block: Option<Arc<crate::pool::Block>>,
+}
+
+impl Drop for MrInner {
+    fn drop(&mut self) {
+        // The peer's registration ends (its key reaches nothing) before the block returns
+        // to the pool, which happens when the fields drop, after this.
+        self.end_lent();
+    }
 }
 
 impl std::fmt::Debug for MrInner {
@@ -106,10 +112,7 @@ impl MrInner {
         let range = MemRegion::new(self.region().buffer().clone(), start..start + len)?;
         let mr = pd.reg_mr(range, self.access)?;
         let rkey = mr.rkey();
-        *lent = Some(Lent {
-            mr,
-            _block: self.block.clone(),
-        });
+        *lent = Some(Lent { mr });
         Ok(rkey)
     }
 
@@ -312,7 +315,7 @@ impl LocalMr {
                 offset: block.offset(),
                 len,
                 access,
-                block: Some(Arc::new(block)),
+                block: Some(block),
             }),
         }
     }

@@ -7,10 +7,11 @@
 //! aligned to their size (slabs are page aligned), so any alignment up to the block size
 //! (at most a page) is honoured.
 //!
-//! A block lent to a peer (shared, given, or the source of a large message) is registered
-//! for remote access on its own; the block is held by the region *and* by every such
-//! registration, and returns to its free list only when the last of them is gone, after
-//! the registration has ended. So memory is never handed out again while a key a peer
+//! A block lent to a peer (shared or given) is registered for remote access on its own,
+//! a registration only its region holds; when the region is dropped, that registration
+//! ends first and only then does the block return to its free list (the source of a large
+//! message is registered for the peer by an entry that holds the region too, and ends its
+//! registration first as well). So memory is never handed out again while a key a peer
 //! holds may still reach it.
 
 use crate::error::Result;
