@@ -238,9 +238,15 @@ impl Agent {
         let lent = std::mem::take(&mut *lock(&self.lent));
         let given = std::mem::take(&mut *lock(&self.given));
         for (_, lease) in lent {
-            drop(lease.end());
+            let (mr, charge) = lease.end();
+            mr.end_remote();
+            drop((mr, charge));
         }
-        drop(given);
+        for (_, mr) in given {
+            // Its registration for the peer ends now, even if a cancelled operation of
+            // this side still holds the memory.
+            mr.end_remote();
+        }
         lock(&self.waiting).clear();
         lock(&self.outbox).queue.clear();
         for inbox in [&self.returned.notify, &self.received.notify] {
@@ -379,7 +385,9 @@ impl ConnShared {
                         Err(e) => tracing::warn!(error = %e, "cannot take back a region"),
                     }
                 } else {
-                    // The registrations go before the budget is free again.
+                    // The peer's registration ends now (even if a cancelled operation of
+                    // this side still holds a given region), before the budget is free.
+                    mr.end_remote();
                     drop(mr);
                     drop(charge);
                 }
@@ -474,6 +482,7 @@ impl ConnShared {
             if let Some(s) = weak.upgrade() {
                 let lease = lock(&s.agent.lent).remove(&id);
                 if let Some(lease) = lease {
+                    lease.mr.end_remote();
                     tracing::info!(
                         lease = id,
                         bytes = lease.mr.len(),
@@ -719,6 +728,7 @@ mod tests {
     use super::*;
     use crate::mr::Local;
     use crate::{ConnectionEvent, Rdma, RdmaBuilder};
+    use crate::{LocalMr, RemoteMr};
     use remem_verbs::{AccessFlags, WcStatus};
     use std::sync::atomic::AtomicU8;
 
@@ -761,37 +771,77 @@ mod tests {
         }
     }
 
+    /// Writes from `conn` through `token` until one fails (the end of access travels as a
+    /// message), for at most 5 s; it must fail with a remote access error.
+    async fn write_until_revoked(conn: &Connection, src: &LocalMr, token: &RemoteMr) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let revoked = loop {
+            match conn.write(src, token).await {
+                Ok(()) if Instant::now() < deadline => tokio::task::yield_now().await,
+                other => break other,
+            }
+        };
+        match revoked {
+            Err(Error::Completion { status, .. }) => assert_eq!(status, WcStatus::RemAccessErr),
+            other => panic!("a write through the old key: {other:?}"),
+        }
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    enum End {
+        /// The borrower gives the region back (`send_remote_mr`).
+        GiveBack,
+        /// The borrower drops its lease (a return).
+        Drop,
+        /// The connection it was given on ends.
+        Close,
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_region_given_back_is_unreachable_while_an_operation_of_ours_holds_it() {
+    async fn a_region_given_away_is_unreachable_once_it_ends_while_an_operation_of_ours_holds_it() {
         let (a, b) = pair(|a| a);
         let rights =
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
-        for own_registration in [true, false] {
-            // A fresh connection each round: an access error ends the last one.
-            let (ca, cb) = connect(&a, &b).await;
-            let given = if own_registration {
-                b.alloc_local_mr_with(layout(4096), rights).unwrap()
-            } else {
-                b.alloc_local_mr(layout(4096)).unwrap()
-            };
-            // What an operation of B's still in flight (a cancelled one) holds.
-            let in_flight = given.span();
-            cb.send_local_mr(given).await.unwrap();
-            let lease = ca.receive_remote_mr().await.unwrap();
-            let token = *lease.mr();
-            ca.send_remote_mr(lease).await.unwrap();
-            let back = cb.receive_local_mr().await.unwrap();
-            back.write(0, &[4; 4096]).unwrap();
-            let src = a.alloc_local_mr(layout(4096)).unwrap();
-            src.write(0, &[9; 4096]).unwrap();
-            match ca.write(&src, &token).await {
-                Err(Error::Completion { status, .. }) => {
-                    assert_eq!(status, WcStatus::RemAccessErr)
+        let src = a.alloc_local_mr(layout(4096)).unwrap();
+        src.write(0, &[9; 4096]).unwrap();
+        for end in [End::GiveBack, End::Drop, End::Close] {
+            for own_registration in [true, false] {
+                // A fresh connection each round: an access error ends the last one.
+                let (ca, cb) = connect(&a, &b).await;
+                let given = if own_registration {
+                    b.alloc_local_mr_with(layout(4096), rights).unwrap()
+                } else {
+                    b.alloc_local_mr(layout(4096)).unwrap()
+                };
+                // What an operation of B's still in flight (a cancelled one) holds.
+                let in_flight = given.span();
+                cb.send_local_mr(given).await.unwrap();
+                let lease = ca.receive_remote_mr().await.unwrap();
+                let token = *lease.mr();
+                ca.write(&src, &token).await.unwrap();
+                match end {
+                    End::GiveBack => {
+                        ca.send_remote_mr(lease).await.unwrap();
+                        let back = cb.receive_local_mr().await.unwrap();
+                        back.write(0, &[4; 4096]).unwrap();
+                        write_until_revoked(&ca, &src, &token).await;
+                        assert_eq!(back.to_vec(), vec![4; 4096]);
+                    }
+                    End::Drop => {
+                        drop(lease);
+                        write_until_revoked(&ca, &src, &token).await;
+                    }
+                    End::Close => {
+                        // A keeps its lease (no return); the connection ends, and A reaches
+                        // B through another one.
+                        ca.close().await;
+                        let (ca2, _cb2) = connect(&a, &b).await;
+                        write_until_revoked(&ca2, &src, &token).await;
+                        drop(lease);
+                    }
                 }
-                other => panic!("a write through the old key: {other:?}"),
+                drop(in_flight);
             }
-            assert_eq!(back.to_vec(), vec![4; 4096]);
-            drop(in_flight);
         }
     }
 

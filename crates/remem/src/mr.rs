@@ -448,6 +448,12 @@ impl LocalMr {
         Ok(self.remote(rkey))
     }
 
+    /// Ends the registration made for the peer ([`LocalMr::give_token`]) now, whoever
+    /// else still holds the region.
+    pub(crate) fn end_remote(&self) {
+        self.inner.end_lent();
+    }
+
     /// A token for a region that is given away or lent: always through a registration
     /// made for the peer, which [`LocalMr::revoke_remote`] (ownership coming back) or the
     /// region's end deregisters — whatever else still holds the region, such as an
