@@ -412,7 +412,7 @@ impl ConnShared {
     /// Takes this lease's share of the budget, or says which limit it would exceed.
     fn charge(&self, size: usize) -> Result<Charge> {
         let cfg = self.rdma.config();
-        let bytes = (size as u64).max(1).div_ceil(PAGE) * PAGE;
+        let bytes = (size as u64).max(1).div_ceil(PAGE).saturating_mul(PAGE);
         let regions = self.count_limit();
         let mut b = lock(&self.agent.budget);
         if b.regions >= regions {
@@ -420,7 +420,7 @@ impl ConnShared {
                 "lending one more region would exceed this side's limit of {regions} regions"
             )));
         }
-        if b.bytes + bytes > cfg.lend_limit as u64 {
+        if b.bytes.saturating_add(bytes) > cfg.lend_limit as u64 {
             return Err(Error::InvalidArgument(format!(
                 "lending {size} more bytes would exceed this side's limit of {}",
                 cfg.lend_limit
@@ -883,5 +883,37 @@ mod tests {
         ca.request_remote_mr(layout(64), Duration::from_secs(1))
             .await
             .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peers_token_that_wraps_past_2_64_ends_the_connection() {
+        let (a, b) = pair(|a| a);
+        let wraps = RemoteMr {
+            addr: u64::MAX - 100,
+            len: 4096,
+            rkey: 1,
+            access: AccessFlags::REMOTE_READ,
+        }
+        .to_bytes();
+        // Shared (share_local_mr's message) and given (send_local_mr's).
+        let mut given = vec![TRANSFER];
+        given.extend_from_slice(&7u32.to_be_bytes());
+        given.extend_from_slice(&wraps);
+        for (kind, msg) in [(Kind::MrToken, wraps.to_vec()), (Kind::Agent, given)] {
+            let (ca, cb) = connect(&a, &b).await;
+            ca.shared().send_bytes(kind, msg).await.unwrap();
+            let got = tokio::time::timeout(Duration::from_secs(10), async {
+                match kind {
+                    Kind::MrToken => cb.receive_shared_mr().await.map(drop),
+                    _ => cb.receive_remote_mr().await.map(drop),
+                }
+            })
+            .await
+            .expect("the connection is still open");
+            match got {
+                Err(Error::Closed(Some(why))) => assert!(why.contains("malformed"), "{why}"),
+                other => panic!("{other:?}"),
+            }
+        }
     }
 }
