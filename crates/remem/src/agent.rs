@@ -193,8 +193,9 @@ struct Outbox {
 /// peer's answer.
 pub(crate) struct Agent {
     next_id: AtomicU32,
-    /// Leases this side granted, by id.
-    lent: Mutex<HashMap<u32, Lease>>,
+    /// Leases this side granted, by id; `None` once the connection has ended (nothing is
+    /// lent any more).
+    lent: Mutex<Option<HashMap<u32, Lease>>>,
     /// What the leases, and the regions given back not yet taken, hold.
     budget: Arc<Mutex<Budget>>,
     /// The most regions lent at once (the configured limit, capped by the device's).
@@ -203,8 +204,9 @@ pub(crate) struct Agent {
     waiting: Mutex<HashMap<u32, oneshot::Sender<Grant>>>,
     /// Bounds this side's requests waiting for an answer ([`MAX_OPEN_REQUESTS`]).
     open_requests: Semaphore,
-    /// Regions this side gave away ([`Connection::send_local_mr`]), by id.
-    given: Mutex<HashMap<u32, LocalMr>>,
+    /// Regions this side gave away ([`Connection::send_local_mr`]), by id; `None` once the
+    /// connection has ended.
+    given: Mutex<Option<HashMap<u32, LocalMr>>>,
     /// Agent messages to send.
     outbox: Mutex<Outbox>,
     /// Regions the peer gave back with their contents.
@@ -217,12 +219,12 @@ impl Default for Agent {
     fn default() -> Self {
         Agent {
             next_id: AtomicU32::new(0),
-            lent: Mutex::default(),
+            lent: Mutex::new(Some(HashMap::new())),
             budget: Arc::default(),
             count_limit: OnceLock::new(),
             waiting: Mutex::default(),
             open_requests: Semaphore::new(MAX_OPEN_REQUESTS),
-            given: Mutex::default(),
+            given: Mutex::new(Some(HashMap::new())),
             outbox: Mutex::default(),
             returned: crate::conn::Inbox::default(),
             received: crate::conn::Inbox::default(),
@@ -231,12 +233,13 @@ impl Default for Agent {
 }
 
 impl Agent {
-    /// The connection ended: every lease and every region given away on it ends (their
+    /// The connection ends: every lease and every region given away on it ends (their
     /// registrations go, so their keys reach nothing through any other connection
-    /// either), and whoever waits for a region learns it.
+    /// either), and requests waiting for an answer fail. Called before the connection
+    /// counts as closed, so whoever learns that it is closed finds them ended.
     pub(crate) fn on_close(&self) {
-        let lent = std::mem::take(&mut *lock(&self.lent));
-        let given = std::mem::take(&mut *lock(&self.given));
+        let lent = lock(&self.lent).take().unwrap_or_default();
+        let given = lock(&self.given).take().unwrap_or_default();
         for (_, lease) in lent {
             let (mr, charge) = lease.end();
             mr.end_remote();
@@ -249,16 +252,13 @@ impl Agent {
         }
         lock(&self.waiting).clear();
         lock(&self.outbox).queue.clear();
-        for inbox in [&self.returned.notify, &self.received.notify] {
-            inbox.notify_waiters();
-        }
     }
 }
 
 impl std::fmt::Debug for Agent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Agent")
-            .field("lent", &lock(&self.lent).len())
+            .field("lent", &lock(&self.lent).as_ref().map(HashMap::len))
             .field("budget", &*lock(&self.budget))
             .finish_non_exhaustive()
     }
@@ -365,13 +365,13 @@ impl ConnShared {
                 None => self.fail("peer sent a malformed memory region".into()),
             },
             RETURN | GIVE_BACK => {
-                let lent = lock(&self.agent.lent).remove(&id);
+                let lent = lock(&self.agent.lent).as_mut().and_then(|l| l.remove(&id));
                 let (mr, charge) = match lent {
                     Some(lease) => {
                         let (mr, charge) = lease.end();
                         (mr, Some(charge))
                     }
-                    None => match lock(&self.agent.given).remove(&id) {
+                    None => match lock(&self.agent.given).as_mut().and_then(|g| g.remove(&id)) {
                         Some(mr) => (mr, None),
                         None => return, // expired meanwhile
                     },
@@ -461,26 +461,21 @@ impl ConnShared {
         drop(local);
         let token = mr.give_token(self.rdma.pd())?;
         let id = self.agent.next_id.fetch_add(1, Ordering::Relaxed);
-        lock(&self.agent.lent).insert(
-            id,
-            Lease {
-                mr,
-                charge,
-                expiry: None,
-            },
-        );
-        if !self.is_open() {
-            // The connection ended meanwhile (its end took the leases before this one
-            // was in): this one ends too.
-            let lease = lock(&self.agent.lent).remove(&id);
-            drop(lease);
-            return Err(self.closed_error());
-        }
+        let lease = Lease {
+            mr,
+            charge,
+            expiry: None,
+        };
+        match &mut *lock(&self.agent.lent) {
+            Some(lent) => lent.insert(id, lease),
+            // The connection ended meanwhile: this lease ends too (after the lock).
+            None => return Err(self.closed_error()),
+        };
         let weak = Arc::downgrade(self);
         let expiry = self.spawn(async move {
             tokio::time::sleep(lease_for).await;
             if let Some(s) = weak.upgrade() {
-                let lease = lock(&s.agent.lent).remove(&id);
+                let lease = lock(&s.agent.lent).as_mut().and_then(|l| l.remove(&id));
                 if let Some(lease) = lease {
                     lease.mr.end_remote();
                     tracing::info!(
@@ -492,7 +487,7 @@ impl ConnShared {
             }
         });
         if let Some(expiry) = expiry {
-            match lock(&self.agent.lent).get_mut(&id) {
+            match lock(&self.agent.lent).as_mut().and_then(|l| l.get_mut(&id)) {
                 Some(lease) => lease.expiry = Some(expiry),
                 None => expiry.abort(), // over already
             }
@@ -658,13 +653,17 @@ impl Connection {
         let sh = self.shared();
         let token = mr.give_token(sh.rdma.pd())?;
         let id = sh.agent.next_id.fetch_add(1, Ordering::Relaxed);
-        lock(&sh.agent.given).insert(id, mr);
+        match &mut *lock(&sh.agent.given) {
+            Some(given) => given.insert(id, mr),
+            None => return Err(sh.closed_error()),
+        };
         let mut m = vec![TRANSFER];
         m.extend_from_slice(&id.to_be_bytes());
         m.extend_from_slice(&token.to_bytes());
         let sent = sh.send_bytes(Kind::Agent, m).await;
         if sent.is_err() {
-            lock(&sh.agent.given).remove(&id);
+            let mr = lock(&sh.agent.given).as_mut().and_then(|g| g.remove(&id));
+            drop(mr);
         }
         sent
     }
@@ -876,7 +875,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // What B held for A ended with the connection.
-        assert_eq!(lock(&cb.shared().agent.lent).len(), 0);
+        assert!(lock(&cb.shared().agent.lent).is_none());
         assert_eq!(lock(&cb.shared().agent.budget).regions, 0);
         // Others are served.
         let (ca, _cb) = connect(&a, &b).await;

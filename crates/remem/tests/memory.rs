@@ -550,3 +550,26 @@ async fn a_full_file_system_refuses_at_registration_not_with_sigbus_later() {
     assert_eq!(region.to_vec(), vec![0x5a; 128 << 10]);
     drop((region, file, fill));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_a_region_ends_with_the_connection() {
+    let (a, b) = pair();
+    for given_back in [true, false] {
+        let (ca, cb) = connect(&a, &b).await;
+        let waiting = tokio::spawn(async move {
+            if given_back {
+                cb.receive_local_mr().await.map(drop)
+            } else {
+                cb.receive_remote_mr().await.map(drop)
+            }
+        });
+        // The waiter is parked (or about to be): the peer goes away.
+        tokio::task::yield_now().await;
+        drop(ca);
+        let got = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("still waiting for a region after the connection ended")
+            .unwrap();
+        assert!(matches!(got, Err(Error::Closed(_))), "{got:?}");
+    }
+}
