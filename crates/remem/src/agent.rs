@@ -18,17 +18,43 @@
 //!
 //! Requests carry ids and time out ([`crate::RdmaBuilder::request_timeout`]); they travel
 //! as messages on the connection and never block data-path operations.
+//!
+//! # What a peer can make this side hold
+//!
+//! Everything the agent holds for a peer is bounded per connection:
+//!
+//! - Leases: at most [`crate::RdmaBuilder::lend_limit`] bytes (each lease counts as the
+//!   whole pages it pins, at least one) and [`crate::RdmaBuilder::lend_count_limit`]
+//!   regions (at most a sixteenth of the device's `max_mr`; each lease is two
+//!   registrations: its memory, for local access only, and the peer's, of exactly its
+//!   range). Regions given back count until the application takes them. A request beyond
+//!   either limit, or one the device refuses (its registrations used up), is answered
+//!   with a refusal ([`Error::Refused`] on the requester), and nothing stays allocated.
+//! - Expiry timers: one per live lease, cancelled when the lease ends otherwise.
+//! - Replies: answers wait in one queue, sent in order by one task. A peer that has
+//!   [`MAX_QUEUED_REPLIES`] answers waiting (it sends requests while it does not take this
+//!   side's messages) breaks the protocol: the connection is closed, and the request that
+//!   broke the bound is not served. This side never does that to its peer: at most
+//!   [`MAX_OPEN_REQUESTS`] of its requests wait for an answer at once (further ones wait
+//!   their turn, within the request timeout).
+//! - Regions given to this side ([`Connection::send_local_mr`] on the peer) that the
+//!   application has not taken yet: at most [`MAX_UNTAKEN_REGIONS`]; one more closes the
+//!   connection as a protocol violation.
+//!
+//! When the connection ends, every lease and every region given away on it ends too:
+//! their registrations go, so keys learnt on it reach nothing through any other
+//! connection either.
 
 use crate::conn::{ConnShared, Connection, Kind};
 use crate::error::{Error, Result};
 use crate::mr::{LocalMr, RemoteMr, TOKEN_LEN};
 
 use std::alloc::Layout;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
 
 const REQUEST: u8 = 1;
 const GRANT: u8 = 2;
@@ -36,6 +62,20 @@ const DENY: u8 = 3;
 const RETURN: u8 = 4;
 const GIVE_BACK: u8 = 5;
 const TRANSFER: u8 = 6;
+
+/// Answers (grants, refusals, returns of unwanted grants) a peer may leave waiting to be
+/// sent before its connection is closed as a protocol violation.
+pub(crate) const MAX_QUEUED_REPLIES: usize = 256;
+/// This side's requests that wait for the peer's answer at once (a quarter of
+/// [`MAX_QUEUED_REPLIES`], so that requests this side gave up on still leave room).
+pub(crate) const MAX_OPEN_REQUESTS: usize = 64;
+/// Regions given to this side and not yet taken that a peer may leave before its
+/// connection is closed as a protocol violation.
+pub(crate) const MAX_UNTAKEN_REGIONS: usize = 1024;
+/// The largest refusal reason sent, in bytes.
+const MAX_REASON: usize = 256;
+/// Memory is pinned in pages: what a lease counts against the byte limit is rounded up.
+const PAGE: u64 = 4096;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -87,28 +127,139 @@ impl RemoteLease {
 
 type Grant = std::result::Result<(u32, RemoteMr, Duration), String>;
 
+/// What lent regions hold of a connection's budget.
+#[derive(Debug, Default)]
+struct Budget {
+    bytes: u64,
+    regions: usize,
+}
+
+/// A region's share of the budget, given back when dropped.
+pub(crate) struct Charge {
+    bytes: u64,
+    regions: usize,
+    budget: Weak<Mutex<Budget>>,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        if let Some(b) = self.budget.upgrade() {
+            let mut b = lock(&b);
+            b.bytes -= self.bytes;
+            b.regions -= self.regions;
+        }
+    }
+}
+
+/// A lease this side granted: the region, its share of the budget, and its expiry timer
+/// (cancelled when the lease ends otherwise).
+struct Lease {
+    // Fields drop in order: the region ends (its registrations go) before its charge is
+    // released.
+    mr: LocalMr,
+    charge: Charge,
+    expiry: Option<tokio::task::AbortHandle>,
+}
+
+impl Lease {
+    /// Ends the lease's timer (the lease ends otherwise) and gives back its parts.
+    fn end(self) -> (LocalMr, Charge) {
+        if let Some(t) = &self.expiry {
+            t.abort();
+        }
+        (self.mr, self.charge)
+    }
+}
+
+/// A region the peer gave back, until the application takes it.
+pub(crate) struct Returned {
+    pub(crate) mr: LocalMr,
+    /// Dropped when the application takes it (a lease's region counts until then).
+    _charge: Option<Charge>,
+}
+
+/// Agent messages waiting to be sent, in order.
+#[derive(Default)]
+struct Outbox {
+    /// Each message, and whether it answers the peer.
+    queue: VecDeque<(Vec<u8>, bool)>,
+    /// Answers queued or being sent.
+    replies: usize,
+    /// A task is sending the queue.
+    sending: bool,
+}
+
 /// A connection's agent state: leases granted to the peer and requests waiting for the
 /// peer's answer.
-#[derive(Default)]
 pub(crate) struct Agent {
     next_id: AtomicU32,
-    /// Leases this side granted, by id.
-    lent: Mutex<HashMap<u32, LocalMr>>,
-    lent_bytes: AtomicU64,
+    /// Leases this side granted, by id; `None` once the connection has ended (nothing is
+    /// lent any more).
+    lent: Mutex<Option<HashMap<u32, Lease>>>,
+    /// What the leases, and the regions given back not yet taken, hold.
+    budget: Arc<Mutex<Budget>>,
+    /// The most regions lent at once (the configured limit, capped by the device's).
+    count_limit: OnceLock<usize>,
     /// Requests this side sent, by id.
     waiting: Mutex<HashMap<u32, oneshot::Sender<Grant>>>,
-    /// Regions this side gave away ([`Connection::send_local_mr`]), by id.
-    given: Mutex<HashMap<u32, LocalMr>>,
+    /// Bounds this side's requests waiting for an answer ([`MAX_OPEN_REQUESTS`]).
+    open_requests: Semaphore,
+    /// Regions this side gave away ([`Connection::send_local_mr`]), by id; `None` once the
+    /// connection has ended.
+    given: Mutex<Option<HashMap<u32, LocalMr>>>,
+    /// Agent messages to send.
+    outbox: Mutex<Outbox>,
     /// Regions the peer gave back with their contents.
-    pub(crate) returned: crate::conn::Inbox<Option<LocalMr>>,
+    pub(crate) returned: crate::conn::Inbox<Option<Returned>>,
     /// Regions the peer gave to this side, until taken.
     pub(crate) received: crate::conn::Inbox<Option<(u32, RemoteMr)>>,
+}
+
+impl Default for Agent {
+    fn default() -> Self {
+        Agent {
+            next_id: AtomicU32::new(0),
+            lent: Mutex::new(Some(HashMap::new())),
+            budget: Arc::default(),
+            count_limit: OnceLock::new(),
+            waiting: Mutex::default(),
+            open_requests: Semaphore::new(MAX_OPEN_REQUESTS),
+            given: Mutex::new(Some(HashMap::new())),
+            outbox: Mutex::default(),
+            returned: crate::conn::Inbox::default(),
+            received: crate::conn::Inbox::default(),
+        }
+    }
+}
+
+impl Agent {
+    /// The connection ends: every lease and every region given away on it ends (their
+    /// registrations go, so their keys reach nothing through any other connection
+    /// either), and requests waiting for an answer fail. Called before the connection
+    /// counts as closed, so whoever learns that it is closed finds them ended.
+    pub(crate) fn on_close(&self) {
+        let lent = lock(&self.lent).take().unwrap_or_default();
+        let given = lock(&self.given).take().unwrap_or_default();
+        for (_, lease) in lent {
+            let (mr, charge) = lease.end();
+            mr.end_remote();
+            drop((mr, charge));
+        }
+        for (_, mr) in given {
+            // Its registration for the peer ends now, even if a cancelled operation of
+            // this side still holds the memory.
+            mr.end_remote();
+        }
+        lock(&self.waiting).clear();
+        lock(&self.outbox).queue.clear();
+    }
 }
 
 impl std::fmt::Debug for Agent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Agent")
-            .field("lent", &lock(&self.lent).len())
+            .field("lent", &lock(&self.lent).as_ref().map(HashMap::len))
+            .field("budget", &*lock(&self.budget))
             .finish_non_exhaustive()
     }
 }
@@ -122,8 +273,14 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 }
 
 impl ConnShared {
-    /// Handles an agent message from the peer (on the dispatcher; replies go on tasks).
+    /// Handles an agent message from the peer (on the dispatcher; answers are queued and
+    /// sent by a task).
     pub(crate) fn on_agent(self: &Arc<Self>, msg: &[u8]) {
+        if !self.is_open() {
+            // What arrives after the end (it was in flight) is not served: everything
+            // lent on the connection ended with it.
+            return;
+        }
         let (Some(&op), Some(id)) = (msg.first(), u32_at(msg, 1)) else {
             return self.fail("peer sent a malformed agent message".into());
         };
@@ -134,27 +291,33 @@ impl ConnShared {
                 else {
                     return self.fail("peer sent a malformed memory request".into());
                 };
-                let answer = self.lend(size, align, Duration::from_millis(ms));
-                let shared = self.clone();
-                self.spawn(async move {
-                    let reply = match answer {
-                        Ok((lease, token, lease_for)) => {
-                            let mut r = vec![GRANT];
-                            r.extend_from_slice(&id.to_be_bytes());
-                            r.extend_from_slice(&lease.to_be_bytes());
-                            r.extend_from_slice(&token.to_bytes());
-                            r.extend_from_slice(&(lease_for.as_millis() as u64).to_be_bytes());
-                            r
+                // Room for the answer first: a peer that does not take our answers gets
+                // nothing more allocated.
+                if !self.reserve_reply() {
+                    return;
+                }
+                let reply = match self.lend(size, align, Duration::from_millis(ms)) {
+                    Ok((lease, token, lease_for)) => {
+                        let mut r = vec![GRANT];
+                        r.extend_from_slice(&id.to_be_bytes());
+                        r.extend_from_slice(&lease.to_be_bytes());
+                        r.extend_from_slice(&token.to_bytes());
+                        r.extend_from_slice(&(lease_for.as_millis() as u64).to_be_bytes());
+                        r
+                    }
+                    Err(e) => {
+                        let mut r = vec![DENY];
+                        r.extend_from_slice(&id.to_be_bytes());
+                        let why = e.to_string();
+                        let mut cut = why.len().min(MAX_REASON);
+                        while !why.is_char_boundary(cut) {
+                            cut -= 1;
                         }
-                        Err(e) => {
-                            let mut r = vec![DENY];
-                            r.extend_from_slice(&id.to_be_bytes());
-                            r.extend_from_slice(e.to_string().as_bytes());
-                            r
-                        }
-                    };
-                    let _ = shared.send_bytes(Kind::Agent, reply).await;
-                });
+                        r.extend_from_slice(&why.as_bytes()[..cut]);
+                        r
+                    }
+                };
+                self.queue_agent(reply, true);
             }
             GRANT | DENY => {
                 let answer = if op == GRANT {
@@ -169,43 +332,64 @@ impl ConnShared {
                         _ => return self.fail("peer sent a malformed grant".into()),
                     }
                 } else {
-                    Err(String::from_utf8_lossy(&msg[5..]).into_owned())
+                    let why = msg.get(5..).unwrap_or_default();
+                    Err(String::from_utf8_lossy(&why[..why.len().min(MAX_REASON)]).into_owned())
                 };
                 let waiter = lock(&self.agent.waiting).remove(&id);
-                match (waiter, answer) {
-                    (Some(tx), answer) => {
-                        if let Err(Ok((lease, _, _))) = tx.send(answer) {
-                            // The requester gave up: the lease goes straight back.
-                            self.send_return(lease, RETURN);
-                        }
-                    }
-                    (None, Ok((lease, _, _))) => self.send_return(lease, RETURN),
-                    (None, Err(_)) => {}
+                let unwanted = match (waiter, answer) {
+                    (Some(tx), answer) => match tx.send(answer) {
+                        // The requester gave up: the lease goes straight back.
+                        Err(Ok((lease, _, _))) => Some(lease),
+                        _ => None,
+                    },
+                    (None, Ok((lease, _, _))) => Some(lease),
+                    (None, Err(_)) => None,
+                };
+                if let Some(lease) = unwanted
+                    && self.reserve_reply()
+                {
+                    self.queue_agent(return_message(lease, RETURN), true);
                 }
             }
             TRANSFER => match msg.get(5..5 + TOKEN_LEN).and_then(RemoteMr::from_bytes) {
-                Some(token) => self.agent.received.push(Some((id, token))),
+                Some(token) => {
+                    let untaken = lock(&self.agent.received.queue).len();
+                    if untaken >= MAX_UNTAKEN_REGIONS {
+                        return self.fail(format!(
+                            "protocol violation: the peer gave more than \
+                             {MAX_UNTAKEN_REGIONS} regions that were not taken"
+                        ));
+                    }
+                    self.agent.received.push(Some((id, token)))
+                }
                 None => self.fail("peer sent a malformed memory region".into()),
             },
             RETURN | GIVE_BACK => {
-                let lent = lock(&self.agent.lent).remove(&id);
-                let mr = match lent {
-                    Some(mr) => {
-                        self.agent
-                            .lent_bytes
-                            .fetch_sub(mr.len() as u64, Ordering::AcqRel);
-                        mr
+                let lent = lock(&self.agent.lent).as_mut().and_then(|l| l.remove(&id));
+                let (mr, charge) = match lent {
+                    Some(lease) => {
+                        let (mr, charge) = lease.end();
+                        (mr, Some(charge))
                     }
-                    None => match lock(&self.agent.given).remove(&id) {
-                        Some(mr) => mr,
+                    None => match lock(&self.agent.given).as_mut().and_then(|g| g.remove(&id)) {
+                        Some(mr) => (mr, None),
                         None => return, // expired meanwhile
                     },
                 };
                 if op == GIVE_BACK {
                     match self.reregister_local(mr) {
-                        Ok(mr) => self.agent.returned.push(Some(mr)),
+                        Ok(mr) => self.agent.returned.push(Some(Returned {
+                            mr,
+                            _charge: charge,
+                        })),
                         Err(e) => tracing::warn!(error = %e, "cannot take back a region"),
                     }
+                } else {
+                    // The peer's registration ends now (even if a cancelled operation of
+                    // this side still holds a given region), before the budget is free.
+                    mr.end_remote();
+                    drop(mr);
+                    drop(charge);
                 }
                 tracing::debug!(lease = id, "lease returned");
             }
@@ -213,8 +397,47 @@ impl ConnShared {
         }
     }
 
+    /// The most regions lent to this connection's peer at once: the configured limit,
+    /// and at most a sixteenth of the device's registrations (two per lease).
+    fn count_limit(&self) -> usize {
+        *self.agent.count_limit.get_or_init(|| {
+            let configured = self.rdma.config().lend_count_limit;
+            match self.rdma.context().query_device() {
+                Ok(attr) => configured.min(attr.max_mr as usize / 16),
+                Err(_) => configured,
+            }
+        })
+    }
+
+    /// Takes this lease's share of the budget, or says which limit it would exceed.
+    fn charge(&self, size: usize) -> Result<Charge> {
+        let cfg = self.rdma.config();
+        let bytes = (size as u64).max(1).div_ceil(PAGE).saturating_mul(PAGE);
+        let regions = self.count_limit();
+        let mut b = lock(&self.agent.budget);
+        if b.regions >= regions {
+            return Err(Error::InvalidArgument(format!(
+                "lending one more region would exceed this side's limit of {regions} regions"
+            )));
+        }
+        if b.bytes.saturating_add(bytes) > cfg.lend_limit as u64 {
+            return Err(Error::InvalidArgument(format!(
+                "lending {size} more bytes would exceed this side's limit of {}",
+                cfg.lend_limit
+            )));
+        }
+        b.bytes += bytes;
+        b.regions += 1;
+        Ok(Charge {
+            bytes,
+            regions: 1,
+            budget: Arc::downgrade(&self.agent.budget),
+        })
+    }
+
     /// Allocates and registers a region for the peer, records the lease and arms its
-    /// expiry.
+    /// expiry. The memory is registered for local access only; the peer reaches it through
+    /// a registration of exactly its range, which ends when the lease does.
     fn lend(
         self: &Arc<Self>,
         size: u64,
@@ -224,41 +447,51 @@ impl ConnShared {
         let cfg = self.rdma.config();
         let lease_for = ask.min(cfg.max_lease);
         let size = usize::try_from(size).map_err(|_| Error::InvalidArgument("size".into()))?;
-        let total = self.agent.lent_bytes.load(Ordering::Acquire) + size as u64;
-        if total > cfg.lend_limit as u64 {
-            return Err(Error::InvalidArgument(format!(
-                "lending {size} more bytes would exceed this side's limit of {}",
-                cfg.lend_limit
-            )));
-        }
-        let layout = Layout::from_size_align(size, align as usize)
+        let align = usize::try_from(align).map_err(|_| Error::InvalidArgument("align".into()))?;
+        let layout = Layout::from_size_align(size, align)
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-        let mr = self.rdma.alloc_local_mr_with(
-            layout,
+        let charge = self.charge(size)?;
+        let local = self
+            .rdma
+            .alloc_local_mr_with(layout, remem_verbs::AccessFlags::LOCAL_WRITE)?;
+        let mr = LocalMr::lending(
+            local.inner.mr.clone(),
             cfg.access - remem_verbs::AccessFlags::FLUSH_PERSISTENT,
-        )?;
-        let token = mr.token(self.rdma.pd())?;
+        );
+        drop(local);
+        let token = mr.give_token(self.rdma.pd())?;
         let id = self.agent.next_id.fetch_add(1, Ordering::Relaxed);
-        self.agent
-            .lent_bytes
-            .fetch_add(size as u64, Ordering::AcqRel);
-        lock(&self.agent.lent).insert(id, mr);
+        let lease = Lease {
+            mr,
+            charge,
+            expiry: None,
+        };
+        match &mut *lock(&self.agent.lent) {
+            Some(lent) => lent.insert(id, lease),
+            // The connection ended meanwhile: this lease ends too (after the lock).
+            None => return Err(self.closed_error()),
+        };
         let weak = Arc::downgrade(self);
-        self.spawn(async move {
+        let expiry = self.spawn(async move {
             tokio::time::sleep(lease_for).await;
-            if let Some(s) = weak.upgrade()
-                && let Some(mr) = lock(&s.agent.lent).remove(&id)
-            {
-                s.agent
-                    .lent_bytes
-                    .fetch_sub(mr.len() as u64, Ordering::AcqRel);
-                tracing::info!(
-                    lease = id,
-                    bytes = mr.len(),
-                    "lease expired: access revoked"
-                );
+            if let Some(s) = weak.upgrade() {
+                let lease = lock(&s.agent.lent).as_mut().and_then(|l| l.remove(&id));
+                if let Some(lease) = lease {
+                    lease.mr.end_remote();
+                    tracing::info!(
+                        lease = id,
+                        bytes = lease.mr.len(),
+                        "lease expired: access revoked"
+                    );
+                }
             }
         });
+        if let Some(expiry) = expiry {
+            match lock(&self.agent.lent).as_mut().and_then(|l| l.get_mut(&id)) {
+                Some(lease) => lease.expiry = Some(expiry),
+                None => expiry.abort(), // over already
+            }
+        }
         Ok((id, token, lease_for))
     }
 
@@ -268,52 +501,130 @@ impl ConnShared {
         mr.revoke_remote(self.rdma.pd())
     }
 
-    pub(crate) fn send_return(self: &Arc<Self>, lease: u32, op: u8) {
-        let shared = self.clone();
-        self.spawn(async move {
-            let mut m = vec![op];
-            m.extend_from_slice(&lease.to_be_bytes());
-            let _ = shared.send_bytes(Kind::Agent, m).await;
-        });
+    /// Makes room for one more answer to the peer; false (and the connection closed) if
+    /// the peer already has [`MAX_QUEUED_REPLIES`] waiting.
+    fn reserve_reply(self: &Arc<Self>) -> bool {
+        let full = lock(&self.agent.outbox).replies >= MAX_QUEUED_REPLIES;
+        if full {
+            self.fail(format!(
+                "protocol violation: the peer has {MAX_QUEUED_REPLIES} agent answers \
+                 waiting and sends more requests"
+            ));
+        }
+        !full
     }
 
-    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        match self.runtime() {
-            Some(rt) => {
-                rt.spawn(task);
-            }
-            None => tracing::warn!("the agent needs a tokio runtime; a request is dropped"),
+    /// Queues an agent message (an answer to the peer if `reply`, whose room
+    /// [`ConnShared::reserve_reply`] made) and makes sure a task sends the queue.
+    fn queue_agent(self: &Arc<Self>, msg: Vec<u8>, reply: bool) {
+        let mut out = lock(&self.agent.outbox);
+        if !self.is_open() {
+            return;
+        }
+        out.replies += usize::from(reply);
+        out.queue.push_back((msg, reply));
+        if out.sending {
+            return;
+        }
+        out.sending = true;
+        drop(out);
+        let shared = self.clone();
+        if self.spawn(shared.send_agent_queue()).is_none() {
+            let mut out = lock(&self.agent.outbox);
+            *out = Outbox::default();
         }
     }
+
+    /// Sends the queued agent messages, in order, until the queue is empty.
+    async fn send_agent_queue(self: Arc<Self>) {
+        loop {
+            let next = {
+                let mut out = lock(&self.agent.outbox);
+                match out.queue.pop_front() {
+                    Some(m) => m,
+                    None => {
+                        out.sending = false;
+                        return;
+                    }
+                }
+            };
+            let (msg, reply) = next;
+            let sent = self.send_bytes(Kind::Agent, msg).await;
+            let mut out = lock(&self.agent.outbox);
+            out.replies = out.replies.saturating_sub(usize::from(reply));
+            if sent.is_err() {
+                // The connection is over: nothing more goes out.
+                *out = Outbox::default();
+                return;
+            }
+        }
+    }
+
+    pub(crate) fn send_return(self: &Arc<Self>, lease: u32, op: u8) {
+        self.queue_agent(return_message(lease, op), false);
+    }
+
+    fn spawn(
+        &self,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Option<tokio::task::AbortHandle> {
+        match self.runtime() {
+            Some(rt) => Some(rt.spawn(task).abort_handle()),
+            None => {
+                tracing::warn!("the agent needs a tokio runtime; a request is dropped");
+                None
+            }
+        }
+    }
+}
+
+fn return_message(lease: u32, op: u8) -> Vec<u8> {
+    let mut m = vec![op];
+    m.extend_from_slice(&lease.to_be_bytes());
+    m
 }
 
 impl Connection {
     /// Asks the peer for a zeroed region of `layout`, lent for `lease` (the peer may
     /// shorten it to its `max_lease`). The peer's agent answers by itself; no code runs on
     /// the peer for it. Fails with [`Error::Timeout`] after
-    /// [`crate::RdmaBuilder::request_timeout`], or with the peer's reason if it refuses.
+    /// [`crate::RdmaBuilder::request_timeout`], or with [`Error::Refused`] and the peer's
+    /// reason if it refuses (beyond its [`crate::RdmaBuilder::lend_limit`] or
+    /// [`crate::RdmaBuilder::lend_count_limit`], or when its device refuses the
+    /// registration).
+    ///
+    /// At most 64 requests of a connection wait for an answer at once; further ones wait
+    /// for their turn (within the timeout). A peer leaves at most 256 answers unsent
+    /// (while this side does not take its messages) before it closes the connection as a
+    /// protocol violation.
     pub async fn request_remote_mr(&self, layout: Layout, lease: Duration) -> Result<RemoteLease> {
         let sh = self.shared();
-        let id = sh.agent.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        lock(&sh.agent.waiting).insert(id, tx);
-        let mut m = vec![REQUEST];
-        m.extend_from_slice(&id.to_be_bytes());
-        m.extend_from_slice(&(layout.size() as u64).to_be_bytes());
-        m.extend_from_slice(&(layout.align() as u64).to_be_bytes());
-        m.extend_from_slice(&(lease.as_millis().min(u64::MAX as u128) as u64).to_be_bytes());
         let timeout = sh.rdma.config().request_timeout;
         let answer = async {
+            // At most MAX_OPEN_REQUESTS wait for an answer at once: the peer closes a
+            // connection that leaves it more answers to send than it allows.
+            let _turn = sh
+                .agent
+                .open_requests
+                .acquire()
+                .await
+                .map_err(|_| sh.closed_error())?;
+            let id = sh.agent.next_id.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = oneshot::channel();
+            lock(&sh.agent.waiting).insert(id, tx);
+            // A grant arriving after this side gave up finds no waiter and is returned.
+            let _forget = Forget(sh, id);
+            let mut m = vec![REQUEST];
+            m.extend_from_slice(&id.to_be_bytes());
+            m.extend_from_slice(&(layout.size() as u64).to_be_bytes());
+            m.extend_from_slice(&(layout.align() as u64).to_be_bytes());
+            m.extend_from_slice(&(lease.as_millis().min(u64::MAX as u128) as u64).to_be_bytes());
             sh.send_bytes(Kind::Agent, m).await?;
             rx.await.map_err(|_| sh.closed_error())
         };
         let answer = match tokio::time::timeout(timeout, answer).await {
             Ok(a) => a,
-            Err(_) => {
-                // A grant arriving later finds no waiter and is returned at once.
-                lock(&sh.agent.waiting).remove(&id);
-                return Err(Error::Timeout("memory request"));
-            }
+            Err(_) => return Err(Error::Timeout("memory request")),
         }?;
         let (lease_id, mr, lease_for) = answer.map_err(Error::Refused)?;
         Ok(RemoteLease {
@@ -327,22 +638,32 @@ impl Connection {
 
     /// Gives `mr` to the peer: ownership passes. The peer takes it with
     /// [`Connection::receive_remote_mr`] and reaches the whole region with the rights `mr`
-    /// was registered with (a registration of its own, for a pool region); this side
-    /// keeps the memory alive, and nothing else, until the peer returns it (then it is
-    /// freed), gives it back ([`Connection::send_remote_mr`]; this side takes it again with
-    /// [`Connection::receive_local_mr`]), drops it, or the connection ends. To let the
-    /// peer reach a region this side keeps using, use [`Connection::share_local_mr`].
+    /// grants when lent ([`LocalMr::access`]), through a registration made for it of
+    /// exactly the region's range; this side keeps the memory alive, and nothing else,
+    /// until the peer returns it (then it is freed), gives it back
+    /// ([`Connection::send_remote_mr`]; this side takes it again with
+    /// [`Connection::receive_local_mr`]), drops it, or the connection ends — then that
+    /// registration ends at once, even while an operation of this side (a cancelled one
+    /// still in flight) holds the memory. To let the peer reach a region this side keeps
+    /// using, use [`Connection::share_local_mr`].
+    ///
+    /// The peer holds at most 1024 regions given to it and not yet taken; one more closes
+    /// the connection as a protocol violation.
     pub async fn send_local_mr(&self, mr: LocalMr) -> Result<()> {
         let sh = self.shared();
-        let token = mr.token(sh.rdma.pd())?;
+        let token = mr.give_token(sh.rdma.pd())?;
         let id = sh.agent.next_id.fetch_add(1, Ordering::Relaxed);
-        lock(&sh.agent.given).insert(id, mr);
+        match &mut *lock(&sh.agent.given) {
+            Some(given) => given.insert(id, mr),
+            None => return Err(sh.closed_error()),
+        };
         let mut m = vec![TRANSFER];
         m.extend_from_slice(&id.to_be_bytes());
         m.extend_from_slice(&token.to_bytes());
         let sent = sh.send_bytes(Kind::Agent, m).await;
         if sent.is_err() {
-            lock(&sh.agent.given).remove(&id);
+            let mr = lock(&sh.agent.given).as_mut().and_then(|g| g.remove(&id));
+            drop(mr);
         }
         sent
     }
@@ -381,9 +702,217 @@ impl Connection {
     }
 
     /// The next region the peer gave back with [`Connection::send_remote_mr`], registered
-    /// for local access only: the peer's token for it reaches nothing any more.
+    /// for local access only: the peer's token for it reaches nothing any more (its
+    /// registration ended before the region was queued here). A leased region counts
+    /// against this side's [`crate::RdmaBuilder::lend_limit`] until it is taken here.
     pub async fn receive_local_mr(&self) -> Result<LocalMr> {
         let sh = self.shared();
-        sh.take(&sh.agent.returned, |m| m.take()).await
+        // Taken: the region no longer counts against what this side lends.
+        let back = sh.take(&sh.agent.returned, |m| m.take()).await?;
+        Ok(back.mr)
+    }
+}
+
+/// Forgets a request's waiter when the request ends, however it ends.
+struct Forget<'a>(&'a Arc<ConnShared>, u32);
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.agent.waiting).remove(&self.1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mr::Local;
+    use crate::{ConnectionEvent, Rdma, RdmaBuilder};
+    use crate::{LocalMr, RemoteMr};
+    use remem_verbs::{AccessFlags, WcStatus};
+    use std::sync::atomic::AtomicU8;
+
+    /// Two `Rdma`s that can talk on soft devices (127.0.54.x), the first (the peer that
+    /// misbehaves in some tests) built from `a`.
+    fn pair(a: impl FnOnce(RdmaBuilder) -> RdmaBuilder) -> (Rdma, Rdma) {
+        static NEXT: AtomicU8 = AtomicU8::new(1);
+        let n = NEXT.fetch_add(2, Ordering::Relaxed);
+        let a = a(RdmaBuilder::new().device(format!("soft@127.0.54.{n}:0")))
+            .build()
+            .unwrap();
+        let port = a.context().info().udp_addr.unwrap().port();
+        let b = RdmaBuilder::new()
+            .device(format!("soft@127.0.54.{}:{port}", n + 1))
+            .build()
+            .unwrap();
+        (a, b)
+    }
+
+    async fn connect(a: &Rdma, b: &Rdma) -> (Connection, Connection) {
+        let listener = b.listen("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (ca, cb) = tokio::join!(a.connect(addr), listener.accept());
+        (ca.unwrap(), cb.unwrap())
+    }
+
+    fn layout(n: usize) -> Layout {
+        Layout::from_size_align(n, 8).unwrap()
+    }
+
+    /// How the connection ended (bounded wait).
+    async fn ended(conn: &Connection) -> ConnectionEvent {
+        let deadline = Duration::from_secs(10);
+        loop {
+            match tokio::time::timeout(deadline, conn.next_event()).await {
+                Ok(ConnectionEvent::Established) => continue,
+                Ok(ev) => return ev,
+                Err(_) => panic!("the connection is still open"),
+            }
+        }
+    }
+
+    /// Writes from `conn` through `token` until one fails (the end of access travels as a
+    /// message), for at most 5 s; it must fail with a remote access error.
+    async fn write_until_revoked(conn: &Connection, src: &LocalMr, token: &RemoteMr) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let revoked = loop {
+            match conn.write(src, token).await {
+                Ok(()) if Instant::now() < deadline => tokio::task::yield_now().await,
+                other => break other,
+            }
+        };
+        match revoked {
+            Err(Error::Completion { status, .. }) => assert_eq!(status, WcStatus::RemAccessErr),
+            other => panic!("a write through the old key: {other:?}"),
+        }
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    enum End {
+        /// The borrower gives the region back (`send_remote_mr`).
+        GiveBack,
+        /// The borrower drops its lease (a return).
+        Drop,
+        /// The connection it was given on ends.
+        Close,
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_region_given_away_is_unreachable_once_it_ends_while_an_operation_of_ours_holds_it() {
+        let (a, b) = pair(|a| a);
+        let rights =
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+        let src = a.alloc_local_mr(layout(4096)).unwrap();
+        src.write(0, &[9; 4096]).unwrap();
+        for end in [End::GiveBack, End::Drop, End::Close] {
+            for own_registration in [true, false] {
+                // A fresh connection each round: an access error ends the last one.
+                let (ca, cb) = connect(&a, &b).await;
+                let given = if own_registration {
+                    b.alloc_local_mr_with(layout(4096), rights).unwrap()
+                } else {
+                    b.alloc_local_mr(layout(4096)).unwrap()
+                };
+                // What an operation of B's still in flight (a cancelled one) holds.
+                let in_flight = given.span();
+                cb.send_local_mr(given).await.unwrap();
+                let lease = ca.receive_remote_mr().await.unwrap();
+                let token = *lease.mr();
+                ca.write(&src, &token).await.unwrap();
+                match end {
+                    End::GiveBack => {
+                        ca.send_remote_mr(lease).await.unwrap();
+                        let back = cb.receive_local_mr().await.unwrap();
+                        back.write(0, &[4; 4096]).unwrap();
+                        write_until_revoked(&ca, &src, &token).await;
+                        assert_eq!(back.to_vec(), vec![4; 4096]);
+                    }
+                    End::Drop => {
+                        drop(lease);
+                        write_until_revoked(&ca, &src, &token).await;
+                    }
+                    End::Close => {
+                        // A keeps its lease (no return); the connection ends, and A reaches
+                        // B through another one.
+                        ca.close().await;
+                        let (ca2, _cb2) = connect(&a, &b).await;
+                        write_until_revoked(&ca2, &src, &token).await;
+                        drop(lease);
+                    }
+                }
+                drop(in_flight);
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_that_requests_but_takes_no_answers_is_cut_off() {
+        // A takes at most two messages of B's before it returns credits, and takes none.
+        let (a, b) = pair(|a| a.recv_depth(2));
+        let (ca, cb) = connect(&a, &b).await;
+        let m = b.alloc_local_mr(layout(8)).unwrap();
+        cb.send(&m).await.unwrap();
+        cb.send(&m).await.unwrap();
+        // B can send A nothing more; A sends requests (zero bytes, the cheapest) as fast as
+        // its credits allow. B may leave MAX_QUEUED_REPLIES answers waiting, then cuts A off.
+        let mut sent = 0;
+        for id in 0..(MAX_QUEUED_REPLIES as u32 + 64) {
+            let mut r = vec![REQUEST];
+            r.extend_from_slice(&id.to_be_bytes());
+            r.extend_from_slice(&0u64.to_be_bytes());
+            r.extend_from_slice(&1u64.to_be_bytes());
+            r.extend_from_slice(&60_000u64.to_be_bytes());
+            let send = ca.shared().send_bytes(Kind::Agent, r);
+            match tokio::time::timeout(Duration::from_secs(10), send).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => break, // B closed the connection
+                Err(_) => panic!("B took no more requests after {sent}"),
+            }
+            sent += 1;
+        }
+        assert!(sent > MAX_QUEUED_REPLIES, "B closed after {sent} requests");
+        match ended(&cb).await {
+            ConnectionEvent::Lost(why) => assert!(why.contains("protocol violation"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        // What B held for A ended with the connection.
+        assert!(lock(&cb.shared().agent.lent).is_none());
+        assert_eq!(lock(&cb.shared().agent.budget).regions, 0);
+        // Others are served.
+        let (ca, _cb) = connect(&a, &b).await;
+        ca.request_remote_mr(layout(64), Duration::from_secs(1))
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peers_token_that_wraps_past_2_64_ends_the_connection() {
+        let (a, b) = pair(|a| a);
+        let wraps = RemoteMr {
+            addr: u64::MAX - 100,
+            len: 4096,
+            rkey: 1,
+            access: AccessFlags::REMOTE_READ,
+        }
+        .to_bytes();
+        // Shared (share_local_mr's message) and given (send_local_mr's).
+        let mut given = vec![TRANSFER];
+        given.extend_from_slice(&7u32.to_be_bytes());
+        given.extend_from_slice(&wraps);
+        for (kind, msg) in [(Kind::MrToken, wraps.to_vec()), (Kind::Agent, given)] {
+            let (ca, cb) = connect(&a, &b).await;
+            ca.shared().send_bytes(kind, msg).await.unwrap();
+            let got = tokio::time::timeout(Duration::from_secs(10), async {
+                match kind {
+                    Kind::MrToken => cb.receive_shared_mr().await.map(drop),
+                    _ => cb.receive_remote_mr().await.map(drop),
+                }
+            })
+            .await
+            .expect("the connection is still open");
+            match got {
+                Err(Error::Closed(Some(why))) => assert!(why.contains("malformed"), "{why}"),
+                other => panic!("{other:?}"),
+            }
+        }
     }
 }

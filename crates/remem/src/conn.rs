@@ -908,6 +908,9 @@ impl ConnShared {
             tracing::debug!(qpn = self.qp.qp_num(), %reason, "connection closed");
             *c = Some(reason);
         }
+        // Leases and regions given away on this connection end with it (before anyone
+        // learns that it has ended).
+        self.agent.on_close();
         self.is_closed.store(true, Ordering::Release);
         self.ended.notify_waiters();
         self.sq.close();
@@ -918,6 +921,8 @@ impl ConnShared {
             &self.messages.notify,
             &self.write_imms.notify,
             &self.tokens.notify,
+            &self.agent.returned.notify,
+            &self.agent.received.notify,
         ] {
             n.notify_waiters();
         }

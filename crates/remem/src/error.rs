@@ -74,6 +74,11 @@ pub enum Error {
     /// peer that neither supports FLUSH nor declared direct writes to persistent memory).
     #[error("not supported: {0}")]
     Unsupported(String),
+    /// A file-backed region ([`crate::Rdma::register_file`]) cannot be set up: the file
+    /// cannot be mapped, or its blocks cannot be reserved (no space left, or a file system
+    /// that cannot reserve them).
+    #[error("file-backed region: {0}")]
+    File(std::io::Error),
     /// The peer rejected the connection; its private data (why, if it said).
     #[error("connection rejected by the peer ({} bytes of private data)", .0.len())]
     Rejected(Vec<u8>),

@@ -23,17 +23,38 @@ use std::sync::{Arc, Mutex};
 /// A registered memory region, or a block of one (a pool allocation), and the buffer
 /// behind it.
 pub(crate) struct MrInner {
+    /// The registration of exactly this range through which the peer reaches it, when it
+    /// is not reached through `mr` (a pool block, whose slab is registered for local
+    /// access only, or a region given away or lent, [`LocalMr::give_token`]): made on
+    /// first use, dropped when access is revoked ([`LocalMr::revoke_remote`]) or with the
+    /// region (first: see `Drop`).
+    lent: Mutex<Option<Lent>>,
     pub(crate) mr: Arc<dyn MemoryRegion>,
     /// Where the block starts within `mr`.
     offset: usize,
     len: usize,
-    /// The access rights lending grants (the registration's own, or for a pool block,
-    /// which is registered for local access only, the rights it was allocated with).
+    /// The access rights lending grants (the registration's own, or for memory registered
+    /// for local access only, such as a pool block, the rights it was allocated with).
     access: AccessFlags,
-    /// The pool block, returned to its pool when the last user is gone.
-    _block: Option<crate::pool::Block>,
-    /// A pool block's own registration for remote access, made when it is first lent.
-    lent: Mutex<Option<Arc<dyn MemoryRegion>>>,
+    /// The pool block, returned to its pool when the region is dropped — after `lent`
+    /// has ended ([`MrInner`]'s `Drop`).
+    block: Option<crate::pool::Block>,
+}
+
+/// A registration for remote access of exactly a region's range. Held by its region
+/// alone (private, not `Clone`), which ends it before anything else of it, so a pool
+/// block never goes back to its pool (to be handed out for other data) while a key a peer
+/// holds for it still works.
+struct Lent {
+    mr: Arc<dyn MemoryRegion>,
+}
+
+impl Drop for MrInner {
+    fn drop(&mut self) {
+        // The peer's registration ends (its key reaches nothing) before the block returns
+        // to the pool, which happens when the fields drop, after this.
+        self.end_lent();
+    }
 }
 
 impl std::fmt::Debug for MrInner {
@@ -65,6 +86,41 @@ impl MrInner {
 
     fn region(&self) -> &MemRegion {
         self.mr.region()
+    }
+
+    /// Whether the peer reaches the region through its own registration (memory the
+    /// application registered for remote access), rather than through one made for it
+    /// (`lent`).
+    fn remote_via_own(&self) -> bool {
+        self.block.is_none() && self.mr.access().intersects(AccessFlags::REMOTE)
+    }
+
+    /// The remote key of the registration made for the peer (made now if there is none).
+    fn lent_rkey(&self, pd: &Arc<dyn ProtectionDomain>) -> Result<u32> {
+        let mut lent = self.lent.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(l) = &*lent {
+            return Ok(l.mr.rkey());
+        }
+        // A pool block is at least 64 bytes: an empty one is registered as one byte, which
+        // providers accept (some refuse empty registrations) and which is still its own.
+        let len = if self.block.is_some() {
+            self.len.max(1)
+        } else {
+            self.len
+        };
+        let start = self.region().offset() + self.offset;
+        let range = MemRegion::new(self.region().buffer().clone(), start..start + len)?;
+        let mr = pd.reg_mr(range, self.access)?;
+        let rkey = mr.rkey();
+        *lent = Some(Lent { mr });
+        Ok(rkey)
+    }
+
+    /// Ends the registration made for the peer, if any: its key reaches nothing from now
+    /// on, whoever else still holds the region.
+    fn end_lent(&self) {
+        let lent = self.lent.lock().unwrap_or_else(|p| p.into_inner()).take();
+        drop(lent);
     }
 }
 
@@ -231,15 +287,21 @@ fn resolve(len: usize, range: impl RangeBounds<usize>) -> Result<(usize, usize)>
 
 impl LocalMr {
     pub(crate) fn new(mr: Arc<dyn MemoryRegion>) -> Self {
-        let (len, access) = (mr.len(), mr.access());
+        let access = mr.access();
+        Self::lending(mr, access)
+    }
+
+    /// A region over the whole of `mr` that grants `access` when it is lent (through a
+    /// registration of its own when `mr` is registered for local access only).
+    pub(crate) fn lending(mr: Arc<dyn MemoryRegion>, access: AccessFlags) -> Self {
         LocalMr {
             inner: Arc::new(MrInner {
-                mr,
-                offset: 0,
-                len,
-                access,
-                _block: None,
                 lent: Mutex::new(None),
+                offset: 0,
+                len: mr.len(),
+                mr,
+                access,
+                block: None,
             }),
         }
     }
@@ -248,12 +310,12 @@ impl LocalMr {
     pub(crate) fn from_block(block: crate::pool::Block, len: usize, access: AccessFlags) -> Self {
         LocalMr {
             inner: Arc::new(MrInner {
+                lent: Mutex::new(None),
                 mr: block.mr().clone(),
                 offset: block.offset(),
                 len,
                 access,
-                _block: Some(block),
-                lent: Mutex::new(None),
+                block: Some(block),
             }),
         }
     }
@@ -354,50 +416,59 @@ impl LocalMr {
     }
 
     /// Ends every remote access to this region and returns the same memory (same range)
-    /// registered for local access only: a pool block drops its own registration for the
-    /// peer (the pool's is local-only); any other region is registered anew for local
-    /// access, and its old registration ends once no operation of this side uses it.
+    /// registered for local access only. The registration made for the peer
+    /// ([`LocalMr::give_token`]) ends now, whoever else still holds the region (an
+    /// operation of this side still in flight); a region whose own registration grants
+    /// remote access (memory the application registered so, and shared before) is
+    /// registered anew for local access, and its old registration ends once no operation
+    /// of this side uses it. The region keeps the rights it grants when lent again.
     pub(crate) fn revoke_remote(self, pd: &Arc<dyn ProtectionDomain>) -> Result<LocalMr> {
         let inner = &self.inner;
-        if inner._block.is_some() {
-            inner.lent.lock().unwrap_or_else(|p| p.into_inner()).take();
+        inner.end_lent();
+        if !inner.remote_via_own() {
             return Ok(self);
         }
         let start = inner.region().offset() + inner.offset;
         let range = MemRegion::new(inner.region().buffer().clone(), start..start + inner.len)?;
         let local = pd.reg_mr(range, AccessFlags::LOCAL_WRITE)?;
-        Ok(LocalMr::new(local))
+        Ok(LocalMr::lending(local, inner.access))
     }
 
     /// A token the peer can use to reach this whole region with the rights it was
-    /// allocated with. A pool block is registered for local access only: lending it
-    /// registers exactly its range for remote access (once; the registration ends with the
-    /// region), so the peer reaches nothing else of the pool.
+    /// allocated with. Memory registered for local access only (a pool block) is
+    /// registered for the peer on first use — exactly its range (once; the registration
+    /// ends with the region), so the peer reaches nothing else of the pool.
     pub(crate) fn token(&self, pd: &Arc<dyn ProtectionDomain>) -> Result<RemoteMr> {
         let inner = &self.inner;
-        let rkey = if inner._block.is_none() {
+        let rkey = if inner.remote_via_own() {
             inner.mr.rkey()
         } else {
-            let mut lent = inner.lent.lock().unwrap_or_else(|p| p.into_inner());
-            match &*lent {
-                Some(mr) => mr.rkey(),
-                None => {
-                    let start = inner.region().offset() + inner.offset;
-                    let range =
-                        MemRegion::new(inner.region().buffer().clone(), start..start + inner.len)?;
-                    let mr = pd.reg_mr(range, inner.access)?;
-                    let rkey = mr.rkey();
-                    *lent = Some(mr);
-                    rkey
-                }
-            }
+            inner.lent_rkey(pd)?
         };
-        Ok(RemoteMr {
+        Ok(self.remote(rkey))
+    }
+
+    /// Ends the registration made for the peer ([`LocalMr::give_token`]) now, whoever
+    /// else still holds the region.
+    pub(crate) fn end_remote(&self) {
+        self.inner.end_lent();
+    }
+
+    /// A token for a region that is given away or lent: always through a registration
+    /// made for the peer, which [`LocalMr::revoke_remote`] (ownership coming back) or the
+    /// region's end deregisters — whatever else still holds the region, such as an
+    /// operation of this side still in flight.
+    pub(crate) fn give_token(&self, pd: &Arc<dyn ProtectionDomain>) -> Result<RemoteMr> {
+        Ok(self.remote(self.inner.lent_rkey(pd)?))
+    }
+
+    fn remote(&self, rkey: u32) -> RemoteMr {
+        RemoteMr {
             addr: self.addr(),
             len: self.len() as u64,
             rkey,
-            access: inner.access & AccessFlags::REMOTE,
-        })
+            access: self.inner.access & AccessFlags::REMOTE,
+        }
     }
 
     /// A descriptor of this region for a peer: address, length, remote key, the rights it
@@ -529,15 +600,26 @@ impl RemoteMr {
         self.len == 0
     }
 
-    /// The part of the region in `range`.
+    /// The part of the region in `range`. A range outside the region is an
+    /// [`Error::OutOfRange`] (checked arithmetic throughout: a region near the top of the
+    /// address space gives an error, never an overflow).
     pub fn get(&self, range: impl RangeBounds<u64>) -> Result<RemoteMr> {
         let (start, len) = resolve_bounds(
             self.len,
             range.start_bound().cloned(),
             range.end_bound().cloned(),
         )?;
+        let addr = self
+            .addr
+            .checked_add(start)
+            .filter(|a| a.checked_add(len).is_some())
+            .ok_or(Error::OutOfRange {
+                start: usize::try_from(start).unwrap_or(usize::MAX),
+                end: usize::try_from(start.saturating_add(len)).unwrap_or(usize::MAX),
+                len: usize::try_from(self.len).unwrap_or(usize::MAX),
+            })?;
         Ok(RemoteMr {
-            addr: self.addr + start,
+            addr,
             len,
             rkey: self.rkey,
             access: self.access,
@@ -585,11 +667,7 @@ impl RemoteMr {
                 bytes[3]
             )));
         }
-        let mr = RemoteMr::from_bytes(&bytes[4..]).ok_or_else(|| bad("malformed fields"))?;
-        if mr.addr.checked_add(mr.len).is_none() {
-            return Err(bad("the region wraps past the end of the address space"));
-        }
-        Ok(mr)
+        RemoteMr::decode(&bytes[4..])
     }
 
     pub(crate) fn to_bytes(self) -> [u8; TOKEN_LEN] {
@@ -601,14 +679,33 @@ impl RemoteMr {
         b
     }
 
-    /// Decodes a token; `None` if it is short or names rights that are not remote ones.
+    /// Decodes a token from the peer; `None` if it is not a valid one ([`RemoteMr::decode`]).
     pub(crate) fn from_bytes(b: &[u8]) -> Option<RemoteMr> {
-        let bits = u32::from_be_bytes(b.get(20..24)?.try_into().ok()?);
-        let access = AccessFlags::from_bits(bits).filter(|a| AccessFlags::REMOTE.contains(*a))?;
-        Some(RemoteMr {
-            addr: u64::from_be_bytes(b.get(..8)?.try_into().ok()?),
-            len: u64::from_be_bytes(b.get(8..16)?.try_into().ok()?),
-            rkey: u32::from_be_bytes(b.get(16..20)?.try_into().ok()?),
+        RemoteMr::decode(b).ok()
+    }
+
+    /// Decodes a token ([`TOKEN_LEN`] bytes or more; the rest is ignored): an
+    /// [`Error::Descriptor`] if it is short, names rights that are not remote ones, or
+    /// describes a range wrapping past the end of the address space (`addr + len` above
+    /// 2^64), so every region this crate holds can be sliced and addressed without
+    /// overflow.
+    pub(crate) fn decode(b: &[u8]) -> Result<RemoteMr> {
+        let bad = |why: &str| Error::Descriptor(why.to_string());
+        let field = |r: std::ops::Range<usize>| b.get(r).ok_or_else(|| bad("a short token"));
+        let be64 = |r| field(r).map(|f| u64::from_be_bytes(f.try_into().unwrap_or_default()));
+        let (addr, len) = (be64(0..8)?, be64(8..16)?);
+        let rkey = u32::from_be_bytes(field(16..20)?.try_into().unwrap_or_default());
+        let bits = u32::from_be_bytes(field(20..24)?.try_into().unwrap_or_default());
+        let access = AccessFlags::from_bits(bits)
+            .filter(|a| AccessFlags::REMOTE.contains(*a))
+            .ok_or_else(|| bad("malformed fields: rights that are not remote ones"))?;
+        if addr.checked_add(len).is_none() {
+            return Err(bad("the region wraps past the end of the address space"));
+        }
+        Ok(RemoteMr {
+            addr,
+            len,
+            rkey,
             access,
         })
     }
@@ -622,4 +719,75 @@ pub(crate) fn register(
 ) -> Result<LocalMr> {
     let region = MemRegion::whole(Arc::new(buf));
     Ok(LocalMr::new(pd.reg_mr(region, access)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn token(addr: u64, len: u64) -> RemoteMr {
+        RemoteMr {
+            addr,
+            len,
+            rkey: 0x1234,
+            access: AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+        }
+    }
+
+    #[test]
+    fn a_token_wrapping_past_2_64_is_refused() {
+        // The largest region that ends exactly at 2^64 is fine; one byte more wraps.
+        let top = token(u64::MAX - 4095, 4095);
+        assert_eq!(RemoteMr::from_bytes(&top.to_bytes()), Some(top));
+        assert_eq!(top.get(4000..).unwrap().addr, u64::MAX - 95);
+        let wraps = token(u64::MAX - 4095, 4097).to_bytes();
+        assert_eq!(RemoteMr::from_bytes(&wraps), None);
+        assert!(matches!(
+            RemoteMr::decode(&wraps),
+            Err(Error::Descriptor(_))
+        ));
+        // A region this crate made up anyway (fields are the crate's own) slices with an
+        // error, not an overflow.
+        assert!(matches!(
+            token(u64::MAX, 16).get(8..16),
+            Err(Error::OutOfRange { .. })
+        ));
+    }
+
+    proptest! {
+        /// Tokens near the top of the address space: decoding never panics, refuses
+        /// exactly those whose range wraps, and round-trips the others; slicing what
+        /// decoded never panics and stays inside the region.
+        #[test]
+        fn tokens_near_2_64_decode_and_slice_totally(
+            below in 0u64..(1 << 20),
+            len in prop_oneof![0u64..(1 << 21), (u64::MAX - (1 << 20))..=u64::MAX],
+            rkey in any::<u32>(),
+            start in any::<u64>(),
+            n in 0u64..(1 << 21),
+        ) {
+            let t = RemoteMr { rkey, ..token(u64::MAX - below, len) };
+            let bytes = t.to_bytes();
+            match RemoteMr::from_bytes(&bytes) {
+                None => prop_assert!(t.addr.checked_add(t.len).is_none()),
+                Some(mr) => {
+                    prop_assert_eq!(mr, t);
+                    prop_assert_eq!(mr.to_bytes(), bytes);
+                    let mut d = DESC_MAGIC.to_vec();
+                    d.push(DESC_VERSION);
+                    d.extend_from_slice(&bytes);
+                    prop_assert_eq!(RemoteMr::from_descriptor(&d).unwrap(), t);
+                    let start = start % (mr.len.saturating_add(2));
+                    if let Ok(part) = mr.get(start..start.saturating_add(n)) {
+                        prop_assert!(part.addr >= mr.addr);
+                        prop_assert!(part.addr.checked_add(part.len).is_some());
+                        prop_assert!(part.addr + part.len <= mr.addr + mr.len);
+                    }
+                    let _ = mr.get(start..);
+                    let _ = mr.get(..=start);
+                }
+            }
+        }
+    }
 }

@@ -65,6 +65,7 @@ pub struct RdmaBuilder {
     pub(crate) request_timeout: Duration,
     pub(crate) max_lease: Duration,
     pub(crate) lend_limit: usize,
+    pub(crate) lend_count_limit: usize,
     pub(crate) context: Option<OpenDevice>,
 }
 
@@ -115,6 +116,7 @@ impl Default for RdmaBuilder {
             request_timeout: Duration::from_secs(10),
             max_lease: Duration::from_secs(600),
             lend_limit: 64 << 20,
+            lend_count_limit: 1024,
             context: None,
         }
     }
@@ -281,9 +283,20 @@ impl RdmaBuilder {
     }
 
     /// How many bytes this side lends to each connection's peer at once (default
-    /// 64 MiB); requests beyond it are refused.
+    /// 64 MiB); requests beyond it are refused. Each lease counts as the whole pages it
+    /// pins (at least one, even for a request of zero bytes), and regions the peer gave
+    /// back count until they are taken ([`Connection::receive_local_mr`]).
     pub fn lend_limit(mut self, bytes: usize) -> Self {
         self.lend_limit = bytes;
+        self
+    }
+
+    /// How many regions this side lends to each connection's peer at once (default
+    /// 1024, and never more than a sixteenth of the device's `max_mr`: each lease takes
+    /// two registrations, so no one connection can use up the device's registrations);
+    /// requests beyond it are refused. Regions the peer gave back count until taken.
+    pub fn lend_count_limit(mut self, regions: usize) -> Self {
+        self.lend_count_limit = regions;
         self
     }
 
@@ -483,8 +496,22 @@ impl Rdma {
     /// [`AccessFlags::FLUSH_PERSISTENT`]: a persistent target for a peer's writes and
     /// flushes — on persistent memory with a DAX file system, or on any file system, where
     /// a persistent flush writes the range back (`msync`) before it completes.
-    /// `access` may not exceed [`RdmaBuilder::access`]. See [`MemoryBuffer::map_file`]
-    /// for what concurrent changes to the file mean.
+    /// `access` may not exceed [`RdmaBuilder::access`].
+    ///
+    /// The range's blocks are reserved first (`fallocate`): a peer's write must never
+    /// find a hole the file system has no space for, which would kill this process with
+    /// `SIGBUS` in the middle of serving the peer. If they cannot be reserved — the file
+    /// system is full, or cannot reserve blocks at all — registration fails with
+    /// [`Error::File`] (the file may keep the part that was reserved). On a copy-on-write
+    /// file system (btrfs with snapshots or reflinks) a reservation does not cover
+    /// rewriting blocks that are shared: don't share files registered so.
+    ///
+    /// What happens to the file while it is registered is the application's
+    /// responsibility, as for any memory map: another process (or this one) that
+    /// truncates the file below the range, or punches a hole in it that cannot be filled
+    /// again, makes later accesses to the missing part fault with `SIGBUS` — local ones and
+    /// a peer's alike. Concurrent writes by other processes are races on values, never
+    /// undefined behaviour (see [`MemoryBuffer::map_file`]).
     pub fn register_file(
         &self,
         file: &std::fs::File,
@@ -492,7 +519,17 @@ impl Rdma {
         len: usize,
         access: AccessFlags,
     ) -> Result<LocalMr> {
-        self.register(MemoryBuffer::map_file(file, offset, len)?, access)
+        let allowed = self.config().access;
+        if !allowed.contains(access) {
+            return Err(Error::InvalidArgument(format!(
+                "access {access:?} exceeds the most this Rdma grants ({allowed:?})"
+            )));
+        }
+        if len > 0 {
+            reserve(file, offset, len as u64).map_err(Error::File)?;
+        }
+        let map = MemoryBuffer::map_file(file, offset, len).map_err(Error::File)?;
+        self.register(map, access)
     }
 
     /// The device's asynchronous events (QP fatal, CQ error, port active/error, SRQ
@@ -561,6 +598,43 @@ impl Rdma {
             rdma: self.clone(),
             tcp: TcpListener::bind(addr).await?,
         })
+    }
+}
+
+/// Reserves the blocks of `[offset, offset + len)` of `file` (growing it if it is
+/// shorter), so that writes into the range never need space the file system lacks.
+fn reserve(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<()> {
+    use rustix::fs::{FallocateFlags, fallocate};
+    if offset
+        .checked_add(len)
+        .is_none_or(|end| end > i64::MAX as u64)
+    {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the range lies beyond the largest file size",
+        ));
+    }
+    loop {
+        return match fallocate(file, FallocateFlags::empty(), offset, len) {
+            Err(rustix::io::Errno::INTR) => continue,
+            Ok(()) => Ok(()),
+            Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::Unsupported,
+                    format!(
+                        "the file system cannot reserve the region's blocks (fallocate: {e}); \
+                         a peer's write into an unreserved block could kill this process \
+                         (SIGBUS) when the file system is full"
+                    ),
+                ))
+            }
+            Err(e) => Err(std::io::Error::new(
+                std::io::Error::from(e).kind(),
+                format!(
+                    "cannot reserve {len} bytes of the file at offset {offset} (fallocate: {e})"
+                ),
+            )),
+        };
     }
 }
 
