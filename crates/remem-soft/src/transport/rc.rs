@@ -213,6 +213,7 @@ impl Out {
             start: 0,
             next: 0,
             npkts: 1,
+            replay: false,
         }
     }
 }
@@ -242,6 +243,8 @@ enum Out {
         next: u32,
         /// Packets in the whole READ.
         npkts: u32,
+        /// A replay for a duplicate request (the READ itself was answered before).
+        replay: bool,
     },
 }
 
@@ -705,6 +708,7 @@ impl RcTransport {
                 start,
                 next,
                 npkts,
+                replay,
             } => {
                 let idx = *next;
                 let psn = add(*base_psn, idx);
@@ -722,8 +726,13 @@ impl RcTransport {
                             offset: offset as usize,
                         },
                         None => {
+                            let replay = *replay;
                             self.resp.out.pop_front();
-                            self.refuse(psn, Refuse::Access(RemoteKeyError::Revoked), env);
+                            if replay {
+                                self.refuse_replay(psn, env);
+                            } else {
+                                self.refuse(psn, Refuse::Access(RemoteKeyError::Revoked), env);
+                            }
                             return self.poll_response(env);
                         }
                     },
@@ -1181,6 +1190,24 @@ impl RcTransport {
         }
     }
 
+    /// A duplicate READ whose key was revoked since the READ was executed: a remote access
+    /// error NAK with its PSN and no data, but — unlike a refused new request — the QP
+    /// stays as it is and no asynchronous event is raised. The READ itself succeeded; a
+    /// requester that still waits for it (its responses were lost) fails it with
+    /// `REM_ACCESS_ERR` at once, and one that completed it long ago (the duplicate is a
+    /// stale copy the network delivered late, after the application deregistered the
+    /// region) ignores a NAK for a PSN it no longer has outstanding. Moving to ERR here, as
+    /// kernel rxe does, would let a duplicated packet end a healthy connection.
+    fn refuse_replay(&mut self, psn: u32, env: &mut dyn Env) {
+        tracing::debug!(
+            qpn = self.cfg.qpn,
+            psn,
+            "duplicate READ through a revoked key: NAK, no data"
+        );
+        env.count(Stat::SendErr);
+        self.resp.push_nak(psn, Syndrome::NakRemoteAccessError);
+    }
+
     /// READ responses queued (new ones and replays, partly sent or not).
     fn queued_reads(&self) -> usize {
         self.resp
@@ -1215,7 +1242,7 @@ impl RcTransport {
                 // A replay re-validates the key (rxe's `rxe_recheck_mr`): the region may
                 // have been deregistered since the READ was executed.
                 if region.as_ref().is_some_and(Grant::is_revoked) {
-                    self.refuse(psn, Refuse::Access(RemoteKeyError::Revoked), env);
+                    self.refuse_replay(psn, env);
                     return;
                 }
                 // Bounded replay work: one queued response per READ. One still to send
@@ -1253,6 +1280,7 @@ impl RcTransport {
                     start: d,
                     next: d,
                     npkts,
+                    replay: true,
                 });
             }
             Kind::CompareSwap | Kind::FetchAdd => {
@@ -1377,6 +1405,7 @@ impl RcTransport {
                     start: 0,
                     next: 0,
                     npkts,
+                    replay: false,
                 });
                 self.resp.msn = add(self.resp.msn, 1);
                 self.resp.epsn = add(pkt.psn, npkts);
@@ -1932,8 +1961,37 @@ mod tests {
             sent.iter().filter_map(nak).collect::<Vec<_>>(),
             [(EPSN, Syndrome::NakRemoteAccessError)]
         );
-        assert_eq!(t.state(), QpState::Err);
-        assert_eq!(env.events, [qp_event(AsyncEventType::QpAccessErr)]);
+        // The READ was answered before: a stale duplicate does not end the QP.
+        assert_eq!(t.state(), QpState::Rts);
+        assert_eq!(env.events, []);
+    }
+
+    #[test]
+    fn a_replay_revoked_before_it_is_sent_stops_without_ending_the_qp() {
+        let mut env = TestEnv::new();
+        let mut t = responder(&mut env, 4);
+        let va = env.key.region().addr();
+        let now = Instant::now();
+        t.handle_packet(now, &read_pkt(EPSN, va, 3 * MTU), &mut env);
+        assert_eq!(transmit(&mut t, &mut env, 10).len(), 3);
+        // A duplicate of the READ's second packet queues a replay; the key goes first.
+        t.handle_packet(
+            now,
+            &read_pkt(add(EPSN, 1), va + u64::from(MTU), 2 * MTU),
+            &mut env,
+        );
+        env.key.revoke();
+        let sent = transmit(&mut t, &mut env, 10);
+        assert!(
+            sent.iter().all(|p| p.4.is_empty()),
+            "data replayed: {sent:?}"
+        );
+        assert_eq!(
+            sent.iter().filter_map(nak).collect::<Vec<_>>(),
+            [(add(EPSN, 1), Syndrome::NakRemoteAccessError)]
+        );
+        assert_eq!(t.state(), QpState::Rts);
+        assert_eq!(env.events, []);
     }
 
     #[test]
