@@ -6,9 +6,7 @@
 use remem_conformance::{QpOptions, bring_up, endpoint};
 use remem_soft::SoftContext;
 use remem_soft::objects::MAX_UNACKED_PSNS;
-use remem_verbs::{
-    AccessFlags, Context, Gid, MemoryRegion, Mtu, QpType, SendOp, SendWr, Sge, WcStatus,
-};
+use remem_verbs::{AccessFlags, Context, Gid, Mtu, QpType, SendOp, SendWr, Sge, WcStatus};
 use remem_wire::icrc::{self, IPV4_DF, IpFields, UdpPorts};
 use remem_wire::{Aeth, Bth, Headers, Opcode, Packet, Psn, Syndrome};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
