@@ -7,7 +7,10 @@ use remem::verbs::{
     Mtu, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QpType, QueuePair, RecvWr,
     SendOp, SendWr, Sge, WorkCompletion,
 };
-use remem::{ConnectOptions, Connection, ConnectionEvent, EndpointInfo, Error, Polling, Rdma};
+use remem::{
+    CloseReason, ConnectOptions, Connection, ConnectionEvent, EndpointInfo, Error,
+    HandshakeError, Polling, ProtocolViolation, Rdma,
+};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -30,6 +33,7 @@ fn port_of(rdma: &Rdma) -> u16 {
 
 const KIND_DATA: u8 = 1;
 const KIND_RTS: u8 = 5;
+const KIND_HELLO: u8 = 8;
 const BUF: usize = 4 << 20;
 
 /// A misbehaving peer: a raw RC QP on a soft device of its own, and a registered buffer
@@ -119,12 +123,14 @@ impl Attacker {
             mtu: Mtu::Mtu4096,
             recv_credits: 64,
             max_message: 1000,
+            max_large_message: 1000,
+            udp_port: self.ctx.info().udp_addr.unwrap().port(),
         }
     }
 
     /// The TCP handshake, as a well-behaved client does it, claiming `gid`; returns the
-    /// stream and the listener's endpoint.
-    async fn handshake(&self, addr: SocketAddr, gid: Gid) -> (TcpStream, EndpointInfo) {
+    /// stream, the listener's endpoint and the nonce it wants to see.
+    async fn handshake(&self, addr: SocketAddr, gid: Gid) -> (TcpStream, EndpointInfo, u64) {
         let mut s = TcpStream::connect(addr).await.unwrap();
         let mut hello = self.info(gid).to_bytes().to_vec();
         hello.push(0);
@@ -135,11 +141,13 @@ impl Attacker {
         let mut info = vec![0u8; remem::ENDPOINT_INFO_LEN];
         s.read_exact(&mut info).await.unwrap();
         let remote = EndpointInfo::from_bytes(&info).unwrap();
+        let mut nonce = [0u8; 8];
+        s.read_exact(&mut nonce).await.unwrap();
         let mut pd_len = [0u8; 1];
         s.read_exact(&mut pd_len).await.unwrap();
         let mut pd = vec![0u8; pd_len[0] as usize];
         s.read_exact(&mut pd).await.unwrap();
-        (s, remote)
+        (s, remote, u64::from_be_bytes(nonce))
     }
 
     /// Brings the QP up to the victim's endpoint.
@@ -180,11 +188,15 @@ impl Attacker {
         self.qp.modify(&attr, M::RC_TO_RTS).unwrap();
     }
 
-    /// A full connection to the listener at `addr`: handshake, QP up, confirmation.
-    async fn connect(&self, addr: SocketAddr) -> TcpStream {
-        let (mut s, remote) = self.handshake(addr, self.gid()).await;
+    /// A full connection to the listener at `addr`: handshake, QP up, the hello with the
+    /// listener's nonce as the first message, the listener's confirmation.
+    async fn connect(&mut self, addr: SocketAddr) -> TcpStream {
+        let (mut s, remote, nonce) = self.handshake(addr, self.gid()).await;
         self.connect_qp(&remote);
-        s.write_all(b"R").await.unwrap();
+        self.send(63, KIND_HELLO, 0, None, &nonce.to_be_bytes());
+        let mut confirmed = [0u8; 1];
+        s.read_exact(&mut confirmed).await.unwrap();
+        assert_eq!(&confirmed, b"C");
         s
     }
 
@@ -263,8 +275,18 @@ async fn messages_beyond_the_credits_close_the_connection() {
         attacker.send(i % 60, KIND_DATA, 0, None, &[7; 900]);
     }
     let ev = lost(&conn, Duration::from_secs(10)).await;
-    println!("victim: {ev:?}");
-    assert!(matches!(ev, ConnectionEvent::Lost(_)), "{ev:?}");
+    assert!(
+        matches!(
+            ev,
+            // (Four, and the hello's credit returned once the listener could send.)
+            ConnectionEvent::Lost(CloseReason::Protocol(ProtocolViolation::CreditsExceeded {
+                granted: 5
+            }))
+        ),
+        "{ev:?}"
+    );
+    // The victim held its credits' worth of messages (and took none of them).
+    assert!(matches!(conn.receive().await, Ok(m) if m.data == [7; 900]));
     let _ = attacker.poll();
 }
 
@@ -288,8 +310,15 @@ async fn large_message_announcements_are_bounded() {
         attacker.send(rid as usize, KIND_RTS, 0, None, &payload);
     }
     let ev = lost(&conn, Duration::from_secs(10)).await;
-    println!("victim: {ev:?}");
-    assert!(matches!(ev, ConnectionEvent::Lost(_)), "{ev:?}");
+    assert!(
+        matches!(
+            ev,
+            ConnectionEvent::Lost(CloseReason::Protocol(
+                ProtocolViolation::TooManyLargeMessages { max: 4 }
+            ))
+        ),
+        "{ev:?}"
+    );
     // What the victim read: READ responses the attacker sent (4 KiB each), at most its
     // one-message budget (and some slack for ACKs).
     let sent = attacker.counter("sent_pkts") - before;
@@ -340,6 +369,84 @@ async fn a_port_scan_does_not_end_the_accept_loop() {
     .unwrap();
     c.unwrap();
     s.expect("the accept loop ended");
+    // Both were reported, with what was wrong.
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let f = tokio::time::timeout(Duration::from_secs(5), listener.next_failure())
+            .await
+            .unwrap();
+        seen.push(match f.error {
+            Error::Handshake(h) => h,
+            other => panic!("{other:?}"),
+        });
+    }
+    seen.sort_by_key(|h| format!("{h:?}"));
+    assert_eq!(seen, [HandshakeError::Closed, HandshakeError::NotRemem]);
+    assert_eq!(listener.failed_handshakes(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_and_lying_clients_are_given_up_on() {
+    let [v, x, _] = addrs();
+    let server = victim(&v, 0)
+        .handshake_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let listener = server.listen("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // One says nothing; one stops half-way through its endpoint.
+    let _silent = TcpStream::connect(addr).await.unwrap();
+    let mut half = TcpStream::connect(addr).await.unwrap();
+    half.write_all(&[b'R', b'E', b'M', b'E', b'M', 0, 0, 3, 1, 2])
+        .await
+        .unwrap();
+    // One speaks an older version; one claims too much private data.
+    let mut old = TcpStream::connect(addr).await.unwrap();
+    old.write_all(&[b'R', b'E', b'M', b'E', b'M', 0, 0, 2]).await.unwrap();
+    let attacker = Attacker::new(&x, port_of(&server));
+    let mut big = TcpStream::connect(addr).await.unwrap();
+    let mut hello = attacker.info(attacker.gid()).to_bytes().to_vec();
+    hello.push(255);
+    big.write_all(&hello).await.unwrap();
+    let mut errors = Vec::new();
+    for _ in 0..4 {
+        let f = tokio::time::timeout(Duration::from_secs(5), listener.next_failure())
+            .await
+            .expect("a failure was not reported");
+        errors.push(f.error.to_string());
+    }
+    errors.sort();
+    assert!(errors[0].contains("255 bytes of private data"), "{errors:?}");
+    assert!(errors[1].contains("version 2"), "{errors:?}");
+    assert!(errors[2].starts_with("timed out") && errors[3].starts_with("timed out"));
+    // A client that answers the listener's nonce wrongly is not accepted either.
+    let serve = async {
+        let req = listener.next_request().await.unwrap();
+        req.accept(&ConnectOptions::default()).await
+    };
+    let lie = async {
+        let (mut s, remote, nonce) = attacker.handshake(addr, attacker.gid()).await;
+        attacker.connect_qp(&remote);
+        let mut a = attacker;
+        a.send(0, KIND_HELLO, 0, None, &(nonce ^ 1).to_be_bytes());
+        let mut b = [0u8; 1];
+        let r = s.read(&mut b).await;
+        assert!(matches!(r, Ok(0) | Err(_)), "confirmed a wrong hello: {r:?}");
+    };
+    let (r, ()) = tokio::time::timeout(Duration::from_secs(5), async {
+        tokio::join!(serve, lie)
+    })
+    .await
+    .unwrap();
+    assert!(
+        matches!(r, Err(Error::Handshake(HandshakeError::BadHello))),
+        "{r:?}"
+    );
+    let f = listener.next_failure().await;
+    assert!(
+        matches!(f.error, Error::Handshake(HandshakeError::BadHello)),
+        "{f:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -355,26 +462,38 @@ async fn a_claimed_gid_gets_no_traffic_before_it_is_proven() {
     let third = tokio::net::UdpSocket::bind((bystander.as_str(), port))
         .await
         .unwrap();
-    let listener = server.listen("127.0.0.1:0").await.unwrap();
+    let listener = Arc::new(server.listen("127.0.0.1:0").await.unwrap());
     let addr = listener.local_addr().unwrap();
+    let serving = listener.clone();
     let serve = tokio::spawn(async move {
         let mut kept = Vec::new();
-        while let Ok(c) = listener.accept().await {
+        while let Ok(c) = serving.accept().await {
             kept.push(c);
         }
         kept
     });
-    // Twenty handshakes naming the third party's GID, by a client that never proves it.
+    // Twenty handshakes naming the third party's GID, by a client that never proves it:
+    // ten say something else on TCP instead, ten say nothing.
     let attacker = Attacker::new(&x, port);
     let claimed = Gid::from(bystander.parse::<std::net::IpAddr>().unwrap());
     let mut streams = Vec::new();
-    for _ in 0..20 {
-        let (mut s, _) = attacker.handshake(addr, claimed).await;
-        let _ = s.write_all(b"R").await;
+    for i in 0..20 {
+        let (mut s, _, _) = attacker.handshake(addr, claimed).await;
+        if i % 2 == 0 {
+            let _ = s.write_all(b"R").await;
+        }
         streams.push(s);
     }
+    // All twenty fail at the listener (unexpected bytes at once, silence at the timeout).
+    for _ in 0..20 {
+        tokio::time::timeout(Duration::from_secs(5), listener.next_failure())
+            .await
+            .expect("an unproven handshake was not reported");
+    }
+    // Nothing reached the third party, not even a close message or a keepalive
+    // (100 ms) in the window after.
     let mut buf = [0u8; 2048];
-    let got = tokio::time::timeout(Duration::from_secs(2), third.recv_from(&mut buf)).await;
+    let got = tokio::time::timeout(Duration::from_secs(1), third.recv_from(&mut buf)).await;
     assert!(got.is_err(), "the server sent to the claimed GID: {got:?}");
     serve.abort();
 }
@@ -430,7 +549,53 @@ async fn soft_devices_on_different_ports_fail_at_connect() {
     let r = tokio::time::timeout(Duration::from_secs(5), client.connect(addr))
         .await
         .expect("connect hung");
-    assert!(matches!(r, Err(Error::Handshake(_))), "{r:?}");
+    let (cp, sp) = (port_of(&client), port_of(&server));
+    match r {
+        Err(Error::Handshake(HandshakeError::PortMismatch { local, peer })) => {
+            assert_eq!((local, peer), (cp, sp));
+        }
+        other => panic!("want a port mismatch, got {other:?}"),
+    }
+    serve.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn devices_that_cannot_reach_each_other_fail_at_connect() {
+    // Soft devices the application opened (their peer port is theirs to set, so remem
+    // cannot compare ports): the client's first message is not acknowledged.
+    let [v, c, _] = addrs();
+    let open = |ip: &str| -> Arc<dyn Context> {
+        Arc::new(remem_soft::SoftContext::bind(format!("{ip}:0").parse().unwrap()).unwrap())
+    };
+    let server = remem::RdmaBuilder::new()
+        .context(open(&v))
+        .handshake_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let client = remem::RdmaBuilder::new()
+        .context(open(&c))
+        .timeout(8)
+        .retry_cnt(2)
+        .build()
+        .unwrap();
+    let listener = server.listen("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let serve = tokio::spawn(async move {
+        let r = listener.accept().await;
+        (r.is_ok(), listener)
+    });
+    let r = tokio::time::timeout(Duration::from_secs(5), client.connect(addr))
+        .await
+        .expect("connect hung");
+    assert!(
+        matches!(
+            r,
+            Err(Error::Handshake(HandshakeError::Unreachable(
+                remem::verbs::WcStatus::RetryExcErr
+            )))
+        ),
+        "{r:?}"
+    );
     serve.abort();
 }
 
@@ -449,22 +614,38 @@ async fn initial_psns_are_not_predictable_from_the_clock() {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
     };
-    let mut predicted = 0;
-    for _ in 0..50 {
-        let t0 = now();
-        let p = rdma.prepare().unwrap();
-        let t1 = now();
-        let psn = p.local_info().psn;
-        let mut t = t0;
-        while t <= t1 {
-            if clock_psn(t.as_secs(), t.subsec_nanos()) == psn {
-                predicted += 1;
-                break;
+    // For each connection prepared, the PSNs the clock gives over the time `prepare` took:
+    // a random PSN falls among them by chance only (`expected` times over all). A round
+    // where `prepare` was so slow that chance alone explains much is run again.
+    for round in 0..5 {
+        let (mut predicted, mut expected) = (0, 0.0);
+        for _ in 0..50 {
+            let t0 = now();
+            let p = rdma.prepare().unwrap();
+            let t1 = now();
+            let psn = p.local_info().psn;
+            let window = (t1 - t0).as_nanos() as f64 + 1.0;
+            expected += (window / f64::from(1 << 24)).min(1.0);
+            let mut t = t0;
+            while t <= t1 {
+                if clock_psn(t.as_secs(), t.subsec_nanos()) == psn {
+                    predicted += 1;
+                    break;
+                }
+                t += Duration::from_nanos(1);
             }
-            t += Duration::from_nanos(1);
         }
+        println!("{predicted} of 50 PSNs follow from the clock, {expected:.1} by chance");
+        if expected >= 10.0 && round < 4 {
+            continue;
+        }
+        let bound = expected + 5.0 * expected.sqrt() + 3.0;
+        assert!(
+            f64::from(predicted) <= bound.min(30.0),
+            "{predicted} of 50 PSNs follow from the clock ({expected:.1} expected by chance)"
+        );
+        return;
     }
-    assert!(predicted < 5, "{predicted} of 50 PSNs follow from the clock");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -490,7 +671,14 @@ async fn messages_beyond_the_credits_close_a_connection_behind_a_shared_queue() 
         }
     }
     let ev = lost(&conn, Duration::from_secs(10)).await;
-    println!("victim: {ev:?}");
-    assert!(matches!(ev, ConnectionEvent::Lost(_)), "{ev:?}");
+    assert!(
+        matches!(
+            ev,
+            ConnectionEvent::Lost(CloseReason::Protocol(
+                ProtocolViolation::CreditsExceeded { .. }
+            ))
+        ),
+        "{ev:?}"
+    );
     let _ = srq;
 }
