@@ -32,9 +32,7 @@
 //! messages of up to `max_message` bytes, plus `max_large_message` bytes of large messages
 //! (read from the peer's memory at most that many bytes ahead of the application).
 
-use crate::error::{
-    CloseReason, Error, HandshakeError, LocalFailure, ProtocolViolation, Result,
-};
+use crate::error::{CloseReason, Error, HandshakeError, LocalFailure, ProtocolViolation, Result};
 use crate::mr::{Local, LocalMr, LocalMut, RemoteMr, Span, register};
 use crate::rdma::{Polling, Rdma};
 use crate::srq::{Srq, SrqShared};
@@ -389,7 +387,7 @@ pub(crate) struct ConnShared {
     /// message.
     confirmed: AtomicBool,
     /// While the listener waits for the peer's hello: its nonce, and who to tell.
-    confirm: Mutex<Option<(u64, oneshot::Sender<Result<(), CloseReason>>)>>,
+    confirm: Mutex<Option<(u64, Confirmed)>>,
     /// The peer closed while work of ours was in flight: the QP goes to the error state
     /// once that work has completed.
     error_when_drained: AtomicBool,
@@ -445,6 +443,9 @@ pub(crate) struct ConnShared {
     // Large messages the peer announced, until the application has taken them.
     rdv_in: Mutex<RdvIn>,
 }
+
+/// Told when the peer's hello has arrived, or why the connection ended before.
+type Confirmed = oneshot::Sender<Result<(), CloseReason>>;
 
 /// A message's place in the order of messages: empty while a large message is read.
 pub(crate) type Place = Arc<Mutex<Option<Arrived>>>;
@@ -907,9 +908,7 @@ impl ConnRequest {
         let prepared = self.rdma.prepare_with(opts).map_err(AcceptError::Local)?;
         let info = prepared.local_info();
         let nonce: u64 = rand::random();
-        let (conn, confirmed) = prepared
-            .connect_pending(self.remote, nonce)
-            .map_err(peer)?;
+        let (conn, confirmed) = prepared.connect_pending(self.remote, nonce).map_err(peer)?;
         *lock(&conn.shared.peer_private_data) = std::mem::take(&mut self.private_data);
         let stream = &mut self.stream;
         let exchange = async {
@@ -1411,7 +1410,7 @@ impl ConnShared {
             if !self.take_credit() {
                 return;
             }
-            if !self.confirmed.load(Ordering::Acquire) {
+            if self.awaits_hello() {
                 return self.end(ProtocolViolation::Handshake);
             }
             self.write_imms.push(wc.imm_data);
@@ -1474,7 +1473,7 @@ impl ConnShared {
             self.credits.add_permits(usize::from(credits));
         }
         let imm = (hdr[1] & 1 != 0).then(|| u32::from_be_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]));
-        if !self.confirmed.load(Ordering::Acquire) || kind == Kind::Hello {
+        if kind == Kind::Hello || self.awaits_hello() {
             return self.on_hello(kind, &data);
         }
         match kind {
@@ -1510,6 +1509,12 @@ impl ConnShared {
                 }
             }
         }
+    }
+
+    /// Whether this is the listener's side, waiting for the peer's hello. (Once it has
+    /// arrived, what follows it is served as usual, even before the QP is in RTS.)
+    fn awaits_hello(&self) -> bool {
+        !self.confirmed.load(Ordering::Acquire) && lock(&self.confirm).is_some()
     }
 
     /// The listener's side: the peer's first message must be the hello carrying the nonce
@@ -1551,7 +1556,8 @@ impl ConnShared {
             });
         }
         if token.addr.checked_add(token.len).is_none() {
-            return self.end("peer announced a large message wrapping the address space".to_string());
+            return self
+                .end("peer announced a large message wrapping the address space".to_string());
         }
         if self.runtime().is_none() {
             return self.fail_local(LocalFailure::NoRuntime);
@@ -1762,8 +1768,7 @@ impl ConnShared {
 
     /// Credits taken to return that did not go after all.
     fn untake_owed(&self, credits: u16) {
-        self.granted
-            .fetch_sub(u64::from(credits), Ordering::AcqRel);
+        self.granted.fetch_sub(u64::from(credits), Ordering::AcqRel);
         self.owed.fetch_add(u32::from(credits), Ordering::AcqRel);
     }
 

@@ -650,11 +650,21 @@ async fn accept_loop(
     places: Arc<Semaphore>,
     failures: Arc<Failures>,
 ) {
+    // The handshakes under way: aborted with this task when the listener is dropped.
+    let mut handshakes = tokio::task::JoinSet::new();
     loop {
-        let Ok(place) = places.clone().acquire_owned().await else {
-            return;
+        let accepted = tokio::select! {
+            Some(_) = handshakes.join_next(), if !handshakes.is_empty() => continue,
+            place = places.clone().acquire_owned() => match place {
+                Ok(place) => tokio::select! {
+                    a = tcp.accept() => a.map(|a| (a, place)),
+                    // (Keep reaping finished handshakes while waiting for a client.)
+                    Some(_) = handshakes.join_next(), if !handshakes.is_empty() => continue,
+                },
+                Err(_) => return,
+            },
         };
-        let (stream, peer) = match tcp.accept().await {
+        let ((stream, peer), place) = match accepted {
             Ok(s) => s,
             Err(e) => {
                 // Out of file descriptors, a connection reset before it was taken: not
@@ -667,9 +677,8 @@ async fn accept_loop(
         };
         tracing::debug!(%peer, "connection request");
         let (rdma, requests, failures) = (rdma.clone(), requests.clone(), failures.clone());
-        tokio::spawn(async move {
-            match crate::conn::read_request(&rdma, stream, peer, place, failures.clone()).await
-            {
+        handshakes.spawn(async move {
+            match crate::conn::read_request(&rdma, stream, peer, place, failures.clone()).await {
                 // (If the listener is gone, the request is dropped: its TCP connection
                 // closes.)
                 Ok(req) => drop(requests.send(req).await),
@@ -811,8 +820,10 @@ impl Listener {
                 )));
             };
             if req.since.elapsed() > timeout {
-                self.failures
-                    .record(req.peer, &Error::Timeout("connection request waited too long"));
+                self.failures.record(
+                    req.peer,
+                    &Error::Timeout("connection request waited too long"),
+                );
                 continue;
             }
             return Ok(req);

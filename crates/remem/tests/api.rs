@@ -471,7 +471,9 @@ async fn large_messages_beyond_the_receivers_budget_wait_for_the_application() {
         let ca = ca.clone();
         let src = a.alloc_local_mr(layout(200_000)).unwrap();
         src.write(0, &[i; 200_000]).unwrap();
-        sends.push(tokio::spawn(async move { ca.send_with_imm(&src, u32::from(i)).await }));
+        sends.push(tokio::spawn(async move {
+            ca.send_with_imm(&src, u32::from(i)).await
+        }));
     }
     let mut got = Vec::new();
     for _ in 0..10 {

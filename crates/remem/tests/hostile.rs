@@ -3,13 +3,13 @@
 //! can break the message protocol in ways `remem` itself never would.
 
 use remem::verbs::{
-    AccessFlags, AhAttr, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, MemoryRegion,
-    Mtu, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QpType, QueuePair, RecvWr,
-    SendOp, SendWr, Sge, WorkCompletion,
+    AccessFlags, AhAttr, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, MemoryRegion, Mtu,
+    QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QpType, QueuePair, RecvWr, SendOp, SendWr,
+    Sge, WorkCompletion,
 };
 use remem::{
-    CloseReason, ConnectOptions, Connection, ConnectionEvent, EndpointInfo, Error,
-    HandshakeError, Polling, ProtocolViolation, Rdma,
+    CloseReason, ConnectOptions, Connection, ConnectionEvent, EndpointInfo, Error, HandshakeError,
+    Polling, ProtocolViolation, Rdma,
 };
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -293,10 +293,7 @@ async fn messages_beyond_the_credits_close_the_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_message_announcements_are_bounded() {
     let [v, x, _] = addrs();
-    let server = victim(&v, 0)
-        .max_large_message(1 << 20)
-        .build()
-        .unwrap();
+    let server = victim(&v, 0).max_large_message(1 << 20).build().unwrap();
     let listener = server.listen("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let mut attacker = Attacker::new(&x, port_of(&server));
@@ -361,10 +358,9 @@ async fn a_port_scan_does_not_end_the_accept_loop() {
         let conn = listener.accept().await?;
         Ok::<_, Error>(conn)
     };
-    let (c, s) = tokio::time::timeout(
-        Duration::from_secs(10),
-        async { tokio::join!(client.connect(addr), serve) },
-    )
+    let (c, s) = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::join!(client.connect(addr), serve)
+    })
     .await
     .unwrap();
     c.unwrap();
@@ -402,7 +398,9 @@ async fn silent_and_lying_clients_are_given_up_on() {
         .unwrap();
     // One speaks an older version; one claims too much private data.
     let mut old = TcpStream::connect(addr).await.unwrap();
-    old.write_all(&[b'R', b'E', b'M', b'E', b'M', 0, 0, 2]).await.unwrap();
+    old.write_all(&[b'R', b'E', b'M', b'E', b'M', 0, 0, 2])
+        .await
+        .unwrap();
     let attacker = Attacker::new(&x, port_of(&server));
     let mut big = TcpStream::connect(addr).await.unwrap();
     let mut hello = attacker.info(attacker.gid()).to_bytes().to_vec();
@@ -416,7 +414,10 @@ async fn silent_and_lying_clients_are_given_up_on() {
         errors.push(f.error.to_string());
     }
     errors.sort();
-    assert!(errors[0].contains("255 bytes of private data"), "{errors:?}");
+    assert!(
+        errors[0].contains("255 bytes of private data"),
+        "{errors:?}"
+    );
     assert!(errors[1].contains("version 2"), "{errors:?}");
     assert!(errors[2].starts_with("timed out") && errors[3].starts_with("timed out"));
     // A client that answers the listener's nonce wrongly is not accepted either.
@@ -431,13 +432,14 @@ async fn silent_and_lying_clients_are_given_up_on() {
         a.send(0, KIND_HELLO, 0, None, &(nonce ^ 1).to_be_bytes());
         let mut b = [0u8; 1];
         let r = s.read(&mut b).await;
-        assert!(matches!(r, Ok(0) | Err(_)), "confirmed a wrong hello: {r:?}");
+        assert!(
+            matches!(r, Ok(0) | Err(_)),
+            "confirmed a wrong hello: {r:?}"
+        );
     };
-    let (r, ()) = tokio::time::timeout(Duration::from_secs(5), async {
-        tokio::join!(serve, lie)
-    })
-    .await
-    .unwrap();
+    let (r, ()) = tokio::time::timeout(Duration::from_secs(5), async { tokio::join!(serve, lie) })
+        .await
+        .unwrap();
     assert!(
         matches!(r, Err(Error::Handshake(HandshakeError::BadHello))),
         "{r:?}"
@@ -524,14 +526,20 @@ async fn a_peers_access_error_ends_the_servers_connection() {
     let r = tokio::time::timeout(Duration::from_secs(5), sc.receive())
         .await
         .expect("the server's receive waits forever");
-    assert!(matches!(r, Err(Error::Closed(_) | Error::Event(_))), "{r:?}");
+    assert!(
+        matches!(r, Err(Error::Closed(_) | Error::Event(_))),
+        "{r:?}"
+    );
     assert!(sc.closed().is_some());
     let ev = tokio::time::timeout(Duration::from_secs(5), sc.next_event())
         .await
         .unwrap();
     assert!(matches!(ev, ConnectionEvent::Lost(_)), "{ev:?}");
     let r = sc.send(&read_only).await;
-    assert!(matches!(r, Err(Error::Closed(_) | Error::Event(_))), "{r:?}");
+    assert!(
+        matches!(r, Err(Error::Closed(_) | Error::Event(_))),
+        "{r:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
