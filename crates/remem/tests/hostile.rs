@@ -338,6 +338,55 @@ async fn idle_sockets_do_not_block_other_clients() {
         .expect("a good client waited behind idle sockets");
     c.unwrap();
     s.unwrap();
+    // A client that makes its request and then never sends its hello holds up nobody
+    // either.
+    let [_, _, x] = addrs();
+    let attacker = Attacker::new(&x, port_of(&server));
+    let both = async {
+        let slow = async {
+            let r = attacker.handshake(addr, attacker.gid()).await;
+            tokio::join!(client.connect(addr), std::future::ready(r))
+        };
+        tokio::join!(slow, listener.accept())
+    };
+    let ((c, _stalled), s) = tokio::time::timeout(Duration::from_secs(3), both)
+        .await
+        .expect("a good client waited behind a stalled handshake");
+    c.unwrap();
+    s.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshakes_beyond_the_limit_wait_for_a_place() {
+    let [v, c, _] = addrs();
+    let timeout = Duration::from_millis(500);
+    let server = victim(&v, 0)
+        .max_handshakes(2)
+        .handshake_timeout(timeout)
+        .build()
+        .unwrap();
+    let client = victim(&c, port_of(&server)).build().unwrap();
+    let listener = server.listen("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // Two silent sockets take both places; the good client is served once one of them
+    // has timed out, and not before.
+    let _idle1 = TcpStream::connect(addr).await.unwrap();
+    let _idle2 = TcpStream::connect(addr).await.unwrap();
+    let start = std::time::Instant::now();
+    let (c, s) = tokio::time::timeout(Duration::from_secs(5), async {
+        tokio::join!(client.connect(addr), listener.accept())
+    })
+    .await
+    .expect("the client was never served");
+    c.unwrap();
+    s.unwrap();
+    assert!(start.elapsed() >= timeout * 4 / 5, "{:?}", start.elapsed());
+    for _ in 0..2 {
+        let f = tokio::time::timeout(Duration::from_secs(5), listener.next_failure())
+            .await
+            .unwrap();
+        assert!(matches!(f.error, Error::Timeout(_)), "{f:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
