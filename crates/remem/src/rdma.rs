@@ -720,7 +720,7 @@ impl std::fmt::Debug for Failures {
 impl Failures {
     /// Reports a handshake that failed because of the peer at `peer`.
     pub(crate) fn record(&self, peer: std::net::SocketAddr, error: &Error) {
-        tracing::warn!(%peer, %error, "connection handshake failed");
+        tracing::info!(%peer, %error, "connection handshake failed");
         // The error is rebuilt from its description where it holds what cannot be cloned.
         let error = match error {
             Error::Handshake(h) => Error::Handshake(*h),
