@@ -739,3 +739,40 @@ async fn messages_beyond_the_credits_close_a_connection_behind_a_shared_queue() 
     );
     let _ = srq;
 }
+
+/// The client names a third party's GID and sends its hello from its own address: only
+/// the NIC's source check (RC packets from an address other than the QP's destination are
+/// dropped, as rxe's `check_addr` does) keeps the listener from answering, or going on, to
+/// the third party.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the soft provider's RC source-address check (issue 16, remem-soft)"]
+async fn a_hello_from_another_address_than_claimed_is_not_taken() {
+    let [v, x, bystander] = addrs();
+    let server = victim(&v, 0)
+        .handshake_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let port = port_of(&server);
+    let third = tokio::net::UdpSocket::bind((bystander.as_str(), port))
+        .await
+        .unwrap();
+    let listener = server.listen("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut attacker = Attacker::new(&x, port);
+    let claimed = Gid::from(bystander.parse::<std::net::IpAddr>().unwrap());
+    let serve = async {
+        let req = listener.next_request().await.unwrap();
+        req.accept(&ConnectOptions::default()).await
+    };
+    let lie = async {
+        let (s, remote, nonce) = attacker.handshake(addr, claimed).await;
+        attacker.connect_qp(&remote);
+        attacker.send(0, KIND_HELLO, 0, None, &nonce.to_be_bytes());
+        s
+    };
+    let (r, _s) = tokio::join!(serve, lie);
+    assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
+    let mut buf = [0u8; 2048];
+    let got = tokio::time::timeout(Duration::from_millis(500), third.recv_from(&mut buf)).await;
+    assert!(got.is_err(), "the server sent to the claimed GID: {got:?}");
+}
