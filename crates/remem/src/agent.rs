@@ -46,7 +46,7 @@
 //! connection either.
 
 use crate::conn::{ConnShared, Connection, Kind};
-use crate::error::{Error, Result};
+use crate::error::{Error, ProtocolViolation, Result};
 use crate::mr::{LocalMr, RemoteMr, TOKEN_LEN};
 
 use std::alloc::Layout;
@@ -355,10 +355,9 @@ impl ConnShared {
                 Some(token) => {
                     let untaken = lock(&self.agent.received.queue).len();
                     if untaken >= MAX_UNTAKEN_REGIONS {
-                        return self.fail(format!(
-                            "protocol violation: the peer gave more than \
-                             {MAX_UNTAKEN_REGIONS} regions that were not taken"
-                        ));
+                        return self.end(ProtocolViolation::UntakenRegions {
+                            max: MAX_UNTAKEN_REGIONS,
+                        });
                     }
                     self.agent.received.push(Some((id, token)))
                 }
@@ -506,10 +505,9 @@ impl ConnShared {
     fn reserve_reply(self: &Arc<Self>) -> bool {
         let full = lock(&self.agent.outbox).replies >= MAX_QUEUED_REPLIES;
         if full {
-            self.fail(format!(
-                "protocol violation: the peer has {MAX_QUEUED_REPLIES} agent answers \
-                 waiting and sends more requests"
-            ));
+            self.end(ProtocolViolation::UnreadAnswers {
+                max: MAX_QUEUED_REPLIES,
+            });
         }
         !full
     }
@@ -725,6 +723,7 @@ impl Drop for Forget<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::CloseReason;
     use crate::mr::Local;
     use crate::{ConnectionEvent, Rdma, RdmaBuilder};
     use crate::{LocalMr, RemoteMr};
@@ -871,7 +870,9 @@ mod tests {
         }
         assert!(sent > MAX_QUEUED_REPLIES, "B closed after {sent} requests");
         match ended(&cb).await {
-            ConnectionEvent::Lost(why) => assert!(why.contains("protocol violation"), "{why}"),
+            ConnectionEvent::Lost(CloseReason::Protocol(ProtocolViolation::UnreadAnswers {
+                ..
+            })) => {}
             other => panic!("{other:?}"),
         }
         // What B held for A ended with the connection.
@@ -910,7 +911,9 @@ mod tests {
             .await
             .expect("the connection is still open");
             match got {
-                Err(Error::Closed(Some(why))) => assert!(why.contains("malformed"), "{why}"),
+                Err(Error::Closed(CloseReason::Protocol(ProtocolViolation::Malformed(why)))) => {
+                    assert!(why.contains("malformed"), "{why}")
+                }
                 other => panic!("{other:?}"),
             }
         }

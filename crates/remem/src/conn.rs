@@ -25,9 +25,14 @@
 //! receiving application takes the message ([`Connection::receive`] and friends): credits
 //! ride in the header of every message, or in a credit message of their own when a quarter
 //! of the window is owed and nothing else is going that way. Receive buffers are reposted
-//! as soon as their data is copied out.
+//! as soon as their data is copied out; a peer that sends more messages than it was granted
+//! credits for breaks the protocol, and the connection closes
+//! ([`ProtocolViolation::CreditsExceeded`](crate::ProtocolViolation)). So what a peer can
+//! make this side hold for messages the application has not taken is bounded: `recv_depth`
+//! messages of up to `max_message` bytes, plus `max_large_message` bytes of large messages
+//! (read from the peer's memory at most that many bytes ahead of the application).
 
-use crate::error::{Error, Result};
+use crate::error::{CloseReason, Error, HandshakeError, LocalFailure, ProtocolViolation, Result};
 use crate::mr::{Local, LocalMr, LocalMut, RemoteMr, Span, register};
 use crate::rdma::{Polling, Rdma};
 use crate::srq::{Srq, SrqShared};
@@ -70,6 +75,11 @@ pub(crate) enum Kind {
     RtsDone = 6,
     /// An agent message (memory requests and leases).
     Agent = 7,
+    /// A connection's first message, from the connecting side: the nonce the listener
+    /// sent over TCP. Its arrival proves that the connecting side's device sends from the
+    /// address it claimed; the listener's QP stays in RTR (sending nothing of its own)
+    /// until it has arrived.
+    Hello = 8,
 }
 
 impl Kind {
@@ -82,6 +92,7 @@ impl Kind {
             5 => Kind::Rts,
             6 => Kind::RtsDone,
             7 => Kind::Agent,
+            8 => Kind::Hello,
             _ => return None,
         })
     }
@@ -102,15 +113,39 @@ pub struct EndpointInfo {
     pub mtu: Mtu,
     /// Messages the endpoint can take before it returns credits.
     pub recv_credits: u32,
-    /// Largest message it receives.
+    /// Largest message it receives in one SEND (larger ones are read from the sender's
+    /// memory).
     pub max_message: u32,
+    /// Largest message it receives at all ([`crate::RdmaBuilder::max_large_message`]).
+    pub max_large_message: u32,
+    /// The UDP port its device takes RoCEv2 packets on: 4791 but for soft devices bound
+    /// elsewhere; 0 if unknown. A soft device sends to the port it listens on, so two
+    /// soft devices on different ports cannot reach each other, and connecting them is an
+    /// error ([`HandshakeError::PortMismatch`]).
+    pub udp_port: u16,
 }
 
 /// Magic and version of the endpoint exchange.
 const MAGIC: &[u8; 6] = b"REMEM\0";
-const VERSION: u16 = 2;
+const VERSION: u16 = 3;
 /// Bytes of an encoded [`EndpointInfo`].
-pub const ENDPOINT_INFO_LEN: usize = 44;
+pub const ENDPOINT_INFO_LEN: usize = 52;
+
+/// Checks the first 8 bytes of an endpoint (magic, version).
+fn check_head(b: &[u8]) -> Result<()> {
+    if b.len() < 8 || &b[..6] != MAGIC {
+        return Err(HandshakeError::NotRemem.into());
+    }
+    let version = u16::from_be_bytes([b[6], b[7]]);
+    if version != VERSION {
+        return Err(HandshakeError::Version {
+            peer: version,
+            ours: VERSION,
+        }
+        .into());
+    }
+    Ok(())
+}
 
 impl EndpointInfo {
     /// Encodes it (magic, version, fields; big-endian).
@@ -124,32 +159,30 @@ impl EndpointInfo {
         b[32..36].copy_from_slice(&self.mtu.bytes().to_be_bytes());
         b[36..40].copy_from_slice(&self.recv_credits.to_be_bytes());
         b[40..44].copy_from_slice(&self.max_message.to_be_bytes());
+        b[44..48].copy_from_slice(&self.max_large_message.to_be_bytes());
+        b[48..50].copy_from_slice(&self.udp_port.to_be_bytes());
         b
     }
 
-    /// Decodes what [`EndpointInfo::to_bytes`] wrote; another magic, version or a bad
-    /// field is a [`Error::Handshake`].
+    /// Decodes what [`EndpointInfo::to_bytes`] wrote; another magic, version, length or a
+    /// bad field is an [`Error::Handshake`].
     pub fn from_bytes(b: &[u8]) -> Result<Self> {
-        let bad = |what: &str| Error::Handshake(what.to_string());
-        if b.len() != ENDPOINT_INFO_LEN || &b[..6] != MAGIC {
-            return Err(bad("not a remem endpoint"));
+        check_head(b)?;
+        if b.len() != ENDPOINT_INFO_LEN {
+            return Err(HandshakeError::BadField("length").into());
         }
         let u32_at = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        let version = u16::from_be_bytes([b[6], b[7]]);
-        if version != VERSION {
-            return Err(Error::Handshake(format!(
-                "peer speaks version {version}, this is version {VERSION}"
-            )));
-        }
         let mut gid = [0u8; 16];
         gid.copy_from_slice(&b[16..32]);
         Ok(EndpointInfo {
             qpn: u32_at(8) & 0x00ff_ffff,
             psn: u32_at(12) & 0x00ff_ffff,
             gid: Gid(gid),
-            mtu: Mtu::from_bytes(u32_at(32)).ok_or_else(|| bad("bad MTU"))?,
+            mtu: Mtu::from_bytes(u32_at(32)).ok_or(HandshakeError::BadField("MTU"))?,
             recv_credits: u32_at(36),
             max_message: u32_at(40),
+            max_large_message: u32_at(44),
+            udp_port: u16::from_be_bytes([b[48], b[49]]),
         })
     }
 }
@@ -171,30 +204,34 @@ impl PreparedConnection {
     }
 
     /// Connects to the peer described by `remote`: the QP goes through RTR to RTS.
+    /// Soft devices on different UDP ports fail here ([`HandshakeError::PortMismatch`]).
     pub fn connect(self, remote: EndpointInfo) -> Result<Connection> {
-        self.shared.bring_up(&self.info, &remote)?;
-        self.shared
-            .credits
-            .add_permits(remote.recv_credits.min(Semaphore::MAX_PERMITS as u32) as usize);
-        self.shared
-            .peer_max_message
-            .store(remote.max_message, Ordering::Relaxed);
+        self.shared.rdma.check_port(remote.udp_port)?;
+        self.shared.to_rtr(&self.info, &remote)?;
+        self.shared.to_rts(&self.info)?;
         let shared = self.shared;
-        shared.rdma.dispatcher().register(&shared, &shared.cq)?;
-        match (&shared.srq, &shared.rcq) {
-            (Some(srq), _) => srq.attach(&shared)?,
-            (None, Some(rcq)) => shared.rdma.dispatcher().register(&shared, rcq)?,
-            (None, None) => {}
-        }
-        shared.rdma.watch(&shared);
-        if let (Some(every), Ok(rt)) = (
-            shared.rdma.config().keepalive,
-            tokio::runtime::Handle::try_current(),
-        ) {
-            rt.spawn(keepalive(Arc::downgrade(&shared), every));
-        }
+        shared.attach(&remote)?;
+        shared.confirmed.store(true, Ordering::Release);
+        shared.start_keepalive();
         tracing::debug!(qpn = shared.qp.qp_num(), peer_qpn = remote.qpn, "connected");
         Ok(Connection { shared })
+    }
+
+    /// The listener's half: the QP goes to RTR only — it answers what arrives and sends
+    /// nothing of its own — until the peer's hello with `nonce` has arrived (the receiver
+    /// learns it), when [`ConnShared::confirm_up`] takes it to RTS.
+    fn connect_pending(
+        self,
+        remote: EndpointInfo,
+        nonce: u64,
+    ) -> Result<(Connection, oneshot::Receiver<Result<(), CloseReason>>)> {
+        let (tx, rx) = oneshot::channel();
+        *lock(&self.shared.confirm) = Some((nonce, tx));
+        self.shared.to_rtr(&self.info, &remote)?;
+        let shared = self.shared;
+        let conn = Connection { shared };
+        conn.shared.attach(&remote)?;
+        Ok((conn, rx))
     }
 }
 
@@ -345,8 +382,12 @@ pub(crate) struct ConnShared {
     srq: Option<Arc<SrqShared>>,
     /// What the peer sent in the handshake.
     peer_private_data: Mutex<Vec<u8>>,
-    /// The connection ended in order (a close message, or `close`).
-    graceful: AtomicBool,
+    /// The QP may send: the connection was made by this side, or the peer's hello has
+    /// arrived. Until then nothing is sent to the peer's claimed address, not even a close
+    /// message.
+    confirmed: AtomicBool,
+    /// While the listener waits for the peer's hello: its nonce, and who to tell.
+    confirm: Mutex<Option<(u64, Confirmed)>>,
     /// The peer closed while work of ours was in flight: the QP goes to the error state
     /// once that work has completed.
     error_when_drained: AtomicBool,
@@ -367,9 +408,7 @@ pub(crate) struct ConnShared {
     peer_cfg: Mutex<crate::PeerConfig>,
     next_wr: AtomicU64,
     /// Why the connection closed, once it has.
-    closed: Mutex<Option<String>>,
-    /// The asynchronous event that ended it, if one did.
-    event: Mutex<Option<remem_verbs::AsyncEvent>>,
+    closed: Mutex<Option<CloseReason>>,
     is_closed: AtomicBool,
     /// Bounds work requests in flight to the send queue's depth.
     sq: Arc<Semaphore>,
@@ -378,20 +417,83 @@ pub(crate) struct ConnShared {
     recv_mr: LocalMr,
     recv_slot: usize,
     peer_max_message: AtomicU32,
+    peer_max_large_message: AtomicU32,
     credits: Semaphore,
+    /// Credits this side has spent (messages sent that consume a receive at the peer) and
+    /// the peer has returned: it may not return more than were spent.
+    spent: AtomicU64,
+    returned: AtomicU64,
+    /// Credits this side has granted (the initial window and every credit returned) and
+    /// messages received that consume one: more received than granted breaks the protocol.
+    granted: AtomicU64,
+    received: AtomicU64,
     owed: AtomicU32,
     credit_window: u32,
     credit_msg_busy: AtomicBool,
     /// Completions handled so far (the keepalive probes a connection that saw none).
     activity: AtomicU64,
     /// Messages in arrival order; a large one is a placeholder until it has been read.
-    messages: Inbox<Arc<Mutex<Option<Message>>>>,
+    messages: Inbox<Place>,
     write_imms: Inbox<u32>,
     tokens: Inbox<RemoteMr>,
     // Large messages this side sends, until the peer has read them.
     rdv: Arc<Semaphore>,
     rdv_out: Mutex<HashMap<u32, RdvOut>>,
     next_rid: AtomicU32,
+    // Large messages the peer announced, until the application has taken them.
+    rdv_in: Mutex<RdvIn>,
+}
+
+/// Told when the peer's hello has arrived, or why the connection ended before.
+type Confirmed = oneshot::Sender<Result<(), CloseReason>>;
+
+/// A message's place in the order of messages: empty while a large message is read.
+pub(crate) type Place = Arc<Mutex<Option<Arrived>>>;
+
+/// A message that arrived, with (for a large one) its share of the connection's
+/// large-message budget, given back when the application takes it.
+pub(crate) struct Arrived {
+    pub(crate) msg: Message,
+    _hold: Option<LargeHold>,
+}
+
+impl Arrived {
+    fn new(msg: Message) -> Self {
+        Arrived { msg, _hold: None }
+    }
+}
+
+/// Bytes of large messages a connection holds for the application.
+struct LargeHold {
+    conn: Weak<ConnShared>,
+    len: u64,
+}
+
+impl Drop for LargeHold {
+    fn drop(&mut self) {
+        if let Some(c) = self.conn.upgrade() {
+            c.release_large(self.len);
+        }
+    }
+}
+
+/// The receive side of large messages: announcements whose data this side has not
+/// finished reading (at most [`RDV_MAX`], as the sender keeps), the bytes it holds (being
+/// read, or read and not yet taken; at most `max_large_message`), and announcements
+/// waiting for that budget.
+#[derive(Default)]
+struct RdvIn {
+    reading: u32,
+    held: u64,
+    waiting: VecDeque<Announced>,
+}
+
+/// A large message announced by the peer.
+struct Announced {
+    rid: u32,
+    token: RemoteMr,
+    imm: Option<u32>,
+    place: Place,
 }
 
 impl Drop for ConnShared {
@@ -489,7 +591,7 @@ impl Rdma {
             )?,
             free: Mutex::new((0..nslots).rev().collect()),
         });
-        let psn = cfg.sq_psn.unwrap_or_else(rand_psn) & 0x00ff_ffff;
+        let psn = cfg.sq_psn.unwrap_or_else(rand::random) & 0x00ff_ffff;
         let dev = ctx.query_device()?;
         let caps = Caps {
             flush_global: dev.flush_global,
@@ -502,7 +604,8 @@ impl Rdma {
             rcq,
             srq: srq.clone(),
             peer_private_data: Mutex::new(Vec::new()),
-            graceful: AtomicBool::new(false),
+            confirmed: AtomicBool::new(false),
+            confirm: Mutex::new(None),
             error_when_drained: AtomicBool::new(false),
             ended: Notify::new(),
             established_told: AtomicBool::new(false),
@@ -515,14 +618,18 @@ impl Rdma {
             peer_cfg: Mutex::new(crate::PeerConfig::default()),
             next_wr: AtomicU64::new(1),
             closed: Mutex::new(None),
-            event: Mutex::new(None),
             is_closed: AtomicBool::new(false),
             sq: Arc::new(Semaphore::new(cap.max_send_wr as usize)),
             slots,
             recv_mr,
             recv_slot,
             peer_max_message: AtomicU32::new(0),
+            peer_max_large_message: AtomicU32::new(0),
             credits: Semaphore::new(0),
+            spent: AtomicU64::new(0),
+            returned: AtomicU64::new(0),
+            granted: AtomicU64::new(u64::from(cfg.recv_depth)),
+            received: AtomicU64::new(0),
             owed: AtomicU32::new(0),
             credit_window: cfg.recv_depth,
             credit_msg_busy: AtomicBool::new(false),
@@ -533,6 +640,7 @@ impl Rdma {
             rdv: Arc::new(Semaphore::new(RDV_MAX as usize)),
             rdv_out: Mutex::new(HashMap::new()),
             next_rid: AtomicU32::new(1),
+            rdv_in: Mutex::new(RdvIn::default()),
         });
         shared.to_init()?;
         for i in 0..depth {
@@ -543,14 +651,13 @@ impl Rdma {
             psn,
             gid: self.gid(),
             mtu: self.mtu(),
-            // Behind a shared receive queue, credits do not apply: the queue's buffers
-            // serve every connection, and an empty queue is met with RNR retries.
-            recv_credits: if srq.is_some() {
-                u32::MAX
-            } else {
-                cfg.recv_depth
-            },
+            // Behind a shared receive queue too: there the credits bound what one peer
+            // can queue for the application, while the queue's buffers serve every
+            // connection (an empty queue is met with RNR retries).
+            recv_credits: cfg.recv_depth,
             max_message: cfg.max_message as u32,
+            max_large_message: cfg.max_large_message as u32,
+            udp_port: self.roce_port(),
         };
         Ok(PreparedConnection { shared, info })
     }
@@ -565,6 +672,15 @@ impl Rdma {
     /// [`Rdma::connect`] with options: private data for the listener (which may reject
     /// the connection: [`Error::Rejected`]), a shared receive queue, a separate receive
     /// completion queue.
+    ///
+    /// The handshake: this side sends its [`EndpointInfo`] and private data; the listener
+    /// answers with its own, its private data and a nonce; this side brings its QP up and
+    /// sends the nonce as the connection's first RDMA message (proving to the listener
+    /// that it sends from the address it claimed), and the listener confirms over TCP once
+    /// that message has arrived. Soft devices on different UDP ports fail with
+    /// [`HandshakeError::PortMismatch`]; a listener its RoCE packets cannot reach, with
+    /// [`HandshakeError::Unreachable`]. Everything is bounded by
+    /// [`RdmaBuilder::handshake_timeout`](crate::RdmaBuilder::handshake_timeout).
     pub async fn connect_with(
         &self,
         addr: impl tokio::net::ToSocketAddrs,
@@ -580,26 +696,57 @@ impl Rdma {
             put_private_data(&mut hello, &opts.private_data);
             stream.write_all(&hello).await?;
             let mut verdict = [0u8; 1];
-            stream.read_exact(&mut verdict).await?;
-            match &verdict {
-                b"A" => {
+            read_exact(&mut stream, &mut verdict).await?;
+            match verdict[0] {
+                b'A' => {
                     let mut buf = [0u8; ENDPOINT_INFO_LEN];
-                    stream.read_exact(&mut buf).await?;
+                    read_exact(&mut stream, &mut buf).await?;
                     let remote = EndpointInfo::from_bytes(&buf)?;
+                    let mut nonce = [0u8; 8];
+                    read_exact(&mut stream, &mut nonce).await?;
                     let pd = read_private_data(&mut stream).await?;
                     let conn = prepared.connect(remote)?;
                     *lock(&conn.shared.peer_private_data) = pd;
-                    // The listener's receives were posted before it answered; ours are
-                    // now: say so, and the connection is usable on both sides.
-                    stream.write_all(b"R").await?;
+                    // The connection's first message: the listener's QP takes it in RTR
+                    // and goes to RTS only once it has arrived from this side's address.
+                    let sent = driven(
+                        &conn.shared,
+                        conn.shared.send_bytes(Kind::Hello, nonce.to_vec()),
+                    )
+                    .await;
+                    match sent {
+                        Ok(()) => {}
+                        Err(Error::Completion { status, .. }) => {
+                            return Err(HandshakeError::Unreachable(status).into());
+                        }
+                        Err(Error::Closed(CloseReason::Completion { status, .. })) => {
+                            return Err(HandshakeError::Unreachable(status).into());
+                        }
+                        Err(e) => return Err(e),
+                    }
+                    let mut confirmed = [0u8; 1];
+                    read_exact(&mut stream, &mut confirmed).await?;
+                    if confirmed != *b"C" {
+                        return Err(HandshakeError::Unexpected(confirmed[0]).into());
+                    }
                     Ok(conn)
                 }
-                b"J" => {
+                b'J' => {
                     let pd = read_private_data(&mut stream).await?;
                     tracing::debug!(bytes = pd.len(), "connection rejected");
                     Err(Error::Rejected(pd))
                 }
-                _ => Err(Error::Handshake("not a remem listener".into())),
+                b'E' => {
+                    // The listener refused the endpoint: its devices's port follows.
+                    let mut why = [0u8; 3];
+                    read_exact(&mut stream, &mut why).await?;
+                    Err(HandshakeError::PortMismatch {
+                        local: self.send_port().unwrap_or(0),
+                        peer: u16::from_be_bytes([why[1], why[2]]),
+                    }
+                    .into())
+                }
+                _ => Err(HandshakeError::NotRemem.into()),
             }
         };
         match tokio::time::timeout(timeout, exchange).await {
@@ -628,15 +775,46 @@ fn put_private_data(out: &mut Vec<u8>, pd: &[u8]) {
     out.extend_from_slice(pd);
 }
 
+/// `read_exact` with the handshake's error for a peer that closed the connection.
+async fn read_exact(stream: &mut TcpStream, buf: &mut [u8]) -> Result<()> {
+    match stream.read_exact(buf).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            Err(HandshakeError::Closed.into())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 async fn read_private_data(stream: &mut TcpStream) -> Result<Vec<u8>> {
     let mut len = [0u8; 1];
-    stream.read_exact(&mut len).await?;
+    read_exact(stream, &mut len).await?;
     if usize::from(len[0]) > MAX_PRIVATE_DATA {
-        return Err(Error::Handshake("private data above the limit".into()));
+        return Err(HandshakeError::PrivateDataTooLong(usize::from(len[0])).into());
     }
     let mut pd = vec![0u8; usize::from(len[0])];
-    stream.read_exact(&mut pd).await?;
+    read_exact(stream, &mut pd).await?;
     Ok(pd)
+}
+
+/// Runs `fut`, which waits for completions of `conn`; with [`Polling::Manual`] nothing
+/// else would collect them, so this does, between polls of `fut`.
+async fn driven<F: std::future::Future>(conn: &Arc<ConnShared>, fut: F) -> F::Output {
+    if conn.rdma.config().polling != Polling::Manual {
+        return fut.await;
+    }
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| {
+        conn.poll_all();
+        match fut.as_mut().poll(cx) {
+            std::task::Poll::Ready(v) => std::task::Poll::Ready(v),
+            std::task::Poll::Pending => {
+                cx.waker().wake_by_ref();
+                std::task::Poll::Pending
+            }
+        }
+    })
+    .await
 }
 
 /// Options of a connection, on either side ([`Rdma::connect_with`],
@@ -658,7 +836,8 @@ pub struct ConnectOptions {
 }
 
 /// A connection request a [`crate::Listener`] received: who asks and what it says
-/// ([`ConnRequest::private_data`]); accept or reject it.
+/// ([`ConnRequest::private_data`]); accept or reject it. While it lives it takes one of
+/// the listener's handshake places ([`crate::RdmaBuilder::max_handshakes`]).
 #[derive(Debug)]
 pub struct ConnRequest {
     pub(crate) rdma: Rdma,
@@ -666,6 +845,17 @@ pub struct ConnRequest {
     pub(crate) remote: EndpointInfo,
     pub(crate) private_data: Vec<u8>,
     pub(crate) peer: std::net::SocketAddr,
+    /// When its TCP connection was accepted.
+    pub(crate) since: Instant,
+    /// Where failures the peer caused are reported.
+    pub(crate) failures: Arc<crate::rdma::Failures>,
+    pub(crate) _place: OwnedSemaphorePermit,
+}
+
+/// Why accepting failed: this side's resources, or the peer.
+pub(crate) enum AcceptError {
+    Local(Error),
+    Peer(Error),
 }
 
 impl ConnRequest {
@@ -680,30 +870,81 @@ impl ConnRequest {
     }
 
     /// Accepts: brings up a queue pair for it, answers with `opts.private_data`, and
-    /// returns the connection once the peer is ready too.
-    pub async fn accept(mut self, opts: &ConnectOptions) -> Result<Connection> {
-        check_private_data(&opts.private_data)?;
+    /// returns the connection once the peer is ready too. The queue pair stays in RTR —
+    /// answering what arrives, sending nothing of its own — until the peer's first RDMA
+    /// message (the hello with the nonce this side sent over TCP) has arrived from the
+    /// address the peer claimed; only then does it go to RTS. A failure the peer caused is
+    /// also reported to the listener ([`crate::Listener::next_failure`]).
+    pub async fn accept(self, opts: &ConnectOptions) -> Result<Connection> {
+        match self.accept_inner(opts).await {
+            Ok(c) => Ok(c),
+            Err(AcceptError::Local(e) | AcceptError::Peer(e)) => Err(e),
+        }
+    }
+
+    pub(crate) async fn accept_inner(
+        mut self,
+        opts: &ConnectOptions,
+    ) -> Result<Connection, AcceptError> {
+        check_private_data(&opts.private_data).map_err(AcceptError::Local)?;
+        let failures = self.failures.clone();
+        let peer = self.peer;
+        let r = self.accept_exchange(opts).await;
+        if let Err(AcceptError::Peer(e)) = &r {
+            failures.record(peer, e);
+        }
+        r
+    }
+
+    async fn accept_exchange(&mut self, opts: &ConnectOptions) -> Result<Connection, AcceptError> {
         let timeout = self.rdma.config().handshake_timeout;
-        let prepared = self.rdma.prepare_with(opts)?;
+        let peer = AcceptError::Peer;
+        if let Err(e) = self.rdma.check_port(self.remote.udp_port) {
+            let mut answer = vec![b'E', 1];
+            answer.extend_from_slice(&self.rdma.roce_port().to_be_bytes());
+            let _ = tokio::time::timeout(timeout, self.stream.write_all(&answer)).await;
+            return Err(peer(e));
+        }
+        let prepared = self.rdma.prepare_with(opts).map_err(AcceptError::Local)?;
         let info = prepared.local_info();
-        let conn = prepared.connect(self.remote)?;
+        let nonce: u64 = rand::random();
+        let (conn, confirmed) = prepared.connect_pending(self.remote, nonce).map_err(peer)?;
         *lock(&conn.shared.peer_private_data) = std::mem::take(&mut self.private_data);
+        let stream = &mut self.stream;
         let exchange = async {
             let mut answer = vec![b'A'];
             answer.extend_from_slice(&info.to_bytes());
+            answer.extend_from_slice(&nonce.to_be_bytes());
             put_private_data(&mut answer, &opts.private_data);
-            self.stream.write_all(&answer).await?;
-            let mut ready = [0u8; 1];
-            self.stream.read_exact(&mut ready).await?;
-            if ready != *b"R" {
-                return Err(Error::Handshake("peer did not confirm".into()));
+            stream.write_all(&answer).await?;
+            // The peer's hello arrives over RDMA; meanwhile it has nothing to say on TCP
+            // (a close there means it gave up).
+            let mut byte = [0u8; 1];
+            tokio::select! {
+                r = confirmed => match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err(CloseReason::Protocol(ProtocolViolation::Handshake))) => {
+                        return Err(HandshakeError::BadHello.into());
+                    }
+                    Ok(Err(reason)) => return Err(Error::Closed(reason)),
+                    Err(_) => return Err(conn.shared.closed_error()),
+                },
+                r = stream.read(&mut byte) => {
+                    return Err(match r {
+                        Ok(0) => HandshakeError::Closed.into(),
+                        Ok(_) => HandshakeError::Unexpected(byte[0]).into(),
+                        Err(e) => e.into(),
+                    });
+                }
             }
-            Ok(())
+            conn.shared.confirm_up(&info)?;
+            stream.write_all(b"C").await?;
+            Ok::<_, Error>(())
         };
-        match tokio::time::timeout(timeout, exchange).await {
+        match tokio::time::timeout(timeout, driven(&conn.shared, exchange)).await {
             Ok(Ok(())) => Ok(conn),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(Error::Timeout("connection handshake")),
+            Ok(Err(e)) => Err(peer(e)),
+            Err(_) => Err(peer(Error::Timeout("connection handshake"))),
         }
     }
 
@@ -713,23 +954,36 @@ impl ConnRequest {
         check_private_data(private_data)?;
         let mut answer = vec![b'J'];
         put_private_data(&mut answer, private_data);
-        self.stream.write_all(&answer).await?;
-        self.stream.shutdown().await?;
-        Ok(())
+        let timeout = self.rdma.config().handshake_timeout;
+        let send = async {
+            self.stream.write_all(&answer).await?;
+            self.stream.shutdown().await
+        };
+        match tokio::time::timeout(timeout, send).await {
+            Ok(r) => Ok(r?),
+            Err(_) => Err(Error::Timeout("connection handshake")),
+        }
     }
 }
 
-/// Reads a connection request from a freshly accepted TCP stream.
+/// Reads a connection request from a freshly accepted TCP stream, within the handshake
+/// timeout: magic and version first, so that a peer speaking something else is told
+/// apart at once.
 pub(crate) async fn read_request(
     rdma: &Rdma,
     mut stream: TcpStream,
     peer: std::net::SocketAddr,
+    place: OwnedSemaphorePermit,
+    failures: Arc<crate::rdma::Failures>,
 ) -> Result<ConnRequest> {
+    let since = Instant::now();
     let timeout = rdma.config().handshake_timeout;
     let read = async {
         stream.set_nodelay(true)?;
         let mut buf = [0u8; ENDPOINT_INFO_LEN];
-        stream.read_exact(&mut buf).await?;
+        read_exact(&mut stream, &mut buf[..8]).await?;
+        check_head(&buf[..8])?;
+        read_exact(&mut stream, &mut buf[8..]).await?;
         let remote = EndpointInfo::from_bytes(&buf)?;
         let private_data = read_private_data(&mut stream).await?;
         Ok::<_, Error>((remote, private_data))
@@ -744,6 +998,9 @@ pub(crate) async fn read_request(
         remote,
         private_data,
         peer,
+        since,
+        failures,
+        _place: place,
     })
 }
 
@@ -757,14 +1014,7 @@ pub enum ConnectionEvent {
     Closed,
     /// It was lost: the transport gave up, an asynchronous error, a protocol violation
     /// (why).
-    Lost(String),
-}
-
-fn rand_psn() -> u32 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    (t.subsec_nanos() ^ (t.as_secs() as u32).rotate_left(7)) & 0x00ff_ffff
+    Lost(CloseReason),
 }
 
 impl ConnShared {
@@ -781,10 +1031,11 @@ impl ConnShared {
         Ok(())
     }
 
-    fn bring_up(&self, local: &EndpointInfo, remote: &EndpointInfo) -> Result<()> {
+    /// Moves the QP to RTR towards `remote`: it answers what arrives, sends nothing.
+    fn to_rtr(&self, local: &EndpointInfo, remote: &EndpointInfo) -> Result<()> {
         use QpAttrMask as M;
         let cfg = self.rdma.config();
-        let mut attr = QpAttr {
+        let attr = QpAttr {
             qp_state: QpState::Rtr,
             path_mtu: local.mtu.min(remote.mtu),
             dest_qp_num: remote.qpn,
@@ -802,14 +1053,76 @@ impl ConnShared {
             ..QpAttr::default()
         };
         self.qp.modify(&attr, M::RC_TO_RTR)?;
-        attr.qp_state = QpState::Rts;
-        attr.sq_psn = local.psn;
-        attr.timeout = cfg.timeout;
-        attr.retry_cnt = cfg.retry_cnt;
-        attr.rnr_retry = cfg.rnr_retry;
-        attr.max_rd_atomic = cfg.max_rd_atomic;
-        self.qp.modify(&attr, M::RC_TO_RTS)?;
         Ok(())
+    }
+
+    /// Moves the QP from RTR to RTS: it may send.
+    fn to_rts(&self, local: &EndpointInfo) -> Result<()> {
+        let cfg = self.rdma.config();
+        let attr = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: local.psn,
+            timeout: cfg.timeout,
+            retry_cnt: cfg.retry_cnt,
+            rnr_retry: cfg.rnr_retry,
+            max_rd_atomic: cfg.max_rd_atomic,
+            ..QpAttr::default()
+        };
+        self.qp.modify(&attr, QpAttrMask::RC_TO_RTS)?;
+        Ok(())
+    }
+
+    /// Takes what the peer said in the handshake, and starts serving the connection:
+    /// completions, the shared receive queue, asynchronous events.
+    fn attach(self: &Arc<Self>, remote: &EndpointInfo) -> Result<()> {
+        self.credits
+            .add_permits(remote.recv_credits.min(Semaphore::MAX_PERMITS as u32) as usize);
+        self.peer_max_message
+            .store(remote.max_message, Ordering::Relaxed);
+        self.peer_max_large_message
+            .store(remote.max_large_message, Ordering::Relaxed);
+        self.rdma.dispatcher().register(self, &self.cq)?;
+        match (&self.srq, &self.rcq) {
+            (Some(srq), _) => srq.attach(self)?,
+            (None, Some(rcq)) => self.rdma.dispatcher().register(self, rcq)?,
+            (None, None) => {}
+        }
+        self.rdma.watch(self);
+        Ok(())
+    }
+
+    fn start_keepalive(self: &Arc<Self>) {
+        if let (Some(every), Some(rt)) = (self.rdma.config().keepalive, self.runtime()) {
+            rt.spawn(keepalive(Arc::downgrade(self), every));
+        }
+    }
+
+    /// The listener's side, once the peer's hello has arrived: the QP goes to RTS, and
+    /// the connection works as any other (keepalive, the hello's credit).
+    fn confirm_up(self: &Arc<Self>, local: &EndpointInfo) -> Result<()> {
+        self.check_open()?;
+        self.to_rts(local)?;
+        self.confirmed.store(true, Ordering::Release);
+        self.start_keepalive();
+        self.maybe_return_credits();
+        tracing::debug!(qpn = self.qp.qp_num(), "connection confirmed");
+        Ok(())
+    }
+
+    /// Collects completions by hand (the connection's and its shared receive queue's),
+    /// first driving a device its user drives.
+    pub(crate) fn poll_all(self: &Arc<Self>) -> usize {
+        let ctx = self.rdma.context();
+        if ctx.caller_driven()
+            && let Err(e) = ctx.drive(Duration::ZERO)
+        {
+            tracing::warn!(error = %e, "driving the device failed");
+        }
+        let mut n = self.poll_cq();
+        if let Some(srq) = &self.srq {
+            n += srq.poll_cq();
+        }
+        n
     }
 
     fn post_recv(&self, index: u32) -> Result<()> {
@@ -826,18 +1139,20 @@ impl ConnShared {
             .map_err(|e| Error::Verbs(e.error))
     }
 
+    /// What operations fail with once the connection is closed: why it closed
+    /// ([`Error::Event`] if an asynchronous event ended it).
     pub(crate) fn closed_error(&self) -> Error {
-        match *lock(&self.event) {
-            Some(ev) => Error::Event(ev),
-            None => Error::Closed(lock(&self.closed).clone()),
+        match lock(&self.closed).clone() {
+            Some(CloseReason::Event(ev)) => Error::Event(ev),
+            Some(reason) => Error::Closed(reason),
+            None => Error::Closed(CloseReason::Local),
         }
     }
 
     /// An asynchronous event about this connection's QP or CQ (or its device): the
     /// connection is over, and its operations fail with [`Error::Event`].
     pub(crate) fn on_event(&self, ev: remem_verbs::AsyncEvent) {
-        *lock(&self.event) = Some(ev);
-        self.mark_closed(format!("asynchronous event: {ev}"));
+        self.mark_closed(CloseReason::Event(ev));
     }
 
     pub(crate) fn qp_num(&self) -> u32 {
@@ -856,7 +1171,11 @@ impl ConnShared {
     pub(crate) fn concerns(&self, ev: &remem_verbs::AsyncEvent) -> bool {
         use remem_verbs::{AsyncEventElement as E, AsyncEventType as T};
         match (ev.event_type, ev.element) {
-            (T::QpFatal | T::QpReqErr | T::QpAccessErr, E::Qp(n)) => n == self.qp.qp_num(),
+            // The QP went to the error state (a local error, or our responder NAKed the
+            // peer's request; on a shared receive queue, LAST_WQE_REACHED says the same).
+            (T::QpFatal | T::QpReqErr | T::QpAccessErr | T::QpLastWqeReached, E::Qp(n)) => {
+                n == self.qp.qp_num()
+            }
             (T::CqErr, E::Cq(id)) => {
                 id == self.cq.id() || self.rcq.as_ref().is_some_and(|r| r.id() == id)
             }
@@ -879,18 +1198,29 @@ impl ConnShared {
 
     /// Marks the connection closed and moves the QP to ERR: every work request in flight
     /// completes with a flush error, and every waiter learns why.
-    fn mark_closed(&self, reason: String) {
+    fn mark_closed(&self, reason: CloseReason) {
         if self.close_state(reason) {
             self.to_error();
         }
     }
 
+    /// Ends the connection because the peer sent something malformed (what):
+    /// [`ProtocolViolation::Malformed`].
+    pub(crate) fn fail(self: &Arc<Self>, what: String) {
+        self.end(CloseReason::from(what));
+    }
+
     /// Ends the connection because of something this side found wrong (a protocol
-    /// violation, a message above the limit): tells the peer with a close message, and
-    /// moves the QP to ERR once that message is out.
-    pub(crate) fn fail(self: &Arc<Self>, reason: String) {
+    /// violation, a message above the limit) or because it is dropped: tells the peer with
+    /// a close message, and moves the QP to ERR once that message is out. A connection
+    /// whose peer has not proven its address yet is ended without a word to it.
+    pub(crate) fn end(self: &Arc<Self>, reason: impl Into<CloseReason>) {
+        let reason = reason.into();
         if lock(&self.closed).is_some() {
             return;
+        }
+        if !self.confirmed.load(Ordering::Acquire) {
+            return self.mark_closed(reason);
         }
         let told = self.post_control(Kind::Close, None).is_ok();
         if self.close_state(reason) && !told {
@@ -899,14 +1229,17 @@ impl ConnShared {
     }
 
     /// Records why the connection closed and wakes every waiter; false if it already was.
-    fn close_state(&self, reason: String) -> bool {
+    fn close_state(&self, reason: CloseReason) -> bool {
         {
             let mut c = lock(&self.closed);
             if c.is_some() {
                 return false;
             }
             tracing::debug!(qpn = self.qp.qp_num(), %reason, "connection closed");
-            *c = Some(reason);
+            *c = Some(reason.clone());
+        }
+        if let Some((_, tx)) = lock(&self.confirm).take() {
+            let _ = tx.send(Err(reason));
         }
         // Leases and regions given away on this connection end with it (before anyone
         // learns that it has ended).
@@ -956,8 +1289,8 @@ impl ConnShared {
     }
 
     /// Ends the connection because this side can no longer serve it.
-    pub(crate) fn fail_local(&self, reason: String) {
-        self.mark_closed(reason);
+    pub(crate) fn fail_local(&self, reason: impl Into<CloseReason>) {
+        self.mark_closed(reason.into());
     }
 
     /// Polls the CQ until it is empty; returns how many completions it handled.
@@ -979,7 +1312,8 @@ impl ConnShared {
             let n = match cq.poll(wcs) {
                 Ok(n) => n,
                 Err(e) => {
-                    self.mark_closed(format!("completion queue failed: {e}"));
+                    tracing::warn!(error = %e, "polling a completion queue failed");
+                    self.mark_closed(LocalFailure::CompletionQueue.into());
                     return total;
                 }
             };
@@ -1005,11 +1339,8 @@ impl ConnShared {
         let pending = lock(&self.pending).remove(&wc.wr_id);
         let Some(p) = pending else {
             // One posted to complete silently (signaled now and then, or failed).
-            if self.release_unsignaled(wc.wr_id)
-                && wc.status != WcStatus::Success
-                && wc.status != WcStatus::WrFlushErr
-            {
-                self.mark_closed(format!("{:?} failed with {}", wc.opcode, wc.status));
+            if self.release_unsignaled(wc.wr_id) && wc.status != WcStatus::Success {
+                self.on_error_completion(wc);
             }
             return;
         };
@@ -1017,14 +1348,17 @@ impl ConnShared {
             self.release_unsignaled(upto);
         }
         if p.close_msg {
+            // This side is closing (`close`, a drop, a violation): closed before the QP
+            // goes to the error state, so that its flushed receives end nothing.
+            self.close_state(CloseReason::Local);
             self.to_error();
         }
         if p.credit_msg {
             self.credit_msg_busy.store(false, Ordering::Release);
             self.maybe_return_credits();
         }
-        if wc.status != WcStatus::Success && wc.status != WcStatus::WrFlushErr {
-            self.mark_closed(format!("{:?} failed with {}", wc.opcode, wc.status));
+        if wc.status != WcStatus::Success {
+            self.on_error_completion(wc);
         }
         if self.error_when_drained.load(Ordering::Acquire) {
             self.error_if_drained();
@@ -1041,8 +1375,22 @@ impl ConnShared {
         }
     }
 
+    /// A work request failed. While the connection is open that ends it — a flush error
+    /// too: the QP went to the error state without this side moving it there (e.g. its
+    /// responder NAKed the peer's bad request), and a connection that can no longer send or
+    /// receive must not look open.
+    fn on_error_completion(&self, wc: &WorkCompletion) {
+        if self.is_open() {
+            self.mark_closed(CloseReason::Completion {
+                op: wc.opcode,
+                status: wc.status,
+            });
+        }
+    }
+
     /// A receive into one of the connection's own buffers: its message is copied out and
-    /// the buffer posted again at once.
+    /// the buffer posted again at once (what the application has not taken is bounded by
+    /// the credits).
     fn on_receive(self: &Arc<Self>, wc: &WorkCompletion, index: u32) {
         let ok = wc.status == WcStatus::Success;
         let message = (ok && wc.opcode != WcOpcode::RecvRdmaWithImm)
@@ -1061,24 +1409,39 @@ impl ConnShared {
     /// buffer — one of the connection's own or one of a shared receive queue's.
     pub(crate) fn on_received(self: &Arc<Self>, wc: &WorkCompletion, message: Option<Message0>) {
         if wc.status != WcStatus::Success {
-            if wc.status != WcStatus::WrFlushErr {
-                self.mark_closed(format!("receive failed with {}", wc.status));
-            }
-            return;
+            return self.on_error_completion(wc);
         }
         if wc.opcode == WcOpcode::RecvRdmaWithImm {
+            if !self.take_credit() {
+                return;
+            }
+            if self.awaits_hello() {
+                return self.end(ProtocolViolation::Handshake);
+            }
             self.write_imms.push(wc.imm_data);
             return;
         }
         match message {
             Some((hdr, data)) => self.on_message(hdr, data),
-            None => self.fail("peer sent a message without a header".into()),
+            None => self.end(ProtocolViolation::NoHeader),
         }
+    }
+
+    /// A message that consumes a credit arrived: false (and the connection closes) if the
+    /// peer had none left.
+    fn take_credit(self: &Arc<Self>) -> bool {
+        let received = self.received.fetch_add(1, Ordering::AcqRel) + 1;
+        let granted = self.granted.load(Ordering::Acquire);
+        if received > granted {
+            self.end(ProtocolViolation::CreditsExceeded { granted });
+            return false;
+        }
+        true
     }
 
     /// Queues a message (or the place of a large one still being read) for the
     /// application: at the shared receive queue if the connection has one.
-    fn deliver(&self, place: Arc<Mutex<Option<Message>>>) {
+    fn deliver(&self, place: Place) {
         match &self.srq {
             Some(srq) => srq.messages.push((self.qp.qp_num(), place)),
             None => self.messages.push(place),
@@ -1096,46 +1459,91 @@ impl ConnShared {
 
     /// A message (header and data) arrived.
     fn on_message(self: &Arc<Self>, hdr: [u8; HDR], data: Vec<u8>) {
+        let Some(kind) = Kind::from_u8(hdr[0]) else {
+            return self.end(ProtocolViolation::UnknownKind(hdr[0]));
+        };
+        let credited = !matches!(kind, Kind::Credit | Kind::Close | Kind::RtsDone);
+        if credited && !self.take_credit() {
+            return;
+        }
         let credits = u16::from_be_bytes([hdr[2], hdr[3]]);
         if credits > 0 {
+            let returned = self
+                .returned
+                .fetch_add(u64::from(credits), Ordering::AcqRel)
+                + u64::from(credits);
+            if returned > self.spent.load(Ordering::Acquire) {
+                return self.end(ProtocolViolation::CreditsOverReturned);
+            }
             self.credits.add_permits(usize::from(credits));
         }
         let imm = (hdr[1] & 1 != 0).then(|| u32::from_be_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]));
-        match Kind::from_u8(hdr[0]) {
-            Some(Kind::Data) => self.deliver(Arc::new(Mutex::new(Some(Message { data, imm })))),
-            Some(Kind::Credit) => {}
-            Some(Kind::MrToken) => match RemoteMr::from_bytes(&data) {
+        if kind == Kind::Hello || self.awaits_hello() {
+            return self.on_hello(kind, &data);
+        }
+        match kind {
+            Kind::Data => self.deliver(Arc::new(Mutex::new(Some(Arrived::new(Message {
+                data,
+                imm,
+            }))))),
+            Kind::Credit | Kind::Hello => {}
+            Kind::MrToken => match RemoteMr::from_bytes(&data) {
                 Some(t) => self.tokens.push(t),
-                None => self.fail("peer sent a malformed memory region token".into()),
+                None => self.end("peer sent a malformed memory region token".to_string()),
             },
-            Some(Kind::Close) => {
-                self.graceful.store(true, Ordering::Release);
+            Kind::Close => {
                 // What this side posted before the close arrived may still wait for its
                 // ACK (the peer's ACK can trail its close message on the wire): the QP
                 // goes to the error state once that work has completed (or failed: the
                 // transport's retries bound the wait), not under it.
-                if self.close_state("closed by the peer".into()) {
+                if self.close_state(CloseReason::Peer) {
                     self.error_when_drained.store(true, Ordering::Release);
                     self.error_if_drained();
                 }
             }
-            Some(Kind::Rts) => self.on_rts(&data, imm),
-            Some(Kind::Agent) => {
+            Kind::Rts => self.on_rts(&data, imm),
+            Kind::Agent => {
                 // Handled here, so its credit goes back at once.
                 self.consumed();
                 self.on_agent(&data);
             }
-            Some(Kind::RtsDone) => {
+            Kind::RtsDone => {
                 let rid = u32::from_be_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]);
                 if let Some(out) = lock(&self.rdv_out).remove(&rid) {
                     let _ = out.done.send(());
                 }
             }
-            None => self.fail(format!("peer sent an unknown message kind {}", hdr[0])),
         }
     }
 
-    /// A large message announced: read it from the peer's memory on a task of its own.
+    /// Whether this is the listener's side, waiting for the peer's hello. (Once it has
+    /// arrived, what follows it is served as usual, even before the QP is in RTS.)
+    fn awaits_hello(&self) -> bool {
+        !self.confirmed.load(Ordering::Acquire) && lock(&self.confirm).is_some()
+    }
+
+    /// The listener's side: the peer's first message must be the hello carrying the nonce
+    /// this side sent over TCP, and there is no other hello.
+    fn on_hello(self: &Arc<Self>, kind: Kind, data: &[u8]) {
+        let waiting = lock(&self.confirm).take();
+        match waiting {
+            Some((nonce, tx)) if kind == Kind::Hello && data == nonce.to_be_bytes() => {
+                // Its credit returns with the first message (or credit message) this side
+                // sends once it may send.
+                self.owed.fetch_add(1, Ordering::AcqRel);
+                let _ = tx.send(Ok(()));
+            }
+            Some((nonce, tx)) => {
+                *lock(&self.confirm) = Some((nonce, tx));
+                self.end(ProtocolViolation::Handshake);
+            }
+            None => self.end(ProtocolViolation::Handshake),
+        }
+    }
+
+    /// A large message announced: its place is kept in the order of messages, and it is
+    /// read from the peer's memory on a task of its own as soon as the connection's
+    /// large-message budget has room for it.
     fn on_rts(self: &Arc<Self>, payload: &[u8], imm: Option<u32>) {
         let (Some(rid), Some(token)) = (
             payload
@@ -1143,56 +1551,127 @@ impl ConnShared {
                 .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])),
             payload.get(4..).and_then(RemoteMr::from_bytes),
         ) else {
-            return self.fail("peer announced a malformed large message".into());
+            return self.end("peer announced a malformed large message".to_string());
         };
-        let limit = self.rdma.config().max_large_message;
-        if token.len > limit as u64 {
-            return self.fail(format!(
-                "peer sent a message of {} bytes, above this side's limit of {limit}",
-                token.len
-            ));
+        let limit = self.rdma.config().max_large_message as u64;
+        if token.len > limit {
+            return self.end(ProtocolViolation::MessageTooLarge {
+                len: token.len,
+                max: limit,
+            });
         }
-        let Some(rt) = self.runtime() else {
-            return self.fail("large messages need a tokio runtime".into());
-        };
-        // Its place in the order of messages is kept until it has been read.
+        if token.addr.checked_add(token.len).is_none() {
+            return self
+                .end("peer announced a large message wrapping the address space".to_string());
+        }
+        if self.runtime().is_none() {
+            return self.fail_local(LocalFailure::NoRuntime);
+        }
         let place = Arc::new(Mutex::new(None));
-        self.deliver(place.clone());
-        rt.spawn(self.clone().fetch_large(rid, token, imm, place));
+        let start = {
+            let mut rdv = lock(&self.rdv_in);
+            // The sender keeps at most RDV_MAX announcements unfinished; this side has not
+            // said "done" for `reading` of them.
+            if rdv.reading >= RDV_MAX {
+                drop(rdv);
+                return self.end(ProtocolViolation::TooManyLargeMessages { max: RDV_MAX });
+            }
+            rdv.reading += 1;
+            self.deliver(place.clone());
+            let a = Announced {
+                rid,
+                token,
+                imm,
+                place,
+            };
+            if rdv.waiting.is_empty() && rdv.held + token.len <= limit {
+                rdv.held += token.len;
+                Some(a)
+            } else {
+                rdv.waiting.push_back(a);
+                None
+            }
+        };
+        if let Some(a) = start {
+            self.spawn_fetch(a);
+        }
     }
 
-    async fn fetch_large(
-        self: Arc<Self>,
-        rid: u32,
-        token: RemoteMr,
-        imm: Option<u32>,
-        place: Arc<Mutex<Option<Message>>>,
-    ) {
+    fn spawn_fetch(self: &Arc<Self>, a: Announced) {
+        match self.runtime() {
+            Some(rt) => {
+                rt.spawn(self.clone().fetch_large(a));
+            }
+            None => self.fail_local(LocalFailure::NoRuntime),
+        }
+    }
+
+    /// The application took a large message (or it was dropped): its bytes leave the
+    /// budget, and announcements that now fit are read.
+    fn release_large(self: &Arc<Self>, len: u64) {
+        let limit = self.rdma.config().max_large_message as u64;
+        let mut start = Vec::new();
+        {
+            let mut rdv = lock(&self.rdv_in);
+            rdv.held -= len.min(rdv.held);
+            while let Some(a) = rdv.waiting.front() {
+                if rdv.held + a.token.len > limit {
+                    break;
+                }
+                rdv.held += a.token.len;
+                start.extend(rdv.waiting.pop_front());
+            }
+        }
+        for a in start {
+            self.spawn_fetch(a);
+        }
+    }
+
+    async fn fetch_large(self: Arc<Self>, a: Announced) {
+        let Announced {
+            rid,
+            token,
+            imm,
+            place,
+        } = a;
         let read = async {
             let layout = std::alloc::Layout::from_size_align(token.len as usize, 1)
-                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-            let dst = self.rdma.alloc_local_mr_uninit(layout)?;
+                .map_err(|_| CloseReason::Failed(LocalFailure::Memory))?;
+            let dst = self
+                .rdma
+                .alloc_local_mr_uninit(layout)
+                .map_err(|_| CloseReason::Failed(LocalFailure::Memory))?;
             let op = SendOp::RdmaRead {
                 remote_addr: token.addr,
                 rkey: token.rkey,
             };
             self.execute(op, vec![crate::mr::Local::span(&dst)], None, false, None)
-                .await?;
-            let permit = self.sq_entries(1).await?;
-            self.post_control_with(Kind::RtsDone, Some(rid), permit)?;
-            Ok::<_, Error>(dst.to_vec())
+                .await
+                .map_err(|e| reason_of(&e))?;
+            let permit = self.sq_entries(1).await.map_err(|e| reason_of(&e))?;
+            self.post_control_with(Kind::RtsDone, Some(rid), permit)
+                .map_err(|e| reason_of(&e))?;
+            lock(&self.rdv_in).reading -= 1;
+            Ok::<_, CloseReason>(dst.to_vec())
         };
         match read.await {
             Ok(data) => {
-                *lock(&place) = Some(Message { data, imm });
+                let hold = LargeHold {
+                    conn: Arc::downgrade(&self),
+                    len: token.len,
+                };
+                *lock(&place) = Some(Arrived {
+                    msg: Message { data, imm },
+                    _hold: Some(hold),
+                });
                 self.notify_messages();
             }
-            Err(e) => self.fail(format!("reading a large message: {e}")),
+            Err(reason) => self.end(reason),
         }
     }
 
     /// The application took a message: its credit is owed to the peer.
-    fn consumed(self: &Arc<Self>) {
+    pub(crate) fn consumed(self: &Arc<Self>) {
         self.owed.fetch_add(1, Ordering::AcqRel);
         self.maybe_return_credits();
     }
@@ -1212,10 +1691,19 @@ impl ConnShared {
     }
 
     /// Posts a message that needs no credit (it lands in a spare buffer) and no waiter,
-    /// if a send-queue entry is free now.
+    /// if a send-queue entry is free now (and the connection may send at all).
     fn post_control(self: &Arc<Self>, kind: Kind, imm: Option<u32>) -> Result<()> {
+        if !self.confirmed.load(Ordering::Acquire) {
+            return Err(Error::InvalidArgument(
+                "the peer has not confirmed the connection".into(),
+            ));
+        }
         let Ok(permit) = self.sq.clone().try_acquire_owned() else {
-            return Err(self.closed_error());
+            return Err(if self.is_open() {
+                Error::InvalidArgument("the send queue is full".into())
+            } else {
+                self.closed_error()
+            });
         };
         self.post_control_with(kind, imm, permit)
     }
@@ -1228,7 +1716,7 @@ impl ConnShared {
         permit: OwnedSemaphorePermit,
     ) -> Result<()> {
         let Some((slot, hspan)) = self.slots.take() else {
-            return Err(self.closed_error());
+            return Err(Error::InvalidArgument("no header slot is free".into()));
         };
         let credits = self.take_owed();
         self.slots
@@ -1256,12 +1744,14 @@ impl ConnShared {
             .post_send(&[SendWr::new(wr_id, SendOp::Send, &sges)])
         {
             lock(&self.pending).remove(&wr_id);
-            self.owed.fetch_add(u32::from(credits), Ordering::AcqRel);
+            self.untake_owed(credits);
             return Err(Error::Verbs(e.error));
         }
         Ok(())
     }
 
+    /// Takes the credits owed to the peer (at most what a header carries) to return them:
+    /// they count as granted from now on.
     fn take_owed(&self) -> u16 {
         let mut cur = self.owed.load(Ordering::Acquire);
         loop {
@@ -1270,10 +1760,21 @@ impl ConnShared {
                 .owed
                 .compare_exchange(cur, cur - take, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return take as u16,
+                Ok(_) => {
+                    // Granted before the peer can learn of them: a message it sends on
+                    // them never finds them missing.
+                    self.granted.fetch_add(u64::from(take), Ordering::AcqRel);
+                    return take as u16;
+                }
                 Err(now) => cur = now,
             }
         }
+    }
+
+    /// Credits taken to return that did not go after all.
+    fn untake_owed(&self, credits: u16) {
+        self.granted.fetch_sub(u64::from(credits), Ordering::AcqRel);
+        self.owed.fetch_add(u32::from(credits), Ordering::AcqRel);
     }
 
     /// Records a work request about to be posted under a fresh `wr_id`.
@@ -1324,6 +1825,7 @@ impl ConnShared {
                 .await
                 .map_err(|_| self.closed_error())?
                 .forget();
+            self.spent.fetch_add(1, Ordering::AcqRel);
         }
         // From here to the post nothing awaits: a dropped future cannot lose the credit.
         let mut credits = 0;
@@ -1346,8 +1848,9 @@ impl ConnShared {
         };
         if let Err(e) = posted {
             lock(&self.pending).remove(&wr_id);
-            self.owed.fetch_add(u32::from(credits), Ordering::AcqRel);
+            self.untake_owed(credits);
             if needs_credit {
+                self.spent.fetch_sub(1, Ordering::AcqRel);
                 self.credits.add_permits(1);
             }
             return Err(Error::Verbs(e.error));
@@ -1458,10 +1961,8 @@ impl ConnShared {
             } else {
                 // Part of the batch went, unsignaled: end the connection so that what went
                 // is flushed and its memory released.
-                self.fail(format!(
-                    "a batch failed at work request {}: {}",
-                    e.index, e.error
-                ));
+                tracing::warn!(index = e.index, error = %e.error, "a batch failed part-way");
+                self.end(LocalFailure::Post);
             }
             return Err(Error::Verbs(e.error));
         }
@@ -1542,6 +2043,19 @@ impl ConnShared {
             self.check_open()?;
             notified.await;
         }
+    }
+}
+
+/// Why the connection ends, from an operation's error.
+fn reason_of(e: &Error) -> CloseReason {
+    match e {
+        Error::Closed(r) => r.clone(),
+        Error::Event(ev) => CloseReason::Event(*ev),
+        Error::Completion { op, status, .. } => CloseReason::Completion {
+            op: *op,
+            status: *status,
+        },
+        _ => CloseReason::Failed(LocalFailure::Post),
     }
 }
 
@@ -1837,11 +2351,9 @@ impl Connection {
     /// when it is done; then the registration ends.
     async fn send_large(&self, src: Span, imm: Option<u32>) -> Result<()> {
         let sh = &self.shared;
-        if src.len > 1 << 31 {
-            return Err(Error::MessageTooLarge {
-                len: src.len,
-                max: 1 << 31,
-            });
+        let max = (sh.peer_max_large_message.load(Ordering::Relaxed) as usize).min(1 << 31);
+        if src.len > max {
+            return Err(Error::MessageTooLarge { len: src.len, max });
         }
         let permit = sh
             .rdv
@@ -1893,7 +2405,9 @@ impl Connection {
     /// Waits for a credit when the peer has no free receive buffer for it. A message
     /// larger than the peer's receive buffers ([`crate::RdmaBuilder::max_message`]) is
     /// read by the peer straight from `src` (RDMA READ), up to 2^31 bytes; the future
-    /// ends when the peer has it.
+    /// ends when the peer has it. A message larger than the peer accepts (its
+    /// [`crate::RdmaBuilder::max_large_message`]) is an [`Error::MessageTooLarge`], and
+    /// nothing is sent.
     pub async fn send(&self, src: &impl Local) -> Result<()> {
         self.send_message(Some(src.span()), Kind::Data, None).await
     }
@@ -1913,9 +2427,12 @@ impl Connection {
                     .into(),
             ));
         }
-        self.shared
+        let arrived = self
+            .shared
             .take(&self.shared.messages, |m| lock(m).take())
-            .await
+            .await?;
+        // (A large message's share of the budget goes back as `arrived` is dropped.)
+        Ok(arrived.msg)
     }
 
     /// The immediate data of the next RDMA WRITE_WITH_IMM the peer did.
@@ -1944,17 +2461,7 @@ impl Connection {
     /// drives ([`Context::caller_driven`](remem_verbs::Context::caller_driven)), first moves
     /// its packets, without waiting.
     pub fn poll_completions(&self) -> usize {
-        let ctx = self.shared.rdma.context();
-        if ctx.caller_driven()
-            && let Err(e) = ctx.drive(Duration::ZERO)
-        {
-            tracing::warn!(error = %e, "driving the device failed");
-        }
-        let mut n = self.shared.poll_cq();
-        if let Some(srq) = &self.shared.srq {
-            n += srq.poll_cq();
-        }
-        n
+        self.shared.poll_all()
     }
 
     /// A batch of one-sided operations posted together, with only the last signaled: for
@@ -1978,7 +2485,7 @@ impl Connection {
     }
 
     /// Whether the connection is closed, and why.
-    pub fn closed(&self) -> Option<String> {
+    pub fn closed(&self) -> Option<CloseReason> {
         lock(&self.shared.closed).clone()
     }
 
@@ -2001,8 +2508,7 @@ impl Connection {
                 tokio::task::yield_now().await;
             }
         }
-        self.shared.graceful.store(true, Ordering::Release);
-        self.shared.mark_closed("closed locally".into());
+        self.shared.mark_closed(CloseReason::Local);
     }
 
     /// The private data the peer sent when the connection was made
@@ -2025,10 +2531,9 @@ impl Connection {
             tokio::pin!(ended);
             ended.as_mut().enable();
             if sh.is_closed.load(Ordering::Acquire) {
-                return if sh.graceful.load(Ordering::Acquire) {
-                    ConnectionEvent::Closed
-                } else {
-                    ConnectionEvent::Lost(lock(&sh.closed).clone().unwrap_or_default())
+                return match lock(&sh.closed).clone() {
+                    Some(r) if !r.is_graceful() => ConnectionEvent::Lost(r),
+                    _ => ConnectionEvent::Closed,
                 };
             }
             ended.await;
@@ -2044,7 +2549,7 @@ impl Drop for Connection {
     fn drop(&mut self) {
         // Tell the peer; the QP goes to ERR once the close message is out (going to ERR
         // now would flush the message before it leaves).
-        self.shared.fail("connection dropped".into());
+        self.shared.end(CloseReason::Local);
     }
 }
 

@@ -75,7 +75,7 @@ impl Live {
         }
     }
 
-    fn fail_local(&self, reason: String) {
+    fn fail_local(&self, reason: crate::error::LocalFailure) {
         match self {
             Live::Conn(c) => c.fail_local(reason),
             Live::Srq(s) => s.fail_local(reason),
@@ -320,7 +320,8 @@ fn settle(conn: &Live) {
     loop {
         conn.poll_cq();
         if let Err(e) = conn.arm() {
-            conn.fail_local(format!("cannot arm the completion queue: {e}"));
+            tracing::warn!(error = %e, "cannot arm a completion queue");
+            conn.fail_local(crate::error::LocalFailure::CompletionQueue);
             return;
         }
         if conn.poll_cq() == 0 {

@@ -1,6 +1,6 @@
-//! remem's error type.
+//! remem's error type, and why connections end.
 
-use remem_verbs::{WcOpcode, WcStatus};
+use remem_verbs::{AsyncEvent, WcOpcode, WcStatus};
 
 /// What can go wrong in remem's async API.
 #[derive(Debug, thiserror::Error)]
@@ -22,13 +22,14 @@ pub enum Error {
     /// Socket IO during connection setup.
     #[error("connection setup: {0}")]
     Io(#[from] std::io::Error),
-    /// The peer spoke another protocol or version, or sent something malformed.
+    /// The connection handshake failed: the peer is not a remem peer, speaks another
+    /// version, sent something malformed, or cannot be reached over RDMA.
     #[error("handshake: {0}")]
-    Handshake(String),
+    Handshake(HandshakeError),
     /// The connection is closed (by either side, or after a fatal error); pending operations
-    /// fail with this.
-    #[error("connection closed{}", .0.as_deref().map(|r| format!(": {r}")).unwrap_or_default())]
-    Closed(Option<String>),
+    /// fail with this, and say why.
+    #[error("connection closed: {0}")]
+    Closed(CloseReason),
     /// An asynchronous event (QP fatal, CQ error, device fatal) ended the connection.
     #[error("asynchronous event: {0}")]
     Event(remem_verbs::AsyncEvent),
@@ -87,6 +88,197 @@ pub enum Error {
 impl From<remem_verbs::MemError> for Error {
     fn from(e: remem_verbs::MemError) -> Self {
         Error::Verbs(e.into())
+    }
+}
+
+/// Why a connection handshake failed ([`Error::Handshake`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandshakeError {
+    /// The peer's first bytes are not remem's: a port scanner, another protocol.
+    #[error("not a remem peer")]
+    NotRemem,
+    /// The peer speaks another version of the handshake.
+    #[error("the peer speaks handshake version {peer}, this side version {ours}")]
+    Version {
+        /// The peer's version.
+        peer: u16,
+        /// This side's.
+        ours: u16,
+    },
+    /// A field of the peer's endpoint information is invalid.
+    #[error("bad {0} in the peer's endpoint information")]
+    BadField(&'static str),
+    /// The peer announced more private data than a handshake carries.
+    #[error("{0} bytes of private data, above the limit")]
+    PrivateDataTooLong(usize),
+    /// The peer closed the TCP connection before the handshake was done.
+    #[error("the peer closed the connection during the handshake")]
+    Closed,
+    /// The peer answered something the handshake has no place for.
+    #[error("unexpected answer {0:#04x} from the peer")]
+    Unexpected(u8),
+    /// Soft devices on different UDP ports: neither reaches the other (a soft device sends
+    /// to the port it listens on, as RoCEv2 devices all use 4791).
+    #[error(
+        "the devices use different RoCE UDP ports (this side {local}, the peer {peer}): \
+         open both soft devices on one port"
+    )]
+    PortMismatch {
+        /// The port this side's device sends to.
+        local: u16,
+        /// The port the peer's device listens on.
+        peer: u16,
+    },
+    /// The first RDMA message of the connection, which proves the client can be reached
+    /// at the address it claimed, was not acknowledged: RoCE packets do not reach the
+    /// peer (address, routing, or soft devices on different UDP ports).
+    #[error(
+        "the peer did not acknowledge the connection's first message ({0}): its device is \
+         not reachable over RoCE from this one (check GIDs, routes, UDP ports)"
+    )]
+    Unreachable(WcStatus),
+    /// The client's first RDMA message was not the hello it was told to send.
+    #[error("the peer's first message is not the hello of this handshake")]
+    BadHello,
+}
+
+/// Why a connection ended: [`Error::Closed`], [`crate::ConnectionEvent::Lost`],
+/// [`crate::Connection::closed`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CloseReason {
+    /// This side closed it ([`crate::Connection::close`], or dropped it).
+    #[error("closed by this side")]
+    Local,
+    /// The peer closed it in order (its close message arrived).
+    #[error("closed by the peer")]
+    Peer,
+    /// An asynchronous event about the connection's QP or CQ, or a fatal device event
+    /// (e.g. the peer's bad access moved the QP to the error state).
+    #[error("asynchronous event: {0}")]
+    Event(AsyncEvent),
+    /// A work request completed with an error: the transport gave up (retries
+    /// exhausted), the peer refused an access, or the QP went to the error state
+    /// (a receive flushed while the connection was open).
+    #[error("{op:?} completed with {status}")]
+    Completion {
+        /// The operation.
+        op: WcOpcode,
+        /// Its status.
+        status: WcStatus,
+    },
+    /// The peer broke the message protocol.
+    #[error("protocol violation by the peer: {0}")]
+    Protocol(ProtocolViolation),
+    /// This side could no longer serve the connection.
+    #[error("{0}")]
+    Failed(LocalFailure),
+}
+
+/// How a peer broke the message protocol ([`CloseReason::Protocol`]); the connection is
+/// closed when one is found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtocolViolation {
+    /// More messages than the credits this side granted (receive buffers it promised).
+    #[error("more messages than the {granted} credits granted")]
+    CreditsExceeded {
+        /// Credits granted so far (initial window and every credit returned).
+        granted: u64,
+    },
+    /// The peer returned more credits than this side had used.
+    #[error("more credits returned than used")]
+    CreditsOverReturned,
+    /// More large messages announced at once than the protocol allows.
+    #[error("more than {max} large messages announced at once")]
+    TooManyLargeMessages {
+        /// The most in flight.
+        max: u32,
+    },
+    /// A large message above this side's limit ([`crate::RdmaBuilder::max_large_message`]).
+    #[error("a message of {len} bytes, above the limit of {max}")]
+    MessageTooLarge {
+        /// Its length.
+        len: u64,
+        /// This side's limit.
+        max: u64,
+    },
+    /// A message without the 8-byte header every message carries.
+    #[error("a message without a header")]
+    NoHeader,
+    /// A message of a kind this version does not know.
+    #[error("unknown message kind {0}")]
+    UnknownKind(u8),
+    /// A message that only a connection's first message may be, or a first message that
+    /// is not the handshake's hello.
+    #[error("a message out of place in the handshake")]
+    Handshake,
+    /// The peer keeps sending agent requests while it leaves this many of our answers
+    /// unread (it takes none of our messages).
+    #[error("the peer has {max} agent answers waiting and sends more requests")]
+    UnreadAnswers {
+        /// The most answers kept waiting for a peer.
+        max: usize,
+    },
+    /// The peer gave more regions (`send_local_mr`) than this side keeps untaken.
+    #[error("the peer gave more than {max} regions that were not taken")]
+    UntakenRegions {
+        /// The most given regions kept untaken.
+        max: usize,
+    },
+    /// A malformed message (what was wrong).
+    #[error("{0}")]
+    Malformed(String),
+}
+
+/// Why this side could no longer serve a connection ([`CloseReason::Failed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LocalFailure {
+    /// Polling or arming a completion queue failed.
+    #[error("the completion queue failed")]
+    CompletionQueue,
+    /// A large message arrived where no tokio runtime runs to read it.
+    #[error("large messages need a tokio runtime")]
+    NoRuntime,
+    /// Memory for a large message could not be allocated.
+    #[error("no memory for a large message")]
+    Memory,
+    /// Posting a work request failed part-way through a batch.
+    #[error("posting a batch failed part-way")]
+    Post,
+}
+
+impl From<String> for CloseReason {
+    /// A malformed message from the peer, as described.
+    fn from(what: String) -> Self {
+        CloseReason::Protocol(ProtocolViolation::Malformed(what))
+    }
+}
+
+impl From<ProtocolViolation> for CloseReason {
+    fn from(v: ProtocolViolation) -> Self {
+        CloseReason::Protocol(v)
+    }
+}
+
+impl From<LocalFailure> for CloseReason {
+    fn from(f: LocalFailure) -> Self {
+        CloseReason::Failed(f)
+    }
+}
+
+impl From<HandshakeError> for Error {
+    fn from(e: HandshakeError) -> Self {
+        Error::Handshake(e)
+    }
+}
+
+impl CloseReason {
+    /// Whether the connection ended in order (closed by either side), rather than lost.
+    pub fn is_graceful(&self) -> bool {
+        matches!(self, CloseReason::Local | CloseReason::Peer)
     }
 }
 

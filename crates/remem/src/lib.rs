@@ -130,10 +130,10 @@ pub use conn::{
     Batch, ConnRequest, ConnectOptions, Connection, ConnectionEvent, ENDPOINT_INFO_LEN,
     EndpointInfo, MAX_PRIVATE_DATA, Message, PreparedConnection,
 };
-pub use error::Error;
+pub use error::{CloseReason, Error, HandshakeError, LocalFailure, ProtocolViolation};
 pub use mr::{Local, LocalMr, LocalMrMut, LocalMrRef, LocalMut, MR_DESCRIPTOR_LEN, RemoteMr};
 pub use persist::{FlushType, PEER_CONFIG_DESCRIPTOR_LEN, PeerConfig};
-pub use rdma::{Listener, Polling, Rdma, RdmaBuilder};
+pub use rdma::{HandshakeFailure, Listener, Polling, Rdma, RdmaBuilder};
 pub use remem_verbs as verbs;
 pub use remem_verbs::{AccessFlags, MemoryBuffer};
 pub use srq::Srq;

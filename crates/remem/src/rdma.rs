@@ -2,15 +2,16 @@
 //! [`RdmaBuilder`], and [`Listener`].
 
 use crate::conn::ConnShared;
-use crate::conn::{ConnRequest, ConnectOptions, Connection};
-use crate::error::{Error, Result};
+use crate::conn::{AcceptError, ConnRequest, ConnectOptions, Connection};
+use crate::error::{Error, HandshakeError, Result};
 use crate::mr::{LocalMr, register};
 use remem_verbs::AsyncEvent;
 use remem_verbs::{AccessFlags, Context, Gid, GidType, MemoryBuffer, Mtu, ProtectionDomain, QpCap};
 use std::alloc::Layout;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::{Notify, Semaphore, broadcast, mpsc};
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -62,6 +63,7 @@ pub struct RdmaBuilder {
     pub(crate) max_large_message: usize,
     pub(crate) recv_depth: u32,
     pub(crate) handshake_timeout: Duration,
+    pub(crate) max_handshakes: usize,
     pub(crate) request_timeout: Duration,
     pub(crate) max_lease: Duration,
     pub(crate) lend_limit: usize,
@@ -110,9 +112,10 @@ impl Default for RdmaBuilder {
                 | AccessFlags::FLUSH_PERSISTENT,
             polling: Polling::Event,
             max_message: 64 * 1024,
-            max_large_message: 1 << 30,
+            max_large_message: 16 << 20,
             recv_depth: 32,
             handshake_timeout: Duration::from_secs(10),
+            max_handshakes: 64,
             request_timeout: Duration::from_secs(10),
             max_lease: Duration::from_secs(600),
             lend_limit: 64 << 20,
@@ -248,23 +251,41 @@ impl RdmaBuilder {
         self
     }
 
-    /// Largest message this side accepts (default 1 GiB, at most 2^31): larger messages
-    /// than [`RdmaBuilder::max_message`] are read from the sender's memory into memory
-    /// allocated here, so this bounds what a peer can make this side allocate.
+    /// Largest message this side accepts (default 16 MiB, at most 2^31), and the most
+    /// bytes of large messages a connection holds at once: messages larger than
+    /// [`RdmaBuilder::max_message`] are read from the sender's memory into memory
+    /// allocated here, at most this many bytes ahead of the application taking them (later
+    /// ones wait, and so does their sender). The peer learns the limit in the handshake:
+    /// sending a larger message is an [`Error::MessageTooLarge`] there. So what a peer can
+    /// make this side hold per connection for messages not yet taken is bounded by
+    /// `recv_depth × max_message + max_large_message`.
     pub fn max_large_message(mut self, bytes: usize) -> Self {
         self.max_large_message = bytes.min(1 << 31);
         self
     }
 
-    /// Messages the peer may send before this side takes them (default 32).
+    /// Messages the peer may send before this side takes them (default 32): the credits
+    /// this side grants. A peer that sends more breaks the protocol, and the connection
+    /// closes.
     pub fn recv_depth(mut self, n: u32) -> Self {
         self.recv_depth = n;
         self
     }
 
-    /// Time limit of the connection handshake (default 10 s).
+    /// Time limit of the connection handshake (default 10 s), on each side: a peer that
+    /// says nothing, or too little, is given up on after it.
     pub fn handshake_timeout(mut self, t: Duration) -> Self {
         self.handshake_timeout = t;
+        self
+    }
+
+    /// Connection handshakes a [`Listener`] runs at once (default 64): requests being
+    /// read, waiting for [`Listener::next_request`], or being accepted. Each runs on its
+    /// own with [`RdmaBuilder::handshake_timeout`], so a slow or silent client delays no
+    /// other; beyond the limit, new TCP connections wait in the kernel's backlog until a
+    /// handshake ends. Bounds the memory and time unknown peers can take.
+    pub fn max_handshakes(mut self, n: usize) -> Self {
+        self.max_handshakes = n.max(1);
         self
     }
 
@@ -441,6 +462,42 @@ impl Rdma {
         self.inner.mtu
     }
 
+    /// The UDP port the device takes RoCEv2 packets on: a soft device's own, 4791 for
+    /// every other device.
+    pub(crate) fn roce_port(&self) -> u16 {
+        self.context()
+            .info()
+            .udp_addr
+            .map_or(remem_soft::ROCEV2_UDP_PORT, |a| a.port())
+    }
+
+    /// The UDP port the device sends RoCEv2 packets to, where that is known: a soft
+    /// device opened by name sends to its own port, other devices to 4791. (A soft device
+    /// the application opened may have been told another: `SoftOptions::peer_port`.)
+    pub(crate) fn send_port(&self) -> Option<u16> {
+        let soft = self.context().info().udp_addr.is_some();
+        if soft && self.config().context.is_some() {
+            None
+        } else {
+            Some(self.roce_port())
+        }
+    }
+
+    /// Whether this side's device reaches a peer that takes RoCEv2 on `peer_port` (0:
+    /// unknown, not checked).
+    pub(crate) fn check_port(&self, peer_port: u16) -> Result<()> {
+        match self.send_port() {
+            Some(local) if peer_port != 0 && local != peer_port => {
+                Err(HandshakeError::PortMismatch {
+                    local,
+                    peer: peer_port,
+                }
+                .into())
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Allocates a zeroed memory region of `layout` from the pool of pre-registered memory
     /// (no registration: sizes up to 1 MiB and alignments up to a page come from the pool;
     /// larger ones are registered). Lent to a peer, it grants the default rights
@@ -592,11 +649,31 @@ impl Rdma {
         Ok(())
     }
 
-    /// Listens for remem connections on `addr` (TCP, for the endpoint exchange).
+    /// Listens for remem connections on `addr` (TCP, for the endpoint exchange). A task
+    /// accepts TCP connections and runs each handshake on its own, with its own timeout
+    /// ([`RdmaBuilder::handshake_timeout`]), at most [`RdmaBuilder::max_handshakes`] at
+    /// once; requests that arrive whole wait for [`Listener::next_request`] or
+    /// [`Listener::accept`]. Needs a tokio runtime.
     pub async fn listen(&self, addr: impl ToSocketAddrs) -> Result<Listener> {
+        let tcp = TcpListener::bind(addr).await?;
+        let local = tcp.local_addr()?;
+        let places = self.config().max_handshakes.max(1);
+        let (tx, rx) = mpsc::channel(places);
+        let failures = Arc::new(Failures::default());
+        let task = tokio::spawn(accept_loop(
+            self.clone(),
+            tcp,
+            tx,
+            Arc::new(Semaphore::new(places)),
+            failures.clone(),
+        ));
         Ok(Listener {
             rdma: self.clone(),
-            tcp: TcpListener::bind(addr).await?,
+            local,
+            requests: tokio::sync::Mutex::new(rx),
+            accepting: tokio::sync::Mutex::new(tokio::task::JoinSet::new()),
+            failures,
+            task,
         })
     }
 }
@@ -638,33 +715,211 @@ fn reserve(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<()> {
     }
 }
 
+/// Accepts TCP connections while a handshake place is free, and reads each request on a
+/// task of its own.
+async fn accept_loop(
+    rdma: Rdma,
+    tcp: TcpListener,
+    requests: mpsc::Sender<ConnRequest>,
+    places: Arc<Semaphore>,
+    failures: Arc<Failures>,
+) {
+    // The handshakes under way: aborted with this task when the listener is dropped.
+    let mut handshakes = tokio::task::JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            Some(_) = handshakes.join_next(), if !handshakes.is_empty() => continue,
+            place = places.clone().acquire_owned() => match place {
+                Ok(place) => tokio::select! {
+                    a = tcp.accept() => a.map(|a| (a, place)),
+                    // (Keep reaping finished handshakes while waiting for a client.)
+                    Some(_) = handshakes.join_next(), if !handshakes.is_empty() => continue,
+                },
+                Err(_) => return,
+            },
+        };
+        let ((stream, peer), place) = match accepted {
+            Ok(s) => s,
+            Err(e) => {
+                // Out of file descriptors, a connection reset before it was taken: not
+                // the listener's end. Back off a little so that a persistent error does
+                // not spin.
+                tracing::warn!(error = %e, "accepting a TCP connection failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        tracing::debug!(%peer, "connection request");
+        let (rdma, requests, failures) = (rdma.clone(), requests.clone(), failures.clone());
+        handshakes.spawn(async move {
+            match crate::conn::read_request(&rdma, stream, peer, place, failures.clone()).await {
+                // (If the listener is gone, the request is dropped: its TCP connection
+                // closes.)
+                Ok(req) => drop(requests.send(req).await),
+                Err(e) => failures.record(peer, &e),
+            }
+        });
+    }
+}
+
+/// A connection handshake that failed because of the peer ([`Listener::next_failure`]).
+#[derive(Debug)]
+pub struct HandshakeFailure {
+    /// Where the TCP connection came from.
+    pub peer: std::net::SocketAddr,
+    /// What went wrong: typically [`Error::Handshake`], [`Error::Timeout`] or
+    /// [`Error::Io`].
+    pub error: Error,
+}
+
+/// The most recent failures a listener keeps for [`Listener::next_failure`].
+const FAILURES_KEPT: usize = 64;
+
+/// Handshakes that failed, counted and the most recent kept.
+#[derive(Default)]
+pub(crate) struct Failures {
+    count: AtomicU64,
+    recent: Mutex<VecDeque<HandshakeFailure>>,
+    notify: Notify,
+}
+
+impl std::fmt::Debug for Failures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Failures")
+            .field("count", &self.count.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Failures {
+    /// Reports a handshake that failed because of the peer at `peer`.
+    pub(crate) fn record(&self, peer: std::net::SocketAddr, error: &Error) {
+        tracing::info!(%peer, %error, "connection handshake failed");
+        // The error is rebuilt from its description where it holds what cannot be cloned.
+        let error = match error {
+            Error::Handshake(h) => Error::Handshake(*h),
+            Error::Timeout(w) => Error::Timeout(w),
+            Error::Closed(r) => Error::Closed(r.clone()),
+            Error::Io(e) => Error::Io(std::io::Error::new(e.kind(), e.to_string())),
+            Error::Completion {
+                op,
+                status,
+                vendor_err,
+            } => Error::Completion {
+                op: *op,
+                status: *status,
+                vendor_err: *vendor_err,
+            },
+            other => Error::InvalidArgument(other.to_string()),
+        };
+        {
+            let mut recent = lock(&self.recent);
+            if recent.len() == FAILURES_KEPT {
+                recent.pop_front();
+            }
+            recent.push_back(HandshakeFailure { peer, error });
+        }
+        self.count.fetch_add(1, Ordering::AcqRel);
+        self.notify.notify_waiters();
+        self.notify.notify_one();
+    }
+}
+
 /// Accepts remem connections; all share the [`Rdma`] (device and PD) it was made from.
+/// Dropping it stops accepting (handshakes under way end within their timeout).
 #[derive(Debug)]
 pub struct Listener {
     rdma: Rdma,
-    tcp: TcpListener,
+    local: std::net::SocketAddr,
+    requests: tokio::sync::Mutex<mpsc::Receiver<ConnRequest>>,
+    /// Requests [`Listener::accept`] is accepting, each on a task of its own.
+    accepting: tokio::sync::Mutex<tokio::task::JoinSet<Result<Connection, AcceptError>>>,
+    failures: Arc<Failures>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 impl Listener {
     /// The address it listens on.
     pub fn local_addr(&self) -> Result<std::net::SocketAddr> {
-        Ok(self.tcp.local_addr()?)
+        Ok(self.local)
     }
 
-    /// Waits for the next connection and accepts it (with default options and no private
-    /// data): [`Listener::next_request`] then [`ConnRequest::accept`].
+    /// Waits for the next good connection and accepts it (with default options and no
+    /// private data): [`Listener::next_request`] then [`ConnRequest::accept`]. A handshake
+    /// that fails because of the peer (a port scan, another protocol, a client that says
+    /// nothing or does not prove its address) does not end it: it is reported
+    /// ([`Listener::next_failure`], `tracing`) and the next request is taken. Requests are
+    /// accepted concurrently, each on a task of its own, so a client that is slow to finish
+    /// its handshake delays no other; a connection accepted while nobody waits here is
+    /// returned by the next call. It fails only when this side cannot serve a connection
+    /// (e.g. no queue pair can be created).
     pub async fn accept(&self) -> Result<Connection> {
-        self.next_request()
-            .await?
-            .accept(&ConnectOptions::default())
-            .await
+        let mut accepting = self.accepting.lock().await;
+        loop {
+            tokio::select! {
+                biased;
+                Some(done) = accepting.join_next(), if !accepting.is_empty() => match done {
+                    Ok(Ok(c)) => return Ok(c),
+                    Ok(Err(AcceptError::Local(e))) => return Err(e),
+                    Ok(Err(AcceptError::Peer(_))) => {} // reported
+                    Err(e) => tracing::warn!(error = %e, "an accepting task failed"),
+                },
+                req = self.next_request() => {
+                    let req = req?;
+                    accepting.spawn(async move {
+                        req.accept_inner(&ConnectOptions::default()).await
+                    });
+                }
+            }
+        }
     }
 
     /// Waits for the next connection request: the application reads its private data and
-    /// accepts ([`ConnRequest::accept`]) or rejects ([`ConnRequest::reject`]) it.
+    /// accepts ([`ConnRequest::accept`]) or rejects ([`ConnRequest::reject`]) it. Only
+    /// well-formed requests come here; a request that waited longer than the handshake
+    /// timeout (its client has given up) is dropped and reported as a failure.
     pub async fn next_request(&self) -> Result<ConnRequest> {
-        let (stream, peer) = self.tcp.accept().await?;
-        tracing::debug!(%peer, "connection request");
-        crate::conn::read_request(&self.rdma, stream, peer).await
+        let timeout = self.rdma.config().handshake_timeout;
+        let mut requests = self.requests.lock().await;
+        loop {
+            let Some(req) = requests.recv().await else {
+                return Err(Error::Io(std::io::Error::other(
+                    "the listener stopped accepting",
+                )));
+            };
+            if req.since.elapsed() > timeout {
+                self.failures.record(
+                    req.peer,
+                    &Error::Timeout("connection request waited too long"),
+                );
+                continue;
+            }
+            return Ok(req);
+        }
+    }
+
+    /// Handshakes that failed because of the peer since the listener started.
+    pub fn failed_handshakes(&self) -> u64 {
+        self.failures.count.load(Ordering::Acquire)
+    }
+
+    /// The next handshake failure not yet taken (the listener keeps the 64 most recent;
+    /// older ones are only counted), waiting for one if there is none.
+    pub async fn next_failure(&self) -> HandshakeFailure {
+        loop {
+            let notified = self.failures.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(f) = lock(&self.failures.recent).pop_front() {
+                return f;
+            }
+            notified.await;
+        }
     }
 }

@@ -6,11 +6,14 @@
 //! [`Srq::receive`] with the number of the local queue pair it came to
 //! ([`Connection::qp_num`](crate::Connection::qp_num)). Control messages (credits, close,
 //! memory tokens, the agent) still reach their connection. Buffers are reposted as soon as
-//! their data is copied out. Credits do not apply behind a shared queue: a peer that finds
-//! it empty is told to retry (RNR), as the queue pair's `rnr_retry` allows.
+//! their data is copied out. Each connection still grants its peer `recv_depth` credits,
+//! returned as [`Srq::receive`] takes its messages: so one peer can queue at most
+//! `recv_depth` messages for the application (more breaks the protocol and closes its
+//! connection), however many buffers the queue has. A peer that finds the queue empty is
+//! told to retry (RNR), as the queue pair's `rnr_retry` allows.
 
-use crate::conn::{ConnShared, HDR, Inbox, Message, read_message};
-use crate::error::{Error, Result};
+use crate::conn::{ConnShared, HDR, Inbox, Message, Place, read_message};
+use crate::error::{Error, LocalFailure, Result};
 use crate::mr::{LocalMr, register};
 use crate::rdma::Rdma;
 use remem_verbs::{
@@ -26,7 +29,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// A message that arrived at a [`Srq`], or its place while it is being read.
-pub(crate) type Arrival = (u32, Arc<Mutex<Option<Message>>>);
+pub(crate) type Arrival = (u32, Place);
 
 /// A shared receive queue ([`Rdma::create_srq`]). Cheap to clone; the queue lives while a
 /// clone or a connection using it does.
@@ -112,15 +115,23 @@ impl Srq {
             let notified = inbox.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            {
+            let ready = {
                 let mut q = lock(&inbox.queue);
                 let ready = q
                     .front()
                     .and_then(|(qpn, place)| lock(place).take().map(|m| (*qpn, m)));
-                if let Some(r) = ready {
+                if ready.is_some() {
                     q.pop_front();
-                    return Ok(r);
                 }
+                ready
+            };
+            if let Some((qpn, arrived)) = ready {
+                // The message's credit goes back to the peer it came from.
+                let conn = lock(&self.shared.conns).get(&qpn).and_then(Weak::upgrade);
+                if let Some(c) = conn {
+                    c.consumed();
+                }
+                return Ok((qpn, arrived.msg));
             }
             notified.await;
         }
@@ -176,7 +187,8 @@ impl SrqShared {
             let n = match self.cq.poll(&mut wcs) {
                 Ok(n) => n,
                 Err(e) => {
-                    self.fail_local(format!("shared receive completion queue failed: {e}"));
+                    tracing::warn!(error = %e, "polling a shared receive completion queue failed");
+                    self.fail_local(LocalFailure::CompletionQueue);
                     return total;
                 }
             };
@@ -221,13 +233,13 @@ impl SrqShared {
     }
 
     /// The queue can no longer be served: every connection using it ends.
-    pub(crate) fn fail_local(&self, reason: String) {
+    pub(crate) fn fail_local(&self, reason: LocalFailure) {
         let conns: Vec<_> = lock(&self.conns)
             .values()
             .filter_map(Weak::upgrade)
             .collect();
         for c in conns {
-            c.fail_local(reason.clone());
+            c.fail_local(reason);
         }
     }
 }

@@ -341,7 +341,11 @@ async fn past_the_retry_limit_operations_fail_and_the_connection_is_lost() {
         let b = device(&format!("127.0.16.{}", n + 1), port, faults(10));
         (a, b)
     };
-    let (ca, cb) = connect(&a, &b).await;
+    // (Endpoints exchanged out of band: the TCP handshake's first RDMA message could not
+    // get through either, and connecting would fail with HandshakeError::Unreachable.)
+    let (pa, pb) = (a.prepare().unwrap(), b.prepare().unwrap());
+    let (ia, ib) = (pa.local_info(), pb.local_info());
+    let (ca, cb) = (pa.connect(ib).unwrap(), pb.connect(ia).unwrap());
     let target = b
         .alloc_local_mr_with(
             Layout::array::<u8>(64).unwrap(),
