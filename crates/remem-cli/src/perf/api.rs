@@ -84,6 +84,12 @@ async fn connect(
             Polling::Busy
         })
         .keepalive(None)
+        // Messages of the run's largest size must be taken (16 MiB by default).
+        .max_large_message(
+            usize::try_from(s.max_size())
+                .unwrap_or(usize::MAX)
+                .max(16 << 20),
+        )
         .cq_size(4 * s.tx_depth + 256)
         .qp_cap(remem::verbs::QpCap {
             max_send_wr: s.tx_depth.max(16),
