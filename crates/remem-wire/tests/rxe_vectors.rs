@@ -171,7 +171,11 @@ fn num(row: &HashMap<String, String>, col: &str) -> Option<u64> {
         },
         FieldType::Bytes => {
             let hex: String = v.chars().filter(|c| *c != ':').collect();
-            if hex.is_empty() || hex.len() % 2 != 0 || hex.len() > 16 || hex.starts_with("0x") {
+            if hex.is_empty()
+                || !hex.len().is_multiple_of(2)
+                || hex.len() > 16
+                || hex.starts_with("0x")
+            {
                 bad();
             }
             u64::from_str_radix(&hex, 16).unwrap_or_else(|_| bad())
