@@ -52,6 +52,16 @@ pub enum DropCause {
     /// An RC packet whose source address is not the QP's destination GID (rxe's
     /// `check_addr`).
     WrongSource,
+    /// A P_Key other than the default partition's (0xFFFF, or 0x7FFF for a limited
+    /// member): rxe's `check_keys`.
+    BadPkey,
+    /// The destination QP's state takes no such packet: anything in RESET, INIT or ERR, an
+    /// RC response (ACK, READ response) before RTS (rxe's `check_type_state`).
+    QpState,
+    /// A UD datagram whose Q_Key is not the destination QP's.
+    BadQkey,
+    /// A UD datagram for a QP with no receive posted (UD has no RNR: it is lost).
+    NoReceive,
 }
 
 /// Packet counters of the engine.
@@ -71,6 +81,14 @@ pub struct EngineStats {
     pub drop_wrong_transport: AtomicU64,
     /// Dropped: an RC packet from another address than the QP's peer.
     pub drop_wrong_source: AtomicU64,
+    /// Dropped: a P_Key not of the default partition.
+    pub drop_bad_pkey: AtomicU64,
+    /// Dropped: the destination QP's state takes no such packet.
+    pub drop_qp_state: AtomicU64,
+    /// Dropped: a UD datagram with another Q_Key than the QP's.
+    pub drop_bad_qkey: AtomicU64,
+    /// Dropped: a UD datagram for a QP with no receive posted.
+    pub drop_ud_no_recv: AtomicU64,
     /// IPv4 packets whose ICRC checked out with an IP identification recovered from the
     /// ICRC itself (the sender's identification was neither 0 nor its GSO index).
     pub icrc_id_recovered: AtomicU64,
@@ -112,7 +130,7 @@ struct Ready {
 }
 
 fn ip_fields(src: IpAddr, dst: IpAddr, id: u16) -> IpFields {
-    match (src, dst) {
+    match (src.to_canonical(), dst.to_canonical()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => IpFields::V4 {
             src: s,
             dst: d,
@@ -234,6 +252,12 @@ impl Engine {
         let count = |c: &AtomicU64| {
             c.fetch_add(1, Ordering::Relaxed);
         };
+        // An IPv4 packet that reached an IPv6 socket carries IPv4-mapped addresses: it is
+        // an IPv4 packet all the same (its ICRC covers an IPv4 header; its GRH is IPv4's).
+        let (from, to) = (
+            SocketAddr::new(from.ip().to_canonical(), from.port()),
+            to.to_canonical(),
+        );
         let to_port = SocketAddr::new(to, self.local.port());
         let Ok(pkt) = Packet::parse(payload) else {
             self.capture(from, to_port, payload, 0);
@@ -264,6 +288,11 @@ impl Engine {
             }
             count(&self.stats.icrc_id_recovered);
         }
+        // The default partition only (full or limited membership), as rxe checks it.
+        if pkt.headers.bth.pkey & 0x7fff != 0x7fff {
+            count(&self.stats.drop_bad_pkey);
+            return Err(DropCause::BadPkey);
+        }
         let qpn = pkt.headers.bth.dest_qp;
         let Some(qp) = self.qp(qpn) else {
             count(&self.stats.drop_unknown_qp);
@@ -288,10 +317,13 @@ impl Engine {
             dst: to,
         };
         if let Err(cause) = qp.handle_packet(now, &rx, &src) {
-            match cause {
-                DropCause::WrongSource => count(&self.stats.drop_wrong_source),
-                _ => count(&self.stats.drop_malformed),
-            }
+            count(match cause {
+                DropCause::WrongSource => &self.stats.drop_wrong_source,
+                DropCause::QpState => &self.stats.drop_qp_state,
+                DropCause::BadQkey => &self.stats.drop_bad_qkey,
+                DropCause::NoReceive => &self.stats.drop_ud_no_recv,
+                _ => &self.stats.drop_malformed,
+            });
             return Err(cause);
         }
         count(&self.stats.rcvd_pkts);
@@ -493,16 +525,13 @@ mod tests {
     }
 
     impl LocalMemory for Around {
-        fn local(&self, _pd: PdId, sge: &Sge, _w: bool) -> remem_verbs::Result<MemRegion> {
+        fn local(&self, _pd: PdId, sge: &Sge, _w: bool) -> remem_verbs::Result<Grant> {
             if sge.lkey != 7 {
                 return Err(Error::InvalidLkey { lkey: sge.lkey });
             }
-            let region = self.key.region();
-            let off = region.offset_of(sge.addr, u64::from(sge.length))?;
-            Ok(MemRegion::new(
-                region.buffer().clone(),
-                off..off + sge.length as usize,
-            )?)
+            self.key
+                .grant(sge.addr, u64::from(sge.length))
+                .map_err(|_| Error::InvalidLkey { lkey: sge.lkey })
         }
     }
 

@@ -20,6 +20,11 @@ pub const MAX_MSG: u64 = 1 << 31;
 /// Ask for an ACK at least every this many packets of a long message (as rxe).
 const ACKREQ_EVERY: u32 = 64;
 
+/// Responses a responder queues beyond two per responder resource (an answer and an ACK
+/// before it): room for the ACKs and NAKs of one receive batch. A requester within its
+/// `max_rd_atomic` never needs more; what a peer sends beyond it is dropped unexecuted.
+const RESPONSE_SLACK: usize = 16;
+
 /// The attributes the transport runs with (from `ibv_qp_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RcConfig {
@@ -281,7 +286,17 @@ impl Responder {
         });
     }
 
+    /// Queues a NAK, unless the same NAK is already the last response queued (a flood of
+    /// SENDs without a receive gets one RNR NAK per burst, not one each).
     fn push_nak(&mut self, psn: u32, syndrome: Syndrome) {
+        if let Some(Out::Ack {
+            psn: p,
+            syndrome: s,
+        }) = self.out.back()
+            && (*p, *s) == (psn, syndrome)
+        {
+            return;
+        }
         self.out.push_back(Out::Ack { psn, syndrome });
     }
 }
@@ -450,7 +465,7 @@ impl RcTransport {
         &mut self,
         now: Instant,
         env: &mut dyn Env,
-        emit: impl FnOnce(&TxPacket, &mut dyn FnMut(&mut [u8]) -> Result<(), MemError>) -> R,
+        emit: impl FnOnce(&TxPacket, &mut dyn FnMut(&mut [u8]) -> Result<(), AccessError>) -> R,
     ) -> Option<R> {
         let sending = matches!(self.state, QpState::Rts | QpState::Sqd);
         // A plain ACK lets one request packet of this QP go first: the two then leave in
@@ -471,18 +486,31 @@ impl RcTransport {
                 None => return None,
             },
         };
+        // A region of the work request was deregistered since it was posted: none of it is
+        // sent, the work request completes with a local protection error (rxe's
+        // `copy_data` finds the lkey gone) and the QP goes to ERR. (A deregistration after
+        // this check makes the gather below fail: the packet is not built, and the
+        // retransmission ends here.)
+        if let PayloadSrc::Wqe { index, .. } = &src
+            && self.req.sq.get(*index).is_some_and(|e| e.wqe.is_revoked())
+        {
+            self.fail(now, Some(pkt.psn), WcStatus::LocProtErr, env);
+            return self.poll_transmit(now, env, emit);
+        }
         let sq = &self.req.sq;
         let mut fill = |dst: &mut [u8]| match &src {
             PayloadSrc::None => Ok(()),
             PayloadSrc::Wqe { index, offset } => match sq.get(*index) {
                 Some(e) => e.wqe.gather(*offset, dst),
-                None => Err(MemError::OutOfBounds {
+                None => Err(AccessError::Mem(MemError::OutOfBounds {
                     offset: *offset,
                     len: dst.len() as u64,
                     size: 0,
-                }),
+                })),
             },
-            PayloadSrc::Region { held, offset } => held.read(*offset, dst),
+            PayloadSrc::Region { held, offset } => {
+                held.read(*offset, dst).map_err(AccessError::Mem)
+            }
         };
         Some(emit(&pkt, &mut fill))
     }
@@ -1129,10 +1157,13 @@ impl RcTransport {
         if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
             return;
         }
+        // What a peer can make the responder queue is bounded: with the queue of responses
+        // full, a request is dropped unexecuted, as if lost (the requester retries it).
+        let full = self.resp.out.len() >= self.response_cap();
         let d = diff(pkt.psn, self.resp.epsn);
         if d > 0 {
             env.count(Stat::OutOfSeqRequest);
-            if !self.resp.nak_sent {
+            if !self.resp.nak_sent && !full {
                 self.resp.nak_sent = true;
                 let e = self.resp.epsn;
                 self.resp.push_nak(e, Syndrome::NakPsnSeqErr);
@@ -1140,7 +1171,16 @@ impl RcTransport {
             return;
         }
         if d < 0 {
+            env.count(Stat::DuplicateRequest);
+            if full {
+                env.count(Stat::ResponseQueueFull);
+                return;
+            }
             self.duplicate(pkt, env);
+            return;
+        }
+        if full {
+            env.count(Stat::ResponseQueueFull);
             return;
         }
         self.resp.nak_sent = false;
@@ -1178,6 +1218,12 @@ impl RcTransport {
         }
     }
 
+    /// The most responses queued at once: two per responder resource (READ responses,
+    /// atomic answers, the ACKs between them) and [`RESPONSE_SLACK`] more.
+    fn response_cap(&self) -> usize {
+        2 * usize::from(self.cfg.max_dest_rd_atomic.max(1)) + RESPONSE_SLACK
+    }
+
     /// READ responses queued (new ones and replays, partly sent or not).
     fn queued_reads(&self) -> usize {
         self.resp
@@ -1188,7 +1234,6 @@ impl RcTransport {
     }
 
     fn duplicate(&mut self, pkt: &RxPacket<'_>, env: &mut dyn Env) {
-        env.count(Stat::DuplicateRequest);
         let psn = pkt.psn;
         match pkt.kind {
             Kind::ReadRequest => {
@@ -1441,10 +1486,13 @@ impl RcTransport {
                 {
                     return Err(Refuse::Invalid);
                 }
+                // Unlike a zero-length READ or WRITE, a FLUSH always names a key, and it
+                // is checked even for an empty range (as rxe's check_rkey does).
                 let region = match feth.selectivity {
-                    SELECT_RANGE => {
-                        Self::remote(env, reth.rkey, reth.va, u64::from(reth.dma_len), need)?
-                    }
+                    SELECT_RANGE => Some(
+                        env.remote(reth.rkey, reth.va, u64::from(reth.dma_len), need)
+                            .map_err(Refuse::Access)?,
+                    ),
                     SELECT_REGION => {
                         Some(env.remote_region(reth.rkey, need).map_err(Refuse::Access)?)
                     }
@@ -1518,22 +1566,50 @@ impl RcTransport {
                 }
             },
         };
-        if offset + pkt.payload.len() as u64 > MAX_MSG
-            || scatter_into(&wqe.sges, offset, pkt.payload).is_err()
-        {
+        let fits = offset + pkt.payload.len() as u64 <= MAX_MSG;
+        let placed = if fits {
+            scatter_into(&wqe.sges, offset, pkt.payload)
+        } else {
+            Err(AccessError::Mem(MemError::OutOfBounds {
+                offset,
+                len: pkt.payload.len() as u64,
+                size: MAX_MSG,
+            }))
+        };
+        // A SEND with invalidate asks this NIC to invalidate an rkey. A soft device has no
+        // key that can be invalidated remotely (no memory windows, no fast-registered
+        // regions: every region is registered by `reg_mr`, which rxe refuses to invalidate
+        // too), so the request fails: a completion flagged WITH_INV must never tell the
+        // application that a peer's access ended when it did not.
+        let refused_invalidate = pkt.kind == Kind::SendInv && pkt.pos.ends();
+        let failure = match placed {
             // Longer than the receive buffer: the receive completes with a local length
             // error and the requester gets an invalid-request NAK.
+            Err(AccessError::Mem(_)) => Some((WcStatus::LocLenErr, Syndrome::NakInvalidRequest)),
+            // The receive's memory was deregistered since it was posted: nothing is written;
+            // it completes with a local protection error and the requester gets a remote
+            // operational error NAK (rxe: a malformed WQE, class A).
+            Err(AccessError::Revoked) => {
+                Some((WcStatus::LocProtErr, Syndrome::NakRemoteOperationalError))
+            }
+            // rxe's class J: the receive completes with an invalid request error.
+            Ok(()) if refused_invalidate => {
+                Some((WcStatus::RemInvReqErr, Syndrome::NakInvalidRequest))
+            }
+            Ok(()) => None,
+        };
+        if let Some((status, syndrome)) = failure {
             env.recv_completion(
                 WorkCompletion {
                     wr_id: wqe.wr_id,
-                    status: WcStatus::LocLenErr,
+                    status,
                     opcode: WcOpcode::Recv,
                     qp_num: self.cfg.qpn,
                     ..WorkCompletion::default()
                 },
                 false,
             );
-            return Err(Refuse::Reported(Syndrome::NakInvalidRequest));
+            return Err(Refuse::Reported(syndrome));
         }
         let offset = offset + pkt.payload.len() as u64;
         if pkt.pos.ends() {
@@ -1549,10 +1625,6 @@ impl RcTransport {
             if let Some(imm) = pkt.imm.filter(|_| pkt.kind == Kind::SendImm) {
                 wc.imm_data = imm;
                 wc.wc_flags |= WcFlags::WITH_IMM;
-            }
-            if let Some(rkey) = pkt.ieth.filter(|_| pkt.kind == Kind::SendInv) {
-                wc.imm_data = rkey;
-                wc.wc_flags |= WcFlags::WITH_INV;
             }
             self.resp.msn = add(self.resp.msn, 1);
             env.recv_completion(wc, pkt.solicited);
