@@ -523,11 +523,14 @@ impl RcTransport {
         }
         r.rnr_until = None;
         let entry = r.sq.get_mut(r.cur)?;
+        // The window bounds the PSNs in flight packet by packet, inside a message too: a
+        // peer that stops acknowledging gets at most a window per attempt, however long
+        // the message (rxe bounds unacknowledged PSNs the same way).
+        if diff(r.next_psn, r.una) >= cfg.window as i32 {
+            return None;
+        }
         if !entry.started {
             if self.state == QpState::Sqd {
-                return None;
-            }
-            if diff(r.next_psn, r.una) >= cfg.window as i32 {
                 return None;
             }
             if entry.wqe.fence && r.rd_outstanding > 0 {
