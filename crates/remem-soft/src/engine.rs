@@ -646,6 +646,77 @@ mod tests {
     }
 
     #[test]
+    fn datagrams_of_every_size_are_dropped_and_counted() {
+        let engine = Engine::new("127.0.1.9:4791".parse().unwrap(), 4791);
+        let from: SocketAddr = "127.0.1.10:4791".parse().unwrap();
+        let to: IpAddr = "127.0.1.9".parse().unwrap();
+        let now = Instant::now();
+        let mut x = 0x9e37_79b9_u32;
+        let bytes: Vec<u8> = (0..65_535)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect();
+        for n in 0..=bytes.len() {
+            let r = engine.on_datagram(now, from, to, &bytes[..n], n as u16);
+            assert!(
+                matches!(r, Err(DropCause::Malformed | DropCause::BadIcrc)),
+                "{n} bytes: {r:?}"
+            );
+        }
+        let s = &engine.stats;
+        let dropped =
+            s.drop_malformed.load(Ordering::Relaxed) + s.drop_bad_icrc.load(Ordering::Relaxed);
+        assert_eq!(dropped, bytes.len() as u64 + 1);
+        assert_eq!(s.rcvd_pkts.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_are_ipv4() {
+        // An IPv4 packet that reached an IPv6 socket carries IPv4-mapped addresses: its
+        // ICRC covers an IPv4 header all the same.
+        let engine = Engine::new("127.0.1.9:4791".parse().unwrap(), 4791);
+        let (src, dst) = (
+            std::net::Ipv4Addr::new(127, 0, 1, 10),
+            std::net::Ipv4Addr::new(127, 0, 1, 9),
+        );
+        let mut h = remem_wire::Headers::new(remem_wire::Bth::new(
+            remem_wire::Opcode::RcSendOnly,
+            0x77,
+            remem_wire::Psn::new(1),
+        ));
+        h.bth.ack_req = true;
+        let mut pkt = vec![0u8; h.packet_len(8)];
+        let n = h.build(&[1; 8], &mut pkt).unwrap();
+        pkt.truncate(n);
+        let ip = IpFields::V4 {
+            src,
+            dst,
+            id: 0,
+            flags_frag: IPV4_DF,
+        };
+        icrc::fill(
+            &ip,
+            UdpPorts {
+                src: 4791,
+                dst: 4791,
+            },
+            &mut pkt,
+        )
+        .unwrap();
+        let from = SocketAddr::new(IpAddr::V6(src.to_ipv6_mapped()), 4791);
+        let to = IpAddr::V6(dst.to_ipv6_mapped());
+        // Verified as IPv4, then no QP 0x77: the ICRC was right.
+        assert_eq!(
+            engine.on_datagram(Instant::now(), from, to, &pkt, 0),
+            Err(DropCause::UnknownQp)
+        );
+    }
+
+    #[test]
     fn two_devices_over_udp_loopback() {
         let port = 4791;
         let a = side("127.0.1.1", port, 0x101);

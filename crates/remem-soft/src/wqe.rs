@@ -224,6 +224,31 @@ mod tests {
     }
 
     #[test]
+    fn a_deregistered_region_is_neither_gathered_nor_scattered() {
+        let buf = Arc::new(MemoryBuffer::from_vec(vec![7; 64]));
+        let key = crate::transport::KeyedRegion::new(MemRegion::whole(buf.clone()));
+        let sges = vec![key.grant_all().unwrap()];
+        let wqe = SendWqe {
+            wr_id: 1,
+            op: SendOp::Send,
+            data: SendData::Sges(sges.clone()),
+            len: 64,
+            signaled: true,
+            solicited: false,
+            fence: false,
+            ud: None,
+        };
+        assert!(!wqe.is_revoked());
+        key.revoke(); // ibv_dereg_mr after the post
+        assert!(wqe.is_revoked());
+        let mut out = [0u8; 8];
+        assert_eq!(wqe.gather(0, &mut out), Err(AccessError::Revoked));
+        assert_eq!(out, [0; 8], "nothing read");
+        assert_eq!(scatter_into(&sges, 0, &[1; 8]), Err(AccessError::Revoked));
+        assert_eq!(buf.to_vec(0, 64).unwrap(), vec![7; 64], "nothing written");
+    }
+
+    #[test]
     fn inline_gather() {
         let wqe = SendWqe {
             wr_id: 1,

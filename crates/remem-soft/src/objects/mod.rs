@@ -757,11 +757,12 @@ mod tests {
         // Not a sequence: knowing one number does not give the next.
         let sequential = qpns.windows(2).filter(|w| w[1] == w[0] + 1).count();
         assert!(sequential < 5, "{sequential} sequential QPNs");
-        // 0, 1 and the rest below 16 are never handed out.
-        for special in [0, 1, 15] {
+        // 0, 1 and the rest below 16 are never handed out, nor the multicast QPN.
+        for special in [0, 1, 15, MULTICAST_QPN] {
             dev.qpns.lock().unwrap().seek(special);
             let q = dev.alloc_qpn().unwrap();
             assert!(q >= FIRST_QPN, "{q} after seeking {special}");
+            assert_ne!(q, MULTICAST_QPN, "after seeking {special}");
         }
         // A live QP's number is skipped when the sequence comes round to it.
         let pd = dev.alloc_pd().unwrap();

@@ -1834,6 +1834,8 @@ mod tests {
                 Stat::DuplicateReadDropped => "drop_duplicate_read",
                 Stat::ReadOverflowDropped => "drop_read_overflow",
                 Stat::OutOfSeqRequest => "out_of_seq_request",
+                Stat::ResponseQueueFull => "drop_resp_queue_full",
+                Stat::SentRnrNak => "send_rnr_err",
                 _ => "other",
             };
             *self.stats.entry(name).or_default() += 1;
@@ -2040,6 +2042,95 @@ mod tests {
         assert_eq!(transmit(&mut t, &mut env, 100_000).len(), PKTS as usize);
         assert_eq!(t.state(), QpState::Rts);
         assert!(env.events.is_empty());
+    }
+
+    #[test]
+    fn what_a_peer_makes_the_responder_queue_is_bounded() {
+        let mut env = TestEnv::new();
+        let mut t = responder(&mut env, 4); // at most 2 × 4 + 16 = 24 responses queued
+        let va = env.key.region().addr();
+        let now = Instant::now();
+        // SENDs with no receive posted, nothing sent in between: one RNR NAK, not one each.
+        let send = RxPacket::new(Kind::Send, Pos::Only, EPSN);
+        for _ in 0..1000 {
+            t.handle_packet(now, &send, &mut env);
+        }
+        assert_eq!(env.stat("send_rnr_err"), 1000);
+        let sent = transmit(&mut t, &mut env, 100_000);
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        // New FETCH_ADDs at consecutive PSNs, nothing sent in between: executed while the
+        // queue has room; the rest dropped unexecuted, as if lost.
+        let fa = |psn| {
+            let mut p = RxPacket::new(Kind::FetchAdd, Pos::Only, psn);
+            p.atomic = Some(AtomicEth {
+                va,
+                rkey: RKEY,
+                swap_add: 1,
+                compare: 0,
+            });
+            p
+        };
+        let mut psn = EPSN;
+        for _ in 0..1000 {
+            t.handle_packet(now, &fa(psn), &mut env);
+            psn = add(psn, 1);
+        }
+        assert_eq!(env.buf.load_u64(0).unwrap(), 24, "executed");
+        // (The first one dropped keeps its PSN expected: those after it are out of
+        // sequence, and with the queue full not even a sequence NAK is queued.)
+        assert_eq!(env.stat("drop_resp_queue_full"), 1);
+        assert_eq!(env.stat("out_of_seq_request"), 1000 - 25);
+        assert_eq!(transmit(&mut t, &mut env, 100_000).len(), 24);
+        // The requester's retransmission of the first one dropped is executed now.
+        let next = add(EPSN, 24);
+        t.handle_packet(now, &fa(next), &mut env);
+        assert_eq!(env.buf.load_u64(0).unwrap(), 25);
+        // Duplicates of it: answered from its resource, at most a queue's worth at a time.
+        for _ in 0..1000 {
+            t.handle_packet(now, &fa(next), &mut env);
+        }
+        assert_eq!(transmit(&mut t, &mut env, 100_000).len(), 24);
+        assert_eq!(env.buf.load_u64(0).unwrap(), 25, "a duplicate was executed");
+        assert_eq!(t.state(), QpState::Rts);
+        assert!(env.events.is_empty());
+    }
+
+    #[test]
+    fn the_window_bounds_the_packets_of_one_message_in_flight() {
+        let mut env = TestEnv::new();
+        let cfg = RcConfig {
+            qpn: 0x42,
+            dest_qpn: 0x24,
+            mtu: MTU,
+            sq_psn: EPSN,
+            window: 16,
+            ..RcConfig::default()
+        };
+        let mut t = RcTransport::new(cfg);
+        for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
+            t.set_state(cfg, s, &mut env);
+        }
+        let len = 64 * MTU as usize;
+        t.post_send(
+            SendWqe {
+                wr_id: 1,
+                op: SendOp::RdmaWrite {
+                    remote_addr: 0x1000,
+                    rkey: 5,
+                },
+                data: crate::wqe::SendData::Sges(vec![
+                    MemRegion::new(env.buf.clone(), 0..len).unwrap().into(),
+                ]),
+                len: len as u64,
+                signaled: true,
+                solicited: false,
+                fence: false,
+                ud: None,
+            },
+            &mut env,
+        );
+        // A 64-packet WRITE to a peer that does not answer: 16 packets, then nothing.
+        assert_eq!(transmit(&mut t, &mut env, 1000).len(), 16);
     }
 
     #[test]

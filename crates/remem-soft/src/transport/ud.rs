@@ -389,6 +389,31 @@ mod tests {
     }
 
     #[test]
+    fn a_receive_deregistered_after_its_post_takes_nothing() {
+        let mut e = E::default();
+        let mut t = ready(0x30, &mut e);
+        let recv = Arc::new(MemoryBuffer::zeroed(100).unwrap());
+        let key = crate::transport::KeyedRegion::new(MemRegion::whole(recv.clone()));
+        e.rq.push_back(RecvWqe {
+            wr_id: 1,
+            sges: vec![key.grant_all().unwrap()],
+            total_len: 100,
+        });
+        key.revoke();
+        let mut rx = RxPacket::new(Kind::Send, Pos::Only, 0);
+        rx.deth = Some((0x1111_1111, 0x20));
+        rx.payload = b"data";
+        let from = UdSource {
+            src: "127.0.0.1".parse().unwrap(),
+            dst: "127.0.0.2".parse().unwrap(),
+        };
+        t.handle_packet(&rx, &from, &mut e).unwrap();
+        assert_eq!(e.recvd[0].status, WcStatus::LocProtErr);
+        assert_eq!(recv.to_vec(0, 100).unwrap(), vec![0; 100]);
+        assert_eq!(t.state(), QpState::Err);
+    }
+
+    #[test]
     fn too_long_for_mtu_and_flush() {
         let mut e = E::default();
         let mut t = ready(1, &mut e);
