@@ -475,6 +475,103 @@ fn a_send_whose_source_was_deregistered_sends_nothing() {
 }
 
 #[test]
+fn a_write_with_immediate_held_by_rnr_then_deregistered_writes_no_more() {
+    // FIRST lands; the LAST finds no receive (RNR NAK) and the region is deregistered
+    // before the peer retries it: the retry writes nothing and is an access error.
+    let lab = Lab::new();
+    let Victim { ep, buf, mr } = lab.rc();
+    let qpn = ep.qp.qp_num();
+    let mut h = Headers::new(Bth::new(Opcode::RcWriteFirst, qpn, Psn::new(EPSN)));
+    h.reth = reth(mr.addr(), mr.rkey(), 2048);
+    lab.send(&h, &[0xee; 1024]);
+    let mut last = Headers::new(Bth::new(Opcode::RcWriteLastImm, qpn, Psn::new(EPSN + 1)));
+    last.bth.ack_req = true;
+    last.imm = Some(5);
+    lab.send(&last, &[0xdd; 1024]);
+    lab.deliver(2);
+    let a = lab.answers();
+    assert!(
+        a.iter()
+            .any(|x| x.psn == EPSN + 1 && matches!(x.syndrome, Some(Syndrome::RnrNak { .. }))),
+        "{a:?}"
+    );
+    assert_eq!(buf.to_vec(0, 1024).unwrap(), vec![0xee; 1024]);
+    assert_eq!(buf.to_vec(1024, 1024).unwrap(), vec![0x3c; 1024]);
+    drop(mr);
+    buf.fill(0, 4096, 0x55).unwrap();
+    let (_b2, other) = ep.reg(64, RW).unwrap();
+    ep.qp
+        .post_recv(&[RecvWr {
+            wr_id: 1,
+            sg_list: &[Sge {
+                addr: other.addr(),
+                length: 64,
+                lkey: other.lkey(),
+            }],
+        }])
+        .unwrap();
+    let _ = lab.events();
+    let a = lab.attack(&last, &[0xdd; 1024]);
+    assert!(
+        a.iter()
+            .any(|x| x.is_nak(EPSN + 1, Syndrome::NakRemoteAccessError)),
+        "{a:?}"
+    );
+    assert!(buf.to_vec(0, 4096).unwrap().iter().all(|&b| b == 0x55));
+    assert_eq!(ep.qp.state(), QpState::Err);
+    assert_eq!(
+        lab.events(),
+        [AsyncEvent {
+            event_type: AsyncEventType::QpAccessErr,
+            element: AsyncEventElement::Qp(qpn),
+        }]
+    );
+}
+
+#[test]
+fn atomic_write_and_flush_after_deregistration_are_access_errors() {
+    let lab = Lab::new();
+    for op in [Opcode::RcAtomicWrite, Opcode::RcFlush, Opcode::RcFetchAdd] {
+        let Victim { ep, buf, mr } = lab.rc();
+        let (va, rkey) = (mr.addr(), mr.rkey());
+        drop(mr);
+        buf.fill(0, 4096, 0x55).unwrap();
+        let mut h = Headers::new(Bth::new(op, ep.qp.qp_num(), Psn::new(EPSN)));
+        h.bth.ack_req = true;
+        let payload = match op {
+            Opcode::RcAtomicWrite => {
+                h.reth = reth(va, rkey, 8);
+                vec![1; 8]
+            }
+            Opcode::RcFlush => {
+                h.feth = Some(Feth {
+                    placement: 1,
+                    selectivity: 1,
+                });
+                h.reth = reth(0, rkey, 0);
+                vec![]
+            }
+            _ => {
+                h.atomic = atomic(va, rkey);
+                vec![]
+            }
+        };
+        let a = lab.attack(&h, &payload);
+        assert!(
+            a.iter()
+                .any(|x| x.is_nak(EPSN, Syndrome::NakRemoteAccessError)),
+            "{op}: {a:?}"
+        );
+        assert!(
+            buf.to_vec(0, 4096).unwrap().iter().all(|&b| b == 0x55),
+            "{op}"
+        );
+        assert_eq!(ep.qp.state(), QpState::Err);
+        let _ = lab.events();
+    }
+}
+
+#[test]
 fn a_zero_length_flush_still_names_a_valid_key() {
     // A zero-length READ or WRITE checks no key (IBTA 9.4.3, 9.4.4); a FLUSH always does,
     // as rxe checks it: a forged key gets no answer that it was flushed.
@@ -514,6 +611,14 @@ fn a_zero_length_flush_still_names_a_valid_key() {
     );
 }
 
+/// An opcode, how its headers name memory, its payload and the NAK it must get.
+type Case = (
+    Opcode,
+    Box<dyn Fn(&Victim, &mut Headers)>,
+    Vec<u8>,
+    Syndrome,
+);
+
 #[test]
 fn out_of_range_addresses_in_every_opcode_are_access_errors() {
     // Addresses near 2^64 and lengths near 2^32 in every header that names memory: the
@@ -521,12 +626,7 @@ fn out_of_range_addresses_in_every_opcode_are_access_errors() {
     let lab = Lab::new();
     let ends = [u64::MAX, u64::MAX - 7, u64::MAX - 4095, 1 << 63];
     for va in ends {
-        let cases: Vec<(
-            Opcode,
-            Box<dyn Fn(&Victim, &mut Headers)>,
-            Vec<u8>,
-            Syndrome,
-        )> = vec![
+        let cases: Vec<Case> = vec![
             (
                 Opcode::RcWriteOnly,
                 Box::new(move |v, h| h.reth = reth(va, v.mr.rkey(), 64)),

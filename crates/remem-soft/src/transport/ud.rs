@@ -241,22 +241,16 @@ fn grh_bytes(src: &UdSource, payload_len: usize, imm: bool) -> [u8; GRH_LEN] {
     let mut g = [0u8; GRH_LEN];
     match (src.src.to_canonical(), src.dst.to_canonical()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let ip = &mut g[20..];
-            ip[0] = 0x45;
-            let total = (20 + udp_len).min(usize::from(u16::MAX)) as u16;
-            ip[2..4].copy_from_slice(&total.to_be_bytes());
-            ip[6] = 0x40; // DF
-            ip[8] = 64;
-            ip[9] = 17;
-            ip[12..16].copy_from_slice(&s.octets());
-            ip[16..20].copy_from_slice(&d.octets());
-            let sum = ip
-                .chunks(2)
-                .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
-                .sum::<u32>();
-            let folded = (sum & 0xffff) + (sum >> 16);
-            let folded = (folded & 0xffff) + (folded >> 16);
-            ip[10..12].copy_from_slice(&(!(folded as u16)).to_be_bytes());
+            let ip = remem_wire::icrc::ipv4_header(
+                s,
+                d,
+                0,
+                remem_wire::icrc::IPV4_DF,
+                64,
+                0,
+                udp_len - 8,
+            );
+            g[20..].copy_from_slice(&ip);
         }
         (s, d) => {
             let to6 = |ip: IpAddr| match ip {
