@@ -28,6 +28,10 @@ const RX_BATCH: usize = if quinn_udp::BATCH_SIZE < 16 {
 } else {
     16
 };
+/// Packets one transmit pass sends at most: then the pump reads the socket and runs the
+/// timers before it sends on. A 2 GiB READ response does not keep the device deaf (and
+/// other connections' packets dropped at the full socket) until it has all left.
+const TX_BUDGET: usize = 1024;
 /// `recvmmsg` calls per pump at most (so at most `RX_CALLS * RX_BATCH` datagrams): then the
 /// pump sends what they produced and runs the timers before it reads on. A peer that keeps
 /// the socket full cannot make the device queue answers without sending them, or starve
@@ -186,7 +190,7 @@ impl Nic {
             self.state.max_gso_segments().clamp(1, 64)
         };
         let mut sent = 0;
-        loop {
+        while sent < TX_BUDGET {
             let b = &self.tx;
             if b.count > 0
                 && (b.count >= max_segments || b.closed || b.len + MAX_PACKET > b.buf.len())

@@ -214,6 +214,25 @@ impl Engine {
         }
     }
 
+    /// Whether the application has dropped every handle of `qp`: only the engine keeps it
+    /// (its transmit hold, and `ours` references of the caller). Such a QP is destroyed as
+    /// far as its peer is concerned: it takes no packet, and sends only the
+    /// acknowledgements it owed ([`SoftQp::release`]).
+    fn released(&self, qp: &Arc<SoftQp>, ours: usize) -> bool {
+        let count = Arc::strong_count(qp);
+        if count > ours + 1 {
+            return false; // more than ours and a hold: the application has it
+        }
+        let qpn = remem_verbs::QueuePair::qp_num(&**qp);
+        let held = self
+            .ready
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .held
+            .contains_key(&qpn);
+        count <= ours + usize::from(held)
+    }
+
     /// Marks a QP as possibly having packets to send.
     pub fn mark_ready(&self, qpn: u32) {
         let mut r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
@@ -298,6 +317,13 @@ impl Engine {
             count(&self.stats.drop_unknown_qp);
             return Err(DropCause::UnknownQp);
         };
+        // A QP the application destroyed, kept only until what it owes has left, is gone
+        // for its peer: no packet reaches it (it would still execute WRITEs, READs…).
+        if self.released(&qp, 1) {
+            qp.release();
+            count(&self.stats.drop_unknown_qp);
+            return Err(DropCause::UnknownQp);
+        }
         // The opcode's transport service (its top three bits) must be the QP's.
         let service = match pkt.headers.bth.opcode.value() >> 5 {
             0 => Some(QpType::Rc),
@@ -375,6 +401,10 @@ impl Engine {
             let Some(qp) = held.or_else(|| self.qp(qpn)) else {
                 continue;
             };
+            if held_alive && Arc::strong_count(&qp) == 1 {
+                // Destroyed by the application: only what it owes leaves, once.
+                qp.release();
+            }
             let mut dst = self.local;
             let built = qp.poll_transmit(now, |tx, dgid, fill| {
                 dst = SocketAddr::new(dgid.to_ip(), self.peer_port);
@@ -443,6 +473,7 @@ impl Engine {
             .collect();
         for qpn in qpns {
             if let Some(qp) = self.qp(qpn)
+                && !self.released(&qp, 1)
                 && qp.next_timeout().is_some_and(|t| t <= now)
             {
                 qp.handle_timeout(now);

@@ -689,6 +689,19 @@ impl SoftQp {
         })
     }
 
+    /// The application dropped its last handle while the device still holds the QP to
+    /// send what it owes (see [`crate::engine`]): it takes no more packets, runs no
+    /// timers, and sends only the acknowledgements it had queued
+    /// ([`RcTransport::release`]).
+    pub fn release(&self) {
+        let mut g = self.lock();
+        match &mut g.t {
+            Transport::Rc(t) => t.release(),
+            Transport::Ud(t) => t.release(),
+        }
+        g.rq.clear();
+    }
+
     /// Handles expired timers.
     pub fn handle_timeout(&self, now: std::time::Instant) {
         self.with_env(|t, env| t.handle_timeout(now, env));

@@ -1113,6 +1113,103 @@ fn psns_across_the_wrap_and_half_the_space_away() {
     assert_eq!(ep.qp.state(), QpState::Rts);
 }
 
+#[test]
+fn a_long_read_response_leaves_room_to_receive() {
+    // A peer's READ of 8 MiB (8192 response packets) must not keep the device from reading
+    // its socket until all of it has left: other connections' packets would be dropped
+    // meanwhile. One pump sends at most its transmit budget (1024 packets) per pass.
+    let lab = Lab::new();
+    let v = lab.rc();
+    let big = Arc::new(MemoryBuffer::zeroed(8 << 20).unwrap());
+    let mr = v.ep.pd.reg_mr(MemRegion::whole(big), RW).unwrap();
+    let mut h = v.request(Opcode::RcReadRequest, EPSN);
+    h.reth = reth(mr.addr(), mr.rkey(), 8 << 20);
+    lab.send(&h, &[]);
+    let before = lab.counter("sent_pkts");
+    lab.deliver(1);
+    let sent = lab.counter("sent_pkts") - before;
+    assert!(
+        (1..=2 * 1024).contains(&sent),
+        "{sent} packets sent in the pump that took the READ"
+    );
+}
+
+#[test]
+fn a_destroyed_qp_takes_no_more_packets() {
+    // The application destroys a QP while its READ response is still streaming (the
+    // device holds the QP until what it owes has left): from then on the peer reaches
+    // nothing through it — a WRITE is dropped, not executed, and the READ response stops.
+    let victim_ip = Ipv4Addr::new(127, 0, 23, 5);
+    let peer_ip = Ipv4Addr::new(127, 0, 23, 6);
+    let dev = SoftContext::bind(SocketAddr::new(victim_ip.into(), 0)).unwrap();
+    let port = dev.local_addr().port();
+    let ctx: Arc<dyn Context> = Arc::new(dev);
+    let peer = UdpSocket::bind(SocketAddr::new(peer_ip.into(), port)).unwrap();
+    peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let o = options();
+    let ep = endpoint(&ctx, &o, QpType::Rc, None).unwrap();
+    bring_up(&ep, PEER_QPN, Gid::from(peer_ip), SPSN, EPSN, o.mtu, &o).unwrap();
+    const LEN: usize = 64 << 20;
+    let big = Arc::new(MemoryBuffer::zeroed(LEN).unwrap());
+    big.fill(0, 4096, 0x3c).unwrap();
+    let mr = ep.pd.reg_mr(MemRegion::whole(big.clone()), RW).unwrap();
+    let qpn = ep.qp.qp_num();
+    let counter = |name: &str| {
+        ctx.counters()
+            .iter()
+            .find(|c| c.name == name)
+            .map_or(0, |c| c.value)
+    };
+    let mut h = Headers::new(Bth::new(Opcode::RcReadRequest, qpn, Psn::new(EPSN)));
+    h.reth = reth(mr.addr(), mr.rkey(), LEN as u32);
+    let sent_before = counter("sent_pkts");
+    peer.send_to(
+        &seal(build(&h, &[]), peer_ip, victim_ip, port),
+        SocketAddr::new(victim_ip.into(), port),
+    )
+    .unwrap();
+    let mut b = vec![0u8; 9000];
+    let n = peer.recv(&mut b).unwrap();
+    assert_eq!(
+        Packet::parse(&b[..n]).unwrap().headers.bth.opcode,
+        Opcode::RcReadResponseFirst
+    );
+    // ibv_destroy_qp: the application's last handle goes (the region stays registered).
+    let Endpoint { qp, .. } = ep;
+    drop(qp);
+    // The WRITE that would come next.
+    let mut w = Headers::new(Bth::new(
+        Opcode::RcWriteOnly,
+        qpn,
+        Psn::new(EPSN + (LEN / 1024) as u32),
+    ));
+    w.bth.ack_req = true;
+    w.reth = reth(mr.addr(), mr.rkey(), 64);
+    let seen = counter("drop_unknown_qp") + counter("rcvd_pkts");
+    peer.send_to(
+        &seal(build(&w, &[0xee; 64]), peer_ip, victim_ip, port),
+        SocketAddr::new(victim_ip.into(), port),
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counter("drop_unknown_qp") + counter("rcvd_pkts") == seen {
+        assert!(Instant::now() < deadline, "the WRITE never arrived");
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        big.to_vec(0, 64).unwrap(),
+        vec![0x3c; 64],
+        "written through a destroyed QP"
+    );
+    assert!(counter("drop_unknown_qp") > 0);
+    // The response stopped: far fewer than its 65,536 packets left.
+    let sent = counter("sent_pkts") - sent_before;
+    assert!(
+        sent < (LEN / 1024) as u64,
+        "{sent} packets: the READ went on"
+    );
+}
+
 // ------------------------------------------------------------------ our requester
 
 /// Posts a signaled work request on `v` and drives until the victim sent its first packet.

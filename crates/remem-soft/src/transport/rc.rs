@@ -402,6 +402,28 @@ impl RcTransport {
         }
     }
 
+    /// The application destroyed the QP while the device still holds it to send what it
+    /// owes: from now on it takes no packet (RESET), runs no timer and sends no request,
+    /// and of its queued responses only the acknowledgements go out (ACKs, NAKs, atomic
+    /// answers, the empty answers of ATOMIC WRITE and FLUSH) — not the rest of a READ
+    /// response: a destroyed QP reaches no memory any more. No completions are reported
+    /// (verbs reports none for a destroyed QP).
+    pub fn release(&mut self) {
+        self.state = QpState::Reset;
+        self.req = Requester::new();
+        self.resp.progress = InProgress::Idle;
+        self.resp.resources.clear();
+        self.resp.out.retain(|o| {
+            !matches!(
+                o,
+                Out::Read {
+                    region: Some(_),
+                    ..
+                }
+            )
+        });
+    }
+
     /// Queues a validated send work request. In ERR it completes at once with
     /// `WR_FLUSH_ERR`.
     pub fn post_send(&mut self, wqe: SendWqe, env: &mut dyn Env) {

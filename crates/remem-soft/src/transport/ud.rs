@@ -81,6 +81,13 @@ impl UdTransport {
         }
     }
 
+    /// The application destroyed the QP: it takes no datagram and sends none (no
+    /// completions are reported).
+    pub fn release(&mut self) {
+        self.state = QpState::Reset;
+        self.sq.clear();
+    }
+
     /// Work requests queued.
     pub fn send_queue_len(&self) -> usize {
         self.sq.len()
