@@ -572,6 +572,37 @@ fn atomic_write_and_flush_after_deregistration_are_access_errors() {
 }
 
 #[test]
+fn a_receive_a_send_had_begun_is_flushed_not_lost() {
+    // A SEND's FIRST takes a receive; the peer then breaks the sequence and the QP goes to
+    // ERR. Every receive comes back to the application — the one begun included — so that
+    // its buffer is not lost (rxe flushes it too).
+    let lab = Lab::new();
+    let v = lab.rc();
+    v.post_recv(1, v.sge(0, 2048));
+    v.post_recv(2, v.sge(2048, 2048));
+    let mut h = v.request(Opcode::RcSendFirst, EPSN);
+    h.bth.ack_req = false;
+    lab.send(&h, &[0xee; 1024]);
+    let bad = v.request(Opcode::RcWriteMiddle, EPSN + 1);
+    lab.send(&bad, &[0xdd; 1024]);
+    lab.deliver(2);
+    let a = lab.answers();
+    assert!(
+        a.iter()
+            .any(|x| x.is_nak(EPSN + 1, Syndrome::NakInvalidRequest)),
+        "{a:?}"
+    );
+    let wcs = v.completions();
+    let got: Vec<(u64, WcStatus)> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        got,
+        [(1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)],
+        "every receive completes"
+    );
+    assert_eq!(v.ep.qp.state(), QpState::Err);
+}
+
+#[test]
 fn a_zero_length_flush_still_names_a_valid_key() {
     // A zero-length READ or WRITE checks no key (IBTA 9.4.3, 9.4.4); a FLUSH always does,
     // as rxe checks it: a forged key gets no answer that it was flushed.

@@ -945,7 +945,23 @@ impl RcTransport {
         self.req.timer = None;
         self.req.rnr_until = None;
         self.req.rd_outstanding = 0;
-        self.resp.progress = InProgress::Idle;
+        // A receive a multi-packet SEND had begun to fill is flushed like the queued ones
+        // (first: it was taken first), not dropped: its buffer must come back to the
+        // application (rxe completes `qp->resp.wqe` with a flush error too).
+        if let InProgress::Send { wqe, .. } =
+            std::mem::replace(&mut self.resp.progress, InProgress::Idle)
+        {
+            env.recv_completion(
+                WorkCompletion {
+                    wr_id: wqe.wr_id,
+                    status: WcStatus::WrFlushErr,
+                    opcode: WcOpcode::Recv,
+                    qp_num: self.cfg.qpn,
+                    ..WorkCompletion::default()
+                },
+                false,
+            );
+        }
         // Keep queued NAKs so the peer learns why; drop everything else.
         self.resp
             .out
