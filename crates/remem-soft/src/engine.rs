@@ -219,18 +219,7 @@ impl Engine {
     /// far as its peer is concerned: it takes no packet, and sends only the
     /// acknowledgements it owed ([`SoftQp::release`]).
     fn released(&self, qp: &Arc<SoftQp>, ours: usize) -> bool {
-        let count = Arc::strong_count(qp);
-        if count > ours + 1 {
-            return false; // more than ours and a hold: the application has it
-        }
-        let qpn = remem_verbs::QueuePair::qp_num(&**qp);
-        let held = self
-            .ready
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .held
-            .contains_key(&qpn);
-        count <= ours + usize::from(held)
+        Arc::strong_count(qp) <= ours + usize::from(qp.is_held())
     }
 
     /// Marks a QP as possibly having packets to send.
@@ -248,6 +237,7 @@ impl Engine {
         if r.set.insert(qpn) {
             r.queue.push_back(qpn);
         }
+        qp.set_held(true);
         r.held.insert(qpn, qp);
     }
 
@@ -395,7 +385,11 @@ impl Engine {
                 let mut r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
                 let qpn = r.queue.pop_front()?;
                 r.set.remove(&qpn);
-                (qpn, r.held.remove(&qpn))
+                let held = r.held.remove(&qpn);
+                if let Some(qp) = &held {
+                    qp.set_held(false);
+                }
+                (qpn, held)
             };
             let held_alive = held.is_some();
             let Some(qp) = held.or_else(|| self.qp(qpn)) else {

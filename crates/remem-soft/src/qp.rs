@@ -546,6 +546,9 @@ pub struct SoftQp {
     mem: std::sync::Arc<dyn LocalMemory + Send + Sync>,
     wake: Wake,
     inner: std::sync::Mutex<QpInner>,
+    /// Whether the engine's transmit queue holds a strong reference (kept with that
+    /// reference, under the engine's lock).
+    held: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for SoftQp {
@@ -621,7 +624,19 @@ impl SoftQp {
                 rq: VecDeque::new(),
                 t,
             }),
+            held: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Records whether the engine's transmit queue holds a strong reference to this QP
+    /// (the engine sets it as it takes or gives back that reference).
+    pub(crate) fn set_held(&self, held: bool) {
+        self.held.store(held, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the engine's transmit queue holds a strong reference to this QP.
+    pub(crate) fn is_held(&self) -> bool {
+        self.held.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, QpInner> {
