@@ -998,6 +998,73 @@ fn malformed_datagrams_of_every_size_are_dropped_and_counted() {
     }
 }
 
+#[test]
+fn gso_batches_of_odd_strides_are_split_and_each_part_dropped() {
+    // A peer can send UDP GSO batches (GRO hands them over whole, cut at the stride): each
+    // part is a packet of its own, however odd the stride, and the last may be shorter.
+    let lab = Lab::new();
+    let v = lab.rc();
+    let state = quinn_udp::UdpSocketState::new((&lab.peer).into()).unwrap();
+    if state.max_gso_segments() < 2 {
+        println!("skipping: no UDP GSO here");
+        return;
+    }
+    let dst = SocketAddr::new(VICTIM_IP.into(), lab.port);
+    for (stride, segments) in [(1usize, 40usize), (3, 30), (61, 20), (97, 10)] {
+        let len = stride * segments - stride / 2;
+        let contents: Vec<u8> = (0..len).map(|i| (i * 7 + stride) as u8).collect();
+        let transmit = quinn_udp::Transmit {
+            destination: dst,
+            ecn: None,
+            contents: &contents,
+            segment_size: Some(stride),
+            src_ip: None,
+        };
+        state.try_send((&lab.peer).into(), &transmit).unwrap();
+        lab.deliver(len.div_ceil(stride) as u64);
+    }
+    assert_eq!(lab.counter("rcvd_pkts"), 0);
+    assert!(lab.answers().is_empty());
+    assert!(v.unchanged());
+}
+
+#[test]
+fn an_icrc_for_another_ip_identification_is_recovered_a_corrupted_one_is_not() {
+    // Kernel rxe's IPv4 identifications are unpredictable; the ICRC covers them. A packet
+    // whose ICRC fits some identification is taken (and counted); one with a flipped
+    // payload bit fits none and is dropped.
+    let lab = Lab::new();
+    let v = lab.rc();
+    let mut h = v.request(Opcode::RcWriteOnly, EPSN);
+    h.reth = reth(v.mr.addr(), v.mr.rkey(), 64);
+    let mut bytes = build(&h, &[0xee; 64]);
+    let ip = IpFields::V4 {
+        src: PEER_IP,
+        dst: VICTIM_IP,
+        id: 0x5a17,
+        flags_frag: IPV4_DF,
+    };
+    let ports = UdpPorts {
+        src: lab.port,
+        dst: lab.port,
+    };
+    icrc::fill(&ip, ports, &mut bytes).unwrap();
+    let mut corrupted = bytes.clone();
+    corrupted[40] ^= 0x10;
+    let (recovered, bad) = (
+        lab.counter("icrc_id_recovered"),
+        lab.counter("drop_bad_icrc"),
+    );
+    lab.send_bytes(corrupted);
+    lab.deliver(1);
+    assert_eq!(lab.counter("drop_bad_icrc"), bad + 1);
+    assert!(v.unchanged());
+    lab.send_bytes(bytes);
+    lab.deliver(1);
+    assert_eq!(lab.counter("icrc_id_recovered"), recovered + 1);
+    assert_eq!(v.buf.to_vec(0, 64).unwrap(), vec![0xee; 64]);
+}
+
 // ------------------------------------------------------------------ bounded work
 
 #[test]
