@@ -700,7 +700,11 @@ impl RcTransport {
                 pkt.payload_len = (entry.wqe.len - offset).min(mtu) as u32;
                 pkt.solicited = entry.wqe.solicited && pkt.pos.ends();
                 r.since_ackreq += 1;
-                pkt.ack_req = pkt.pos.ends() || r.since_ackreq >= ACKREQ_EVERY;
+                // An ACK is asked for at the end of a message, every ACKREQ_EVERY packets,
+                // and on the packet that fills the window (else a window smaller than
+                // ACKREQ_EVERY would wait for an ACK nobody asked for).
+                let fills_window = diff(add(psn, 1), r.una) >= cfg.window as i32;
+                pkt.ack_req = pkt.pos.ends() || r.since_ackreq >= ACKREQ_EVERY || fills_window;
                 payload_off = Some(offset);
             }
         }
@@ -2167,8 +2171,24 @@ mod tests {
             },
             &mut env,
         );
-        // A 64-packet WRITE to a peer that does not answer: 16 packets, then nothing.
-        assert_eq!(transmit(&mut t, &mut env, 1000).len(), 16);
+        // A 64-packet WRITE to a peer that does not answer: 16 packets, then nothing; the
+        // 16th asks for the ACK that opens the window again.
+        let now = Instant::now();
+        let mut sent = Vec::new();
+        while let Some(p) = t.poll_transmit(now, &mut env, |h, _| (h.psn, h.ack_req)) {
+            sent.push(p);
+        }
+        assert_eq!(sent.len(), 16);
+        assert_eq!(sent.iter().filter(|p| p.1).count(), 1, "{sent:?}");
+        assert_eq!(sent[15], (add(EPSN, 15), true));
+        let mut ack = RxPacket::new(Kind::Ack, Pos::Only, add(EPSN, 15));
+        ack.aeth = Some((ACK_UNLIMITED, 1));
+        t.handle_packet(now, &ack, &mut env);
+        assert_eq!(
+            transmit(&mut t, &mut env, 1000).len(),
+            16,
+            "the window moved on"
+        );
     }
 
     #[test]
