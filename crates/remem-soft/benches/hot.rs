@@ -220,7 +220,7 @@ impl QpSurroundings for Around {
 }
 
 impl LocalMemory for Around {
-    fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> remem_verbs::Result<MemRegion> {
+    fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> remem_verbs::Result<Grant> {
         self.mrs.local(pd, sge, need_write)
     }
 }

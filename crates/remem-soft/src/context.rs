@@ -157,7 +157,23 @@ impl SoftContext {
     }
 
     /// [`SoftContext::bind`] with explicit options.
+    ///
+    /// The address must be a specific one (an IPv4-mapped IPv6 address is taken as the
+    /// IPv4 address it maps): a device's GID is its address, and its QPs
+    /// take packets sent to that address only (rxe's `check_addr` checks the destination
+    /// against the QP's source GID). An unspecified address (0.0.0.0, `::`) would make the
+    /// device answer on every local address under a GID no peer can name, so it is
+    /// refused with [`Error::InvalidArgument`].
     pub fn bind_with(addr: SocketAddr, opts: &SoftOptions) -> Result<Self> {
+        // An IPv4-mapped IPv6 address is its IPv4 address (an IPv4 socket: DF and
+        // identification 0 for the ICRC, IPv4 GIDs).
+        let addr = SocketAddr::new(addr.ip().to_canonical(), addr.port());
+        if addr.ip().is_unspecified() {
+            return Err(Error::InvalidArgument(format!(
+                "soft@{addr}: a soft device binds a specific address (its GID), not an \
+                 unspecified one; name the local address peers reach it at"
+            )));
+        }
         let netdev = crate::netdev::list_netdevs()
             .ok()
             .and_then(|l| l.into_iter().find(|n| n.addrs.contains(&addr.ip())));

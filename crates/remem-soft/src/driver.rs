@@ -28,6 +28,15 @@ const RX_BATCH: usize = if quinn_udp::BATCH_SIZE < 16 {
 } else {
     16
 };
+/// Packets one transmit pass sends at most: then the pump reads the socket and runs the
+/// timers before it sends on. A 2 GiB READ response does not keep the device deaf (and
+/// other connections' packets dropped at the full socket) until it has all left.
+const TX_BUDGET: usize = 1024;
+/// `recvmmsg` calls per pump at most (so at most `RX_CALLS * RX_BATCH` datagrams): then the
+/// pump sends what they produced and runs the timers before it reads on. A peer that keeps
+/// the socket full cannot make the device queue answers without sending them, or starve
+/// its timers and other QPs' transmissions.
+const RX_CALLS: usize = 4;
 /// One receive buffer: a whole GRO batch (at most 64 KiB of UDP payload).
 const RX_BUF: usize = 1 << 16;
 /// Socket buffer size asked for (the kernel caps it at `net.core.[rw]mem_max`).
@@ -141,8 +150,10 @@ impl Nic {
         self.state.gro_segments()
     }
 
-    /// Runs due timers, sends everything that can be sent and handles what has arrived,
-    /// without blocking. Returns how many packets and datagrams moved.
+    /// Runs due timers, sends everything that can be sent and handles what has arrived (at
+    /// most `RX_CALLS` receive batches: a caller that keeps pumping while packets move
+    /// reads the rest next time), without blocking. Returns how many packets and datagrams
+    /// moved.
     pub fn pump(&mut self, engine: &Engine) -> usize {
         let now = Instant::now();
         engine.on_timeout(now);
@@ -179,7 +190,7 @@ impl Nic {
             self.state.max_gso_segments().clamp(1, 64)
         };
         let mut sent = 0;
-        loop {
+        while sent < TX_BUDGET {
             let b = &self.tx;
             if b.count > 0
                 && (b.count >= max_segments || b.closed || b.len + MAX_PACKET > b.buf.len())
@@ -288,7 +299,7 @@ impl Nic {
     fn receive(&mut self, engine: &Engine) -> usize {
         let local_ip = engine.local().ip();
         let mut moved = 0;
-        loop {
+        for _ in 0..RX_CALLS {
             let mut chunks = self.rx.chunks_mut(RX_BUF);
             let mut bufs: [IoSliceMut<'_>; RX_BATCH] =
                 std::array::from_fn(|_| IoSliceMut::new(chunks.next().unwrap_or_default()));
@@ -314,6 +325,7 @@ impl Nic {
                 }
             }
         }
+        moved
     }
 }
 

@@ -52,6 +52,16 @@ pub enum DropCause {
     /// An RC packet whose source address is not the QP's destination GID (rxe's
     /// `check_addr`).
     WrongSource,
+    /// A P_Key other than the default partition's (0xFFFF, or 0x7FFF for a limited
+    /// member): rxe's `check_keys`.
+    BadPkey,
+    /// The destination QP's state takes no such packet: anything in RESET, INIT or ERR, an
+    /// RC response (ACK, READ response) before RTS (rxe's `check_type_state`).
+    QpState,
+    /// A UD datagram whose Q_Key is not the destination QP's.
+    BadQkey,
+    /// A UD datagram for a QP with no receive posted (UD has no RNR: it is lost).
+    NoReceive,
 }
 
 /// Packet counters of the engine.
@@ -71,6 +81,14 @@ pub struct EngineStats {
     pub drop_wrong_transport: AtomicU64,
     /// Dropped: an RC packet from another address than the QP's peer.
     pub drop_wrong_source: AtomicU64,
+    /// Dropped: a P_Key not of the default partition.
+    pub drop_bad_pkey: AtomicU64,
+    /// Dropped: the destination QP's state takes no such packet.
+    pub drop_qp_state: AtomicU64,
+    /// Dropped: a UD datagram with another Q_Key than the QP's.
+    pub drop_bad_qkey: AtomicU64,
+    /// Dropped: a UD datagram for a QP with no receive posted.
+    pub drop_ud_no_recv: AtomicU64,
     /// IPv4 packets whose ICRC checked out with an IP identification recovered from the
     /// ICRC itself (the sender's identification was neither 0 nor its GSO index).
     pub icrc_id_recovered: AtomicU64,
@@ -112,7 +130,7 @@ struct Ready {
 }
 
 fn ip_fields(src: IpAddr, dst: IpAddr, id: u16) -> IpFields {
-    match (src, dst) {
+    match (src.to_canonical(), dst.to_canonical()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => IpFields::V4 {
             src: s,
             dst: d,
@@ -196,6 +214,14 @@ impl Engine {
         }
     }
 
+    /// Whether the application has dropped every handle of `qp`: only the engine keeps it
+    /// (its transmit hold, and `ours` references of the caller). Such a QP is destroyed as
+    /// far as its peer is concerned: it takes no packet, and sends only the
+    /// acknowledgements it owed ([`SoftQp::release`]).
+    fn released(&self, qp: &Arc<SoftQp>, ours: usize) -> bool {
+        Arc::strong_count(qp) <= ours + usize::from(qp.is_held())
+    }
+
     /// Marks a QP as possibly having packets to send.
     pub fn mark_ready(&self, qpn: u32) {
         let mut r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
@@ -211,6 +237,7 @@ impl Engine {
         if r.set.insert(qpn) {
             r.queue.push_back(qpn);
         }
+        qp.set_held(true);
         r.held.insert(qpn, qp);
     }
 
@@ -234,6 +261,12 @@ impl Engine {
         let count = |c: &AtomicU64| {
             c.fetch_add(1, Ordering::Relaxed);
         };
+        // An IPv4 packet that reached an IPv6 socket carries IPv4-mapped addresses: it is
+        // an IPv4 packet all the same (its ICRC covers an IPv4 header; its GRH is IPv4's).
+        let (from, to) = (
+            SocketAddr::new(from.ip().to_canonical(), from.port()),
+            to.to_canonical(),
+        );
         let to_port = SocketAddr::new(to, self.local.port());
         let Ok(pkt) = Packet::parse(payload) else {
             self.capture(from, to_port, payload, 0);
@@ -264,11 +297,23 @@ impl Engine {
             }
             count(&self.stats.icrc_id_recovered);
         }
+        // The default partition only (full or limited membership), as rxe checks it.
+        if pkt.headers.bth.pkey & 0x7fff != 0x7fff {
+            count(&self.stats.drop_bad_pkey);
+            return Err(DropCause::BadPkey);
+        }
         let qpn = pkt.headers.bth.dest_qp;
         let Some(qp) = self.qp(qpn) else {
             count(&self.stats.drop_unknown_qp);
             return Err(DropCause::UnknownQp);
         };
+        // A QP the application destroyed, kept only until what it owes has left, is gone
+        // for its peer: no packet reaches it (it would still execute WRITEs, READs…).
+        if self.released(&qp, 1) {
+            qp.release();
+            count(&self.stats.drop_unknown_qp);
+            return Err(DropCause::UnknownQp);
+        }
         // The opcode's transport service (its top three bits) must be the QP's.
         let service = match pkt.headers.bth.opcode.value() >> 5 {
             0 => Some(QpType::Rc),
@@ -288,10 +333,13 @@ impl Engine {
             dst: to,
         };
         if let Err(cause) = qp.handle_packet(now, &rx, &src) {
-            match cause {
-                DropCause::WrongSource => count(&self.stats.drop_wrong_source),
-                _ => count(&self.stats.drop_malformed),
-            }
+            count(match cause {
+                DropCause::WrongSource => &self.stats.drop_wrong_source,
+                DropCause::QpState => &self.stats.drop_qp_state,
+                DropCause::BadQkey => &self.stats.drop_bad_qkey,
+                DropCause::NoReceive => &self.stats.drop_ud_no_recv,
+                _ => &self.stats.drop_malformed,
+            });
             return Err(cause);
         }
         count(&self.stats.rcvd_pkts);
@@ -337,12 +385,20 @@ impl Engine {
                 let mut r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
                 let qpn = r.queue.pop_front()?;
                 r.set.remove(&qpn);
-                (qpn, r.held.remove(&qpn))
+                let held = r.held.remove(&qpn);
+                if let Some(qp) = &held {
+                    qp.set_held(false);
+                }
+                (qpn, held)
             };
             let held_alive = held.is_some();
             let Some(qp) = held.or_else(|| self.qp(qpn)) else {
                 continue;
             };
+            if held_alive && Arc::strong_count(&qp) == 1 {
+                // Destroyed by the application: only what it owes leaves, once.
+                qp.release();
+            }
             let mut dst = self.local;
             let built = qp.poll_transmit(now, |tx, dgid, fill| {
                 dst = SocketAddr::new(dgid.to_ip(), self.peer_port);
@@ -411,6 +467,7 @@ impl Engine {
             .collect();
         for qpn in qpns {
             if let Some(qp) = self.qp(qpn)
+                && !self.released(&qp, 1)
                 && qp.next_timeout().is_some_and(|t| t <= now)
             {
                 qp.handle_timeout(now);
@@ -493,16 +550,13 @@ mod tests {
     }
 
     impl LocalMemory for Around {
-        fn local(&self, _pd: PdId, sge: &Sge, _w: bool) -> remem_verbs::Result<MemRegion> {
+        fn local(&self, _pd: PdId, sge: &Sge, _w: bool) -> remem_verbs::Result<Grant> {
             if sge.lkey != 7 {
                 return Err(Error::InvalidLkey { lkey: sge.lkey });
             }
-            let region = self.key.region();
-            let off = region.offset_of(sge.addr, u64::from(sge.length))?;
-            Ok(MemRegion::new(
-                region.buffer().clone(),
-                off..off + sge.length as usize,
-            )?)
+            self.key
+                .grant(sge.addr, u64::from(sge.length))
+                .map_err(|_| Error::InvalidLkey { lkey: sge.lkey })
         }
     }
 
@@ -614,6 +668,77 @@ mod tests {
             assert!(Instant::now() < deadline, "timed out: {wcs:?}");
             std::thread::yield_now();
         }
+    }
+
+    #[test]
+    fn datagrams_of_every_size_are_dropped_and_counted() {
+        let engine = Engine::new("127.0.1.9:4791".parse().unwrap(), 4791);
+        let from: SocketAddr = "127.0.1.10:4791".parse().unwrap();
+        let to: IpAddr = "127.0.1.9".parse().unwrap();
+        let now = Instant::now();
+        let mut x = 0x9e37_79b9_u32;
+        let bytes: Vec<u8> = (0..65_535)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect();
+        for n in 0..=bytes.len() {
+            let r = engine.on_datagram(now, from, to, &bytes[..n], n as u16);
+            assert!(
+                matches!(r, Err(DropCause::Malformed | DropCause::BadIcrc)),
+                "{n} bytes: {r:?}"
+            );
+        }
+        let s = &engine.stats;
+        let dropped =
+            s.drop_malformed.load(Ordering::Relaxed) + s.drop_bad_icrc.load(Ordering::Relaxed);
+        assert_eq!(dropped, bytes.len() as u64 + 1);
+        assert_eq!(s.rcvd_pkts.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_are_ipv4() {
+        // An IPv4 packet that reached an IPv6 socket carries IPv4-mapped addresses: its
+        // ICRC covers an IPv4 header all the same.
+        let engine = Engine::new("127.0.1.9:4791".parse().unwrap(), 4791);
+        let (src, dst) = (
+            std::net::Ipv4Addr::new(127, 0, 1, 10),
+            std::net::Ipv4Addr::new(127, 0, 1, 9),
+        );
+        let mut h = remem_wire::Headers::new(remem_wire::Bth::new(
+            remem_wire::Opcode::RcSendOnly,
+            0x77,
+            remem_wire::Psn::new(1),
+        ));
+        h.bth.ack_req = true;
+        let mut pkt = vec![0u8; h.packet_len(8)];
+        let n = h.build(&[1; 8], &mut pkt).unwrap();
+        pkt.truncate(n);
+        let ip = IpFields::V4 {
+            src,
+            dst,
+            id: 0,
+            flags_frag: IPV4_DF,
+        };
+        icrc::fill(
+            &ip,
+            UdpPorts {
+                src: 4791,
+                dst: 4791,
+            },
+            &mut pkt,
+        )
+        .unwrap();
+        let from = SocketAddr::new(IpAddr::V6(src.to_ipv6_mapped()), 4791);
+        let to = IpAddr::V6(dst.to_ipv6_mapped());
+        // Verified as IPv4, then no QP 0x77: the ICRC was right.
+        assert_eq!(
+            engine.on_datagram(Instant::now(), from, to, &pkt, 0),
+            Err(DropCause::UnknownQp)
+        );
     }
 
     #[test]

@@ -2,12 +2,13 @@
 
 use crate::engine::DropCause;
 use crate::transport::{
-    Env, Grant, RcConfig, RcTransport, RemoteKeyError, Stat, UdSource, UdTransport,
+    AccessError, Env, Grant, RcConfig, RcTransport, RemoteKeyError, Stat, UdDrop, UdSource,
+    UdTransport,
 };
 use crate::wqe::{PdId, RecvWqe, SendData, SendWqe};
 use remem_verbs::{
-    AccessFlags, Error, MemRegion, PostError, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr,
-    Result, SendFlags, SendOp, SendWr, Sge, WorkCompletion, check_modify,
+    AccessFlags, Error, PostError, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, Result,
+    SendFlags, SendOp, SendWr, Sge, WorkCompletion, check_modify,
 };
 use std::collections::VecDeque;
 
@@ -177,9 +178,10 @@ pub fn rc_config(qpn: u32, attr: &QpAttr, window: u32) -> RcConfig {
 
 /// Resolves scatter/gather entries to memory: `local(pd, sge, need_write)`.
 pub trait LocalMemory {
-    /// The region exactly covering `sge` if its lkey names a memory region of `pd` that
-    /// contains it (and grants LOCAL_WRITE when `need_write`).
-    fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> Result<MemRegion>;
+    /// A grant exactly covering `sge` if its lkey names a memory region of `pd` that
+    /// contains it (and grants LOCAL_WRITE when `need_write`); it stops working when the
+    /// region is deregistered.
+    fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> Result<Grant>;
 
     /// The address vector of a UD work request's address handle, which must belong to
     /// `pd` (IBTA) and to this device.
@@ -264,8 +266,12 @@ pub fn build_send_wqe(
     let data = if inline {
         let mut bytes = vec![0u8; len as usize];
         let mut at = 0;
-        for r in &sges {
-            r.read(0, &mut bytes[at..at + r.len()])?;
+        for (r, sge) in sges.iter().zip(wr.sg_list) {
+            r.read(0, &mut bytes[at..at + r.len()])
+                .map_err(|e| match e {
+                    AccessError::Revoked => Error::InvalidLkey { lkey: sge.lkey },
+                    AccessError::Mem(e) => Error::Mem(e),
+                })?;
             at += r.len();
         }
         SendData::Inline(bytes.into_boxed_slice())
@@ -346,7 +352,7 @@ pub enum Transport {
 }
 
 /// A packet's payload writer, as the transports hand it out.
-pub type Fill<'a> = dyn FnMut(&mut [u8]) -> std::result::Result<(), remem_verbs::MemError> + 'a;
+pub type Fill<'a> = dyn FnMut(&mut [u8]) -> std::result::Result<(), AccessError> + 'a;
 
 impl Transport {
     /// The QP state.
@@ -378,16 +384,35 @@ impl Transport {
         }
     }
 
+    /// Hands a packet to the transport if the QP's state takes it (rxe's
+    /// `check_type_state`): RC requests in RTR, RTS and SQD, RC responses in RTS and SQD,
+    /// UD datagrams in RTR, RTS and SQD; the rest is dropped with its cause.
     fn handle_packet(
         &mut self,
         now: std::time::Instant,
         pkt: &crate::transport::RxPacket<'_>,
         src: &UdSource,
         env: &mut dyn Env,
-    ) {
+    ) -> std::result::Result<(), DropCause> {
         match self {
-            Transport::Rc(t) => t.handle_packet(now, pkt, env),
-            Transport::Ud(t) => t.handle_packet(pkt, src, env),
+            Transport::Rc(t) => {
+                let takes = match t.state() {
+                    QpState::Rtr => pkt.kind.is_request(),
+                    QpState::Rts | QpState::Sqd => true,
+                    _ => false,
+                };
+                if !takes {
+                    return Err(DropCause::QpState);
+                }
+                t.handle_packet(now, pkt, env);
+                Ok(())
+            }
+            Transport::Ud(t) => t.handle_packet(pkt, src, env).map_err(|e| match e {
+                UdDrop::State => DropCause::QpState,
+                UdDrop::Malformed => DropCause::Malformed,
+                UdDrop::Qkey => DropCause::BadQkey,
+                UdDrop::NoReceive => DropCause::NoReceive,
+            }),
         }
     }
 
@@ -521,6 +546,9 @@ pub struct SoftQp {
     mem: std::sync::Arc<dyn LocalMemory + Send + Sync>,
     wake: Wake,
     inner: std::sync::Mutex<QpInner>,
+    /// Whether the engine's transmit queue holds a strong reference (kept with that
+    /// reference, under the engine's lock).
+    held: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for SoftQp {
@@ -596,7 +624,19 @@ impl SoftQp {
                 rq: VecDeque::new(),
                 t,
             }),
+            held: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Records whether the engine's transmit queue holds a strong reference to this QP
+    /// (the engine sets it as it takes or gives back that reference).
+    pub(crate) fn set_held(&self, held: bool) {
+        self.held.store(held, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the engine's transmit queue holds a strong reference to this QP.
+    pub(crate) fn is_held(&self) -> bool {
+        self.held.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, QpInner> {
@@ -638,13 +678,15 @@ impl SoftQp {
         }
     }
 
-    /// Handles a packet addressed to this QP, received from `src`. An RC QP connected to
-    /// a peer (RTR, RTS, SQD) takes packets only from its destination GID's address, as
-    /// rxe's `check_addr` does: one from any other source is dropped
-    /// ([`DropCause::WrongSource`]) before it reaches the transport, so a third party can
-    /// neither write through the QP nor forge its ACKs, NAKs or READ responses without
-    /// spoofing the peer's address. (The transport itself ignores packets in the other
-    /// states.)
+    /// Handles a packet addressed to this QP, received from `src`. What the QP's state does
+    /// not take is dropped first ([`DropCause::QpState`]: anything in RESET, INIT or ERR,
+    /// an RC response before RTS). An RC QP connected to a peer (RTR, RTS, SQD) takes
+    /// packets only from its destination GID's address, as rxe's `check_addr` does (an
+    /// IPv4 source matches the IPv4-mapped GID of its address): one from any other source
+    /// is dropped ([`DropCause::WrongSource`]) before it reaches the transport, so a third
+    /// party can neither write through the QP nor forge its ACKs, NAKs or READ responses
+    /// without spoofing the peer's address. UD datagrams may come from anywhere; their
+    /// Q_Key is checked ([`DropCause::BadQkey`]).
     pub fn handle_packet(
         &self,
         now: std::time::Instant,
@@ -654,13 +696,25 @@ impl SoftQp {
         self.with_env(|t, env| {
             if let Transport::Rc(rc) = t
                 && matches!(rc.state(), QpState::Rtr | QpState::Rts | QpState::Sqd)
-                && remem_verbs::Gid::from(src.src) != env.around_dgid
+                && remem_verbs::Gid::from(src.src.to_canonical()) != env.around_dgid
             {
                 return Err(DropCause::WrongSource);
             }
-            t.handle_packet(now, pkt, src, env);
-            Ok(())
+            t.handle_packet(now, pkt, src, env)
         })
+    }
+
+    /// The application dropped its last handle while the device still holds the QP to
+    /// send what it owes (see [`crate::engine`]): it takes no more packets, runs no
+    /// timers, and sends only the acknowledgements it had queued
+    /// ([`RcTransport::release`]).
+    pub fn release(&self) {
+        let mut g = self.lock();
+        match &mut g.t {
+            Transport::Rc(t) => t.release(),
+            Transport::Ud(t) => t.release(),
+        }
+        g.rq.clear();
     }
 
     /// Handles expired timers.
@@ -816,7 +870,7 @@ impl remem_verbs::QueuePair for SoftQp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use remem_verbs::{MemoryBuffer, Mtu};
+    use remem_verbs::{MemRegion, MemoryBuffer, Mtu};
     use std::sync::Arc;
 
     /// One region, lkey 1 in PD 1, LOCAL_WRITE only if `writable`.
@@ -826,7 +880,7 @@ mod tests {
     }
 
     impl LocalMemory for OneMr {
-        fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> Result<MemRegion> {
+        fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> Result<Grant> {
             if sge.lkey != 1 || pd != PdId(1) {
                 return Err(Error::InvalidLkey { lkey: sge.lkey });
             }
@@ -841,10 +895,10 @@ mod tests {
                     length: sge.length,
                     lkey: sge.lkey,
                 })?;
-            Ok(MemRegion::new(
-                self.region.buffer().clone(),
-                off..off + sge.length as usize,
-            )?)
+            Ok(
+                MemRegion::new(self.region.buffer().clone(), off..off + sge.length as usize)?
+                    .into(),
+            )
         }
     }
 

@@ -1,20 +1,27 @@
 //! Work queue entries: work requests after validation, with their scatter/gather entries
 //! resolved to memory. Shared by the QP, the SRQ and the transport.
+//!
+//! Each scatter/gather entry is a [`Grant`] of its lkey's registration: every access checks
+//! that the key still stands, so deregistering a region stops the NIC from touching it even
+//! through work requests posted before (a receive still waiting for its SEND, a SEND whose
+//! packets are still to be built), as rxe looks the lkey up again for every packet.
 
-use remem_verbs::MemRegion;
+use crate::transport::{AccessError, Grant};
+use remem_verbs::MemError;
 
 /// Identifies a protection domain within a soft device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PdId(pub u32);
 
 /// A receive work request, validated: every scatter entry was resolved (at post time) to the
-/// exact range of a memory region of the right PD with LOCAL_WRITE access.
+/// exact range of a memory region of the right PD with LOCAL_WRITE access, usable while the
+/// region stays registered.
 #[derive(Debug, Clone)]
 pub struct RecvWqe {
     /// The caller's `wr_id`.
     pub wr_id: u64,
-    /// The scatter list: each region covers exactly one `ibv_sge`.
-    pub sges: Vec<MemRegion>,
+    /// The scatter list: each grant covers exactly one `ibv_sge`.
+    pub sges: Vec<Grant>,
     /// Sum of the scatter entries' lengths.
     pub total_len: u64,
 }
@@ -34,8 +41,8 @@ pub struct UdTarget {
 #[derive(Debug, Clone)]
 pub enum SendData {
     /// Gather list (SEND, WRITE, ATOMIC WRITE) or scatter list (READ, atomic results):
-    /// each region covers exactly one `ibv_sge`.
-    Sges(Vec<MemRegion>),
+    /// each grant covers exactly one `ibv_sge` and works while its region stays registered.
+    Sges(Vec<Grant>),
     /// Inline data copied at post time (`IBV_SEND_INLINE`).
     Inline(Box<[u8]>),
 }
@@ -63,7 +70,16 @@ pub struct SendWqe {
 
 impl SendWqe {
     /// Copies `dst.len()` bytes of the message starting at `offset` into `dst` (gather).
-    pub fn gather(&self, mut offset: u64, dst: &mut [u8]) -> Result<(), remem_verbs::MemError> {
+    /// [`AccessError::Revoked`] if a region it reads was deregistered since it was posted.
+    pub fn gather(&self, mut offset: u64, dst: &mut [u8]) -> Result<(), AccessError> {
+        let want = dst.len() as u64;
+        let out_of_bounds = |offset: u64, size: u64| {
+            AccessError::Mem(MemError::OutOfBounds {
+                offset,
+                len: want,
+                size,
+            })
+        };
         match &self.data {
             SendData::Inline(bytes) => {
                 let start = usize::try_from(offset).unwrap_or(usize::MAX);
@@ -72,11 +88,7 @@ impl SendWqe {
                         dst.copy_from_slice(src);
                         Ok(())
                     }
-                    None => Err(remem_verbs::MemError::OutOfBounds {
-                        offset,
-                        len: dst.len() as u64,
-                        size: bytes.len() as u64,
-                    }),
+                    None => Err(out_of_bounds(offset, bytes.len() as u64)),
                 }
             }
             SendData::Sges(sges) => {
@@ -98,11 +110,7 @@ impl SendWqe {
                 if done == dst.len() {
                     Ok(())
                 } else {
-                    Err(remem_verbs::MemError::OutOfBounds {
-                        offset,
-                        len: dst.len() as u64,
-                        size: self.len,
-                    })
+                    Err(out_of_bounds(offset, self.len))
                 }
             }
         }
@@ -110,33 +118,39 @@ impl SendWqe {
 
     /// Writes `src` into the scatter list starting at message `offset` (READ responses,
     /// atomic results).
-    pub fn scatter(&self, offset: u64, src: &[u8]) -> Result<(), remem_verbs::MemError> {
+    pub fn scatter(&self, offset: u64, src: &[u8]) -> Result<(), AccessError> {
         match &self.data {
             SendData::Sges(sges) => scatter_into(sges, offset, src),
-            SendData::Inline(_) => Err(remem_verbs::MemError::OutOfBounds {
+            SendData::Inline(_) => Err(AccessError::Mem(MemError::OutOfBounds {
                 offset,
                 len: src.len() as u64,
                 size: 0,
-            }),
+            })),
+        }
+    }
+
+    /// Whether a region of its scatter/gather list was deregistered since it was posted
+    /// (inline data was copied when posted and has none).
+    pub fn is_revoked(&self) -> bool {
+        match &self.data {
+            SendData::Sges(sges) => sges.iter().any(Grant::is_revoked),
+            SendData::Inline(_) => false,
         }
     }
 }
 
 /// Writes `src` into a scatter list at message `offset`; fails (writing nothing past the
-/// list) if the list is too short.
-pub fn scatter_into(
-    sges: &[MemRegion],
-    mut offset: u64,
-    src: &[u8],
-) -> Result<(), remem_verbs::MemError> {
+/// list) if the list is too short ([`AccessError::Mem`]) or with [`AccessError::Revoked`]
+/// if a region of it was deregistered since it was posted.
+pub fn scatter_into(sges: &[Grant], mut offset: u64, src: &[u8]) -> Result<(), AccessError> {
     let total: u64 = sges.iter().map(|s| s.len() as u64).sum();
     let end = offset.checked_add(src.len() as u64);
     if end.is_none_or(|e| e > total) {
-        return Err(remem_verbs::MemError::OutOfBounds {
+        return Err(AccessError::Mem(MemError::OutOfBounds {
             offset,
             len: src.len() as u64,
             size: total,
-        });
+        }));
     }
     let mut done = 0usize;
     for sge in sges {
@@ -159,15 +173,15 @@ pub fn scatter_into(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use remem_verbs::{MemoryBuffer, SendOp};
+    use remem_verbs::{MemRegion, MemoryBuffer, SendOp};
     use std::sync::Arc;
 
-    fn regions() -> (Arc<MemoryBuffer>, Vec<MemRegion>) {
+    fn regions() -> (Arc<MemoryBuffer>, Vec<Grant>) {
         let buf = Arc::new(MemoryBuffer::from_vec((0..100u8).collect()));
         let sges = vec![
-            MemRegion::new(buf.clone(), 10..13).unwrap(),
-            MemRegion::new(buf.clone(), 50..50).unwrap(),
-            MemRegion::new(buf.clone(), 20..25).unwrap(),
+            MemRegion::new(buf.clone(), 10..13).unwrap().into(),
+            MemRegion::new(buf.clone(), 50..50).unwrap().into(),
+            MemRegion::new(buf.clone(), 20..25).unwrap().into(),
         ];
         (buf, sges)
     }
@@ -207,6 +221,31 @@ mod tests {
             before,
             "failed scatter wrote nothing"
         );
+    }
+
+    #[test]
+    fn a_deregistered_region_is_neither_gathered_nor_scattered() {
+        let buf = Arc::new(MemoryBuffer::from_vec(vec![7; 64]));
+        let key = crate::transport::KeyedRegion::new(MemRegion::whole(buf.clone()));
+        let sges = vec![key.grant_all().unwrap()];
+        let wqe = SendWqe {
+            wr_id: 1,
+            op: SendOp::Send,
+            data: SendData::Sges(sges.clone()),
+            len: 64,
+            signaled: true,
+            solicited: false,
+            fence: false,
+            ud: None,
+        };
+        assert!(!wqe.is_revoked());
+        key.revoke(); // ibv_dereg_mr after the post
+        assert!(wqe.is_revoked());
+        let mut out = [0u8; 8];
+        assert_eq!(wqe.gather(0, &mut out), Err(AccessError::Revoked));
+        assert_eq!(out, [0; 8], "nothing read");
+        assert_eq!(scatter_into(&sges, 0, &[1; 8]), Err(AccessError::Revoked));
+        assert_eq!(buf.to_vec(0, 64).unwrap(), vec![7; 64], "nothing written");
     }
 
     #[test]

@@ -106,7 +106,11 @@ impl Env for FuzzEnv<'_> {
         let i = self.recvs % 4;
         Some(RecvWqe {
             wr_id: i as u64,
-            sges: vec![MemRegion::new(self.t.recv_buf.clone(), i * 4096..(i + 1) * 4096).unwrap()],
+            sges: vec![
+                MemRegion::new(self.t.recv_buf.clone(), i * 4096..(i + 1) * 4096)
+                    .unwrap()
+                    .into(),
+            ],
             total_len: 4096,
         })
     }

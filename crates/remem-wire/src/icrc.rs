@@ -180,25 +180,28 @@ pub fn recover_ipv4_id(ip: &IpFields, ports: UdpPorts, udp_payload: &[u8]) -> Op
     };
     let zero = crc_with(0);
     // Each identification bit's effect on the CRC, reduced to a basis by elimination;
-    // `combo[k]` records which identification bits make up `basis[k]`.
-    let mut basis: Vec<(u32, u16)> = Vec::with_capacity(16);
+    // `combo[k]` records which identification bits make up `basis[k]`. (On the stack: a
+    // flood of corrupted packets costs no allocation.)
+    let mut basis = [(0u32, 0u16); 16];
+    let mut len = 0;
     for bit in 0..16 {
         let mut v = crc_with(1 << bit) ^ zero;
         let mut combo = 1u16 << bit;
-        for &(b, c) in &basis {
+        for &(b, c) in &basis[..len] {
             if v ^ b < v {
                 v ^= b;
                 combo ^= c;
             }
         }
         if v != 0 {
-            basis.push((v, combo));
-            basis.sort_by_key(|b| std::cmp::Reverse(b.0));
+            basis[len] = (v, combo);
+            len += 1;
+            basis[..len].sort_unstable_by_key(|b| std::cmp::Reverse(b.0));
         }
     }
     let mut rest = target;
     let mut id = 0u16;
-    for &(b, c) in &basis {
+    for &(b, c) in &basis[..len] {
         if rest ^ b < rest {
             rest ^= b;
             id ^= c;

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 /// ran out of retries (RETRY_EXC_ERR).
 pub const MAX_UNACKED_PSNS: u32 = 128;
 /// Transport statistics in counter order, with their rxe names.
-pub const STAT_NAMES: [(Stat, &str); 11] = [
+pub const STAT_NAMES: [(Stat, &str); 12] = [
     (Stat::DuplicateRequest, "duplicate_request"),
     (Stat::OutOfSeqRequest, "out_of_seq_request"),
     (Stat::RcvdRnrNak, "rcvd_rnr_err"),
@@ -47,6 +47,7 @@ pub const STAT_NAMES: [(Stat, &str); 11] = [
     (Stat::SendErr, "send_err"),
     (Stat::DuplicateReadDropped, "drop_duplicate_read"),
     (Stat::ReadOverflowDropped, "drop_read_overflow"),
+    (Stat::ResponseQueueFull, "drop_resp_queue_full"),
 ];
 
 static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
@@ -55,6 +56,8 @@ static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
 const FIRST_QPN: u32 = 16;
 /// The largest QP number (24 bits).
 const MAX_QPN: u32 = 0x00ff_ffff;
+/// The multicast QPN (IBTA: a packet to it is for a multicast group's QPs): never a QP's.
+const MULTICAST_QPN: u32 = 0x00ff_ffff;
 
 /// How a device's packets are moved.
 #[derive(Debug)]
@@ -162,14 +165,15 @@ impl DeviceShared {
     }
 
     /// A QP number not in use by a live QP: 24 bits, from 16 up (0 and 1 are the special
-    /// QPs), in the order of a secret permutation of the QPN space ([`keys::QpnGen`]): a
-    /// peer who knows one of the device's QPNs cannot guess the others, and a destroyed
-    /// QP's number is handed out again only after the rest of the space.
+    /// QPs) and never 0xFFFFFF (the multicast QPN), in the order of a secret permutation of
+    /// the QPN space ([`keys::QpnGen`]): a peer who knows one of the device's QPNs cannot
+    /// guess the others, and a destroyed QP's number is handed out again only after the
+    /// rest of the space.
     pub(crate) fn alloc_qpn(&self) -> Result<u32> {
         let mut g = self.qpns.lock().unwrap_or_else(|p| p.into_inner());
         for _ in 0..=MAX_QPN {
             let qpn = g.next_qpn();
-            if qpn >= FIRST_QPN && !self.engine.has_qp(qpn) {
+            if qpn >= FIRST_QPN && qpn != MULTICAST_QPN && !self.engine.has_qp(qpn) {
                 return Ok(qpn);
             }
         }
@@ -206,6 +210,10 @@ impl DeviceShared {
             counter("drop_unknown_qp", &e.drop_unknown_qp),
             counter("drop_wrong_transport", &e.drop_wrong_transport),
             counter("drop_wrong_source", &e.drop_wrong_source),
+            counter("drop_bad_pkey", &e.drop_bad_pkey),
+            counter("drop_qp_state", &e.drop_qp_state),
+            counter("drop_bad_qkey", &e.drop_bad_qkey),
+            counter("drop_ud_no_recv", &e.drop_ud_no_recv),
             counter("icrc_id_recovered", &e.icrc_id_recovered),
             counter("tx_datagrams", &e.tx_datagrams),
             counter("rx_datagrams", &e.rx_datagrams),
@@ -363,7 +371,7 @@ impl DeviceShared {
 }
 
 impl LocalMemory for DeviceShared {
-    fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> Result<MemRegion> {
+    fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> Result<Grant> {
         self.mrs.local(pd, sge, need_write)
     }
 
@@ -754,11 +762,12 @@ mod tests {
         // Not a sequence: knowing one number does not give the next.
         let sequential = qpns.windows(2).filter(|w| w[1] == w[0] + 1).count();
         assert!(sequential < 5, "{sequential} sequential QPNs");
-        // 0, 1 and the rest below 16 are never handed out.
-        for special in [0, 1, 15] {
+        // 0, 1 and the rest below 16 are never handed out, nor the multicast QPN.
+        for special in [0, 1, 15, MULTICAST_QPN] {
             dev.qpns.lock().unwrap().seek(special);
             let q = dev.alloc_qpn().unwrap();
             assert!(q >= FIRST_QPN, "{q} after seeking {special}");
+            assert_ne!(q, MULTICAST_QPN, "after seeking {special}");
         }
         // A live QP's number is skipped when the sequence comes round to it.
         let pd = dev.alloc_pd().unwrap();

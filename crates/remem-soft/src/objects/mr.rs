@@ -5,7 +5,7 @@
 //! posting and once per request packet on the responder: they take a read lock, hash the
 //! key with one multiplication (keys come from a secret permutation, so they are already
 //! spread and a peer cannot choose them), and allocate nothing — the resulting
-//! [`MemRegion`] or [`Grant`] shares the registration's buffer.
+//! [`Grant`] shares the registration's buffer.
 //!
 //! Deregistration revokes the rkey at the root: the registration's [`KeyedRegion`] is
 //! shared by every [`Grant`] a responder resolved from it (and kept for a WRITE's later
@@ -132,8 +132,8 @@ impl MrTable {
     /// Removes a registration: both its keys stop working at once (for posts and for
     /// peers), and every grant a responder resolved from its rkey is revoked — once this
     /// returns, no peer's packet reads or writes the memory (a copy in progress is waited
-    /// for). Work requests posted with its lkey keep their own [`MemRegion`]s (using them
-    /// after deregistration is the application's error, as with verbs).
+    /// for). Work requests posted with its lkey hold grants of the same key: they reach the
+    /// memory no more either (they complete with a local protection error).
     pub fn remove(&self, e: &Arc<MrEntry>) {
         {
             let mut t = self.tables.write().unwrap_or_else(|p| p.into_inner());
@@ -160,16 +160,6 @@ impl MrTable {
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    /// `[off, off + len)` of `region` (already checked to lie inside it).
-    fn sub(region: &MemRegion, off: usize, len: u64) -> Option<MemRegion> {
-        let start = region.offset() + off;
-        MemRegion::new(
-            region.buffer().clone(),
-            start..start + usize::try_from(len).ok()?,
-        )
-        .ok()
     }
 
     /// Resolves a remote access for the responder: a grant exactly covering
@@ -222,8 +212,9 @@ impl LocalMemory for MrTable {
     /// Resolves an `ibv_sge`: unknown lkey or a region of another PD →
     /// [`Error::InvalidLkey`]; `need_write` without LOCAL_WRITE → [`Error::LocalAccess`];
     /// outside the region (or wrapping past 2^64) → [`Error::SgeOutOfBounds`]. A zero-length
-    /// entry inside (or at the end of) its region is valid.
-    fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> Result<MemRegion> {
+    /// entry inside (or at the end of) its region is valid. The grant stops working when
+    /// the region is deregistered (the lkey is revoked with the rkey).
+    fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> Result<Grant> {
         let t = self.tables.read().unwrap_or_else(|p| p.into_inner());
         let e = t
             .by_lkey
@@ -233,15 +224,15 @@ impl LocalMemory for MrTable {
         if need_write && !e.access.contains(AccessFlags::LOCAL_WRITE) {
             return Err(Error::LocalAccess { lkey: sge.lkey });
         }
-        let len = u64::from(sge.length);
-        e.region()
-            .offset_of(sge.addr, len)
-            .ok()
-            .and_then(|off| Self::sub(e.region(), off, len))
-            .ok_or(Error::SgeOutOfBounds {
-                addr: sge.addr,
-                length: sge.length,
-                lkey: sge.lkey,
+        e.key
+            .grant(sge.addr, u64::from(sge.length))
+            .map_err(|cause| match cause {
+                RemoteKeyError::OutOfBounds => Error::SgeOutOfBounds {
+                    addr: sge.addr,
+                    length: sge.length,
+                    lkey: sge.lkey,
+                },
+                _ => Error::InvalidLkey { lkey: sge.lkey },
             })
     }
 }
@@ -398,9 +389,12 @@ mod tests {
         let (va, k) = (region.addr(), e.lkey);
         let whole = t.local(PdId(7), &sge(va, 128, k), true).unwrap();
         assert_eq!((whole.addr(), whole.len()), (va, 128));
-        assert!(Arc::ptr_eq(whole.buffer(), &buf), "shares the buffer");
+        whole.write(0, &[9]).unwrap();
+        assert_eq!(buf.to_vec(64, 1).unwrap(), [9], "shares the buffer");
         let mid = t.local(PdId(7), &sge(va + 5, 7, k), true).unwrap();
-        assert_eq!((mid.offset(), mid.len()), (64 + 5, 7));
+        assert_eq!((mid.addr(), mid.len()), (va + 5, 7));
+        mid.write(0, &[8]).unwrap();
+        assert_eq!(buf.to_vec(64 + 5, 1).unwrap(), [8]);
         let end = t.local(PdId(7), &sge(va + 128, 0, k), false).unwrap();
         assert_eq!(end.len(), 0, "zero length at the end is inside");
         let oob = |addr, len| {

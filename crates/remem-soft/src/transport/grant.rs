@@ -11,6 +11,12 @@
 //! atomic subtract); [`KeyedRegion::revoke`] sets the bit and waits until the accesses that
 //! entered before it have left. From the moment `revoke` returns, no grant reaches the
 //! memory: no allocation, no lock, two uncontended atomic operations per packet.
+//!
+//! The lkey side works the same way: a work request's scatter/gather entries are grants
+//! resolved from the lkey when it is posted, so a receive whose region is deregistered
+//! before a SEND lands in it, or a SEND/WRITE whose source region is deregistered before
+//! its packets are built, touches the memory no more (the work request completes with a
+//! local protection error, as rxe's `copy_data` finds the lkey gone).
 
 use super::RemoteKeyError;
 use remem_verbs::{MemError, MemRegion};
@@ -115,15 +121,29 @@ pub enum AccessError {
     Mem(MemError),
 }
 
-/// A resolved remote access: a range of a key's memory, usable until the key is revoked.
-/// Offsets of its methods are relative to the start of the range. Cloning it is one
-/// reference-count increment.
+/// A resolved access through a memory key: a range of a key's memory, usable until the key
+/// is revoked — an rkey's at the responder, an lkey's in a posted work request. Offsets of
+/// its methods are relative to the start of the range. Cloning it is one reference-count
+/// increment.
 #[derive(Debug, Clone)]
 pub struct Grant {
     key: Arc<KeyedRegion>,
     /// Offset of the range inside the key's region.
     offset: usize,
     len: usize,
+}
+
+impl From<MemRegion> for Grant {
+    /// A grant for the whole of `region` under a key of its own that nothing revokes
+    /// (memory no registration guards: tests, the simulation).
+    fn from(region: MemRegion) -> Self {
+        let len = region.len();
+        Grant {
+            key: KeyedRegion::new(region),
+            offset: 0,
+            len,
+        }
+    }
 }
 
 impl Grant {

@@ -23,7 +23,7 @@ mod ud;
 
 pub use grant::{AccessError, Grant, Held, KeyedRegion};
 pub use rc::{RcConfig, RcTransport};
-pub use ud::{UdSource, UdTransport};
+pub use ud::{UdDrop, UdSource, UdTransport};
 
 use crate::wqe::RecvWqe;
 use remem_verbs::{AccessFlags, AsyncEvent, WorkCompletion};
@@ -268,6 +268,10 @@ pub enum Stat {
     /// while as many READ responses as the QP has responder resources were still queued
     /// (`drop_read_overflow`).
     ReadOverflowDropped,
+    /// A request was dropped unexecuted (as if lost: the requester retries it) because the
+    /// QP's queue of responses to send was full (`drop_resp_queue_full`): a peer cannot
+    /// make the responder queue more than a bounded number of ACKs, NAKs and answers.
+    ResponseQueueFull,
 }
 
 /// What the transport needs from its surroundings: memory, receive queues, completion

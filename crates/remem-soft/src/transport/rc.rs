@@ -20,6 +20,11 @@ pub const MAX_MSG: u64 = 1 << 31;
 /// Ask for an ACK at least every this many packets of a long message (as rxe).
 const ACKREQ_EVERY: u32 = 64;
 
+/// Responses a responder queues beyond two per responder resource (an answer and an ACK
+/// before it): room for the ACKs and NAKs of one receive batch. A requester within its
+/// `max_rd_atomic` never needs more; what a peer sends beyond it is dropped unexecuted.
+const RESPONSE_SLACK: usize = 16;
+
 /// The attributes the transport runs with (from `ibv_qp_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RcConfig {
@@ -284,7 +289,17 @@ impl Responder {
         });
     }
 
+    /// Queues a NAK, unless the same NAK is already the last response queued (a flood of
+    /// SENDs without a receive gets one RNR NAK per burst, not one each).
     fn push_nak(&mut self, psn: u32, syndrome: Syndrome) {
+        if let Some(Out::Ack {
+            psn: p,
+            syndrome: s,
+        }) = self.out.back()
+            && (*p, *s) == (psn, syndrome)
+        {
+            return;
+        }
         self.out.push_back(Out::Ack { psn, syndrome });
     }
 }
@@ -390,6 +405,28 @@ impl RcTransport {
         }
     }
 
+    /// The application destroyed the QP while the device still holds it to send what it
+    /// owes: from now on it takes no packet (RESET), runs no timer and sends no request,
+    /// and of its queued responses only the acknowledgements go out (ACKs, NAKs, atomic
+    /// answers, the empty answers of ATOMIC WRITE and FLUSH) — not the rest of a READ
+    /// response: a destroyed QP reaches no memory any more. No completions are reported
+    /// (verbs reports none for a destroyed QP).
+    pub fn release(&mut self) {
+        self.state = QpState::Reset;
+        self.req = Requester::new();
+        self.resp.progress = InProgress::Idle;
+        self.resp.resources.clear();
+        self.resp.out.retain(|o| {
+            !matches!(
+                o,
+                Out::Read {
+                    region: Some(_),
+                    ..
+                }
+            )
+        });
+    }
+
     /// Queues a validated send work request. In ERR it completes at once with
     /// `WR_FLUSH_ERR`.
     pub fn post_send(&mut self, wqe: SendWqe, env: &mut dyn Env) {
@@ -453,7 +490,7 @@ impl RcTransport {
         &mut self,
         now: Instant,
         env: &mut dyn Env,
-        emit: impl FnOnce(&TxPacket, &mut dyn FnMut(&mut [u8]) -> Result<(), MemError>) -> R,
+        emit: impl FnOnce(&TxPacket, &mut dyn FnMut(&mut [u8]) -> Result<(), AccessError>) -> R,
     ) -> Option<R> {
         let sending = matches!(self.state, QpState::Rts | QpState::Sqd);
         // A plain ACK lets one request packet of this QP go first: the two then leave in
@@ -474,18 +511,31 @@ impl RcTransport {
                 None => return None,
             },
         };
+        // A region of the work request was deregistered since it was posted: none of it is
+        // sent, the work request completes with a local protection error (rxe's
+        // `copy_data` finds the lkey gone) and the QP goes to ERR. (A deregistration after
+        // this check makes the gather below fail: the packet is not built, and the
+        // retransmission ends here.)
+        if let PayloadSrc::Wqe { index, .. } = &src
+            && self.req.sq.get(*index).is_some_and(|e| e.wqe.is_revoked())
+        {
+            self.fail(now, Some(pkt.psn), WcStatus::LocProtErr, env);
+            return self.poll_transmit(now, env, emit);
+        }
         let sq = &self.req.sq;
         let mut fill = |dst: &mut [u8]| match &src {
             PayloadSrc::None => Ok(()),
             PayloadSrc::Wqe { index, offset } => match sq.get(*index) {
                 Some(e) => e.wqe.gather(*offset, dst),
-                None => Err(MemError::OutOfBounds {
+                None => Err(AccessError::Mem(MemError::OutOfBounds {
                     offset: *offset,
                     len: dst.len() as u64,
                     size: 0,
-                }),
+                })),
             },
-            PayloadSrc::Region { held, offset } => held.read(*offset, dst),
+            PayloadSrc::Region { held, offset } => {
+                held.read(*offset, dst).map_err(AccessError::Mem)
+            }
         };
         Some(emit(&pkt, &mut fill))
     }
@@ -498,9 +548,9 @@ impl RcTransport {
         }
         r.rnr_until = None;
         let entry = r.sq.get_mut(r.cur)?;
-        // At most `window` PSNs unacknowledged, checked for every packet (as rxe's
-        // requester does), not only when a work request starts: one long message must not
-        // put more than the window on the wire.
+        // The window bounds the PSNs in flight packet by packet, inside a message too: a
+        // peer that stops acknowledging gets at most a window per attempt, however long
+        // the message (rxe bounds unacknowledged PSNs the same way).
         if diff(r.next_psn, r.una) >= cfg.window as i32 {
             return None;
         }
@@ -653,7 +703,11 @@ impl RcTransport {
                 pkt.payload_len = (entry.wqe.len - offset).min(mtu) as u32;
                 pkt.solicited = entry.wqe.solicited && pkt.pos.ends();
                 r.since_ackreq += 1;
-                pkt.ack_req = pkt.pos.ends() || r.since_ackreq >= ACKREQ_EVERY;
+                // An ACK is asked for at the end of a message, every ACKREQ_EVERY packets,
+                // and on the packet that fills the window (else a window smaller than
+                // ACKREQ_EVERY would wait for an ACK nobody asked for).
+                let fills_window = diff(add(psn, 1), r.una) >= cfg.window as i32;
+                pkt.ack_req = pkt.pos.ends() || r.since_ackreq >= ACKREQ_EVERY || fills_window;
                 payload_off = Some(offset);
             }
         }
@@ -904,7 +958,23 @@ impl RcTransport {
         self.req.timer = None;
         self.req.rnr_until = None;
         self.req.rd_outstanding = 0;
-        self.resp.progress = InProgress::Idle;
+        // A receive a multi-packet SEND had begun to fill is flushed like the queued ones
+        // (first: it was taken first), not dropped: its buffer must come back to the
+        // application (rxe completes `qp->resp.wqe` with a flush error too).
+        if let InProgress::Send { wqe, .. } =
+            std::mem::replace(&mut self.resp.progress, InProgress::Idle)
+        {
+            env.recv_completion(
+                WorkCompletion {
+                    wr_id: wqe.wr_id,
+                    status: WcStatus::WrFlushErr,
+                    opcode: WcOpcode::Recv,
+                    qp_num: self.cfg.qpn,
+                    ..WorkCompletion::default()
+                },
+                false,
+            );
+        }
         // Keep queued NAKs so the peer learns why; drop everything else.
         self.resp
             .out
@@ -1141,10 +1211,13 @@ impl RcTransport {
         if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
             return;
         }
+        // What a peer can make the responder queue is bounded: with the queue of responses
+        // full, a request is dropped unexecuted, as if lost (the requester retries it).
+        let full = self.resp.out.len() >= self.response_cap();
         let d = diff(pkt.psn, self.resp.epsn);
         if d > 0 {
             env.count(Stat::OutOfSeqRequest);
-            if !self.resp.nak_sent {
+            if !self.resp.nak_sent && !full {
                 self.resp.nak_sent = true;
                 let e = self.resp.epsn;
                 self.resp.push_nak(e, Syndrome::NakPsnSeqErr);
@@ -1152,7 +1225,16 @@ impl RcTransport {
             return;
         }
         if d < 0 {
+            env.count(Stat::DuplicateRequest);
+            if full {
+                env.count(Stat::ResponseQueueFull);
+                return;
+            }
             self.duplicate(pkt, env);
+            return;
+        }
+        if full {
+            env.count(Stat::ResponseQueueFull);
             return;
         }
         self.resp.nak_sent = false;
@@ -1208,6 +1290,12 @@ impl RcTransport {
         self.resp.push_nak(psn, Syndrome::NakRemoteAccessError);
     }
 
+    /// The most responses queued at once: two per responder resource (READ responses,
+    /// atomic answers, the ACKs between them) and [`RESPONSE_SLACK`] more.
+    fn response_cap(&self) -> usize {
+        2 * usize::from(self.cfg.max_dest_rd_atomic.max(1)) + RESPONSE_SLACK
+    }
+
     /// READ responses queued (new ones and replays, partly sent or not).
     fn queued_reads(&self) -> usize {
         self.resp
@@ -1218,7 +1306,6 @@ impl RcTransport {
     }
 
     fn duplicate(&mut self, pkt: &RxPacket<'_>, env: &mut dyn Env) {
-        env.count(Stat::DuplicateRequest);
         let psn = pkt.psn;
         match pkt.kind {
             Kind::ReadRequest => {
@@ -1473,10 +1560,13 @@ impl RcTransport {
                 {
                     return Err(Refuse::Invalid);
                 }
+                // Unlike a zero-length READ or WRITE, a FLUSH always names a key, and it
+                // is checked even for an empty range (as rxe's check_rkey does).
                 let region = match feth.selectivity {
-                    SELECT_RANGE => {
-                        Self::remote(env, reth.rkey, reth.va, u64::from(reth.dma_len), need)?
-                    }
+                    SELECT_RANGE => Some(
+                        env.remote(reth.rkey, reth.va, u64::from(reth.dma_len), need)
+                            .map_err(Refuse::Access)?,
+                    ),
                     SELECT_REGION => {
                         Some(env.remote_region(reth.rkey, need).map_err(Refuse::Access)?)
                     }
@@ -1550,22 +1640,50 @@ impl RcTransport {
                 }
             },
         };
-        if offset + pkt.payload.len() as u64 > MAX_MSG
-            || scatter_into(&wqe.sges, offset, pkt.payload).is_err()
-        {
+        let fits = offset + pkt.payload.len() as u64 <= MAX_MSG;
+        let placed = if fits {
+            scatter_into(&wqe.sges, offset, pkt.payload)
+        } else {
+            Err(AccessError::Mem(MemError::OutOfBounds {
+                offset,
+                len: pkt.payload.len() as u64,
+                size: MAX_MSG,
+            }))
+        };
+        // A SEND with invalidate asks this NIC to invalidate an rkey. A soft device has no
+        // key that can be invalidated remotely (no memory windows, no fast-registered
+        // regions: every region is registered by `reg_mr`, which rxe refuses to invalidate
+        // too), so the request fails: a completion flagged WITH_INV must never tell the
+        // application that a peer's access ended when it did not.
+        let refused_invalidate = pkt.kind == Kind::SendInv && pkt.pos.ends();
+        let failure = match placed {
             // Longer than the receive buffer: the receive completes with a local length
             // error and the requester gets an invalid-request NAK.
+            Err(AccessError::Mem(_)) => Some((WcStatus::LocLenErr, Syndrome::NakInvalidRequest)),
+            // The receive's memory was deregistered since it was posted: nothing is written;
+            // it completes with a local protection error and the requester gets a remote
+            // operational error NAK (rxe: a malformed WQE, class A).
+            Err(AccessError::Revoked) => {
+                Some((WcStatus::LocProtErr, Syndrome::NakRemoteOperationalError))
+            }
+            // rxe's class J: the receive completes with an invalid request error.
+            Ok(()) if refused_invalidate => {
+                Some((WcStatus::RemInvReqErr, Syndrome::NakInvalidRequest))
+            }
+            Ok(()) => None,
+        };
+        if let Some((status, syndrome)) = failure {
             env.recv_completion(
                 WorkCompletion {
                     wr_id: wqe.wr_id,
-                    status: WcStatus::LocLenErr,
+                    status,
                     opcode: WcOpcode::Recv,
                     qp_num: self.cfg.qpn,
                     ..WorkCompletion::default()
                 },
                 false,
             );
-            return Err(Refuse::Reported(Syndrome::NakInvalidRequest));
+            return Err(Refuse::Reported(syndrome));
         }
         let offset = offset + pkt.payload.len() as u64;
         if pkt.pos.ends() {
@@ -1581,10 +1699,6 @@ impl RcTransport {
             if let Some(imm) = pkt.imm.filter(|_| pkt.kind == Kind::SendImm) {
                 wc.imm_data = imm;
                 wc.wc_flags |= WcFlags::WITH_IMM;
-            }
-            if let Some(rkey) = pkt.ieth.filter(|_| pkt.kind == Kind::SendInv) {
-                wc.imm_data = rkey;
-                wc.wc_flags |= WcFlags::WITH_INV;
             }
             self.resp.msn = add(self.resp.msn, 1);
             env.recv_completion(wc, pkt.solicited);
@@ -1791,6 +1905,8 @@ mod tests {
                 Stat::DuplicateReadDropped => "drop_duplicate_read",
                 Stat::ReadOverflowDropped => "drop_read_overflow",
                 Stat::OutOfSeqRequest => "out_of_seq_request",
+                Stat::ResponseQueueFull => "drop_resp_queue_full",
+                Stat::SentRnrNak => "send_rnr_err",
                 _ => "other",
             };
             *self.stats.entry(name).or_default() += 1;
@@ -2026,6 +2142,111 @@ mod tests {
         assert_eq!(transmit(&mut t, &mut env, 100_000).len(), PKTS as usize);
         assert_eq!(t.state(), QpState::Rts);
         assert!(env.events.is_empty());
+    }
+
+    #[test]
+    fn what_a_peer_makes_the_responder_queue_is_bounded() {
+        let mut env = TestEnv::new();
+        let mut t = responder(&mut env, 4); // at most 2 × 4 + 16 = 24 responses queued
+        let va = env.key.region().addr();
+        let now = Instant::now();
+        // SENDs with no receive posted, nothing sent in between: one RNR NAK, not one each.
+        let send = RxPacket::new(Kind::Send, Pos::Only, EPSN);
+        for _ in 0..1000 {
+            t.handle_packet(now, &send, &mut env);
+        }
+        assert_eq!(env.stat("send_rnr_err"), 1000);
+        let sent = transmit(&mut t, &mut env, 100_000);
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        // New FETCH_ADDs at consecutive PSNs, nothing sent in between: executed while the
+        // queue has room; the rest dropped unexecuted, as if lost.
+        let fa = |psn| {
+            let mut p = RxPacket::new(Kind::FetchAdd, Pos::Only, psn);
+            p.atomic = Some(AtomicEth {
+                va,
+                rkey: RKEY,
+                swap_add: 1,
+                compare: 0,
+            });
+            p
+        };
+        let mut psn = EPSN;
+        for _ in 0..1000 {
+            t.handle_packet(now, &fa(psn), &mut env);
+            psn = add(psn, 1);
+        }
+        assert_eq!(env.buf.load_u64(0).unwrap(), 24, "executed");
+        // (The first one dropped keeps its PSN expected: those after it are out of
+        // sequence, and with the queue full not even a sequence NAK is queued.)
+        assert_eq!(env.stat("drop_resp_queue_full"), 1);
+        assert_eq!(env.stat("out_of_seq_request"), 1000 - 25);
+        assert_eq!(transmit(&mut t, &mut env, 100_000).len(), 24);
+        // The requester's retransmission of the first one dropped is executed now.
+        let next = add(EPSN, 24);
+        t.handle_packet(now, &fa(next), &mut env);
+        assert_eq!(env.buf.load_u64(0).unwrap(), 25);
+        // Duplicates of it: answered from its resource, at most a queue's worth at a time.
+        for _ in 0..1000 {
+            t.handle_packet(now, &fa(next), &mut env);
+        }
+        assert_eq!(transmit(&mut t, &mut env, 100_000).len(), 24);
+        assert_eq!(env.buf.load_u64(0).unwrap(), 25, "a duplicate was executed");
+        assert_eq!(t.state(), QpState::Rts);
+        assert!(env.events.is_empty());
+    }
+
+    #[test]
+    fn the_window_bounds_the_packets_of_one_message_in_flight() {
+        let mut env = TestEnv::new();
+        let cfg = RcConfig {
+            qpn: 0x42,
+            dest_qpn: 0x24,
+            mtu: MTU,
+            sq_psn: EPSN,
+            window: 16,
+            ..RcConfig::default()
+        };
+        let mut t = RcTransport::new(cfg);
+        for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
+            t.set_state(cfg, s, &mut env);
+        }
+        let len = 64 * MTU as usize;
+        t.post_send(
+            SendWqe {
+                wr_id: 1,
+                op: SendOp::RdmaWrite {
+                    remote_addr: 0x1000,
+                    rkey: 5,
+                },
+                data: crate::wqe::SendData::Sges(vec![
+                    MemRegion::new(env.buf.clone(), 0..len).unwrap().into(),
+                ]),
+                len: len as u64,
+                signaled: true,
+                solicited: false,
+                fence: false,
+                ud: None,
+            },
+            &mut env,
+        );
+        // A 64-packet WRITE to a peer that does not answer: 16 packets, then nothing; the
+        // 16th asks for the ACK that opens the window again.
+        let now = Instant::now();
+        let mut sent = Vec::new();
+        while let Some(p) = t.poll_transmit(now, &mut env, |h, _| (h.psn, h.ack_req)) {
+            sent.push(p);
+        }
+        assert_eq!(sent.len(), 16);
+        assert_eq!(sent.iter().filter(|p| p.1).count(), 1, "{sent:?}");
+        assert_eq!(sent[15], (add(EPSN, 15), true));
+        let mut ack = RxPacket::new(Kind::Ack, Pos::Only, add(EPSN, 15));
+        ack.aeth = Some((ACK_UNLIMITED, 1));
+        t.handle_packet(now, &ack, &mut env);
+        assert_eq!(
+            transmit(&mut t, &mut env, 1000).len(),
+            16,
+            "the window moved on"
+        );
     }
 
     #[test]

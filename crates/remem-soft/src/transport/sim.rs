@@ -151,6 +151,7 @@ fn stat_name(s: Stat) -> &'static str {
         Stat::SendErr => "send_err",
         Stat::DuplicateReadDropped => "drop_duplicate_read",
         Stat::ReadOverflowDropped => "drop_read_overflow",
+        Stat::ResponseQueueFull => "drop_resp_queue_full",
     }
 }
 
@@ -367,7 +368,7 @@ fn workload(rng: &mut StdRng, nodes: &[Node; 2], ops: usize) -> Workload {
                         src.clone(),
                         (choice == 1).then_some(imm),
                     ));
-                    (op, SendData::Sges(vec![region]), len, Expect::Plain)
+                    (op, SendData::Sges(vec![region.into()]), len, Expect::Plain)
                 }
                 2 | 3 => {
                     target[peer][toff..toff + len].copy_from_slice(&src);
@@ -384,7 +385,7 @@ fn workload(rng: &mut StdRng, nodes: &[Node; 2], ops: usize) -> Workload {
                             imm,
                         }
                     };
-                    (op, SendData::Sges(vec![region]), len, Expect::Plain)
+                    (op, SendData::Sges(vec![region.into()]), len, Expect::Plain)
                 }
                 4 => {
                     let data = target[peer][toff..toff + len].to_vec();
@@ -393,7 +394,7 @@ fn workload(rng: &mut StdRng, nodes: &[Node; 2], ops: usize) -> Workload {
                             remote_addr: va,
                             rkey,
                         },
-                        SendData::Sges(vec![region]),
+                        SendData::Sges(vec![region.into()]),
                         len,
                         Expect::Read { local_off, data },
                     )
@@ -412,7 +413,7 @@ fn workload(rng: &mut StdRng, nodes: &[Node; 2], ops: usize) -> Workload {
                             compare,
                             swap,
                         },
-                        SendData::Sges(vec![sge8]),
+                        SendData::Sges(vec![sge8.into()]),
                         8,
                         Expect::Atomic {
                             local_off,
@@ -431,7 +432,7 @@ fn workload(rng: &mut StdRng, nodes: &[Node; 2], ops: usize) -> Workload {
                             remote_addr: va,
                             rkey,
                         },
-                        SendData::Sges(vec![sge8]),
+                        SendData::Sges(vec![sge8.into()]),
                         8,
                         Expect::Plain,
                     )
@@ -465,7 +466,7 @@ fn workload(rng: &mut StdRng, nodes: &[Node; 2], ops: usize) -> Workload {
                             rkey,
                             add,
                         },
-                        SendData::Sges(vec![sge8]),
+                        SendData::Sges(vec![sge8.into()]),
                         8,
                         Expect::Atomic {
                             local_off,
@@ -615,7 +616,7 @@ fn post_recvs(node: &mut Node, count: usize, size: usize) {
         let region = MemRegion::new(node.recv_buf.clone(), slot * size..(slot + 1) * size).unwrap();
         node.rq.push_back(RecvWqe {
             wr_id: 1000 + (have + i) as u64,
-            sges: vec![region],
+            sges: vec![region.into()],
             total_len: size as u64,
         });
     }
@@ -820,7 +821,7 @@ fn retry_exhaustion_fails_with_retry_exc_err_and_flushes() {
                 remote_addr: 0,
                 rkey: 1,
             },
-            data: SendData::Sges(vec![MemRegion::new(local.clone(), 0..100).unwrap()]),
+            data: SendData::Sges(vec![MemRegion::new(local.clone(), 0..100).unwrap().into()]),
             len: 100,
             signaled: i != 1,
             solicited: false,
@@ -864,7 +865,7 @@ fn one_op(op: SendOp, len: usize, recvs: usize, peer_rnr_retry: u8) -> Outcome {
     let wqe = SendWqe {
         wr_id: 77,
         op,
-        data: SendData::Sges(vec![MemRegion::new(local, 0..len).unwrap()]),
+        data: SendData::Sges(vec![MemRegion::new(local, 0..len).unwrap().into()]),
         len: len as u64,
         signaled: true,
         solicited: false,
@@ -1037,7 +1038,7 @@ fn single_read() {
             remote_addr: va,
             rkey: 0xbbbb,
         },
-        data: SendData::Sges(vec![MemRegion::new(local.clone(), 0..100).unwrap()]),
+        data: SendData::Sges(vec![MemRegion::new(local.clone(), 0..100).unwrap().into()]),
         len: 100,
         signaled: true,
         solicited: false,
@@ -1088,7 +1089,9 @@ fn a_read_whose_region_is_deregistered_mid_response_fails_with_remote_access_err
             remote_addr: va,
             rkey: 0xbbbb,
         },
-        data: SendData::Sges(vec![MemRegion::new(local.clone(), 0..TARGET_LEN).unwrap()]),
+        data: SendData::Sges(vec![
+            MemRegion::new(local.clone(), 0..TARGET_LEN).unwrap().into(),
+        ]),
         len: TARGET_LEN as u64,
         signaled: true,
         solicited: false,

@@ -1,8 +1,8 @@
 //! The UD transport: unreliable datagrams, one SEND ONLY packet per message.
 
-use super::{Env, Kind, Pos, RxPacket, Stat, TxPacket};
+use super::{AccessError, Env, Kind, Pos, RxPacket, TxPacket};
 use crate::wqe::{SendWqe, UdTarget, scatter_into};
-use remem_verbs::{MemError, QpState, SendOp, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use remem_verbs::{QpState, SendOp, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use std::collections::VecDeque;
 use std::net::IpAddr;
 
@@ -18,6 +18,20 @@ pub struct UdSource {
     pub src: IpAddr,
     /// Destination (local) IP address.
     pub dst: IpAddr,
+}
+
+/// Why the UD transport dropped a datagram (each has its device counter, see
+/// [`crate::engine::DropCause`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UdDrop {
+    /// The QP is not in RTR, RTS or SQD.
+    State,
+    /// Not a UD SEND ONLY with a DETH, or a payload above the path MTU.
+    Malformed,
+    /// Its Q_Key is not the QP's.
+    Qkey,
+    /// No receive was posted (UD has no RNR: the datagram is lost).
+    NoReceive,
 }
 
 /// The UD transport of one queue pair.
@@ -67,6 +81,13 @@ impl UdTransport {
         }
     }
 
+    /// The application destroyed the QP: it takes no datagram and sends none (no
+    /// completions are reported).
+    pub fn release(&mut self) {
+        self.state = QpState::Reset;
+        self.sq.clear();
+    }
+
     /// Work requests queued.
     pub fn send_queue_len(&self) -> usize {
         self.sq.len()
@@ -96,16 +117,27 @@ impl UdTransport {
     }
 
     /// Sends the next datagram: `emit` gets the headers, the destination and a payload
-    /// writer. The work request completes (if signaled) once the datagram is handed over.
+    /// writer. The work request completes (if signaled) once the datagram is handed over;
+    /// one whose memory was deregistered since it was posted is not sent and completes with
+    /// `LOC_PROT_ERR` (the QP goes to ERR).
     pub fn poll_transmit<R>(
         &mut self,
         env: &mut dyn Env,
-        emit: impl FnOnce(&TxPacket, &UdTarget, &mut dyn FnMut(&mut [u8]) -> Result<(), MemError>) -> R,
+        emit: impl FnOnce(
+            &TxPacket,
+            &UdTarget,
+            &mut dyn FnMut(&mut [u8]) -> Result<(), AccessError>,
+        ) -> R,
     ) -> Option<R> {
         if self.state != QpState::Rts {
             return None;
         }
         let wqe = self.sq.pop_front()?;
+        if wqe.is_revoked() {
+            env.send_completion(self.wc(&wqe, WcStatus::LocProtErr));
+            self.set_state(QpState::Err, self.qkey, 0, env);
+            return None;
+        }
         let target = wqe.ud?;
         let (kind, imm) = match wqe.op {
             SendOp::SendWithImm { imm } => (Kind::SendImm, Some(imm)),
@@ -131,25 +163,36 @@ impl UdTransport {
     }
 
     /// Delivers a received datagram: takes a receive, writes the GRH area and the payload,
-    /// completes it. Datagrams with a wrong Q_Key, or with no receive posted, are dropped
-    /// (UD has no RNR); one longer than the receive buffer completes it with `LOC_LEN_ERR`.
-    pub fn handle_packet(&mut self, pkt: &RxPacket<'_>, src: &UdSource, env: &mut dyn Env) {
+    /// completes it. What a UD QP does not take is dropped and the reason returned (the
+    /// device counts it): a QP not in RTR/RTS/SQD, anything but a SEND ONLY with a DETH, a
+    /// payload above the path MTU, a Q_Key other than the QP's (compared whole, the
+    /// controlled-key bit included), no receive posted (UD has no RNR). A datagram longer
+    /// than the receive buffer completes it with `LOC_LEN_ERR`, nothing written; a receive
+    /// whose memory was deregistered since it was posted completes with `LOC_PROT_ERR`,
+    /// nothing written, and the QP goes to ERR (rxe: a malformed WQE, class A).
+    pub fn handle_packet(
+        &mut self,
+        pkt: &RxPacket<'_>,
+        src: &UdSource,
+        env: &mut dyn Env,
+    ) -> Result<(), UdDrop> {
         if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-            return;
+            return Err(UdDrop::State);
         }
         let Some((qkey, src_qp)) = pkt.deth else {
-            return;
+            return Err(UdDrop::Malformed);
         };
-        if !matches!(pkt.kind, Kind::Send | Kind::SendImm) || pkt.pos != Pos::Only {
-            return;
+        if !matches!(pkt.kind, Kind::Send | Kind::SendImm)
+            || pkt.pos != Pos::Only
+            || pkt.payload.len() > self.mtu as usize
+        {
+            return Err(UdDrop::Malformed);
         }
         if qkey != self.qkey {
-            env.count(Stat::SendErr);
-            return;
+            return Err(UdDrop::Qkey);
         }
         let Some(wqe) = env.take_recv() else {
-            env.count(Stat::SentRnrNak);
-            return;
+            return Err(UdDrop::NoReceive);
         };
         let mut wc = WorkCompletion {
             wr_id: wqe.wr_id,
@@ -165,32 +208,56 @@ impl UdTransport {
             wc.imm_data = imm;
             wc.wc_flags |= WcFlags::WITH_IMM;
         }
-        let grh = grh_bytes(src, pkt.payload.len());
-        if scatter_into(&wqe.sges, 0, &grh).is_err()
-            || scatter_into(&wqe.sges, GRH_LEN as u64, pkt.payload).is_err()
-        {
-            wc.status = WcStatus::LocLenErr;
+        let status = if wqe.total_len < (GRH_LEN + pkt.payload.len()) as u64 {
+            WcStatus::LocLenErr
+        } else {
+            let grh = grh_bytes(src, pkt.payload.len(), pkt.imm.is_some());
+            match scatter_into(&wqe.sges, 0, &grh)
+                .and_then(|()| scatter_into(&wqe.sges, GRH_LEN as u64, pkt.payload))
+            {
+                Ok(()) => WcStatus::Success,
+                Err(AccessError::Mem(_)) => WcStatus::LocLenErr,
+                Err(AccessError::Revoked) => WcStatus::LocProtErr,
+            }
+        };
+        if status != WcStatus::Success {
+            wc.status = status;
             wc.byte_len = 0;
+            wc.wc_flags = WcFlags::empty();
+            wc.imm_data = 0;
         }
         env.recv_completion(wc, pkt.solicited);
+        if status == WcStatus::LocProtErr {
+            self.set_state(QpState::Err, self.qkey, 0, env);
+        }
+        Ok(())
     }
 }
 
 /// The 40 bytes a UD receive gets in front of the payload: an IPv6 header, or for IPv4
-/// twenty zero bytes followed by the IPv4 header (as RoCEv2 devices deliver it).
-fn grh_bytes(src: &UdSource, payload_len: usize) -> [u8; GRH_LEN] {
+/// twenty zero bytes followed by the IPv4 header (as RoCEv2 devices deliver it). The
+/// headers are those the datagram arrived with as far as a UDP socket tells: the addresses,
+/// the lengths (UDP header, BTH, DETH, immediate data, payload, pad, ICRC), protocol UDP;
+/// what it does not tell is written as a remem sender sends it (IPv4: DF, identification
+/// 0, TTL 64, with a valid header checksum; IPv6: traffic class and flow label 0, hop limit
+/// 64). An IPv4-mapped pair of addresses is IPv4.
+fn grh_bytes(src: &UdSource, payload_len: usize, imm: bool) -> [u8; GRH_LEN] {
+    let pad = payload_len.wrapping_neg() & 3;
+    // UDP header, BTH, DETH, ImmDt, payload, pad, ICRC.
+    let udp_len = 8 + 12 + 8 + if imm { 4 } else { 0 } + payload_len + pad + 4;
     let mut g = [0u8; GRH_LEN];
-    match (src.src, src.dst) {
+    match (src.src.to_canonical(), src.dst.to_canonical()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let ip = &mut g[20..];
-            ip[0] = 0x45;
-            let total = (20 + 8 + 12 + 8 + payload_len + 4) as u16;
-            ip[2..4].copy_from_slice(&total.to_be_bytes());
-            ip[6] = 0x40; // DF
-            ip[8] = 64;
-            ip[9] = 17;
-            ip[12..16].copy_from_slice(&s.octets());
-            ip[16..20].copy_from_slice(&d.octets());
+            let ip = remem_wire::icrc::ipv4_header(
+                s,
+                d,
+                0,
+                remem_wire::icrc::IPV4_DF,
+                64,
+                0,
+                udp_len - 8,
+            );
+            g[20..].copy_from_slice(&ip);
         }
         (s, d) => {
             let to6 = |ip: IpAddr| match ip {
@@ -198,7 +265,7 @@ fn grh_bytes(src: &UdSource, payload_len: usize) -> [u8; GRH_LEN] {
                 IpAddr::V6(v6) => v6,
             };
             g[0] = 0x60;
-            let plen = (8 + 12 + 8 + payload_len + 4) as u16;
+            let plen = udp_len.min(usize::from(u16::MAX)) as u16;
             g[4..6].copy_from_slice(&plen.to_be_bytes());
             g[6] = 17;
             g[7] = 64;
@@ -212,7 +279,7 @@ fn grh_bytes(src: &UdSource, payload_len: usize) -> [u8; GRH_LEN] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::{Grant, RemoteKeyError, RxPacket};
+    use crate::transport::{Grant, RemoteKeyError, RxPacket, Stat};
     use crate::wqe::{RecvWqe, SendData};
     use remem_verbs::{AccessFlags, AhAttr, MemRegion, MemoryBuffer};
     use std::sync::Arc;
@@ -222,7 +289,6 @@ mod tests {
         rq: VecDeque<RecvWqe>,
         sent: Vec<WorkCompletion>,
         recvd: Vec<WorkCompletion>,
-        counts: usize,
     }
     impl Env for E {
         fn remote(
@@ -246,9 +312,7 @@ mod tests {
         fn recv_completion(&mut self, wc: WorkCompletion, _: bool) {
             self.recvd.push(wc);
         }
-        fn count(&mut self, _: Stat) {
-            self.counts += 1;
-        }
+        fn count(&mut self, _: Stat) {}
         fn async_event(&mut self, _: remem_verbs::AsyncEvent) {}
     }
 
@@ -269,7 +333,7 @@ mod tests {
         let wqe = SendWqe {
             wr_id: 9,
             op: SendOp::SendWithImm { imm: 77 },
-            data: SendData::Sges(vec![MemRegion::whole(src)]),
+            data: SendData::Sges(vec![MemRegion::whole(src).into()]),
             len: 15,
             signaled: true,
             solicited: false,
@@ -284,7 +348,7 @@ mod tests {
         let recv = Arc::new(MemoryBuffer::zeroed(100).unwrap());
         eb.rq.push_back(RecvWqe {
             wr_id: 1,
-            sges: vec![MemRegion::whole(recv.clone())],
+            sges: vec![MemRegion::whole(recv.clone()).into()],
             total_len: 100,
         });
         let (hdr, payload) = a
@@ -306,7 +370,7 @@ mod tests {
             src: "127.0.0.1".parse().unwrap(),
             dst: "127.0.0.2".parse().unwrap(),
         };
-        b.handle_packet(&rx, &from, &mut eb);
+        b.handle_packet(&rx, &from, &mut eb).unwrap();
         let wc = eb.recvd[0];
         assert_eq!(wc.status, WcStatus::Success);
         assert_eq!(wc.byte_len, 40 + 15);
@@ -317,13 +381,37 @@ mod tests {
         assert_eq!(&got[40..], b"hello, datagram");
         assert_eq!(got[20], 0x45);
         assert_eq!(&got[32..36], &[127, 0, 0, 1]);
-        // Wrong Q_Key: dropped; no receive: dropped.
+        // Wrong Q_Key: dropped; no receive: dropped (the device counts both).
         rx.deth = Some((0x2222, 0x20));
-        b.handle_packet(&rx, &from, &mut eb);
+        assert_eq!(b.handle_packet(&rx, &from, &mut eb), Err(UdDrop::Qkey));
         rx.deth = hdr.deth;
-        b.handle_packet(&rx, &from, &mut eb);
+        assert_eq!(b.handle_packet(&rx, &from, &mut eb), Err(UdDrop::NoReceive));
         assert_eq!(eb.recvd.len(), 1);
-        assert_eq!(eb.counts, 2);
+    }
+
+    #[test]
+    fn a_receive_deregistered_after_its_post_takes_nothing() {
+        let mut e = E::default();
+        let mut t = ready(0x30, &mut e);
+        let recv = Arc::new(MemoryBuffer::zeroed(100).unwrap());
+        let key = crate::transport::KeyedRegion::new(MemRegion::whole(recv.clone()));
+        e.rq.push_back(RecvWqe {
+            wr_id: 1,
+            sges: vec![key.grant_all().unwrap()],
+            total_len: 100,
+        });
+        key.revoke();
+        let mut rx = RxPacket::new(Kind::Send, Pos::Only, 0);
+        rx.deth = Some((0x1111_1111, 0x20));
+        rx.payload = b"data";
+        let from = UdSource {
+            src: "127.0.0.1".parse().unwrap(),
+            dst: "127.0.0.2".parse().unwrap(),
+        };
+        t.handle_packet(&rx, &from, &mut e).unwrap();
+        assert_eq!(e.recvd[0].status, WcStatus::LocProtErr);
+        assert_eq!(recv.to_vec(0, 100).unwrap(), vec![0; 100]);
+        assert_eq!(t.state(), QpState::Err);
     }
 
     #[test]
@@ -334,7 +422,7 @@ mod tests {
         let mk = |wr_id| SendWqe {
             wr_id,
             op: SendOp::Send,
-            data: SendData::Sges(vec![MemRegion::whole(big.clone())]),
+            data: SendData::Sges(vec![MemRegion::whole(big.clone()).into()]),
             len: 2000,
             signaled: true,
             solicited: false,
