@@ -7,6 +7,9 @@
 //! not happen), cannot make the device queue or work without bound, and every packet the
 //! device refuses is dropped and counted.
 
+mod common;
+
+use common::{Answer, build, device_and_peer, filled, reth, seal, send_sealed};
 use remem_conformance::{Endpoint, QpOptions, bring_up, endpoint};
 use remem_soft::{SoftContext, SoftOptions};
 use remem_verbs::{
@@ -15,8 +18,7 @@ use remem_verbs::{
     Sge, WcFlags, WcStatus, WorkCompletion,
 };
 use remem_wire::icrc::{self, IPV4_DF, IpFields, UdpPorts};
-use remem_wire::{Aeth, AtomicEth, Bth, Deth, Feth, Headers, Opcode, Packet, Psn, Reth, Syndrome};
-use std::collections::HashMap;
+use remem_wire::{Aeth, AtomicEth, Bth, Deth, Feth, Headers, Opcode, Packet, Psn, Syndrome};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,21 +49,6 @@ const FATES: [&str; 10] = [
     "drop_ud_no_recv",
 ];
 
-/// What the victim sent back.
-#[derive(Debug, Clone)]
-struct Answer {
-    op: Opcode,
-    psn: u32,
-    syndrome: Option<Syndrome>,
-    payload: Vec<u8>,
-}
-
-impl Answer {
-    fn is_nak(&self, psn: u32, syndrome: Syndrome) -> bool {
-        self.op == Opcode::RcAck && self.psn == psn && self.syndrome == Some(syndrome)
-    }
-}
-
 /// A victim device driven by the test, and the raw peer's socket on the same UDP port.
 struct Lab {
     ctx: Arc<dyn Context>,
@@ -75,44 +62,28 @@ impl Lab {
             inline: true,
             ..SoftOptions::default()
         };
-        let dev = SoftContext::bind_with(SocketAddr::new(VICTIM_IP.into(), 0), &opts).unwrap();
-        let port = dev.local_addr().port();
-        let peer = UdpSocket::bind(SocketAddr::new(PEER_IP.into(), port)).unwrap();
+        let (ctx, peer, port) = device_and_peer(VICTIM_IP, PEER_IP, &opts);
         peer.set_nonblocking(true).unwrap();
-        Lab {
-            ctx: Arc::new(dev),
-            peer,
-            port,
-        }
-    }
-
-    fn counters(&self) -> HashMap<String, u64> {
-        self.ctx
-            .counters()
-            .into_iter()
-            .map(|c| (c.name.to_string(), c.value))
-            .collect()
+        Lab { ctx, peer, port }
     }
 
     fn counter(&self, name: &str) -> u64 {
-        self.counters().get(name).copied().unwrap_or(0)
+        common::counter(&*self.ctx, name)
     }
 
     /// Packets the device has dealt with: taken by a QP or dropped for a counted reason.
     fn handled(&self) -> u64 {
-        let c = self.counters();
+        let c = common::counters(&*self.ctx);
         FATES.iter().map(|n| c.get(*n).copied().unwrap_or(0)).sum()
     }
 
     /// Sends `h`/`payload` from the peer with a right ICRC.
     fn send(&self, h: &Headers, payload: &[u8]) {
-        self.send_bytes(seal(build(h, payload), PEER_IP, VICTIM_IP, self.port));
+        send_sealed(&self.peer, PEER_IP, VICTIM_IP, self.port, build(h, payload));
     }
 
     fn send_bytes(&self, bytes: Vec<u8>) {
-        self.peer
-            .send_to(&bytes, SocketAddr::new(VICTIM_IP.into(), self.port))
-            .unwrap();
+        common::send_to(&self.peer, VICTIM_IP, self.port, &bytes);
     }
 
     /// Drives the device (one pump per call) until `n` more packets were dealt with;
@@ -171,30 +142,19 @@ impl Lab {
                 None => self.peer.recv(&mut b),
             };
             let Ok(n) = got else { break };
-            if let Ok(p) = Packet::parse(&b[..n]) {
-                out.push(Answer {
-                    op: p.headers.bth.opcode,
-                    psn: p.headers.bth.psn.value(),
-                    syndrome: p.headers.aeth.map(|a| a.syndrome),
-                    payload: p.payload.to_vec(),
-                });
-            }
+            out.extend(Answer::parse(&b[..n]));
         }
         out
     }
 
     fn events(&self) -> Vec<AsyncEvent> {
-        std::iter::from_fn(|| self.ctx.get_async_event()).collect()
+        common::events(&*self.ctx)
     }
 
     /// An RC QP connected to the raw peer (expecting `EPSN`, sending from `SPSN`) and a
     /// 4 KiB region filled with 0x3c.
     fn victim(&self, o: &QpOptions) -> Victim {
-        let ep = endpoint(&self.ctx, o, QpType::Rc, None).unwrap();
-        bring_up(&ep, PEER_QPN, Gid::from(PEER_IP), SPSN, EPSN, o.mtu, o).unwrap();
-        let buf = Arc::new(MemoryBuffer::zeroed(4096).unwrap());
-        buf.fill(0, 4096, 0x3c).unwrap();
-        let mr = ep.pd.reg_mr(MemRegion::whole(buf.clone()), RW).unwrap();
+        let (ep, buf, mr) = common::connected_rc(&self.ctx, o, (PEER_QPN, PEER_IP), SPSN, EPSN, RW);
         Victim { ep, buf, mr }
     }
 
@@ -205,21 +165,17 @@ impl Lab {
     /// A UD QP in RTS with Q_Key `qkey`.
     fn ud(&self, qkey: u32) -> Endpoint {
         let ep = endpoint(&self.ctx, &options(), QpType::Ud, None).unwrap();
-        use QpAttrMask as M;
-        let mut attr = QpAttr {
-            qp_state: QpState::Init,
+        common::ud_to_rtr(&*ep.qp, qkey);
+        let attr = QpAttr {
+            qp_state: QpState::Rts,
             port_num: 1,
             qkey,
+            sq_psn: 1,
             ..QpAttr::default()
         };
         ep.qp
-            .modify(&attr, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
+            .modify(&attr, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
             .unwrap();
-        attr.qp_state = QpState::Rtr;
-        ep.qp.modify(&attr, M::STATE).unwrap();
-        attr.qp_state = QpState::Rts;
-        attr.sq_psn = 1;
-        ep.qp.modify(&attr, M::STATE | M::SQ_PSN).unwrap();
         ep
     }
 }
@@ -245,13 +201,11 @@ impl Victim {
     }
 
     fn request(&self, op: Opcode, psn: u32) -> Headers {
-        let mut bth = Bth::new(op, self.qpn(), Psn::new(psn));
-        bth.ack_req = true;
-        Headers::new(bth)
+        common::request(self.qpn(), op, psn)
     }
 
     fn unchanged(&self) -> bool {
-        self.buf.to_vec(0, 4096).unwrap().iter().all(|&b| b == 0x3c)
+        filled(&self.buf, 0, 4096, 0x3c)
     }
 
     fn post_recv(&self, wr_id: u64, sge: Sge) {
@@ -279,44 +233,8 @@ impl Victim {
     }
 
     fn event(&self, event_type: AsyncEventType) -> AsyncEvent {
-        AsyncEvent {
-            event_type,
-            element: AsyncEventElement::Qp(self.qpn()),
-        }
+        common::qp_event(self.qpn(), event_type)
     }
-}
-
-fn build(h: &Headers, payload: &[u8]) -> Vec<u8> {
-    let mut buf = vec![0u8; h.packet_len(payload.len())];
-    let n = h.build(payload, &mut buf).unwrap();
-    buf.truncate(n);
-    buf
-}
-
-/// Fills the ICRC of `buf` for an IPv4 packet from `src` to `dst` (identification 0).
-fn seal(mut buf: Vec<u8>, src: Ipv4Addr, dst: Ipv4Addr, port: u16) -> Vec<u8> {
-    let ip = IpFields::V4 {
-        src,
-        dst,
-        id: 0,
-        flags_frag: IPV4_DF,
-    };
-    let ports = UdpPorts {
-        src: port,
-        dst: port,
-    };
-    if buf.len() >= 16 {
-        icrc::fill(&ip, ports, &mut buf).unwrap();
-    }
-    buf
-}
-
-fn reth(va: u64, rkey: u32, len: u32) -> Option<Reth> {
-    Some(Reth {
-        va,
-        rkey,
-        dma_len: len,
-    })
 }
 
 fn atomic(va: u64, rkey: u32) -> Option<AtomicEth> {
@@ -428,7 +346,7 @@ fn a_receive_whose_region_was_deregistered_takes_no_data() {
     lab.deliver(2);
     let a = lab.answers();
     assert!(
-        buf.to_vec(0, 4096).unwrap().iter().all(|&b| b == 0x55),
+        filled(&buf, 0, 4096, 0x55),
         "the SEND was written into a deregistered region"
     );
     assert!(
@@ -517,14 +435,11 @@ fn a_write_with_immediate_held_by_rnr_then_deregistered_writes_no_more() {
             .any(|x| x.is_nak(EPSN + 1, Syndrome::NakRemoteAccessError)),
         "{a:?}"
     );
-    assert!(buf.to_vec(0, 4096).unwrap().iter().all(|&b| b == 0x55));
+    assert!(filled(&buf, 0, 4096, 0x55));
     assert_eq!(ep.qp.state(), QpState::Err);
     assert_eq!(
         lab.events(),
-        [AsyncEvent {
-            event_type: AsyncEventType::QpAccessErr,
-            element: AsyncEventElement::Qp(qpn),
-        }]
+        [common::qp_event(qpn, AsyncEventType::QpAccessErr)]
     );
 }
 
@@ -536,8 +451,7 @@ fn atomic_write_and_flush_after_deregistration_are_access_errors() {
         let (va, rkey) = (mr.addr(), mr.rkey());
         drop(mr);
         buf.fill(0, 4096, 0x55).unwrap();
-        let mut h = Headers::new(Bth::new(op, ep.qp.qp_num(), Psn::new(EPSN)));
-        h.bth.ack_req = true;
+        let mut h = common::request(ep.qp.qp_num(), op, EPSN);
         let payload = match op {
             Opcode::RcAtomicWrite => {
                 h.reth = reth(va, rkey, 8);
@@ -562,10 +476,7 @@ fn atomic_write_and_flush_after_deregistration_are_access_errors() {
                 .any(|x| x.is_nak(EPSN, Syndrome::NakRemoteAccessError)),
             "{op}: {a:?}"
         );
-        assert!(
-            buf.to_vec(0, 4096).unwrap().iter().all(|&b| b == 0x55),
-            "{op}"
-        );
+        assert!(filled(&buf, 0, 4096, 0x55), "{op}");
         assert_eq!(ep.qp.state(), QpState::Err);
         let _ = lab.events();
     }
@@ -791,8 +702,7 @@ fn packets_for_a_qp_in_a_state_that_takes_none_are_dropped_and_counted() {
     let ep = endpoint(&lab.ctx, &options(), QpType::Rc, None).unwrap();
     let mr = ep.pd.reg_mr(MemRegion::whole(buf.clone()), RW).unwrap();
     let write = |qpn: u32| {
-        let mut h = Headers::new(Bth::new(Opcode::RcWriteOnly, qpn, Psn::new(EPSN)));
-        h.bth.ack_req = true;
+        let mut h = common::request(qpn, Opcode::RcWriteOnly, EPSN);
         h.reth = reth(mr.addr(), mr.rkey(), 8);
         h
     };
@@ -861,11 +771,7 @@ fn packets_for_a_qp_in_a_state_that_takes_none_are_dropped_and_counted() {
             M::RC_TO_RTR,
         )
         .unwrap();
-    let mut ack = Headers::new(Bth::new(Opcode::RcAck, rtr.qp.qp_num(), Psn::new(SPSN)));
-    ack.aeth = Some(Aeth {
-        syndrome: Syndrome::Ack { credits: 31 },
-        msn: 0,
-    });
+    let ack = common::ack(rtr.qp.qp_num(), SPSN, Syndrome::Ack { credits: 31 }, 0);
     assert!(lab.attack(&ack, &[]).is_empty());
     assert_eq!(lab.counter("drop_qp_state"), before + 4);
     // A packet for QPN 0, 1 or 0xFFFFFF (the special and multicast QPNs) reaches no QP.
@@ -1177,11 +1083,7 @@ fn psns_across_the_wrap_and_half_the_space_away() {
     let buf = Arc::new(MemoryBuffer::zeroed(4096).unwrap());
     let mr = ep.pd.reg_mr(MemRegion::whole(buf.clone()), RW).unwrap();
     let qpn = ep.qp.qp_num();
-    let pkt = |op, psn: u32| {
-        let mut h = Headers::new(Bth::new(op, qpn, Psn::new(psn & 0x00ff_ffff)));
-        h.bth.ack_req = true;
-        h
-    };
+    let pkt = |op, psn: u32| common::request(qpn, op, psn & 0x00ff_ffff);
     let mut h = pkt(Opcode::RcWriteFirst, near);
     h.reth = reth(mr.addr(), mr.rkey(), 3072);
     h.bth.ack_req = false;
@@ -1239,10 +1141,7 @@ fn a_destroyed_qp_takes_no_more_packets() {
     // nothing through it — a WRITE is dropped, not executed, and the READ response stops.
     let victim_ip = Ipv4Addr::new(127, 0, 23, 5);
     let peer_ip = Ipv4Addr::new(127, 0, 23, 6);
-    let dev = SoftContext::bind(SocketAddr::new(victim_ip.into(), 0)).unwrap();
-    let port = dev.local_addr().port();
-    let ctx: Arc<dyn Context> = Arc::new(dev);
-    let peer = UdpSocket::bind(SocketAddr::new(peer_ip.into(), port)).unwrap();
+    let (ctx, peer, port) = device_and_peer(victim_ip, peer_ip, &SoftOptions::from_env());
     peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let o = options();
     let ep = endpoint(&ctx, &o, QpType::Rc, None).unwrap();
@@ -1252,20 +1151,11 @@ fn a_destroyed_qp_takes_no_more_packets() {
     big.fill(0, 4096, 0x3c).unwrap();
     let mr = ep.pd.reg_mr(MemRegion::whole(big.clone()), RW).unwrap();
     let qpn = ep.qp.qp_num();
-    let counter = |name: &str| {
-        ctx.counters()
-            .iter()
-            .find(|c| c.name == name)
-            .map_or(0, |c| c.value)
-    };
+    let counter = |name: &str| common::counter(&*ctx, name);
     let mut h = Headers::new(Bth::new(Opcode::RcReadRequest, qpn, Psn::new(EPSN)));
     h.reth = reth(mr.addr(), mr.rkey(), LEN as u32);
     let sent_before = counter("sent_pkts");
-    peer.send_to(
-        &seal(build(&h, &[]), peer_ip, victim_ip, port),
-        SocketAddr::new(victim_ip.into(), port),
-    )
-    .unwrap();
+    send_sealed(&peer, peer_ip, victim_ip, port, build(&h, &[]));
     let mut b = vec![0u8; 9000];
     let n = peer.recv(&mut b).unwrap();
     assert_eq!(
@@ -1276,19 +1166,10 @@ fn a_destroyed_qp_takes_no_more_packets() {
     let Endpoint { qp, .. } = ep;
     drop(qp);
     // The WRITE that would come next.
-    let mut w = Headers::new(Bth::new(
-        Opcode::RcWriteOnly,
-        qpn,
-        Psn::new(EPSN + (LEN / 1024) as u32),
-    ));
-    w.bth.ack_req = true;
+    let mut w = common::request(qpn, Opcode::RcWriteOnly, EPSN + (LEN / 1024) as u32);
     w.reth = reth(mr.addr(), mr.rkey(), 64);
     let seen = counter("drop_unknown_qp") + counter("rcvd_pkts");
-    peer.send_to(
-        &seal(build(&w, &[0xee; 64]), peer_ip, victim_ip, port),
-        SocketAddr::new(victim_ip.into(), port),
-    )
-    .unwrap();
+    send_sealed(&peer, peer_ip, victim_ip, port, build(&w, &[0xee; 64]));
     let deadline = Instant::now() + Duration::from_secs(10);
     while counter("drop_unknown_qp") + counter("rcvd_pkts") == seen {
         assert!(Instant::now() < deadline, "the WRITE never arrived");
@@ -1560,7 +1441,7 @@ fn ud_checks_the_qkey_and_writes_the_grh_as_received() {
     assert_eq!(ud.cq.poll(&mut wc).unwrap(), 2);
     assert_eq!((wc[0].wr_id, wc[0].status), (2, WcStatus::LocLenErr));
     assert_eq!((wc[1].wr_id, wc[1].status), (3, WcStatus::LocLenErr));
-    assert!(buf.to_vec(0, 8192).unwrap().iter().all(|&b| b == 0x3c));
+    assert!(filled(&buf, 0, 8192, 0x3c));
     // Above the path MTU (4096 on loopback): dropped as malformed, the receive kept.
     recv(4, 0, 8192);
     let before = lab.counter("drop_malformed");
@@ -1598,18 +1479,7 @@ fn ud_over_ipv6_gets_an_ipv6_grh() {
     let port = dev.local_addr().port();
     let ctx: Arc<dyn Context> = Arc::new(dev);
     let ep = endpoint(&ctx, &options(), QpType::Ud, None).unwrap();
-    use QpAttrMask as M;
-    let mut attr = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qkey: 7,
-        ..QpAttr::default()
-    };
-    ep.qp
-        .modify(&attr, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
-        .unwrap();
-    attr.qp_state = QpState::Rtr;
-    ep.qp.modify(&attr, M::STATE).unwrap();
+    common::ud_to_rtr(&*ep.qp, 7);
     let (buf, mr) = ep.reg(1024, RW).unwrap();
     ep.qp
         .post_recv(&[RecvWr {
