@@ -204,6 +204,13 @@ impl Victim {
         common::request(self.qpn(), op, psn)
     }
 
+    /// A WRITE ONLY of `len` bytes at the start of its region, through its rkey.
+    fn write(&self, psn: u32, len: u32) -> Headers {
+        let mut h = self.request(Opcode::RcWriteOnly, psn);
+        h.reth = reth(self.mr.addr(), self.mr.rkey(), len);
+        h
+    }
+
     fn unchanged(&self) -> bool {
         filled(&self.buf, 0, 4096, 0x3c)
     }
@@ -302,13 +309,9 @@ fn a_send_with_invalidate_is_refused_not_claimed() {
     assert!(lab.events().is_empty());
     // The region is still registered: another QP's WRITE through the rkey lands.
     let w = lab.rc();
-    let mut h = w.request(Opcode::RcWriteOnly, EPSN);
-    h.reth = reth(w.mr.addr(), w.mr.rkey(), 8);
+    let h = w.write(EPSN, 8);
     let a = lab.attack(&h, &[0x11; 8]);
-    assert!(
-        a.iter().any(|x| x.op == Opcode::RcAck && x.psn == EPSN),
-        "{a:?}"
-    );
+    assert!(a.iter().any(|x| x.acks(EPSN)), "{a:?}");
     assert_eq!(w.buf.to_vec(0, 8).unwrap(), [0x11; 8]);
 }
 
@@ -730,8 +733,7 @@ fn packets_for_a_qp_in_a_state_that_takes_none_are_dropped_and_counted() {
             QpAttrMask::STATE,
         )
         .unwrap();
-    let mut h = v.request(Opcode::RcWriteOnly, EPSN);
-    h.reth = reth(v.mr.addr(), v.mr.rkey(), 8);
+    let h = v.write(EPSN, 8);
     assert!(lab.attack(&h, &[1; 8]).is_empty());
     assert_eq!(buf.to_vec(0, 64).unwrap(), [0; 64]);
     assert!(v.unchanged());
@@ -789,22 +791,17 @@ fn a_foreign_partition_is_dropped_and_counted() {
     let v = lab.rc();
     for pkey in [0x0000, 0x8001, 0x1234, 0x7ffe] {
         let before = lab.counter("drop_bad_pkey");
-        let mut h = v.request(Opcode::RcWriteOnly, EPSN);
+        let mut h = v.write(EPSN, 8);
         h.bth.pkey = pkey;
-        h.reth = reth(v.mr.addr(), v.mr.rkey(), 8);
         assert!(lab.attack(&h, &[0xee; 8]).is_empty(), "P_Key {pkey:#x}");
         assert_eq!(lab.counter("drop_bad_pkey"), before + 1, "P_Key {pkey:#x}");
         assert!(v.unchanged(), "P_Key {pkey:#x}");
     }
     // A limited member of the default partition is one of it.
-    let mut h = v.request(Opcode::RcWriteOnly, EPSN);
+    let mut h = v.write(EPSN, 8);
     h.bth.pkey = 0x7fff;
-    h.reth = reth(v.mr.addr(), v.mr.rkey(), 8);
     let a = lab.attack(&h, &[0xee; 8]);
-    assert!(
-        a.iter().any(|x| x.op == Opcode::RcAck && x.psn == EPSN),
-        "{a:?}"
-    );
+    assert!(a.iter().any(|x| x.acks(EPSN)), "{a:?}");
     assert_eq!(v.buf.to_vec(0, 8).unwrap(), [0xee; 8]);
 }
 
@@ -888,8 +885,7 @@ fn malformed_datagrams_of_every_size_are_dropped_and_counted() {
     // there, an invalid request.
     for pad in 1..=3u8 {
         let w = lab.rc();
-        let mut h = w.request(Opcode::RcWriteOnly, EPSN);
-        h.reth = reth(w.mr.addr(), w.mr.rkey(), 64);
+        let h = w.write(EPSN, 64);
         let mut bytes = build(&h, &[0xee; 64]);
         bytes[1] = (bytes[1] & !0x30) | (pad << 4);
         lab.send_bytes(seal(bytes, PEER_IP, VICTIM_IP, lab.port));
@@ -941,8 +937,7 @@ fn an_icrc_for_another_ip_identification_is_recovered_a_corrupted_one_is_not() {
     // payload bit fits none and is dropped.
     let lab = Lab::new();
     let v = lab.rc();
-    let mut h = v.request(Opcode::RcWriteOnly, EPSN);
-    h.reth = reth(v.mr.addr(), v.mr.rkey(), 64);
+    let h = v.write(EPSN, 64);
     let mut bytes = build(&h, &[0xee; 64]);
     let ip = IpFields::V4 {
         src: PEER_IP,
@@ -979,9 +974,8 @@ fn a_receive_pump_reads_a_bounded_batch() {
     // (or running its timers): one pump reads at most 4 receive batches.
     let lab = Lab::new();
     let v = lab.rc();
-    let mut h = v.request(Opcode::RcWriteOnly, EPSN);
+    let mut h = v.write(EPSN, 8);
     h.bth.dest_qp = 0x00ff_fff7; // no such QP: each is dropped
-    h.reth = reth(v.mr.addr(), v.mr.rkey(), 8);
     for _ in 0..150 {
         lab.send(&h, &[0; 8]);
     }
@@ -1017,10 +1011,7 @@ fn rnr_nak_floods_are_merged() {
     // A receive posted now takes the retried SEND.
     v.post_recv(1, v.sge(0, 64));
     let a = lab.attack(&h, &[0xee; 16]);
-    assert!(
-        a.iter().any(|x| x.op == Opcode::RcAck && x.psn == EPSN),
-        "{a:?}"
-    );
+    assert!(a.iter().any(|x| x.acks(EPSN)), "{a:?}");
     assert_eq!(v.buf.to_vec(0, 16).unwrap(), [0xee; 16]);
 }
 
@@ -1029,8 +1020,7 @@ fn duplicates_and_ackreq_floods_cost_bounded_answers() {
     let lab = Lab::new();
     let v = lab.rc();
     // Duplicate WRITEs asking for an ACK each: ACKs merge, one per pump at most.
-    let mut w = v.request(Opcode::RcWriteOnly, EPSN);
-    w.reth = reth(v.mr.addr(), v.mr.rkey(), 8);
+    let w = v.write(EPSN, 8);
     lab.attack(&w, &[0x11; 8]);
     let n = 120;
     for _ in 0..n {
@@ -1092,10 +1082,7 @@ fn psns_across_the_wrap_and_half_the_space_away() {
     lab.send(&pkt(Opcode::RcWriteLast, near + 2), &[3; 1024]);
     lab.deliver(3);
     let a = lab.answers();
-    assert!(
-        a.iter().any(|x| x.op == Opcode::RcAck && x.psn == 0),
-        "{a:?}"
-    );
+    assert!(a.iter().any(|x| x.acks(0)), "{a:?}");
     assert_eq!(buf.to_vec(2048, 1024).unwrap(), vec![3; 1024]);
     // The same FIRST again (PSN before the wrap): a duplicate.
     let mut h = pkt(Opcode::RcWriteOnly, near);
