@@ -216,21 +216,11 @@ impl Victim {
     }
 
     fn post_recv(&self, wr_id: u64, sge: Sge) {
-        self.ep
-            .qp
-            .post_recv(&[RecvWr {
-                wr_id,
-                sg_list: &[sge],
-            }])
-            .unwrap();
+        common::post_recv(&*self.ep.qp, wr_id, sge);
     }
 
     fn sge(&self, off: u64, length: u32) -> Sge {
-        Sge {
-            addr: self.mr.addr() + off,
-            length,
-            lkey: self.mr.lkey(),
-        }
+        common::sge(&*self.mr, off, length)
     }
 
     fn completions(&self) -> Vec<WorkCompletion> {
@@ -322,16 +312,7 @@ fn a_receive_whose_region_was_deregistered_takes_no_data() {
     // copy_data): the peer's SEND must not land there.
     let lab = Lab::new();
     let Victim { ep, buf, mr } = lab.rc();
-    ep.qp
-        .post_recv(&[RecvWr {
-            wr_id: 7,
-            sg_list: &[Sge {
-                addr: mr.addr(),
-                length: 2048,
-                lkey: mr.lkey(),
-            }],
-        }])
-        .unwrap();
+    common::post_recv(&*ep.qp, 7, common::sge(&*mr, 0, 2048));
     drop(mr);
     buf.fill(0, 4096, 0x55).unwrap(); // reused for other data
     // A two-packet SEND.
@@ -357,10 +338,8 @@ fn a_receive_whose_region_was_deregistered_takes_no_data() {
             .any(|x| x.is_nak(EPSN, Syndrome::NakRemoteOperationalError)),
         "{a:?}"
     );
-    let mut wc = [WorkCompletion::default(); 4];
-    let n = ep.cq.poll(&mut wc).unwrap();
-    assert_eq!(n, 1);
-    assert_eq!((wc[0].wr_id, wc[0].status), (7, WcStatus::LocProtErr));
+    let wc = the_completion(&ep);
+    assert_eq!((wc.wr_id, wc.status), (7, WcStatus::LocProtErr));
     assert_eq!(ep.qp.state(), QpState::Err);
 }
 
@@ -370,11 +349,7 @@ fn a_send_whose_source_was_deregistered_sends_nothing() {
     // deregistered after the post (and reused) is not read.
     let lab = Lab::new();
     let Victim { ep, buf, mr } = lab.rc();
-    let sge = [Sge {
-        addr: mr.addr(),
-        length: 3000,
-        lkey: mr.lkey(),
-    }];
+    let sge = [common::sge(&*mr, 0, 3000)];
     ep.qp
         .post_send(&[SendWr::new(9, SendOp::Send, &sge)])
         .unwrap();
@@ -388,10 +363,8 @@ fn a_send_whose_source_was_deregistered_sends_nothing() {
         "a deregistered region's memory was sent: {:?}",
         a.iter().map(|x| (x.op, x.psn)).collect::<Vec<_>>()
     );
-    let mut wc = [WorkCompletion::default(); 4];
-    let n = ep.cq.poll(&mut wc).unwrap();
-    assert_eq!(n, 1);
-    assert_eq!((wc[0].wr_id, wc[0].status), (9, WcStatus::LocProtErr));
+    let wc = the_completion(&ep);
+    assert_eq!((wc.wr_id, wc.status), (9, WcStatus::LocProtErr));
     assert_eq!(ep.qp.state(), QpState::Err);
 }
 
@@ -421,16 +394,7 @@ fn a_write_with_immediate_held_by_rnr_then_deregistered_writes_no_more() {
     drop(mr);
     buf.fill(0, 4096, 0x55).unwrap();
     let (_b2, other) = ep.reg(64, RW).unwrap();
-    ep.qp
-        .post_recv(&[RecvWr {
-            wr_id: 1,
-            sg_list: &[Sge {
-                addr: other.addr(),
-                length: 64,
-                lkey: other.lkey(),
-            }],
-        }])
-        .unwrap();
+    common::post_recv(&*ep.qp, 1, common::sge(&*other, 0, 64));
     let _ = lab.events();
     let a = lab.attack(&last, &[0xdd; 1024]);
     assert!(
@@ -1197,6 +1161,14 @@ fn respond(lab: &Lab, v: &Victim, op: Opcode, psn: u32, syndrome: Syndrome, payl
     lab.deliver(1);
 }
 
+/// The one completion on `ep`'s CQ (there must be exactly one, without driving).
+fn the_completion(ep: &Endpoint) -> WorkCompletion {
+    let mut wc = [WorkCompletion::default(); 4];
+    let n = ep.cq.poll(&mut wc).unwrap();
+    assert_eq!(n, 1);
+    wc[0]
+}
+
 /// Drives until `v`'s CQ has a completion (the requester's timers run meanwhile).
 fn completion(lab: &Lab, v: &Victim) -> WorkCompletion {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -1317,11 +1289,7 @@ fn a_peer_that_never_acknowledges_gets_a_bounded_number_of_packets() {
     let v = lab.victim(&o);
     let big = Arc::new(MemoryBuffer::zeroed(4 << 20).unwrap());
     let mr = v.ep.pd.reg_mr(MemRegion::whole(big), RW).unwrap();
-    let sge = [Sge {
-        addr: mr.addr(),
-        length: 4 << 20,
-        lkey: mr.lkey(),
-    }];
+    let sge = [common::sge(&*mr, 0, 4 << 20)];
     let write = SendOp::RdmaWrite {
         remote_addr: 0x1000,
         rkey: 0x1234,
@@ -1371,16 +1339,7 @@ fn ud_checks_the_qkey_and_writes_the_grh_as_received() {
     let qpn = ud.qp.qp_num();
     let (buf, mr) = ud.reg(8192, RW).unwrap();
     let recv = |wr_id: u64, off: u64, len: u32| {
-        ud.qp
-            .post_recv(&[RecvWr {
-                wr_id,
-                sg_list: &[Sge {
-                    addr: mr.addr() + off,
-                    length: len,
-                    lkey: mr.lkey(),
-                }],
-            }])
-            .unwrap()
+        common::post_recv(&*ud.qp, wr_id, common::sge(&*mr, off, len))
     };
     recv(1, 0, 1024);
     // Wrong Q_Keys — other bits, or the controlled-key bit that only a sender's own NIC
@@ -1468,16 +1427,7 @@ fn ud_over_ipv6_gets_an_ipv6_grh() {
     let ep = endpoint(&ctx, &options(), QpType::Ud, None).unwrap();
     common::ud_to_rtr(&*ep.qp, 7);
     let (buf, mr) = ep.reg(1024, RW).unwrap();
-    ep.qp
-        .post_recv(&[RecvWr {
-            wr_id: 1,
-            sg_list: &[Sge {
-                addr: mr.addr(),
-                length: 1024,
-                lkey: mr.lkey(),
-            }],
-        }])
-        .unwrap();
+    common::post_recv(&*ep.qp, 1, common::sge(&*mr, 0, 1024));
     let h = ud_send(ep.qp.qp_num(), 7, 0x42, None);
     let mut bytes = build(&h, &[0xee; 13]);
     let ip = IpFields::V6 {
@@ -1584,11 +1534,7 @@ fn a_peer_overrunning_a_cq_and_draining_an_srq_raises_one_event_each() {
     for i in 0..8u64 {
         srq.post_recv(&[RecvWr {
             wr_id: i,
-            sg_list: &[Sge {
-                addr: mr.addr() + i * 64,
-                length: 64,
-                lkey: mr.lkey(),
-            }],
+            sg_list: &[common::sge(&*mr, i * 64, 64)],
         }])
         .unwrap();
     }

@@ -15,7 +15,7 @@ use remem_conformance::{Endpoint, QpOptions, bring_up, endpoint};
 use remem_soft::SoftOptions;
 use remem_verbs::{
     AccessFlags, AsyncEvent, AsyncEventElement, AsyncEventType, Context, Gid, MemRegion,
-    MemoryBuffer, MemoryRegion, Mtu, QpState, QpType, RecvWr, SendOp, SendWr, Sge, WcStatus,
+    MemoryBuffer, MemoryRegion, Mtu, QpState, QpType, SendOp, SendWr, WcStatus,
 };
 use remem_wire::{Aeth, AtomicEth, Bth, Deth, Feth, Headers, Opcode, Packet, Psn, Syndrome};
 use std::collections::HashMap;
@@ -770,17 +770,7 @@ fn opcodes_of_another_transport_are_dropped_and_counted() {
     let w = world();
     let v = victim(&w, RW, RW);
     // A receive the victim could consume.
-    let sge = Sge {
-        addr: v.mr.addr(),
-        length: 1024,
-        lkey: v.mr.lkey(),
-    };
-    v.ep.qp
-        .post_recv(&[RecvWr {
-            wr_id: 1,
-            sg_list: &[sge],
-        }])
-        .unwrap();
+    common::post_recv(&*v.ep.qp, 1, common::sge(&*v.mr, 0, 1024));
     // A UD SEND (with its DETH) at the RC QP: not run as an RC SEND.
     let mut h = request(&v, Opcode::UdSendOnly, v.epsn);
     h.deth = Some(Deth {
@@ -865,11 +855,7 @@ fn forged_acks_and_naks_from_a_third_party_change_nothing() {
     let w = world();
     let v = victim(&w, RW, RW);
     // The victim's QP (requester) WRITEs to the raw peer: its PSN is bring_up's 5000.
-    let sge = Sge {
-        addr: v.mr.addr(),
-        length: 64,
-        lkey: v.mr.lkey(),
-    };
+    let sge = common::sge(&*v.mr, 0, 64);
     let op = SendOp::RdmaWrite {
         remote_addr: 0x1000,
         rkey: 0x1234,

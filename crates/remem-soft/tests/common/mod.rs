@@ -11,7 +11,7 @@ use remem_conformance::{Endpoint, QpOptions, bring_up, endpoint};
 use remem_soft::{SoftContext, SoftOptions};
 use remem_verbs::{
     AccessFlags, AsyncEvent, AsyncEventElement, AsyncEventType, Context, Gid, MemRegion,
-    MemoryBuffer, MemoryRegion, QpAttr, QpAttrMask, QpState, QpType, QueuePair,
+    MemoryBuffer, MemoryRegion, QpAttr, QpAttrMask, QpState, QpType, QueuePair, RecvWr, Sge,
 };
 use remem_wire::icrc::{self, IPV4_DF, IpFields, UdpPorts};
 use remem_wire::{Aeth, Bth, Headers, Opcode, Packet, Psn, Reth, Syndrome};
@@ -71,6 +71,24 @@ pub fn ud_to_rtr(qp: &dyn QueuePair, qkey: u32) {
         .unwrap();
     attr.qp_state = QpState::Rtr;
     qp.modify(&attr, M::STATE).unwrap();
+}
+
+/// A scatter/gather entry of `length` bytes at offset `off` of `mr`.
+pub fn sge(mr: &dyn MemoryRegion, off: u64, length: u32) -> Sge {
+    Sge {
+        addr: mr.addr() + off,
+        length,
+        lkey: mr.lkey(),
+    }
+}
+
+/// Posts a receive `wr_id` of the one entry `sge` on `qp`.
+pub fn post_recv(qp: &dyn QueuePair, wr_id: u64, sge: Sge) {
+    qp.post_recv(&[RecvWr {
+        wr_id,
+        sg_list: &[sge],
+    }])
+    .unwrap();
 }
 
 /// Whether `len` bytes of `buf` at `off` all hold `byte`.
