@@ -111,6 +111,14 @@ impl Lab {
         self.answers()
     }
 
+    /// Sends `h` with `payload` (a WRITE or a SEND at `v`) and checks that it is ACKed and
+    /// its payload landed at the start of `v`'s region.
+    fn lands(&self, v: &Victim, h: &Headers, payload: &[u8]) {
+        let a = self.attack(h, payload);
+        assert!(a.iter().any(|x| x.acks(h.bth.psn.value())), "{a:?}");
+        assert_eq!(v.buf.to_vec(0, payload.len()).unwrap(), payload);
+    }
+
     /// Everything the victim has sent: what is there, waiting up to 300 ms for a first
     /// packet if nothing is (the pump that handled a packet sent its answers before it
     /// returned; loopback delivers them at once unless the machine is busy).
@@ -299,10 +307,7 @@ fn a_send_with_invalidate_is_refused_not_claimed() {
     assert!(lab.events().is_empty());
     // The region is still registered: another QP's WRITE through the rkey lands.
     let w = lab.rc();
-    let h = w.write(EPSN, 8);
-    let a = lab.attack(&h, &[0x11; 8]);
-    assert!(a.iter().any(|x| x.acks(EPSN)), "{a:?}");
-    assert_eq!(w.buf.to_vec(0, 8).unwrap(), [0x11; 8]);
+    lab.lands(&w, &w.write(EPSN, 8), &[0x11; 8]);
 }
 
 #[test]
@@ -338,9 +343,7 @@ fn a_receive_whose_region_was_deregistered_takes_no_data() {
             .any(|x| x.is_nak(EPSN, Syndrome::NakRemoteOperationalError)),
         "{a:?}"
     );
-    let wc = the_completion(&ep);
-    assert_eq!((wc.wr_id, wc.status), (7, WcStatus::LocProtErr));
-    assert_eq!(ep.qp.state(), QpState::Err);
+    failed_once(&ep, 7, WcStatus::LocProtErr);
 }
 
 #[test]
@@ -363,9 +366,7 @@ fn a_send_whose_source_was_deregistered_sends_nothing() {
         "a deregistered region's memory was sent: {:?}",
         a.iter().map(|x| (x.op, x.psn)).collect::<Vec<_>>()
     );
-    let wc = the_completion(&ep);
-    assert_eq!((wc.wr_id, wc.status), (9, WcStatus::LocProtErr));
-    assert_eq!(ep.qp.state(), QpState::Err);
+    failed_once(&ep, 9, WcStatus::LocProtErr);
 }
 
 #[test]
@@ -764,9 +765,7 @@ fn a_foreign_partition_is_dropped_and_counted() {
     // A limited member of the default partition is one of it.
     let mut h = v.write(EPSN, 8);
     h.bth.pkey = 0x7fff;
-    let a = lab.attack(&h, &[0xee; 8]);
-    assert!(a.iter().any(|x| x.acks(EPSN)), "{a:?}");
-    assert_eq!(v.buf.to_vec(0, 8).unwrap(), [0xee; 8]);
+    lab.lands(&v, &h, &[0xee; 8]);
 }
 
 #[test]
@@ -974,9 +973,7 @@ fn rnr_nak_floods_are_merged() {
     assert_eq!(v.ep.qp.state(), QpState::Rts);
     // A receive posted now takes the retried SEND.
     v.post_recv(1, v.sge(0, 64));
-    let a = lab.attack(&h, &[0xee; 16]);
-    assert!(a.iter().any(|x| x.acks(EPSN)), "{a:?}");
-    assert_eq!(v.buf.to_vec(0, 16).unwrap(), [0xee; 16]);
+    lab.lands(&v, &h, &[0xee; 16]);
 }
 
 #[test]
@@ -1161,12 +1158,14 @@ fn respond(lab: &Lab, v: &Victim, op: Opcode, psn: u32, syndrome: Syndrome, payl
     lab.deliver(1);
 }
 
-/// The one completion on `ep`'s CQ (there must be exactly one, without driving).
-fn the_completion(ep: &Endpoint) -> WorkCompletion {
+/// Checks that `ep`'s CQ holds exactly one completion (without driving), `wr_id` with
+/// `status`, and that its QP is in ERR.
+fn failed_once(ep: &Endpoint, wr_id: u64, status: WcStatus) {
     let mut wc = [WorkCompletion::default(); 4];
     let n = ep.cq.poll(&mut wc).unwrap();
     assert_eq!(n, 1);
-    wc[0]
+    assert_eq!((wc[0].wr_id, wc[0].status), (wr_id, status));
+    assert_eq!(ep.qp.state(), QpState::Err);
 }
 
 /// Drives until `v`'s CQ has a completion (the requester's timers run meanwhile).
