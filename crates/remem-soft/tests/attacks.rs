@@ -14,8 +14,8 @@ use remem_conformance::{Endpoint, QpOptions, bring_up, endpoint};
 use remem_soft::{SoftContext, SoftOptions};
 use remem_verbs::{
     AccessFlags, AsyncEvent, AsyncEventElement, AsyncEventType, Context, Error, Gid, MemRegion,
-    MemoryBuffer, MemoryRegion, Mtu, QpAttr, QpAttrMask, QpState, QpType, RecvWr, SendOp, SendWr,
-    Sge, WcFlags, WcStatus, WorkCompletion,
+    MemoryBuffer, MemoryRegion, Mtu, QpAttr, QpAttrMask, QpState, QpType, QueuePair, RecvWr,
+    SendOp, SendWr, Sge, WcFlags, WcStatus, WorkCompletion,
 };
 use remem_wire::icrc::{self, IPV4_DF, IpFields, UdpPorts};
 use remem_wire::{Aeth, AtomicEth, Bth, Deth, Feth, Headers, Opcode, Packet, Psn, Syndrome};
@@ -109,6 +109,16 @@ impl Lab {
         self.send(h, payload);
         self.deliver(1);
         self.answers()
+    }
+
+    /// Sends `h`/`payload` `n` times and drives the device until all were dealt with;
+    /// returns how many pumps that took and what the victim answered.
+    fn flood(&self, h: &Headers, payload: &[u8], n: u64) -> (u64, Vec<Answer>) {
+        for _ in 0..n {
+            self.send(h, payload);
+        }
+        let pumps = self.deliver(n);
+        (pumps, self.answers())
     }
 
     /// Sends `h` with `payload` (a WRITE or a SEND at `v`) and checks that it is ACKed and
@@ -662,6 +672,20 @@ fn zero_and_maximal_lengths() {
 
 // ------------------------------------------------------------------ what a NIC checks first
 
+/// Takes an RC QP from RESET to INIT (port 1, granting remote writes).
+fn rc_to_init(qp: &dyn QueuePair) {
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: AccessFlags::REMOTE_WRITE,
+            ..QpAttr::default()
+        },
+        QpAttrMask::RC_TO_INIT,
+    )
+    .unwrap();
+}
+
 #[test]
 fn packets_for_a_qp_in_a_state_that_takes_none_are_dropped_and_counted() {
     let lab = Lab::new();
@@ -676,17 +700,7 @@ fn packets_for_a_qp_in_a_state_that_takes_none_are_dropped_and_counted() {
     };
     let before = lab.counter("drop_qp_state");
     assert!(lab.attack(&write(ep.qp.qp_num()), &[1; 8]).is_empty());
-    ep.qp
-        .modify(
-            &QpAttr {
-                qp_state: QpState::Init,
-                port_num: 1,
-                qp_access_flags: AccessFlags::REMOTE_WRITE,
-                ..QpAttr::default()
-            },
-            QpAttrMask::RC_TO_INIT,
-        )
-        .unwrap();
+    rc_to_init(&*ep.qp);
     assert!(lab.attack(&write(ep.qp.qp_num()), &[1; 8]).is_empty());
     let v = lab.rc();
     v.ep.qp
@@ -706,17 +720,7 @@ fn packets_for_a_qp_in_a_state_that_takes_none_are_dropped_and_counted() {
     let rtr = endpoint(&lab.ctx, &options(), QpType::Rc, None).unwrap();
     use QpAttrMask as M;
     let o = options();
-    rtr.qp
-        .modify(
-            &QpAttr {
-                qp_state: QpState::Init,
-                port_num: 1,
-                qp_access_flags: AccessFlags::REMOTE_WRITE,
-                ..QpAttr::default()
-            },
-            M::RC_TO_INIT,
-        )
-        .unwrap();
+    rc_to_init(&*rtr.qp);
     rtr.qp
         .modify(
             &QpAttr {
@@ -956,11 +960,7 @@ fn rnr_nak_floods_are_merged() {
     let v = lab.rc();
     let h = v.request(Opcode::RcSendOnly, EPSN);
     let n = 100;
-    for _ in 0..n {
-        lab.send(&h, &[0xee; 16]);
-    }
-    let pumps = lab.deliver(n);
-    let a = lab.answers();
+    let (pumps, a) = lab.flood(&h, &[0xee; 16], n);
     let rnr = a
         .iter()
         .filter(|x| matches!(x.syndrome, Some(Syndrome::RnrNak { .. })))
@@ -984,15 +984,8 @@ fn duplicates_and_ackreq_floods_cost_bounded_answers() {
     let w = v.write(EPSN, 8);
     lab.attack(&w, &[0x11; 8]);
     let n = 120;
-    for _ in 0..n {
-        lab.send(&w, &[0x22; 8]);
-    }
-    let pumps = lab.deliver(n);
-    let acks = lab
-        .answers()
-        .iter()
-        .filter(|x| x.op == Opcode::RcAck)
-        .count() as u64;
+    let (pumps, a) = lab.flood(&w, &[0x22; 8], n);
+    let acks = a.iter().filter(|x| x.op == Opcode::RcAck).count() as u64;
     assert!(
         acks <= pumps + 1,
         "{acks} ACKs for {n} duplicates in {pumps} pumps"
@@ -1003,15 +996,8 @@ fn duplicates_and_ackreq_floods_cost_bounded_answers() {
     let mut f = v.request(Opcode::RcFetchAdd, EPSN + 1);
     f.atomic = atomic(v.mr.addr() + 64, v.mr.rkey());
     lab.attack(&f, &[]);
-    for _ in 0..n {
-        lab.send(&f, &[]);
-    }
-    let pumps = lab.deliver(n);
-    let acks = lab
-        .answers()
-        .iter()
-        .filter(|x| x.op == Opcode::RcAtomicAck)
-        .count() as u64;
+    let (pumps, a) = lab.flood(&f, &[], n);
+    let acks = a.iter().filter(|x| x.op == Opcode::RcAtomicAck).count() as u64;
     assert!(acks <= 48 * pumps, "{acks} atomic ACKs in {pumps} pumps");
     assert_eq!(
         v.buf.load_u64(64).unwrap(),
