@@ -1014,9 +1014,8 @@ fn psns_across_the_wrap_and_half_the_space_away() {
     // space away counts as a duplicate, never as new.
     let lab = Lab::new();
     let o = options();
-    let ep = endpoint(&lab.ctx, &o, QpType::Rc, None).unwrap();
     let near = 0x00ff_fffe;
-    bring_up(&ep, PEER_QPN, Gid::from(PEER_IP), SPSN, near, o.mtu, &o).unwrap();
+    let ep = common::connect_rc(&lab.ctx, &o, (PEER_QPN, PEER_IP), SPSN, near);
     let buf = Arc::new(MemoryBuffer::zeroed(4096).unwrap());
     let mr = ep.pd.reg_mr(MemRegion::whole(buf.clone()), RW).unwrap();
     let qpn = ep.qp.qp_num();
@@ -1078,8 +1077,7 @@ fn a_destroyed_qp_takes_no_more_packets() {
     let (ctx, peer, port) = device_and_peer(victim_ip, peer_ip, &SoftOptions::from_env());
     peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let o = options();
-    let ep = endpoint(&ctx, &o, QpType::Rc, None).unwrap();
-    bring_up(&ep, PEER_QPN, Gid::from(peer_ip), SPSN, EPSN, o.mtu, &o).unwrap();
+    let ep = common::connect_rc(&ctx, &o, (PEER_QPN, peer_ip), SPSN, EPSN);
     const LEN: usize = 64 << 20;
     let big = Arc::new(MemoryBuffer::zeroed(LEN).unwrap());
     big.fill(0, 4096, 0x3c).unwrap();

@@ -11,11 +11,11 @@
 mod common;
 
 use common::{Answer, build, device_and_peer, filled, recv_burst, reth, seal, send_to};
-use remem_conformance::{Endpoint, QpOptions, bring_up, endpoint};
+use remem_conformance::{Endpoint, QpOptions, endpoint};
 use remem_soft::SoftOptions;
 use remem_verbs::{
-    AccessFlags, AsyncEvent, AsyncEventElement, AsyncEventType, Context, Gid, MemRegion,
-    MemoryBuffer, MemoryRegion, Mtu, QpState, QpType, SendOp, SendWr, WcStatus,
+    AccessFlags, AsyncEvent, AsyncEventElement, AsyncEventType, Context, MemRegion, MemoryBuffer,
+    MemoryRegion, Mtu, QpState, QpType, SendOp, SendWr, WcStatus,
 };
 use remem_wire::{Aeth, AtomicEth, Bth, Deth, Feth, Headers, Opcode, Packet, Psn, Syndrome};
 use std::collections::HashMap;
@@ -928,17 +928,7 @@ fn a_flood_of_duplicate_reads_is_bounded() {
         mtu: Mtu::Mtu1024,
         ..QpOptions::default()
     };
-    let ep = endpoint(&ctx, &o, QpType::Rc, None).unwrap();
-    bring_up(
-        &ep,
-        PEER_QPN,
-        Gid::from(peer_ip),
-        5000,
-        1000,
-        Mtu::Mtu1024,
-        &o,
-    )
-    .unwrap();
+    let ep = common::connect_rc(&ctx, &o, (PEER_QPN, peer_ip), 5000, 1000);
     let (_buf, mr) = ep.reg(16 * 1024, RW).unwrap();
     let mut h = Headers::new(Bth::new(
         Opcode::RcReadRequest,

@@ -5,10 +5,10 @@
 
 mod common;
 
-use remem_conformance::{QpOptions, bring_up, endpoint};
+use remem_conformance::QpOptions;
 use remem_soft::SoftOptions;
 use remem_soft::objects::MAX_UNACKED_PSNS;
-use remem_verbs::{AccessFlags, Gid, Mtu, QpType, SendOp, SendWr, Sge, WcStatus};
+use remem_verbs::{AccessFlags, Mtu, SendOp, SendWr, Sge, WcStatus};
 use remem_wire::{Opcode, Packet, Syndrome};
 use std::net::{Ipv4Addr, UdpSocket};
 use std::time::Duration;
@@ -77,17 +77,7 @@ fn at_most_128_packets_are_unacknowledged_and_acks_open_the_window() {
         timeout: 22, // 17 s: no retransmission while the test runs
         ..QpOptions::default()
     };
-    let ep = endpoint(&ctx, &o, QpType::Rc, None).unwrap();
-    bring_up(
-        &ep,
-        PEER_QPN,
-        Gid::from(PEER_IP),
-        FIRST_PSN,
-        1,
-        Mtu::Mtu1024,
-        &o,
-    )
-    .unwrap();
+    let ep = common::connect_rc(&ctx, &o, (PEER_QPN, PEER_IP), FIRST_PSN, 1);
     // One WRITE of 400 packets.
     let (_buf, mr) = ep.reg(400 * 1024, AccessFlags::LOCAL_WRITE).unwrap();
     let sge = Sge {

@@ -36,19 +36,30 @@ pub fn device_and_peer(
     (Arc::new(dev), peer, port)
 }
 
-/// An RC endpoint on `ctx` connected to the raw peer (QPN `peer_qpn` at `peer_ip`) with
-/// `o`, sending from PSN `spsn` and expecting `epsn`, and a 4 KiB region filled with 0x3c
-/// registered with `mr_access`.
-pub fn connected_rc(
+/// An RC endpoint on `ctx` with `o`, in RTS, connected to the raw peer (QPN `peer_qpn` at
+/// `peer_ip`): sending from PSN `spsn`, expecting `epsn`, at the path MTU `o.mtu`.
+pub fn connect_rc(
     ctx: &Arc<dyn Context>,
     o: &QpOptions,
     (peer_qpn, peer_ip): (u32, Ipv4Addr),
     spsn: u32,
     epsn: u32,
-    mr_access: AccessFlags,
-) -> (Endpoint, Arc<MemoryBuffer>, Arc<dyn MemoryRegion>) {
+) -> Endpoint {
     let ep = endpoint(ctx, o, QpType::Rc, None).unwrap();
     bring_up(&ep, peer_qpn, Gid::from(peer_ip), spsn, epsn, o.mtu, o).unwrap();
+    ep
+}
+
+/// [`connect_rc`], and a 4 KiB region filled with 0x3c registered with `mr_access`.
+pub fn connected_rc(
+    ctx: &Arc<dyn Context>,
+    o: &QpOptions,
+    peer: (u32, Ipv4Addr),
+    spsn: u32,
+    epsn: u32,
+    mr_access: AccessFlags,
+) -> (Endpoint, Arc<MemoryBuffer>, Arc<dyn MemoryRegion>) {
+    let ep = connect_rc(ctx, o, peer, spsn, epsn);
     let buf = Arc::new(MemoryBuffer::zeroed(4096).unwrap());
     buf.fill(0, 4096, 0x3c).unwrap();
     let mr = ep
