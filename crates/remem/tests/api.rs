@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 mod common;
 
+use common::test_util::{connect, layout};
+
 /// Two `Rdma`s that can talk: on two soft devices (distinct addresses, one UDP port), or
 /// both on the device `REMEM_TEST_DEVICE` names (two contexts of e.g. `rxe0`).
 fn pair(polling: Polling) -> (Rdma, Rdma) {
@@ -23,17 +25,6 @@ fn pair(polling: Polling) -> (Rdma, Rdma) {
         .build()
         .unwrap();
     (a, b)
-}
-
-async fn connect(a: &Rdma, b: &Rdma) -> (Connection, Connection) {
-    let listener = b.listen("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (ca, cb) = tokio::join!(a.connect(addr), listener.accept());
-    (ca.unwrap(), cb.unwrap())
-}
-
-fn layout(n: usize) -> Layout {
-    Layout::from_size_align(n, 8).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,5 @@
-//! What the async-API test binaries share: where their `Rdma`s live.
+//! What the async-API test binaries share: where their `Rdma`s live, and (from the crate's
+//! `src/test_util.rs`, which its unit tests use too) how two of them connect.
 //!
 //! By default each test end gets a soft device of its own (the address each file picks).
 //! With `REMEM_TEST_DEVICE` set (e.g. `rxe0`; `cargo xtask rxe conformance` runs the tests
@@ -7,7 +8,10 @@
 
 #![allow(dead_code)]
 
-use remem::{Rdma, RdmaBuilder};
+use remem::{Connection, Rdma, RdmaBuilder};
+
+#[path = "../../src/test_util.rs"]
+pub mod test_util;
 
 /// The device `REMEM_TEST_DEVICE` names, if any.
 pub fn test_device() -> Option<String> {
