@@ -23,6 +23,13 @@ fn perf(args: &[&str]) -> (bool, String, String) {
     outcome(remem_perf(args).output().expect("run remem perf"))
 }
 
+/// The one JSON row of a run (what `perf` or `perf_within` returned) that must have
+/// succeeded.
+fn the_row((ok, stdout, stderr): (bool, String, String)) -> serde_json::Value {
+    assert!(ok, "{stderr}");
+    serde_json::from_str(stdout.trim()).unwrap()
+}
+
 /// The JSON rows of a run that must succeed.
 fn rows(args: &[&str]) -> Vec<serde_json::Value> {
     let (ok, stdout, stderr) = perf(args);
@@ -580,12 +587,10 @@ fn a_server_skips_silent_and_foreign_peers_then_serves_a_client() {
     drop(std::net::TcpStream::connect(&addr).unwrap());
     server.line(&["without a word", "waiting for another client"]);
     // Then a real client runs, and the server exits as perftest's does.
-    let (ok, stdout, stderr) = meeting.client(
+    let row = the_row(meeting.client(
         &["write_bw", "127.0.0.1", "-n", "200", "-s", "4096", "--json"],
         Duration::from_secs(60),
-    );
-    assert!(ok, "{stderr}");
-    let row: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    ));
     check_bw(&row, "write_bw", 4096, 200);
     let (served, rest) = server.finish();
     assert!(served, "{rest}");
@@ -598,10 +603,10 @@ fn a_client_gives_up_on_a_server_that_never_answers() {
     // The kernel completes the connection; nobody ever answers.
     let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = mute.local_addr().unwrap().port().to_string();
-    let started = std::time::Instant::now();
-    let (ok, _, stderr) = perf_within(
-        &[
-            "write_bw",
+    // A write_bw client (`test`: the name, or --perftest and the name) of that server.
+    let client = |test: &[&str]| {
+        let mut args = test.to_vec();
+        args.extend([
             "127.0.0.1",
             "-p",
             &port,
@@ -609,26 +614,15 @@ fn a_client_gives_up_on_a_server_that_never_answers() {
             "0.5",
             "-d",
             &dev,
-        ],
-        Duration::from_secs(30),
-    );
+        ]);
+        perf_within(&args, Duration::from_secs(30))
+    };
+    let started = std::time::Instant::now();
+    let (ok, _, stderr) = client(&["write_bw"]);
     assert!(!ok);
     assert!(stderr.contains("said nothing for 0.5 s"), "{stderr}");
     assert!(stderr.contains("remem perf server"), "{stderr}");
-    let (ok, _, stderr) = perf_within(
-        &[
-            "--perftest",
-            "write_bw",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "--ctrl-timeout",
-            "0.5",
-            "-d",
-            &dev,
-        ],
-        Duration::from_secs(30),
-    );
+    let (ok, _, stderr) = client(&["--perftest", "write_bw"]);
     assert!(!ok);
     assert!(
         stderr.contains("no answer from the perftest peer in 0.5 s"),
@@ -706,7 +700,7 @@ fn soft_devices_without_a_port_use_the_rocev2_port() {
     let (_, tcp_port) = free_ports();
     let mut server = Server::start(&["send_bw", "-p", &tcp_port, "-d", "soft@127.0.7.91"]);
     server.line(&["waiting for a client", "soft@127.0.7.91:4791"]);
-    let (ok, stdout, stderr) = perf_within(
+    let row = the_row(perf_within(
         &[
             "send_bw",
             "127.0.0.1",
@@ -721,9 +715,7 @@ fn soft_devices_without_a_port_use_the_rocev2_port() {
             "soft@127.0.7.92",
         ],
         Duration::from_secs(60),
-    );
-    assert!(ok, "{stderr}");
-    let row: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    ));
     check_bw(&row, "send_bw", 1024, 100);
     assert!(server.finish().0);
 }
@@ -860,7 +852,7 @@ fn ud_queue_pairs_run_send_tests() {
             .collect();
         assert_eq!(sizes, (1..=12).map(|p| 1u64 << p).collect::<Vec<_>>());
         // Both ways, and latency.
-        let (ok, stdout, stderr) = run(&[
+        let row = the_row(run(&[
             "--loopback",
             "send_bw",
             "-c",
@@ -871,11 +863,9 @@ fn ud_queue_pairs_run_send_tests() {
             "-n",
             "200",
             "--json",
-        ]);
-        assert!(ok, "{stderr}");
-        let row: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        ]));
         check_bw(&row, "send_bw", 1024, 200);
-        let (ok, stdout, stderr) = run(&[
+        let row = the_row(run(&[
             "--loopback",
             "send_lat",
             "-c",
@@ -885,9 +875,7 @@ fn ud_queue_pairs_run_send_tests() {
             "-n",
             "200",
             "--json",
-        ]);
-        assert!(ok, "{stderr}");
-        let row: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        ]));
         check_lat(&row, "send_lat", 512, 200);
     }
 }
