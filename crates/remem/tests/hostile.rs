@@ -4,8 +4,7 @@
 
 use remem::verbs::{
     AccessFlags, AhAttr, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, MemoryRegion, Mtu,
-    QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QpType, QueuePair, RecvWr, SendOp, SendWr,
-    Sge, WorkCompletion,
+    QpAttr, QpAttrMask as M, QpState, QueuePair, RecvWr, SendOp, SendWr, Sge, WorkCompletion,
 };
 use remem::{
     CloseReason, ConnectOptions, Connection, ConnectionEvent, EndpointInfo, Error, HandshakeError,
@@ -56,22 +55,7 @@ impl Attacker {
         let ctx = remem::open_device(Some(&format!("soft@{ip}:{port}"))).unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(4096, None).unwrap();
-        let qp = pd
-            .create_qp(&QpInitAttr {
-                qp_type: QpType::Rc,
-                send_cq: cq.clone(),
-                recv_cq: cq.clone(),
-                srq: None,
-                cap: QpCap {
-                    max_send_wr: 1024,
-                    max_recv_wr: 64,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                },
-                sq_sig_all: false,
-            })
-            .unwrap();
+        let qp = common::raw_rc_qp(&*pd, &cq, 1024, 64);
         let buf = Arc::new(MemoryBuffer::zeroed(BUF).unwrap());
         let mr = pd
             .reg_mr(
