@@ -3,18 +3,31 @@
 
 use std::process::Command;
 
-fn perf(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_remem"))
-        .arg("perf")
-        .args(args)
-        .env_remove("REMEM_DEVICE")
-        .output()
-        .expect("run remem perf");
+/// `remem perf ARGS`, with no device named in the environment.
+fn remem_perf(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_remem"));
+    cmd.arg("perf").args(args).env_remove("REMEM_DEVICE");
+    cmd
+}
+
+/// Whether a run succeeded, and its stdout and stderr.
+fn outcome(out: std::process::Output) -> (bool, String, String) {
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+fn perf(args: &[&str]) -> (bool, String, String) {
+    outcome(remem_perf(args).output().expect("run remem perf"))
+}
+
+/// The one JSON row of a run (what `perf` or `perf_within` returned) that must have
+/// succeeded.
+fn the_row((ok, stdout, stderr): (bool, String, String)) -> serde_json::Value {
+    assert!(ok, "{stderr}");
+    serde_json::from_str(stdout.trim()).unwrap()
 }
 
 /// The JSON rows of a run that must succeed.
@@ -434,35 +447,34 @@ use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::Duration;
 
+/// What `wait` (a wait for process `pid`, run on a thread of its own) returned, or `None`
+/// if it took longer than `limit`: then the process is killed.
+fn wait_within<T: Send + 'static>(
+    pid: u32,
+    limit: Duration,
+    wait: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(wait());
+    });
+    let got = rx.recv_timeout(limit).ok();
+    if got.is_none() {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    got
+}
+
 /// Runs `remem perf ARGS`, killed (and the test failed) if it outlives `limit`.
 fn perf_within(args: &[&str], limit: Duration) -> (bool, String, String) {
-    let child = Command::new(env!("CARGO_BIN_EXE_remem"))
-        .arg("perf")
-        .args(args)
-        .env_remove("REMEM_DEVICE")
+    let child = remem_perf(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("run remem perf");
-    let pid = child.id();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(out) => {
-            let out = out.expect("wait for remem perf");
-            (
-                out.status.success(),
-                String::from_utf8_lossy(&out.stdout).into_owned(),
-                String::from_utf8_lossy(&out.stderr).into_owned(),
-            )
-        }
-        Err(_) => {
-            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-            panic!("remem perf {args:?} still ran after {limit:?}");
-        }
-    }
+    let out = wait_within(child.id(), limit, move || child.wait_with_output())
+        .unwrap_or_else(|| panic!("remem perf {args:?} still ran after {limit:?}"));
+    outcome(out.expect("wait for remem perf"))
 }
 
 /// A `remem perf` server whose stderr lines come through a channel.
@@ -473,10 +485,7 @@ struct Server {
 
 impl Server {
     fn start(args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_remem"))
-            .arg("perf")
-            .args(args)
-            .env_remove("REMEM_DEVICE")
+        let mut child = remem_perf(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -511,39 +520,57 @@ impl Server {
     /// Waits (at most 60 s) for the server to exit; its success and the rest of stderr.
     fn finish(self) -> (bool, String) {
         let Server { mut child, lines } = self;
-        let pid = child.id();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(child.wait());
-        });
-        let status = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(s) => s.unwrap(),
-            Err(_) => {
-                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-                panic!("the server did not exit");
-            }
-        };
+        let status = wait_within(child.id(), Duration::from_secs(60), move || child.wait())
+            .expect("the server did not exit")
+            .unwrap();
         // The process has exited: its stderr ends, and the reader thread with it.
         let rest: Vec<String> = lines.iter().collect();
         (status.success(), rest.join("\n"))
     }
 }
 
+/// Where a `remem perf` server and its client meet: a free TCP port, and soft devices on
+/// 127.0.0.1 (the server's) and 127.0.0.2 (the client's) that share a free UDP port.
+struct Meeting {
+    tcp_port: String,
+    server_dev: String,
+    client_dev: String,
+}
+
+impl Meeting {
+    fn new() -> Meeting {
+        let (udp_port, tcp_port) = free_ports();
+        Meeting {
+            tcp_port,
+            server_dev: format!("soft@127.0.0.1:{udp_port}"),
+            client_dev: format!("soft@127.0.0.2:{udp_port}"),
+        }
+    }
+
+    /// Starts a server of `args` (then `-p` and `-d` naming the meeting's port and the
+    /// server's device), once it says it is waiting for a client.
+    fn server(&self, args: &[&str]) -> Server {
+        let mut all = args.to_vec();
+        all.extend(["-p", &self.tcp_port, "-d", &self.server_dev]);
+        let mut server = Server::start(&all);
+        server.line(&["waiting for a client"]);
+        server
+    }
+
+    /// Runs a client of `args` (then `-p` and `-d` naming the meeting's port and the
+    /// client's device) within `limit`.
+    fn client(&self, args: &[&str], limit: Duration) -> (bool, String, String) {
+        let mut all = args.to_vec();
+        all.extend(["-p", &self.tcp_port, "-d", &self.client_dev]);
+        perf_within(&all, limit)
+    }
+}
+
 #[test]
 fn a_server_skips_silent_and_foreign_peers_then_serves_a_client() {
-    let (udp_port, tcp_port) = free_ports();
-    let server_dev = format!("soft@127.0.0.1:{udp_port}");
-    let mut server = Server::start(&[
-        "write_bw",
-        "-p",
-        &tcp_port,
-        "-d",
-        &server_dev,
-        "--ctrl-timeout",
-        "0.5",
-    ]);
-    server.line(&["waiting for a client"]);
-    let addr = format!("127.0.0.1:{tcp_port}");
+    let meeting = Meeting::new();
+    let mut server = meeting.server(&["write_bw", "--ctrl-timeout", "0.5"]);
+    let addr = format!("127.0.0.1:{}", meeting.tcp_port);
     // A peer that connects and says nothing.
     let silent = std::net::TcpStream::connect(&addr).unwrap();
     let l = server.line(&["said nothing for 0.5 s", "waiting for another client"]);
@@ -560,25 +587,10 @@ fn a_server_skips_silent_and_foreign_peers_then_serves_a_client() {
     drop(std::net::TcpStream::connect(&addr).unwrap());
     server.line(&["without a word", "waiting for another client"]);
     // Then a real client runs, and the server exits as perftest's does.
-    let client_dev = format!("soft@127.0.0.2:{udp_port}");
-    let (ok, stdout, stderr) = perf_within(
-        &[
-            "write_bw",
-            "127.0.0.1",
-            "-p",
-            &tcp_port,
-            "-n",
-            "200",
-            "-s",
-            "4096",
-            "--json",
-            "-d",
-            &client_dev,
-        ],
+    let row = the_row(meeting.client(
+        &["write_bw", "127.0.0.1", "-n", "200", "-s", "4096", "--json"],
         Duration::from_secs(60),
-    );
-    assert!(ok, "{stderr}");
-    let row: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    ));
     check_bw(&row, "write_bw", 4096, 200);
     let (served, rest) = server.finish();
     assert!(served, "{rest}");
@@ -591,10 +603,10 @@ fn a_client_gives_up_on_a_server_that_never_answers() {
     // The kernel completes the connection; nobody ever answers.
     let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = mute.local_addr().unwrap().port().to_string();
-    let started = std::time::Instant::now();
-    let (ok, _, stderr) = perf_within(
-        &[
-            "write_bw",
+    // A write_bw client (`test`: the name, or --perftest and the name) of that server.
+    let client = |test: &[&str]| {
+        let mut args = test.to_vec();
+        args.extend([
             "127.0.0.1",
             "-p",
             &port,
@@ -602,26 +614,15 @@ fn a_client_gives_up_on_a_server_that_never_answers() {
             "0.5",
             "-d",
             &dev,
-        ],
-        Duration::from_secs(30),
-    );
+        ]);
+        perf_within(&args, Duration::from_secs(30))
+    };
+    let started = std::time::Instant::now();
+    let (ok, _, stderr) = client(&["write_bw"]);
     assert!(!ok);
     assert!(stderr.contains("said nothing for 0.5 s"), "{stderr}");
     assert!(stderr.contains("remem perf server"), "{stderr}");
-    let (ok, _, stderr) = perf_within(
-        &[
-            "--perftest",
-            "write_bw",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "--ctrl-timeout",
-            "0.5",
-            "-d",
-            &dev,
-        ],
-        Duration::from_secs(30),
-    );
+    let (ok, _, stderr) = client(&["--perftest", "write_bw"]);
     assert!(!ok);
     assert!(
         stderr.contains("no answer from the perftest peer in 0.5 s"),
@@ -699,7 +700,7 @@ fn soft_devices_without_a_port_use_the_rocev2_port() {
     let (_, tcp_port) = free_ports();
     let mut server = Server::start(&["send_bw", "-p", &tcp_port, "-d", "soft@127.0.7.91"]);
     server.line(&["waiting for a client", "soft@127.0.7.91:4791"]);
-    let (ok, stdout, stderr) = perf_within(
+    let row = the_row(perf_within(
         &[
             "send_bw",
             "127.0.0.1",
@@ -714,24 +715,16 @@ fn soft_devices_without_a_port_use_the_rocev2_port() {
             "soft@127.0.7.92",
         ],
         Duration::from_secs(60),
-    );
-    assert!(ok, "{stderr}");
-    let row: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    ));
     check_bw(&row, "send_bw", 1024, 100);
     assert!(server.finish().0);
 }
 
 #[test]
 fn a_client_asking_for_another_test_is_refused() {
-    let (udp_port, tcp_port) = free_ports();
-    let server_dev = format!("soft@127.0.0.1:{udp_port}");
-    let mut server = Server::start(&["write_bw", "-p", &tcp_port, "-d", &server_dev]);
-    server.line(&["waiting for a client"]);
-    let client_dev = format!("soft@127.0.0.2:{udp_port}");
-    let (ok, _, stderr) = perf_within(
-        &["read_bw", "127.0.0.1", "-p", &tcp_port, "-d", &client_dev],
-        Duration::from_secs(30),
-    );
+    let meeting = Meeting::new();
+    let server = meeting.server(&["write_bw"]);
+    let (ok, _, stderr) = meeting.client(&["read_bw", "127.0.0.1"], Duration::from_secs(30));
     assert!(!ok);
     assert!(
         stderr.contains("this server runs write_bw, the client asked for read_bw"),
@@ -744,32 +737,10 @@ fn a_client_asking_for_another_test_is_refused() {
 
 #[test]
 fn a_servers_own_flags_that_the_client_overrides_are_named() {
-    let (udp_port, tcp_port) = free_ports();
-    let server_dev = format!("soft@127.0.0.1:{udp_port}");
-    let mut server = Server::start(&[
-        "write_bw",
-        "-p",
-        &tcp_port,
-        "-d",
-        &server_dev,
-        "-s",
-        "4096",
-        "-q",
-        "2",
-    ]);
-    server.line(&["waiting for a client"]);
-    let client_dev = format!("soft@127.0.0.2:{udp_port}");
-    let (ok, _, stderr) = perf_within(
-        &[
-            "write_bw",
-            "127.0.0.1",
-            "-p",
-            &tcp_port,
-            "-n",
-            "50",
-            "-d",
-            &client_dev,
-        ],
+    let meeting = Meeting::new();
+    let mut server = meeting.server(&["write_bw", "-s", "4096", "-q", "2"]);
+    let (ok, _, stderr) = meeting.client(
+        &["write_bw", "127.0.0.1", "-n", "50"],
         Duration::from_secs(60),
     );
     assert!(ok, "{stderr}");
@@ -881,7 +852,7 @@ fn ud_queue_pairs_run_send_tests() {
             .collect();
         assert_eq!(sizes, (1..=12).map(|p| 1u64 << p).collect::<Vec<_>>());
         // Both ways, and latency.
-        let (ok, stdout, stderr) = run(&[
+        let row = the_row(run(&[
             "--loopback",
             "send_bw",
             "-c",
@@ -892,11 +863,9 @@ fn ud_queue_pairs_run_send_tests() {
             "-n",
             "200",
             "--json",
-        ]);
-        assert!(ok, "{stderr}");
-        let row: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        ]));
         check_bw(&row, "send_bw", 1024, 200);
-        let (ok, stdout, stderr) = run(&[
+        let row = the_row(run(&[
             "--loopback",
             "send_lat",
             "-c",
@@ -906,9 +875,7 @@ fn ud_queue_pairs_run_send_tests() {
             "-n",
             "200",
             "--json",
-        ]);
-        assert!(ok, "{stderr}");
-        let row: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        ]));
         check_lat(&row, "send_lat", 512, 200);
     }
 }
@@ -950,9 +917,7 @@ fn the_table_states_its_unit() {
 /// RETRY_EXC_ERR with nothing else to go on).
 #[test]
 fn a_failed_run_names_the_devices_counters() {
-    let out = Command::new(env!("CARGO_BIN_EXE_remem"))
-        .args(["perf", "--loopback", "write_bw", "-s", "4096", "-n", "100"])
-        .env_remove("REMEM_DEVICE")
+    let out = remem_perf(&["--loopback", "write_bw", "-s", "4096", "-n", "100"])
         // Both soft NICs lose nearly every packet they send: the requester gives up.
         .env("REMEM_SOFT_FAULTS", "loss=0.8,seed=3")
         .output()
@@ -969,23 +934,10 @@ fn a_failed_run_names_the_devices_counters() {
 /// says so and closes the connection instead of leaving its peer waiting.
 #[test]
 fn a_perftest_peer_running_another_test_is_named() {
-    let (udp_port, tcp_port) = free_ports();
-    let server_dev = format!("soft@127.0.0.1:{udp_port}");
-    let mut server = Server::start(&["write_bw", "-n", "50", "-p", &tcp_port, "-d", &server_dev]);
-    server.line(&["waiting for a client"]);
-    let client_dev = format!("soft@127.0.0.2:{udp_port}");
-    let (ok, _, stderr) = perf_within(
-        &[
-            "--perftest",
-            "read_bw",
-            "127.0.0.1",
-            "-n",
-            "50",
-            "-p",
-            &tcp_port,
-            "-d",
-            &client_dev,
-        ],
+    let meeting = Meeting::new();
+    let server = meeting.server(&["write_bw", "-n", "50"]);
+    let (ok, _, stderr) = meeting.client(
+        &["--perftest", "read_bw", "127.0.0.1", "-n", "50"],
         Duration::from_secs(60),
     );
     assert!(!ok, "{stderr}");

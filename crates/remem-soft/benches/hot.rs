@@ -33,11 +33,10 @@ use remem_verbs::{
     AccessFlags, AhAttr, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, Mtu, QpAttr,
     QpAttrMask, QpCap, QpState, QpType, QueuePair, SendOp, SendWr, Sge, WcStatus, WorkCompletion,
 };
-use remem_wire::icrc::{self, IPV4_DF, IpFields, UdpPorts};
 use remem_wire::{Bth, Headers, Opcode, Packet, Psn, Reth};
 use std::any::Any;
 use std::hint::black_box;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -405,29 +404,14 @@ fn read_datagram(from: &Side, to: &Side, psn: u32, len: u32) -> Vec<u8> {
     datagram(from, to, &h, &[])
 }
 
-/// `h` and `payload` as a datagram from `from` to `to`, ICRC filled (identification 0).
+/// `h` and `payload` as a datagram from `from` to `to`, ICRC filled by `from`'s engine
+/// (identification 0).
 fn datagram(from: &Side, to: &Side, h: &Headers, payload: &[u8]) -> Vec<u8> {
     let mut out = vec![0u8; h.packet_len(payload.len())];
     let len = h.build(payload, &mut out).unwrap();
-    let (IpAddr::V4(src), IpAddr::V4(dst)) = (from.engine.local().ip(), to.engine.local().ip())
-    else {
-        unreachable!("IPv4 sides")
-    };
-    let ip = IpFields::V4 {
-        src,
-        dst,
-        id: 0,
-        flags_frag: IPV4_DF,
-    };
-    icrc::fill(
-        &ip,
-        UdpPorts {
-            src: PORT,
-            dst: PORT,
-        },
-        &mut out[..len],
-    )
-    .unwrap();
+    from.engine
+        .fill_icrc(to.engine.local(), &mut out[..len], 0)
+        .unwrap();
     out
 }
 

@@ -7,16 +7,18 @@
 //! not happen), cannot make the device queue or work without bound, and every packet the
 //! device refuses is dropped and counted.
 
+mod common;
+
+use common::{Answer, build, device_and_peer, filled, reth, seal, send_sealed};
 use remem_conformance::{Endpoint, QpOptions, bring_up, endpoint};
 use remem_soft::{SoftContext, SoftOptions};
 use remem_verbs::{
     AccessFlags, AsyncEvent, AsyncEventElement, AsyncEventType, Context, Error, Gid, MemRegion,
-    MemoryBuffer, MemoryRegion, Mtu, QpAttr, QpAttrMask, QpState, QpType, RecvWr, SendOp, SendWr,
-    Sge, WcFlags, WcStatus, WorkCompletion,
+    MemoryBuffer, MemoryRegion, Mtu, QpAttr, QpAttrMask, QpState, QpType, QueuePair, RecvWr,
+    SendOp, SendWr, Sge, WcFlags, WcStatus, WorkCompletion,
 };
 use remem_wire::icrc::{self, IPV4_DF, IpFields, UdpPorts};
-use remem_wire::{Aeth, AtomicEth, Bth, Deth, Feth, Headers, Opcode, Packet, Psn, Reth, Syndrome};
-use std::collections::HashMap;
+use remem_wire::{Aeth, AtomicEth, Bth, Deth, Feth, Headers, Opcode, Packet, Psn, Syndrome};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,21 +49,6 @@ const FATES: [&str; 10] = [
     "drop_ud_no_recv",
 ];
 
-/// What the victim sent back.
-#[derive(Debug, Clone)]
-struct Answer {
-    op: Opcode,
-    psn: u32,
-    syndrome: Option<Syndrome>,
-    payload: Vec<u8>,
-}
-
-impl Answer {
-    fn is_nak(&self, psn: u32, syndrome: Syndrome) -> bool {
-        self.op == Opcode::RcAck && self.psn == psn && self.syndrome == Some(syndrome)
-    }
-}
-
 /// A victim device driven by the test, and the raw peer's socket on the same UDP port.
 struct Lab {
     ctx: Arc<dyn Context>,
@@ -75,44 +62,28 @@ impl Lab {
             inline: true,
             ..SoftOptions::default()
         };
-        let dev = SoftContext::bind_with(SocketAddr::new(VICTIM_IP.into(), 0), &opts).unwrap();
-        let port = dev.local_addr().port();
-        let peer = UdpSocket::bind(SocketAddr::new(PEER_IP.into(), port)).unwrap();
+        let (ctx, peer, port) = device_and_peer(VICTIM_IP, PEER_IP, &opts);
         peer.set_nonblocking(true).unwrap();
-        Lab {
-            ctx: Arc::new(dev),
-            peer,
-            port,
-        }
-    }
-
-    fn counters(&self) -> HashMap<String, u64> {
-        self.ctx
-            .counters()
-            .into_iter()
-            .map(|c| (c.name.to_string(), c.value))
-            .collect()
+        Lab { ctx, peer, port }
     }
 
     fn counter(&self, name: &str) -> u64 {
-        self.counters().get(name).copied().unwrap_or(0)
+        common::counter(&*self.ctx, name)
     }
 
     /// Packets the device has dealt with: taken by a QP or dropped for a counted reason.
     fn handled(&self) -> u64 {
-        let c = self.counters();
+        let c = common::counters(&*self.ctx);
         FATES.iter().map(|n| c.get(*n).copied().unwrap_or(0)).sum()
     }
 
     /// Sends `h`/`payload` from the peer with a right ICRC.
     fn send(&self, h: &Headers, payload: &[u8]) {
-        self.send_bytes(seal(build(h, payload), PEER_IP, VICTIM_IP, self.port));
+        send_sealed(&self.peer, PEER_IP, VICTIM_IP, self.port, build(h, payload));
     }
 
     fn send_bytes(&self, bytes: Vec<u8>) {
-        self.peer
-            .send_to(&bytes, SocketAddr::new(VICTIM_IP.into(), self.port))
-            .unwrap();
+        common::send_to(&self.peer, VICTIM_IP, self.port, &bytes);
     }
 
     /// Drives the device (one pump per call) until `n` more packets were dealt with;
@@ -138,6 +109,24 @@ impl Lab {
         self.send(h, payload);
         self.deliver(1);
         self.answers()
+    }
+
+    /// Sends `h`/`payload` `n` times and drives the device until all were dealt with;
+    /// returns how many pumps that took and what the victim answered.
+    fn flood(&self, h: &Headers, payload: &[u8], n: u64) -> (u64, Vec<Answer>) {
+        for _ in 0..n {
+            self.send(h, payload);
+        }
+        let pumps = self.deliver(n);
+        (pumps, self.answers())
+    }
+
+    /// Sends `h` with `payload` (a WRITE or a SEND at `v`) and checks that it is ACKed and
+    /// its payload landed at the start of `v`'s region.
+    fn lands(&self, v: &Victim, h: &Headers, payload: &[u8]) {
+        let a = self.attack(h, payload);
+        assert!(a.iter().any(|x| x.acks(h.bth.psn.value())), "{a:?}");
+        assert_eq!(v.buf.to_vec(0, payload.len()).unwrap(), payload);
     }
 
     /// Everything the victim has sent: what is there, waiting up to 300 ms for a first
@@ -171,30 +160,19 @@ impl Lab {
                 None => self.peer.recv(&mut b),
             };
             let Ok(n) = got else { break };
-            if let Ok(p) = Packet::parse(&b[..n]) {
-                out.push(Answer {
-                    op: p.headers.bth.opcode,
-                    psn: p.headers.bth.psn.value(),
-                    syndrome: p.headers.aeth.map(|a| a.syndrome),
-                    payload: p.payload.to_vec(),
-                });
-            }
+            out.extend(Answer::parse(&b[..n]));
         }
         out
     }
 
     fn events(&self) -> Vec<AsyncEvent> {
-        std::iter::from_fn(|| self.ctx.get_async_event()).collect()
+        common::events(&*self.ctx)
     }
 
     /// An RC QP connected to the raw peer (expecting `EPSN`, sending from `SPSN`) and a
     /// 4 KiB region filled with 0x3c.
     fn victim(&self, o: &QpOptions) -> Victim {
-        let ep = endpoint(&self.ctx, o, QpType::Rc, None).unwrap();
-        bring_up(&ep, PEER_QPN, Gid::from(PEER_IP), SPSN, EPSN, o.mtu, o).unwrap();
-        let buf = Arc::new(MemoryBuffer::zeroed(4096).unwrap());
-        buf.fill(0, 4096, 0x3c).unwrap();
-        let mr = ep.pd.reg_mr(MemRegion::whole(buf.clone()), RW).unwrap();
+        let (ep, buf, mr) = common::connected_rc(&self.ctx, o, (PEER_QPN, PEER_IP), SPSN, EPSN, RW);
         Victim { ep, buf, mr }
     }
 
@@ -205,21 +183,17 @@ impl Lab {
     /// A UD QP in RTS with Q_Key `qkey`.
     fn ud(&self, qkey: u32) -> Endpoint {
         let ep = endpoint(&self.ctx, &options(), QpType::Ud, None).unwrap();
-        use QpAttrMask as M;
-        let mut attr = QpAttr {
-            qp_state: QpState::Init,
+        common::ud_to_rtr(&*ep.qp, qkey);
+        let attr = QpAttr {
+            qp_state: QpState::Rts,
             port_num: 1,
             qkey,
+            sq_psn: 1,
             ..QpAttr::default()
         };
         ep.qp
-            .modify(&attr, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
+            .modify(&attr, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
             .unwrap();
-        attr.qp_state = QpState::Rtr;
-        ep.qp.modify(&attr, M::STATE).unwrap();
-        attr.qp_state = QpState::Rts;
-        attr.sq_psn = 1;
-        ep.qp.modify(&attr, M::STATE | M::SQ_PSN).unwrap();
         ep
     }
 }
@@ -245,31 +219,26 @@ impl Victim {
     }
 
     fn request(&self, op: Opcode, psn: u32) -> Headers {
-        let mut bth = Bth::new(op, self.qpn(), Psn::new(psn));
-        bth.ack_req = true;
-        Headers::new(bth)
+        common::request(self.qpn(), op, psn)
+    }
+
+    /// A WRITE ONLY of `len` bytes at the start of its region, through its rkey.
+    fn write(&self, psn: u32, len: u32) -> Headers {
+        let mut h = self.request(Opcode::RcWriteOnly, psn);
+        h.reth = reth(self.mr.addr(), self.mr.rkey(), len);
+        h
     }
 
     fn unchanged(&self) -> bool {
-        self.buf.to_vec(0, 4096).unwrap().iter().all(|&b| b == 0x3c)
+        filled(&self.buf, 0, 4096, 0x3c)
     }
 
     fn post_recv(&self, wr_id: u64, sge: Sge) {
-        self.ep
-            .qp
-            .post_recv(&[RecvWr {
-                wr_id,
-                sg_list: &[sge],
-            }])
-            .unwrap();
+        common::post_recv(&*self.ep.qp, wr_id, sge);
     }
 
     fn sge(&self, off: u64, length: u32) -> Sge {
-        Sge {
-            addr: self.mr.addr() + off,
-            length,
-            lkey: self.mr.lkey(),
-        }
+        common::sge(&*self.mr, off, length)
     }
 
     fn completions(&self) -> Vec<WorkCompletion> {
@@ -279,44 +248,8 @@ impl Victim {
     }
 
     fn event(&self, event_type: AsyncEventType) -> AsyncEvent {
-        AsyncEvent {
-            event_type,
-            element: AsyncEventElement::Qp(self.qpn()),
-        }
+        common::qp_event(self.qpn(), event_type)
     }
-}
-
-fn build(h: &Headers, payload: &[u8]) -> Vec<u8> {
-    let mut buf = vec![0u8; h.packet_len(payload.len())];
-    let n = h.build(payload, &mut buf).unwrap();
-    buf.truncate(n);
-    buf
-}
-
-/// Fills the ICRC of `buf` for an IPv4 packet from `src` to `dst` (identification 0).
-fn seal(mut buf: Vec<u8>, src: Ipv4Addr, dst: Ipv4Addr, port: u16) -> Vec<u8> {
-    let ip = IpFields::V4 {
-        src,
-        dst,
-        id: 0,
-        flags_frag: IPV4_DF,
-    };
-    let ports = UdpPorts {
-        src: port,
-        dst: port,
-    };
-    if buf.len() >= 16 {
-        icrc::fill(&ip, ports, &mut buf).unwrap();
-    }
-    buf
-}
-
-fn reth(va: u64, rkey: u32, len: u32) -> Option<Reth> {
-    Some(Reth {
-        va,
-        rkey,
-        dma_len: len,
-    })
 }
 
 fn atomic(va: u64, rkey: u32) -> Option<AtomicEth> {
@@ -384,14 +317,7 @@ fn a_send_with_invalidate_is_refused_not_claimed() {
     assert!(lab.events().is_empty());
     // The region is still registered: another QP's WRITE through the rkey lands.
     let w = lab.rc();
-    let mut h = w.request(Opcode::RcWriteOnly, EPSN);
-    h.reth = reth(w.mr.addr(), w.mr.rkey(), 8);
-    let a = lab.attack(&h, &[0x11; 8]);
-    assert!(
-        a.iter().any(|x| x.op == Opcode::RcAck && x.psn == EPSN),
-        "{a:?}"
-    );
-    assert_eq!(w.buf.to_vec(0, 8).unwrap(), [0x11; 8]);
+    lab.lands(&w, &w.write(EPSN, 8), &[0x11; 8]);
 }
 
 #[test]
@@ -401,16 +327,7 @@ fn a_receive_whose_region_was_deregistered_takes_no_data() {
     // copy_data): the peer's SEND must not land there.
     let lab = Lab::new();
     let Victim { ep, buf, mr } = lab.rc();
-    ep.qp
-        .post_recv(&[RecvWr {
-            wr_id: 7,
-            sg_list: &[Sge {
-                addr: mr.addr(),
-                length: 2048,
-                lkey: mr.lkey(),
-            }],
-        }])
-        .unwrap();
+    common::post_recv(&*ep.qp, 7, common::sge(&*mr, 0, 2048));
     drop(mr);
     buf.fill(0, 4096, 0x55).unwrap(); // reused for other data
     // A two-packet SEND.
@@ -428,7 +345,7 @@ fn a_receive_whose_region_was_deregistered_takes_no_data() {
     lab.deliver(2);
     let a = lab.answers();
     assert!(
-        buf.to_vec(0, 4096).unwrap().iter().all(|&b| b == 0x55),
+        filled(&buf, 0, 4096, 0x55),
         "the SEND was written into a deregistered region"
     );
     assert!(
@@ -436,11 +353,7 @@ fn a_receive_whose_region_was_deregistered_takes_no_data() {
             .any(|x| x.is_nak(EPSN, Syndrome::NakRemoteOperationalError)),
         "{a:?}"
     );
-    let mut wc = [WorkCompletion::default(); 4];
-    let n = ep.cq.poll(&mut wc).unwrap();
-    assert_eq!(n, 1);
-    assert_eq!((wc[0].wr_id, wc[0].status), (7, WcStatus::LocProtErr));
-    assert_eq!(ep.qp.state(), QpState::Err);
+    failed_once(&ep, 7, WcStatus::LocProtErr);
 }
 
 #[test]
@@ -449,11 +362,7 @@ fn a_send_whose_source_was_deregistered_sends_nothing() {
     // deregistered after the post (and reused) is not read.
     let lab = Lab::new();
     let Victim { ep, buf, mr } = lab.rc();
-    let sge = [Sge {
-        addr: mr.addr(),
-        length: 3000,
-        lkey: mr.lkey(),
-    }];
+    let sge = [common::sge(&*mr, 0, 3000)];
     ep.qp
         .post_send(&[SendWr::new(9, SendOp::Send, &sge)])
         .unwrap();
@@ -467,11 +376,7 @@ fn a_send_whose_source_was_deregistered_sends_nothing() {
         "a deregistered region's memory was sent: {:?}",
         a.iter().map(|x| (x.op, x.psn)).collect::<Vec<_>>()
     );
-    let mut wc = [WorkCompletion::default(); 4];
-    let n = ep.cq.poll(&mut wc).unwrap();
-    assert_eq!(n, 1);
-    assert_eq!((wc[0].wr_id, wc[0].status), (9, WcStatus::LocProtErr));
-    assert_eq!(ep.qp.state(), QpState::Err);
+    failed_once(&ep, 9, WcStatus::LocProtErr);
 }
 
 #[test]
@@ -500,16 +405,7 @@ fn a_write_with_immediate_held_by_rnr_then_deregistered_writes_no_more() {
     drop(mr);
     buf.fill(0, 4096, 0x55).unwrap();
     let (_b2, other) = ep.reg(64, RW).unwrap();
-    ep.qp
-        .post_recv(&[RecvWr {
-            wr_id: 1,
-            sg_list: &[Sge {
-                addr: other.addr(),
-                length: 64,
-                lkey: other.lkey(),
-            }],
-        }])
-        .unwrap();
+    common::post_recv(&*ep.qp, 1, common::sge(&*other, 0, 64));
     let _ = lab.events();
     let a = lab.attack(&last, &[0xdd; 1024]);
     assert!(
@@ -517,14 +413,11 @@ fn a_write_with_immediate_held_by_rnr_then_deregistered_writes_no_more() {
             .any(|x| x.is_nak(EPSN + 1, Syndrome::NakRemoteAccessError)),
         "{a:?}"
     );
-    assert!(buf.to_vec(0, 4096).unwrap().iter().all(|&b| b == 0x55));
+    assert!(filled(&buf, 0, 4096, 0x55));
     assert_eq!(ep.qp.state(), QpState::Err);
     assert_eq!(
         lab.events(),
-        [AsyncEvent {
-            event_type: AsyncEventType::QpAccessErr,
-            element: AsyncEventElement::Qp(qpn),
-        }]
+        [common::qp_event(qpn, AsyncEventType::QpAccessErr)]
     );
 }
 
@@ -536,8 +429,7 @@ fn atomic_write_and_flush_after_deregistration_are_access_errors() {
         let (va, rkey) = (mr.addr(), mr.rkey());
         drop(mr);
         buf.fill(0, 4096, 0x55).unwrap();
-        let mut h = Headers::new(Bth::new(op, ep.qp.qp_num(), Psn::new(EPSN)));
-        h.bth.ack_req = true;
+        let mut h = common::request(ep.qp.qp_num(), op, EPSN);
         let payload = match op {
             Opcode::RcAtomicWrite => {
                 h.reth = reth(va, rkey, 8);
@@ -562,10 +454,7 @@ fn atomic_write_and_flush_after_deregistration_are_access_errors() {
                 .any(|x| x.is_nak(EPSN, Syndrome::NakRemoteAccessError)),
             "{op}: {a:?}"
         );
-        assert!(
-            buf.to_vec(0, 4096).unwrap().iter().all(|&b| b == 0x55),
-            "{op}"
-        );
+        assert!(filled(&buf, 0, 4096, 0x55), "{op}");
         assert_eq!(ep.qp.state(), QpState::Err);
         let _ = lab.events();
     }
@@ -783,6 +672,20 @@ fn zero_and_maximal_lengths() {
 
 // ------------------------------------------------------------------ what a NIC checks first
 
+/// Takes an RC QP from RESET to INIT (port 1, granting remote writes).
+fn rc_to_init(qp: &dyn QueuePair) {
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: AccessFlags::REMOTE_WRITE,
+            ..QpAttr::default()
+        },
+        QpAttrMask::RC_TO_INIT,
+    )
+    .unwrap();
+}
+
 #[test]
 fn packets_for_a_qp_in_a_state_that_takes_none_are_dropped_and_counted() {
     let lab = Lab::new();
@@ -791,24 +694,13 @@ fn packets_for_a_qp_in_a_state_that_takes_none_are_dropped_and_counted() {
     let ep = endpoint(&lab.ctx, &options(), QpType::Rc, None).unwrap();
     let mr = ep.pd.reg_mr(MemRegion::whole(buf.clone()), RW).unwrap();
     let write = |qpn: u32| {
-        let mut h = Headers::new(Bth::new(Opcode::RcWriteOnly, qpn, Psn::new(EPSN)));
-        h.bth.ack_req = true;
+        let mut h = common::request(qpn, Opcode::RcWriteOnly, EPSN);
         h.reth = reth(mr.addr(), mr.rkey(), 8);
         h
     };
     let before = lab.counter("drop_qp_state");
     assert!(lab.attack(&write(ep.qp.qp_num()), &[1; 8]).is_empty());
-    ep.qp
-        .modify(
-            &QpAttr {
-                qp_state: QpState::Init,
-                port_num: 1,
-                qp_access_flags: AccessFlags::REMOTE_WRITE,
-                ..QpAttr::default()
-            },
-            QpAttrMask::RC_TO_INIT,
-        )
-        .unwrap();
+    rc_to_init(&*ep.qp);
     assert!(lab.attack(&write(ep.qp.qp_num()), &[1; 8]).is_empty());
     let v = lab.rc();
     v.ep.qp
@@ -820,8 +712,7 @@ fn packets_for_a_qp_in_a_state_that_takes_none_are_dropped_and_counted() {
             QpAttrMask::STATE,
         )
         .unwrap();
-    let mut h = v.request(Opcode::RcWriteOnly, EPSN);
-    h.reth = reth(v.mr.addr(), v.mr.rkey(), 8);
+    let h = v.write(EPSN, 8);
     assert!(lab.attack(&h, &[1; 8]).is_empty());
     assert_eq!(buf.to_vec(0, 64).unwrap(), [0; 64]);
     assert!(v.unchanged());
@@ -829,17 +720,7 @@ fn packets_for_a_qp_in_a_state_that_takes_none_are_dropped_and_counted() {
     let rtr = endpoint(&lab.ctx, &options(), QpType::Rc, None).unwrap();
     use QpAttrMask as M;
     let o = options();
-    rtr.qp
-        .modify(
-            &QpAttr {
-                qp_state: QpState::Init,
-                port_num: 1,
-                qp_access_flags: AccessFlags::REMOTE_WRITE,
-                ..QpAttr::default()
-            },
-            M::RC_TO_INIT,
-        )
-        .unwrap();
+    rc_to_init(&*rtr.qp);
     rtr.qp
         .modify(
             &QpAttr {
@@ -861,11 +742,7 @@ fn packets_for_a_qp_in_a_state_that_takes_none_are_dropped_and_counted() {
             M::RC_TO_RTR,
         )
         .unwrap();
-    let mut ack = Headers::new(Bth::new(Opcode::RcAck, rtr.qp.qp_num(), Psn::new(SPSN)));
-    ack.aeth = Some(Aeth {
-        syndrome: Syndrome::Ack { credits: 31 },
-        msn: 0,
-    });
+    let ack = common::ack(rtr.qp.qp_num(), SPSN, Syndrome::Ack { credits: 31 }, 0);
     assert!(lab.attack(&ack, &[]).is_empty());
     assert_eq!(lab.counter("drop_qp_state"), before + 4);
     // A packet for QPN 0, 1 or 0xFFFFFF (the special and multicast QPNs) reaches no QP.
@@ -883,23 +760,16 @@ fn a_foreign_partition_is_dropped_and_counted() {
     let v = lab.rc();
     for pkey in [0x0000, 0x8001, 0x1234, 0x7ffe] {
         let before = lab.counter("drop_bad_pkey");
-        let mut h = v.request(Opcode::RcWriteOnly, EPSN);
+        let mut h = v.write(EPSN, 8);
         h.bth.pkey = pkey;
-        h.reth = reth(v.mr.addr(), v.mr.rkey(), 8);
         assert!(lab.attack(&h, &[0xee; 8]).is_empty(), "P_Key {pkey:#x}");
         assert_eq!(lab.counter("drop_bad_pkey"), before + 1, "P_Key {pkey:#x}");
         assert!(v.unchanged(), "P_Key {pkey:#x}");
     }
     // A limited member of the default partition is one of it.
-    let mut h = v.request(Opcode::RcWriteOnly, EPSN);
+    let mut h = v.write(EPSN, 8);
     h.bth.pkey = 0x7fff;
-    h.reth = reth(v.mr.addr(), v.mr.rkey(), 8);
-    let a = lab.attack(&h, &[0xee; 8]);
-    assert!(
-        a.iter().any(|x| x.op == Opcode::RcAck && x.psn == EPSN),
-        "{a:?}"
-    );
-    assert_eq!(v.buf.to_vec(0, 8).unwrap(), [0xee; 8]);
+    lab.lands(&v, &h, &[0xee; 8]);
 }
 
 #[test]
@@ -982,8 +852,7 @@ fn malformed_datagrams_of_every_size_are_dropped_and_counted() {
     // there, an invalid request.
     for pad in 1..=3u8 {
         let w = lab.rc();
-        let mut h = w.request(Opcode::RcWriteOnly, EPSN);
-        h.reth = reth(w.mr.addr(), w.mr.rkey(), 64);
+        let h = w.write(EPSN, 64);
         let mut bytes = build(&h, &[0xee; 64]);
         bytes[1] = (bytes[1] & !0x30) | (pad << 4);
         lab.send_bytes(seal(bytes, PEER_IP, VICTIM_IP, lab.port));
@@ -1035,8 +904,7 @@ fn an_icrc_for_another_ip_identification_is_recovered_a_corrupted_one_is_not() {
     // payload bit fits none and is dropped.
     let lab = Lab::new();
     let v = lab.rc();
-    let mut h = v.request(Opcode::RcWriteOnly, EPSN);
-    h.reth = reth(v.mr.addr(), v.mr.rkey(), 64);
+    let h = v.write(EPSN, 64);
     let mut bytes = build(&h, &[0xee; 64]);
     let ip = IpFields::V4 {
         src: PEER_IP,
@@ -1073,9 +941,8 @@ fn a_receive_pump_reads_a_bounded_batch() {
     // (or running its timers): one pump reads at most 4 receive batches.
     let lab = Lab::new();
     let v = lab.rc();
-    let mut h = v.request(Opcode::RcWriteOnly, EPSN);
+    let mut h = v.write(EPSN, 8);
     h.bth.dest_qp = 0x00ff_fff7; // no such QP: each is dropped
-    h.reth = reth(v.mr.addr(), v.mr.rkey(), 8);
     for _ in 0..150 {
         lab.send(&h, &[0; 8]);
     }
@@ -1093,11 +960,7 @@ fn rnr_nak_floods_are_merged() {
     let v = lab.rc();
     let h = v.request(Opcode::RcSendOnly, EPSN);
     let n = 100;
-    for _ in 0..n {
-        lab.send(&h, &[0xee; 16]);
-    }
-    let pumps = lab.deliver(n);
-    let a = lab.answers();
+    let (pumps, a) = lab.flood(&h, &[0xee; 16], n);
     let rnr = a
         .iter()
         .filter(|x| matches!(x.syndrome, Some(Syndrome::RnrNak { .. })))
@@ -1110,12 +973,7 @@ fn rnr_nak_floods_are_merged() {
     assert_eq!(v.ep.qp.state(), QpState::Rts);
     // A receive posted now takes the retried SEND.
     v.post_recv(1, v.sge(0, 64));
-    let a = lab.attack(&h, &[0xee; 16]);
-    assert!(
-        a.iter().any(|x| x.op == Opcode::RcAck && x.psn == EPSN),
-        "{a:?}"
-    );
-    assert_eq!(v.buf.to_vec(0, 16).unwrap(), [0xee; 16]);
+    lab.lands(&v, &h, &[0xee; 16]);
 }
 
 #[test]
@@ -1123,19 +981,11 @@ fn duplicates_and_ackreq_floods_cost_bounded_answers() {
     let lab = Lab::new();
     let v = lab.rc();
     // Duplicate WRITEs asking for an ACK each: ACKs merge, one per pump at most.
-    let mut w = v.request(Opcode::RcWriteOnly, EPSN);
-    w.reth = reth(v.mr.addr(), v.mr.rkey(), 8);
+    let w = v.write(EPSN, 8);
     lab.attack(&w, &[0x11; 8]);
     let n = 120;
-    for _ in 0..n {
-        lab.send(&w, &[0x22; 8]);
-    }
-    let pumps = lab.deliver(n);
-    let acks = lab
-        .answers()
-        .iter()
-        .filter(|x| x.op == Opcode::RcAck)
-        .count() as u64;
+    let (pumps, a) = lab.flood(&w, &[0x22; 8], n);
+    let acks = a.iter().filter(|x| x.op == Opcode::RcAck).count() as u64;
     assert!(
         acks <= pumps + 1,
         "{acks} ACKs for {n} duplicates in {pumps} pumps"
@@ -1146,15 +996,8 @@ fn duplicates_and_ackreq_floods_cost_bounded_answers() {
     let mut f = v.request(Opcode::RcFetchAdd, EPSN + 1);
     f.atomic = atomic(v.mr.addr() + 64, v.mr.rkey());
     lab.attack(&f, &[]);
-    for _ in 0..n {
-        lab.send(&f, &[]);
-    }
-    let pumps = lab.deliver(n);
-    let acks = lab
-        .answers()
-        .iter()
-        .filter(|x| x.op == Opcode::RcAtomicAck)
-        .count() as u64;
+    let (pumps, a) = lab.flood(&f, &[], n);
+    let acks = a.iter().filter(|x| x.op == Opcode::RcAtomicAck).count() as u64;
     assert!(acks <= 48 * pumps, "{acks} atomic ACKs in {pumps} pumps");
     assert_eq!(
         v.buf.load_u64(64).unwrap(),
@@ -1171,17 +1014,12 @@ fn psns_across_the_wrap_and_half_the_space_away() {
     // space away counts as a duplicate, never as new.
     let lab = Lab::new();
     let o = options();
-    let ep = endpoint(&lab.ctx, &o, QpType::Rc, None).unwrap();
     let near = 0x00ff_fffe;
-    bring_up(&ep, PEER_QPN, Gid::from(PEER_IP), SPSN, near, o.mtu, &o).unwrap();
+    let ep = common::connect_rc(&lab.ctx, &o, (PEER_QPN, PEER_IP), SPSN, near);
     let buf = Arc::new(MemoryBuffer::zeroed(4096).unwrap());
     let mr = ep.pd.reg_mr(MemRegion::whole(buf.clone()), RW).unwrap();
     let qpn = ep.qp.qp_num();
-    let pkt = |op, psn: u32| {
-        let mut h = Headers::new(Bth::new(op, qpn, Psn::new(psn & 0x00ff_ffff)));
-        h.bth.ack_req = true;
-        h
-    };
+    let pkt = |op, psn: u32| common::request(qpn, op, psn & 0x00ff_ffff);
     let mut h = pkt(Opcode::RcWriteFirst, near);
     h.reth = reth(mr.addr(), mr.rkey(), 3072);
     h.bth.ack_req = false;
@@ -1190,10 +1028,7 @@ fn psns_across_the_wrap_and_half_the_space_away() {
     lab.send(&pkt(Opcode::RcWriteLast, near + 2), &[3; 1024]);
     lab.deliver(3);
     let a = lab.answers();
-    assert!(
-        a.iter().any(|x| x.op == Opcode::RcAck && x.psn == 0),
-        "{a:?}"
-    );
+    assert!(a.iter().any(|x| x.acks(0)), "{a:?}");
     assert_eq!(buf.to_vec(2048, 1024).unwrap(), vec![3; 1024]);
     // The same FIRST again (PSN before the wrap): a duplicate.
     let mut h = pkt(Opcode::RcWriteOnly, near);
@@ -1239,33 +1074,20 @@ fn a_destroyed_qp_takes_no_more_packets() {
     // nothing through it — a WRITE is dropped, not executed, and the READ response stops.
     let victim_ip = Ipv4Addr::new(127, 0, 23, 5);
     let peer_ip = Ipv4Addr::new(127, 0, 23, 6);
-    let dev = SoftContext::bind(SocketAddr::new(victim_ip.into(), 0)).unwrap();
-    let port = dev.local_addr().port();
-    let ctx: Arc<dyn Context> = Arc::new(dev);
-    let peer = UdpSocket::bind(SocketAddr::new(peer_ip.into(), port)).unwrap();
+    let (ctx, peer, port) = device_and_peer(victim_ip, peer_ip, &SoftOptions::from_env());
     peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let o = options();
-    let ep = endpoint(&ctx, &o, QpType::Rc, None).unwrap();
-    bring_up(&ep, PEER_QPN, Gid::from(peer_ip), SPSN, EPSN, o.mtu, &o).unwrap();
+    let ep = common::connect_rc(&ctx, &o, (PEER_QPN, peer_ip), SPSN, EPSN);
     const LEN: usize = 64 << 20;
     let big = Arc::new(MemoryBuffer::zeroed(LEN).unwrap());
     big.fill(0, 4096, 0x3c).unwrap();
     let mr = ep.pd.reg_mr(MemRegion::whole(big.clone()), RW).unwrap();
     let qpn = ep.qp.qp_num();
-    let counter = |name: &str| {
-        ctx.counters()
-            .iter()
-            .find(|c| c.name == name)
-            .map_or(0, |c| c.value)
-    };
+    let counter = |name: &str| common::counter(&*ctx, name);
     let mut h = Headers::new(Bth::new(Opcode::RcReadRequest, qpn, Psn::new(EPSN)));
     h.reth = reth(mr.addr(), mr.rkey(), LEN as u32);
     let sent_before = counter("sent_pkts");
-    peer.send_to(
-        &seal(build(&h, &[]), peer_ip, victim_ip, port),
-        SocketAddr::new(victim_ip.into(), port),
-    )
-    .unwrap();
+    send_sealed(&peer, peer_ip, victim_ip, port, build(&h, &[]));
     let mut b = vec![0u8; 9000];
     let n = peer.recv(&mut b).unwrap();
     assert_eq!(
@@ -1276,19 +1098,10 @@ fn a_destroyed_qp_takes_no_more_packets() {
     let Endpoint { qp, .. } = ep;
     drop(qp);
     // The WRITE that would come next.
-    let mut w = Headers::new(Bth::new(
-        Opcode::RcWriteOnly,
-        qpn,
-        Psn::new(EPSN + (LEN / 1024) as u32),
-    ));
-    w.bth.ack_req = true;
+    let mut w = common::request(qpn, Opcode::RcWriteOnly, EPSN + (LEN / 1024) as u32);
     w.reth = reth(mr.addr(), mr.rkey(), 64);
     let seen = counter("drop_unknown_qp") + counter("rcvd_pkts");
-    peer.send_to(
-        &seal(build(&w, &[0xee; 64]), peer_ip, victim_ip, port),
-        SocketAddr::new(victim_ip.into(), port),
-    )
-    .unwrap();
+    send_sealed(&peer, peer_ip, victim_ip, port, build(&w, &[0xee; 64]));
     let deadline = Instant::now() + Duration::from_secs(10);
     while counter("drop_unknown_qp") + counter("rcvd_pkts") == seen {
         assert!(Instant::now() < deadline, "the WRITE never arrived");
@@ -1327,6 +1140,16 @@ fn respond(lab: &Lab, v: &Victim, op: Opcode, psn: u32, syndrome: Syndrome, payl
     }
     lab.send(&h, payload);
     lab.deliver(1);
+}
+
+/// Checks that `ep`'s CQ holds exactly one completion (without driving), `wr_id` with
+/// `status`, and that its QP is in ERR.
+fn failed_once(ep: &Endpoint, wr_id: u64, status: WcStatus) {
+    let mut wc = [WorkCompletion::default(); 4];
+    let n = ep.cq.poll(&mut wc).unwrap();
+    assert_eq!(n, 1);
+    assert_eq!((wc[0].wr_id, wc[0].status), (wr_id, status));
+    assert_eq!(ep.qp.state(), QpState::Err);
 }
 
 /// Drives until `v`'s CQ has a completion (the requester's timers run meanwhile).
@@ -1449,11 +1272,7 @@ fn a_peer_that_never_acknowledges_gets_a_bounded_number_of_packets() {
     let v = lab.victim(&o);
     let big = Arc::new(MemoryBuffer::zeroed(4 << 20).unwrap());
     let mr = v.ep.pd.reg_mr(MemRegion::whole(big), RW).unwrap();
-    let sge = [Sge {
-        addr: mr.addr(),
-        length: 4 << 20,
-        lkey: mr.lkey(),
-    }];
+    let sge = [common::sge(&*mr, 0, 4 << 20)];
     let write = SendOp::RdmaWrite {
         remote_addr: 0x1000,
         rkey: 0x1234,
@@ -1503,16 +1322,7 @@ fn ud_checks_the_qkey_and_writes_the_grh_as_received() {
     let qpn = ud.qp.qp_num();
     let (buf, mr) = ud.reg(8192, RW).unwrap();
     let recv = |wr_id: u64, off: u64, len: u32| {
-        ud.qp
-            .post_recv(&[RecvWr {
-                wr_id,
-                sg_list: &[Sge {
-                    addr: mr.addr() + off,
-                    length: len,
-                    lkey: mr.lkey(),
-                }],
-            }])
-            .unwrap()
+        common::post_recv(&*ud.qp, wr_id, common::sge(&*mr, off, len))
     };
     recv(1, 0, 1024);
     // Wrong Q_Keys — other bits, or the controlled-key bit that only a sender's own NIC
@@ -1560,7 +1370,7 @@ fn ud_checks_the_qkey_and_writes_the_grh_as_received() {
     assert_eq!(ud.cq.poll(&mut wc).unwrap(), 2);
     assert_eq!((wc[0].wr_id, wc[0].status), (2, WcStatus::LocLenErr));
     assert_eq!((wc[1].wr_id, wc[1].status), (3, WcStatus::LocLenErr));
-    assert!(buf.to_vec(0, 8192).unwrap().iter().all(|&b| b == 0x3c));
+    assert!(filled(&buf, 0, 8192, 0x3c));
     // Above the path MTU (4096 on loopback): dropped as malformed, the receive kept.
     recv(4, 0, 8192);
     let before = lab.counter("drop_malformed");
@@ -1598,29 +1408,9 @@ fn ud_over_ipv6_gets_an_ipv6_grh() {
     let port = dev.local_addr().port();
     let ctx: Arc<dyn Context> = Arc::new(dev);
     let ep = endpoint(&ctx, &options(), QpType::Ud, None).unwrap();
-    use QpAttrMask as M;
-    let mut attr = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qkey: 7,
-        ..QpAttr::default()
-    };
-    ep.qp
-        .modify(&attr, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
-        .unwrap();
-    attr.qp_state = QpState::Rtr;
-    ep.qp.modify(&attr, M::STATE).unwrap();
+    common::ud_to_rtr(&*ep.qp, 7);
     let (buf, mr) = ep.reg(1024, RW).unwrap();
-    ep.qp
-        .post_recv(&[RecvWr {
-            wr_id: 1,
-            sg_list: &[Sge {
-                addr: mr.addr(),
-                length: 1024,
-                lkey: mr.lkey(),
-            }],
-        }])
-        .unwrap();
+    common::post_recv(&*ep.qp, 1, common::sge(&*mr, 0, 1024));
     let h = ud_send(ep.qp.qp_num(), 7, 0x42, None);
     let mut bytes = build(&h, &[0xee; 13]);
     let ip = IpFields::V6 {
@@ -1727,11 +1517,7 @@ fn a_peer_overrunning_a_cq_and_draining_an_srq_raises_one_event_each() {
     for i in 0..8u64 {
         srq.post_recv(&[RecvWr {
             wr_id: i,
-            sg_list: &[Sge {
-                addr: mr.addr() + i * 64,
-                length: 64,
-                lkey: mr.lkey(),
-            }],
+            sg_list: &[common::sge(&*mr, i * 64, 64)],
         }])
         .unwrap();
     }

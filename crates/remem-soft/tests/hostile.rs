@@ -8,15 +8,16 @@
 //! event of it, and another QP on the same device keeps working (a legitimate WRITE
 //! through it lands).
 
-use remem_conformance::{Endpoint, QpOptions, bring_up, endpoint};
-use remem_soft::SoftContext;
+mod common;
+
+use common::{Answer, build, device_and_peer, filled, recv_burst, reth, seal, send_to};
+use remem_conformance::{Endpoint, QpOptions, endpoint};
 use remem_soft::SoftOptions;
 use remem_verbs::{
-    AccessFlags, AsyncEvent, AsyncEventElement, AsyncEventType, Context, Gid, MemRegion,
-    MemoryBuffer, MemoryRegion, Mtu, QpState, QpType, RecvWr, SendOp, SendWr, Sge, WcStatus,
+    AccessFlags, AsyncEvent, AsyncEventElement, AsyncEventType, Context, MemRegion, MemoryBuffer,
+    MemoryRegion, Mtu, QpState, QpType, SendOp, SendWr, WcStatus,
 };
-use remem_wire::icrc::{self, IPV4_DF, IpFields, UdpPorts};
-use remem_wire::{Aeth, AtomicEth, Bth, Deth, Feth, Headers, Opcode, Packet, Psn, Reth, Syndrome};
+use remem_wire::{Aeth, AtomicEth, Bth, Deth, Feth, Headers, Opcode, Packet, Psn, Syndrome};
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -45,13 +46,11 @@ struct World {
 fn world() -> std::sync::MutexGuard<'static, World> {
     static W: OnceLock<Mutex<World>> = OnceLock::new();
     W.get_or_init(|| {
-        let dev = SoftContext::bind(SocketAddr::new(VICTIM_IP.into(), 0)).unwrap();
-        let port = dev.local_addr().port();
-        let sock = UdpSocket::bind(SocketAddr::new(PEER_IP.into(), port)).unwrap();
+        let (ctx, sock, port) = device_and_peer(VICTIM_IP, PEER_IP, &SoftOptions::from_env());
         sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         let third = UdpSocket::bind(SocketAddr::new(THIRD_IP.into(), port)).unwrap();
         Mutex::new(World {
-            ctx: Arc::new(dev),
+            ctx,
             sock,
             third,
             port,
@@ -75,45 +74,26 @@ fn victim(w: &World, access: AccessFlags, mr_access: AccessFlags) -> Victim {
         mtu: Mtu::Mtu1024,
         ..QpOptions::default()
     };
-    let ep = endpoint(&w.ctx, &o, QpType::Rc, None).unwrap();
     let epsn = 1000;
-    bring_up(
-        &ep,
-        PEER_QPN,
-        Gid::from(PEER_IP),
-        5000,
-        epsn,
-        Mtu::Mtu1024,
-        &o,
-    )
-    .unwrap();
-    let buf = Arc::new(MemoryBuffer::zeroed(4096).unwrap());
-    buf.fill(0, 4096, 0x3c).unwrap();
-    let mr = ep
-        .pd
-        .reg_mr(MemRegion::whole(buf.clone()), mr_access)
-        .unwrap();
+    let (ep, buf, mr) =
+        common::connected_rc(&w.ctx, &o, (PEER_QPN, PEER_IP), 5000, epsn, mr_access);
     Victim { ep, buf, mr, epsn }
 }
 
 fn counters(w: &World) -> HashMap<String, u64> {
-    w.ctx
-        .counters()
-        .into_iter()
-        .map(|c| (c.name.to_string(), c.value))
-        .collect()
+    common::counters(&*w.ctx)
 }
 
 /// Builds a packet with a right ICRC (unless `bad_icrc`) and sends it to the victim.
 fn send(w: &World, h: &Headers, payload: &[u8], bad_icrc: bool) {
-    let mut buf = vec![0u8; h.packet_len(payload.len())];
-    let n = h.build(payload, &mut buf).unwrap();
-    buf.truncate(n);
-    seal_and_send(w, buf, bad_icrc);
-}
-
-fn seal_and_send(w: &World, buf: Vec<u8>, bad_icrc: bool) {
-    send_raw(&w.sock, PEER_IP, VICTIM_IP, w.port, buf, bad_icrc);
+    send_raw(
+        &w.sock,
+        PEER_IP,
+        VICTIM_IP,
+        w.port,
+        build(h, payload),
+        bad_icrc,
+    );
 }
 
 /// Builds `h`/`payload` and sends it from the third party (a right ICRC for its address).
@@ -128,65 +108,36 @@ fn send_from_third(w: &World, h: &Headers, payload: &[u8]) {
     );
 }
 
-fn build(h: &Headers, payload: &[u8]) -> Vec<u8> {
-    let mut buf = vec![0u8; h.packet_len(payload.len())];
-    let n = h.build(payload, &mut buf).unwrap();
-    buf.truncate(n);
-    buf
-}
-
-/// Sends a packet from `sock` (bound to `src`) to `dst`, ICRC filled for those addresses.
+/// Sends a packet from `sock` (bound to `src`) to `dst`, ICRC filled for those addresses
+/// (and spoilt if `bad_icrc`).
 fn send_raw(
     sock: &UdpSocket,
     src: Ipv4Addr,
     dst: Ipv4Addr,
     port: u16,
-    mut buf: Vec<u8>,
+    buf: Vec<u8>,
     bad_icrc: bool,
 ) {
-    let ip = IpFields::V4 {
-        src,
-        dst,
-        id: 0,
-        flags_frag: IPV4_DF,
-    };
-    let ports = UdpPorts {
-        src: port,
-        dst: port,
-    };
-    if buf.len() >= 16 {
-        icrc::fill(&ip, ports, &mut buf).unwrap();
-        if bad_icrc {
-            let n = buf.len();
-            buf[n - 1] ^= 0x55;
-        }
+    let mut buf = seal(buf, src, dst, port);
+    if bad_icrc && buf.len() >= 16 {
+        let n = buf.len();
+        buf[n - 1] ^= 0x55;
     }
-    sock.send_to(&buf, SocketAddr::new(dst.into(), port))
-        .unwrap();
+    send_to(sock, dst, port, &buf);
+}
+
+/// Everything the victim sends until 50 ms pass without a packet (2 s for the first).
+fn burst(w: &World) -> Vec<Answer> {
+    recv_burst(&w.sock, Duration::from_secs(2), Duration::from_millis(50))
 }
 
 /// The answers the victim sends: whatever arrives within 2 s of the first wait, then until
 /// 50 ms pass without another (opcode, psn, syndrome).
 fn answers(w: &World) -> Vec<(Opcode, u32, Option<Syndrome>)> {
-    let mut out = Vec::new();
-    let mut b = [0u8; 9000];
-    while let Ok(n) = w.sock.recv(&mut b) {
-        if let Ok(p) = Packet::parse(&b[..n]) {
-            out.push((
-                p.headers.bth.opcode,
-                p.headers.bth.psn.value(),
-                p.headers.aeth.map(|a| a.syndrome),
-            ));
-        }
-        // Stop after the first answer burst: a short second wait catches stragglers.
-        w.sock
-            .set_read_timeout(Some(Duration::from_millis(50)))
-            .unwrap();
-    }
-    w.sock
-        .set_read_timeout(Some(Duration::from_secs(2)))
-        .unwrap();
-    out
+    burst(w)
+        .into_iter()
+        .map(|a| (a.op, a.psn, a.syndrome))
+        .collect()
 }
 
 /// Silence: nothing comes back within 2 s.
@@ -196,28 +147,15 @@ fn silence(w: &World) -> bool {
 
 /// The affiliated asynchronous events pending on the device (taking them).
 fn events(w: &World) -> Vec<AsyncEvent> {
-    std::iter::from_fn(|| w.ctx.get_async_event()).collect()
+    common::events(&*w.ctx)
 }
 
 fn qp_event(v: &Victim, event_type: AsyncEventType) -> AsyncEvent {
-    AsyncEvent {
-        event_type,
-        element: AsyncEventElement::Qp(v.ep.qp.qp_num()),
-    }
+    common::qp_event(v.ep.qp.qp_num(), event_type)
 }
 
 fn request(v: &Victim, op: Opcode, psn: u32) -> Headers {
-    let mut bth = Bth::new(op, v.ep.qp.qp_num(), Psn::new(psn));
-    bth.ack_req = true;
-    Headers::new(bth)
-}
-
-fn reth(va: u64, rkey: u32, len: u32) -> Option<Reth> {
-    Some(Reth {
-        va,
-        rkey,
-        dma_len: len,
-    })
+    common::request(v.ep.qp.qp_num(), op, psn)
 }
 
 /// A WRITE of `len` bytes at `va` with `rkey`.
@@ -228,7 +166,7 @@ fn write(v: &Victim, va: u64, rkey: u32, len: usize) -> (Headers, Vec<u8>) {
 }
 
 fn unchanged(v: &Victim) -> bool {
-    v.buf.to_vec(0, 4096).unwrap().iter().all(|&b| b == 0x3c)
+    filled(&v.buf, 0, 4096, 0x3c)
 }
 
 /// Another QP on the device still works: a WRITE from the raw peer through a fresh victim
@@ -348,7 +286,7 @@ fn forged_stale_and_foreign_keys_are_access_errors() {
         QpState::Err,
         "stale rkey",
     );
-    assert!(old.to_vec(0, 4096).unwrap().iter().all(|&b| b == 0));
+    assert!(filled(&old, 0, 4096, 0));
     // Another PD's key.
     let v = victim(&w, RW, RW);
     let other = victim(&w, RW, RW); // its own PD
@@ -663,25 +601,10 @@ fn a_flood_of_duplicates_executes_once() {
 /// Everything the victim sends until 50 ms pass without a packet (2 s for the first):
 /// opcode, PSN, syndrome and payload.
 fn packets(w: &World) -> Vec<(Opcode, u32, Option<Syndrome>, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut b = [0u8; 9000];
-    while let Ok(n) = w.sock.recv(&mut b) {
-        if let Ok(p) = Packet::parse(&b[..n]) {
-            out.push((
-                p.headers.bth.opcode,
-                p.headers.bth.psn.value(),
-                p.headers.aeth.map(|a| a.syndrome),
-                p.payload.to_vec(),
-            ));
-        }
-        w.sock
-            .set_read_timeout(Some(Duration::from_millis(50)))
-            .unwrap();
-    }
-    w.sock
-        .set_read_timeout(Some(Duration::from_secs(2)))
-        .unwrap();
-    out
+    burst(w)
+        .into_iter()
+        .map(|a| (a.op, a.psn, a.syndrome, a.payload))
+        .collect()
 }
 
 fn is_read_response(op: Opcode) -> bool {
@@ -701,12 +624,7 @@ fn a_write_continued_after_deregistration_changes_nothing() {
     let Victim { ep, buf, mr, epsn } = v;
     let (va, rkey) = (mr.addr(), mr.rkey());
     // FIRST of a 3-packet WRITE (asking for an ACK, so that we know it was executed).
-    let mut h = Headers::new(Bth::new(
-        Opcode::RcWriteFirst,
-        ep.qp.qp_num(),
-        Psn::new(epsn),
-    ));
-    h.bth.ack_req = true;
+    let mut h = common::request(ep.qp.qp_num(), Opcode::RcWriteFirst, epsn);
     h.reth = reth(va, rkey, 3 * 1024);
     send(&w, &h, &[0xee; 1024], false);
     let a = answers(&w);
@@ -736,17 +654,17 @@ fn a_write_continued_after_deregistration_changes_nothing() {
         "a remote access error NAK for the MIDDLE: {a:?}"
     );
     assert!(
-        buf.to_vec(1024, 3072).unwrap().iter().all(|&b| b == 0x3c),
+        filled(&buf, 1024, 3072, 0x3c),
         "memory written after its deregistration"
     );
     assert_eq!(ep.qp.state(), QpState::Err);
     assert!(counters(&w)["send_err"] > before["send_err"]);
     assert_eq!(
         events(&w),
-        [AsyncEvent {
-            event_type: AsyncEventType::QpAccessErr,
-            element: AsyncEventElement::Qp(ep.qp.qp_num()),
-        }]
+        [common::qp_event(
+            ep.qp.qp_num(),
+            AsyncEventType::QpAccessErr
+        )]
     );
     others_unaffected(&w);
 }
@@ -852,17 +770,7 @@ fn opcodes_of_another_transport_are_dropped_and_counted() {
     let w = world();
     let v = victim(&w, RW, RW);
     // A receive the victim could consume.
-    let sge = Sge {
-        addr: v.mr.addr(),
-        length: 1024,
-        lkey: v.mr.lkey(),
-    };
-    v.ep.qp
-        .post_recv(&[RecvWr {
-            wr_id: 1,
-            sg_list: &[sge],
-        }])
-        .unwrap();
+    common::post_recv(&*v.ep.qp, 1, common::sge(&*v.mr, 0, 1024));
     // A UD SEND (with its DETH) at the RC QP: not run as an RC SEND.
     let mut h = request(&v, Opcode::UdSendOnly, v.epsn);
     h.deth = Some(Deth {
@@ -892,18 +800,7 @@ fn opcodes_of_another_transport_are_dropped_and_counted() {
     assert_eq!(v.ep.qp.state(), QpState::Rts);
     // An RC WRITE at a UD QP.
     let ud = endpoint(&w.ctx, &QpOptions::default(), QpType::Ud, None).unwrap();
-    use remem_verbs::{QpAttr, QpAttrMask as M};
-    let mut attr = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qkey: 0x1111_1111,
-        ..QpAttr::default()
-    };
-    ud.qp
-        .modify(&attr, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
-        .unwrap();
-    attr.qp_state = QpState::Rtr;
-    ud.qp.modify(&attr, M::STATE).unwrap();
+    common::ud_to_rtr(&*ud.qp, 0x1111_1111);
     let mut h = Headers::new(Bth::new(Opcode::RcWriteOnly, ud.qp.qp_num(), Psn::new(0)));
     h.reth = reth(v.mr.addr(), v.mr.rkey(), 64);
     send(&w, &h, &[0xee; 64], false);
@@ -958,11 +855,7 @@ fn forged_acks_and_naks_from_a_third_party_change_nothing() {
     let w = world();
     let v = victim(&w, RW, RW);
     // The victim's QP (requester) WRITEs to the raw peer: its PSN is bring_up's 5000.
-    let sge = Sge {
-        addr: v.mr.addr(),
-        length: 64,
-        lkey: v.mr.lkey(),
-    };
+    let sge = common::sge(&*v.mr, 0, 64);
     let op = SendOp::RdmaWrite {
         remote_addr: 0x1000,
         rkey: 0x1234,
@@ -981,9 +874,7 @@ fn forged_acks_and_naks_from_a_third_party_change_nothing() {
         Syndrome::NakRemoteAccessError,
         Syndrome::Ack { credits: 31 },
     ] {
-        let mut h = Headers::new(Bth::new(Opcode::RcAck, v.ep.qp.qp_num(), Psn::new(5000)));
-        h.aeth = Some(Aeth { syndrome, msn: 1 });
-        send_from_third(&w, &h, &[]);
+        send_from_third(&w, &common::ack(v.ep.qp.qp_num(), 5000, syndrome, 1), &[]);
     }
     // A READ response naming it too.
     let mut h = Headers::new(Bth::new(
@@ -1011,11 +902,7 @@ fn forged_acks_and_naks_from_a_third_party_change_nothing() {
         before.get("drop_wrong_source").copied().unwrap_or(0) + 3
     );
     // The peer's own ACK completes it.
-    let mut h = Headers::new(Bth::new(Opcode::RcAck, v.ep.qp.qp_num(), Psn::new(5000)));
-    h.aeth = Some(Aeth {
-        syndrome: Syndrome::Ack { credits: 31 },
-        msn: 1,
-    });
+    let h = common::ack(v.ep.qp.qp_num(), 5000, Syndrome::Ack { credits: 31 }, 1);
     send(&w, &h, &[], false);
     let wc = remem_conformance::poll_one(&*v.ep.cq, Duration::from_secs(5)).unwrap();
     assert_eq!((wc.wr_id, wc.status), (7, WcStatus::Success));
@@ -1033,10 +920,7 @@ fn a_flood_of_duplicate_reads_is_bounded() {
         inline: true,
         ..SoftOptions::default()
     };
-    let dev = SoftContext::bind_with(SocketAddr::new(victim_ip.into(), 0), &opts).unwrap();
-    let port = dev.local_addr().port();
-    let ctx: Arc<dyn Context> = Arc::new(dev);
-    let sock = UdpSocket::bind(SocketAddr::new(peer_ip.into(), port)).unwrap();
+    let (ctx, sock, port) = device_and_peer(victim_ip, peer_ip, &opts);
     sock.set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
     let o = QpOptions {
@@ -1044,17 +928,7 @@ fn a_flood_of_duplicate_reads_is_bounded() {
         mtu: Mtu::Mtu1024,
         ..QpOptions::default()
     };
-    let ep = endpoint(&ctx, &o, QpType::Rc, None).unwrap();
-    bring_up(
-        &ep,
-        PEER_QPN,
-        Gid::from(peer_ip),
-        5000,
-        1000,
-        Mtu::Mtu1024,
-        &o,
-    )
-    .unwrap();
+    let ep = common::connect_rc(&ctx, &o, (PEER_QPN, peer_ip), 5000, 1000);
     let (_buf, mr) = ep.reg(16 * 1024, RW).unwrap();
     let mut h = Headers::new(Bth::new(
         Opcode::RcReadRequest,
@@ -1062,12 +936,7 @@ fn a_flood_of_duplicate_reads_is_bounded() {
         Psn::new(1000),
     ));
     h.reth = reth(mr.addr(), mr.rkey(), 16 * 1024);
-    let counter = |name: &str| {
-        ctx.counters()
-            .iter()
-            .find(|c| c.name == name)
-            .map_or(0, |c| c.value)
-    };
+    let counter = |name: &str| common::counter(&*ctx, name);
     let received = |n: usize| {
         let mut b = [0u8; 2048];
         (0..n).filter(|_| sock.recv(&mut b).is_ok()).count()

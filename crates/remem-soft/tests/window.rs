@@ -3,14 +3,14 @@
 //! what it acknowledges. A raw UDP socket plays the peer: it counts what arrives and ACKs
 //! when the test says so.
 
-use remem_conformance::{QpOptions, bring_up, endpoint};
-use remem_soft::SoftContext;
+mod common;
+
+use remem_conformance::QpOptions;
+use remem_soft::SoftOptions;
 use remem_soft::objects::MAX_UNACKED_PSNS;
-use remem_verbs::{AccessFlags, Context, Gid, Mtu, QpType, SendOp, SendWr, Sge, WcStatus};
-use remem_wire::icrc::{self, IPV4_DF, IpFields, UdpPorts};
-use remem_wire::{Aeth, Bth, Headers, Opcode, Packet, Psn, Syndrome};
-use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::sync::Arc;
+use remem_verbs::{AccessFlags, Mtu, SendOp, SendWr, Sge, WcStatus};
+use remem_wire::{Opcode, Packet, Syndrome};
+use std::net::{Ipv4Addr, UdpSocket};
 use std::time::Duration;
 
 const DEV_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 23, 1);
@@ -57,46 +57,18 @@ fn drain(sock: &UdpSocket, wait: Duration) -> Vec<u32> {
     got
 }
 
+/// ACKs every PSN up to offset `off` from the first.
 fn ack(sock: &UdpSocket, port: u16, qpn: u32, off: u32) {
-    let mut h = Headers::new(Bth::new(
-        Opcode::RcAck,
-        qpn,
-        Psn::new(FIRST_PSN.wrapping_add(off) & 0xff_ffff),
-    ));
-    h.aeth = Some(Aeth {
-        syndrome: Syndrome::Ack { credits: 31 },
-        msn: 1,
-    });
-    let mut buf = vec![0u8; h.packet_len(0)];
-    let n = h.build(&[], &mut buf).unwrap();
-    buf.truncate(n);
-    let ip = IpFields::V4 {
-        src: PEER_IP,
-        dst: DEV_IP,
-        id: 0,
-        flags_frag: IPV4_DF,
-    };
-    icrc::fill(
-        &ip,
-        UdpPorts {
-            src: port,
-            dst: port,
-        },
-        &mut buf,
-    )
-    .unwrap();
-    sock.send_to(&buf, SocketAddr::new(DEV_IP.into(), port))
-        .unwrap();
+    let psn = FIRST_PSN.wrapping_add(off) & 0xff_ffff;
+    let h = common::ack(qpn, psn, Syndrome::Ack { credits: 31 }, 1);
+    common::send_sealed(sock, PEER_IP, DEV_IP, port, common::build(&h, &[]));
 }
 
 #[test]
 fn at_most_128_packets_are_unacknowledged_and_acks_open_the_window() {
     assert_eq!(MAX_UNACKED_PSNS, 128, "rxe's RXE_MAX_UNACKED_PSNS");
-    let dev = SoftContext::bind(SocketAddr::new(DEV_IP.into(), 0)).unwrap();
     // The peer uses the device's UDP port, as RoCEv2 devices that talk do.
-    let port = dev.local_addr().port();
-    let ctx: Arc<dyn Context> = Arc::new(dev);
-    let sock = UdpSocket::bind(SocketAddr::new(PEER_IP.into(), port)).unwrap();
+    let (ctx, sock, port) = common::device_and_peer(DEV_IP, PEER_IP, &SoftOptions::from_env());
     sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     // Room for a whole window of datagrams: nothing may be lost at this end.
     rustix::net::sockopt::set_socket_recv_buffer_size(&sock, 4 << 20).unwrap();
@@ -105,17 +77,7 @@ fn at_most_128_packets_are_unacknowledged_and_acks_open_the_window() {
         timeout: 22, // 17 s: no retransmission while the test runs
         ..QpOptions::default()
     };
-    let ep = endpoint(&ctx, &o, QpType::Rc, None).unwrap();
-    bring_up(
-        &ep,
-        PEER_QPN,
-        Gid::from(PEER_IP),
-        FIRST_PSN,
-        1,
-        Mtu::Mtu1024,
-        &o,
-    )
-    .unwrap();
+    let ep = common::connect_rc(&ctx, &o, (PEER_QPN, PEER_IP), FIRST_PSN, 1);
     // One WRITE of 400 packets.
     let (_buf, mr) = ep.reg(400 * 1024, AccessFlags::LOCAL_WRITE).unwrap();
     let sge = Sge {

@@ -725,6 +725,7 @@ mod tests {
     use super::*;
     use crate::error::CloseReason;
     use crate::mr::Local;
+    use crate::test_util::{connect, layout};
     use crate::{ConnectionEvent, Rdma, RdmaBuilder};
     use crate::{LocalMr, RemoteMr};
     use remem_verbs::{AccessFlags, WcStatus};
@@ -744,17 +745,6 @@ mod tests {
             .build()
             .unwrap();
         (a, b)
-    }
-
-    async fn connect(a: &Rdma, b: &Rdma) -> (Connection, Connection) {
-        let listener = b.listen("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (ca, cb) = tokio::join!(a.connect(addr), listener.accept());
-        (ca.unwrap(), cb.unwrap())
-    }
-
-    fn layout(n: usize) -> Layout {
-        Layout::from_size_align(n, 8).unwrap()
     }
 
     /// How the connection ended (bounded wait).

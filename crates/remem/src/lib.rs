@@ -124,6 +124,8 @@ mod pool;
 mod rdma;
 mod srq;
 mod sys;
+#[cfg(test)]
+mod test_util;
 
 pub use agent::RemoteLease;
 pub use conn::{

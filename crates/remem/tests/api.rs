@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 mod common;
 
+use common::test_util::{connect, layout};
+
 /// Two `Rdma`s that can talk: on two soft devices (distinct addresses, one UDP port), or
 /// both on the device `REMEM_TEST_DEVICE` names (two contexts of e.g. `rxe0`).
 fn pair(polling: Polling) -> (Rdma, Rdma) {
@@ -23,17 +25,6 @@ fn pair(polling: Polling) -> (Rdma, Rdma) {
         .build()
         .unwrap();
     (a, b)
-}
-
-async fn connect(a: &Rdma, b: &Rdma) -> (Connection, Connection) {
-    let listener = b.listen("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (ca, cb) = tokio::join!(a.connect(addr), listener.accept());
-    (ca.unwrap(), cb.unwrap())
-}
-
-fn layout(n: usize) -> Layout {
-    Layout::from_size_align(n, 8).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -493,30 +484,13 @@ async fn large_messages_beyond_the_receivers_budget_wait_for_the_application() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn asynchronous_events_arrive_as_a_stream() {
     use remem::verbs::{
-        AsyncEventElement, AsyncEventType, QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState,
-        QpType, RecvWr,
+        AsyncEventElement, AsyncEventType, QpAttr, QpAttrMask as M, QpState, RecvWr,
     };
     let (a, _b) = pair(Polling::Event);
     let mut events = a.subscribe_events().unwrap();
     // Overrun a one-entry CQ (two flushed receives) to make the device raise CQ_ERR.
     let cq = a.context().create_cq(1, None).unwrap();
-    let qp = a
-        .pd()
-        .create_qp(&QpInitAttr {
-            qp_type: QpType::Rc,
-            send_cq: cq.clone(),
-            recv_cq: cq.clone(),
-            srq: None,
-            cap: QpCap {
-                max_send_wr: 1,
-                max_recv_wr: 4,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            sq_sig_all: false,
-        })
-        .unwrap();
+    let qp = common::raw_rc_qp(&**a.pd(), &cq, 1, 4);
     let mut attr = QpAttr {
         qp_state: QpState::Init,
         port_num: 1,

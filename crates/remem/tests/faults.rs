@@ -11,14 +11,16 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use remem::{
-    AccessFlags, Connection, ConnectionEvent, Error, Polling, Rdma, RdmaBuilder, RemoteMr,
-};
+use remem::{AccessFlags, ConnectionEvent, Error, Polling, Rdma, RdmaBuilder, RemoteMr};
 use remem_soft::{FaultConfig, SoftContext, SoftOptions};
 use std::alloc::Layout;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
+
+mod common;
+
+use common::test_util::connect;
 
 const REGION: usize = 1 << 20;
 
@@ -48,13 +50,6 @@ fn pair(faults: FaultConfig) -> (Rdma, Rdma) {
     };
     let b = device(&format!("127.0.16.{}", n + 1), port, b_faults);
     (a, b)
-}
-
-async fn connect(a: &Rdma, b: &Rdma) -> (Connection, Connection) {
-    let listener = b.listen("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (ca, cb) = tokio::join!(a.connect(addr), listener.accept());
-    (ca.unwrap(), cb.unwrap())
 }
 
 /// Awaits `f`, failing the test (with the devices' counters) if it takes more than 20 s:

@@ -4,21 +4,23 @@
 
 use remem::verbs::{
     AccessFlags, AhAttr, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, MemoryRegion, Mtu,
-    QpAttr, QpAttrMask as M, QpCap, QpInitAttr, QpState, QpType, QueuePair, RecvWr, SendOp, SendWr,
-    Sge, WorkCompletion,
+    QpAttr, QpAttrMask as M, QpState, QueuePair, RecvWr, SendOp, SendWr, Sge, WorkCompletion,
 };
 use remem::{
     CloseReason, ConnectOptions, Connection, ConnectionEvent, EndpointInfo, Error, HandshakeError,
-    Polling, ProtocolViolation, Rdma,
+    Listener, Polling, ProtocolViolation, Rdma,
 };
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UdpSocket};
+use tokio::task::JoinHandle;
 
 mod common;
+
+use common::test_util::connect;
 
 /// A fresh pair of addresses for a test (victim, attacker) and one more for a bystander.
 fn addrs() -> [String; 3] {
@@ -53,22 +55,7 @@ impl Attacker {
         let ctx = remem::open_device(Some(&format!("soft@{ip}:{port}"))).unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(4096, None).unwrap();
-        let qp = pd
-            .create_qp(&QpInitAttr {
-                qp_type: QpType::Rc,
-                send_cq: cq.clone(),
-                recv_cq: cq.clone(),
-                srq: None,
-                cap: QpCap {
-                    max_send_wr: 1024,
-                    max_recv_wr: 64,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                },
-                sq_sig_all: false,
-            })
-            .unwrap();
+        let qp = common::raw_rc_qp(&*pd, &cq, 1024, 64);
         let buf = Arc::new(MemoryBuffer::zeroed(BUF).unwrap());
         let mr = pd
             .reg_mr(
@@ -260,12 +247,49 @@ fn victim(ip: &str, port: u16) -> remem::RdmaBuilder {
     common::builder(format!("soft@{ip}:{port}")).polling(Polling::Event)
 }
 
+/// A listener of `server` on a loopback TCP port, and its address.
+async fn listen(server: &Rdma) -> (Listener, SocketAddr) {
+    let listener = server.listen("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    (listener, addr)
+}
+
+/// `client` connects to a listener of `server` that accepts on a task of its own (which
+/// returns whether it accepted, and the listener): what the connect gave within 5 s, and
+/// that task.
+async fn connect_served(
+    server: &Rdma,
+    client: &Rdma,
+) -> (Result<Connection, Error>, JoinHandle<(bool, Listener)>) {
+    let (listener, addr) = listen(server).await;
+    let serve = tokio::spawn(async move {
+        let r = listener.accept().await;
+        (r.is_ok(), listener)
+    });
+    let r = tokio::time::timeout(Duration::from_secs(5), client.connect(addr))
+        .await
+        .expect("connect hung");
+    (r, serve)
+}
+
+/// Takes the next connection request on `listener` and accepts it with default options.
+async fn accept_next(listener: &Listener) -> Result<Connection, Error> {
+    let req = listener.next_request().await.unwrap();
+    req.accept(&ConnectOptions::default()).await
+}
+
+/// Checks that nothing reaches the third party's socket `third` within `within`.
+async fn nothing_reaches(third: &UdpSocket, within: Duration) {
+    let mut buf = [0u8; 2048];
+    let got = tokio::time::timeout(within, third.recv_from(&mut buf)).await;
+    assert!(got.is_err(), "the server sent to the claimed GID: {got:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_beyond_the_credits_close_the_connection() {
     let [v, x, _] = addrs();
     let server = victim(&v, 0).recv_depth(4).build().unwrap();
-    let listener = server.listen("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (listener, addr) = listen(&server).await;
     let mut attacker = Attacker::new(&x, port_of(&server));
     let (conn, _tcp) = tokio::join!(listener.accept(), attacker.connect(addr));
     let conn = conn.unwrap();
@@ -294,8 +318,7 @@ async fn messages_beyond_the_credits_close_the_connection() {
 async fn large_message_announcements_are_bounded() {
     let [v, x, _] = addrs();
     let server = victim(&v, 0).max_large_message(1 << 20).build().unwrap();
-    let listener = server.listen("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (listener, addr) = listen(&server).await;
     let mut attacker = Attacker::new(&x, port_of(&server));
     let (conn, _tcp) = tokio::join!(listener.accept(), attacker.connect(addr));
     let conn = conn.unwrap();
@@ -327,8 +350,7 @@ async fn idle_sockets_do_not_block_other_clients() {
     let [v, c, _] = addrs();
     let server = victim(&v, 0).build().unwrap();
     let client = victim(&c, port_of(&server)).build().unwrap();
-    let listener = server.listen("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (listener, addr) = listen(&server).await;
     // Two sockets that say nothing (the handshake timeout is 10 s).
     let _idle1 = TcpStream::connect(addr).await.unwrap();
     let _idle2 = TcpStream::connect(addr).await.unwrap();
@@ -366,8 +388,7 @@ async fn handshakes_beyond_the_limit_wait_for_a_place() {
         .build()
         .unwrap();
     let client = victim(&c, port_of(&server)).build().unwrap();
-    let listener = server.listen("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (listener, addr) = listen(&server).await;
     // Two silent sockets take both places; the good client is served once one of them
     // has timed out, and not before.
     let _idle1 = TcpStream::connect(addr).await.unwrap();
@@ -394,8 +415,7 @@ async fn a_port_scan_does_not_end_the_accept_loop() {
     let [v, c, _] = addrs();
     let server = victim(&v, 0).build().unwrap();
     let client = victim(&c, port_of(&server)).build().unwrap();
-    let listener = server.listen("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (listener, addr) = listen(&server).await;
     // A scanner connects and goes; a web client says something else entirely.
     drop(TcpStream::connect(addr).await.unwrap());
     let mut web = TcpStream::connect(addr).await.unwrap();
@@ -437,8 +457,7 @@ async fn silent_and_lying_clients_are_given_up_on() {
         .handshake_timeout(Duration::from_millis(300))
         .build()
         .unwrap();
-    let listener = server.listen("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (listener, addr) = listen(&server).await;
     // One says nothing; one stops half-way through its endpoint.
     let _silent = TcpStream::connect(addr).await.unwrap();
     let mut half = TcpStream::connect(addr).await.unwrap();
@@ -470,10 +489,7 @@ async fn silent_and_lying_clients_are_given_up_on() {
     assert!(errors[1].contains("version 2"), "{errors:?}");
     assert!(errors[2].starts_with("timed out") && errors[3].starts_with("timed out"));
     // A client that answers the listener's nonce wrongly is not accepted either.
-    let serve = async {
-        let req = listener.next_request().await.unwrap();
-        req.accept(&ConnectOptions::default()).await
-    };
+    let serve = accept_next(&listener);
     let lie = async {
         let (mut s, remote, nonce) = attacker.handshake(addr, attacker.gid()).await;
         attacker.connect_qp(&remote);
@@ -510,9 +526,7 @@ async fn a_claimed_gid_gets_no_traffic_before_it_is_proven() {
         .unwrap();
     let port = port_of(&server);
     // A third party: a UDP socket where a soft device on its address would listen.
-    let third = tokio::net::UdpSocket::bind((bystander.as_str(), port))
-        .await
-        .unwrap();
+    let third = UdpSocket::bind((bystander.as_str(), port)).await.unwrap();
     let listener = Arc::new(server.listen("127.0.0.1:0").await.unwrap());
     let addr = listener.local_addr().unwrap();
     let serving = listener.clone();
@@ -543,9 +557,7 @@ async fn a_claimed_gid_gets_no_traffic_before_it_is_proven() {
     }
     // Nothing reached the third party, not even a close message or a keepalive
     // (100 ms) in the window after.
-    let mut buf = [0u8; 2048];
-    let got = tokio::time::timeout(Duration::from_secs(1), third.recv_from(&mut buf)).await;
-    assert!(got.is_err(), "the server sent to the claimed GID: {got:?}");
+    nothing_reaches(&third, Duration::from_secs(1)).await;
     serve.abort();
 }
 
@@ -554,10 +566,7 @@ async fn a_peers_access_error_ends_the_servers_connection() {
     let [v, c, _] = addrs();
     let server = victim(&v, 0).build().unwrap();
     let client = victim(&c, port_of(&server)).build().unwrap();
-    let listener = server.listen("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (cc, sc) = tokio::join!(client.connect(addr), listener.accept());
-    let (cc, sc) = (cc.unwrap(), sc.unwrap());
+    let (cc, sc) = connect(&client, &server).await;
     assert_eq!(sc.next_event().await, ConnectionEvent::Established);
     let read_only = server
         .alloc_local_mr_with(
@@ -597,15 +606,7 @@ async fn soft_devices_on_different_ports_fail_at_connect() {
     let server = victim(&v, 0).build().unwrap();
     let client = victim(&c, 0).build().unwrap();
     assert_ne!(port_of(&server), port_of(&client));
-    let listener = server.listen("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let serve = tokio::spawn(async move {
-        let r = listener.accept().await;
-        (r.is_ok(), listener)
-    });
-    let r = tokio::time::timeout(Duration::from_secs(5), client.connect(addr))
-        .await
-        .expect("connect hung");
+    let (r, serve) = connect_served(&server, &client).await;
     let (cp, sp) = (port_of(&client), port_of(&server));
     match r {
         Err(Error::Handshake(HandshakeError::PortMismatch { local, peer })) => {
@@ -635,15 +636,7 @@ async fn devices_that_cannot_reach_each_other_fail_at_connect() {
         .retry_cnt(2)
         .build()
         .unwrap();
-    let listener = server.listen("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let serve = tokio::spawn(async move {
-        let r = listener.accept().await;
-        (r.is_ok(), listener)
-    });
-    let r = tokio::time::timeout(Duration::from_secs(5), client.connect(addr))
-        .await
-        .expect("connect hung");
+    let (r, serve) = connect_served(&server, &client).await;
     assert!(
         matches!(
             r,
@@ -710,8 +703,7 @@ async fn messages_beyond_the_credits_close_a_connection_behind_a_shared_queue() 
     let [v, x, _] = addrs();
     let server = victim(&v, 0).recv_depth(4).build().unwrap();
     let srq = server.create_srq(16).unwrap();
-    let listener = server.listen("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (listener, addr) = listen(&server).await;
     let mut attacker = Attacker::new(&x, port_of(&server));
     let opts = ConnectOptions {
         srq: Some(srq.clone()),
@@ -752,17 +744,11 @@ async fn a_hello_from_another_address_than_claimed_is_not_taken() {
         .build()
         .unwrap();
     let port = port_of(&server);
-    let third = tokio::net::UdpSocket::bind((bystander.as_str(), port))
-        .await
-        .unwrap();
-    let listener = server.listen("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let third = UdpSocket::bind((bystander.as_str(), port)).await.unwrap();
+    let (listener, addr) = listen(&server).await;
     let mut attacker = Attacker::new(&x, port);
     let claimed = Gid::from(bystander.parse::<std::net::IpAddr>().unwrap());
-    let serve = async {
-        let req = listener.next_request().await.unwrap();
-        req.accept(&ConnectOptions::default()).await
-    };
+    let serve = accept_next(&listener);
     let lie = async {
         let (s, remote, nonce) = attacker.handshake(addr, claimed).await;
         attacker.connect_qp(&remote);
@@ -771,7 +757,5 @@ async fn a_hello_from_another_address_than_claimed_is_not_taken() {
     };
     let (r, _s) = tokio::join!(serve, lie);
     assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
-    let mut buf = [0u8; 2048];
-    let got = tokio::time::timeout(Duration::from_millis(500), third.recv_from(&mut buf)).await;
-    assert!(got.is_err(), "the server sent to the claimed GID: {got:?}");
+    nothing_reaches(&third, Duration::from_millis(500)).await;
 }

@@ -4,11 +4,12 @@
 //! requests are bounded per connection, and file-backed regions reserve their blocks.
 
 use remem::{AccessFlags, Connection, Error, LocalMr, Rdma, RdmaBuilder, RemoteMr};
-use std::alloc::Layout;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 mod common;
+
+use common::test_util::{connect, layout};
 
 /// Two `Rdma`s that can talk (the second one built from `b`, given its builder and the
 /// name of its device, e.g. with agent limits).
@@ -30,17 +31,6 @@ fn pair_with(b: impl FnOnce(RdmaBuilder) -> RdmaBuilder) -> (Rdma, Rdma) {
 
 fn pair() -> (Rdma, Rdma) {
     pair_with(|b| b)
-}
-
-async fn connect(a: &Rdma, b: &Rdma) -> (Connection, Connection) {
-    let listener = b.listen("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (ca, cb) = tokio::join!(a.connect(addr), listener.accept());
-    (ca.unwrap(), cb.unwrap())
-}
-
-fn layout(n: usize) -> Layout {
-    Layout::from_size_align(n, 8).unwrap()
 }
 
 /// The access through a dead key failed with REM_ACCESS_ERR.

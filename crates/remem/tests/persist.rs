@@ -2,13 +2,15 @@
 //! (127.0.14.x, one UDP port per pair): FLUSH and ATOMIC WRITE natively and by librpma's
 //! fallbacks, file-backed regions, writes that complete only on error, MR descriptors.
 
-use remem::{
-    AccessFlags, Connection, Error, FlushType, PeerConfig, Polling, Rdma, RdmaBuilder, RemoteMr,
-};
+use remem::{AccessFlags, Error, FlushType, PeerConfig, Polling, Rdma, RdmaBuilder, RemoteMr};
 use remem_soft::{SoftContext, SoftOptions};
 use std::alloc::Layout;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
+
+mod common;
+
+use common::test_util::connect;
 
 /// Two `Rdma`s that can talk; `a` optionally on a device without FLUSH / ATOMIC WRITE.
 fn pair(a_without_placement: bool) -> (Rdma, Rdma) {
@@ -30,13 +32,6 @@ fn pair(a_without_placement: bool) -> (Rdma, Rdma) {
         .build()
         .unwrap();
     (a, b)
-}
-
-async fn connect(a: &Rdma, b: &Rdma) -> (Connection, Connection) {
-    let listener = b.listen("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (ca, cb) = tokio::join!(a.connect(addr), listener.accept());
-    (ca.unwrap(), cb.unwrap())
 }
 
 /// A fresh file in the temporary directory, removed when dropped.

@@ -1916,6 +1916,17 @@ mod tests {
         }
     }
 
+    /// A transport configured with `cfg`, taken through INIT and RTR to RTS.
+    fn transport(env: &mut TestEnv, cfg: RcConfig) -> RcTransport {
+        let mut t = RcTransport::new(cfg);
+        for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
+            t.set_state(cfg, s, env);
+        }
+        t
+    }
+
+    /// A responder expecting `EPSN`, granting remote access, with `max_dest_rd_atomic`
+    /// responder resources.
     fn responder(env: &mut TestEnv, max_dest_rd_atomic: u8) -> RcTransport {
         let cfg = RcConfig {
             qpn: 0x42,
@@ -1926,11 +1937,15 @@ mod tests {
             access: AccessFlags::REMOTE,
             ..RcConfig::default()
         };
-        let mut t = RcTransport::new(cfg);
-        for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
-            t.set_state(cfg, s, env);
-        }
-        t
+        transport(env, cfg)
+    }
+
+    /// A fresh [`TestEnv`], a [`responder`] on it and the address of its region.
+    fn setup(max_dest_rd_atomic: u8) -> (TestEnv, RcTransport, u64) {
+        let mut env = TestEnv::new();
+        let t = responder(&mut env, max_dest_rd_atomic);
+        let va = env.key.region().addr();
+        (env, t, va)
     }
 
     /// What the transport sends: (kind, pos, psn, syndrome, payload).
@@ -1992,11 +2007,26 @@ mod tests {
         }
     }
 
+    /// Checks how a refusal of a revoked key ended: the NAKs in `sent` are one remote access
+    /// error, for `psn`; a `fatal` one left the QP in ERR with the access error event, any
+    /// other (a stale duplicate's) left it in RTS with no event.
+    fn refused_revoked(t: &RcTransport, env: &TestEnv, sent: &[Sent], psn: u32, fatal: bool) {
+        assert_eq!(
+            sent.iter().filter_map(nak).collect::<Vec<_>>(),
+            [(psn, Syndrome::NakRemoteAccessError)]
+        );
+        if fatal {
+            assert_eq!(t.state(), QpState::Err);
+            assert_eq!(env.events, [qp_event(AsyncEventType::QpAccessErr)]);
+        } else {
+            assert_eq!(t.state(), QpState::Rts);
+            assert_eq!(env.events, []);
+        }
+    }
+
     #[test]
     fn a_write_continued_after_deregistration_is_refused() {
-        let mut env = TestEnv::new();
-        let mut t = responder(&mut env, 4);
-        let va = env.key.region().addr();
+        let (mut env, mut t, va) = setup(4);
         let now = Instant::now();
         let first = [0xaa; MTU as usize];
         t.handle_packet(
@@ -2021,20 +2051,13 @@ mod tests {
             "nothing written after the deregistration"
         );
         let sent = transmit(&mut t, &mut env, 10);
-        assert_eq!(
-            sent.iter().filter_map(nak).collect::<Vec<_>>(),
-            [(psn, Syndrome::NakRemoteAccessError)]
-        );
-        assert_eq!(t.state(), QpState::Err);
-        assert_eq!(env.events, [qp_event(AsyncEventType::QpAccessErr)]);
+        refused_revoked(&t, &env, &sent, psn, true);
     }
 
     #[test]
     fn a_read_response_stops_at_deregistration() {
-        let mut env = TestEnv::new();
+        let (mut env, mut t, va) = setup(4);
         env.buf.fill(0, 4 * MTU as usize, 0x5a).unwrap();
-        let mut t = responder(&mut env, 4);
-        let va = env.key.region().addr();
         t.handle_packet(Instant::now(), &read_pkt(EPSN, va, 4 * MTU), &mut env);
         let first = transmit(&mut t, &mut env, 1);
         assert_eq!(first.len(), 1);
@@ -2047,20 +2070,13 @@ mod tests {
             "no response packet after the deregistration: {rest:?}"
         );
         // A NAK in place of the next response packet, with its PSN.
-        assert_eq!(
-            rest.iter().filter_map(nak).collect::<Vec<_>>(),
-            [(add(EPSN, 1), Syndrome::NakRemoteAccessError)]
-        );
-        assert_eq!(t.state(), QpState::Err);
-        assert_eq!(env.events, [qp_event(AsyncEventType::QpAccessErr)]);
+        refused_revoked(&t, &env, &rest, add(EPSN, 1), true);
     }
 
     #[test]
     fn a_duplicate_read_after_deregistration_returns_no_data() {
-        let mut env = TestEnv::new();
+        let (mut env, mut t, va) = setup(4);
         env.buf.fill(0, 2 * MTU as usize, 0x5a).unwrap();
-        let mut t = responder(&mut env, 4);
-        let va = env.key.region().addr();
         let now = Instant::now();
         t.handle_packet(now, &read_pkt(EPSN, va, 2 * MTU), &mut env);
         assert_eq!(transmit(&mut t, &mut env, 10).len(), 2);
@@ -2073,20 +2089,13 @@ mod tests {
             sent.iter().all(|p| p.4.is_empty()),
             "data replayed: {sent:?}"
         );
-        assert_eq!(
-            sent.iter().filter_map(nak).collect::<Vec<_>>(),
-            [(EPSN, Syndrome::NakRemoteAccessError)]
-        );
         // The READ was answered before: a stale duplicate does not end the QP.
-        assert_eq!(t.state(), QpState::Rts);
-        assert_eq!(env.events, []);
+        refused_revoked(&t, &env, &sent, EPSN, false);
     }
 
     #[test]
     fn a_replay_revoked_before_it_is_sent_stops_without_ending_the_qp() {
-        let mut env = TestEnv::new();
-        let mut t = responder(&mut env, 4);
-        let va = env.key.region().addr();
+        let (mut env, mut t, va) = setup(4);
         let now = Instant::now();
         t.handle_packet(now, &read_pkt(EPSN, va, 3 * MTU), &mut env);
         assert_eq!(transmit(&mut t, &mut env, 10).len(), 3);
@@ -2102,19 +2111,12 @@ mod tests {
             sent.iter().all(|p| p.4.is_empty()),
             "data replayed: {sent:?}"
         );
-        assert_eq!(
-            sent.iter().filter_map(nak).collect::<Vec<_>>(),
-            [(add(EPSN, 1), Syndrome::NakRemoteAccessError)]
-        );
-        assert_eq!(t.state(), QpState::Rts);
-        assert_eq!(env.events, []);
+        refused_revoked(&t, &env, &sent, add(EPSN, 1), false);
     }
 
     #[test]
     fn a_flood_of_duplicate_reads_is_bounded() {
-        let mut env = TestEnv::new();
-        let mut t = responder(&mut env, 2);
-        let va = env.key.region().addr();
+        let (mut env, mut t, va) = setup(2);
         let now = Instant::now();
         const PKTS: u32 = 64;
         t.handle_packet(now, &read_pkt(EPSN, va, PKTS * MTU), &mut env);
@@ -2146,9 +2148,7 @@ mod tests {
 
     #[test]
     fn what_a_peer_makes_the_responder_queue_is_bounded() {
-        let mut env = TestEnv::new();
-        let mut t = responder(&mut env, 4); // at most 2 × 4 + 16 = 24 responses queued
-        let va = env.key.region().addr();
+        let (mut env, mut t, va) = setup(4); // at most 2 × 4 + 16 = 24 responses queued
         let now = Instant::now();
         // SENDs with no receive posted, nothing sent in between: one RNR NAK, not one each.
         let send = RxPacket::new(Kind::Send, Pos::Only, EPSN);
@@ -2206,10 +2206,7 @@ mod tests {
             window: 16,
             ..RcConfig::default()
         };
-        let mut t = RcTransport::new(cfg);
-        for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
-            t.set_state(cfg, s, &mut env);
-        }
+        let mut t = transport(&mut env, cfg);
         let len = 64 * MTU as usize;
         t.post_send(
             SendWqe {
@@ -2251,9 +2248,7 @@ mod tests {
 
     #[test]
     fn reads_beyond_the_responder_resources_are_dropped_as_lost() {
-        let mut env = TestEnv::new();
-        let mut t = responder(&mut env, 2);
-        let va = env.key.region().addr();
+        let (mut env, mut t, va) = setup(2);
         let now = Instant::now();
         let mut psn = EPSN;
         for _ in 0..3 {

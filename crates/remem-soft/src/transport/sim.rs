@@ -515,6 +515,16 @@ struct Outcome {
     elapsed: Duration,
 }
 
+/// The next packet `node` sends at `now`, if any.
+fn transmit_one(node: &mut Node, now: Instant) -> Option<SimPacket> {
+    let (rc, mut env) = node.env();
+    rc.poll_transmit(now, &mut env, |hdr, fill| {
+        let mut payload = vec![0u8; hdr.payload_len as usize];
+        fill(&mut payload).expect("payload source in bounds");
+        SimPacket { hdr: *hdr, payload }
+    })
+}
+
 /// Runs until both sides have nothing left to do (or `limit` of virtual time passes).
 fn run(
     mut nodes: [Node; 2],
@@ -528,15 +538,7 @@ fn run(
         // Transmit everything that can go now.
         for (i, node) in nodes.iter_mut().enumerate() {
             let now = net.now;
-            loop {
-                let (rc, mut env) = node.env();
-                let Some(pkt) = rc.poll_transmit(now, &mut env, |hdr, fill| {
-                    let mut payload = vec![0u8; hdr.payload_len as usize];
-                    fill(&mut payload).expect("payload source in bounds");
-                    SimPacket { hdr: *hdr, payload }
-                }) else {
-                    break;
-                };
+            while let Some(pkt) = transmit_one(node, now) {
                 net.send(1 - i, pkt);
             }
         }
@@ -857,23 +859,38 @@ fn retry_exhaustion_fails_with_retry_exc_err_and_flushes() {
     assert!(out.net_sent >= 8);
 }
 
-fn one_op(op: SendOp, len: usize, recvs: usize, peer_rnr_retry: u8) -> Outcome {
-    let (mut nodes, _) = connected_pair_with(3, 1024, |c| c.rnr_retry = peer_rnr_retry);
-    let local = nodes[0].local.clone();
-    local.write(0, &vec![0x5a; len]).unwrap();
-    post_recvs(&mut nodes[1], recvs, 100);
+/// Posts on `node` a signaled work request `wr_id`, `op` of `len` bytes from the start of
+/// its local buffer.
+fn post_op(node: &mut Node, wr_id: u64, op: SendOp, len: usize) {
+    let region = MemRegion::new(node.local.clone(), 0..len).unwrap();
     let wqe = SendWqe {
-        wr_id: 77,
+        wr_id,
         op,
-        data: SendData::Sges(vec![MemRegion::new(local, 0..len).unwrap().into()]),
+        data: SendData::Sges(vec![region.into()]),
         len: len as u64,
         signaled: true,
         solicited: false,
         fence: false,
         ud: None,
     };
-    let (rc, mut env) = nodes[0].env();
+    let (rc, mut env) = node.env();
     rc.post_send(wqe, &mut env);
+}
+
+/// The affiliated asynchronous event `event_type` of the responder's QP (node 1's, 0x22).
+fn responder_event(event_type: AsyncEventType) -> AsyncEvent {
+    AsyncEvent {
+        event_type,
+        element: AsyncEventElement::Qp(0x22),
+    }
+}
+
+fn one_op(op: SendOp, len: usize, recvs: usize, peer_rnr_retry: u8) -> Outcome {
+    let (mut nodes, _) = connected_pair_with(3, 1024, |c| c.rnr_retry = peer_rnr_retry);
+    let local = nodes[0].local.clone();
+    local.write(0, &vec![0x5a; len]).unwrap();
+    post_recvs(&mut nodes[1], recvs, 100);
+    post_op(&mut nodes[0], 77, op, len);
     let net = Net::new(1, Faults::NONE);
     run(nodes, net, Duration::from_secs(60), |_, _| {})
 }
@@ -900,10 +917,7 @@ fn bad_rkey_is_remote_access_error_and_both_sides_error() {
     );
     assert_eq!(
         out.nodes[1].events,
-        [AsyncEvent {
-            event_type: AsyncEventType::QpAccessErr,
-            element: AsyncEventElement::Qp(0x22),
-        }],
+        [responder_event(AsyncEventType::QpAccessErr)],
         "the responder's client learns of it"
     );
     assert!(
@@ -1014,10 +1028,7 @@ fn misaligned_atomic_is_invalid_request() {
     assert_eq!(out.nodes[0].send_wcs[0].status, WcStatus::RemInvReqErr);
     assert_eq!(
         out.nodes[1].events,
-        [AsyncEvent {
-            event_type: AsyncEventType::QpReqErr,
-            element: AsyncEventElement::Qp(0x22),
-        }]
+        [responder_event(AsyncEventType::QpReqErr)]
     );
     same_bytes(
         &out.nodes[1].target.to_vec(0, TARGET_LEN).unwrap(),
@@ -1031,22 +1042,11 @@ fn single_read() {
     let (mut nodes, _) = connected_pair(3, 1024);
     nodes[1].target.write(0, &[7u8; 100]).unwrap();
     let va = nodes[1].target.addr();
-    let local = nodes[0].local.clone();
-    let wqe = SendWqe {
-        wr_id: 5,
-        op: SendOp::RdmaRead {
-            remote_addr: va,
-            rkey: 0xbbbb,
-        },
-        data: SendData::Sges(vec![MemRegion::new(local.clone(), 0..100).unwrap().into()]),
-        len: 100,
-        signaled: true,
-        solicited: false,
-        fence: false,
-        ud: None,
+    let read = SendOp::RdmaRead {
+        remote_addr: va,
+        rkey: 0xbbbb,
     };
-    let (rc, mut env) = nodes[0].env();
-    rc.post_send(wqe, &mut env);
+    post_op(&mut nodes[0], 5, read, 100);
     let net = Net::new(1, Faults::NONE);
     let out = run(nodes, net, Duration::from_secs(1), |_, _| {});
     assert_eq!(out.nodes[0].send_wcs.len(), 1);
@@ -1062,12 +1062,7 @@ fn single_read() {
 fn hand_over(nodes: &mut [Node; 2], from: usize, max: usize, now: Instant) -> usize {
     let mut moved = 0;
     while moved < max {
-        let (rc, mut env) = nodes[from].env();
-        let Some(pkt) = rc.poll_transmit(now, &mut env, |hdr, fill| {
-            let mut payload = vec![0u8; hdr.payload_len as usize];
-            fill(&mut payload).expect("payload source in bounds");
-            SimPacket { hdr: *hdr, payload }
-        }) else {
+        let Some(pkt) = transmit_one(&mut nodes[from], now) else {
             break;
         };
         let (rc, mut env) = nodes[1 - from].env();
@@ -1083,23 +1078,11 @@ fn a_read_whose_region_is_deregistered_mid_response_fails_with_remote_access_err
     nodes[1].target.fill(0, TARGET_LEN, 0x5a).unwrap();
     let va = nodes[1].target.addr();
     let local = nodes[0].local.clone();
-    let wqe = SendWqe {
-        wr_id: 9,
-        op: SendOp::RdmaRead {
-            remote_addr: va,
-            rkey: 0xbbbb,
-        },
-        data: SendData::Sges(vec![
-            MemRegion::new(local.clone(), 0..TARGET_LEN).unwrap().into(),
-        ]),
-        len: TARGET_LEN as u64,
-        signaled: true,
-        solicited: false,
-        fence: false,
-        ud: None,
+    let read = SendOp::RdmaRead {
+        remote_addr: va,
+        rkey: 0xbbbb,
     };
-    let (rc, mut env) = nodes[0].env();
-    rc.post_send(wqe, &mut env);
+    post_op(&mut nodes[0], 9, read, TARGET_LEN);
     let now = Instant::now();
     assert_eq!(hand_over(&mut nodes, 0, 10, now), 1, "the READ request");
     assert_eq!(hand_over(&mut nodes, 1, 10, now), 10, "10 of 64 responses");
@@ -1126,13 +1109,7 @@ fn a_read_whose_region_is_deregistered_mid_response_fails_with_remote_access_err
         "nothing after the deregistration arrived"
     );
     assert_eq!(b.rc.state(), QpState::Err);
-    assert_eq!(
-        b.events,
-        [AsyncEvent {
-            event_type: AsyncEventType::QpAccessErr,
-            element: AsyncEventElement::Qp(0x22),
-        }]
-    );
+    assert_eq!(b.events, [responder_event(AsyncEventType::QpAccessErr)]);
 }
 
 #[test]
