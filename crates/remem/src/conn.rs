@@ -1648,10 +1648,14 @@ impl ConnShared {
             self.execute(op, vec![crate::mr::Local::span(&dst)], None, false, None)
                 .await
                 .map_err(|e| reason_of(&e))?;
+            // Finished reading: the slot is free *before* the peer hears "done", since the
+            // peer may announce its next large message as soon as it does (counted after
+            // the post, that announcement could be taken for a fifth while the dispatcher
+            // raced this task: seen on kernel rxe).
+            lock(&self.rdv_in).reading -= 1;
             let permit = self.sq_entries(1).await.map_err(|e| reason_of(&e))?;
             self.post_control_with(Kind::RtsDone, Some(rid), permit)
                 .map_err(|e| reason_of(&e))?;
-            lock(&self.rdv_in).reading -= 1;
             Ok::<_, CloseReason>(dst.to_vec())
         };
         match read.await {
