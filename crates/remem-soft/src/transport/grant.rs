@@ -70,14 +70,26 @@ impl KeyedRegion {
         }
     }
 
-    /// Enters an access; `None` if the key is revoked.
-    fn enter(&self) -> Option<Entered<'_>> {
+    /// Enters an access (one atomic add, which also reads the revoked bit); false, and
+    /// nothing entered, if the key is revoked. Every `true` is matched by one
+    /// [`KeyedRegion::leave`].
+    fn try_enter(&self) -> bool {
         let prev = self.state.fetch_add(1, Ordering::Acquire);
         if prev & REVOKED != 0 {
-            self.state.fetch_sub(1, Ordering::Release);
-            return None;
+            self.leave();
+            return false;
         }
-        Some(Entered(self))
+        true
+    }
+
+    /// Leaves an access entered with [`KeyedRegion::try_enter`].
+    fn leave(&self) {
+        self.state.fetch_sub(1, Ordering::Release);
+    }
+
+    /// Enters an access that leaves when dropped; `None` if the key is revoked.
+    fn enter(&self) -> Option<Entered<'_>> {
+        self.try_enter().then(|| Entered(self))
     }
 
     /// A grant for `[va, va + len)`, which must lie inside the region (checked without
@@ -108,7 +120,7 @@ struct Entered<'a>(&'a KeyedRegion);
 
 impl Drop for Entered<'_> {
     fn drop(&mut self) {
-        self.0.state.fetch_sub(1, Ordering::Release);
+        self.0.leave();
     }
 }
 
@@ -168,42 +180,43 @@ impl Grant {
     }
 
     /// `offset..offset + n` of the range, as an offset in the key's region.
-    fn at(&self, offset: usize, n: usize) -> Result<usize, AccessError> {
+    fn at(&self, offset: usize, n: usize) -> Result<usize, MemError> {
         match offset.checked_add(n) {
             Some(end) if end <= self.len => Ok(self.offset + offset),
-            _ => Err(AccessError::Mem(MemError::OutOfBounds {
+            _ => Err(MemError::OutOfBounds {
                 offset: offset as u64,
                 len: n as u64,
                 size: self.len as u64,
-            })),
+            }),
         }
     }
 
-    /// Runs `f` on the key's region as one access (refused once the key is revoked).
+    /// Runs `f` on the key's region and the offset in it of `offset..offset + n` of the
+    /// range, as one access: bounds first, then refused once the key is revoked.
     fn access<T>(
         &self,
-        f: impl FnOnce(&MemRegion) -> Result<T, MemError>,
+        offset: usize,
+        n: usize,
+        f: impl FnOnce(&MemRegion, usize) -> Result<T, MemError>,
     ) -> Result<T, AccessError> {
+        let at = self.at(offset, n).map_err(AccessError::Mem)?;
         let _entered = self.key.enter().ok_or(AccessError::Revoked)?;
-        f(&self.key.region).map_err(AccessError::Mem)
+        f(&self.key.region, at).map_err(AccessError::Mem)
     }
 
     /// Copies `src` into the range at `offset`.
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), AccessError> {
-        let at = self.at(offset, src.len())?;
-        self.access(|r| r.write(at, src))
+        self.access(offset, src.len(), |r, at| r.write(at, src))
     }
 
     /// Copies from the range at `offset` into `dst`.
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), AccessError> {
-        let at = self.at(offset, dst.len())?;
-        self.access(|r| r.read(at, dst))
+        self.access(offset, dst.len(), |r, at| r.read(at, dst))
     }
 
     /// Atomic store of the u64 at `offset`.
     pub fn store_u64(&self, offset: usize, value: u64) -> Result<(), AccessError> {
-        let at = self.at(offset, 8)?;
-        self.access(|r| r.store_u64(at, value))
+        self.access(offset, 8, |r, at| r.store_u64(at, value))
     }
 
     /// Atomic compare-and-swap of the u64 at `offset`; returns the original value.
@@ -213,20 +226,17 @@ impl Grant {
         compare: u64,
         swap: u64,
     ) -> Result<u64, AccessError> {
-        let at = self.at(offset, 8)?;
-        self.access(|r| r.compare_swap_u64(at, compare, swap))
+        self.access(offset, 8, |r, at| r.compare_swap_u64(at, compare, swap))
     }
 
     /// Atomic fetch-and-add of the u64 at `offset`; returns the original value.
     pub fn fetch_add_u64(&self, offset: usize, add: u64) -> Result<u64, AccessError> {
-        let at = self.at(offset, 8)?;
-        self.access(|r| r.fetch_add_u64(at, add))
+        self.access(offset, 8, |r, at| r.fetch_add_u64(at, add))
     }
 
     /// Makes the whole range durable (see [`MemRegion::persist`]).
     pub fn persist(&self) -> Result<(), AccessError> {
-        let at = self.at(0, self.len)?;
-        self.access(|r| r.persist(at, self.len))
+        self.access(0, self.len, |r, at| r.persist(at, self.len))
     }
 
     /// Enters an access that lasts until the returned [`Held`] is dropped (revocation waits
@@ -234,12 +244,7 @@ impl Grant {
     /// be split by a revocation: a READ response packet is decided, then its payload
     /// gathered when the packet is built.
     pub fn hold(self) -> Option<Held> {
-        let prev = self.key.state.fetch_add(1, Ordering::Acquire);
-        if prev & REVOKED != 0 {
-            self.key.state.fetch_sub(1, Ordering::Release);
-            return None;
-        }
-        Some(Held { grant: self })
+        self.key.try_enter().then(|| Held { grant: self })
     }
 }
 
@@ -254,17 +259,13 @@ impl Held {
     /// Copies from the range at `offset` into `dst`.
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemError> {
         let g = &self.grant;
-        match g.at(offset, dst.len()) {
-            Ok(at) => g.key.region.read(at, dst),
-            Err(AccessError::Mem(e)) => Err(e),
-            Err(AccessError::Revoked) => unreachable!("bounds checks do not revoke"),
-        }
+        g.key.region.read(g.at(offset, dst.len())?, dst)
     }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.grant.key.state.fetch_sub(1, Ordering::Release);
+        self.grant.key.leave();
     }
 }
 
