@@ -1739,13 +1739,15 @@ impl RcTransport {
             return Err(Refuse::Invalid);
         }
         // Every packet re-validates the key resolved at FIRST (as rxe's check_rkey does for
-        // MIDDLE and LAST): a region deregistered since is not written.
-        if !pkt.payload.is_empty() && region.as_ref().is_some_and(Grant::is_revoked) {
+        // MIDDLE and LAST): the write below refuses a region deregistered since. A WRITE
+        // with immediate consumes a receive at its end: it checks the key before it takes
+        // the receive, and takes it before touching memory so that an RNR retry is
+        // harmless.
+        let takes_recv = pkt.kind == Kind::WriteImm && pkt.pos.ends();
+        if takes_recv && !pkt.payload.is_empty() && region.as_ref().is_some_and(Grant::is_revoked) {
             return Err(Refuse::Access(RemoteKeyError::Revoked));
         }
-        // A WRITE with immediate consumes a receive at its end: check before touching
-        // memory so that an RNR retry is harmless.
-        let recv = if pkt.kind == Kind::WriteImm && pkt.pos.ends() {
+        let recv = if takes_recv {
             match env.take_recv() {
                 Some(w) => Some(w),
                 None => {
@@ -1773,8 +1775,8 @@ impl RcTransport {
                 AccessError::Revoked => RemoteKeyError::Revoked,
                 AccessError::Mem(_) => RemoteKeyError::OutOfBounds,
             };
-            // Revoked between the check above and the copy: a receive this packet took
-            // completes with the error (which then needs no event).
+            // A receive this packet took (the key was revoked between the check above and
+            // the copy) completes with the error, which then needs no event.
             if let Some(w) = recv {
                 env.recv_completion(
                     WorkCompletion {
