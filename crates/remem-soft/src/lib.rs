@@ -39,6 +39,21 @@ use std::sync::Arc;
 /// The UDP port of RoCEv2 (IANA-assigned), on which soft devices listen by default.
 pub const ROCEV2_UDP_PORT: u16 = 4791;
 
+/// The address a soft device named `soft@<ip>[:<port>]` binds (UDP port
+/// [`ROCEV2_UDP_PORT`] when the port is omitted), as [`SoftProvider`] opens it: `None` if
+/// `name` is not of that form, [`Error::NoSuchDevice`] if its address does not parse.
+pub fn soft_device_addr(name: &str) -> Option<Result<SocketAddr>> {
+    let addr = name.strip_prefix("soft@")?;
+    Some(
+        addr.parse()
+            .or_else(|_| {
+                addr.parse::<IpAddr>()
+                    .map(|ip| SocketAddr::new(ip, ROCEV2_UDP_PORT))
+            })
+            .map_err(|_| Error::NoSuchDevice(name.to_string())),
+    )
+}
+
 /// The soft provider: lists and opens soft devices.
 #[derive(Debug, Default, Clone)]
 pub struct SoftProvider {
@@ -67,15 +82,8 @@ impl Provider for SoftProvider {
     /// Opens `soft-<interface>` (bound to the interface's primary address, UDP 4791) or
     /// `soft@<ip>[:<port>]` (bound to that address; port 4791 when omitted).
     fn open(&self, name: &str) -> Result<Arc<dyn Context>> {
-        if let Some(addr) = name.strip_prefix("soft@") {
-            let addr: SocketAddr = addr
-                .parse()
-                .or_else(|_| {
-                    addr.parse::<IpAddr>()
-                        .map(|ip| SocketAddr::new(ip, ROCEV2_UDP_PORT))
-                })
-                .map_err(|_| Error::NoSuchDevice(name.to_string()))?;
-            return Ok(Arc::new(SoftContext::bind(addr)?));
+        if let Some(addr) = soft_device_addr(name) {
+            return Ok(Arc::new(SoftContext::bind(addr?)?));
         }
         let netdev = list_netdevs()?
             .into_iter()

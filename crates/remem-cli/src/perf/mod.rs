@@ -30,7 +30,7 @@ use remem::verbs::{Context, Gid, GidType};
 use remem_soft::{SoftContext, SoftOptions};
 use report::Row;
 use std::io::{IsTerminal, Read};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -596,15 +596,8 @@ pub(crate) struct Device {
 /// The address of a `soft@<ip>[:<port>]` device name (UDP port 4791 when omitted, as the
 /// soft provider reads its names); `None` if `name` is not of that form.
 pub(crate) fn soft_addr(name: &str) -> Option<Result<SocketAddr, PerfError>> {
-    let addr = name.strip_prefix("soft@")?;
-    Some(
-        addr.parse::<SocketAddr>()
-            .or_else(|_| {
-                addr.parse::<IpAddr>()
-                    .map(|ip| SocketAddr::new(ip, remem_soft::ROCEV2_UDP_PORT))
-            })
-            .map_err(|_| format!("{name}: expected soft@<ip>[:<port>]")),
-    )
+    remem_soft::soft_device_addr(name)
+        .map(|r| r.map_err(|_| format!("{name}: expected soft@<ip>[:<port>]")))
 }
 
 /// Opens the chosen device and checks its GID (`-x`, or the first RoCE v2 GID, IPv4
