@@ -7,7 +7,7 @@
 //! busy-polling dispatcher thread.
 
 use super::ctrl::{self, Ctrl, Cursor};
-use super::raw::Tally;
+use super::raw::{Tally, run_limit};
 use super::report::{self, Row};
 use super::{AtomicType, Device, Output, PerfError, Settings, Test};
 use remem::{Connection, EndpointInfo, LocalMr, Polling, Rdma, RdmaBuilder, RemoteMr};
@@ -194,11 +194,6 @@ async fn expect(ctrl: &mut Ctrl, tag: u8, limit: Option<Duration>) -> Result<Vec
     let (got, payload) = recv(ctrl, limit).await?;
     ctrl::check_tag(got, tag)?;
     Ok(payload)
-}
-
-/// How long a wait that spans a run may take (see the raw path's).
-fn run_limit(s: &Settings, ctrl: &Ctrl) -> Option<Duration> {
-    s.duration.map(|d| d + ctrl.timeout())
 }
 
 fn marker(i: u64) -> u8 {

@@ -568,7 +568,7 @@ fn handshake(ctrl: &mut Ctrl, side: &mut Side, server: bool) -> Result<Vec<Endpo
 
 /// How long a wait that spans a run may take: the run's duration and the control
 /// timeout, or without bound for a number of iterations (the connection's end ends it).
-fn run_limit(s: &Settings, ctrl: &Ctrl) -> Option<Duration> {
+pub(super) fn run_limit(s: &Settings, ctrl: &Ctrl) -> Option<Duration> {
     s.duration.map(|d| d + ctrl.timeout())
 }
 
