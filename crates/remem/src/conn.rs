@@ -1545,6 +1545,7 @@ impl ConnShared {
     /// read from the peer's memory on a task of its own as soon as the connection's
     /// large-message budget has room for it.
     fn on_rts(self: &Arc<Self>, payload: &[u8], imm: Option<u32>) {
+        // (A token whose range wraps past 2^64 does not decode: `RemoteMr::decode`.)
         let (Some(rid), Some(token)) = (
             payload
                 .get(..4)
@@ -1559,10 +1560,6 @@ impl ConnShared {
                 len: token.len,
                 max: limit,
             });
-        }
-        if token.addr.checked_add(token.len).is_none() {
-            return self
-                .end("peer announced a large message wrapping the address space".to_string());
         }
         if self.runtime().is_none() {
             return self.fail_local(LocalFailure::NoRuntime);
