@@ -282,14 +282,14 @@ impl ConnShared {
             return;
         }
         let (Some(&op), Some(id)) = (msg.first(), u32_at(msg, 1)) else {
-            return self.fail("peer sent a malformed agent message".into());
+            return self.end("peer sent a malformed agent message".to_string());
         };
         match op {
             REQUEST => {
                 let (Some(size), Some(align), Some(ms)) =
                     (u64_at(msg, 5), u64_at(msg, 13), u64_at(msg, 21))
                 else {
-                    return self.fail("peer sent a malformed memory request".into());
+                    return self.end("peer sent a malformed memory request".to_string());
                 };
                 // Room for the answer first: a peer that does not take our answers gets
                 // nothing more allocated.
@@ -329,7 +329,7 @@ impl ConnShared {
                         (Some(lease), Some(token), Some(ms)) => {
                             Ok((lease, token, Duration::from_millis(ms)))
                         }
-                        _ => return self.fail("peer sent a malformed grant".into()),
+                        _ => return self.end("peer sent a malformed grant".to_string()),
                     }
                 } else {
                     let why = msg.get(5..).unwrap_or_default();
@@ -361,7 +361,7 @@ impl ConnShared {
                     }
                     self.agent.received.push(Some((id, token)))
                 }
-                None => self.fail("peer sent a malformed memory region".into()),
+                None => self.end("peer sent a malformed memory region".to_string()),
             },
             RETURN | GIVE_BACK => {
                 let lent = lock(&self.agent.lent).as_mut().and_then(|l| l.remove(&id));
@@ -392,7 +392,7 @@ impl ConnShared {
                 }
                 tracing::debug!(lease = id, "lease returned");
             }
-            _ => self.fail(format!("peer sent an unknown agent operation {op}")),
+            _ => self.end(format!("peer sent an unknown agent operation {op}")),
         }
     }
 

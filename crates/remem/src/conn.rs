@@ -1204,16 +1204,11 @@ impl ConnShared {
         }
     }
 
-    /// Ends the connection because the peer sent something malformed (what):
-    /// [`ProtocolViolation::Malformed`].
-    pub(crate) fn fail(self: &Arc<Self>, what: String) {
-        self.end(CloseReason::from(what));
-    }
-
     /// Ends the connection because of something this side found wrong (a protocol
-    /// violation, a message above the limit) or because it is dropped: tells the peer with
-    /// a close message, and moves the QP to ERR once that message is out. A connection
-    /// whose peer has not proven its address yet is ended without a word to it.
+    /// violation, a message above the limit; a `String` says what the peer sent that was
+    /// malformed: [`ProtocolViolation::Malformed`]) or because it is dropped: tells the
+    /// peer with a close message, and moves the QP to ERR once that message is out. A
+    /// connection whose peer has not proven its address yet is ended without a word to it.
     pub(crate) fn end(self: &Arc<Self>, reason: impl Into<CloseReason>) {
         let reason = reason.into();
         if lock(&self.closed).is_some() {
