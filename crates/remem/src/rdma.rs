@@ -539,13 +539,19 @@ impl Rdma {
     /// `from_mmap`) with
     /// `access`, which may not exceed [`RdmaBuilder::access`].
     pub fn register(&self, buf: MemoryBuffer, access: AccessFlags) -> Result<LocalMr> {
+        self.check_access(access)?;
+        register(self.pd(), buf, access)
+    }
+
+    /// Refuses `access` beyond [`RdmaBuilder::access`].
+    fn check_access(&self, access: AccessFlags) -> Result<()> {
         let allowed = self.config().access;
         if !allowed.contains(access) {
             return Err(Error::InvalidArgument(format!(
                 "access {access:?} exceeds the most this Rdma grants ({allowed:?})"
             )));
         }
-        register(self.pd(), buf, access)
+        Ok(())
     }
 
     /// Maps `len` bytes of `file` from byte `offset` (growing the file if it is shorter)
@@ -576,17 +582,13 @@ impl Rdma {
         len: usize,
         access: AccessFlags,
     ) -> Result<LocalMr> {
-        let allowed = self.config().access;
-        if !allowed.contains(access) {
-            return Err(Error::InvalidArgument(format!(
-                "access {access:?} exceeds the most this Rdma grants ({allowed:?})"
-            )));
-        }
+        // Before the file is touched.
+        self.check_access(access)?;
         if len > 0 {
             reserve(file, offset, len as u64).map_err(Error::File)?;
         }
         let map = MemoryBuffer::map_file(file, offset, len).map_err(Error::File)?;
-        self.register(map, access)
+        register(self.pd(), map, access)
     }
 
     /// The device's asynchronous events (QP fatal, CQ error, port active/error, SRQ
