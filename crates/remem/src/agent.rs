@@ -134,10 +134,9 @@ struct Budget {
     regions: usize,
 }
 
-/// A region's share of the budget, given back when dropped.
+/// A region's share of the budget (its bytes, and one region), given back when dropped.
 pub(crate) struct Charge {
     bytes: u64,
-    regions: usize,
     budget: Weak<Mutex<Budget>>,
 }
 
@@ -146,7 +145,7 @@ impl Drop for Charge {
         if let Some(b) = self.budget.upgrade() {
             let mut b = lock(&b);
             b.bytes -= self.bytes;
-            b.regions -= self.regions;
+            b.regions -= 1;
         }
     }
 }
@@ -429,7 +428,6 @@ impl ConnShared {
         b.regions += 1;
         Ok(Charge {
             bytes,
-            regions: 1,
             budget: Arc::downgrade(&self.agent.budget),
         })
     }
