@@ -88,6 +88,16 @@ impl MrInner {
         self.mr.region()
     }
 
+    /// The first `len` bytes of this region (of its block, for a pool region) as a
+    /// region of the buffer, to register anew.
+    fn range(&self, len: usize) -> Result<MemRegion> {
+        let start = self.region().offset() + self.offset;
+        Ok(MemRegion::new(
+            self.region().buffer().clone(),
+            start..start + len,
+        )?)
+    }
+
     /// Whether the peer reaches the region through its own registration (memory the
     /// application registered for remote access), rather than through one made for it
     /// (`lent`).
@@ -108,9 +118,7 @@ impl MrInner {
         } else {
             self.len
         };
-        let start = self.region().offset() + self.offset;
-        let range = MemRegion::new(self.region().buffer().clone(), start..start + len)?;
-        let mr = pd.reg_mr(range, self.access)?;
+        let mr = pd.reg_mr(self.range(len)?, self.access)?;
         let rkey = mr.rkey();
         *lent = Some(Lent { mr });
         Ok(rkey)
@@ -428,9 +436,7 @@ impl LocalMr {
         if !inner.remote_via_own() {
             return Ok(self);
         }
-        let start = inner.region().offset() + inner.offset;
-        let range = MemRegion::new(inner.region().buffer().clone(), start..start + inner.len)?;
-        let local = pd.reg_mr(range, AccessFlags::LOCAL_WRITE)?;
+        let local = pd.reg_mr(inner.range(inner.len)?, AccessFlags::LOCAL_WRITE)?;
         Ok(LocalMr::lending(local, inner.access))
     }
 
