@@ -2,7 +2,7 @@
 //! client makes) share one tokio task (event-driven polling) or one polling thread (busy
 //! polling), however many there are. Own test binary: it counts the process's threads.
 
-use remem::{Connection, Polling, Rdma};
+use remem::{Connection, Listener, Polling, Rdma};
 use std::alloc::Layout;
 use std::task::Poll;
 
@@ -23,9 +23,8 @@ fn pair(first: u8, polling: Polling) -> (Rdma, Rdma) {
     (a, b)
 }
 
-/// `n` connections from `a` to one listener on `b`.
-async fn connect_many(a: &Rdma, b: &Rdma, n: usize) -> Vec<(Connection, Connection)> {
-    let listener = b.listen("127.0.0.1:0").await.unwrap();
+/// `n` connections from `a` to `listener` (on the other `Rdma`).
+async fn connect_many(a: &Rdma, listener: &Listener, n: usize) -> Vec<(Connection, Connection)> {
     let addr = listener.local_addr().unwrap();
     let mut out = Vec::new();
     for _ in 0..n {
@@ -72,16 +71,24 @@ async fn futures_join_all<F: Future<Output = ()>>(fs: impl Iterator<Item = F>) {
 async fn event_polling_uses_one_task_however_many_connections() {
     let metrics = tokio::runtime::Handle::current().metrics();
     let (a, b) = pair(1, Polling::Event);
-    let one = connect_many(&a, &b, 1).await;
+    // One listener throughout: its accept task is counted in both figures (a listener
+    // dropped in between leaves an aborted task alive until the runtime reaps it).
+    let listener = b.listen("127.0.0.1:0").await.unwrap();
+    let one = connect_many(&a, &listener, 1).await;
     exercise(&a, &b, &one).await;
     let tasks_with_one = metrics.num_alive_tasks();
-    let more = connect_many(&a, &b, 15).await;
+    let more = connect_many(&a, &listener, 15).await;
     exercise(&a, &b, &more).await;
     exercise(&a, &b, &one).await;
-    assert_eq!(
-        metrics.num_alive_tasks(),
-        tasks_with_one,
-        "15 more connections must not add tasks"
+    // The steady count is the same with one connection as with sixteen; either figure may
+    // still include a short-lived task of a handshake that has just ended (the server side's
+    // handshake task is reaped a moment after both ends hold their `Connection`), so allow
+    // that much. One task per connection would add 15 on each side, 30 in all.
+    let tasks_with_sixteen = metrics.num_alive_tasks();
+    assert!(
+        tasks_with_sixteen <= tasks_with_one + 2,
+        "15 more connections must not add tasks: {tasks_with_one} with one, \
+         {tasks_with_sixteen} with sixteen"
     );
     drop((one, more));
 }
@@ -97,7 +104,8 @@ fn poll_threads() -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_polling_uses_one_thread_per_device() {
     let (a, b) = pair(3, Polling::Busy);
-    let conns = connect_many(&a, &b, 8).await;
+    let listener = b.listen("127.0.0.1:0").await.unwrap();
+    let conns = connect_many(&a, &listener, 8).await;
     exercise(&a, &b, &conns).await;
     // One thread for `a`'s eight connections, one for `b`'s.
     assert_eq!(poll_threads(), 2);
