@@ -894,6 +894,8 @@ fn conformance(img: &Image) -> Res<i32> {
         api_tests.push(test_binary(&root, "remem", test, "ibverbs")?);
     }
     cargo_release(&root, &["-p", "remem-cli", "--features", "ibverbs"])?;
+    // The drop-in libibverbs, which `remem run` puts under unmodified perftest on the host.
+    cargo_release(&root, &["-p", "remem-ibv"])?;
     let cli = root.join("target/release/remem");
     let link = format!("{TAP_HOST}:7471");
     let soft = format!("soft@{TAP_HOST}:4791");
@@ -946,6 +948,12 @@ fn conformance(img: &Image) -> Res<i32> {
         &cli.display().to_string(),
     );
     perftest_flag_steps(
+        &mut guest,
+        &mut host,
+        &host_bin.to_string(),
+        &cli.display().to_string(),
+    );
+    dropin_steps(
         &mut guest,
         &mut host,
         &host_bin.to_string(),
@@ -1071,6 +1079,49 @@ fn perftest_flag_steps(guest: &mut String, host: &mut String, conformance: &str,
          \x20 timeout 120 {cli} perf --perftest $t {common} $extra -d {soft} {TAP_GUEST} < /dev/null || {{ rc=1; echo \"remem perf --perftest $t $extra (client) failed\"; }}\n\
          done < /tmp/remem-flag-runs.$$\n\
          rm -f /tmp/remem-flag-runs.$$\n"
+    ));
+}
+
+/// Unmodified perftest on the host over the drop-in libibverbs (`remem run`, the soft
+/// device `rxe0` bound to the tap address) against perftest on kernel rxe in the guest, each
+/// side once as server: on the wire the drop-in is what a RoCE NIC is.
+fn dropin_steps(guest: &mut String, host: &mut String, conformance: &str, cli: &str) {
+    let sync = format!("{TAP_HOST}:7472");
+    // One run per line: the test and its flags (both sides take the same).
+    let runs = "write_bw -n 100\nread_bw -n 100\nsend_bw -n 100\natomic_bw -n 100\n\
+                write_lat -n 100\nread_lat -n 100\nsend_lat -n 100\natomic_lat -n 100\n\
+                write_bw -b -q 2 -n 100\nsend_bw -c UD -n 100\nwrite_bw -c UC -n 100\n\
+                send_lat -c UC -n 100";
+    let common = "-F";
+    guest.push_str(&format!(
+        "printf '{runs}\\n' > /tmp/dropin-runs\n\
+         while read -r t extra; do\n\
+         \x20 echo \"== perftest's ib_$t $extra (rdma-core, kernel rxe, guest) against ib_$t on the drop-in libibverbs (host)\"\n\
+         \x20 ./conformance sync connect {sync} < /dev/null || rc=1\n\
+         \x20 timeout 120 ib_$t -d rxe0 -x \"$RXE_GID_INDEX\" {common} $extra {TAP_HOST} < /dev/null || {{ rc=1; echo \"ib_$t $extra (client, guest) failed\"; }}\n\
+         \x20 echo \"== ib_$t $extra on the drop-in libibverbs (host) against perftest's ib_$t (rdma-core, kernel rxe, guest)\"\n\
+         \x20 timeout 120 ib_$t -d rxe0 -x \"$RXE_GID_INDEX\" {common} $extra < /dev/null > /tmp/server.log 2>&1 &\n\
+         \x20 server=$!\n\
+         \x20 for i in $(seq 100); do netstat -ltn 2>/dev/null | grep -q ':18515 ' && break; sleep 0.1; done\n\
+         \x20 ./conformance sync connect {sync} < /dev/null || rc=1\n\
+         \x20 wait $server || {{ rc=1; echo \"ib_$t $extra (server, guest) failed\"; }}\n\
+         \x20 cat /tmp/server.log\n\
+         done < /tmp/dropin-runs\n"
+    ));
+    host.push_str(&format!(
+        "printf '{runs}\\n' > /tmp/remem-dropin-runs.$$\n\
+         export REMEM_IBV_DEVICES=rxe0=soft@{TAP_HOST}:4791\n\
+         while read -r t extra; do\n\
+         \x20 timeout 120 {cli} run -- ib_$t -d rxe0 -x 0 {common} $extra < /dev/null &\n\
+         \x20 server=$!\n\
+         \x20 i=0; while [ $i -lt 100 ] && ! ss -ltn | grep -q ':18515 '; do sleep 0.1; i=$((i+1)); done\n\
+         \x20 {conformance} sync listen {sync} < /dev/null || rc=1\n\
+         \x20 wait $server || {{ rc=1; echo \"ib_$t $extra on the drop-in (server, host) failed\"; }}\n\
+         \x20 {conformance} sync listen {sync} < /dev/null || rc=1\n\
+         \x20 timeout 120 {cli} run -- ib_$t -d rxe0 -x 0 {common} $extra {TAP_GUEST} < /dev/null || {{ rc=1; echo \"ib_$t $extra on the drop-in (client, host) failed\"; }}\n\
+         done < /tmp/remem-dropin-runs.$$\n\
+         unset REMEM_IBV_DEVICES\n\
+         rm -f /tmp/remem-dropin-runs.$$\n"
     ));
 }
 

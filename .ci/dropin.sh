@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# The drop-in libibverbs (crates/remem-ibv): unmodified Debian binaries from ibverbs-utils and
+# perftest, both ends on the drop-in, two processes on loopback, through `remem run`.
+# Every run is bounded by `timeout`; a server is ready once its TCP port listens.
+# Usage: bash .ci/dropin.sh [--quick]   (--quick: defaults only, for a fast local check)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+quick=${1:-}
+
+for tool in ibv_devices ibv_rc_pingpong ib_write_bw ss; do
+  command -v $tool >/dev/null 2>&1 || { echo "dropin: $tool is missing (apt-get install ibverbs-utils perftest iproute2)"; exit 1; }
+done
+cargo build --release --quiet -p remem-ibv -p remem-cli || exit 1
+remem=$PWD/target/release/remem
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+failed=0
+passed=0
+port=18600
+
+listening() { ss -ltn | grep -q ":$1 "; }
+
+# pass LABEL / fail LABEL: count and report; a failure prints both sides' output.
+pass() { passed=$((passed + 1)); echo "ok    $1"; }
+fail() {
+  failed=$((failed + 1)); echo "FAIL  $1"
+  for f in "$logs"/server "$logs"/client; do
+    [ -f "$f" ] && { echo "---- $(basename "$f")"; tail -n 30 "$f"; }
+  done
+}
+
+# single LABEL CMD...: one program on the drop-in; it must succeed and print its device.
+single() {
+  local label=$1; shift
+  rm -f "$logs"/server "$logs"/client
+  if timeout 60 "$remem" run -- "$@" > "$logs"/client 2>&1 && grep -q rxe0 "$logs"/client; then
+    pass "$label"
+  else
+    fail "$label"
+  fi
+}
+
+# pair LABEL TOOL ARGS...: TOOL ARGS as server, then TOOL ARGS 127.0.0.1 as client, on a port
+# of their own; both must exit 0, and `expect` (a regex) must be in the client's output.
+expect=''
+pair() {
+  local label=$1 tool=$2; shift 2
+  port=$((port + 1))
+  rm -f "$logs"/server "$logs"/client
+  timeout 180 "$remem" run -- "$tool" -p $port "$@" > "$logs"/server 2>&1 &
+  local server=$!
+  for _ in $(seq 200); do
+    listening $port && break
+    kill -0 $server 2>/dev/null || break
+    sleep 0.05
+  done
+  local ok=1
+  timeout 180 "$remem" run -- "$tool" -p $port "$@" 127.0.0.1 > "$logs"/client 2>&1 || ok=0
+  wait $server || ok=0
+  if [ -n "$expect" ] && ! grep -Eq "$expect" "$logs"/client; then ok=0; fi
+  if [ $ok = 1 ]; then pass "$label"; else fail "$label"; fi
+}
+
+echo "== ibverbs-utils"
+single "ibv_devices" ibv_devices
+single "ibv_devinfo -v" ibv_devinfo -v
+expect='bytes in .* seconds'
+pair "ibv_rc_pingpong -g 0" ibv_rc_pingpong -g 0
+pair "ibv_uc_pingpong -g 0" ibv_uc_pingpong -g 0
+pair "ibv_ud_pingpong -g 0" ibv_ud_pingpong -g 0
+pair "ibv_srq_pingpong -g 0" ibv_srq_pingpong -g 0
+pair "ibv_rc_pingpong -g 0 -e (completion events)" ibv_rc_pingpong -g 0 -e
+
+echo "== perftest (both ends on the drop-in)"
+# A result row: the message size followed by figures.
+expect='^ *[0-9]+ +[0-9]+ +[0-9.]+'
+common="-d rxe0 -x 0 -F"
+for t in write_bw read_bw send_bw atomic_bw write_lat read_lat send_lat atomic_lat; do
+  pair "ib_$t" ib_$t $common
+  [ "$quick" = --quick ] && continue
+  pair "ib_$t -a" ib_$t $common -a -n 100
+  pair "ib_$t --use_old_post_send" ib_$t $common --use_old_post_send -n 1000
+  case $t in *_bw)
+    pair "ib_$t -q 4" ib_$t $common -q 4
+    pair "ib_$t -b" ib_$t $common -b ;;
+  esac
+  case $t in write_*|send_*) pair "ib_$t -c UC" ib_$t $common -c UC ;; esac
+  case $t in send_*) pair "ib_$t -c UD" ib_$t $common -c UD ;; esac
+done
+[ "$quick" = --quick ] || pair "ib_send_bw -c UD -b" ib_send_bw $common -c UD -b
+
+echo "== mixed: perftest on the drop-in against remem perf --perftest (remem's Rust API, soft@127.0.0.1), both ways"
+# mixed LABEL SERVER... -- CLIENT...: as `pair`, but the two sides run different programs.
+mixed() {
+  local label=$1; shift
+  local server=() client=()
+  while [ "$1" != -- ]; do server+=("$1"); shift; done
+  shift; client=("$@")
+  port=$((port + 1))
+  rm -f "$logs"/server "$logs"/client
+  timeout 180 "${server[@]}" -p $port > "$logs"/server 2>&1 &
+  local pid=$!
+  for _ in $(seq 200); do
+    listening $port && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.05
+  done
+  local ok=1
+  timeout 180 "${client[@]}" -p $port 127.0.0.1 > "$logs"/client 2>&1 || ok=0
+  wait $pid || ok=0
+  grep -Eq "$expect" "$logs"/client || ok=0
+  if [ $ok = 1 ]; then pass "$label"; else fail "$label"; fi
+}
+tests="write_bw read_bw send_bw atomic_bw write_lat read_lat send_lat atomic_lat"
+[ "$quick" = --quick ] && tests="write_bw send_lat"
+for t in $tests; do
+  mixed "ib_$t (drop-in, client) against remem perf --perftest $t (server)" \
+    "$remem" perf --perftest $t -d soft@127.0.0.1 -n 1000 -- "$remem" run -- ib_$t $common -n 1000
+  mixed "remem perf --perftest $t (client) against ib_$t (drop-in, server)" \
+    "$remem" run -- ib_$t $common -n 1000 -- "$remem" perf --perftest $t -d soft@127.0.0.1 -n 1000
+done
+
+if [ "$quick" != --quick ]; then
+  echo "== remem-ibverbs (the rdma-core provider) over the drop-in: the provider conformance suite through the C ABI"
+  if cargo build --release --quiet -p remem-ibverbs --example conformance; then
+    rm -f "$logs"/server "$logs"/client
+    if timeout 600 "$remem" run -- target/release/examples/conformance local rxe0 > "$logs"/client 2>&1; then
+      pass "conformance local rxe0 (remem-ibverbs over the drop-in)"
+    else
+      fail "conformance local rxe0 (remem-ibverbs over the drop-in)"
+    fi
+  else
+    fail "building remem-ibverbs' conformance example"
+  fi
+fi
+
+echo "dropin: $passed passed, $failed failed"
+[ $failed = 0 ]
