@@ -141,7 +141,8 @@ pub trait MemoryRegion: Any + Send + Sync {
     fn region(&self) -> &MemRegion;
     /// The access rights it was registered with.
     fn access(&self) -> AccessFlags;
-    /// Virtual address of the first byte (`ibv_mr.addr`).
+    /// Address of the first byte as work requests name it (`ibv_mr.addr`): its virtual
+    /// address, or the iova of a region made by [`MemRegion::with_iova`].
     fn addr(&self) -> u64 {
         self.region().addr()
     }
