@@ -17,6 +17,7 @@
 use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io;
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -73,8 +74,16 @@ pub fn run(args: &RunArgs) -> ExitCode {
         }
     };
     if args.lib_dir {
-        println!("{}", dir.display());
-        return ExitCode::SUCCESS;
+        // The path's bytes as they are (a path need not be UTF-8).
+        let mut line = dir.into_os_string().into_vec();
+        line.push(b'\n');
+        return match io::Write::write_all(&mut io::stdout().lock(), &line) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("remem run: cannot print the drop-in directory: {e}");
+                ExitCode::from(EXIT_OWN_FAILURE)
+            }
+        };
     }
     let Some((program, rest)) = args.program.split_first() else {
         // clap requires PROGRAM without --lib-dir.
