@@ -19,10 +19,12 @@ pub mod psn;
 mod rc;
 #[cfg(test)]
 mod sim;
+mod uc;
 mod ud;
 
 pub use grant::{AccessError, Grant, Held, KeyedRegion};
 pub use rc::{RcConfig, RcTransport};
+pub use uc::{UcDrop, UcTransport};
 pub use ud::{UdDrop, UdSource, UdTransport};
 
 use crate::wqe::RecvWqe;
@@ -140,6 +142,9 @@ pub struct TxPacket {
     pub ieth: Option<u32>,
     /// DETH (Q_Key, source QP), UD only.
     pub deth: Option<(u32, u32)>,
+    /// An unreliable connected packet: it goes out with the UC opcode of its kind and
+    /// position (BTH opcode prefix 0x20) instead of the RC one.
+    pub uc: bool,
     /// Payload length.
     pub payload_len: u32,
 }
@@ -162,6 +167,7 @@ impl TxPacket {
             imm: None,
             ieth: None,
             deth: None,
+            uc: false,
             payload_len: 0,
         }
     }
