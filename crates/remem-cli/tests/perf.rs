@@ -910,7 +910,10 @@ fn uc_queue_pairs_run_write_and_send_tests() {
             // receiving socket, and what is lost is not resent. The row is the sender's;
             // a loss is named, and does not stall the run.
             if stderr.contains("arrived") {
-                assert!(stderr.contains("UC does not retransmit"), "{test}: {stderr}");
+                assert!(
+                    stderr.contains("UC does not retransmit"),
+                    "{test}: {stderr}"
+                );
             }
             check_bw(&row, test, 65536, 400);
             assert_eq!(row["connection"], "UC");
