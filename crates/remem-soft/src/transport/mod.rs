@@ -6,7 +6,9 @@
 //! ([`RcTransport::poll_transmit`]) and reports the next deadline
 //! ([`RcTransport::next_timeout`]). Memory, receive queues and completion queues are reached
 //! through the [`Env`] trait, so the same code runs under the UDP driver and in the
-//! deterministic simulation of `tests`.
+//! deterministic simulation of `tests`. [`UcTransport`] (unreliable connected: the same
+//! packets, nothing acknowledged, a lost message dropped whole) and [`UdTransport`]
+//! (datagrams) have the same boundary.
 //!
 //! Packets are described by [`TxPacket`] / [`RxPacket`]: the opcode split into what the
 //! packet is ([`Kind`]) and where in its message it stands ([`Pos`]), plus the header fields

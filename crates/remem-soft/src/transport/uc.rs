@@ -39,10 +39,11 @@ use std::collections::VecDeque;
 /// are taken by the QP and counted as [`Stat::OutOfSeqRequest`] instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UcDrop {
-    /// The QP is not in RTR, RTS or SQD (or the opcode is not a UC request).
+    /// The QP is not in RTR, RTS or SQD.
     State,
-    /// Payload sizes against the path MTU or the WRITE's length, a WRITE without its RETH:
-    /// the packet, and the rest of its message.
+    /// Payload sizes against the path MTU or the WRITE's length, a WRITE without its RETH
+    /// (the packet, and the rest of its message), or no UC request at all (UC has no READ,
+    /// atomic or response opcodes).
     Malformed,
     /// A SEND, or a WRITE with immediate, found no receive posted: the packet, and the rest
     /// of its message (UC has no RNR NAK).
@@ -338,13 +339,14 @@ impl UcTransport {
     /// [`Stat::OutOfSeqRequest`]); `Err` with the reason for the packets the device
     /// counts as drops (the QP's state, a malformed packet, no receive, a refusal).
     pub fn handle_packet(&mut self, pkt: &RxPacket<'_>, env: &mut dyn Env) -> Result<(), UcDrop> {
-        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
-            || !matches!(
-                pkt.kind,
-                Kind::Send | Kind::SendImm | Kind::Write | Kind::WriteImm
-            )
-        {
+        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
             return Err(UcDrop::State);
+        }
+        if !matches!(
+            pkt.kind,
+            Kind::Send | Kind::SendImm | Kind::Write | Kind::WriteImm
+        ) {
+            return Err(UcDrop::Malformed);
         }
         let in_order = pkt.psn == self.epsn && self.lost.is_none();
         if !in_order || !self.progress.continued_by(pkt) {
@@ -1001,7 +1003,7 @@ mod tests {
         assert_eq!(eb.recvd[0].byte_len, 100);
         // Responses and READs have no place at a UC QP; in INIT nothing is taken.
         let p = RxPacket::new(Kind::ReadRequest, Pos::Only, add(SPSN, 10));
-        assert_eq!(b.handle_packet(&p, &mut eb), Err(UcDrop::State));
+        assert_eq!(b.handle_packet(&p, &mut eb), Err(UcDrop::Malformed));
         let mut c = UcTransport::new(cfg(0x20, 0x10));
         c.set_state(cfg(0x20, 0x10), QpState::Init, &mut eb);
         let p = RxPacket::new(Kind::Send, Pos::Only, SPSN);
