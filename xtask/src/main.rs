@@ -1041,16 +1041,20 @@ fn perftest_steps(guest: &mut String, host: &mut String, conformance: &str, cli:
     ));
 }
 
-/// perftest's `-b` (bidirectional) and `-c UD` between perftest's tools in the guest
-/// (kernel rxe) and `remem perf --perftest` on the host (soft provider), each side once as
-/// server, as `perftest_steps` runs the plain tests.
+/// perftest's `-b` (bidirectional), `-c UD` and `-c UC` between perftest's tools in the
+/// guest (kernel rxe) and `remem perf --perftest` on the host (soft provider), each side
+/// once as server, as `perftest_steps` runs the plain tests. UC retransmits nothing and a
+/// perftest SEND server waits for every message: the UC send_bw run uses small messages,
+/// fewer than perftest's posted receives, which the emulated guest takes without loss.
 fn perftest_flag_steps(guest: &mut String, host: &mut String, conformance: &str, cli: &str) {
     let sync = format!("{TAP_HOST}:7472");
     let soft = format!("soft@{TAP_HOST}:4791");
     // One run per line: the test and its flags (both sides take the same, as perftest's).
     let runs = "write_bw -b -n 100\nread_bw -b -q 2 -n 100\nsend_bw -b -n 100\n\
                 atomic_bw -b -n 100\nsend_bw -c UD -n 100\nsend_bw -c UD -b -n 100\n\
-                send_bw -c UD -a -n 20\nsend_lat -c UD -n 100";
+                send_bw -c UD -a -n 20\nsend_lat -c UD -n 100\n\
+                write_bw -c UC -n 100\nsend_bw -c UC -s 1024 -n 100\n\
+                write_lat -c UC -n 100\nsend_lat -c UC -n 100";
     let common = "-F";
     guest.push_str(&format!(
         "printf '{runs}\\n' > /tmp/flag-runs\n\

@@ -132,6 +132,10 @@ cases! {
         "FLUSH (persistent range, global region) after a WRITE, ATOMIC WRITE; bad ones NAKed",
     "ud_send_recv_with_grh_and_qkey" => ud_send_recv:
         "UD: a wrong Q_Key is dropped, the GRH precedes the payload, oversized is refused",
+    "uc_send_and_write" => uc_send_and_write:
+        "UC: multi-packet SEND and WRITE, with immediate too; READ and atomics refused at post",
+    "uc_lost_messages_vanish" => uc_lost_messages:
+        "UC: a SEND without a receive and a WRITE with a forged rkey vanish; the QP goes on",
 }
 
 fn device_attributes(s: &mut Side<'_>) -> CaseResult {
@@ -1052,6 +1056,183 @@ fn flush_and_atomic_write(s: &mut Side<'_>) -> CaseResult {
                 s.wait_for("done")?;
                 expect_bytes(&buf, 0, &[0xee; 64], b.what)?;
             }
+        }
+    }
+    Ok(())
+}
+
+fn uc_send_and_write(s: &mut Side<'_>) -> CaseResult {
+    let ep = s.connect_uc(&QpOptions::default())?;
+    let (slen, wlen) = (10_000usize, 9_000usize); // several packets at any MTU
+    let (sdata, wdata) = (pattern(slen, 5), pattern(wlen, 9));
+    match s.role {
+        Role::A => {
+            let (sbuf, smr) = ep.reg(slen.max(wlen), RW)?;
+            // READ and atomics are not UC operations: refused when posted.
+            let sg = [sge(&*smr, 0, 8)];
+            for op in [
+                SendOp::RdmaRead {
+                    remote_addr: 0,
+                    rkey: 0,
+                },
+                SendOp::AtomicFetchAndAdd {
+                    remote_addr: 0,
+                    rkey: 0,
+                    add: 1,
+                },
+                SendOp::AtomicCmpAndSwp {
+                    remote_addr: 0,
+                    rkey: 0,
+                    compare: 0,
+                    swap: 1,
+                },
+            ] {
+                ensure!(
+                    ep.qp.post_send(&[SendWr::new(9, op, &sg)]).is_err(),
+                    "{} accepted on a UC QP",
+                    op.name()
+                );
+            }
+            expect_none(&*ep.cq)?;
+            let t = s.remote_mr()?;
+            s.wait_for("receives posted")?;
+            sbuf.write(0, &sdata).str_err()?;
+            // A UC work request completes once sent: nothing is acknowledged.
+            let all = [sge(&*smr, 0, slen as u32)];
+            let wc = post_wait(&ep, SendWr::new(1, SendOp::Send, &all), s.timeout)?;
+            wc_ok(&wc, WcOpcode::Send, "send")?;
+            let op = SendOp::SendWithImm { imm: 0x1234_5678 };
+            let wc = post_wait(&ep, SendWr::new(2, op, &[sge(&*smr, 0, 50)]), s.timeout)?;
+            wc_ok(&wc, WcOpcode::Send, "send imm")?;
+            sbuf.write(0, &wdata).str_err()?;
+            let op = SendOp::RdmaWrite {
+                remote_addr: t.addr + 32,
+                rkey: t.rkey,
+            };
+            let all = [sge(&*smr, 0, wlen as u32)];
+            let wc = post_wait(&ep, SendWr::new(3, op, &all), s.timeout)?;
+            wc_ok(&wc, WcOpcode::RdmaWrite, "write")?;
+            let op = SendOp::RdmaWriteWithImm {
+                remote_addr: t.addr,
+                rkey: t.rkey,
+                imm: 42,
+            };
+            let wc = post_wait(&ep, SendWr::new(4, op, &[sge(&*smr, 0, 16)]), s.timeout)?;
+            wc_ok(&wc, WcOpcode::RdmaWrite, "write imm")?;
+        }
+        Role::B => {
+            let (rbuf, rmr) = ep.reg(slen, RW)?;
+            let (tbuf, tmr) = ep.reg(wlen + 64, RW)?;
+            s.offer_mr(&*tmr)?;
+            post_recv(&*ep.qp, 10, &[sge(&*rmr, 0, slen as u32)])?;
+            post_recv(&*ep.qp, 11, &[sge(&*rmr, 0, 100)])?;
+            post_recv(&*ep.qp, 12, &[sge(&*rmr, 0, 8)])?;
+            s.signal("receives posted")?;
+            let wcs = poll_n(&*ep.cq, 3, s.timeout)?;
+            wc_ok(&wcs[0], WcOpcode::Recv, "recv")?;
+            ensure!(
+                wcs[0].wr_id == 10 && wcs[0].byte_len as usize == slen && wcs[0].imm().is_none(),
+                "recv: {:?}",
+                wcs[0]
+            );
+            wc_ok(&wcs[1], WcOpcode::Recv, "recv imm")?;
+            ensure!(
+                wcs[1].wr_id == 11 && wcs[1].byte_len == 50,
+                "recv imm: {:?}",
+                wcs[1]
+            );
+            ensure!(wcs[1].imm() == Some(0x1234_5678), "imm {:?}", wcs[1].imm());
+            expect_bytes(&rbuf, 0, &sdata, "sent bytes")?;
+            wc_ok(&wcs[2], WcOpcode::RecvRdmaWithImm, "recv write imm")?;
+            ensure!(
+                wcs[2].wr_id == 12 && wcs[2].imm() == Some(42) && wcs[2].byte_len == 16,
+                "recv write imm: {:?}",
+                wcs[2]
+            );
+            expect_bytes(&tbuf, 0, &wdata[..16], "write imm bytes")?;
+            expect_bytes(&tbuf, 16, &[0; 16], "between the writes")?;
+            expect_bytes(&tbuf, 32, &wdata, "written bytes")?;
+            expect_none(&*ep.cq)?;
+        }
+    }
+    Ok(())
+}
+
+/// Waits (bounded) until `buf` holds `want` at `offset`: a UC requester's completion
+/// says only that the data left, so the responder watches its memory.
+fn await_bytes(buf: &MemoryBuffer, offset: usize, want: &[u8], timeout: Duration) -> CaseResult {
+    let deadline = std::time::Instant::now() + timeout;
+    while buf.to_vec(offset, want.len()).str_err()? != want {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "{} bytes at offset {offset} did not arrive within {timeout:?}",
+            want.len()
+        );
+        std::thread::yield_now();
+    }
+    Ok(())
+}
+
+fn uc_lost_messages(s: &mut Side<'_>) -> CaseResult {
+    let ep = s.connect_uc(&QpOptions::default())?;
+    let len = 3000usize; // several packets at MTU 1024
+    const MARK: [u8; 8] = *b"UC-MARK!";
+    match s.role {
+        Role::A => {
+            let (sbuf, smr) = ep.reg(len, RW)?;
+            sbuf.write(0, &pattern(len, 1)).str_err()?;
+            let t = s.remote_mr()?;
+            let all = [sge(&*smr, 0, len as u32)];
+            // B has no receive posted: the SEND is lost there, and this side cannot know.
+            let wc = post_wait(&ep, SendWr::new(1, SendOp::Send, &all), s.timeout)?;
+            wc_ok(&wc, WcOpcode::Send, "send without a receive")?;
+            // A forged rkey: dropped there, no NAK, no error here either.
+            let forged = SendOp::RdmaWrite {
+                remote_addr: t.addr,
+                rkey: t.rkey ^ 0x5a5a_5a00,
+            };
+            let wc = post_wait(&ep, SendWr::new(2, forged, &all), s.timeout)?;
+            wc_ok(&wc, WcOpcode::RdmaWrite, "write with a forged rkey")?;
+            // A marker: UC keeps the order, so once it has landed, B has seen (and
+            // dropped) everything before it.
+            sbuf.write(0, &MARK).str_err()?;
+            let mark = SendOp::RdmaWrite {
+                remote_addr: t.addr + len as u64,
+                rkey: t.rkey,
+            };
+            let wc = post_wait(&ep, SendWr::new(3, mark, &[sge(&*smr, 0, 8)]), s.timeout)?;
+            wc_ok(&wc, WcOpcode::RdmaWrite, "marker")?;
+            s.signal("marked")?;
+            s.wait_for("receive posted")?;
+            sbuf.write(0, &pattern(100, 2)).str_err()?;
+            let op = SendOp::SendWithImm { imm: 7 };
+            let wc = post_wait(&ep, SendWr::new(4, op, &[sge(&*smr, 0, 100)]), s.timeout)?;
+            wc_ok(&wc, WcOpcode::Send, "send after the losses")?;
+        }
+        Role::B => {
+            let (tbuf, tmr) = ep.reg(len + 8, RW)?;
+            s.offer_mr(&*tmr)?;
+            s.wait_for("marked")?;
+            await_bytes(&tbuf, len, &MARK, s.timeout)?;
+            expect_bytes(&tbuf, 0, &vec![0; len], "memory behind the forged rkey")?;
+            // Nothing completed (the lost SEND had no receive to complete), nothing failed.
+            expect_none(&*ep.cq)?;
+            ensure!(
+                ep.qp.state() == QpState::Rts,
+                "responder QP in {:?} after the losses",
+                ep.qp.state()
+            );
+            let (rbuf, rmr) = ep.reg(len, RW)?;
+            post_recv(&*ep.qp, 20, &[sge(&*rmr, 0, len as u32)])?;
+            s.signal("receive posted")?;
+            let wc = poll_one(&*ep.cq, s.timeout)?;
+            wc_ok(&wc, WcOpcode::Recv, "recv after the losses")?;
+            ensure!(
+                wc.wr_id == 20 && wc.byte_len == 100 && wc.imm() == Some(7),
+                "recv after the losses: {wc:?}"
+            );
+            expect_bytes(&rbuf, 0, &pattern(100, 2), "received bytes")?;
+            expect_none(&*ep.cq)?;
         }
     }
     Ok(())

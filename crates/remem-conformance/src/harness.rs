@@ -175,7 +175,9 @@ pub fn endpoint(
     })
 }
 
-/// Moves `qp` through INIT, RTR and RTS towards the peer, as a verbs program does.
+/// Moves `qp` through INIT, RTR and RTS towards the peer, as a verbs program does: with
+/// the RC attributes for an RC QP, and for a UC QP only those `ibv_modify_qp` takes for UC
+/// (no READ/atomic resources, timeout, retries or RNR timer; remote access WRITE at most).
 pub fn bring_up(
     me: &Endpoint,
     peer_qpn: u32,
@@ -186,16 +188,27 @@ pub fn bring_up(
     o: &QpOptions,
 ) -> Result<(), String> {
     use QpAttrMask as M;
+    let uc = me.qp.qp_type() == QpType::Uc;
+    let access = if uc {
+        o.access & AccessFlags::REMOTE_WRITE
+    } else {
+        o.access - AccessFlags::LOCAL_WRITE
+    };
     let init = QpAttr {
         qp_state: QpState::Init,
         pkey_index: 0,
         port_num: 1,
-        qp_access_flags: o.access - AccessFlags::LOCAL_WRITE,
+        qp_access_flags: access,
         ..QpAttr::default()
     };
     me.qp
         .modify(&init, M::RC_TO_INIT)
         .map_err(|e| format!("to INIT: {e}"))?;
+    let (to_rtr, to_rts) = if uc {
+        (M::UC_TO_RTR, M::UC_TO_RTS)
+    } else {
+        (M::RC_TO_RTR, M::RC_TO_RTS)
+    };
     let rtr = QpAttr {
         qp_state: QpState::Rtr,
         path_mtu: mtu,
@@ -214,7 +227,7 @@ pub fn bring_up(
         ..QpAttr::default()
     };
     me.qp
-        .modify(&rtr, M::RC_TO_RTR)
+        .modify(&rtr, to_rtr)
         .map_err(|e| format!("to RTR: {e}"))?;
     let rts = QpAttr {
         qp_state: QpState::Rts,
@@ -226,7 +239,7 @@ pub fn bring_up(
         ..QpAttr::default()
     };
     me.qp
-        .modify(&rts, M::RC_TO_RTS)
+        .modify(&rts, to_rts)
         .map_err(|e| format!("to RTS: {e}"))?;
     Ok(())
 }

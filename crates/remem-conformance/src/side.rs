@@ -189,7 +189,16 @@ impl Side<'_> {
     /// call this): exchanges QP number, GID, PSN and MTU, brings the QP up to RTS, and
     /// returns once both QPs are in RTS.
     pub fn connect_rc(&mut self, o: &QpOptions) -> Result<Endpoint, String> {
-        let ep = endpoint(&self.ctx, o, QpType::Rc, None)?;
+        self.connect(o, QpType::Rc)
+    }
+
+    /// [`Side::connect_rc`] for a UC QP (brought up with the attributes UC takes).
+    pub fn connect_uc(&mut self, o: &QpOptions) -> Result<Endpoint, String> {
+        self.connect(o, QpType::Uc)
+    }
+
+    fn connect(&mut self, o: &QpOptions, qp_type: QpType) -> Result<Endpoint, String> {
+        let ep = endpoint(&self.ctx, o, qp_type, None)?;
         let (me, peer) = self.exchange_qp(&ep, o)?;
         me.connect(&ep, &peer, o)?;
         self.barrier("connected")?;

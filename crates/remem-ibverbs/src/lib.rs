@@ -619,8 +619,8 @@ impl ProtectionDomain for IbPd {
     fn create_qp(&self, init: &QpInitAttr) -> Result<Arc<dyn QueuePair>> {
         let qp_type = match init.qp_type {
             QpType::Rc => 2,
+            QpType::Uc => 3,
             QpType::Ud => 4,
-            QpType::Uc => return Err(Error::Unsupported("UC queue pairs")),
         };
         let send_cq = own_cq(&init.send_cq)?;
         let recv_cq = own_cq(&init.recv_cq)?;
@@ -979,14 +979,16 @@ fn send_opcode(op: &SendOp) -> Result<u32> {
 impl IbQp {
     fn build_send(&self, wr: &SendWr<'_>) -> Result<sys::ibv_send_wr> {
         let opcode = send_opcode(&wr.op)?;
-        match self.qp_type {
-            QpType::Ud if !wr.op.valid_on_ud() => {
-                return Err(Error::InvalidOpcode {
-                    op: wr.op.name(),
-                    qp_type: self.qp_type,
-                });
-            }
-            _ => {}
+        let valid = match self.qp_type {
+            QpType::Rc => true,
+            QpType::Uc => wr.op.valid_on_uc(),
+            QpType::Ud => wr.op.valid_on_ud(),
+        };
+        if !valid {
+            return Err(Error::InvalidOpcode {
+                op: wr.op.name(),
+                qp_type: self.qp_type,
+            });
         }
         if wr.sg_list.len() > self.cap.max_send_sge as usize {
             return Err(Error::TooManySge {

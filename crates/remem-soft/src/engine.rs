@@ -47,9 +47,9 @@ pub enum DropCause {
     /// No QP with that number.
     UnknownQp,
     /// The opcode is of another transport service than the QP's (a UD SEND at an RC QP,
-    /// an RC opcode at a UD QP, any UC opcode: rxe's `check_type_state`).
+    /// an RC opcode at a UD or UC QP, a UC opcode at an RC QP: rxe's `check_type_state`).
     WrongTransport,
-    /// An RC packet whose source address is not the QP's destination GID (rxe's
+    /// An RC or UC packet whose source address is not the QP's destination GID (rxe's
     /// `check_addr`).
     WrongSource,
     /// A P_Key other than the default partition's (0xFFFF, or 0x7FFF for a limited
@@ -60,8 +60,12 @@ pub enum DropCause {
     QpState,
     /// A UD datagram whose Q_Key is not the destination QP's.
     BadQkey,
-    /// A UD datagram for a QP with no receive posted (UD has no RNR: it is lost).
+    /// A UD datagram, or a packet of a UC SEND (or WRITE with immediate), for a QP with
+    /// no receive posted (UD and UC have no RNR: the message is lost).
     NoReceive,
+    /// A packet of a UC message the responder refused silently (UC has no NAK): a WRITE
+    /// its rkey or the QP's access flags do not allow, a SEND longer than its receive.
+    Refused,
 }
 
 /// Packet counters of the engine.
@@ -87,8 +91,12 @@ pub struct EngineStats {
     pub drop_qp_state: AtomicU64,
     /// Dropped: a UD datagram with another Q_Key than the QP's.
     pub drop_bad_qkey: AtomicU64,
-    /// Dropped: a UD datagram for a QP with no receive posted.
+    /// Dropped: a UD datagram, or a packet of a UC SEND or WRITE with immediate, for a QP
+    /// with no receive posted.
     pub drop_ud_no_recv: AtomicU64,
+    /// Dropped: a packet of a UC message the responder refused (an rkey or access
+    /// violation, a SEND longer than its receive).
+    pub drop_uc_refused: AtomicU64,
     /// IPv4 packets whose ICRC checked out with an IP identification recovered from the
     /// ICRC itself (the sender's identification was neither 0 nor its GSO index).
     pub icrc_id_recovered: AtomicU64,
@@ -317,8 +325,9 @@ impl Engine {
         // The opcode's transport service (its top three bits) must be the QP's.
         let service = match pkt.headers.bth.opcode.value() >> 5 {
             0 => Some(QpType::Rc),
+            1 => Some(QpType::Uc),
             3 => Some(QpType::Ud),
-            _ => None, // UC (not supported), and nothing else parses
+            _ => None, // nothing else parses
         };
         if service != Some(remem_verbs::QueuePair::qp_type(&*qp)) {
             count(&self.stats.drop_wrong_transport);
@@ -338,6 +347,7 @@ impl Engine {
                 DropCause::QpState => &self.stats.drop_qp_state,
                 DropCause::BadQkey => &self.stats.drop_bad_qkey,
                 DropCause::NoReceive => &self.stats.drop_ud_no_recv,
+                DropCause::Refused => &self.stats.drop_uc_refused,
                 _ => &self.stats.drop_malformed,
             });
             return Err(cause);

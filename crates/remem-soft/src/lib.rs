@@ -10,7 +10,7 @@
 //! Besides the interface devices, `soft@<ip>[:<port>]` opens a device bound to any local
 //! address, so that several devices can live on one host (127.0.0.1, 127.0.0.2, …).
 //!
-//! Inside: [`transport`] is the RC/UD transport as a sans-IO state machine, [`engine`] moves
+//! Inside: [`transport`] is the RC/UC/UD transport as a sans-IO state machine, [`engine`] moves
 //! packets between it and a UDP socket, [`objects`] holds the verbs objects, [`qp`] the
 //! queue pair.
 

@@ -1,9 +1,9 @@
-//! The soft provider's queue pair: verbs validation around the RC transport.
+//! The soft provider's queue pair: verbs validation around the RC, UC and UD transports.
 
 use crate::engine::DropCause;
 use crate::transport::{
-    AccessError, Env, Grant, RcConfig, RcTransport, RemoteKeyError, Stat, UdDrop, UdSource,
-    UdTransport,
+    AccessError, Env, Grant, RcConfig, RcTransport, RemoteKeyError, Stat, UcDrop, UcTransport,
+    UdDrop, UdSource, UdTransport,
 };
 use crate::wqe::{PdId, RecvWqe, SendData, SendWqe};
 use remem_verbs::{
@@ -342,11 +342,13 @@ pub fn post_each<T>(
     Ok(())
 }
 
-/// The transport of a QP: reliable connected or unreliable datagram.
+/// The transport of a QP: reliable connected, unreliable connected or unreliable datagram.
 #[derive(Debug)]
 pub enum Transport {
     /// RC (boxed: it is much larger than UD's state).
     Rc(Box<RcTransport>),
+    /// UC (boxed: larger than UD's state).
+    Uc(Box<UcTransport>),
     /// UD.
     Ud(UdTransport),
 }
@@ -359,6 +361,7 @@ impl Transport {
     pub fn state(&self) -> QpState {
         match self {
             Transport::Rc(t) => t.state(),
+            Transport::Uc(t) => t.state(),
             Transport::Ud(t) => t.state(),
         }
     }
@@ -366,6 +369,7 @@ impl Transport {
     fn set_state(&mut self, cfg: RcConfig, attr: &QpAttr, next: QpState, env: &mut dyn Env) {
         match self {
             Transport::Rc(t) => t.set_state(cfg, next, env),
+            Transport::Uc(t) => t.set_state(cfg, next, env),
             Transport::Ud(t) => t.set_state(next, attr.qkey, attr.sq_psn, env),
         }
     }
@@ -373,6 +377,7 @@ impl Transport {
     fn post_send(&mut self, wqe: SendWqe, env: &mut dyn Env) {
         match self {
             Transport::Rc(t) => t.post_send(wqe, env),
+            Transport::Uc(t) => t.post_send(wqe, env),
             Transport::Ud(t) => t.post_send(wqe, env),
         }
     }
@@ -380,13 +385,14 @@ impl Transport {
     fn send_queue_len(&self) -> usize {
         match self {
             Transport::Rc(t) => t.send_queue_len(),
+            Transport::Uc(t) => t.send_queue_len(),
             Transport::Ud(t) => t.send_queue_len(),
         }
     }
 
     /// Hands a packet to the transport if the QP's state takes it (rxe's
     /// `check_type_state`): RC requests in RTR, RTS and SQD, RC responses in RTS and SQD,
-    /// UD datagrams in RTR, RTS and SQD; the rest is dropped with its cause.
+    /// UC and UD requests in RTR, RTS and SQD; the rest is dropped with its cause.
     fn handle_packet(
         &mut self,
         now: std::time::Instant,
@@ -407,6 +413,12 @@ impl Transport {
                 t.handle_packet(now, pkt, env);
                 Ok(())
             }
+            Transport::Uc(t) => t.handle_packet(pkt, env).map_err(|e| match e {
+                UcDrop::State => DropCause::QpState,
+                UcDrop::Malformed => DropCause::Malformed,
+                UcDrop::NoReceive => DropCause::NoReceive,
+                UcDrop::Refused => DropCause::Refused,
+            }),
             Transport::Ud(t) => t.handle_packet(pkt, src, env).map_err(|e| match e {
                 UdDrop::State => DropCause::QpState,
                 UdDrop::Malformed => DropCause::Malformed,
@@ -425,7 +437,7 @@ impl Transport {
     fn next_timeout(&self) -> Option<std::time::Instant> {
         match self {
             Transport::Rc(t) => t.next_timeout(),
-            Transport::Ud(_) => None,
+            Transport::Uc(_) | Transport::Ud(_) => None,
         }
     }
 }
@@ -564,7 +576,7 @@ impl std::fmt::Debug for SoftQp {
 pub struct SoftQpParts {
     /// QP number (allocated by the device).
     pub qpn: u32,
-    /// Transport service (RC for now).
+    /// Transport service.
     pub qp_type: QpType,
     /// Requested queue sizes.
     pub cap: QpCap,
@@ -589,11 +601,6 @@ pub struct SoftQpParts {
 impl SoftQp {
     /// Creates a QP in RESET, checking the requested caps against the device.
     pub fn new(parts: SoftQpParts) -> Result<Self> {
-        if parts.qp_type == QpType::Uc {
-            return Err(Error::Unsupported(
-                "soft provider: UC queue pairs (RC and UD are supported)",
-            ));
-        }
         let cap = grant_cap(parts.cap, &parts.limits)?;
         let attr = QpAttr {
             cap,
@@ -601,7 +608,12 @@ impl SoftQp {
         };
         let t = match parts.qp_type {
             QpType::Ud => Transport::Ud(UdTransport::new(parts.qpn, parts.limits.active_mtu)),
-            _ => Transport::Rc(Box::new(RcTransport::new(rc_config(
+            QpType::Uc => Transport::Uc(Box::new(UcTransport::new(rc_config(
+                parts.qpn,
+                &attr,
+                parts.window,
+            )))),
+            QpType::Rc => Transport::Rc(Box::new(RcTransport::new(rc_config(
                 parts.qpn,
                 &attr,
                 parts.window,
@@ -680,7 +692,7 @@ impl SoftQp {
 
     /// Handles a packet addressed to this QP, received from `src`. What the QP's state does
     /// not take is dropped first ([`DropCause::QpState`]: anything in RESET, INIT or ERR,
-    /// an RC response before RTS). An RC QP connected to a peer (RTR, RTS, SQD) takes
+    /// an RC response before RTS). An RC or UC QP connected to a peer (RTR, RTS, SQD) takes
     /// packets only from its destination GID's address, as rxe's `check_addr` does (an
     /// IPv4 source matches the IPv4-mapped GID of its address): one from any other source
     /// is dropped ([`DropCause::WrongSource`]) before it reaches the transport, so a third
@@ -694,8 +706,8 @@ impl SoftQp {
         src: &UdSource,
     ) -> std::result::Result<(), DropCause> {
         self.with_env(|t, env| {
-            if let Transport::Rc(rc) = t
-                && matches!(rc.state(), QpState::Rtr | QpState::Rts | QpState::Sqd)
+            if matches!(t, Transport::Rc(_) | Transport::Uc(_))
+                && matches!(t.state(), QpState::Rtr | QpState::Rts | QpState::Sqd)
                 && remem_verbs::Gid::from(src.src.to_canonical()) != env.around_dgid
             {
                 return Err(DropCause::WrongSource);
@@ -712,6 +724,7 @@ impl SoftQp {
         let mut g = self.lock();
         match &mut g.t {
             Transport::Rc(t) => t.release(),
+            Transport::Uc(t) => t.release(),
             Transport::Ud(t) => t.release(),
         }
         g.rq.clear();
@@ -738,6 +751,10 @@ impl SoftQp {
             Transport::Rc(rc) => {
                 let dgid = env.around_dgid;
                 rc.poll_transmit(now, env, |tx, fill| emit(tx, dgid, fill))
+            }
+            Transport::Uc(uc) => {
+                let dgid = env.around_dgid;
+                uc.poll_transmit(env, |tx, fill| emit(tx, dgid, fill))
             }
             Transport::Ud(ud) => {
                 ud.poll_transmit(env, |tx, target, fill| emit(tx, target.av.dgid, fill))

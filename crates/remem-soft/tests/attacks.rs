@@ -36,7 +36,7 @@ const RW: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_ATOMIC)
     .union(AccessFlags::FLUSH_GLOBAL);
 /// Every drop counter a packet can end in, and `rcvd_pkts` for those a QP took.
-const FATES: [&str; 10] = [
+const FATES: [&str; 11] = [
     "rcvd_pkts",
     "drop_malformed",
     "drop_bad_icrc",
@@ -47,6 +47,7 @@ const FATES: [&str; 10] = [
     "drop_qp_state",
     "drop_bad_qkey",
     "drop_ud_no_recv",
+    "drop_uc_refused",
 ];
 
 /// A victim device driven by the test, and the raw peer's socket on the same UDP port.
@@ -1538,4 +1539,136 @@ fn a_peer_overrunning_a_cq_and_draining_an_srq_raises_one_event_each() {
         .collect();
     assert_eq!(srq_events.len(), 1, "{srq_events:?}");
     assert_eq!(cq.poll(&mut wc).unwrap(), 8);
+}
+
+// ------------------------------------------------------------------ UC
+
+/// A UC QP connected to the raw peer at `peer_ip` (expecting `EPSN`), and a 4 KiB region
+/// filled with 0x3c.
+fn uc_victim(lab: &Lab, peer_ip: Ipv4Addr) -> Victim {
+    let o = options();
+    let ep = endpoint(&lab.ctx, &o, QpType::Uc, None).unwrap();
+    bring_up(&ep, PEER_QPN, Gid::from(peer_ip), SPSN, EPSN, o.mtu, &o).unwrap();
+    let buf = Arc::new(MemoryBuffer::zeroed(4096).unwrap());
+    buf.fill(0, 4096, 0x3c).unwrap();
+    let mr = ep.pd.reg_mr(MemRegion::whole(buf.clone()), RW).unwrap();
+    Victim { ep, buf, mr }
+}
+
+/// A UC request: no AckReq (a UC requester asks for none; the responder would ignore it).
+fn uc(v: &Victim, op: Opcode, psn: u32) -> Headers {
+    let mut h = v.request(op, psn);
+    h.bth.ack_req = false;
+    h
+}
+
+#[test]
+fn uc_packets_are_taken_silently_and_every_drop_is_counted() {
+    let lab = Lab::new();
+    let v = uc_victim(&lab, PEER_IP);
+    assert_eq!(v.ep.qp.state(), QpState::Rts);
+    let count = |names: &[&str]| -> Vec<u64> { names.iter().map(|n| lab.counter(n)).collect() };
+    let names = [
+        "rcvd_pkts",
+        "out_of_seq_request",
+        "drop_ud_no_recv",
+        "drop_uc_refused",
+        "drop_malformed",
+        "drop_wrong_transport",
+        "sent_pkts",
+    ];
+    let before = count(&names);
+    let mtu = 1024usize;
+    // A three-packet SEND into a posted receive: completed, nothing sent back.
+    v.post_recv(1, v.sge(0, 4096));
+    let data: Vec<u8> = (0..2 * mtu + 100).map(|i| i as u8).collect();
+    let ops = [
+        Opcode::UcSendFirst,
+        Opcode::UcSendMiddle,
+        Opcode::UcSendLast,
+    ];
+    for (i, op) in ops.into_iter().enumerate() {
+        let end = ((i + 1) * mtu).min(data.len());
+        assert!(
+            lab.attack(&uc(&v, op, EPSN + i as u32), &data[i * mtu..end])
+                .is_empty()
+        );
+    }
+    let wcs = v.completions();
+    assert_eq!(wcs.len(), 1, "{wcs:?}");
+    assert_eq!((wcs[0].wr_id, wcs[0].byte_len), (1, data.len() as u32));
+    assert_eq!(v.buf.to_vec(0, data.len()).unwrap(), data);
+    // A WRITE ONLY lands, unanswered.
+    let mut w = uc(&v, Opcode::UcWriteOnly, EPSN + 3);
+    w.reth = reth(v.mr.addr() + 3000, v.mr.rkey(), 8);
+    assert!(lab.attack(&w, &[0x11; 8]).is_empty());
+    assert_eq!(v.buf.to_vec(3000, 8).unwrap(), [0x11; 8]);
+    // A MIDDLE with no message begun: taken and dropped (out of sequence).
+    assert!(
+        lab.attack(&uc(&v, Opcode::UcSendMiddle, EPSN + 4), &data[..mtu])
+            .is_empty()
+    );
+    // A SEND ONLY with no receive: dropped (UC has no RNR NAK).
+    assert!(
+        lab.attack(&uc(&v, Opcode::UcSendOnly, EPSN + 5), &[1; 8])
+            .is_empty()
+    );
+    // A WRITE through a forged rkey, and a WRITE FIRST beyond the region: refused
+    // silently, the rest of the message too.
+    let mut forged = uc(&v, Opcode::UcWriteOnly, EPSN + 6);
+    forged.reth = reth(v.mr.addr(), v.mr.rkey() ^ 0x0101_0100, 8);
+    assert!(lab.attack(&forged, &[0x22; 8]).is_empty());
+    let mut beyond = uc(&v, Opcode::UcWriteFirst, EPSN + 7);
+    beyond.reth = reth(v.mr.addr() + 3072, v.mr.rkey(), 2 * mtu as u32);
+    assert!(lab.attack(&beyond, &[0x22; 1024]).is_empty());
+    let last = uc(&v, Opcode::UcWriteLast, EPSN + 8);
+    assert!(lab.attack(&last, &[0x22; 1024]).is_empty());
+    // A FIRST shorter than the MTU: malformed.
+    assert!(
+        lab.attack(&uc(&v, Opcode::UcSendFirst, EPSN + 9), &[1; 8])
+            .is_empty()
+    );
+    // RC opcodes at a UC QP: not run.
+    assert!(lab.attack(&v.write(EPSN + 10, 8), &[0x22; 8]).is_empty());
+    // Nothing changed, nothing was sent, the QP goes on.
+    assert!(filled(&v.buf, 3008, 4096 - 3008, 0x3c));
+    assert!(v.completions().is_empty());
+    assert!(lab.events().is_empty());
+    assert_eq!(v.ep.qp.state(), QpState::Rts);
+    let after = count(&names);
+    let delta: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    // rcvd_pkts: the SEND's 3, the WRITE, the orphaned MIDDLE.
+    assert_eq!(delta, [5, 1, 1, 3, 1, 1, 0], "{names:?}");
+    // And a SEND with a receive still works.
+    v.post_recv(2, v.sge(0, 64));
+    let mut h = uc(&v, Opcode::UcSendOnlyImm, EPSN + 11);
+    h.imm = Some(0x0abc);
+    assert!(lab.attack(&h, &[7; 16]).is_empty());
+    let wcs = v.completions();
+    assert_eq!(
+        (wcs.len(), wcs[0].wr_id, wcs[0].imm()),
+        (1, 2, Some(0x0abc))
+    );
+}
+
+#[test]
+fn uc_opcodes_at_an_rc_qp_and_uc_packets_from_another_address_are_dropped() {
+    let lab = Lab::new();
+    // A UC QP whose peer is another address than the raw peer's: its packets are not the
+    // peer's (rxe's check_addr covers UC as RC).
+    let v = uc_victim(&lab, Ipv4Addr::new(127, 0, 23, 3));
+    let before = lab.counter("drop_wrong_source");
+    let mut w = uc(&v, Opcode::UcWriteOnly, EPSN);
+    w.reth = reth(v.mr.addr(), v.mr.rkey(), 8);
+    assert!(lab.attack(&w, &[0x11; 8]).is_empty());
+    assert_eq!(lab.counter("drop_wrong_source"), before + 1);
+    assert!(v.unchanged());
+    // A UC WRITE at an RC QP.
+    let r = lab.rc();
+    let before = lab.counter("drop_wrong_transport");
+    let mut w = r.request(Opcode::UcWriteOnly, EPSN);
+    w.reth = reth(r.mr.addr(), r.mr.rkey(), 8);
+    assert!(lab.attack(&w, &[0x11; 8]).is_empty());
+    assert_eq!(lab.counter("drop_wrong_transport"), before + 1);
+    assert!(r.unchanged());
 }

@@ -54,6 +54,8 @@ cases!(
     local_post_errors,
     flush_and_atomic_write,
     ud_send_recv_with_grh_and_qkey,
+    uc_send_and_write,
+    uc_lost_messages_vanish,
 );
 
 /// Runs `side` as a case on both sides and returns its error, which must come at once (a

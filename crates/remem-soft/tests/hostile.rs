@@ -780,11 +780,11 @@ fn opcodes_of_another_transport_are_dropped_and_counted() {
     let before = counters(&w);
     send(&w, &h, &[0xee; 64], false);
     assert!(silence(&w), "a UD SEND answered by an RC QP");
-    // A UC WRITE (UC is not supported: nothing takes it).
+    // A UC WRITE at the RC QP: not run as an RC WRITE.
     let mut h = request(&v, Opcode::UcWriteOnly, v.epsn);
     h.reth = reth(v.mr.addr(), v.mr.rkey(), 64);
     send(&w, &h, &[0xee; 64], false);
-    assert!(silence(&w), "a UC WRITE answered");
+    assert!(silence(&w), "a UC WRITE answered by an RC QP");
     let after = counters(&w);
     assert_eq!(
         after["drop_wrong_transport"],

@@ -123,6 +123,19 @@ impl QpAttrMask {
         .union(Self::RNR_RETRY)
         .union(Self::SQ_PSN)
         .union(Self::MAX_QP_RD_ATOMIC);
+    /// What `ibv_modify_qp` needs to move a UC QP from RESET to INIT (STATE included): as
+    /// RC.
+    pub const UC_TO_INIT: Self = Self::RC_TO_INIT;
+    /// What `ibv_modify_qp` needs to move a UC QP from INIT to RTR (STATE included): the
+    /// path and the peer, and no READ/atomic resources or RNR timer (UC has neither).
+    pub const UC_TO_RTR: Self = Self::STATE
+        .union(Self::AV)
+        .union(Self::PATH_MTU)
+        .union(Self::DEST_QPN)
+        .union(Self::RQ_PSN);
+    /// What `ibv_modify_qp` needs to move a UC QP from RTR to RTS (STATE included): the
+    /// first PSN only (UC has no timeout, retries or READs).
+    pub const UC_TO_RTS: Self = Self::STATE.union(Self::SQ_PSN);
 }
 
 /// The value of `rnr_retry` that means "retry for ever" (IBTA: 7 = infinite).
@@ -590,6 +603,57 @@ mod tests {
         assert_eq!(check_modify(t, Sqd, &to(Rts), M::STATE).unwrap(), Rts);
         assert_eq!(check_modify(t, Rts, &to(Err), M::STATE).unwrap(), Err);
         assert_eq!(check_modify(t, Err, &to(Reset), M::STATE).unwrap(), Reset);
+    }
+
+    #[test]
+    fn uc_bring_up_takes_no_rc_only_attribute() {
+        use QpState::*;
+        let t = QpType::Uc;
+        assert_eq!(
+            check_modify(t, Reset, &to(Init), M::UC_TO_INIT).unwrap(),
+            Init
+        );
+        assert_eq!(check_modify(t, Init, &to(Rtr), M::UC_TO_RTR).unwrap(), Rtr);
+        assert_eq!(check_modify(t, Rtr, &to(Rts), M::UC_TO_RTS).unwrap(), Rts);
+        // What only RC has (ibv_modify_qp(3)'s table; the kernel's ib_modify_qp_is_ok)
+        // is refused at every step, by name.
+        let rc_only = [
+            (Init, Rtr, M::UC_TO_RTR, M::MAX_DEST_RD_ATOMIC),
+            (Init, Rtr, M::UC_TO_RTR, M::MIN_RNR_TIMER),
+            (Rtr, Rts, M::UC_TO_RTS, M::TIMEOUT),
+            (Rtr, Rts, M::UC_TO_RTS, M::RETRY_CNT),
+            (Rtr, Rts, M::UC_TO_RTS, M::RNR_RETRY),
+            (Rtr, Rts, M::UC_TO_RTS, M::MAX_QP_RD_ATOMIC),
+            (Rtr, Rts, M::UC_TO_RTS, M::MIN_RNR_TIMER),
+            (Rts, Rts, M::STATE, M::MIN_RNR_TIMER),
+            (Sqd, Sqd, M::STATE, M::TIMEOUT),
+            (Sqd, Sqd, M::STATE, M::MAX_DEST_RD_ATOMIC),
+            (Reset, Init, M::UC_TO_INIT, M::QKEY),
+        ];
+        for (from, next, mask, extra) in rc_only {
+            match check_modify(t, from, &to(next), mask | extra) {
+                std::result::Result::Err(Error::UnexpectedAttributes { extra: got, .. }) => {
+                    assert_eq!(got, extra)
+                }
+                other => panic!("{from:?} -> {next:?} with {extra:?}: {other:?}"),
+            }
+        }
+        // Nor does UC require them: the RC masks are too much, the UC ones enough.
+        assert!(check_modify(t, Init, &to(Rtr), M::RC_TO_RTR).is_err());
+        assert!(check_modify(t, Rtr, &to(Rts), M::RC_TO_RTS).is_err());
+        // What UC may change later: access flags, the path in SQD, SQE -> RTS.
+        let opt = M::STATE | M::ACCESS_FLAGS;
+        assert_eq!(check_modify(t, Rts, &to(Rts), opt).unwrap(), Rts);
+        assert_eq!(
+            check_modify(t, Rtr, &to(Rts), M::UC_TO_RTS | opt).unwrap(),
+            Rts
+        );
+        assert_eq!(
+            check_modify(t, Sqd, &to(Sqd), M::STATE | M::AV).unwrap(),
+            Sqd
+        );
+        assert_eq!(check_modify(t, Sqe, &to(Rts), opt).unwrap(), Rts);
+        assert!(check_modify(QpType::Rc, Sqe, &to(Rts), M::STATE).is_err());
     }
 
     #[test]

@@ -165,7 +165,8 @@ pub enum Conn {
     /// Reliable connected (the default).
     #[value(name = "RC")]
     Rc,
-    /// Unreliable connected: not supported yet, refused at once.
+    /// Unreliable connected: WRITE and SEND tests (no READ or atomics); nothing is
+    /// acknowledged or retransmitted, so a message lost on the way is not waited for.
     #[value(name = "UC")]
     Uc,
     /// Unreliable datagram: SEND tests only, messages of at most the path MTU.
@@ -215,8 +216,8 @@ pub struct PerfArgs {
     /// result is the sum of both directions, as perftest's.
     #[arg(short = 'b', long = "bidirectional")]
     pub bidir: bool,
-    /// Queue pair type: RC, or UD (send_bw and send_lat; messages of at most the path
-    /// MTU). UC is not supported yet.
+    /// Queue pair type: RC, UC (write and send tests) or UD (send_bw and send_lat;
+    /// messages of at most the path MTU).
     #[arg(
         short = 'c',
         long = "connection",
@@ -293,7 +294,7 @@ pub(crate) struct Settings {
     pub sizes: Vec<u64>,
     /// Both sides run the bandwidth test at once.
     pub bidir: bool,
-    /// The queue pair type (RC or UD).
+    /// The queue pair type (RC, UC or UD).
     pub conn: Conn,
 }
 
@@ -367,19 +368,13 @@ impl Settings {
         match self.conn {
             Conn::Rc => {}
             Conn::Uc if test.is_read_or_atomic() => {
-                // perftest: "UC connection not possible in READ/ATOMIC verbs"
+                // perftest's own words.
                 return Err(format!(
-                    "-c UC: UC queue pairs have no READ or atomic operations ({})",
+                    "UC connection not possible in READ/ATOMIC verbs (-c UC with {})",
                     test.name()
                 ));
             }
-            Conn::Uc => {
-                return Err(
-                    "-c UC: UC queue pairs are not supported yet; remem perf runs RC, and UD \
-                     for send_bw and send_lat"
-                        .into(),
-                );
-            }
+            Conn::Uc => {}
             Conn::Ud if !test.is_send() => {
                 // perftest: "UD connection only possible in SEND verb"
                 return Err(format!(
@@ -390,7 +385,10 @@ impl Settings {
             Conn::Ud => {}
         }
         if self.api && self.conn != Conn::Rc {
-            return Err("--api runs RC connections: no -c UD".into());
+            return Err(format!(
+                "--api runs RC connections: no -c {}",
+                self.conn.name()
+            ));
         }
         if self.api && self.bidir {
             return Err("-b runs on the raw provider: not with --api".into());
@@ -1123,10 +1121,16 @@ mod tests {
             (&["write_bw", "-a", "-D", "2"], "-D"),
             (&["write_bw", "-c", "UD"], "-c UD"),
             (&["read_bw", "-c", "UD"], "-c UD"),
-            (&["send_bw", "-c", "UC"], "UC"),
-            (&["write_bw", "-c", "UC"], "UC"),
-            (&["read_bw", "-c", "UC"], "UC"),
+            (
+                &["read_bw", "-c", "UC"],
+                "UC connection not possible in READ/ATOMIC verbs",
+            ),
+            (
+                &["atomic_lat", "-c", "UC"],
+                "UC connection not possible in READ/ATOMIC verbs",
+            ),
             (&["send_bw", "-c", "UD", "--api"], "--api"),
+            (&["write_bw", "-c", "UC", "--api"], "-c UC"),
             (&["write_bw", "-b", "--api"], "--api"),
         ] {
             let err = parse(args).expect_err(&format!("{args:?} was accepted"));
@@ -1141,6 +1145,17 @@ mod tests {
         assert_eq!((s.conn, s.bidir, s.qps), (Conn::Ud, true, 2));
         let s = parse(&["send_lat", "-c", "ud"]).unwrap();
         assert_eq!((s.conn, s.bidir), (Conn::Ud, false));
+        for test in ["write_bw", "send_bw", "write_lat", "send_lat"] {
+            let s = parse(&[test, "-c", "UC"]).unwrap();
+            assert_eq!(s.conn, Conn::Uc, "{test}");
+        }
+        let s = parse(&["send_bw", "-c", "uc", "-b", "-q", "4"]).unwrap();
+        assert_eq!((s.conn, s.bidir, s.qps), (Conn::Uc, true, 4));
+        // UC messages are not cut to the MTU (only UD's are).
+        let (fit, note) = parse(&["send_bw", "-c", "UC", "-s", "65536"])
+            .unwrap()
+            .fit_path_mtu(1024);
+        assert_eq!((fit.sizes, note), (vec![65536], None));
         let s = parse(&["atomic_bw", "-b"]).unwrap();
         assert!(s.bidir);
         assert_eq!(s.atomic, AtomicType::FetchAndAdd);

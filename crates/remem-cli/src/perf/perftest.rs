@@ -36,6 +36,11 @@
 //! UD receiver knows the sender is done when it moves on to the next exchange on the TCP
 //! connection; lost datagrams are reported, not waited for.
 //!
+//! UC (`-c UC`, WRITE and SEND tests; perftest refuses READ and atomics on UC): UC QPs
+//! brought up with the attributes UC takes (RTR: path, peer QPN and PSN; RTS: the PSN),
+//! messages of any size. As on UD, a SEND receiver does not wait for messages lost on the
+//! way (UC does not retransmit; it drops a message that finds no receive posted).
+//!
 //! The steps before the run are bounded by the control timeout (a perftest peer that
 //! says nothing, or one whose sequence of handshakes differs because it runs another
 //! test, is an error, not a hang); a peer running a READ or atomic tool against another
@@ -680,7 +685,7 @@ fn receive_from_peer(
 ) -> Result<(), PerfError> {
     let mut wcs = [WorkCompletion::default(); 64];
     let mut last = Instant::now();
-    let quiet = if side.is_ud() { UD_GRACE } else { timeout };
+    let quiet = if side.unreliable() { UD_GRACE } else { timeout };
     while *got < expected {
         if side.take_recvs(&mut wcs, got)? > 0 {
             last = Instant::now();
@@ -689,7 +694,7 @@ fn receive_from_peer(
             continue;
         }
         if last.elapsed() >= quiet && w.peer_moved_on()? {
-            if side.is_ud() {
+            if side.unreliable() {
                 return Ok(());
             }
             return Err(format!(
@@ -702,8 +707,8 @@ fn receive_from_peer(
     Ok(())
 }
 
-/// A SEND bandwidth server: receives (and reposts) `expected` messages (fewer on UD when
-/// some are lost); the time runs from the first to the last.
+/// A SEND bandwidth server: receives (and reposts) `expected` messages (fewer on UD or UC
+/// when some are lost); the time runs from the first to the last.
 fn receive_bw(
     side: &Side,
     size: u64,
@@ -720,8 +725,9 @@ fn receive_bw(
     })?;
     if got < expected {
         eprintln!(
-            "remem perf: {size} B: {got} of {expected} datagrams arrived (UD does not \
-             retransmit)"
+            "remem perf: {size} B: {got} of {expected} messages arrived ({} does not \
+             retransmit)",
+            side.conn_name()
         );
     }
     Ok(report::bw_row(size, &marks))

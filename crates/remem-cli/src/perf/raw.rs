@@ -1,6 +1,7 @@
 //! The benchmarks on the raw provider (`remem-verbs`), as perftest drives libibverbs.
 //!
-//! Each side has one CQ, one QP per `-q` (RC, or UD for SEND tests with `-c UD`), and one
+//! Each side has one CQ, one QP per `-q` (RC; UC for WRITE and SEND tests with `-c UC`;
+//! UD for SEND tests with `-c UD`), and one
 //! registered buffer with two areas per QP: a receive area (where the peer's WRITEs and
 //! SENDs land, and what its READs and atomics target) and a source area (what this side
 //! writes and sends). A UD receive area starts with the 40 bytes the GRH lands in. A soft
@@ -126,6 +127,11 @@ impl Side {
         let mtu = port.active_mtu;
         let pd = ctx.alloc_pd().map_err(err("alloc_pd"))?;
         let ud = s.conn == Conn::Ud;
+        let qp_type = match s.conn {
+            Conn::Rc => QpType::Rc,
+            Conn::Uc => QpType::Uc,
+            Conn::Ud => QpType::Ud,
+        };
         // A UD message is at most one MTU, after the GRH.
         let msg = if ud {
             s.max_size().min(u64::from(mtu.bytes())) as usize + GRH
@@ -158,7 +164,7 @@ impl Side {
         for _ in 0..qps_n {
             let qp = pd
                 .create_qp(&QpInitAttr {
-                    qp_type: if ud { QpType::Ud } else { QpType::Rc },
+                    qp_type,
                     send_cq: cq.clone(),
                     recv_cq: cq.clone(),
                     srq: None,
@@ -186,11 +192,17 @@ impl Side {
                         | QpAttrMask::QKEY,
                 )
             } else {
+                // A UC QP grants what UC has: remote WRITE.
+                let access = if qp_type == QpType::Uc {
+                    AccessFlags::REMOTE_WRITE
+                } else {
+                    AccessFlags::REMOTE
+                };
                 (
                     QpAttr {
                         qp_state: QpState::Init,
                         port_num: PORT,
-                        qp_access_flags: AccessFlags::REMOTE,
+                        qp_access_flags: access,
                         ..QpAttr::default()
                     },
                     QpAttrMask::RC_TO_INIT,
@@ -269,7 +281,8 @@ impl Side {
 
     /// Connects QP `q` to `remote[q]`, with up to `rd_atomic` RDMA READs and atomics
     /// outstanding towards the peer. RC QPs go to RTR (the peer's QPN and PSN) and RTS;
-    /// UD QPs to RTS with an address handle for the peer's QP.
+    /// UC QPs too, with only the attributes UC takes (no READ/atomic resources, timeout,
+    /// retries or RNR timer); UD QPs to RTS with an address handle for the peer's QP.
     pub(super) fn connect(&mut self, remote: &[Endpoint], rd_atomic: u8) -> Result<(), PerfError> {
         if remote.len() != self.qps.len() {
             return Err(format!(
@@ -323,8 +336,13 @@ impl Side {
                 ah_attr: av,
                 ..QpAttr::default()
             };
+            let (to_rtr, to_rts) = if self.conn == Conn::Uc {
+                (QpAttrMask::UC_TO_RTR, QpAttrMask::UC_TO_RTS)
+            } else {
+                (QpAttrMask::RC_TO_RTR, QpAttrMask::RC_TO_RTS)
+            };
             self.qps[q]
-                .modify(&attr, QpAttrMask::RC_TO_RTR)
+                .modify(&attr, to_rtr)
                 .map_err(err("modify_qp to RTR"))?;
             attr.qp_state = QpState::Rts;
             attr.sq_psn = self.psns[q];
@@ -333,7 +351,7 @@ impl Side {
             attr.rnr_retry = 7;
             attr.max_rd_atomic = rd_atomic;
             self.qps[q]
-                .modify(&attr, QpAttrMask::RC_TO_RTS)
+                .modify(&attr, to_rts)
                 .map_err(err("modify_qp to RTS"))?;
         }
         self.path_mtu = path_mtu;
@@ -341,9 +359,15 @@ impl Side {
         Ok(())
     }
 
-    /// Whether the QPs are UD.
-    pub(super) fn is_ud(&self) -> bool {
-        self.conn == Conn::Ud
+    /// The QP type's name (RC, UC, UD).
+    pub(super) fn conn_name(&self) -> &'static str {
+        self.conn.name()
+    }
+
+    /// Whether a message can be lost without an error (UD and UC: nothing is
+    /// acknowledged or retransmitted), so a receiver does not wait for every one.
+    pub(super) fn unreliable(&self) -> bool {
+        matches!(self.conn, Conn::Ud | Conn::Uc)
     }
 
     /// A send work request on QP `q` (with the peer's address on UD).
@@ -424,8 +448,8 @@ impl Side {
 
     /// Receives (and reposts) until `got` reaches `expected`. On RC every message the
     /// peer saw complete has arrived; a peer that claims more than come within `quiet`
-    /// is an error. On UD a lost datagram never comes: the wait ends `UD_GRACE` after the
-    /// last arrival.
+    /// is an error. On UD and UC a lost message never comes: the wait ends `UD_GRACE`
+    /// after the last arrival.
     pub(super) fn receive_rest(
         &self,
         got: &mut u64,
@@ -440,10 +464,10 @@ impl Side {
                 self.drive(Duration::ZERO)?;
                 continue;
             }
-            if self.is_ud() && last.elapsed() >= UD_GRACE {
+            if self.unreliable() && last.elapsed() >= UD_GRACE {
                 return Ok(());
             }
-            if !self.is_ud() && last.elapsed() >= quiet {
+            if !self.unreliable() && last.elapsed() >= quiet {
                 return Err(format!(
                     "the peer sent {expected} messages; {got} arrived and nothing more for \
                      {:.1} s",
@@ -842,9 +866,10 @@ fn run_sizes(
         let tally = Tally::decode(&p).ok_or("malformed RESULT")?;
         if s.test == Test::SendBw && tally.received < count {
             out.note(&format!(
-                "{size} B: {} of {count} messages arrived at the server (UD does not \
+                "{size} B: {} of {count} messages arrived at the server ({} does not \
                  retransmit)",
-                tally.received
+                tally.received,
+                s.conn.name()
             ));
         }
         let row = match (row, tally.row) {
@@ -853,9 +878,10 @@ fn run_sizes(
                     side.receive_rest(&mut got, tally.sent, ctrl.timeout())?;
                     if got < tally.sent {
                         out.note(&format!(
-                            "{size} B: {got} of the server's {} messages arrived here (UD \
+                            "{size} B: {got} of the server's {} messages arrived here ({} \
                              does not retransmit)",
-                            tally.sent
+                            tally.sent,
+                            s.conn.name()
                         ));
                     }
                 }

@@ -214,6 +214,7 @@ impl DeviceShared {
             counter("drop_qp_state", &e.drop_qp_state),
             counter("drop_bad_qkey", &e.drop_bad_qkey),
             counter("drop_ud_no_recv", &e.drop_ud_no_recv),
+            counter("drop_uc_refused", &e.drop_uc_refused),
             counter("icrc_id_recovered", &e.icrc_id_recovered),
             counter("tx_datagrams", &e.tx_datagrams),
             counter("rx_datagrams", &e.rx_datagrams),

@@ -44,27 +44,41 @@ pub fn opcode(kind: Kind, pos: Pos, ud: bool) -> Opcode {
     }
 }
 
-/// What the transport makes of a wire opcode (`None` for opcodes it does not handle:
-/// UC for now).
+/// The UC opcode of a transport packet: SEND and RDMA WRITE (with or without immediate)
+/// only, with the RC opcode's value in the UC range (IBTA numbers the twelve alike: RC
+/// 0x00–0x0b, UC 0x20–0x2b).
+pub fn uc_opcode(kind: Kind, pos: Pos) -> Option<Opcode> {
+    if !matches!(
+        kind,
+        Kind::Send | Kind::SendImm | Kind::Write | Kind::WriteImm
+    ) {
+        return None;
+    }
+    Opcode::from_u8(opcode(kind, pos, false).value() | 0x20)
+}
+
+/// What the transport makes of a wire opcode (every opcode `remem-wire` parses has a
+/// meaning today; `None` is kept for opcodes it may learn later). UC opcodes map to the kinds and positions of their RC twins (the engine has checked
+/// that the destination QP is of the opcode's service).
 pub fn kind_pos(op: Opcode) -> Option<(Kind, Pos)> {
     use Kind::*;
     use Opcode::*;
     use Pos::*;
     Some(match op {
-        RcSendFirst => (Send, First),
-        RcSendMiddle => (Send, Middle),
-        RcSendLast => (Send, Last),
-        RcSendOnly | UdSendOnly => (Send, Only),
-        RcSendLastImm => (SendImm, Last),
-        RcSendOnlyImm | UdSendOnlyImm => (SendImm, Only),
+        RcSendFirst | UcSendFirst => (Send, First),
+        RcSendMiddle | UcSendMiddle => (Send, Middle),
+        RcSendLast | UcSendLast => (Send, Last),
+        RcSendOnly | UdSendOnly | UcSendOnly => (Send, Only),
+        RcSendLastImm | UcSendLastImm => (SendImm, Last),
+        RcSendOnlyImm | UdSendOnlyImm | UcSendOnlyImm => (SendImm, Only),
         RcSendLastInv => (SendInv, Last),
         RcSendOnlyInv => (SendInv, Only),
-        RcWriteFirst => (Write, First),
-        RcWriteMiddle => (Write, Middle),
-        RcWriteLast => (Write, Last),
-        RcWriteOnly => (Write, Only),
-        RcWriteLastImm => (WriteImm, Last),
-        RcWriteOnlyImm => (WriteImm, Only),
+        RcWriteFirst | UcWriteFirst => (Write, First),
+        RcWriteMiddle | UcWriteMiddle => (Write, Middle),
+        RcWriteLast | UcWriteLast => (Write, Last),
+        RcWriteOnly | UcWriteOnly => (Write, Only),
+        RcWriteLastImm | UcWriteLastImm => (WriteImm, Last),
+        RcWriteOnlyImm | UcWriteOnlyImm => (WriteImm, Only),
         RcReadRequest => (ReadRequest, Only),
         RcReadResponseFirst => (ReadResponse, First),
         RcReadResponseMiddle => (ReadResponse, Middle),
@@ -76,13 +90,17 @@ pub fn kind_pos(op: Opcode) -> Option<(Kind, Pos)> {
         RcFetchAdd => (FetchAdd, Only),
         RcAtomicWrite => (AtomicWrite, Only),
         RcFlush => (Flush, Only),
-        _ => return None,
     })
 }
 
 /// The wire headers of a transport packet.
 pub fn headers(tx: &TxPacket) -> Headers {
-    let op = opcode(tx.kind, tx.pos, tx.deth.is_some());
+    let rc_or_ud = || opcode(tx.kind, tx.pos, tx.deth.is_some());
+    let op = if tx.uc {
+        uc_opcode(tx.kind, tx.pos).unwrap_or_else(rc_or_ud)
+    } else {
+        rc_or_ud()
+    };
     let layout = op.layout();
     let mut bth = Bth::new(op, tx.dest_qpn, Psn::new(tx.psn));
     bth.ack_req = tx.ack_req;
@@ -133,7 +151,7 @@ mod tests {
 
     #[test]
     fn every_transport_opcode_round_trips() {
-        for op in Opcode::ALL {
+        for op in Opcode::ALL.iter().filter(|o| o.value() >> 5 != 1) {
             if let Some((kind, pos)) = kind_pos(*op) {
                 let ud = matches!(op, Opcode::UdSendOnly | Opcode::UdSendOnlyImm);
                 assert_eq!(opcode(kind, pos, ud), *op, "{op}");
@@ -145,6 +163,47 @@ mod tests {
             .filter(|o| o.value() < 0x20 && kind_pos(**o).is_some())
             .count();
         assert_eq!(handled, 25);
+        // And the twelve UC opcodes, each the UC twin of its kind and position.
+        let uc: Vec<_> = Opcode::ALL
+            .iter()
+            .filter(|o| o.value() >> 5 == 1)
+            .copied()
+            .collect();
+        assert_eq!(uc.len(), 12);
+        for op in uc {
+            let (kind, pos) = kind_pos(op).unwrap_or_else(|| panic!("{op} not handled"));
+            assert_eq!(uc_opcode(kind, pos), Some(op), "{op}");
+            let mut tx = TxPacket::new(kind, pos, 1, 2);
+            tx.uc = true;
+            assert_eq!(headers(&tx).bth.opcode, op);
+        }
+        // Nothing else has a UC opcode.
+        assert_eq!(uc_opcode(Kind::ReadRequest, Pos::Only), None);
+        assert_eq!(uc_opcode(Kind::SendInv, Pos::Only), None);
+        assert_eq!(uc_opcode(Kind::Ack, Pos::Only), None);
+    }
+
+    #[test]
+    fn uc_headers_carry_no_ack_request_and_parse_back() {
+        let mut tx = TxPacket::new(Kind::WriteImm, Pos::Only, 7, 9);
+        tx.uc = true;
+        tx.imm = Some(0xabcd);
+        tx.reth = Some(remem_wire::Reth {
+            va: 0x1000,
+            rkey: 0x42,
+            dma_len: 4,
+        });
+        let h = headers(&tx);
+        assert_eq!(h.bth.opcode, Opcode::UcWriteOnlyImm);
+        assert_eq!(h.bth.opcode.value(), 0x2b);
+        assert!(!h.bth.ack_req);
+        let mut buf = [0u8; 128];
+        let n = h.build(&[1, 2, 3, 4], &mut buf).unwrap();
+        let p = Packet::parse(&buf[..n]).unwrap();
+        let r = rx(&p).unwrap();
+        assert_eq!((r.kind, r.pos), (Kind::WriteImm, Pos::Only));
+        assert_eq!((r.imm, r.reth), (tx.imm, tx.reth));
+        assert_eq!(r.payload, &[1, 2, 3, 4]);
     }
 
     #[test]

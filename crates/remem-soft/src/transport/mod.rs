@@ -6,7 +6,9 @@
 //! ([`RcTransport::poll_transmit`]) and reports the next deadline
 //! ([`RcTransport::next_timeout`]). Memory, receive queues and completion queues are reached
 //! through the [`Env`] trait, so the same code runs under the UDP driver and in the
-//! deterministic simulation of `tests`.
+//! deterministic simulation of `tests`. [`UcTransport`] (unreliable connected: the same
+//! packets, nothing acknowledged, a lost message dropped whole) and [`UdTransport`]
+//! (datagrams) have the same boundary.
 //!
 //! Packets are described by [`TxPacket`] / [`RxPacket`]: the opcode split into what the
 //! packet is ([`Kind`]) and where in its message it stands ([`Pos`]), plus the header fields
@@ -19,10 +21,12 @@ pub mod psn;
 mod rc;
 #[cfg(test)]
 mod sim;
+mod uc;
 mod ud;
 
 pub use grant::{AccessError, Grant, Held, KeyedRegion};
 pub use rc::{RcConfig, RcTransport};
+pub use uc::{UcDrop, UcTransport};
 pub use ud::{UdDrop, UdSource, UdTransport};
 
 use crate::wqe::RecvWqe;
@@ -140,6 +144,9 @@ pub struct TxPacket {
     pub ieth: Option<u32>,
     /// DETH (Q_Key, source QP), UD only.
     pub deth: Option<(u32, u32)>,
+    /// An unreliable connected packet: it goes out with the UC opcode of its kind and
+    /// position (BTH opcode prefix 0x20) instead of the RC one.
+    pub uc: bool,
     /// Payload length.
     pub payload_len: u32,
 }
@@ -162,6 +169,7 @@ impl TxPacket {
             imm: None,
             ieth: None,
             deth: None,
+            uc: false,
             payload_len: 0,
         }
     }
