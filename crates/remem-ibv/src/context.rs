@@ -8,7 +8,11 @@ use remem_verbs::{CqId, ProtectionDomain};
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+
+/// Every open context (to find an event's object in a sibling context on the same device:
+/// contexts opened on one device share its remem context and its event queue).
+static CONTEXTS: Mutex<Vec<Weak<CtxShared>>> = Mutex::new(Vec::new());
 
 /// An open device: what `ibv_open_device` returns a pointer into.
 ///
@@ -154,6 +158,16 @@ impl CtxShared {
         self.acked.notify_all();
     }
 
+    /// The other open contexts on the same remem device.
+    pub fn siblings(self: &Arc<Self>) -> Vec<Arc<CtxShared>> {
+        let mut all = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|w| w.strong_count() > 0);
+        all.iter()
+            .filter_map(Weak::upgrade)
+            .filter(|c| !Arc::ptr_eq(c, self) && Arc::ptr_eq(&c.dev, &self.dev))
+            .collect()
+    }
+
     fn wait_acked(&self, ptr: usize) {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         while pending.contains_key(&ptr) {
@@ -182,6 +196,11 @@ impl Ctx {
             pending: Mutex::new(HashMap::new()),
             acked: Condvar::new(),
         });
+        {
+            let mut all = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+            all.retain(|w| w.strong_count() > 0);
+            all.push(Arc::downgrade(&shared));
+        }
         let ctx = Box::new(Ctx {
             vctx: verbs_context_table(device, async_fd),
             shared,
@@ -432,4 +451,87 @@ impl Pd {
 pub unsafe fn pd_from<'a>(pd: *mut ibv_pd) -> Option<&'a Pd> {
     // SAFETY: by the contract, a non-NULL `pd` is the first field of a boxed `Pd`.
     unsafe { pd.cast::<Pd>().as_ref() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    pub(crate) fn soft_device() -> Arc<dyn remem_verbs::Context> {
+        Arc::new(
+            remem_soft::SoftContext::bind_with(
+                "127.0.0.1:0".parse().unwrap(),
+                &remem_soft::SoftOptions::default(),
+            )
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn context_pointer_round_trips() {
+        let ctx = Ctx::create(soft_device(), std::ptr::null_mut());
+        // SAFETY: a live context just made.
+        let c = unsafe { ctx_from(ctx) }.unwrap();
+        assert_eq!(c.shared().ibv_context(), ctx);
+        assert_eq!(c.vctx.sz, size_of::<verbs_context>());
+        // SAFETY: a live context; reading its fields.
+        assert_eq!(unsafe { (*ctx).abi_compat }, VERBS_ABI_IS_EXTENDED);
+        // SAFETY: made by Ctx::create, not used afterwards.
+        unsafe { Ctx::free(ctx) };
+        // SAFETY: NULL is allowed.
+        assert!(unsafe { ctx_from(std::ptr::null_mut()) }.is_none());
+    }
+
+    #[test]
+    fn unregistering_waits_for_the_acks() {
+        let ctx = Ctx::create(soft_device(), std::ptr::null_mut());
+        // SAFETY: a live context just made.
+        let shared = Arc::clone(unsafe { ctx_from(ctx) }.unwrap().shared());
+        let qp = 0x1000 as *mut ibv_qp;
+        shared.register_qp(7, qp);
+        assert_eq!(shared.qp_ptr(7), Some(qp));
+        shared.event_out(qp as usize);
+        shared.event_out(qp as usize);
+        let (tx, rx) = mpsc::channel();
+        let s2 = Arc::clone(&shared);
+        let t = std::thread::spawn(move || {
+            s2.unregister_qp(7);
+            tx.send(()).unwrap();
+        });
+        shared.event_acked(qp as usize);
+        // One event still out: the destroy must still be waiting (checked for a while).
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+        shared.event_acked(qp as usize);
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("unregister returns");
+        t.join().unwrap();
+        assert_eq!(shared.qp_ptr(7), None);
+        // Unregistering what is not registered returns at once.
+        shared.unregister_cq(CqId(5));
+        // SAFETY: made by Ctx::create, not used afterwards.
+        unsafe { Ctx::free(ctx) };
+    }
+
+    #[test]
+    fn pd_users_block_nothing_but_are_counted() {
+        let ctx = Ctx::create(soft_device(), std::ptr::null_mut());
+        // SAFETY: a live context just made.
+        let c = unsafe { ctx_from(ctx) }.unwrap();
+        let pd = Pd::create(c.shared(), c.shared().dev.alloc_pd().unwrap());
+        // SAFETY: a live PD just made.
+        let p = unsafe { pd_from(pd) }.unwrap();
+        assert_eq!(p.inner.ibv_pd(), pd);
+        assert_eq!(p.abi.context, ctx);
+        let hold = p.inner.hold();
+        assert_eq!(p.inner.users(), 1);
+        drop(hold);
+        assert_eq!(p.inner.users(), 0);
+        // SAFETY: made by Pd::create / Ctx::create, not used afterwards.
+        unsafe {
+            Pd::free(pd);
+            Ctx::free(ctx);
+        }
+    }
 }
