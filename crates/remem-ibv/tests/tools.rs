@@ -144,3 +144,35 @@ fn ibv_devinfo_one_port() {
     assert!(!out.status.success());
     assert!(out.status.code().is_some(), "killed by a signal: {out:?}");
 }
+
+#[test]
+fn interface_devices_are_listed_and_missing_interfaces_refused() {
+    let Some(ibv_devices) = tool("ibv_devices", "ibverbs-utils") else {
+        return;
+    };
+    let d = DropIn::new("devices-if");
+    let out = run(
+        d.command(&ibv_devices).env("REMEM_IBV_DEVICES", "loop=lo"),
+        LIMIT,
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let line = stdout.lines().find(|l| l.contains("loop")).unwrap();
+    // remem-soft's GUID of an interface device: 02 then a hash of its name and index.
+    assert!(
+        line.split_whitespace().nth(1).unwrap().starts_with("02"),
+        "{line}"
+    );
+
+    let out = run(
+        d.command(&ibv_devices)
+            .env("REMEM_IBV_DEVICES", "x=no-such-if0"),
+        LIMIT,
+    );
+    assert!(!out.status.success(), "{out:?}");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("REMEM_IBV_DEVICES") && stderr.contains("no-such-if0"),
+        "{stderr}"
+    );
+}

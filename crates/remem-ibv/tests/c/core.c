@@ -75,6 +75,31 @@ int main(void)
 	CHECK(ibv_query_port(ctx, 2, &port) == EINVAL, "port 2 does not exist");
 	CHECK(ibv_query_port(ctx, 0, &port) == EINVAL, "port 0 does not exist");
 
+	/* The exported ibv_query_port (programs built without the inline wrapper): the
+	 * compat layout, up to link_layer and one reserved byte, nothing past it. */
+	struct ibv_port_attr raw;
+	memset(&raw, 0xaa, sizeof(raw));
+	CHECK((ibv_query_port)(ctx, 1, (struct _compat_ibv_port_attr *)&raw) == 0,
+	      "exported query_port");
+	CHECK(raw.state == IBV_PORT_ACTIVE && raw.link_layer == IBV_LINK_LAYER_ETHERNET,
+	      "compat attributes");
+	CHECK(((unsigned char *)&raw)[offsetof(struct ibv_port_attr, flags) + 1] == 0xaa,
+	      "nothing written past the compat layout");
+
+	/* The extended query with an older, shorter ibv_device_attr_ex. */
+	struct verbs_context *vctx = verbs_get_ctx(ctx);
+	CHECK(vctx != NULL && vctx->sz >= sizeof(*vctx), "an extended context");
+	memset(&attr_ex, 0xaa, sizeof(attr_ex));
+	CHECK(vctx->query_device_ex(ctx, NULL, &attr_ex, sizeof(struct ibv_device_attr)) == 0,
+	      "query_device_ex, basic size");
+	CHECK(attr_ex.orig_attr.max_qp == attr.max_qp && attr_ex.comp_mask == 0xaaaaaaaa,
+	      "only the basic attributes written");
+	CHECK(vctx->query_device_ex(ctx, NULL, &attr_ex, 8) == EINVAL, "too small");
+	memset(&port, 0xaa, sizeof(port));
+	CHECK(vctx->query_port(ctx, 1, &port, offsetof(struct ibv_port_attr, lid)) == 0,
+	      "query_port, short struct");
+	CHECK(port.state == IBV_PORT_ACTIVE && port.lid == 0xaaaa, "prefix only");
+
 	union ibv_gid gid;
 	CHECK(ibv_query_gid(ctx, 1, 1, &gid) == 0, "query_gid");
 	CHECK(gid.raw[10] == 0xff && gid.raw[11] == 0xff && gid.raw[12] == 127,
