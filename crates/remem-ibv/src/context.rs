@@ -37,6 +37,10 @@ pub struct CtxShared {
     qps: Registry,
     cqs: Registry,
     srqs: Registry,
+    /// The GID table programs see on port 1: the remem device's RoCE v2 entries, in order
+    /// (their remem indices). Soft devices speak RoCE v2 only; remem's table also holds a
+    /// RoCE v1 entry per address (rxe's layout), which programs must not pick.
+    gid_map: Vec<u8>,
     /// Async events handed out and not yet acked, by object address.
     pending: Mutex<HashMap<usize, u32>>,
     acked: Condvar,
@@ -85,6 +89,38 @@ impl CtxShared {
     /// The `*mut ibv_device` the context was opened from.
     pub fn ibv_device(&self) -> *mut ibv_device {
         self.device as *mut ibv_device
+    }
+
+    /// The remem GID index of the program's GID index `index` (port 1): `None` past the
+    /// table. Every `sgid_index` a program passes (QP address vectors, AHs) goes through
+    /// this before remem sees it.
+    pub fn soft_gid_index(&self, index: u8) -> Option<u8> {
+        self.gid_map.get(usize::from(index)).copied()
+    }
+
+    /// The program's GID index of a remem GID index (port 1), for what remem reports
+    /// back (`ibv_query_qp`): `None` for an entry programs do not see.
+    pub fn program_gid_index(&self, soft_index: u8) -> Option<u8> {
+        self.gid_map
+            .iter()
+            .position(|&i| i == soft_index)
+            .map(|p| p as u8)
+    }
+
+    /// The GID table programs see on `port_num` (1): the RoCE v2 entries, re-indexed
+    /// from 0.
+    pub fn gid_table(&self, port_num: u8) -> remem_verbs::Result<Vec<remem_verbs::GidEntry>> {
+        let table = self.dev.gid_table(port_num)?;
+        Ok(self
+            .gid_map
+            .iter()
+            .enumerate()
+            .filter_map(|(p, &soft)| {
+                let mut e = table.iter().find(|e| e.index == u32::from(soft))?.clone();
+                e.index = p as u32;
+                Some(e)
+            })
+            .collect())
     }
 
     /// Registers a QP for async events (call when created).
@@ -186,8 +222,10 @@ impl Ctx {
     /// Freed by [`Ctx::free`].
     pub fn create(dev: Arc<dyn remem_verbs::Context>, device: *mut ibv_device) -> *mut ibv_context {
         let async_fd = dev.async_fd().as_raw_fd();
+        let gid_map = program_gids(&dev.gid_table(1).unwrap_or_default());
         let shared = Arc::new(CtxShared {
             dev,
+            gid_map,
             device: device as usize,
             ctx: AtomicUsize::new(0),
             qps: Registry::default(),
@@ -228,6 +266,17 @@ impl Ctx {
         // SAFETY: by the contract, `raw` is the Box made in `create`.
         drop(unsafe { Box::from_raw(raw) });
     }
+}
+
+/// The remem indices of the GID entries programs see: the RoCE v2 ones, in index order.
+pub fn program_gids(table: &[remem_verbs::GidEntry]) -> Vec<u8> {
+    let mut v2: Vec<u8> = table
+        .iter()
+        .filter(|e| e.gid_type == remem_verbs::GidType::RoceV2)
+        .filter_map(|e| u8::try_from(e.index).ok())
+        .collect();
+    v2.sort_unstable();
+    v2
 }
 
 /// The context behind a program's `*mut ibv_context`; `None` for NULL or a context this
@@ -482,6 +531,25 @@ mod tests {
         unsafe { Ctx::free(ctx) };
         // SAFETY: NULL is allowed.
         assert!(unsafe { ctx_from(std::ptr::null_mut()) }.is_none());
+    }
+
+    #[test]
+    fn programs_see_the_roce_v2_gids_from_index_0() {
+        let ctx = Ctx::create(soft_device(), std::ptr::null_mut());
+        // SAFETY: a live context just made.
+        let shared = unsafe { ctx_from(ctx) }.unwrap().shared();
+        // remem's table: v1 at 0, v2 at 1; programs see the v2 entry at 0.
+        let soft = shared.dev.gid_table(1).unwrap();
+        assert_eq!(soft[1].gid_type, remem_verbs::GidType::RoceV2);
+        assert_eq!(shared.soft_gid_index(0), Some(1));
+        assert_eq!(shared.soft_gid_index(1), None);
+        assert_eq!(shared.program_gid_index(1), Some(0));
+        assert_eq!(shared.program_gid_index(0), None);
+        let seen = shared.gid_table(1).unwrap();
+        assert_eq!(seen.len(), 1);
+        assert_eq!((seen[0].index, seen[0].gid), (0, soft[1].gid));
+        // SAFETY: made by Ctx::create, not used afterwards.
+        unsafe { Ctx::free(ctx) };
     }
 
     #[test]

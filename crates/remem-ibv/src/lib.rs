@@ -40,6 +40,13 @@
 //!   (`ibv_ack_async_event`) every event handed out for that object, as rdma-core's
 //!   destroy verbs do. The registries also map a CQ id to its `*mut ibv_cq`
 //!   (`CtxShared::cq_ptr`) for `ibv_get_cq_event`.
+//! - GID indices: programs see the device's RoCE v2 GIDs only, from index 0
+//!   ([`context::CtxShared::gid_table`]); remem's own table also has a RoCE v1 entry per
+//!   address (at index 0 for a soft device), which remem refuses as a source GID. Every
+//!   `sgid_index` a program passes (QP address vectors, `ibv_create_ah`,
+//!   `ibv_init_ah_from_wc`) must go through [`context::CtxShared::soft_gid_index`] before
+//!   remem sees it (NULL/EINVAL past the table), and every one remem reports back
+//!   (`ibv_query_qp`) through [`context::CtxShared::program_gid_index`].
 //! - Errors: [`ffi::set_errno`], [`ffi::null_with`] (NULL + errno),
 //!   [`ffi::errno_of`] (a `remem_verbs::Error`'s errno). Verbs that return an int return
 //!   the errno value itself (rdma-core: `ibv_modify_qp` returns EINVAL), those that return
