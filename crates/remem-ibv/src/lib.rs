@@ -119,6 +119,24 @@ macro_rules! trampoline_type {
         "@function"
     };
 }
+/// The ELF symbol type of variables defined in assembly.
+#[cfg(target_arch = "x86_64")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! object_type {
+    () => {
+        "@object"
+    };
+}
+/// The ELF symbol type of variables defined in assembly.
+#[cfg(target_arch = "aarch64")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! object_type {
+    () => {
+        "%object"
+    };
+}
 /// The ELF symbol type of the trampolines.
 #[cfg(target_arch = "aarch64")]
 #[doc(hidden)]
@@ -137,6 +155,7 @@ pub mod ffi;
 pub mod misc;
 pub mod mr;
 pub mod pd;
+pub mod private;
 pub mod query;
 pub mod symbols;
 
