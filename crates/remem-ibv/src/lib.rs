@@ -92,6 +92,12 @@ macro_rules! symver {
     };
 }
 
+#[cfg(not(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+)))]
+compile_error!("remem-ibv builds libibverbs.so.1 for Linux on x86_64 and aarch64 only");
+
 /// The tail-jump instruction of the symbol trampolines.
 #[cfg(target_arch = "x86_64")]
 #[doc(hidden)]
