@@ -1,0 +1,176 @@
+//! remem-ibv: a drop-in `libibverbs.so.1` backed by remem's userspace RoCEv2 NIC
+//! (remem-soft), so that unmodified verbs programs (rdma-core's tools, perftest, UCX, MPI,
+//! C/C++ applications, Rust crates over libibverbs) run without RDMA hardware and without
+//! a kernel module.
+//!
+//! The crate builds `libremem_ibv.so` with soname `libibverbs.so.1`; a directory holding
+//! a `libibverbs.so.1` symlink to it, put first on `LD_LIBRARY_PATH`, replaces rdma-core's
+//! library for a program (`remem run -- prog`).
+//!
+//! # Layers
+//!
+//! - [`abi`]: the `#[repr(C)]` structs, unions and constants of rdma-core 44's verbs.h,
+//!   checked against the installed header by a layout test.
+//! - the exported functions: each C symbol `ibv_x` is a Rust function
+//!   `remem_ibv_ibv_x`, reached from `ibv_x@@IBVERBS_1.n` through a one-jump trampoline
+//!   versioned by a `.symver` directive (`symver!`, next to the function);
+//!   `libibverbs.map` declares the version nodes.
+//!   [`symbols::exports`] lists them all.
+//! - the objects: every verbs object is a Rust struct whose FIRST field is the ABI struct
+//!   the program sees (`ibv_pd`, `ibv_qp`, ...), boxed; the pointer handed out is cast
+//!   back on each call. The Rust side holds the remem-verbs handles (`Arc<dyn ...>`).
+//! - the backend: remem-verbs' provider-neutral traits, opened through remem-soft; the
+//!   soft NIC's progress thread runs inside the program's process.
+//!
+//! # Conventions for the object modules (`channel`, `cq`, `cq_ex`, `qp`, `qp_ex`, `post`,
+//! `srq`, `ah`)
+//!
+//! - Context: [`context::ctx_from`] turns a `*mut ibv_context` into `&Ctx`;
+//!   [`context::Ctx::shared`] is the `Arc<CtxShared>` an object keeps (it holds the
+//!   `Arc<dyn remem_verbs::Context>` in [`context::CtxShared::dev`]). `CtxShared::ibv_context`
+//!   gives the `*mut ibv_context` to store in the object's ABI struct.
+//! - PD: [`context::pd_from`] turns a `*mut ibv_pd` into `&Pd`; `Pd::inner.pd` is the
+//!   `Arc<dyn ProtectionDomain>`, `Pd::inner.ctx` its context. An object made on a PD
+//!   keeps the [`context::PdUse`] from [`context::PdInner::hold`] for its whole life:
+//!   `ibv_dealloc_pd` fails with EBUSY while any exists (as rdma-core's kernel does).
+//! - Async events: register each QP / CQ / SRQ in its context when created
+//!   (`CtxShared::register_qp(qp_num, ptr)`, `register_cq(CqId, ptr)`,
+//!   `register_srq(srq_num, ptr)`) and unregister it in destroy BEFORE freeing it
+//!   (`unregister_*`): unregistering waits until the program has acked
+//!   (`ibv_ack_async_event`) every event handed out for that object, as rdma-core's
+//!   destroy verbs do. The registries also map a CQ id to its `*mut ibv_cq`
+//!   (`CtxShared::cq_ptr`) for `ibv_get_cq_event`.
+//! - GID indices: programs see the device's RoCE v2 GIDs only, from index 0
+//!   ([`context::CtxShared::gid_table`]); remem's own table also has a RoCE v1 entry per
+//!   address (at index 0 for a soft device), which remem refuses as a source GID. Every
+//!   `sgid_index` a program passes (QP address vectors, `ibv_create_ah`,
+//!   `ibv_init_ah_from_wc`) must go through [`context::CtxShared::soft_gid_index`] before
+//!   remem sees it (NULL/EINVAL past the table), and every one remem reports back
+//!   (`ibv_query_qp`) through [`context::CtxShared::program_gid_index`].
+//! - Errors: [`ffi::set_errno`], [`ffi::null_with`] (NULL + errno),
+//!   [`ffi::errno_of`] (a `remem_verbs::Error`'s errno). Verbs that return an int return
+//!   the errno value itself (rdma-core: `ibv_modify_qp` returns EINVAL), those that return
+//!   a pointer return NULL with errno set. Never panic across the C ABI: bodies run
+//!   inside [`ffi::guard`].
+//! - Unsafe: the crate denies `unsafe_code`; a module that dereferences program pointers
+//!   says `#![allow(unsafe_code)]` and puts a `// SAFETY:` note on every block.
+
+#![warn(missing_docs)]
+
+/// Exports Rust functions as versioned C symbols:
+/// `symver!("ibv_fork_init" @ "IBVERBS_1.1")` makes `ibv_fork_init@@IBVERBS_1.1` (the
+/// default version) a definition that jumps to the Rust function `remem_ibv_ibv_fork_init`.
+///
+/// A `.symver` directive must name a symbol defined in the same object file, and rustc
+/// may place a function and a `global_asm!` in different codegen units (even in the same
+/// module), so the directive cannot name the Rust function itself. Each symbol therefore
+/// gets a one-instruction trampoline written in the same `global_asm!`
+/// (`__remem_ibv_v_<name>: jmp remem_ibv_<name>`), which the directive versions; the jump
+/// leaves the arguments and the return address untouched, whatever the signature.
+macro_rules! symver {
+    () => {
+        /// The C symbols this module exports, with their versions (none).
+        #[allow(dead_code)]
+        pub(crate) const SYMBOLS: &[(&str, &str)] = &[];
+    };
+    ($($name:literal @ $ver:literal),+ $(,)?) => {
+        #[cfg(not(test))]
+        ::core::arch::global_asm!($(concat!(
+            ".pushsection .text\n",
+            ".globl __remem_ibv_v_", $name, "\n",
+            ".type __remem_ibv_v_", $name, ", ", crate::trampoline_type!(), "\n",
+            ".p2align 4\n",
+            "__remem_ibv_v_", $name, ":\n",
+            crate::trampoline_jump!(), " remem_ibv_", $name, "\n",
+            ".size __remem_ibv_v_", $name, ", . - __remem_ibv_v_", $name, "\n",
+            ".symver __remem_ibv_v_", $name, ", ", $name, "@@", $ver, "\n",
+            ".popsection",
+        )),*);
+        /// The C symbols this module exports, with their versions.
+        #[allow(dead_code)]
+        pub(crate) const SYMBOLS: &[(&str, &str)] = &[$(($name, $ver)),*];
+    };
+}
+
+#[cfg(not(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+)))]
+compile_error!("remem-ibv builds libibverbs.so.1 for Linux on x86_64 and aarch64 only");
+
+/// The tail-jump instruction of the symbol trampolines.
+#[cfg(target_arch = "x86_64")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! trampoline_jump {
+    () => {
+        "jmp"
+    };
+}
+/// The tail-jump instruction of the symbol trampolines.
+#[cfg(target_arch = "aarch64")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! trampoline_jump {
+    () => {
+        "b"
+    };
+}
+/// The ELF symbol type of the trampolines.
+#[cfg(target_arch = "x86_64")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! trampoline_type {
+    () => {
+        "@function"
+    };
+}
+/// The ELF symbol type of variables defined in assembly.
+#[cfg(target_arch = "x86_64")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! object_type {
+    () => {
+        "@object"
+    };
+}
+/// The ELF symbol type of variables defined in assembly.
+#[cfg(target_arch = "aarch64")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! object_type {
+    () => {
+        "%object"
+    };
+}
+/// The ELF symbol type of the trampolines.
+#[cfg(target_arch = "aarch64")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! trampoline_type {
+    () => {
+        "%function"
+    };
+}
+
+pub mod abi;
+pub mod context;
+pub mod device;
+pub mod event;
+pub mod ffi;
+pub mod misc;
+pub mod mr;
+pub mod pd;
+pub mod private;
+pub mod query;
+pub mod symbols;
+
+// The queue objects (helper B).
+pub mod ah;
+pub mod channel;
+pub mod cq;
+pub mod cq_ex;
+pub mod post;
+pub mod qp;
+pub mod qp_ex;
+pub mod srq;
