@@ -597,3 +597,7 @@ mod tests {
         assert_eq!(unsafe { send_op(&w) }, Err(libc::EINVAL));
     }
 }
+
+#[cfg(test)]
+#[path = "queues_tests.rs"]
+mod queues_tests;
