@@ -1,4 +1,5 @@
-//! `remem`: list RDMA devices and run perftest-compatible benchmarks (`remem perf`).
+//! `remem`: list RDMA devices, run perftest-compatible benchmarks (`remem perf`), and run
+//! unmodified programs on remem's drop-in libibverbs (`remem run`).
 
 #![forbid(unsafe_code)]
 
@@ -7,6 +8,7 @@ use remem::verbs::{DeviceInfo, GidType};
 use std::process::ExitCode;
 
 mod perf;
+mod run;
 
 /// Asynchronous RDMA for Rust: devices and benchmarks, on RDMA NICs or remem's userspace
 /// RoCEv2 stack.
@@ -32,6 +34,11 @@ enum Command {
     /// Benchmarks as perftest's ib_* tools: `remem perf write_bw` serves,
     /// `remem perf write_bw HOST` connects, `remem perf --loopback write_bw` runs both.
     Perf(perf::PerfArgs),
+    /// Run an unmodified libibverbs program on remem's soft NIC: `remem run -- ib_write_bw`.
+    ///
+    /// Puts a directory holding remem's drop-in libibverbs.so.1 first on LD_LIBRARY_PATH and
+    /// execs the program (its exit status and signals are its own).
+    Run(run::RunArgs),
 }
 
 fn gid_type_name(t: GidType) -> &'static str {
@@ -94,6 +101,7 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Run(args) => run::run(&args),
         Command::Perf(args) => match perf::run(&args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

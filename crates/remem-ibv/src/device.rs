@@ -1,10 +1,27 @@
 //! Devices: the `REMEM_IBV_DEVICES` configuration, the device list, open and close.
+//!
+//! - `REMEM_IBV_DEVICES` unset: one device, `rxe0`, a soft device on a loopback address
+//!   of this process's own (`127.a.b.c` chosen from the pid, never `127.0.0.1`; the next
+//!   one if that is taken), UDP port 4791. Two programs on one host each get their own
+//!   address and reach each other with no configuration.
+//! - set: comma-separated `name=spec`, where spec is `soft@IP[:PORT]` (a soft device
+//!   bound to that address, port 4791 when omitted) or an interface name (`lo`, `eth0`:
+//!   the soft device on that interface's primary address, remem's `soft-<if>`). Empty:
+//!   no devices. A bad value makes `ibv_get_device_list` fail with EINVAL and one line on
+//!   stderr naming the variable.
+//!
+//! The list is made once per process, at the first `ibv_get_device_list`; its entries live
+//! as long as the process (as rdma-core's do while any list or context refers to them).
 
 #![allow(unsafe_code)]
 
 use crate::abi::*;
-use crate::ffi::null_with;
+use crate::context::Ctx;
+use crate::ffi::{guard_int, guard_ptr, null_with, set_errno};
 use core::ffi::{c_char, c_int};
+use remem_soft::{SoftContext, SoftOptions};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 symver!(
     "ibv_get_device_list" @ "IBVERBS_1.1",
@@ -17,7 +34,314 @@ symver!(
     "ibv_import_device" @ "IBVERBS_1.10",
 );
 
-/// `ibv_get_device_list`.
+/// The environment variable that configures the devices.
+pub const DEVICES_ENV: &str = "REMEM_IBV_DEVICES";
+
+/// The name of the default device.
+pub const DEFAULT_NAME: &str = "rxe0";
+
+/// The UDP port of RoCEv2.
+const ROCE_PORT: u16 = remem_soft::ROCEV2_UDP_PORT;
+
+// ----- configuration (pure) ------------------------------------------------------------------
+
+/// What a configured device is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Spec {
+    /// The default: a soft device on a loopback address of this process's own.
+    Loopback,
+    /// `soft@IP[:PORT]`: a soft device bound to that address.
+    Soft(SocketAddr),
+    /// An interface name: the soft device on that interface.
+    Netdev(String),
+}
+
+/// One configured device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// The name programs see (`ibv_get_device_name`).
+    pub name: String,
+    /// What it is.
+    pub spec: Spec,
+}
+
+/// Parses the value of `REMEM_IBV_DEVICES` (`None`: unset, the default device).
+pub fn parse_devices(value: Option<&str>) -> Result<Vec<DeviceConfig>, String> {
+    let Some(value) = value else {
+        return Ok(vec![DeviceConfig {
+            name: DEFAULT_NAME.into(),
+            spec: Spec::Loopback,
+        }]);
+    };
+    let mut out: Vec<DeviceConfig> = Vec::new();
+    for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (name, spec) = item
+            .split_once('=')
+            .ok_or_else(|| format!("`{item}` is not name=spec"))?;
+        let (name, spec) = (name.trim(), spec.trim());
+        if name.is_empty() || name.len() >= IBV_SYSFS_NAME_MAX {
+            return Err(format!("`{item}`: a device name has 1 to 63 bytes"));
+        }
+        if !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+        {
+            return Err(format!(
+                "`{name}`: a device name is letters, digits, `_`, `-`, `.`"
+            ));
+        }
+        if out.iter().any(|d| d.name == name) {
+            return Err(format!("device `{name}` named twice"));
+        }
+        let spec = match remem_soft::soft_device_addr(spec) {
+            Some(Ok(addr)) if addr.ip().is_unspecified() => {
+                return Err(format!("`{spec}`: a soft device needs a specific address"));
+            }
+            Some(Ok(addr)) => Spec::Soft(addr),
+            Some(Err(_)) => return Err(format!("`{spec}` is not soft@IP or soft@IP:PORT")),
+            None if spec.is_empty() || spec.contains(['@', '=', ' ', '/']) => {
+                return Err(format!(
+                    "`{spec}` is neither soft@IP[:PORT] nor an interface name"
+                ));
+            }
+            None => Spec::Netdev(spec.to_string()),
+        };
+        out.push(DeviceConfig {
+            name: name.to_string(),
+            spec,
+        });
+    }
+    Ok(out)
+}
+
+/// The `attempt`-th loopback address for process `pid`: `127.a.b.c` with `c` in 1..=254,
+/// never `127.0.0.1`; distinct for distinct `pid + attempt` below 2^24 - 2^17.
+pub fn loopback_candidate(pid: u32, attempt: u32) -> Ipv4Addr {
+    const SLOTS: u64 = 256 * 256 * 254;
+    let mut n = u64::from(pid) + u64::from(attempt);
+    loop {
+        let idx = n % SLOTS;
+        let (a, b, c) = (idx / (256 * 254), (idx / 254) % 256, idx % 254 + 1);
+        if (a, b, c) != (0, 0, 1) {
+            return Ipv4Addr::new(127, a as u8, b as u8, c as u8);
+        }
+        n += 1;
+    }
+}
+
+/// The node GUID of a soft device bound to `addr` (host order): `02` (locally
+/// administered) `00`, the port, then the IPv4 address (a hash of the IPv6 address).
+pub fn guid_for_addr(addr: SocketAddr) -> u64 {
+    let low = match addr.ip().to_canonical() {
+        IpAddr::V4(v4) => u64::from(u32::from(v4)),
+        IpAddr::V6(v6) => {
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+            for b in v6.octets() {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+            h & 0xffff_ffff
+        }
+    };
+    0x0200_0000_0000_0000 | u64::from(addr.port()) << 32 | low
+}
+
+// ----- the device list --------------------------------------------------------------------
+
+/// A device entry: what `ibv_get_device_list` points to (`abi` first).
+#[repr(C)]
+pub struct Device {
+    /// The `ibv_device` programs see.
+    pub abi: ibv_device,
+    /// Position in the list (`ibv_get_device_index`).
+    pub index: usize,
+    /// The configuration.
+    pub config: DeviceConfig,
+    state: Mutex<DeviceState>,
+}
+
+#[derive(Default)]
+struct DeviceState {
+    /// The address a soft device binds (for `Spec::Loopback`, chosen when listed and
+    /// moved on if taken when opened).
+    addr: Option<SocketAddr>,
+    /// The interface of a `Spec::Netdev` device, looked up when listed.
+    netdev: Option<remem_soft::Netdev>,
+    /// The node GUID, host order.
+    guid: u64,
+    /// The open remem device, shared by every context opened on this entry.
+    open: Option<Weak<dyn remem_verbs::Context>>,
+    /// Next loopback attempt.
+    attempt: u32,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("index", &self.index)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Device {
+    fn new(index: usize, config: DeviceConfig) -> Result<Device, String> {
+        let mut state = DeviceState::default();
+        match &config.spec {
+            Spec::Loopback => {
+                let (addr, attempt) = free_loopback(std::process::id(), 0);
+                state.addr = Some(addr);
+                state.attempt = attempt;
+                state.guid = guid_for_addr(addr);
+            }
+            Spec::Soft(addr) => {
+                state.addr = Some(*addr);
+                state.guid = guid_for_addr(*addr);
+            }
+            Spec::Netdev(name) => {
+                let netdev = remem_soft::list_netdevs()
+                    .map_err(|e| format!("cannot list interfaces: {e}"))?
+                    .into_iter()
+                    .find(|n| &n.name == name)
+                    .ok_or_else(|| format!("no interface `{name}` with an IP address"))?;
+                state.guid = netdev.node_guid();
+                state.netdev = Some(netdev);
+            }
+        }
+        let mut abi = ibv_device {
+            _ops: _ibv_device_ops {
+                _dummy1: None,
+                _dummy2: None,
+            },
+            node_type: IBV_NODE_CA,
+            transport_type: IBV_TRANSPORT_IB,
+            name: [0; IBV_SYSFS_NAME_MAX],
+            dev_name: [0; IBV_SYSFS_NAME_MAX],
+            dev_path: [0; IBV_SYSFS_PATH_MAX],
+            ibdev_path: [0; IBV_SYSFS_PATH_MAX],
+        };
+        copy_c_str(&mut abi.name, &config.name);
+        copy_c_str(&mut abi.dev_name, &format!("uverbs{index}"));
+        copy_c_str(
+            &mut abi.dev_path,
+            &format!("/sys/class/infiniband_verbs/uverbs{index}"),
+        );
+        copy_c_str(
+            &mut abi.ibdev_path,
+            &format!("/sys/class/infiniband/{}", config.name),
+        );
+        Ok(Device {
+            abi,
+            index,
+            config,
+            state: Mutex::new(state),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, DeviceState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The node GUID, host order.
+    pub fn guid(&self) -> u64 {
+        self.state().guid
+    }
+
+    /// The UDP address a soft device binds (`None` before an interface device is open).
+    pub fn addr(&self) -> Option<SocketAddr> {
+        self.state().addr
+    }
+
+    /// Opens the remem device (or shares the one already open).
+    fn open(&self) -> remem_verbs::Result<Arc<dyn remem_verbs::Context>> {
+        let mut st = self.state();
+        if let Some(dev) = st.open.as_ref().and_then(Weak::upgrade) {
+            return Ok(dev);
+        }
+        let opts = SoftOptions::from_env();
+        let dev: Arc<dyn remem_verbs::Context> = match &self.config.spec {
+            Spec::Netdev(_) => {
+                let netdev = st
+                    .netdev
+                    .clone()
+                    .ok_or_else(|| remem_verbs::Error::NoSuchDevice(self.config.name.clone()))?;
+                Arc::new(SoftContext::new(netdev, ROCE_PORT)?)
+            }
+            Spec::Soft(addr) => Arc::new(SoftContext::bind_with(*addr, &opts)?),
+            Spec::Loopback => {
+                let mut addr = st.addr.unwrap_or_else(|| {
+                    SocketAddr::new(loopback_candidate(std::process::id(), 0).into(), ROCE_PORT)
+                });
+                if in_use(addr) {
+                    // Another process took it since the list was made: the next free one.
+                    let (next, attempt) = free_loopback(std::process::id(), st.attempt + 1);
+                    addr = next;
+                    st.attempt = attempt;
+                    st.addr = Some(addr);
+                    st.guid = guid_for_addr(addr);
+                }
+                Arc::new(SoftContext::bind_with(addr, &opts)?)
+            }
+        };
+        st.open = Some(Arc::downgrade(&dev));
+        Ok(dev)
+    }
+}
+
+/// Whether a UDP socket cannot bind `addr` because another one holds it.
+fn in_use(addr: SocketAddr) -> bool {
+    matches!(UdpSocket::bind(addr), Err(e) if e.kind() == std::io::ErrorKind::AddrInUse)
+}
+
+/// The first loopback address from attempt `from` on that no socket holds (within 64
+/// attempts; the last one tried otherwise), and its attempt number.
+fn free_loopback(pid: u32, from: u32) -> (SocketAddr, u32) {
+    let mut attempt = from;
+    loop {
+        let addr = SocketAddr::new(loopback_candidate(pid, attempt).into(), ROCE_PORT);
+        if !in_use(addr) || attempt >= from + 63 {
+            return (addr, attempt);
+        }
+        attempt += 1;
+    }
+}
+
+fn copy_c_str(dst: &mut [c_char], s: &str) {
+    let max = dst.len() - 1;
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(max)) {
+        *d = b as c_char;
+    }
+}
+
+/// The devices of this process (made at the first call).
+fn devices() -> Result<&'static [Device], &'static str> {
+    static DEVICES: OnceLock<Result<Vec<Device>, String>> = OnceLock::new();
+    DEVICES
+        .get_or_init(|| {
+            let value = std::env::var(DEVICES_ENV).ok();
+            let configs = parse_devices(value.as_deref())?;
+            configs
+                .into_iter()
+                .enumerate()
+                .map(|(i, c)| Device::new(i, c))
+                .collect()
+        })
+        .as_deref()
+        .map_err(String::as_str)
+}
+
+/// The device entry behind a program's `*mut ibv_device`: `None` for NULL or a pointer
+/// that is not one of this library's entries.
+pub fn device_from<'a>(device: *mut ibv_device) -> Option<&'a Device> {
+    let devs = devices().ok()?;
+    devs.iter()
+        .find(|d| std::ptr::eq(&d.abi, device))
+        .map(|d| -> &'a Device { d })
+}
+
+/// `ibv_get_device_list`: a NULL-terminated array of the devices (free it with
+/// `ibv_free_device_list`); `*num_devices` their number. NULL with errno EINVAL if
+/// `REMEM_IBV_DEVICES` is bad.
 ///
 /// # Safety
 ///
@@ -26,73 +350,144 @@ symver!(
 pub unsafe extern "C" fn remem_ibv_ibv_get_device_list(
     num_devices: *mut c_int,
 ) -> *mut *mut ibv_device {
-    let _ = num_devices;
-    null_with(libc::EOPNOTSUPP)
+    guard_ptr("ibv_get_device_list", || {
+        let devs = match devices() {
+            Ok(d) => d,
+            Err(why) => {
+                eprintln!("remem-ibv: {DEVICES_ENV}: {why}");
+                return null_with(libc::EINVAL);
+            }
+        };
+        let mut list: Vec<*mut ibv_device> =
+            devs.iter().map(|d| (&raw const d.abi).cast_mut()).collect();
+        list.push(std::ptr::null_mut());
+        if !num_devices.is_null() {
+            // SAFETY: non-NULL, writable by the contract.
+            unsafe { *num_devices = devs.len() as c_int };
+        }
+        Box::into_raw(list.into_boxed_slice()).cast()
+    })
 }
 
 /// `ibv_free_device_list`.
 ///
 /// # Safety
 ///
-/// `list` came from `ibv_get_device_list`.
+/// `list` is NULL or came from `ibv_get_device_list` and is not used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_ibv_free_device_list(list: *mut *mut ibv_device) {
-    let _ = list;
+    if list.is_null() {
+        return;
+    }
+    let mut n = 0;
+    // SAFETY: the list is NULL-terminated (made by ibv_get_device_list).
+    while !unsafe { *list.add(n) }.is_null() {
+        n += 1;
+    }
+    // SAFETY: the boxed slice of n + 1 pointers made by ibv_get_device_list.
+    drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(list, n + 1)) });
 }
 
-/// `ibv_get_device_name`.
+/// `ibv_get_device_name`: NULL (errno EINVAL) for a pointer that is not a device.
 ///
 /// # Safety
 ///
 /// `device` is NULL or from the device list.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
-    let _ = device;
-    null_with::<c_char>(libc::EOPNOTSUPP)
+    match device_from(device) {
+        Some(d) => d.abi.name.as_ptr(),
+        None => null_with::<c_char>(libc::EINVAL),
+    }
 }
 
-/// `ibv_get_device_guid`: the node GUID, big-endian.
+/// `ibv_get_device_guid`: the node GUID, big-endian (0 with errno EINVAL for a pointer
+/// that is not a device).
 ///
 /// # Safety
 ///
 /// `device` is NULL or from the device list.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_ibv_get_device_guid(device: *mut ibv_device) -> u64 {
-    let _ = device;
-    0
+    match device_from(device) {
+        Some(d) => d.guid().to_be(),
+        None => {
+            set_errno(libc::EINVAL);
+            0
+        }
+    }
 }
 
-/// `ibv_get_device_index`.
+/// `ibv_get_device_index`: the device's position in the list; -1 for a pointer that is
+/// not a device.
 ///
 /// # Safety
 ///
 /// `device` is NULL or from the device list.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_ibv_get_device_index(device: *mut ibv_device) -> c_int {
-    let _ = device;
-    -1
+    device_from(device).map_or(-1, |d| d.index as c_int)
 }
 
-/// `ibv_open_device`.
+/// `ibv_open_device`: opens the soft device (its progress thread starts in this process).
+/// NULL with errno: EINVAL for a pointer that is not a device, ENODEV (or the socket's
+/// error) if it cannot be opened.
 ///
 /// # Safety
 ///
 /// `device` is NULL or from the device list.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
-    let _ = device;
-    null_with(libc::EOPNOTSUPP)
+    guard_ptr("ibv_open_device", || {
+        let Some(d) = device_from(device) else {
+            return null_with(libc::EINVAL);
+        };
+        match d.open() {
+            Ok(dev) => {
+                let ctx = Ctx::create(dev, device);
+                // ibv_get_async_event blocks unless the program sets O_NONBLOCK itself.
+                // SAFETY: `ctx` was just made and is live.
+                let fd = unsafe { (*ctx).async_fd };
+                set_blocking(fd);
+                ctx
+            }
+            Err(e) => {
+                eprintln!("remem-ibv: cannot open {}: {e}", d.config.name);
+                null_with(crate::ffi::errno_of(&e))
+            }
+        }
+    })
 }
 
-/// `ibv_close_device`.
+/// Clears `O_NONBLOCK` on `fd` (a failure leaves it non-blocking: `ibv_get_async_event`
+/// then polls before reading either way).
+fn set_blocking(fd: c_int) {
+    // SAFETY: fcntl on an fd this library owns; F_GETFL/F_SETFL touch only its flags.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+}
+
+/// `ibv_close_device`: 0, or EINVAL for a context this library did not make. Objects the
+/// program did not destroy stay usable until it does (they keep the device open).
 ///
 /// # Safety
 ///
 /// `context` is NULL or an open context, not used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_ibv_close_device(context: *mut ibv_context) -> c_int {
-    let _ = context;
-    libc::EOPNOTSUPP
+    guard_int("ibv_close_device", || {
+        // SAFETY: NULL or a live context by the contract.
+        if unsafe { crate::context::ctx_from(context) }.is_none() {
+            return libc::EINVAL;
+        }
+        // SAFETY: a context this library made (checked above), not used afterwards.
+        unsafe { Ctx::free(context) };
+        0
+    })
 }
 
 /// `ibv_import_device`: shares a kernel uverbs context; there is none here (EOPNOTSUPP).
@@ -100,4 +495,81 @@ pub unsafe extern "C" fn remem_ibv_ibv_close_device(context: *mut ibv_context) -
 pub extern "C" fn remem_ibv_ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
     let _ = cmd_fd;
     null_with(libc::EOPNOTSUPP)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(name: &str, spec: Spec) -> Vec<DeviceConfig> {
+        vec![DeviceConfig {
+            name: name.into(),
+            spec,
+        }]
+    }
+
+    #[test]
+    fn unset_is_the_loopback_rxe0() {
+        assert_eq!(parse_devices(None).unwrap(), one("rxe0", Spec::Loopback));
+    }
+
+    #[test]
+    fn empty_is_no_devices() {
+        assert_eq!(parse_devices(Some("")).unwrap(), vec![]);
+        assert_eq!(parse_devices(Some(" , ")).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn soft_and_interface_specs() {
+        let d =
+            parse_devices(Some("rxe0=soft@10.77.0.1, rxe1=eth0,x=soft@127.0.0.2:5000")).unwrap();
+        assert_eq!(d.len(), 3);
+        assert_eq!(d[0].spec, Spec::Soft("10.77.0.1:4791".parse().unwrap()));
+        assert_eq!(d[1], one("rxe1", Spec::Netdev("eth0".into()))[0]);
+        assert_eq!(d[2].spec, Spec::Soft("127.0.0.2:5000".parse().unwrap()));
+        let v6 = parse_devices(Some("r=soft@[::1]:4791")).unwrap();
+        assert_eq!(v6[0].spec, Spec::Soft("[::1]:4791".parse().unwrap()));
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        for bad in [
+            "rxe0",
+            "=soft@1.2.3.4",
+            "rxe0=",
+            "rxe0=soft@nonsense",
+            "rxe0=soft@0.0.0.0",
+            "a=lo,a=lo",
+            "bad name=lo",
+            "x=a@b",
+            &format!("{}=lo", "n".repeat(64)),
+        ] {
+            assert!(parse_devices(Some(bad)).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn loopback_candidates_are_distinct_and_never_127_0_0_1() {
+        let mut seen = std::collections::HashSet::new();
+        for pid in 0..5000 {
+            let a = loopback_candidate(pid, 0);
+            assert_ne!(a, Ipv4Addr::new(127, 0, 0, 1));
+            assert!(a.is_loopback());
+            assert!(a.octets()[3] != 0 && a.octets()[3] != 255);
+            seen.insert(a);
+        }
+        assert_eq!(seen.len(), 4999, "pids 0 and 1 share 127.0.0.2");
+        // The largest pid Linux hands out (2^22) is still distinct from small ones.
+        assert_ne!(loopback_candidate(1 << 22, 0), loopback_candidate(100, 0));
+        assert_ne!(loopback_candidate(7, 1), loopback_candidate(7, 0));
+    }
+
+    #[test]
+    fn guid_shows_port_and_address() {
+        let g = guid_for_addr("127.0.0.101:4791".parse().unwrap());
+        assert_eq!(g, 0x0200_12b7_7f00_0065);
+        let v6a = guid_for_addr("[fd00::1]:4791".parse().unwrap());
+        let v6b = guid_for_addr("[fd00::2]:4791".parse().unwrap());
+        assert_ne!(v6a, v6b);
+    }
 }

@@ -1,10 +1,23 @@
 //! Memory regions over program memory.
+//!
+//! `ibv_reg_mr` wraps the program's bytes in a `remem_verbs::MemoryBuffer` (through
+//! `MemoryBuffer::from_raw_parts`) and registers it with the remem PD. From then on the
+//! soft NIC's progress thread reads and writes those bytes while the program runs — what
+//! a NIC's DMA does — always through `MemoryBuffer`'s atomic accessors. What this assumes
+//! of the program (as RDMA does): the range stays mapped, with the access it was
+//! registered for, until `ibv_dereg_mr` and until the work requests using it complete.
+//! Registration checks that the range is mapped now (readable, and writable when the NIC
+//! may write it): EFAULT otherwise, as the kernel's `ib_umem_get` answers.
 
 #![allow(unsafe_code)]
 
 use crate::abi::*;
-use crate::ffi::null_with;
+use crate::context::{PdUse, pd_from};
+use crate::ffi::{errno_of, guard_int, guard_ptr, null_with, set_errno};
 use core::ffi::{c_int, c_uint, c_void};
+use remem_verbs::{AccessFlags, MemRegion, MemoryBuffer, MemoryRegion};
+use std::ptr::NonNull;
+use std::sync::Arc;
 
 symver!(
     "ibv_reg_mr" @ "IBVERBS_1.1",
@@ -17,7 +30,151 @@ symver!(
     "ibv_unimport_mr" @ "IBVERBS_1.10",
 );
 
-/// `ibv_reg_mr`.
+/// A memory region: what `ibv_reg_mr` returns a pointer to (`abi` first).
+#[repr(C)]
+pub struct Mr {
+    /// The `ibv_mr` programs see.
+    pub abi: ibv_mr,
+    /// The remem memory region.
+    pub mr: Arc<dyn MemoryRegion>,
+    _pd: PdUse,
+}
+
+/// The access bits a registration may carry: the ones remem knows, plus rdma-core's
+/// optional range (hints a provider may ignore, e.g. RELAXED_ORDERING).
+const KNOWN_ACCESS: u32 = IBV_ACCESS_LOCAL_WRITE
+    | IBV_ACCESS_REMOTE_WRITE
+    | IBV_ACCESS_REMOTE_READ
+    | IBV_ACCESS_REMOTE_ATOMIC
+    | IBV_ACCESS_MW_BIND
+    | IBV_ACCESS_ZERO_BASED
+    | IBV_ACCESS_ON_DEMAND
+    | IBV_ACCESS_HUGETLB
+    | IBV_ACCESS_OPTIONAL_RANGE
+    | (1 << 8) // IB_UVERBS_ACCESS_FLUSH_GLOBAL
+    | (1 << 9); // IB_UVERBS_ACCESS_FLUSH_PERSISTENT
+
+/// The remem access of a verbs access mask: EINVAL for unknown bits or REMOTE_WRITE /
+/// REMOTE_ATOMIC without LOCAL_WRITE (ibv_reg_mr(3)), EOPNOTSUPP for on-demand paging.
+/// The optional bits are dropped.
+pub fn access_flags(access: u32) -> Result<AccessFlags, c_int> {
+    if access & !KNOWN_ACCESS != 0 {
+        return Err(libc::EINVAL);
+    }
+    if access & IBV_ACCESS_ON_DEMAND != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let flags = AccessFlags::from_bits_truncate(access & !IBV_ACCESS_OPTIONAL_RANGE);
+    flags.validate_for_mr().map_err(|_| libc::EINVAL)?;
+    Ok(flags)
+}
+
+/// Whether the NIC may write memory registered with `flags`.
+fn nic_writes(flags: AccessFlags) -> bool {
+    flags.intersects(
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC,
+    )
+}
+
+/// Checks that `[addr, addr + len)` is mapped readable (and writable if `write`) in this
+/// process, from `/proc/self/maps`: EFAULT if not. Without `/proc` nothing is checked.
+pub fn check_mapped(addr: usize, len: usize, write: bool) -> Result<(), c_int> {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return Ok(());
+    };
+    let end = addr.checked_add(len).ok_or(libc::EINVAL)?;
+    check_mapped_in(&maps, addr, end, write)
+}
+
+/// [`check_mapped`] against the text of a maps file.
+pub fn check_mapped_in(maps: &str, addr: usize, end: usize, write: bool) -> Result<(), c_int> {
+    let mut covered = addr;
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let Some((lo, hi)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+        else {
+            continue;
+        };
+        if hi <= covered || lo > covered {
+            continue; // (lines are sorted: a gap before `covered` means unmapped)
+        }
+        let perms = perms.as_bytes();
+        if perms.first() != Some(&b'r') || (write && perms.get(1) != Some(&b'w')) {
+            return Err(libc::EFAULT);
+        }
+        covered = hi;
+        if covered >= end {
+            return Ok(());
+        }
+    }
+    Err(libc::EFAULT)
+}
+
+/// Registers `[addr, addr + length)` on `pd` with NIC address `iova`.
+fn reg(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: u32) -> *mut ibv_mr {
+    // SAFETY: NULL or a live PD by the callers' contracts.
+    let Some(p) = (unsafe { pd_from(pd) }) else {
+        return null_with(libc::EINVAL);
+    };
+    let flags = match access_flags(access) {
+        Ok(f) => f,
+        Err(e) => return null_with(e),
+    };
+    if length == 0 {
+        return null_with(libc::EINVAL);
+    }
+    let Some(ptr) = NonNull::new(addr.cast::<u8>()) else {
+        return null_with(libc::EFAULT);
+    };
+    if let Err(e) = check_mapped(addr as usize, length, nic_writes(flags)) {
+        return null_with(e);
+    }
+    let iova = if access & IBV_ACCESS_ZERO_BASED != 0 {
+        0
+    } else {
+        iova
+    };
+    // SAFETY: the program registers memory it owns and keeps mapped until ibv_dereg_mr
+    // (checked mapped just now; the rest is the verbs contract, ibv_reg_mr(3)). This is
+    // memory the program itself keeps using while the NIC reads and writes it — the RDMA
+    // model: the buffer only ever touches it through MemoryBuffer's atomic accessors,
+    // which is what a device doing DMA into program memory amounts to, and a program
+    // racing its own accesses with the NIC's gets torn data, not undefined behaviour on
+    // the Rust side. The owner is nothing: the program frees the memory.
+    let buf = unsafe { MemoryBuffer::from_raw_parts(ptr, length, Box::new(())) };
+    let region = match MemRegion::with_iova(Arc::new(buf), .., iova) {
+        Ok(r) => r,
+        Err(_) => return null_with(libc::EINVAL),
+    };
+    let mr = match p.inner.pd.reg_mr(region, flags) {
+        Ok(mr) => mr,
+        Err(e) => return null_with(errno_of(&e)),
+    };
+    let abi = ibv_mr {
+        context: p.abi.context,
+        pd,
+        addr,
+        length,
+        handle: mr.lkey(),
+        lkey: mr.lkey(),
+        rkey: mr.rkey(),
+    };
+    Box::into_raw(Box::new(Mr {
+        abi,
+        mr,
+        _pd: p.inner.hold(),
+    }))
+    .cast()
+}
+
+/// `ibv_reg_mr`: NULL with errno EINVAL (NULL PD, zero length, bad access), EFAULT
+/// (memory not mapped with the access needed), EOPNOTSUPP (on-demand paging).
 ///
 /// # Safety
 ///
@@ -30,11 +187,12 @@ pub unsafe extern "C" fn remem_ibv_ibv_reg_mr(
     length: usize,
     access: c_int,
 ) -> *mut ibv_mr {
-    let _ = (pd, addr, length, access);
-    null_with(libc::EOPNOTSUPP)
+    guard_ptr("ibv_reg_mr", || {
+        reg(pd, addr, length, addr as u64, access as u32)
+    })
 }
 
-/// `ibv_reg_mr_iova`.
+/// `ibv_reg_mr_iova`: as `ibv_reg_mr`, the NIC addressing the region at `iova`.
 ///
 /// # Safety
 ///
@@ -47,11 +205,13 @@ pub unsafe extern "C" fn remem_ibv_ibv_reg_mr_iova(
     iova: u64,
     access: c_int,
 ) -> *mut ibv_mr {
-    let _ = (pd, addr, length, iova, access);
-    null_with(libc::EOPNOTSUPP)
+    guard_ptr("ibv_reg_mr_iova", || {
+        reg(pd, addr, length, iova, access as u32)
+    })
 }
 
-/// `ibv_reg_mr_iova2`.
+/// `ibv_reg_mr_iova2`: as `ibv_reg_mr_iova` (verbs.h's inline `ibv_reg_mr` calls this
+/// one when the access is not a constant or has optional bits).
 ///
 /// # Safety
 ///
@@ -64,8 +224,7 @@ pub unsafe extern "C" fn remem_ibv_ibv_reg_mr_iova2(
     iova: u64,
     access: c_uint,
 ) -> *mut ibv_mr {
-    let _ = (pd, addr, length, iova, access);
-    null_with(libc::EOPNOTSUPP)
+    guard_ptr("ibv_reg_mr_iova2", || reg(pd, addr, length, iova, access))
 }
 
 /// `ibv_reg_dmabuf_mr`: no dma-buf here (EOPNOTSUPP).
@@ -82,7 +241,9 @@ pub extern "C" fn remem_ibv_ibv_reg_dmabuf_mr(
     null_with(libc::EOPNOTSUPP)
 }
 
-/// `ibv_rereg_mr`.
+/// `ibv_rereg_mr`: not offered. Returns `IBV_REREG_MR_ERR_INPUT` (the old MR stays
+/// valid) with errno EINVAL for bad arguments and EOPNOTSUPP otherwise; deregister and
+/// register again instead.
 ///
 /// # Safety
 ///
@@ -96,19 +257,34 @@ pub unsafe extern "C" fn remem_ibv_ibv_rereg_mr(
     length: usize,
     access: c_int,
 ) -> c_int {
-    let _ = (mr, flags, pd, addr, length, access);
+    let _ = (pd, addr, length, access);
+    // Old MR still valid (IBV_REREG_MR_ERR_INPUT), errno says why.
+    set_errno(
+        if mr.is_null() || flags == 0 || flags as u32 & !IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
+            libc::EINVAL
+        } else {
+            libc::EOPNOTSUPP
+        },
+    );
     IBV_REREG_MR_ERR_INPUT
 }
 
-/// `ibv_dereg_mr`.
+/// `ibv_dereg_mr`: 0; EINVAL for NULL. Work requests still using the region keep the
+/// NIC's reference to the memory (the program must not unmap it before they complete).
 ///
 /// # Safety
 ///
 /// `mr` is NULL or live, not used afterwards on success.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
-    let _ = mr;
-    libc::EOPNOTSUPP
+    guard_int("ibv_dereg_mr", || {
+        if mr.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: a live MR made by `reg` (its first field), not used afterwards.
+        drop(unsafe { Box::from_raw(mr.cast::<Mr>()) });
+        0
+    })
 }
 
 /// `ibv_import_mr`: none here (EOPNOTSUPP).

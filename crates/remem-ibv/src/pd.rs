@@ -3,7 +3,8 @@
 #![allow(unsafe_code)]
 
 use crate::abi::*;
-use crate::ffi::null_with;
+use crate::context::{Pd, ctx_from, pd_from};
+use crate::ffi::{errno_of, guard_int, guard_ptr, null_with};
 use core::ffi::c_int;
 
 symver!(
@@ -13,26 +14,45 @@ symver!(
     "ibv_unimport_pd" @ "IBVERBS_1.10",
 );
 
-/// `ibv_alloc_pd`.
+/// `ibv_alloc_pd`: NULL with errno EINVAL for a NULL context.
 ///
 /// # Safety
 ///
 /// `context` is NULL or open.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
-    let _ = context;
-    null_with(libc::EOPNOTSUPP)
+    guard_ptr("ibv_alloc_pd", || {
+        // SAFETY: NULL or a live context by the contract.
+        let Some(c) = (unsafe { ctx_from(context) }) else {
+            return null_with(libc::EINVAL);
+        };
+        match c.shared().dev.alloc_pd() {
+            Ok(pd) => Pd::create(c.shared(), pd),
+            Err(e) => null_with(errno_of(&e)),
+        }
+    })
 }
 
-/// `ibv_dealloc_pd`: EBUSY while an object uses the PD.
+/// `ibv_dealloc_pd`: 0; EBUSY while an object (MR, QP, SRQ, AH) uses the PD, EINVAL for
+/// NULL.
 ///
 /// # Safety
 ///
 /// `pd` is NULL or a live PD, not used afterwards on success.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
-    let _ = pd;
-    libc::EOPNOTSUPP
+    guard_int("ibv_dealloc_pd", || {
+        // SAFETY: NULL or a live PD by the contract.
+        let Some(p) = (unsafe { pd_from(pd) }) else {
+            return libc::EINVAL;
+        };
+        if p.inner.users() > 0 {
+            return libc::EBUSY;
+        }
+        // SAFETY: a live PD of this library with no users, not used afterwards.
+        unsafe { Pd::free(pd) };
+        0
+    })
 }
 
 /// `ibv_import_pd`: a kernel object shared between processes; none here (EOPNOTSUPP).

@@ -577,6 +577,14 @@ impl ProtectionDomain for IbPd {
         access
             .validate_for_mr()
             .map_err(|e| Error::InvalidArgument(e.into()))?;
+        if region.addr() != region.buffer().addr() + region.offset() as u64 {
+            // rdma-core has ibv_reg_mr_iova2 for it, but this provider registers through
+            // sideway's ibv_reg_mr, which knows virtual addresses only.
+            return Err(Error::Unsupported(
+                "memory regions with an I/O virtual address (MemRegion::with_iova) on the \
+                 rdma-core provider",
+            ));
+        }
         // This provider offers no FLUSH (the device attributes say so), and kernels without
         // it refuse the bits: register without them.
         let raw_access = access
@@ -1293,6 +1301,24 @@ mod tests {
         let r = raw_qp_attr(&a);
         assert_eq!((r.qp_state, r.dest_qp_num, r.path_mtu), (2, 0x12_3456, 5));
         assert_eq!(from_ah_attr(&r.ah_attr), a.ah_attr);
+    }
+
+    #[test]
+    fn regions_with_an_iova_are_refused_clearly() {
+        use super::*;
+        let p = IbverbsProvider::new();
+        let Some(dev) = p.devices().unwrap().into_iter().next() else {
+            eprintln!("skipped: no RDMA device to register memory on");
+            return;
+        };
+        let pd = p.open(&dev.name).unwrap().alloc_pd().unwrap();
+        let buf = Arc::new(remem_verbs::MemoryBuffer::zeroed(4096).unwrap());
+        let region = MemRegion::with_iova(buf.clone(), 64..128, 0x1000).unwrap();
+        let err = pd.reg_mr(region, AccessFlags::LOCAL_WRITE).err();
+        assert!(matches!(err, Some(Error::Unsupported(_))), "{err:?}");
+        // The same range at its own address registers.
+        let region = MemRegion::new(buf, 64..128).unwrap();
+        assert!(pd.reg_mr(region, AccessFlags::LOCAL_WRITE).is_ok());
     }
 
     #[test]

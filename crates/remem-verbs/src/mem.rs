@@ -516,21 +516,30 @@ impl Drop for MemoryBuffer {
 
 /// A byte range of a [`MemoryBuffer`]: what a memory region registers (`addr`, `length` of
 /// `ibv_reg_mr`). Cheap to clone; keeps the buffer alive.
+///
+/// A region has an address — the one work requests name it by, in local scatter/gather
+/// entries and in a peer's RDMA and atomic operations. It is normally the virtual address of
+/// its first byte; a region made by [`MemRegion::with_iova`] has an I/O virtual address of
+/// the registrant's choosing instead (`ibv_reg_mr_iova2`).
 #[derive(Clone, Debug)]
 pub struct MemRegion {
     buf: Arc<MemoryBuffer>,
     offset: usize,
     len: usize,
+    /// The address of the first byte as work requests name it.
+    addr: u64,
 }
 
 impl MemRegion {
     /// The whole buffer.
     pub fn whole(buf: Arc<MemoryBuffer>) -> Self {
         let len = buf.len();
+        let addr = buf.addr();
         MemRegion {
             buf,
             offset: 0,
             len,
+            addr,
         }
     }
 
@@ -560,11 +569,43 @@ impl MemRegion {
             size: buf.len() as u64,
         })?;
         buf.check(start, len)?;
+        // Inside the buffer, which lies in the address space: no overflow.
+        let addr = buf.addr() + start as u64;
         Ok(MemRegion {
             buf,
             offset: start,
             len,
+            addr,
         })
+    }
+
+    /// A range of a buffer addressed as `[iova, iova + len)` rather than by its virtual
+    /// address: what `ibv_reg_mr_iova2(pd, addr, length, iova, access)` registers. Work
+    /// requests — local scatter/gather entries and a peer's RDMA READ, WRITE and atomic
+    /// operations — then name the region's bytes by `iova`: address `iova + k` is byte `k`
+    /// of the range. [`MemRegion::addr`] returns `iova`.
+    ///
+    /// Out-of-bounds ranges, and an `iova` whose end address `iova + len` does not fit in
+    /// 64 bits, are [`MemError::OutOfBounds`].
+    ///
+    /// Atomic operations need the word aligned both as addressed (`iova + k`) and in
+    /// memory: when `iova` and the buffer's address differ modulo 8, atomics on this region
+    /// fail as misaligned (NICs usually require the same offset within a page).
+    pub fn with_iova(
+        buf: Arc<MemoryBuffer>,
+        range: impl RangeBounds<usize>,
+        iova: u64,
+    ) -> Result<Self, MemError> {
+        let mut region = Self::new(buf, range)?;
+        if iova.checked_add(region.len as u64).is_none() {
+            return Err(MemError::OutOfBounds {
+                offset: iova,
+                len: region.len as u64,
+                size: u64::MAX,
+            });
+        }
+        region.addr = iova;
+        Ok(region)
     }
 
     /// The buffer this region is part of.
@@ -587,13 +628,15 @@ impl MemRegion {
         self.len == 0
     }
 
-    /// Virtual address of the first byte.
+    /// Address of the first byte as work requests name it: its virtual address, or the
+    /// I/O virtual address of a region made by [`MemRegion::with_iova`].
     pub fn addr(&self) -> u64 {
-        self.buf.addr() + self.offset as u64
+        self.addr
     }
 
-    /// The offset inside this region of the virtual address range `[addr, addr + len)`, if
-    /// the range lies wholly inside the region (checked without overflow).
+    /// The offset inside this region of the address range `[addr, addr + len)` (addresses
+    /// as [`MemRegion::addr`] gives them), if the range lies wholly inside the region
+    /// (checked without overflow).
     pub fn offset_of(&self, addr: u64, len: u64) -> Result<usize, MemError> {
         let out = MemError::OutOfBounds {
             offset: addr.wrapping_sub(self.addr()),
@@ -856,6 +899,48 @@ mod tests {
         }
         writer.join().unwrap();
         assert_eq!(b.load_u64(4088).unwrap(), 199);
+    }
+
+    #[test]
+    fn regions_with_an_iova() {
+        let buf = Arc::new(MemoryBuffer::zeroed(4096).unwrap());
+        let r = MemRegion::with_iova(buf.clone(), 1024..2048, 0x10_0000).unwrap();
+        assert_eq!((r.addr(), r.offset(), r.len()), (0x10_0000, 1024, 1024));
+        // Addresses map through the iova, not the buffer's address.
+        assert_eq!(r.offset_of(0x10_0000 + 16, 8).unwrap(), 16);
+        assert_eq!(r.offset_of(0x10_0000 + 1024, 0).unwrap(), 1024);
+        assert!(r.offset_of(0x10_0000 + 1020, 8).is_err(), "past the end");
+        assert!(r.offset_of(0x10_0000 - 1, 1).is_err(), "before the start");
+        assert!(
+            r.offset_of(buf.addr() + 1024, 8).is_err(),
+            "the virtual address is not the region's address"
+        );
+        r.write(16, b"iova").unwrap();
+        assert_eq!(buf.to_vec(1024 + 16, 4).unwrap(), b"iova");
+        r.fetch_add_u64(8, 5).unwrap();
+        assert_eq!(buf.load_u64(1024 + 8).unwrap(), 5);
+        // Iova zero, and the highest one: the end address `iova + len` is a u64.
+        let zero = MemRegion::with_iova(buf.clone(), .., 0).unwrap();
+        assert_eq!(zero.offset_of(100, 4).unwrap(), 100);
+        let top = MemRegion::with_iova(buf.clone(), 0..16, u64::MAX - 16).unwrap();
+        assert_eq!(top.offset_of(u64::MAX - 8, 8).unwrap(), 8);
+        assert!(top.offset_of(u64::MAX - 1, 2).is_err());
+        // A range reaching or wrapping past 2^64 is refused, as is one outside the buffer.
+        assert!(matches!(
+            MemRegion::with_iova(buf.clone(), 0..16, u64::MAX - 15),
+            Err(MemError::OutOfBounds { .. })
+        ));
+        assert!(MemRegion::with_iova(buf.clone(), 4000..4097, 0).is_err());
+        // Clones keep the iova.
+        assert_eq!(r.clone().addr(), 0x10_0000);
+        // An iova that differs from the buffer's address modulo 8: atomics need the word
+        // aligned in memory too.
+        let odd = MemRegion::with_iova(buf, 1..65, 0x2000).unwrap();
+        assert!(matches!(
+            odd.fetch_add_u64(0, 1),
+            Err(MemError::Misaligned { .. })
+        ));
+        odd.write(0, &[1; 8]).unwrap();
     }
 
     #[test]

@@ -86,7 +86,8 @@ pub trait Context: Any + Send + Sync {
     ) -> Result<Arc<dyn CompletionQueue>>;
 
     /// A file descriptor that is readable while an async event is pending (the context's
-    /// `async_fd`), for epoll or tokio's `AsyncFd`.
+    /// `async_fd`), for epoll or tokio's `AsyncFd`. Created non-blocking; as for
+    /// [`CompletionChannel::fd`], its `O_NONBLOCK` flag belongs to the user.
     fn async_fd(&self) -> BorrowedFd<'_>;
 
     /// Takes the next async event without blocking (`ibv_get_async_event` on a
@@ -141,7 +142,8 @@ pub trait MemoryRegion: Any + Send + Sync {
     fn region(&self) -> &MemRegion;
     /// The access rights it was registered with.
     fn access(&self) -> AccessFlags;
-    /// Virtual address of the first byte (`ibv_mr.addr`).
+    /// Address of the first byte as work requests name it (`ibv_mr.addr`): its virtual
+    /// address, or the iova of a region made by [`MemRegion::with_iova`].
     fn addr(&self) -> u64 {
         self.region().addr()
     }
@@ -181,7 +183,10 @@ pub trait CompletionQueue: Any + Send + Sync {
 /// readable when an armed CQ gets a completion.
 pub trait CompletionChannel: Any + Send + Sync {
     /// The channel's file descriptor (`ibv_comp_channel.fd`), for epoll or tokio's
-    /// `AsyncFd`. It is non-blocking.
+    /// `AsyncFd`. It is created non-blocking; its `O_NONBLOCK` flag belongs to the user
+    /// (a libibverbs-style caller clears it to make its own `ibv_get_cq_event` block). The
+    /// soft provider's [`CompletionChannel::get_cq_event`] never blocks whatever the flag;
+    /// the rdma-core provider's is rdma-core's, which blocks on a blocking fd.
     fn fd(&self) -> BorrowedFd<'_>;
 
     /// Takes the next CQ event without blocking (`ibv_get_cq_event` on a non-blocking fd):

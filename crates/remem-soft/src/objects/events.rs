@@ -8,6 +8,7 @@
 //! kernel's own event queues (`ib_uverbs`) are unbounded lists.
 
 use remem_verbs::{AsyncEvent, CqId};
+use rustix::net::{RecvFlags, SendFlags, recv, send};
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixDatagram;
@@ -24,6 +25,12 @@ struct State<T> {
 ///
 /// The fd is for `epoll`/`poll`/tokio's `AsyncFd` only: reading it directly steals the
 /// readiness byte (the queue then stays readable only after the next push).
+///
+/// The fd is created non-blocking, but its `O_NONBLOCK` flag belongs to the user: a
+/// libibverbs-style caller may clear it (rdma-core's `ibv_get_cq_event` blocks unless the
+/// program set `O_NONBLOCK`) and wait with `poll` before [`FdQueue::pop`]. The queue's own
+/// reads never block whatever the flag says (`MSG_DONTWAIT`), and its writes go to the
+/// other end of the socket pair, which is never handed out.
 #[derive(Debug)]
 pub struct FdQueue<T> {
     state: Mutex<State<T>>,
@@ -51,7 +58,7 @@ impl<T> FdQueue<T> {
         if !s.signalled {
             // One byte into an empty socket: fails only if the kernel is out of memory, and
             // then the next push or pop tries again.
-            s.signalled = self.tx.send(&[1]).is_ok();
+            s.signalled = send(&self.tx, &[1], SendFlags::DONTWAIT).is_ok();
         }
     }
 
@@ -68,8 +75,9 @@ impl<T> FdQueue<T> {
         let item = s.queue.pop_front();
         if s.queue.is_empty() {
             if s.signalled {
-                // Drain: normally exactly our one byte.
-                while self.rx.recv(&mut [0u8; 1]).is_ok() {}
+                // Drain: normally exactly our one byte. Non-blocking per call, as the user
+                // may have cleared O_NONBLOCK on the fd.
+                while recv(&self.rx, &mut [0u8; 1], RecvFlags::DONTWAIT).is_ok() {}
                 s.signalled = false;
             }
         } else {
@@ -92,7 +100,8 @@ impl<T> FdQueue<T> {
         self.len() == 0
     }
 
-    /// The fd, readable while items are waiting.
+    /// The fd, readable while items are waiting. Its `O_NONBLOCK` flag is the caller's to
+    /// set or clear (see the type's docs).
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.rx.as_fd()
     }
@@ -123,7 +132,8 @@ impl AsyncEvents {
         self.queue.pop()
     }
 
-    /// The fd, readable while events are pending.
+    /// The fd, readable while events are pending; [`AsyncEvents::pop`] never blocks,
+    /// whatever the fd's `O_NONBLOCK` flag (the caller's to set or clear).
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.queue.fd()
     }
@@ -203,6 +213,89 @@ mod tests {
         assert_eq!(q.pop(), None);
         q.push(3);
         assert!(readable(q.fd()));
+    }
+
+    /// Clears `O_NONBLOCK` on `fd` (through a duplicate: the flag belongs to the open file
+    /// description both share), as a user of the fd may.
+    fn make_blocking(fd: BorrowedFd<'_>) {
+        let dup = UnixDatagram::from(fd.try_clone_to_owned().unwrap());
+        dup.set_nonblocking(false).unwrap();
+    }
+
+    /// Runs `f` on a thread of its own; fails if it does not finish within 10 s (it would
+    /// hang on a blocking read).
+    fn finishes<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("{what} hung on a blocking fd"))
+    }
+
+    #[test]
+    fn pop_never_blocks_when_the_user_made_the_fd_blocking() {
+        let q = std::sync::Arc::new(FdQueue::new().unwrap());
+        make_blocking(q.fd());
+        let q2 = q.clone();
+        let got = finishes("FdQueue::pop", move || {
+            let empty = q2.pop();
+            q2.push(1u32);
+            q2.push(2);
+            let a = q2.pop();
+            let b = q2.pop(); // drains the readiness byte
+            let c = q2.pop();
+            (empty, a, b, c)
+        });
+        assert_eq!(got, (None, Some(1), Some(2), None));
+        assert!(!readable(q.fd()));
+        q.push(3);
+        assert!(readable(q.fd()), "readiness survives the blocking fd");
+
+        // The same through a completion channel and a device's async events.
+        let ch = std::sync::Arc::new(SoftCompChannel::new(1).unwrap());
+        make_blocking(ch.fd());
+        let ch2 = ch.clone();
+        let got = finishes("get_cq_event", move || {
+            ch2.notify(CqId(4));
+            (ch2.get_cq_event().unwrap(), ch2.get_cq_event().unwrap())
+        });
+        assert_eq!(got, (Some(CqId(4)), None));
+        let ev = std::sync::Arc::new(AsyncEvents::new().unwrap());
+        make_blocking(ev.fd());
+        let ev2 = ev.clone();
+        let e = AsyncEvent {
+            event_type: AsyncEventType::PortActive,
+            element: AsyncEventElement::Port(1),
+        };
+        let got = finishes("AsyncEvents::pop", move || {
+            ev2.raise(e);
+            (ev2.pop(), ev2.pop())
+        });
+        assert_eq!(got, (Some(e), None));
+
+        // What a blocking `ibv_get_cq_event` does over it: poll until readable, then pop.
+        let q = std::sync::Arc::new(FdQueue::new().unwrap());
+        make_blocking(q.fd());
+        let waiter = {
+            let q = q.clone();
+            move || {
+                let fd = q.fd();
+                let mut fds = [rustix::event::PollFd::new(
+                    &fd,
+                    rustix::event::PollFlags::IN,
+                )];
+                rustix::event::poll(&mut fds, None).unwrap();
+                q.pop()
+            }
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(waiter());
+        });
+        q.push(7u32);
+        let got = rx.recv_timeout(std::time::Duration::from_secs(10));
+        assert_eq!(got, Ok(Some(7)), "the waiter woke with the item");
     }
 
     #[test]

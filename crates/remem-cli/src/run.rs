@@ -1,0 +1,354 @@
+//! `remem run`: run an unmodified program on remem's drop-in libibverbs.
+//!
+//! The drop-in is `libremem_ibv.so` (the `remem-ibv` crate: its soname is
+//! `libibverbs.so.1`). A program finds it through a *drop-in directory* holding
+//! `libibverbs.so.1 -> <the library>` (and `librdmacm.so.1 -> libremem_rdmacm.so` when that
+//! library lies beside it), put first on `LD_LIBRARY_PATH`; then the program is `exec`ed, so
+//! its exit status and signals are its own.
+//!
+//! Where the library is looked for, in order: `$REMEM_IBV_LIB` (a file), the directory of
+//! the `remem` executable (cargo puts both in `target/<profile>/`), `<that directory>/../lib`
+//! (an installed layout). The drop-in directory is `<directory of the library>/remem-ibv/`,
+//! or, where that cannot be made or updated (a read-only install), `$XDG_RUNTIME_DIR/remem-ibv/`
+//! or `/tmp/remem-ibv-<uid>/` (made private to the user, and refused if someone else owns
+//! it or can write to it). Links are replaced atomically (a new link renamed over the old),
+//! so runs that start at the same time never see a missing link.
+
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::io;
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+/// The drop-in library's file name.
+pub const LIB_NAME: &str = "libremem_ibv.so";
+/// The drop-in librdmacm's file name (linked when it lies beside the library).
+pub const RDMACM_LIB_NAME: &str = "libremem_rdmacm.so";
+/// The environment variable naming the library's path.
+pub const LIB_ENV: &str = "REMEM_IBV_LIB";
+/// Exit status of `remem run` when it fails before running the program (as `env`'s).
+const EXIT_OWN_FAILURE: u8 = 125;
+
+/// `remem run` options.
+#[derive(clap::Args, Debug)]
+#[command(
+    override_usage = "remem run [--] PROGRAM [ARGS]...\n       remem run --lib-dir",
+    after_help = "\
+Examples:
+  remem run -- ib_write_bw -d rxe0            # serve on the drop-in
+  remem run -- ib_write_bw -d rxe0 127.0.0.1  # ... and connect, in another shell
+  LD_LIBRARY_PATH=$(remem run --lib-dir) ibv_devinfo
+
+The library is looked for at $REMEM_IBV_LIB, beside the remem executable, then in
+<executable dir>/../lib; build it with `cargo build --release -p remem-ibv`.
+Programs that ignore LD_LIBRARY_PATH (setuid programs, an RPATH naming libibverbs) do not
+load the drop-in. Exit status: the program's; 125 if remem run itself failed, 126 if the
+program could not be run, 127 if it was not found."
+)]
+pub struct RunArgs {
+    /// Print the drop-in directory (made if needed) and exit, for
+    /// `LD_LIBRARY_PATH=$(remem run --lib-dir) PROGRAM`.
+    #[arg(long, conflicts_with = "program")]
+    pub lib_dir: bool,
+    /// The program to run and its arguments (after `--`).
+    #[arg(
+        value_name = "PROGRAM",
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        required_unless_present = "lib_dir"
+    )]
+    pub program: Vec<OsString>,
+}
+
+/// Runs `remem run`: returns only when the program could not be started (or for
+/// `--lib-dir`).
+pub fn run(args: &RunArgs) -> ExitCode {
+    let dir = match find_library().and_then(|lib| drop_in_dir(&lib)) {
+        Ok(dir) => dir,
+        Err(e) => {
+            eprintln!("remem run: {e}");
+            return ExitCode::from(EXIT_OWN_FAILURE);
+        }
+    };
+    if args.lib_dir {
+        // The path's bytes as they are (a path need not be UTF-8).
+        let mut line = dir.into_os_string().into_vec();
+        line.push(b'\n');
+        return match io::Write::write_all(&mut io::stdout().lock(), &line) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("remem run: cannot print the drop-in directory: {e}");
+                ExitCode::from(EXIT_OWN_FAILURE)
+            }
+        };
+    }
+    let Some((program, rest)) = args.program.split_first() else {
+        // clap requires PROGRAM without --lib-dir.
+        eprintln!("remem run: no program to run");
+        return ExitCode::from(2);
+    };
+    let path = prepend_path(&dir, std::env::var_os("LD_LIBRARY_PATH").as_deref());
+    let err = Command::new(program)
+        .args(rest)
+        .env("LD_LIBRARY_PATH", path)
+        .exec();
+    eprintln!(
+        "remem run: cannot run {}: {err}",
+        Path::new(program).display()
+    );
+    ExitCode::from(if err.kind() == io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    })
+}
+
+/// `dir` first, then the entries of `old` (no empty entry, which would mean the current
+/// directory).
+pub fn prepend_path(dir: &Path, old: Option<&OsStr>) -> OsString {
+    let mut out = OsString::from(dir);
+    if let Some(old) = old.filter(|o| !o.is_empty()) {
+        out.push(":");
+        out.push(old);
+    }
+    out
+}
+
+/// Where the library is: `$REMEM_IBV_LIB`, else beside the executable, else in
+/// `<exe dir>/../lib`; an error naming every place looked at.
+pub fn find_library() -> Result<PathBuf, String> {
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf));
+    locate(std::env::var_os(LIB_ENV).as_deref(), exe_dir.as_deref())
+}
+
+fn locate(env: Option<&OsStr>, exe_dir: Option<&Path>) -> Result<PathBuf, String> {
+    const HOW: &str = "build it with `cargo build --release -p remem-ibv` (it lands beside \
+                       target/release/remem), or set REMEM_IBV_LIB to its path";
+    if let Some(env) = env.filter(|e| !e.is_empty()) {
+        let path = PathBuf::from(env);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(format!(
+                "{LIB_ENV}={} is not a file; unset it to look beside the remem executable, \
+                 or {HOW}",
+                path.display()
+            ))
+        };
+    }
+    let mut looked = vec![format!("${LIB_ENV} (not set)")];
+    if let Some(dir) = exe_dir {
+        for cand in [
+            dir.join(LIB_NAME),
+            dir.join("..").join("lib").join(LIB_NAME),
+        ] {
+            if cand.is_file() {
+                return Ok(cand);
+            }
+            looked.push(cand.display().to_string());
+        }
+    } else {
+        looked.push("(the remem executable's directory is unknown)".into());
+    }
+    Err(format!(
+        "cannot find the drop-in libibverbs ({LIB_NAME}); looked at: {}; {HOW}",
+        looked.join(", ")
+    ))
+}
+
+/// The drop-in directory for `lib` (made or brought up to date): beside the library, else
+/// the per-user fallback.
+pub fn drop_in_dir(lib: &Path) -> Result<PathBuf, String> {
+    let lib = fs::canonicalize(lib).map_err(|e| format!("{}: {e}", lib.display()))?;
+    let lib_dir = lib
+        .parent()
+        .ok_or_else(|| format!("{}: no parent directory", lib.display()))?;
+    let rdmacm = Some(lib_dir.join(RDMACM_LIB_NAME)).filter(|p| p.is_file());
+    let beside = lib_dir.join("remem-ibv");
+    let first = match populate(&beside, &lib, rdmacm.as_deref(), false) {
+        Ok(()) => return Ok(beside),
+        Err(e) => e,
+    };
+    let fallback = fallback_dir();
+    populate(&fallback, &lib, rdmacm.as_deref(), true)
+        .map(|()| fallback.clone())
+        .map_err(|e| {
+            format!(
+                "cannot make the drop-in directory {} ({first}) nor {} ({e})",
+                beside.display(),
+                fallback.display()
+            )
+        })
+}
+
+/// `$XDG_RUNTIME_DIR/remem-ibv` (when set to an absolute path), else `/tmp/remem-ibv-<uid>`.
+fn fallback_dir() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
+        Some(run) if run.is_absolute() => run.join("remem-ibv"),
+        _ => std::env::temp_dir().join(format!("remem-ibv-{}", rustix::process::getuid().as_raw())),
+    }
+}
+
+/// Makes `dir` hold exactly the links the drop-in needs: `libibverbs.so.1 -> lib`, and
+/// `librdmacm.so.1 -> rdmacm` when there is one (a stale one removed when not). Links
+/// already right are left alone, so a directory someone else prepared (a read-only
+/// install) is used as it is. `private`: the directory must be the user's own and writable
+/// by nobody else (a shared place such as /tmp).
+fn populate(dir: &Path, lib: &Path, rdmacm: Option<&Path>, private: bool) -> io::Result<()> {
+    // Beside the library, as any directory (other users may use it); a shared place's
+    // directory private to the user.
+    let mode = if private { 0o700 } else { 0o777 };
+    match fs::DirBuilder::new().mode(mode).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = fs::symlink_metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(io::Error::other("exists and is not a directory"));
+    }
+    if private && (meta.uid() != rustix::process::getuid().as_raw() || meta.mode() & 0o022 != 0) {
+        return Err(io::Error::other(
+            "owned by another user or writable by others: not used",
+        ));
+    }
+    set_link(dir, "libibverbs.so.1", Some(lib))?;
+    set_link(dir, "librdmacm.so.1", rdmacm)
+}
+
+/// Makes `dir/name` a symbolic link to `target` (or removes the link when `target` is
+/// `None`), unless it already is exactly that.
+fn set_link(dir: &Path, name: &str, target: Option<&Path>) -> io::Result<()> {
+    let path = dir.join(name);
+    let current = fs::read_link(&path).ok();
+    match target {
+        Some(t) if current.as_deref() == Some(t) => Ok(()),
+        Some(t) => {
+            let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+            let _ = fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(t, &tmp)?;
+            fs::rename(&tmp, &path).inspect_err(|_| {
+                let _ = fs::remove_file(&tmp);
+            })
+        }
+        None if current.is_some() => fs::remove_file(&path),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("remem-run-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        fs::canonicalize(d).unwrap()
+    }
+
+    #[test]
+    fn path_is_prepended_without_empty_entries() {
+        let d = Path::new("/x/remem-ibv");
+        assert_eq!(prepend_path(d, None), "/x/remem-ibv");
+        assert_eq!(prepend_path(d, Some(OsStr::new(""))), "/x/remem-ibv");
+        assert_eq!(
+            prepend_path(d, Some(OsStr::new("/a:/b"))),
+            "/x/remem-ibv:/a:/b"
+        );
+    }
+
+    #[test]
+    fn search_order() {
+        let root = scratch("search");
+        let bin = root.join("bin");
+        fs::create_dir_all(&bin).unwrap();
+        let err = locate(None, Some(&bin)).unwrap_err();
+        assert!(err.contains("REMEM_IBV_LIB (not set)"), "{err}");
+        assert!(
+            err.contains(&bin.join(LIB_NAME).display().to_string()),
+            "{err}"
+        );
+        assert!(err.contains("cargo build --release -p remem-ibv"), "{err}");
+        // <exe dir>/../lib
+        fs::create_dir_all(root.join("lib")).unwrap();
+        fs::write(root.join("lib").join(LIB_NAME), b"").unwrap();
+        assert_eq!(
+            locate(None, Some(&bin)).unwrap(),
+            bin.join("..").join("lib").join(LIB_NAME)
+        );
+        // beside the executable wins
+        fs::write(bin.join(LIB_NAME), b"").unwrap();
+        assert_eq!(locate(None, Some(&bin)).unwrap(), bin.join(LIB_NAME));
+        // $REMEM_IBV_LIB wins, and is not second-guessed when wrong
+        let named = root.join("other.so");
+        fs::write(&named, b"").unwrap();
+        assert_eq!(locate(Some(named.as_os_str()), Some(&bin)).unwrap(), named);
+        let err = locate(Some(OsStr::new("/no/such.so")), Some(&bin)).unwrap_err();
+        assert!(
+            err.contains("REMEM_IBV_LIB=/no/such.so is not a file"),
+            "{err}"
+        );
+        // An empty variable counts as unset.
+        assert_eq!(
+            locate(Some(OsStr::new("")), Some(&bin)).unwrap(),
+            bin.join(LIB_NAME)
+        );
+        fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn links_are_made_replaced_and_removed() {
+        let root = scratch("links");
+        let lib = root.join(LIB_NAME);
+        fs::write(&lib, b"").unwrap();
+        let dir = drop_in_dir(&lib).unwrap();
+        assert_eq!(dir, root.join("remem-ibv"));
+        assert_eq!(fs::read_link(dir.join("libibverbs.so.1")).unwrap(), lib);
+        assert!(fs::symlink_metadata(dir.join("librdmacm.so.1")).is_err());
+        // With the librdmacm drop-in beside it, that link too; gone again when it is.
+        let cm = root.join(RDMACM_LIB_NAME);
+        fs::write(&cm, b"").unwrap();
+        drop_in_dir(&lib).unwrap();
+        assert_eq!(fs::read_link(dir.join("librdmacm.so.1")).unwrap(), cm);
+        fs::remove_file(&cm).unwrap();
+        drop_in_dir(&lib).unwrap();
+        assert!(fs::symlink_metadata(dir.join("librdmacm.so.1")).is_err());
+        // A stale link is replaced; no temporary is left behind.
+        fs::remove_file(dir.join("libibverbs.so.1")).unwrap();
+        std::os::unix::fs::symlink("/elsewhere.so", dir.join("libibverbs.so.1")).unwrap();
+        drop_in_dir(&lib).unwrap();
+        assert_eq!(fs::read_link(dir.join("libibverbs.so.1")).unwrap(), lib);
+        let names: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["libibverbs.so.1"]);
+        fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn a_shared_fallback_must_be_private() {
+        let root = scratch("private");
+        let lib = root.join(LIB_NAME);
+        fs::write(&lib, b"").unwrap();
+        let open = root.join("open");
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+        let err = populate(&open, &lib, None, true).unwrap_err();
+        assert!(err.to_string().contains("writable by others"), "{err}");
+        let mine = root.join("mine");
+        populate(&mine, &lib, None, true).unwrap();
+        assert_eq!(
+            fs::metadata(&mine).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        fs::remove_dir_all(root).unwrap();
+    }
+}

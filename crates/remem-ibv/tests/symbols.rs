@@ -1,0 +1,91 @@
+//! The built library resolves, at the right versions, every libibverbs symbol the Debian
+//! tools of the issue need (`objdump -T`), and carries the soname `libibverbs.so.1`.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+/// The programs the issue runs on the drop-in (ibverbs-utils, perftest).
+const TOOLS: &[(&str, &str)] = &[
+    ("ibv_devices", "ibverbs-utils"),
+    ("ibv_devinfo", "ibverbs-utils"),
+    ("ibv_rc_pingpong", "ibverbs-utils"),
+    ("ibv_uc_pingpong", "ibverbs-utils"),
+    ("ibv_ud_pingpong", "ibverbs-utils"),
+    ("ibv_srq_pingpong", "ibverbs-utils"),
+    ("ibv_xsrq_pingpong", "ibverbs-utils"),
+    ("ibv_asyncwatch", "ibverbs-utils"),
+    ("ib_write_bw", "perftest"),
+    ("ib_read_bw", "perftest"),
+    ("ib_send_bw", "perftest"),
+    ("ib_atomic_bw", "perftest"),
+    ("ib_write_lat", "perftest"),
+    ("ib_read_lat", "perftest"),
+    ("ib_send_lat", "perftest"),
+    ("ib_atomic_lat", "perftest"),
+];
+
+fn objdump(path: &std::path::Path) -> Option<String> {
+    let out = Command::new("objdump").arg("-T").arg(path).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `(name, version)` of the symbols in `objdump -T` output, undefined (`UND`) ones or
+/// defined ones, with a version starting `IBVERBS`.
+fn ibverbs_symbols(dump: &str, undefined: bool) -> BTreeSet<(String, String)> {
+    dump.lines()
+        .filter(|l| l.contains("IBVERBS") && l.contains("*UND*") == undefined)
+        .filter_map(|l| {
+            let mut w = l.split_whitespace().rev();
+            let name = w.next()?;
+            let ver = w.next()?.trim_matches(['(', ')']);
+            Some((name.to_string(), ver.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn every_tool_resolves_every_libibverbs_symbol() {
+    let lib = common::library();
+    let Some(dump) = objdump(&lib) else {
+        eprintln!("skipped: objdump not found (Debian package binutils)");
+        return;
+    };
+    let defined = ibverbs_symbols(&dump, false);
+    assert!(
+        defined.len() >= 76,
+        "{} versioned definitions",
+        defined.len()
+    );
+    let mut checked = 0;
+    for (name, package) in TOOLS {
+        let Some(path) = common::tool(name, package) else {
+            continue;
+        };
+        let needed = ibverbs_symbols(&objdump(&path).unwrap(), true);
+        let missing: Vec<_> = needed.difference(&defined).collect();
+        assert!(missing.is_empty(), "{name} needs {missing:?}");
+        checked += needed.len();
+    }
+    eprintln!("{checked} symbol references resolved");
+}
+
+#[test]
+fn soname_is_libibverbs_so_1() {
+    let lib = common::library();
+    let Ok(out) = Command::new("objdump").arg("-p").arg(&lib).output() else {
+        eprintln!("skipped: objdump not found (Debian package binutils)");
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let soname = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("SONAME"))
+        .expect("a SONAME");
+    assert!(soname.trim_end().ends_with("libibverbs.so.1"), "{soname}");
+    // It needs no rdma-core library itself.
+    assert!(!text.contains("NEEDED               libibverbs"), "{text}");
+}
