@@ -113,6 +113,16 @@ pub unsafe extern "C" fn remem_ibv_ibv_create_ah(
     pd: *mut ibv_pd,
     attr: *mut ibv_ah_attr,
 ) -> *mut ibv_ah {
+    // SAFETY: the caller's contract.
+    unsafe { create_ah(pd, attr) }
+}
+
+/// `ibv_create_ah`'s body (also behind `ibv_create_ah_from_wc`).
+///
+/// # Safety
+///
+/// As the exported function.
+unsafe fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     guard_ptr("ibv_create_ah", || {
         // SAFETY: by the contract.
         let (Some(p), Some(a)) = (unsafe { pd_from(pd) }, unsafe { attr.as_ref() }) else {
@@ -214,6 +224,22 @@ pub unsafe extern "C" fn remem_ibv_ibv_init_ah_from_wc(
     grh: *mut ibv_grh,
     ah_attr: *mut ibv_ah_attr,
 ) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { init_ah_from_wc(context, port_num, wc, grh, ah_attr) }
+}
+
+/// `ibv_init_ah_from_wc`'s body (also behind `ibv_create_ah_from_wc`).
+///
+/// # Safety
+///
+/// As the exported function.
+unsafe fn init_ah_from_wc(
+    context: *mut ibv_context,
+    port_num: u8,
+    wc: *mut ibv_wc,
+    grh: *mut ibv_grh,
+    ah_attr: *mut ibv_ah_attr,
+) -> c_int {
     guard_neg("ibv_init_ah_from_wc", || {
         // SAFETY: by the contract.
         let (Some(ctx), Some(w)) = (unsafe { ctx_from(context) }, unsafe { wc.as_ref() }) else {
@@ -300,19 +326,13 @@ pub unsafe extern "C" fn remem_ibv_ibv_create_ah_from_wc(
         let mut a = std::mem::MaybeUninit::<ibv_ah_attr>::zeroed();
         // SAFETY: the arguments by the contract; `a` is writable.
         let r = unsafe {
-            remem_ibv_ibv_init_ah_from_wc(
-                p.inner.ctx.ibv_context(),
-                port_num,
-                wc,
-                grh,
-                a.as_mut_ptr(),
-            )
+            init_ah_from_wc(p.inner.ctx.ibv_context(), port_num, wc, grh, a.as_mut_ptr())
         };
         if r != 0 {
             return std::ptr::null_mut();
         }
         // SAFETY: `pd` as given; `a` was written by init_ah_from_wc.
-        unsafe { remem_ibv_ibv_create_ah(pd, a.as_mut_ptr()) }
+        unsafe { create_ah(pd, a.as_mut_ptr()) }
     })
 }
 

@@ -29,11 +29,12 @@ symver!(
     "ibv_get_cq_event" @ "IBVERBS_1.1",
 );
 
-/// Whether remem-soft's event queues drain their fd with `MSG_DONTWAIT`, so that the
-/// channel fd can be handed to the program blocking (its own `O_NONBLOCK` then decides
-/// whether `ibv_get_cq_event` waits). Until then the fd stays non-blocking and
-/// `ibv_get_cq_event` always waits.
-pub(crate) const FD_QUEUE_DRAINS_DONTWAIT: bool = false;
+/// Whether remem-soft's event queues drain their fd with `MSG_DONTWAIT` (they do, since
+/// the FdQueue change of issue 17), so that the channel fd is handed to the program
+/// blocking, as rdma-core's is, and the program's own `O_NONBLOCK` decides whether
+/// `ibv_get_cq_event` waits. (Were it `false`, the fd would stay non-blocking and
+/// `ibv_get_cq_event` would always wait.)
+pub(crate) const FD_QUEUE_DRAINS_DONTWAIT: bool = true;
 
 /// A completion channel: what `ibv_create_comp_channel` returns a pointer to (`abi`
 /// first). The program may write its ABI struct; the library reads and writes that only

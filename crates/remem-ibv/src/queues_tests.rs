@@ -25,6 +25,8 @@ struct Env {
     ctx: *mut ibv_context,
     pd: *mut ibv_pd,
     gid: [u8; 16],
+    /// The index of the device's RoCE v2 GID (remem speaks RoCE v2 only).
+    sgid: u8,
     buf: Arc<MemoryBuffer>,
     mr: Arc<dyn MemoryRegion>,
 }
@@ -44,7 +46,13 @@ impl Env {
     fn new() -> Env {
         let dev = remem_soft::SoftContext::bind_with(addr(), &remem_soft::SoftOptions::default())
             .expect("a soft device on loopback");
-        let gid = dev.query_gid(1, 0).unwrap().gid.0;
+        let v2 = dev
+            .gid_table(1)
+            .unwrap()
+            .into_iter()
+            .find(|g| g.gid_type == remem_verbs::GidType::RoceV2)
+            .expect("a RoCE v2 GID");
+        let (gid, sgid) = (v2.gid.0, v2.index as u8);
         let dev: Arc<dyn Context> = Arc::new(dev);
         let ctx = Ctx::create(Arc::clone(&dev), null_mut());
         let shared = unsafe { ctx_from(ctx) }.unwrap().shared().clone();
@@ -66,6 +74,7 @@ impl Env {
             ctx,
             pd,
             gid,
+            sgid,
             buf,
             mr,
         }
@@ -136,6 +145,7 @@ impl Env {
         a.ah_attr.is_global = 1;
         a.ah_attr.port_num = 1;
         a.ah_attr.grh.dgid = ibv_gid { raw: self.gid };
+        a.ah_attr.grh.sgid_index = self.sgid;
         a.ah_attr.grh.hop_limit = 1;
         let m = IBV_QP_STATE
             | IBV_QP_AV
@@ -573,6 +583,7 @@ fn ud_datagram_and_reply_address() {
     let mut ah_attr: ibv_ah_attr = unsafe { std::mem::zeroed() };
     ah_attr.port_num = 1;
     ah_attr.grh.dgid = ibv_gid { raw: e.gid };
+    ah_attr.grh.sgid_index = e.sgid;
     assert!(
         unsafe { remem_ibv_ibv_create_ah(e.pd, &mut ah_attr) }.is_null(),
         "no GRH"
@@ -616,7 +627,7 @@ fn ud_datagram_and_reply_address() {
     assert_eq!(r, 0);
     assert_eq!(
         (back.is_global, back.port_num, back.grh.sgid_index),
-        (1, 1, 0)
+        (1, 1, e.sgid)
     );
     assert_eq!(unsafe { back.grh.dgid.raw }, e.gid);
     let reply =
@@ -759,6 +770,23 @@ fn channel_events_block_ack_and_busy() {
         unsafe { remem_ibv_ibv_destroy_comp_channel(ch) },
         libc::EBUSY
     );
+
+    // The fd is handed out blocking; O_NONBLOCK set by the program makes an empty channel
+    // EAGAIN at once.
+    let fd = unsafe { (*ch).fd };
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    assert_eq!(fl & libc::O_NONBLOCK, 0, "a blocking fd, as rdma-core's");
+    assert_eq!(
+        unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) },
+        0
+    );
+    let (mut c, mut x) = (null_mut(), null_mut());
+    assert_eq!(
+        unsafe { remem_ibv_ibv_get_cq_event(ch, &mut c, &mut x) },
+        -1
+    );
+    assert_eq!(crate::ffi::errno(), libc::EAGAIN);
+    assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETFL, fl) }, 0);
     let a = e.qp(IBV_QPT_RC, cq, cq, null_mut());
     let b = e.qp(IBV_QPT_RC, cq, cq, null_mut());
     e.connect(a, unsafe { (*b).qp_num });

@@ -79,6 +79,16 @@ pub unsafe extern "C" fn remem_ibv_ibv_create_srq(
     pd: *mut ibv_pd,
     attr: *mut ibv_srq_init_attr,
 ) -> *mut ibv_srq {
+    // SAFETY: the caller's contract.
+    unsafe { create_srq(pd, attr) }
+}
+
+/// `ibv_create_srq`'s body (also behind `ibv_create_srq_ex`).
+///
+/// # Safety
+///
+/// As `ibv_create_srq`.
+unsafe fn create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> *mut ibv_srq {
     guard_ptr("ibv_create_srq", || {
         // SAFETY: by the contract.
         let (Some(p), Some(a)) = (unsafe { pd_from(pd) }, unsafe { attr.as_mut() }) else {
@@ -256,7 +266,7 @@ pub unsafe extern "C" fn create_srq_ex(
             attr: a.attr,
         };
         // SAFETY: the PD as given; `basic_attr` is a local.
-        let srq = unsafe { remem_ibv_ibv_create_srq(a.pd, &mut basic_attr) };
+        let srq = unsafe { create_srq(a.pd, &mut basic_attr) };
         a.attr = basic_attr.attr;
         srq
     })

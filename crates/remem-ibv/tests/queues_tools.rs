@@ -1,13 +1,17 @@
 //! Unmodified Debian programs on the drop-in, both ends, two processes on loopback:
 //! rdma-core's pingpong examples (ibverbs-utils) and perftest. Each process's default
 //! device `rxe0` takes a loopback address of its own, so the pairs need no configuration.
+//! The pingpong examples are given the device's RoCE v2 GID index (`-g`; read from
+//! `ibv_devinfo -v`); perftest finds it by itself (one run names it with `-x`).
 //!
 //! A test whose program is not installed prints `skipped: …` and passes; so do the UC
 //! runs while the soft provider has no UC queue pairs (asked of remem-soft directly).
 
+mod common;
 mod support;
 
-use support::{assert_both_ok, free_port, have_timeout, run_pair, serial, tool};
+use common::{DropIn, tool};
+use support::{assert_both_ok, free_port, have_timeout, roce_v2_gid_index, run_pair, serial};
 
 /// Whether the soft provider creates UC queue pairs (else the UC runs are skipped).
 fn uc_supported() -> bool {
@@ -49,14 +53,20 @@ fn pingpong(prog: &str, extra: &[&str]) {
     if !have_timeout() {
         return;
     }
-    let Some(p) = tool(prog) else { return };
+    let Some(p) = tool(prog, "ibverbs-utils") else {
+        return;
+    };
     let _one = serial();
+    let d = DropIn::new(prog);
+    let Some(gid) = roce_v2_gid_index(&d) else {
+        return;
+    };
     let port = free_port().to_string();
-    let mut server = vec!["-d", "rxe0", "-g", "0", "-p", &port, "-n", "200"];
+    let mut server = vec!["-d", "rxe0", "-g", &gid, "-p", &port, "-n", "200"];
     server.extend_from_slice(extra);
     let mut client = server.clone();
     client.push("127.0.0.1");
-    let (s, c) = run_pair(&p, &server, &client, port.parse().unwrap());
+    let (s, c) = run_pair(&d, &p, &server, &client, port.parse().unwrap());
     assert_both_ok(&format!("{prog} {extra:?}"), &s, &c);
     for r in [&s, &c] {
         assert!(
@@ -133,20 +143,23 @@ fn has_result_row(out: &str) -> bool {
     false
 }
 
-/// A perftest program with `args` (both ends), device `rxe0`, GID index 0, a TCP port of
-/// its own; asserts both exit 0 and that the client printed a result row.
+/// A perftest program with `args` (both ends), device `rxe0`, a TCP port of its own;
+/// asserts both exit 0 and that the client printed a result row.
 fn perftest(prog: &str, args: &[&str]) {
     if !have_timeout() {
         return;
     }
-    let Some(p) = tool(prog) else { return };
+    let Some(p) = tool(prog, "perftest") else {
+        return;
+    };
     let _one = serial();
+    let d = DropIn::new(prog);
     let port = free_port().to_string();
-    let mut server = vec!["-d", "rxe0", "-x", "0", "-p", &port, "-F"];
+    let mut server = vec!["-d", "rxe0", "-p", &port, "-F"];
     server.extend_from_slice(args);
     let mut client = server.clone();
     client.push("127.0.0.1");
-    let (s, c) = run_pair(&p, &server, &client, port.parse().unwrap());
+    let (s, c) = run_pair(&d, &p, &server, &client, port.parse().unwrap());
     assert_both_ok(&format!("{prog} {args:?}"), &s, &c);
     assert!(
         has_result_row(&c.out),
@@ -158,6 +171,18 @@ fn perftest(prog: &str, args: &[&str]) {
 #[test]
 fn write_bw() {
     perftest("ib_write_bw", &["-n", "200"]);
+}
+
+#[test]
+fn write_bw_gid_index_named() {
+    if !have_timeout() {
+        return;
+    }
+    let d = DropIn::new("gid-index");
+    let Some(gid) = roce_v2_gid_index(&d) else {
+        return;
+    };
+    perftest("ib_write_bw", &["-n", "200", "-x", &gid]);
 }
 
 #[test]

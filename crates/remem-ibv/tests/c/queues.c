@@ -39,6 +39,7 @@ static double now_s(void)
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static union ibv_gid gid;
+static uint8_t sgid_index; /* the RoCE v2 GID: remem speaks RoCE v2 only */
 static char *buf;
 static struct ibv_mr *mr;
 enum { BUF = 4096 };
@@ -87,7 +88,7 @@ static void connect_qp(struct ibv_qp *qp, uint32_t dest)
 	struct ibv_qp_attr a = {
 		.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = dest,
 		.rq_psn = 0, .max_dest_rd_atomic = 1, .min_rnr_timer = 12,
-		.ah_attr = { .is_global = 1, .grh = { .dgid = gid, .sgid_index = 0,
+		.ah_attr = { .is_global = 1, .grh = { .dgid = gid, .sgid_index = sgid_index,
 						       .hop_limit = 1 },
 			     .port_num = 1 },
 	};
@@ -166,8 +167,20 @@ int main(void)
 	if (!ctx)
 		FAIL("open");
 	pd = ibv_alloc_pd(ctx);
-	if (ibv_query_gid(ctx, 1, 0, &gid))
-		FAIL("query_gid");
+	struct ibv_port_attr pa;
+	if (ibv_query_port(ctx, 1, &pa))
+		FAIL("query_port");
+	int found = 0;
+	for (int i = 0; i < pa.gid_tbl_len && !found; i++) {
+		struct ibv_gid_entry e;
+		if (ibv_query_gid_ex(ctx, 1, i, &e, 0) == 0 && e.gid_type == IBV_GID_TYPE_ROCE_V2) {
+			gid = e.gid;
+			sgid_index = i;
+			found = 1;
+		}
+	}
+	if (!found)
+		FAIL("no RoCE v2 GID");
 	buf = aligned_alloc(4096, BUF);
 	memset(buf, 0, BUF);
 	mr = ibv_reg_mr(pd, buf, BUF, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |

@@ -1,72 +1,22 @@
-//! Running unmodified programs on the drop-in: the library directory, Debian tools found on
-//! `PATH`, server/client pairs on loopback, bounded in time.
+//! Server/client pairs of unmodified programs on the drop-in, on loopback, bounded in
+//! time; built on the shared helpers in `common` (drop-in directory, tools, bounded runs).
 //!
-//! Shared by the integration tests that run ibverbs-utils, perftest and the C test
-//! programs. Every test that needs something absent prints `skipped: <why>` and returns.
+//! Every test that needs something absent prints `skipped: <why>` and returns.
 
 #![allow(dead_code)]
 
-use std::io::Read;
+use super::common::{DropIn, text, tool};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// How long one program may run before `timeout` ends it.
-pub const RUN_LIMIT_S: u32 = 120;
+/// How long one program may run before `timeout` ends it (seconds).
+pub const RUN_LIMIT_S: u64 = 120;
 
-/// The built `libremem_ibv.so`: next to the `deps` directory this test runs from.
-pub fn library() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/<test>");
-    profile_dir.join("libremem_ibv.so")
-}
-
-/// A directory holding `libibverbs.so.1` -> the built library (what `remem run` sets up),
-/// one per test process.
-pub fn dropin_dir() -> PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let lib = library();
-        assert!(
-            lib.exists(),
-            "{} was not built (cargo builds the cdylib before the tests)",
-            lib.display()
-        );
-        let dir = std::env::temp_dir().join(format!("remem-ibv-queues-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let link = dir.join("libibverbs.so.1");
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&lib, &link).unwrap();
-        dir
-    })
-    .clone()
-}
-
-/// The program `name` on `PATH`, or `None` after printing why the test is skipped.
-pub fn tool(name: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join(name))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        println!("skipped: {name} is not installed (Debian packages ibverbs-utils, perftest)");
-    }
-    found
-}
-
-/// Whether `timeout` (coreutils) is there; every program runs under it.
-pub fn have_timeout() -> bool {
-    tool("timeout").is_some()
-}
-
-/// The tools run one pair at a time: two processes with a progress thread each are as much
-/// as a small CI machine takes while staying fast.
+/// The pairs run one at a time: two processes with a progress thread each are as much as a
+/// small CI machine takes while staying fast.
 pub fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
@@ -81,49 +31,56 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A command running `prog args` on the drop-in under `timeout`.
-pub fn dropin_command(prog: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new("timeout");
+/// Whether coreutils' `timeout` is there (every program runs under it).
+pub fn have_timeout() -> bool {
+    tool("timeout", "coreutils").is_some()
+}
+
+/// A command running `prog args` on the drop-in `d` under `timeout`.
+pub fn dropin_command(d: &DropIn, prog: &Path, args: &[&str]) -> Command {
+    let mut c = d.command("timeout");
     c.arg("-k")
         .arg("5")
         .arg(RUN_LIMIT_S.to_string())
         .arg(prog)
         .args(args)
-        .env("LD_LIBRARY_PATH", dropin_dir())
-        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     c
 }
 
+/// The index of the default device's RoCE v2 GID (what `-g` / `-x` must name: remem
+/// speaks RoCE v2 only), read from `ibv_devinfo -v` on the drop-in.
+pub fn roce_v2_gid_index(d: &DropIn) -> Option<String> {
+    let devinfo = tool("ibv_devinfo", "ibverbs-utils")?;
+    let out = d.command(devinfo).arg("-v").output().ok()?;
+    let t = text(&out.stdout);
+    let line = t
+        .lines()
+        .find(|l| l.contains("GID[") && l.contains("RoCE v2"));
+    let idx = line.and_then(|l| {
+        let inner = l.split('[').nth(1)?.split(']').next()?;
+        Some(inner.trim().to_string())
+    });
+    assert!(idx.is_some(), "ibv_devinfo -v shows no RoCE v2 GID:\n{t}");
+    idx
+}
+
 /// What one program did.
 #[derive(Debug)]
 pub struct Ran {
-    /// Its exit status code (`None`: killed by a signal).
+    /// Its exit status code (`None`: killed by a signal, or never started).
     pub code: Option<i32>,
-    /// Standard output and standard error, in that order.
+    /// Standard output, then standard error.
     pub out: String,
 }
 
 impl Ran {
-    fn collect(mut child: Child) -> Ran {
-        let mut out = String::new();
-        let mut err = String::new();
-        // Both pipes are read on threads so that neither fills and blocks the child.
-        let mut so = child.stdout.take().unwrap();
-        let mut se = child.stderr.take().unwrap();
-        let t = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = se.read_to_string(&mut s);
-            s
-        });
-        let _ = so.read_to_string(&mut out);
-        err.push_str(&t.join().unwrap());
-        let status = child.wait().unwrap();
-        out.push_str(&err);
+    fn collect(child: Child) -> Ran {
+        let out = child.wait_with_output().unwrap();
         Ran {
-            code: status.code(),
-            out,
+            code: out.status.code(),
+            out: text(&out.stdout) + &text(&out.stderr),
         }
     }
 }
@@ -142,31 +99,30 @@ fn listening(port: u16) -> bool {
 }
 
 /// Runs a server and then its client, both on the drop-in: the client starts once the
-/// server listens on `port` (seen in `/proc/net/tcp`, or the server having exited).
-pub fn run_pair(prog: &Path, server_args: &[&str], client_args: &[&str], port: u16) -> (Ran, Ran) {
-    let server = dropin_command(prog, server_args).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(u64::from(RUN_LIMIT_S));
-    let mut server = Some(server);
-    while !listening(port) && Instant::now() < deadline {
-        if let Some(s) = server.as_mut()
-            && s.try_wait().unwrap().is_some()
-        {
-            // The server ended before it listened: report what it said.
-            let ran = Ran::collect(server.take().unwrap());
-            return (
-                ran,
-                Ran {
-                    code: None,
-                    out: "client not started: the server exited first".into(),
-                },
-            );
+/// server listens on `port` (the kernel's socket table says so) or the server has exited.
+pub fn run_pair(
+    d: &DropIn,
+    prog: &Path,
+    server_args: &[&str],
+    client_args: &[&str],
+    port: u16,
+) -> (Ran, Ran) {
+    let mut server = dropin_command(d, prog, server_args).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(RUN_LIMIT_S);
+    while !listening(port) {
+        if server.try_wait().unwrap().is_some() || Instant::now() > deadline {
+            let ran = Ran::collect(server);
+            let not = Ran {
+                code: None,
+                out: "client not started: the server never listened".into(),
+            };
+            return (ran, not);
         }
-        std::thread::yield_now();
+        // Polling the socket table: nothing else tells when the server has listened.
         std::thread::sleep(Duration::from_millis(2));
     }
-    let client = dropin_command(prog, client_args).spawn().unwrap();
-    let client = Ran::collect(client);
-    let server = Ran::collect(server.unwrap());
+    let client = Ran::collect(dropin_command(d, prog, client_args).spawn().unwrap());
+    let server = Ran::collect(server);
     (server, client)
 }
 
