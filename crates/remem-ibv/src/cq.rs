@@ -425,12 +425,9 @@ mod tests {
             ..WorkCompletion::default()
         };
         let c = to_ibv_wc(&inv);
-        // SAFETY: as above.
-        assert_eq!(
-            unsafe { c.u_imm_data.invalidated_rkey },
-            0xdead_beef,
-            "host order"
-        );
+        // SAFETY: reading the union member just written.
+        let rkey = unsafe { c.u_imm_data.invalidated_rkey };
+        assert_eq!(rkey, 0xdead_beef, "host order");
         assert_eq!(c.opcode, IBV_WC_RECV);
         assert_eq!(c.status, IBV_WC_SUCCESS);
     }

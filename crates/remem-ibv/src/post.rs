@@ -568,10 +568,8 @@ mod tests {
         w.opcode = IBV_WR_SEND_WITH_IMM;
         w.u_imm_data.imm_data = 0x0102_0304u32.to_be();
         // SAFETY: `w` is a local work request.
-        assert_eq!(
-            unsafe { send_op(&w) },
-            Ok(SendOp::SendWithImm { imm: 0x0102_0304 })
-        );
+        let op = unsafe { send_op(&w) };
+        assert_eq!(op, Ok(SendOp::SendWithImm { imm: 0x0102_0304 }));
         w.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
         w.wr.atomic = ibv_send_wr_atomic {
             remote_addr: 0x1000,
