@@ -2,10 +2,10 @@
 //! (verbs.h's inline `ibv_post_send`, `ibv_post_recv`, `ibv_post_srq_recv`), and the
 //! send machinery the `ibv_wr_*` API ([`crate::qp_ex`]) shares.
 //!
-//! **Send.** Work requests are read from the program's list into a per-QP [`Pending`]
+//! **Send.** Work requests are read from the program's list into a per-QP `Pending`
 //! batch (work request, opcode, flags, the scatter/gather entries, inline bytes), whose
 //! vectors keep their capacity: posting allocates nothing once they have grown. The batch
-//! goes to remem's QP 16 at a time ([`flush`]). The first work request refused, by this
+//! goes to remem's QP 16 at a time (`flush`). The first work request refused, by this
 //! library (opcode, flags, SGE count, inline size, UD address handle: EINVAL, or
 //! EOPNOTSUPP for opcodes remem does not implement) or by remem (ENOMEM: send queue full;
 //! EINVAL: a QP state that takes no sends, an lkey that names no region of the QP's PD, an

@@ -7,7 +7,7 @@
 //! with the `wr_id` and `wr_flags` it reads from the `ibv_qp_ex` at that call; the setters
 //! (`ibv_wr_set_sge*`, `ibv_wr_set_inline_data*` — the data is copied at once —,
 //! `ibv_wr_set_ud_addr`) complete the last one. `ibv_wr_complete` posts the batch through
-//! the same path as `ibv_post_send` ([`crate::post::flush`]) and leaves the region;
+//! the same path as `ibv_post_send` (`post::flush`) and leaves the region;
 //! `ibv_wr_abort` drops it. A builder or setter that cannot be honoured (an operation
 //! remem does not implement: memory windows, TSO, XRC, ATOMIC WRITE through this API; a
 //! setter without a work request; too much inline data) records the error, which
