@@ -8,7 +8,11 @@ use remem_verbs::{CqId, ProtectionDomain};
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+
+/// Every open context (to find an event's object in a sibling context on the same device:
+/// contexts opened on one device share its remem context and its event queue).
+static CONTEXTS: Mutex<Vec<Weak<CtxShared>>> = Mutex::new(Vec::new());
 
 /// An open device: what `ibv_open_device` returns a pointer into.
 ///
@@ -33,6 +37,10 @@ pub struct CtxShared {
     qps: Registry,
     cqs: Registry,
     srqs: Registry,
+    /// The GID table programs see on port 1: the remem device's RoCE v2 entries, in order
+    /// (their remem indices). Soft devices speak RoCE v2 only; remem's table also holds a
+    /// RoCE v1 entry per address (rxe's layout), which programs must not pick.
+    gid_map: Vec<u8>,
     /// Async events handed out and not yet acked, by object address.
     pending: Mutex<HashMap<usize, u32>>,
     acked: Condvar,
@@ -81,6 +89,38 @@ impl CtxShared {
     /// The `*mut ibv_device` the context was opened from.
     pub fn ibv_device(&self) -> *mut ibv_device {
         self.device as *mut ibv_device
+    }
+
+    /// The remem GID index of the program's GID index `index` (port 1): `None` past the
+    /// table. Every `sgid_index` a program passes (QP address vectors, AHs) goes through
+    /// this before remem sees it.
+    pub fn soft_gid_index(&self, index: u8) -> Option<u8> {
+        self.gid_map.get(usize::from(index)).copied()
+    }
+
+    /// The program's GID index of a remem GID index (port 1), for what remem reports
+    /// back (`ibv_query_qp`): `None` for an entry programs do not see.
+    pub fn program_gid_index(&self, soft_index: u8) -> Option<u8> {
+        self.gid_map
+            .iter()
+            .position(|&i| i == soft_index)
+            .map(|p| p as u8)
+    }
+
+    /// The GID table programs see on `port_num` (1): the RoCE v2 entries, re-indexed
+    /// from 0.
+    pub fn gid_table(&self, port_num: u8) -> remem_verbs::Result<Vec<remem_verbs::GidEntry>> {
+        let table = self.dev.gid_table(port_num)?;
+        Ok(self
+            .gid_map
+            .iter()
+            .enumerate()
+            .filter_map(|(p, &soft)| {
+                let mut e = table.iter().find(|e| e.index == u32::from(soft))?.clone();
+                e.index = p as u32;
+                Some(e)
+            })
+            .collect())
     }
 
     /// Registers a QP for async events (call when created).
@@ -154,6 +194,16 @@ impl CtxShared {
         self.acked.notify_all();
     }
 
+    /// The other open contexts on the same remem device.
+    pub fn siblings(self: &Arc<Self>) -> Vec<Arc<CtxShared>> {
+        let mut all = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|w| w.strong_count() > 0);
+        all.iter()
+            .filter_map(Weak::upgrade)
+            .filter(|c| !Arc::ptr_eq(c, self) && Arc::ptr_eq(&c.dev, &self.dev))
+            .collect()
+    }
+
     fn wait_acked(&self, ptr: usize) {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         while pending.contains_key(&ptr) {
@@ -172,8 +222,10 @@ impl Ctx {
     /// Freed by [`Ctx::free`].
     pub fn create(dev: Arc<dyn remem_verbs::Context>, device: *mut ibv_device) -> *mut ibv_context {
         let async_fd = dev.async_fd().as_raw_fd();
+        let gid_map = program_gids(&dev.gid_table(1).unwrap_or_default());
         let shared = Arc::new(CtxShared {
             dev,
+            gid_map,
             device: device as usize,
             ctx: AtomicUsize::new(0),
             qps: Registry::default(),
@@ -182,6 +234,11 @@ impl Ctx {
             pending: Mutex::new(HashMap::new()),
             acked: Condvar::new(),
         });
+        {
+            let mut all = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+            all.retain(|w| w.strong_count() > 0);
+            all.push(Arc::downgrade(&shared));
+        }
         let ctx = Box::new(Ctx {
             vctx: verbs_context_table(device, async_fd),
             shared,
@@ -209,6 +266,17 @@ impl Ctx {
         // SAFETY: by the contract, `raw` is the Box made in `create`.
         drop(unsafe { Box::from_raw(raw) });
     }
+}
+
+/// The remem indices of the GID entries programs see: the RoCE v2 ones, in index order.
+pub fn program_gids(table: &[remem_verbs::GidEntry]) -> Vec<u8> {
+    let mut v2: Vec<u8> = table
+        .iter()
+        .filter(|e| e.gid_type == remem_verbs::GidType::RoceV2)
+        .filter_map(|e| u8::try_from(e.index).ok())
+        .collect();
+    v2.sort_unstable();
+    v2
 }
 
 /// The context behind a program's `*mut ibv_context`; `None` for NULL or a context this
@@ -432,4 +500,106 @@ impl Pd {
 pub unsafe fn pd_from<'a>(pd: *mut ibv_pd) -> Option<&'a Pd> {
     // SAFETY: by the contract, a non-NULL `pd` is the first field of a boxed `Pd`.
     unsafe { pd.cast::<Pd>().as_ref() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    pub(crate) fn soft_device() -> Arc<dyn remem_verbs::Context> {
+        Arc::new(
+            remem_soft::SoftContext::bind_with(
+                "127.0.0.1:0".parse().unwrap(),
+                &remem_soft::SoftOptions::default(),
+            )
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn context_pointer_round_trips() {
+        let ctx = Ctx::create(soft_device(), std::ptr::null_mut());
+        // SAFETY: a live context just made.
+        let c = unsafe { ctx_from(ctx) }.unwrap();
+        assert_eq!(c.shared().ibv_context(), ctx);
+        assert_eq!(c.vctx.sz, size_of::<verbs_context>());
+        // SAFETY: a live context; reading its fields.
+        assert_eq!(unsafe { (*ctx).abi_compat }, VERBS_ABI_IS_EXTENDED);
+        // SAFETY: made by Ctx::create, not used afterwards.
+        unsafe { Ctx::free(ctx) };
+        // SAFETY: NULL is allowed.
+        assert!(unsafe { ctx_from(std::ptr::null_mut()) }.is_none());
+    }
+
+    #[test]
+    fn programs_see_the_roce_v2_gids_from_index_0() {
+        let ctx = Ctx::create(soft_device(), std::ptr::null_mut());
+        // SAFETY: a live context just made.
+        let shared = unsafe { ctx_from(ctx) }.unwrap().shared();
+        // remem's table: v1 at 0, v2 at 1; programs see the v2 entry at 0.
+        let soft = shared.dev.gid_table(1).unwrap();
+        assert_eq!(soft[1].gid_type, remem_verbs::GidType::RoceV2);
+        assert_eq!(shared.soft_gid_index(0), Some(1));
+        assert_eq!(shared.soft_gid_index(1), None);
+        assert_eq!(shared.program_gid_index(1), Some(0));
+        assert_eq!(shared.program_gid_index(0), None);
+        let seen = shared.gid_table(1).unwrap();
+        assert_eq!(seen.len(), 1);
+        assert_eq!((seen[0].index, seen[0].gid), (0, soft[1].gid));
+        // SAFETY: made by Ctx::create, not used afterwards.
+        unsafe { Ctx::free(ctx) };
+    }
+
+    #[test]
+    fn unregistering_waits_for_the_acks() {
+        let ctx = Ctx::create(soft_device(), std::ptr::null_mut());
+        // SAFETY: a live context just made.
+        let shared = Arc::clone(unsafe { ctx_from(ctx) }.unwrap().shared());
+        let qp = 0x1000 as *mut ibv_qp;
+        shared.register_qp(7, qp);
+        assert_eq!(shared.qp_ptr(7), Some(qp));
+        shared.event_out(qp as usize);
+        shared.event_out(qp as usize);
+        let (tx, rx) = mpsc::channel();
+        let s2 = Arc::clone(&shared);
+        let t = std::thread::spawn(move || {
+            s2.unregister_qp(7);
+            tx.send(()).unwrap();
+        });
+        shared.event_acked(qp as usize);
+        // One event still out: the destroy must still be waiting (checked for a while).
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+        shared.event_acked(qp as usize);
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("unregister returns");
+        t.join().unwrap();
+        assert_eq!(shared.qp_ptr(7), None);
+        // Unregistering what is not registered returns at once.
+        shared.unregister_cq(CqId(5));
+        // SAFETY: made by Ctx::create, not used afterwards.
+        unsafe { Ctx::free(ctx) };
+    }
+
+    #[test]
+    fn pd_users_block_nothing_but_are_counted() {
+        let ctx = Ctx::create(soft_device(), std::ptr::null_mut());
+        // SAFETY: a live context just made.
+        let c = unsafe { ctx_from(ctx) }.unwrap();
+        let pd = Pd::create(c.shared(), c.shared().dev.alloc_pd().unwrap());
+        // SAFETY: a live PD just made.
+        let p = unsafe { pd_from(pd) }.unwrap();
+        assert_eq!(p.inner.ibv_pd(), pd);
+        assert_eq!(p.abi.context, ctx);
+        let hold = p.inner.hold();
+        assert_eq!(p.inner.users(), 1);
+        drop(hold);
+        assert_eq!(p.inner.users(), 0);
+        // SAFETY: made by Pd::create / Ctx::create, not used afterwards.
+        unsafe {
+            Pd::free(pd);
+            Ctx::free(ctx);
+        }
+    }
 }

@@ -13,6 +13,7 @@ use crate::context::{CtxShared, ctx_from};
 use crate::ffi::{guard_neg, set_errno};
 use core::ffi::c_int;
 use remem_verbs::{AsyncEvent, AsyncEventElement};
+use std::sync::Arc;
 
 symver!(
     "ibv_get_async_event" @ "IBVERBS_1.1",
@@ -55,9 +56,25 @@ pub fn subject(event_type: ibv_event_type) -> Subject {
     }
 }
 
-/// The `ibv_async_event` of a remem event, `None` if its object is no longer registered.
-/// Notes the event as handed out (until acked).
-pub fn translate(shared: &CtxShared, ev: &AsyncEvent) -> Option<ibv_async_event> {
+/// The `ibv_async_event` of a remem event: its object looked up in `shared`'s registries,
+/// then in those of the other contexts open on the same device (they share the event
+/// queue). `None` if the object is no longer registered anywhere. Notes the event as
+/// handed out (until acked).
+pub fn translate(shared: &Arc<CtxShared>, ev: &AsyncEvent) -> Option<ibv_async_event> {
+    if let Some(e) = translate_in(shared, ev) {
+        return Some(e);
+    }
+    if matches!(
+        ev.element,
+        AsyncEventElement::Port(_) | AsyncEventElement::Device
+    ) {
+        return None;
+    }
+    shared.siblings().iter().find_map(|s| translate_in(s, ev))
+}
+
+/// [`translate`] within one context.
+fn translate_in(shared: &CtxShared, ev: &AsyncEvent) -> Option<ibv_async_event> {
     let event_type = ev.event_type as ibv_event_type;
     let element = match ev.element {
         AsyncEventElement::Qp(n) => {
@@ -224,5 +241,64 @@ mod tests {
         );
         assert_eq!(AsyncEventType::WqFatal as u32, IBV_EVENT_WQ_FATAL);
         assert_eq!(AsyncEventType::CqErr as u32, IBV_EVENT_CQ_ERR);
+    }
+}
+
+#[cfg(test)]
+mod registry_tests {
+    use super::*;
+    use crate::context::{Ctx, ctx_from};
+    use remem_verbs::{AsyncEventType, CqId};
+
+    #[test]
+    fn events_find_objects_of_sibling_contexts() {
+        let dev: Arc<dyn remem_verbs::Context> = Arc::new(
+            remem_soft::SoftContext::bind_with(
+                "127.0.0.1:0".parse().unwrap(),
+                &remem_soft::SoftOptions::default(),
+            )
+            .unwrap(),
+        );
+        let (a, b) = (
+            Ctx::create(Arc::clone(&dev), std::ptr::null_mut()),
+            Ctx::create(Arc::clone(&dev), std::ptr::null_mut()),
+        );
+        // SAFETY: live contexts just made.
+        let (sa, sb) = unsafe {
+            (
+                Arc::clone(ctx_from(a).unwrap().shared()),
+                Arc::clone(ctx_from(b).unwrap().shared()),
+            )
+        };
+        let cq = 0x2000 as *mut ibv_cq;
+        sb.register_cq(CqId(3), cq);
+        let ev = AsyncEvent {
+            event_type: AsyncEventType::CqErr,
+            element: AsyncEventElement::Cq(CqId(3)),
+        };
+        let got = translate(&sa, &ev).expect("found in the sibling");
+        assert_eq!(got.event_type, IBV_EVENT_CQ_ERR);
+        // SAFETY: a CQ event carries a CQ pointer.
+        assert_eq!(unsafe { got.element.cq }, cq);
+        // The event counts against the CQ in its own context.
+        sb.event_acked(cq as usize);
+        sb.unregister_cq(CqId(3));
+        assert!(
+            translate(&sa, &ev).is_none(),
+            "destroyed objects get no events"
+        );
+        let port = AsyncEvent {
+            event_type: AsyncEventType::PortActive,
+            element: AsyncEventElement::Port(1),
+        };
+        let port = translate(&sa, &port).unwrap();
+        // SAFETY: a port event carries a port number.
+        let port_num = unsafe { port.element.port_num };
+        assert_eq!(port_num, 1);
+        // SAFETY: made by Ctx::create, not used afterwards.
+        unsafe {
+            Ctx::free(a);
+            Ctx::free(b);
+        }
     }
 }

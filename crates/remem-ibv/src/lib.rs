@@ -12,9 +12,9 @@
 //! - [`abi`]: the `#[repr(C)]` structs, unions and constants of rdma-core 44's verbs.h,
 //!   checked against the installed header by a layout test.
 //! - the exported functions: each C symbol `ibv_x` is a Rust function
-//!   `remem_ibv_ibv_x` aliased to `ibv_x@@IBVERBS_1.n` by a `.symver` directive
-//!   (`symver!`, next to the function: the alias must be assembled in the same
-//!   codegen unit as its target); `libibverbs.map` declares the version nodes.
+//!   `remem_ibv_ibv_x`, reached from `ibv_x@@IBVERBS_1.n` through a one-jump trampoline
+//!   versioned by a `.symver` directive (`symver!`, next to the function);
+//!   `libibverbs.map` declares the version nodes.
 //!   [`symbols::exports`] lists them all.
 //! - the objects: every verbs object is a Rust struct whose FIRST field is the ABI struct
 //!   the program sees (`ibv_pd`, `ibv_qp`, ...), boxed; the pointer handed out is cast
@@ -40,6 +40,13 @@
 //!   (`ibv_ack_async_event`) every event handed out for that object, as rdma-core's
 //!   destroy verbs do. The registries also map a CQ id to its `*mut ibv_cq`
 //!   (`CtxShared::cq_ptr`) for `ibv_get_cq_event`.
+//! - GID indices: programs see the device's RoCE v2 GIDs only, from index 0
+//!   ([`context::CtxShared::gid_table`]); remem's own table also has a RoCE v1 entry per
+//!   address (at index 0 for a soft device), which remem refuses as a source GID. Every
+//!   `sgid_index` a program passes (QP address vectors, `ibv_create_ah`,
+//!   `ibv_init_ah_from_wc`) must go through [`context::CtxShared::soft_gid_index`] before
+//!   remem sees it (NULL/EINVAL past the table), and every one remem reports back
+//!   (`ibv_query_qp`) through [`context::CtxShared::program_gid_index`].
 //! - Errors: [`ffi::set_errno`], [`ffi::null_with`] (NULL + errno),
 //!   [`ffi::errno_of`] (a `remem_verbs::Error`'s errno). Verbs that return an int return
 //!   the errno value itself (rdma-core: `ibv_modify_qp` returns EINVAL), those that return
@@ -50,10 +57,16 @@
 
 #![warn(missing_docs)]
 
-/// Aliases exported Rust functions to versioned C symbols:
-/// `symver!("ibv_fork_init" @ "IBVERBS_1.1")` makes `remem_ibv_ibv_fork_init` the default
-/// (`@@`) definition of `ibv_fork_init` at version `IBVERBS_1.1`. Write it in the module
-/// that defines the function (the alias must be in the same codegen unit).
+/// Exports Rust functions as versioned C symbols:
+/// `symver!("ibv_fork_init" @ "IBVERBS_1.1")` makes `ibv_fork_init@@IBVERBS_1.1` (the
+/// default version) a definition that jumps to the Rust function `remem_ibv_ibv_fork_init`.
+///
+/// A `.symver` directive must name a symbol defined in the same object file, and rustc
+/// may place a function and a `global_asm!` in different codegen units (even in the same
+/// module), so the directive cannot name the Rust function itself. Each symbol therefore
+/// gets a one-instruction trampoline written in the same `global_asm!`
+/// (`__remem_ibv_v_<name>: jmp remem_ibv_<name>`), which the directive versions; the jump
+/// leaves the arguments and the return address untouched, whatever the signature.
 macro_rules! symver {
     () => {
         /// The C symbols this module exports, with their versions (none).
@@ -62,10 +75,57 @@ macro_rules! symver {
     };
     ($($name:literal @ $ver:literal),+ $(,)?) => {
         #[cfg(not(test))]
-        ::core::arch::global_asm!($(concat!(".symver remem_ibv_", $name, ", ", $name, "@@", $ver)),*);
+        ::core::arch::global_asm!($(concat!(
+            ".pushsection .text\n",
+            ".globl __remem_ibv_v_", $name, "\n",
+            ".type __remem_ibv_v_", $name, ", ", crate::trampoline_type!(), "\n",
+            ".p2align 4\n",
+            "__remem_ibv_v_", $name, ":\n",
+            crate::trampoline_jump!(), " remem_ibv_", $name, "\n",
+            ".size __remem_ibv_v_", $name, ", . - __remem_ibv_v_", $name, "\n",
+            ".symver __remem_ibv_v_", $name, ", ", $name, "@@", $ver, "\n",
+            ".popsection",
+        )),*);
         /// The C symbols this module exports, with their versions.
         #[allow(dead_code)]
         pub(crate) const SYMBOLS: &[(&str, &str)] = &[$(($name, $ver)),*];
+    };
+}
+
+/// The tail-jump instruction of the symbol trampolines.
+#[cfg(target_arch = "x86_64")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! trampoline_jump {
+    () => {
+        "jmp"
+    };
+}
+/// The tail-jump instruction of the symbol trampolines.
+#[cfg(target_arch = "aarch64")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! trampoline_jump {
+    () => {
+        "b"
+    };
+}
+/// The ELF symbol type of the trampolines.
+#[cfg(target_arch = "x86_64")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! trampoline_type {
+    () => {
+        "@function"
+    };
+}
+/// The ELF symbol type of the trampolines.
+#[cfg(target_arch = "aarch64")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! trampoline_type {
+    () => {
+        "%function"
     };
 }
 

@@ -297,31 +297,146 @@ pub unsafe extern "C" fn remem_ibv_ibv_read_sysfs_file(
 
 // ----- kernel struct copies (provider helpers) -----------------------------------------------
 
+/// An `ibv_ah_attr` from the kernel's `ib_uverbs_ah_attr`.
+pub fn ah_attr_from_kern(k: &ib_uverbs_ah_attr) -> ibv_ah_attr {
+    ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: ibv_gid { raw: k.grh.dgid },
+            flow_label: k.grh.flow_label,
+            sgid_index: k.grh.sgid_index,
+            hop_limit: k.grh.hop_limit,
+            traffic_class: k.grh.traffic_class,
+        },
+        dlid: k.dlid,
+        sl: k.sl,
+        src_path_bits: k.src_path_bits,
+        static_rate: k.static_rate,
+        is_global: k.is_global,
+        port_num: k.port_num,
+    }
+}
+
+/// An `ibv_qp_attr` from the kernel's `ib_uverbs_qp_attr`.
+pub fn qp_attr_from_kern(k: &ib_uverbs_qp_attr) -> ibv_qp_attr {
+    ibv_qp_attr {
+        qp_state: k.qp_state,
+        cur_qp_state: k.cur_qp_state,
+        path_mtu: k.path_mtu,
+        path_mig_state: k.path_mig_state,
+        qkey: k.qkey,
+        rq_psn: k.rq_psn,
+        sq_psn: k.sq_psn,
+        dest_qp_num: k.dest_qp_num,
+        qp_access_flags: k.qp_access_flags,
+        cap: ibv_qp_cap {
+            max_send_wr: k.max_send_wr,
+            max_recv_wr: k.max_recv_wr,
+            max_send_sge: k.max_send_sge,
+            max_recv_sge: k.max_recv_sge,
+            max_inline_data: k.max_inline_data,
+        },
+        ah_attr: ah_attr_from_kern(&k.ah_attr),
+        alt_ah_attr: ah_attr_from_kern(&k.alt_ah_attr),
+        pkey_index: k.pkey_index,
+        alt_pkey_index: k.alt_pkey_index,
+        en_sqd_async_notify: k.en_sqd_async_notify,
+        sq_draining: k.sq_draining,
+        max_rd_atomic: k.max_rd_atomic,
+        max_dest_rd_atomic: k.max_dest_rd_atomic,
+        min_rnr_timer: k.min_rnr_timer,
+        port_num: k.port_num,
+        timeout: k.timeout,
+        retry_cnt: k.retry_cnt,
+        rnr_retry: k.rnr_retry,
+        alt_port_num: k.alt_port_num,
+        alt_timeout: k.alt_timeout,
+        rate_limit: 0,
+    }
+}
+
+/// An `ibv_sa_path_rec` from the kernel's `ib_user_path_rec`.
+pub fn path_rec_from_kern(k: &ib_user_path_rec) -> ibv_sa_path_rec {
+    ibv_sa_path_rec {
+        dgid: ibv_gid { raw: k.dgid },
+        sgid: ibv_gid { raw: k.sgid },
+        dlid: k.dlid,
+        slid: k.slid,
+        raw_traffic: k.raw_traffic as c_int,
+        flow_label: k.flow_label,
+        hop_limit: k.hop_limit,
+        traffic_class: k.traffic_class,
+        reversible: k.reversible as c_int,
+        numb_path: k.numb_path,
+        pkey: k.pkey,
+        sl: k.sl,
+        mtu_selector: k.mtu_selector,
+        mtu: k.mtu as u8,
+        rate_selector: k.rate_selector,
+        rate: k.rate,
+        packet_life_time_selector: k.packet_life_time_selector,
+        packet_life_time: k.packet_life_time,
+        preference: k.preference,
+    }
+}
+
+/// The kernel's `ib_user_path_rec` of an `ibv_sa_path_rec`.
+pub fn path_rec_to_kern(p: &ibv_sa_path_rec) -> ib_user_path_rec {
+    // SAFETY: reading the raw bytes of GID unions (always initialised).
+    let (dgid, sgid) = unsafe { (p.dgid.raw, p.sgid.raw) };
+    ib_user_path_rec {
+        dgid,
+        sgid,
+        dlid: p.dlid,
+        slid: p.slid,
+        raw_traffic: p.raw_traffic as u32,
+        flow_label: p.flow_label,
+        reversible: p.reversible as u32,
+        mtu: u32::from(p.mtu),
+        pkey: p.pkey,
+        hop_limit: p.hop_limit,
+        traffic_class: p.traffic_class,
+        numb_path: p.numb_path,
+        sl: p.sl,
+        mtu_selector: p.mtu_selector,
+        rate_selector: p.rate_selector,
+        rate: p.rate,
+        packet_life_time_selector: p.packet_life_time_selector,
+        packet_life_time: p.packet_life_time,
+        preference: p.preference,
+    }
+}
+
 /// `ibv_copy_qp_attr_from_kern`: copies a kernel `struct ib_uverbs_qp_attr` into an
-/// `ibv_qp_attr` (a helper for providers).
+/// `ibv_qp_attr` (a helper for providers and rdma_cm). Nothing for a NULL argument.
 ///
 /// # Safety
 ///
-/// `dst` and `src` are NULL or valid.
+/// `dst` is NULL or writable, `src` NULL or readable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_ibv_copy_qp_attr_from_kern(
     dst: *mut ibv_qp_attr,
-    src: *mut c_void,
+    src: *mut ib_uverbs_qp_attr,
 ) {
-    let _ = (dst, src);
+    if !dst.is_null() && !src.is_null() {
+        // SAFETY: valid by the contract; read_unaligned copes with any caller alignment.
+        unsafe { dst.write_unaligned(qp_attr_from_kern(&src.read_unaligned())) };
+    }
 }
 
 /// `ibv_copy_ah_attr_from_kern`: copies a kernel `struct ib_uverbs_ah_attr`.
 ///
 /// # Safety
 ///
-/// `dst` and `src` are NULL or valid.
+/// `dst` is NULL or writable, `src` NULL or readable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_ibv_copy_ah_attr_from_kern(
     dst: *mut ibv_ah_attr,
-    src: *mut c_void,
+    src: *mut ib_uverbs_ah_attr,
 ) {
-    let _ = (dst, src);
+    if !dst.is_null() && !src.is_null() {
+        // SAFETY: valid by the contract.
+        unsafe { dst.write_unaligned(ah_attr_from_kern(&src.read_unaligned())) };
+    }
 }
 
 /// `ibv_copy_path_rec_from_kern`: copies a kernel `struct ib_user_path_rec` into an
@@ -329,10 +444,16 @@ pub unsafe extern "C" fn remem_ibv_ibv_copy_ah_attr_from_kern(
 ///
 /// # Safety
 ///
-/// `dst` and `src` are NULL or valid.
+/// `dst` is NULL or writable, `src` NULL or readable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_copy_path_rec_from_kern(dst: *mut c_void, src: *mut c_void) {
-    let _ = (dst, src);
+pub unsafe extern "C" fn remem_ibv_ibv_copy_path_rec_from_kern(
+    dst: *mut ibv_sa_path_rec,
+    src: *mut ib_user_path_rec,
+) {
+    if !dst.is_null() && !src.is_null() {
+        // SAFETY: valid by the contract.
+        unsafe { dst.write_unaligned(path_rec_from_kern(&src.read_unaligned())) };
+    }
 }
 
 /// `ibv_copy_path_rec_to_kern`: copies an `ibv_sa_path_rec` into a kernel
@@ -340,10 +461,16 @@ pub unsafe extern "C" fn remem_ibv_ibv_copy_path_rec_from_kern(dst: *mut c_void,
 ///
 /// # Safety
 ///
-/// `dst` and `src` are NULL or valid.
+/// `dst` is NULL or writable, `src` NULL or readable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_copy_path_rec_to_kern(dst: *mut c_void, src: *mut c_void) {
-    let _ = (dst, src);
+pub unsafe extern "C" fn remem_ibv_ibv_copy_path_rec_to_kern(
+    dst: *mut ib_user_path_rec,
+    src: *mut ibv_sa_path_rec,
+) {
+    if !dst.is_null() && !src.is_null() {
+        // SAFETY: valid by the contract.
+        unsafe { dst.write_unaligned(path_rec_to_kern(&src.read_unaligned())) };
+    }
 }
 
 // ----- imports -----------------------------------------------------------------------------
@@ -362,4 +489,93 @@ pub extern "C" fn remem_ibv_ibv_import_dm(
 #[unsafe(no_mangle)]
 pub extern "C" fn remem_ibv_ibv_unimport_dm(dm: *mut ibv_dm) {
     let _ = dm;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_and_event_texts() {
+        assert_eq!(wc_status_str(IBV_WC_SUCCESS), c"success");
+        assert_eq!(
+            wc_status_str(IBV_WC_TM_RNDV_INCOMPLETE),
+            c"TM software rendezvous"
+        );
+        assert_eq!(wc_status_str(24), c"unknown");
+        assert_eq!(event_type_str(IBV_EVENT_WQ_FATAL), c"WQ fatal");
+        assert_eq!(event_type_str(20), c"unknown");
+        assert_eq!(node_type_str(IBV_NODE_UNKNOWN), c"unknown");
+        assert_eq!(port_state_str(IBV_PORT_ACTIVE_DEFER), c"PORT_ACTIVE_DEFER");
+        assert_eq!(port_state_str(6), c"unknown");
+    }
+
+    #[test]
+    fn rates_round_trip() {
+        for (rate, mult) in MULT {
+            assert_eq!(remem_ibv_mult_to_ibv_rate(mult), rate);
+            assert_eq!(remem_ibv_ibv_rate_to_mult(rate), mult);
+        }
+        for (rate, mbps) in MBPS {
+            assert_eq!(remem_ibv_mbps_to_ibv_rate(mbps), rate);
+            assert_eq!(remem_ibv_ibv_rate_to_mbps(rate), mbps);
+        }
+        assert_eq!(remem_ibv_ibv_rate_to_mbps(IBV_RATE_MAX), -1);
+        assert_eq!(remem_ibv_mult_to_ibv_rate(3), IBV_RATE_MAX);
+    }
+
+    #[test]
+    fn path_records_round_trip_through_the_kernel_layout() {
+        // SAFETY: all-zero is a valid value of this plain C struct.
+        let mut p: ibv_sa_path_rec = unsafe { std::mem::zeroed() };
+        p.dgid = ibv_gid { raw: [7; 16] };
+        p.dlid = 0x1234u16.to_be();
+        p.flow_label = 0xabcdu32.to_be();
+        p.reversible = 1;
+        p.mtu = IBV_MTU_4096 as u8;
+        p.rate = IBV_RATE_40_GBPS as u8;
+        p.preference = 9;
+        let k = path_rec_to_kern(&p);
+        assert_eq!(k.dgid, [7; 16]);
+        assert_eq!(k.mtu, IBV_MTU_4096);
+        let back = path_rec_from_kern(&k);
+        // SAFETY: comparing the bytes of plain C structs without padding holes read.
+        let same = unsafe { (back.dgid.raw, back.sgid.raw) == (p.dgid.raw, p.sgid.raw) };
+        assert!(same);
+        assert_eq!(
+            (
+                back.dlid,
+                back.flow_label,
+                back.reversible,
+                back.mtu,
+                back.rate,
+                back.preference
+            ),
+            (
+                p.dlid,
+                p.flow_label,
+                p.reversible,
+                p.mtu,
+                p.rate,
+                p.preference
+            )
+        );
+    }
+
+    #[test]
+    fn qp_attr_from_the_kernel_layout() {
+        // SAFETY: all-zero is a valid value of this plain C struct.
+        let mut k: ib_uverbs_qp_attr = unsafe { std::mem::zeroed() };
+        k.qp_state = IBV_QPS_RTS;
+        k.max_send_wr = 17;
+        k.ah_attr.grh.dgid = [1; 16];
+        k.ah_attr.is_global = 1;
+        k.alt_timeout = 3;
+        let a = qp_attr_from_kern(&k);
+        assert_eq!(a.qp_state, IBV_QPS_RTS);
+        assert_eq!(a.cap.max_send_wr, 17);
+        // SAFETY: reading the raw bytes of a GID union.
+        assert_eq!(unsafe { a.ah_attr.grh.dgid.raw }, [1; 16]);
+        assert_eq!((a.ah_attr.is_global, a.alt_timeout), (1, 3));
+    }
 }

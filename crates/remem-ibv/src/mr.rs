@@ -299,3 +299,70 @@ pub extern "C" fn remem_ibv_ibv_import_mr(pd: *mut ibv_pd, mr_handle: u32) -> *m
 pub extern "C" fn remem_ibv_ibv_unimport_mr(mr: *mut ibv_mr) {
     let _ = mr;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "\
+00400000-00401000 r-xp 00000000 08:01 1 /bin/x
+00600000-00602000 rw-p 00000000 00:00 0
+00602000-00604000 rw-p 00000000 00:00 0 [heap]
+00604000-00605000 r--p 00000000 00:00 0
+00700000-00701000 rw-p 00000000 00:00 0
+";
+
+    #[test]
+    fn mapped_ranges() {
+        // Inside one mapping, across adjacent ones, to the very end.
+        assert_eq!(check_mapped_in(MAPS, 0x600100, 0x600200, true), Ok(()));
+        assert_eq!(check_mapped_in(MAPS, 0x601000, 0x603000, true), Ok(()));
+        assert_eq!(check_mapped_in(MAPS, 0x600000, 0x604000, true), Ok(()));
+        // Read-only: fine to read, not to write.
+        assert_eq!(check_mapped_in(MAPS, 0x600000, 0x605000, false), Ok(()));
+        assert_eq!(
+            check_mapped_in(MAPS, 0x603000, 0x604800, true),
+            Err(libc::EFAULT)
+        );
+        assert_eq!(
+            check_mapped_in(MAPS, 0x400000, 0x400010, true),
+            Err(libc::EFAULT)
+        );
+        // A hole, unmapped memory, past the last mapping.
+        assert_eq!(
+            check_mapped_in(MAPS, 0x604800, 0x700100, false),
+            Err(libc::EFAULT)
+        );
+        assert_eq!(check_mapped_in(MAPS, 0x10, 0x20, false), Err(libc::EFAULT));
+        assert_eq!(
+            check_mapped_in(MAPS, 0x700800, 0x701001, false),
+            Err(libc::EFAULT)
+        );
+    }
+
+    #[test]
+    fn this_process_maps() {
+        let v = vec![7u8; 10000];
+        assert_eq!(check_mapped(v.as_ptr() as usize, v.len(), true), Ok(()));
+        assert_eq!(check_mapped(usize::MAX - 10, 100, false), Err(libc::EINVAL));
+        assert_eq!(check_mapped(8, 8, false), Err(libc::EFAULT));
+    }
+
+    #[test]
+    fn access_masks() {
+        let all = IBV_ACCESS_LOCAL_WRITE
+            | IBV_ACCESS_REMOTE_WRITE
+            | IBV_ACCESS_REMOTE_READ
+            | IBV_ACCESS_REMOTE_ATOMIC;
+        assert_eq!(access_flags(all).unwrap().bits(), all);
+        assert_eq!(
+            access_flags(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_RELAXED_ORDERING | (1 << 29)),
+            Ok(AccessFlags::LOCAL_WRITE),
+            "optional bits are dropped"
+        );
+        assert_eq!(access_flags(IBV_ACCESS_REMOTE_WRITE), Err(libc::EINVAL));
+        assert_eq!(access_flags(1 << 15), Err(libc::EINVAL));
+        assert_eq!(access_flags(IBV_ACCESS_ON_DEMAND), Err(libc::EOPNOTSUPP));
+        assert_eq!(access_flags(0), Ok(AccessFlags::empty()));
+    }
+}

@@ -3,7 +3,9 @@
 //! The values come from the remem device (`remem_verbs::DeviceAttr`, `PortAttr`, the GID
 //! table), with the node GUID of the device entry (`ibv_get_device_guid` and
 //! `ibv_query_device` agree). Fields remem has no notion of are zero. The one port is 1;
-//! the P_Key table is the default P_Key 0xffff.
+//! the P_Key table is the default P_Key 0xffff. The GID table programs see holds the
+//! device's RoCE v2 entries from index 0 (`CtxShared::gid_table`): soft devices speak
+//! RoCE v2 only, so `ibv_rc_pingpong -g 0` works.
 
 #![allow(unsafe_code)]
 
@@ -173,12 +175,16 @@ fn guid_of(c: &Ctx) -> u64 {
         .map_or(c.shared().dev.info().node_guid, |d| d.guid())
 }
 
+/// The port as programs see it: its GID table holds the RoCE v2 entries only
+/// (`CtxShared::gid_table`).
 fn port_of(c: &Ctx, port_num: u32) -> Result<PortAttr, c_int> {
     let ports = c.shared().dev.query_device().map_err(errno)?.phys_port_cnt;
     if port_num == 0 || port_num > u32::from(ports) {
         return Err(libc::EINVAL);
     }
-    c.shared().dev.query_port(port_num as u8).map_err(errno)
+    let mut p = c.shared().dev.query_port(port_num as u8).map_err(errno)?;
+    p.gid_tbl_len = c.shared().gid_table(port_num as u8).map_err(errno)?.len() as u32;
+    Ok(p)
 }
 
 /// The GID table entry `index` of `port_num`: EINVAL outside the table, ENODATA for an
@@ -189,7 +195,6 @@ fn gid_of(c: &Ctx, port_num: u32, index: u32) -> Result<GidEntry, c_int> {
         return Err(libc::EINVAL);
     }
     c.shared()
-        .dev
         .gid_table(port_num as u8)
         .map_err(errno)?
         .into_iter()
@@ -435,7 +440,7 @@ pub unsafe extern "C" fn remem_ibv__ibv_query_gid_table(
         };
         let mut all = Vec::new();
         for port in 1..=ports {
-            match c.shared().dev.gid_table(port) {
+            match c.shared().gid_table(port) {
                 Ok(t) => all.extend(t),
                 Err(e) => return -errno(e),
             }

@@ -89,17 +89,18 @@ fn ibv_devinfo_v_shows_the_port_and_this_process_gid() {
         "max_mtu:\t\t4096 (5)",
         "active_mtu:\t\t4096 (5)",
         "link_layer:\t\tEthernet",
-        "gid_tbl_len:\t\t2",
+        "gid_tbl_len:\t\t1",
         "phys_state:\t\tLINK_UP (5)",
     ] {
         assert!(stdout.contains(want), "no {want:?} in:\n{stdout}");
     }
     // The GID table: this process's own loopback address (unless another process held
-    // it, then a later one), RoCE v1 at index 0 and v2 at index 1, as rxe lays it out.
+    // it, then a later one), RoCE v2, at index 0 (the only entry: soft devices speak v2).
     let v2 = stdout
         .lines()
-        .find(|l| l.contains("GID[  1]"))
-        .unwrap_or_else(|| panic!("no GID 1 in:\n{stdout}"));
+        .find(|l| l.contains("GID[  0]"))
+        .unwrap_or_else(|| panic!("no GID 0 in:\n{stdout}"));
+    assert!(!stdout.contains("GID[  1]"), "{stdout}");
     assert!(
         v2.contains("::ffff:127.") && v2.ends_with("RoCE v2"),
         "{v2}"
@@ -143,4 +144,36 @@ fn ibv_devinfo_one_port() {
     let out = run(d.command(&ibv_devinfo).args(["-d", "rxe9"]), LIMIT);
     assert!(!out.status.success());
     assert!(out.status.code().is_some(), "killed by a signal: {out:?}");
+}
+
+#[test]
+fn interface_devices_are_listed_and_missing_interfaces_refused() {
+    let Some(ibv_devices) = tool("ibv_devices", "ibverbs-utils") else {
+        return;
+    };
+    let d = DropIn::new("devices-if");
+    let out = run(
+        d.command(&ibv_devices).env("REMEM_IBV_DEVICES", "loop=lo"),
+        LIMIT,
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let line = stdout.lines().find(|l| l.contains("loop")).unwrap();
+    // remem-soft's GUID of an interface device: 02 then a hash of its name and index.
+    assert!(
+        line.split_whitespace().nth(1).unwrap().starts_with("02"),
+        "{line}"
+    );
+
+    let out = run(
+        d.command(&ibv_devices)
+            .env("REMEM_IBV_DEVICES", "x=no-such-if0"),
+        LIMIT,
+    );
+    assert!(!out.status.success(), "{out:?}");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("REMEM_IBV_DEVICES") && stderr.contains("no-such-if0"),
+        "{stderr}"
+    );
 }

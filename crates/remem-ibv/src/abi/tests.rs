@@ -89,7 +89,9 @@ fn every_type_and_constant_matches_verbs_h() {
     }
     let mut expected = BTreeMap::new();
     let mut c = String::from(
-        "#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\nint main(void) {\n",
+        "#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\n\
+         #include <infiniband/sa.h>\n#include <rdma/ib_user_verbs.h>\n#include <rdma/ib_user_sa.h>\n\
+         int main(void) {\n",
     );
     for t in TYPE_LAYOUTS {
         for (key, expr, value) in measurements(t) {

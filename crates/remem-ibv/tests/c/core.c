@@ -71,12 +71,37 @@ int main(void)
 	CHECK(ibv_query_port(ctx, 1, &port) == 0, "query_port");
 	CHECK(port.state == IBV_PORT_ACTIVE && port.link_layer == IBV_LINK_LAYER_ETHERNET,
 	      "active RoCE port");
-	CHECK(port.gid_tbl_len >= 2, "GID table");
+	CHECK(port.gid_tbl_len == 1, "GID table: the RoCE v2 entry");
 	CHECK(ibv_query_port(ctx, 2, &port) == EINVAL, "port 2 does not exist");
 	CHECK(ibv_query_port(ctx, 0, &port) == EINVAL, "port 0 does not exist");
 
+	/* The exported ibv_query_port (programs built without the inline wrapper): the
+	 * compat layout, up to link_layer and one reserved byte, nothing past it. */
+	struct ibv_port_attr raw;
+	memset(&raw, 0xaa, sizeof(raw));
+	CHECK((ibv_query_port)(ctx, 1, (struct _compat_ibv_port_attr *)&raw) == 0,
+	      "exported query_port");
+	CHECK(raw.state == IBV_PORT_ACTIVE && raw.link_layer == IBV_LINK_LAYER_ETHERNET,
+	      "compat attributes");
+	CHECK(((unsigned char *)&raw)[offsetof(struct ibv_port_attr, flags) + 1] == 0xaa,
+	      "nothing written past the compat layout");
+
+	/* The extended query with an older, shorter ibv_device_attr_ex. */
+	struct verbs_context *vctx = verbs_get_ctx(ctx);
+	CHECK(vctx != NULL && vctx->sz >= sizeof(*vctx), "an extended context");
+	memset(&attr_ex, 0xaa, sizeof(attr_ex));
+	CHECK(vctx->query_device_ex(ctx, NULL, &attr_ex, sizeof(struct ibv_device_attr)) == 0,
+	      "query_device_ex, basic size");
+	CHECK(attr_ex.orig_attr.max_qp == attr.max_qp && attr_ex.comp_mask == 0xaaaaaaaa,
+	      "only the basic attributes written");
+	CHECK(vctx->query_device_ex(ctx, NULL, &attr_ex, 8) == EINVAL, "too small");
+	memset(&port, 0xaa, sizeof(port));
+	CHECK(vctx->query_port(ctx, 1, &port, offsetof(struct ibv_port_attr, lid)) == 0,
+	      "query_port, short struct");
+	CHECK(port.state == IBV_PORT_ACTIVE && port.lid == 0xaaaa, "prefix only");
+
 	union ibv_gid gid;
-	CHECK(ibv_query_gid(ctx, 1, 1, &gid) == 0, "query_gid");
+	CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0, "query_gid");
 	CHECK(gid.raw[10] == 0xff && gid.raw[11] == 0xff && gid.raw[12] == 127,
 	      "IPv4-mapped loopback GID");
 	errno = 0;
@@ -85,15 +110,20 @@ int main(void)
 	CHECK(ibv_query_gid(ctx, 3, 0, &gid) == -1, "bad port");
 
 	struct ibv_gid_entry entry;
-	CHECK(ibv_query_gid_ex(ctx, 1, 1, &entry, 0) == 0, "query_gid_ex");
-	CHECK(entry.gid_type == IBV_GID_TYPE_ROCE_V2 && entry.gid_index == 1 &&
+	CHECK(ibv_query_gid_ex(ctx, 1, 0, &entry, 0) == 0, "query_gid_ex");
+	CHECK(entry.gid_type == IBV_GID_TYPE_ROCE_V2 && entry.gid_index == 0 &&
 	      entry.port_num == 1, "RoCE v2 entry");
 	CHECK(memcmp(&entry.gid, &gid, sizeof(gid)) == 0, "same GID");
-	CHECK(ibv_query_gid_ex(ctx, 1, 1, &entry, 1) == EINVAL, "unknown flags");
+	CHECK(ibv_query_gid_ex(ctx, 1, 0, &entry, 1) == EINVAL, "unknown flags");
+	CHECK(ibv_query_gid_ex(ctx, 1, 1, &entry, 0) == EINVAL, "past the table");
+	enum ibv_gid_type_sysfs { SYSFS_IB_ROCE_V1, SYSFS_ROCE_V2 } gt = SYSFS_IB_ROCE_V1;
+	extern int ibv_query_gid_type(struct ibv_context *, uint8_t, unsigned int,
+				      enum ibv_gid_type_sysfs *);
+	CHECK(ibv_query_gid_type(ctx, 1, 0, &gt) == 0 && gt == SYSFS_ROCE_V2, "gid type");
 	struct ibv_gid_entry table[8];
 	ssize_t got = ibv_query_gid_table(ctx, table, 8, 0);
-	CHECK(got == 2 && table[1].gid_type == IBV_GID_TYPE_ROCE_V2, "gid table");
-	CHECK(ibv_query_gid_table(ctx, table, 1, 0) < 0, "table too small");
+	CHECK(got == 1 && table[0].gid_type == IBV_GID_TYPE_ROCE_V2, "gid table");
+	CHECK(ibv_query_gid_table(ctx, table, 0, 0) < 0, "table too small");
 
 	__be16 pkey = 0;
 	CHECK(ibv_query_pkey(ctx, 1, 0, &pkey) == 0 && pkey == 0xffff, "default P_Key");
