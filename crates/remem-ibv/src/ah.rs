@@ -128,10 +128,15 @@ unsafe fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
         let (Some(p), Some(a)) = (unsafe { pd_from(pd) }, unsafe { attr.as_ref() }) else {
             return null_with(libc::EINVAL);
         };
-        let av = match ah_attr_from(a) {
+        let mut av = match ah_attr_from(a) {
             Ok(av) => av,
             Err(e) => return null_with(e),
         };
+        // The program's GID index names remem's entry through the context's map.
+        match p.inner.ctx.soft_gid_index(av.sgid_index) {
+            Some(i) => av.sgid_index = i,
+            None => return null_with(libc::EINVAL),
+        }
         let ah = match p.inner.pd.create_ah(&av) {
             Ok(ah) => ah,
             Err(e) => return null_with(e.errno()),
@@ -284,7 +289,7 @@ unsafe fn init_ah_from_wc(
                         a.grh.traffic_class = tclass;
                         a.grh.flow_label = flow;
                         a.grh.hop_limit = 0xff;
-                        let index = ctx.shared().dev.gid_table(port_num).ok().and_then(|t| {
+                        let index = ctx.shared().gid_table(port_num).ok().and_then(|t| {
                             t.iter()
                                 .position(|g| g.gid == local && g.gid_type == GidType::RoceV2)
                                 .map(|i| t[i].index)

@@ -410,10 +410,17 @@ pub unsafe extern "C" fn remem_ibv_ibv_modify_qp(
         let (Some(q), Some(a)) = (unsafe { qp_from(qp) }, unsafe { attr.as_ref() }) else {
             return libc::EINVAL;
         };
-        let (attr, mask) = match qp_attr_from(a, attr_mask) {
+        let (mut attr, mask) = match qp_attr_from(a, attr_mask) {
             Ok(x) => x,
             Err(e) => return e,
         };
+        if mask.contains(QpAttrMask::AV) {
+            // The program's GID index names remem's entry through the context's map.
+            match q.ctx.soft_gid_index(attr.ah_attr.sgid_index) {
+                Some(i) => attr.ah_attr.sgid_index = i,
+                None => return libc::EINVAL,
+            }
+        }
         match q.qp.modify(&attr, mask) {
             Ok(()) => {
                 // SAFETY: `qp` is live by the contract.
@@ -447,10 +454,12 @@ pub unsafe extern "C" fn remem_ibv_ibv_query_qp(
         if attr.is_null() || init_attr.is_null() {
             return libc::EINVAL;
         }
-        let now = match q.qp.query() {
+        let mut now = match q.qp.query() {
             Ok(a) => a,
             Err(e) => return e.errno(),
         };
+        // remem's GID index as the program numbers it.
+        now.ah_attr.sgid_index = q.ctx.program_gid_index(now.ah_attr.sgid_index).unwrap_or(0);
         // SAFETY: `qp` is live; its program-visible fields are read in place; the
         // out-pointers are writable by the contract.
         unsafe {

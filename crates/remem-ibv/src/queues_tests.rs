@@ -46,16 +46,17 @@ impl Env {
     fn new() -> Env {
         let dev = remem_soft::SoftContext::bind_with(addr(), &remem_soft::SoftOptions::default())
             .expect("a soft device on loopback");
-        let v2 = dev
+        let dev: Arc<dyn Context> = Arc::new(dev);
+        let ctx = Ctx::create(Arc::clone(&dev), null_mut());
+        let shared = unsafe { ctx_from(ctx) }.unwrap().shared().clone();
+        // The GID programs see (the context's table: RoCE v2 entries from index 0).
+        let v2 = shared
             .gid_table(1)
             .unwrap()
             .into_iter()
             .find(|g| g.gid_type == remem_verbs::GidType::RoceV2)
             .expect("a RoCE v2 GID");
         let (gid, sgid) = (v2.gid.0, v2.index as u8);
-        let dev: Arc<dyn Context> = Arc::new(dev);
-        let ctx = Ctx::create(Arc::clone(&dev), null_mut());
-        let shared = unsafe { ctx_from(ctx) }.unwrap().shared().clone();
         let pd = Pd::create(&shared, dev.alloc_pd().unwrap());
         let buf = Arc::new(MemoryBuffer::zeroed(1 << 16).unwrap());
         let mr = unsafe { pd_from(pd) }
@@ -394,6 +395,7 @@ fn rc_send_write_read_atomic_inline_and_errors() {
     assert_eq!((qa_attr.qp_state, qa_attr.dest_qp_num), (IBV_QPS_RTS, qb));
     assert_eq!(qa_attr.path_mtu, IBV_MTU_1024);
     assert_eq!(qa_attr.ah_attr.is_global, 1);
+    assert_eq!(qa_attr.ah_attr.grh.sgid_index, e.sgid, "the program's GID index");
     assert_eq!(unsafe { qa_attr.ah_attr.grh.dgid.raw }, e.gid);
     assert_eq!((init.send_cq, init.qp_type), (cq, IBV_QPT_RC));
     assert_eq!(init.cap.max_inline_data, 64);
