@@ -395,7 +395,10 @@ fn rc_send_write_read_atomic_inline_and_errors() {
     assert_eq!((qa_attr.qp_state, qa_attr.dest_qp_num), (IBV_QPS_RTS, qb));
     assert_eq!(qa_attr.path_mtu, IBV_MTU_1024);
     assert_eq!(qa_attr.ah_attr.is_global, 1);
-    assert_eq!(qa_attr.ah_attr.grh.sgid_index, e.sgid, "the program's GID index");
+    assert_eq!(
+        qa_attr.ah_attr.grh.sgid_index, e.sgid,
+        "the program's GID index"
+    );
     assert_eq!(unsafe { qa_attr.ah_attr.grh.dgid.raw }, e.gid);
     assert_eq!((init.send_cq, init.qp_type), (cq, IBV_QPT_RC));
     assert_eq!(init.cap.max_inline_data, 64);
