@@ -153,6 +153,10 @@ pub fn guid_for_addr(addr: SocketAddr) -> u64 {
 pub struct Device {
     /// The `ibv_device` programs see.
     pub abi: ibv_device,
+    /// Where rdma-core's `struct verbs_device` keeps its provider's ops, right after the
+    /// `ibv_device`: NULL, so that provider libraries a program links (libmlx5, libefa)
+    /// and that check whether a device is theirs (`mlx5dv_is_supported`) read "no".
+    _provider_ops: usize,
     /// Position in the list (`ibv_get_device_index`).
     pub index: usize,
     /// The configuration.
@@ -232,6 +236,7 @@ impl Device {
         );
         Ok(Device {
             abi,
+            _provider_ops: 0,
             index,
             config,
             state: Mutex::new(state),
@@ -355,6 +360,10 @@ pub unsafe extern "C" fn remem_ibv_ibv_get_device_list(
             Ok(d) => d,
             Err(why) => {
                 eprintln!("remem-ibv: {DEVICES_ENV}: {why}");
+                if !num_devices.is_null() {
+                    // SAFETY: non-NULL, writable by the contract.
+                    unsafe { *num_devices = 0 };
+                }
                 return null_with(libc::EINVAL);
             }
         };
@@ -562,6 +571,21 @@ mod tests {
         // The largest pid Linux hands out (2^22) is still distinct from small ones.
         assert_ne!(loopback_candidate(1 << 22, 0), loopback_candidate(100, 0));
         assert_ne!(loopback_candidate(7, 1), loopback_candidate(7, 0));
+    }
+
+    #[test]
+    fn a_device_entry_has_no_provider_ops() {
+        // Where rdma-core's verbs_device keeps its ops pointer: NULL here.
+        assert_eq!(
+            std::mem::offset_of!(Device, _provider_ops),
+            size_of::<ibv_device>()
+        );
+        let d = Device::new(
+            0,
+            one("x", Spec::Soft("127.0.0.1:1".parse().unwrap())).remove(0),
+        )
+        .unwrap();
+        assert_eq!(d._provider_ops, 0);
     }
 
     #[test]

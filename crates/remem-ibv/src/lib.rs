@@ -92,6 +92,12 @@ macro_rules! symver {
     };
 }
 
+#[cfg(not(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+)))]
+compile_error!("remem-ibv builds libibverbs.so.1 for Linux on x86_64 and aarch64 only");
+
 /// The tail-jump instruction of the symbol trampolines.
 #[cfg(target_arch = "x86_64")]
 #[doc(hidden)]
@@ -119,6 +125,24 @@ macro_rules! trampoline_type {
         "@function"
     };
 }
+/// The ELF symbol type of variables defined in assembly.
+#[cfg(target_arch = "x86_64")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! object_type {
+    () => {
+        "@object"
+    };
+}
+/// The ELF symbol type of variables defined in assembly.
+#[cfg(target_arch = "aarch64")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! object_type {
+    () => {
+        "%object"
+    };
+}
 /// The ELF symbol type of the trampolines.
 #[cfg(target_arch = "aarch64")]
 #[doc(hidden)]
@@ -137,6 +161,7 @@ pub mod ffi;
 pub mod misc;
 pub mod mr;
 pub mod pd;
+pub mod private;
 pub mod query;
 pub mod symbols;
 

@@ -177,3 +177,21 @@ fn interface_devices_are_listed_and_missing_interfaces_refused() {
         "{stderr}"
     );
 }
+
+/// perftest starts with `-z now` and links libmlx5 and libefa, which reference rdma-core's
+/// provider-internal symbols: every one must resolve or the program does not start
+/// ("symbol lookup error"). `-h` starts it and prints the usage.
+#[test]
+fn perftest_starts_on_the_drop_in() {
+    let d = DropIn::new("perftest-start");
+    for name in ["ib_write_bw", "ib_read_lat", "ib_atomic_bw", "ib_send_lat"] {
+        let Some(path) = tool(name, "perftest") else {
+            return;
+        };
+        let out = run(d.command(&path).arg("-h"), LIMIT);
+        let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert!(!all.contains("symbol lookup error"), "{name}: {all}");
+        assert!(!all.contains("remem-ibv:"), "{name} reached a stub: {all}");
+        assert!(all.contains("Usage"), "{name}: {all}");
+    }
+}
