@@ -1,68 +1,226 @@
-//! Address handles (UD).
+//! Address handles: `ibv_create_ah`, `ibv_destroy_ah`, and the helpers that answer a UD
+//! datagram, `ibv_init_ah_from_wc` / `ibv_create_ah_from_wc`.
 //!
-//! STUBS with the final signatures (helper B, "queues", implements this module).
+//! On RoCE every address vector is global: an `ibv_ah_attr` without `is_global` is EINVAL
+//! (as rxe refuses it). The GRH area in front of a UD receive holds, for an IPv4 sender,
+//! twenty unused bytes and the IPv4 header, for IPv6 the IPv6 header; the reply's
+//! destination is the datagram's source address, its source GID index the local GID that
+//! equals the datagram's destination.
 
 #![allow(unsafe_code)]
 
 use crate::abi::*;
-#[allow(unused_imports)]
-use crate::ffi::null_with;
-#[allow(unused_imports)]
-use core::ffi::{c_int, c_uint, c_void};
+use crate::context::{PdUse, ctx_from, pd_from};
+use crate::ffi::{guard_int, guard_neg, guard_ptr, null_with, set_errno};
+use core::ffi::c_int;
+use remem_verbs::{AddressHandle, AhAttr, Gid, GidType};
+use std::sync::Arc;
 
 symver!(
     "ibv_create_ah" @ "IBVERBS_1.1",
     "ibv_destroy_ah" @ "IBVERBS_1.1",
-    "ibv_create_ah_from_wc" @ "IBVERBS_1.1",
     "ibv_init_ah_from_wc" @ "IBVERBS_1.1",
+    "ibv_create_ah_from_wc" @ "IBVERBS_1.1",
 );
+
+/// An address handle: what `ibv_create_ah` returns a pointer to (`abi` first).
+#[repr(C)]
+pub struct Ah {
+    /// The `ibv_ah` programs see.
+    pub abi: ibv_ah,
+    /// The library's side.
+    pub inner: AhInner,
+}
+
+/// The library's side of an address handle.
+pub struct AhInner {
+    /// remem's address handle.
+    pub ah: Arc<dyn AddressHandle>,
+    _pd: PdUse,
+}
+
+impl std::fmt::Debug for AhInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AhInner")
+            .field("attr", self.ah.attr())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The library's side of a program's `*mut ibv_ah`; `None` for NULL.
+///
+/// # Safety
+///
+/// `ah` is NULL or a live address handle made by this library; the reference must not
+/// outlive it.
+pub unsafe fn ah_from<'a>(ah: *mut ibv_ah) -> Option<&'a AhInner> {
+    if ah.is_null() {
+        return None;
+    }
+    // SAFETY: by the contract, a non-NULL `ah` is the first field of a boxed `Ah`; the
+    // reference covers only the library's part.
+    Some(unsafe { &(*ah.cast::<Ah>()).inner })
+}
+
+/// `struct ibv_ah_attr` to remem's address vector; EINVAL without a GRH (RoCE needs one).
+pub(crate) fn ah_attr_from(a: &ibv_ah_attr) -> Result<AhAttr, c_int> {
+    if a.is_global == 0 {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: every bit pattern of the 16 bytes is a valid `raw` view of the GID union.
+    let dgid = unsafe { a.grh.dgid.raw };
+    Ok(AhAttr {
+        dgid: Gid(dgid),
+        flow_label: a.grh.flow_label,
+        sgid_index: a.grh.sgid_index,
+        hop_limit: a.grh.hop_limit,
+        traffic_class: a.grh.traffic_class,
+        is_global: true,
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        port_num: a.port_num,
+    })
+}
+
+/// remem's address vector to `struct ibv_ah_attr`.
+pub(crate) fn ah_attr_to(a: &AhAttr) -> ibv_ah_attr {
+    ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: ibv_gid { raw: a.dgid.0 },
+            flow_label: a.flow_label,
+            sgid_index: a.sgid_index,
+            hop_limit: a.hop_limit,
+            traffic_class: a.traffic_class,
+        },
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        is_global: u8::from(a.is_global),
+        port_num: a.port_num,
+    }
+}
 
 /// `ibv_create_ah`.
 ///
 /// # Safety
 ///
-/// The pointers are NULL or valid objects of this library, as verbs.h documents.
+/// `pd` is NULL or a live PD; `attr` is NULL or readable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_ibv_create_ah(
     pd: *mut ibv_pd,
     attr: *mut ibv_ah_attr,
 ) -> *mut ibv_ah {
-    let _ = (pd, attr);
-    null_with(libc::EOPNOTSUPP)
+    // SAFETY: the caller's contract.
+    unsafe { create_ah(pd, attr) }
+}
+
+/// `ibv_create_ah`'s body (also behind `ibv_create_ah_from_wc`).
+///
+/// # Safety
+///
+/// As the exported function.
+unsafe fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    guard_ptr("ibv_create_ah", || {
+        // SAFETY: by the contract.
+        let (Some(p), Some(a)) = (unsafe { pd_from(pd) }, unsafe { attr.as_ref() }) else {
+            return null_with(libc::EINVAL);
+        };
+        let mut av = match ah_attr_from(a) {
+            Ok(av) => av,
+            Err(e) => return null_with(e),
+        };
+        // The program's GID index names remem's entry through the context's map.
+        match p.inner.ctx.soft_gid_index(av.sgid_index) {
+            Some(i) => av.sgid_index = i,
+            None => return null_with(libc::EINVAL),
+        }
+        let ah = match p.inner.pd.create_ah(&av) {
+            Ok(ah) => ah,
+            Err(e) => return null_with(e.errno()),
+        };
+        let raw = Box::into_raw(Box::new(Ah {
+            abi: ibv_ah {
+                context: p.inner.ctx.ibv_context(),
+                pd,
+                handle: 0,
+            },
+            inner: AhInner {
+                ah,
+                _pd: p.inner.hold(),
+            },
+        }));
+        // SAFETY: the box just made, not yet shared.
+        unsafe { (*raw).abi.handle = (raw as usize as u32) >> 4 };
+        raw.cast()
+    })
 }
 
 /// `ibv_destroy_ah`.
 ///
 /// # Safety
 ///
-/// The pointers are NULL or valid objects of this library, as verbs.h documents.
+/// `ah` is NULL or a live address handle, not used afterwards on success.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
-    let _ = ah;
-    libc::EOPNOTSUPP
+    guard_int("ibv_destroy_ah", || {
+        if ah.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: by the contract, the Box made in create. Work requests already posted
+        // hold their own reference to remem's handle.
+        drop(unsafe { Box::from_raw(ah.cast::<Ah>()) });
+        0
+    })
 }
 
-/// `ibv_create_ah_from_wc`.
+/// The IP version of a UD receive's GRH area: 6 (an IPv6 header at the start), 4 (an
+/// IPv4 header in its last 20 bytes), or `None`.
+fn grh_version(grh: &[u8; 40]) -> Option<u8> {
+    if grh[0] >> 4 == 6 {
+        Some(6)
+    } else if grh[20] >> 4 == 4 && grh[20] & 0xf == 5 {
+        Some(4)
+    } else {
+        None
+    }
+}
+
+/// The reply's address vector from a receive's GRH area (without the source GID index):
+/// `(remote gid, local gid, traffic class, flow label)`.
+fn grh_addresses(grh: &[u8; 40]) -> Option<(Gid, Gid, u8, u32)> {
+    let mapped = |b: &[u8]| {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(b);
+        Gid(g)
+    };
+    match grh_version(grh)? {
+        4 => {
+            let ip = &grh[20..];
+            Some((mapped(&ip[12..16]), mapped(&ip[16..20]), ip[1], 0))
+        }
+        _ => {
+            let vtf = u32::from_be_bytes([grh[0], grh[1], grh[2], grh[3]]);
+            let mut s = [0u8; 16];
+            let mut d = [0u8; 16];
+            s.copy_from_slice(&grh[8..24]);
+            d.copy_from_slice(&grh[24..40]);
+            Some((Gid(s), Gid(d), (vtf >> 20) as u8, vtf & 0xf_ffff))
+        }
+    }
+}
+
+/// `ibv_init_ah_from_wc`: the address vector that answers the datagram `wc` received
+/// (its GRH area at `grh`). 0, or -1 with errno.
 ///
 /// # Safety
 ///
-/// The pointers are NULL or valid objects of this library, as verbs.h documents.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_create_ah_from_wc(
-    pd: *mut ibv_pd,
-    wc: *mut ibv_wc,
-    grh: *mut ibv_grh,
-    port_num: u8,
-) -> *mut ibv_ah {
-    let _ = (pd, wc, grh, port_num);
-    null_with(libc::EOPNOTSUPP)
-}
-
-/// `ibv_init_ah_from_wc`.
-///
-/// # Safety
-///
-/// The pointers are NULL or valid objects of this library, as verbs.h documents.
+/// `context` is an open context; `wc` and `ah_attr` are valid; `grh` points to the 40
+/// bytes in front of the received payload when `wc` has `IBV_WC_GRH`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_ibv_init_ah_from_wc(
     context: *mut ibv_context,
@@ -71,6 +229,167 @@ pub unsafe extern "C" fn remem_ibv_ibv_init_ah_from_wc(
     grh: *mut ibv_grh,
     ah_attr: *mut ibv_ah_attr,
 ) -> c_int {
-    let _ = (context, port_num, wc, grh, ah_attr);
-    libc::EOPNOTSUPP
+    // SAFETY: the caller's contract.
+    unsafe { init_ah_from_wc(context, port_num, wc, grh, ah_attr) }
+}
+
+/// `ibv_init_ah_from_wc`'s body (also behind `ibv_create_ah_from_wc`).
+///
+/// # Safety
+///
+/// As the exported function.
+unsafe fn init_ah_from_wc(
+    context: *mut ibv_context,
+    port_num: u8,
+    wc: *mut ibv_wc,
+    grh: *mut ibv_grh,
+    ah_attr: *mut ibv_ah_attr,
+) -> c_int {
+    guard_neg("ibv_init_ah_from_wc", || {
+        // SAFETY: by the contract.
+        let (Some(ctx), Some(w)) = (unsafe { ctx_from(context) }, unsafe { wc.as_ref() }) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if ah_attr.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        let mut a = ibv_ah_attr {
+            grh: ibv_global_route {
+                dgid: ibv_gid { raw: [0; 16] },
+                flow_label: 0,
+                sgid_index: 0,
+                hop_limit: 0,
+                traffic_class: 0,
+            },
+            dlid: w.slid,
+            sl: w.sl,
+            src_path_bits: w.dlid_path_bits,
+            static_rate: 0,
+            is_global: 0,
+            port_num,
+        };
+        let mut ret = 0;
+        if w.wc_flags & IBV_WC_GRH != 0 {
+            a.is_global = 1;
+            if grh.is_null() {
+                set_errno(libc::EINVAL);
+                ret = -1;
+            } else {
+                // SAFETY: by the contract, the 40-byte GRH area of the receive.
+                let bytes = unsafe { grh.cast::<[u8; 40]>().read_unaligned() };
+                match grh_addresses(&bytes) {
+                    None => {
+                        set_errno(libc::EINVAL);
+                        ret = -1;
+                    }
+                    Some((remote, local, tclass, flow)) => {
+                        a.grh.dgid = ibv_gid { raw: remote.0 };
+                        a.grh.traffic_class = tclass;
+                        a.grh.flow_label = flow;
+                        a.grh.hop_limit = 0xff;
+                        let index = ctx.shared().gid_table(port_num).ok().and_then(|t| {
+                            t.iter()
+                                .position(|g| g.gid == local && g.gid_type == GidType::RoceV2)
+                                .map(|i| t[i].index)
+                        });
+                        match index.and_then(|i| u8::try_from(i).ok()) {
+                            Some(i) => a.grh.sgid_index = i,
+                            None => {
+                                set_errno(libc::ENOENT);
+                                ret = -1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // SAFETY: writable by the contract.
+        unsafe { ah_attr.write(a) };
+        ret
+    })
+}
+
+/// `ibv_create_ah_from_wc`: [`remem_ibv_ibv_init_ah_from_wc`] then `ibv_create_ah`.
+///
+/// # Safety
+///
+/// As [`remem_ibv_ibv_init_ah_from_wc`], with `pd` a live PD.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_create_ah_from_wc(
+    pd: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut ibv_grh,
+    port_num: u8,
+) -> *mut ibv_ah {
+    guard_ptr("ibv_create_ah_from_wc", || {
+        // SAFETY: by the contract.
+        let Some(p) = (unsafe { pd_from(pd) }) else {
+            return null_with(libc::EINVAL);
+        };
+        let mut a = std::mem::MaybeUninit::<ibv_ah_attr>::zeroed();
+        // SAFETY: the arguments by the contract; `a` is writable.
+        let r = unsafe {
+            init_ah_from_wc(p.inner.ctx.ibv_context(), port_num, wc, grh, a.as_mut_ptr())
+        };
+        if r != 0 {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: `pd` as given; `a` was written by init_ah_from_wc.
+        unsafe { create_ah(pd, a.as_mut_ptr()) }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipv4_grh_gives_the_reply_addresses() {
+        let mut g = [0u8; 40];
+        g[20] = 0x45;
+        g[21] = 0x08; // TOS
+        g[32..36].copy_from_slice(&[127, 1, 2, 3]); // source
+        g[36..40].copy_from_slice(&[127, 4, 5, 6]); // destination
+        let (remote, local, tclass, flow) = grh_addresses(&g).unwrap();
+        assert_eq!(&remote.0[10..], &[0xff, 0xff, 127, 1, 2, 3]);
+        assert_eq!(&local.0[10..], &[0xff, 0xff, 127, 4, 5, 6]);
+        assert_eq!((tclass, flow), (8, 0));
+    }
+
+    #[test]
+    fn ipv6_grh_gives_the_reply_addresses() {
+        let mut g = [0u8; 40];
+        g[0..4].copy_from_slice(&0x6123_4567u32.to_be_bytes());
+        g[8..24].copy_from_slice(&[0xfe; 16]);
+        g[24..40].copy_from_slice(&[0x20; 16]);
+        let (remote, local, tclass, flow) = grh_addresses(&g).unwrap();
+        assert_eq!(remote.0, [0xfe; 16]);
+        assert_eq!(local.0, [0x20; 16]);
+        assert_eq!((tclass, flow), (0x12, 0x3_4567));
+        assert_eq!(grh_addresses(&[0u8; 40]), None, "neither header");
+    }
+
+    #[test]
+    fn ah_attr_round_trip_and_grh_required() {
+        let av = AhAttr {
+            dgid: Gid([7; 16]),
+            flow_label: 0x12345,
+            sgid_index: 2,
+            hop_limit: 9,
+            traffic_class: 3,
+            is_global: true,
+            dlid: 1,
+            sl: 4,
+            src_path_bits: 5,
+            static_rate: 6,
+            port_num: 1,
+        };
+        let c = ah_attr_to(&av);
+        assert_eq!(ah_attr_from(&c).unwrap(), av);
+        let mut local = c;
+        local.is_global = 0;
+        assert_eq!(ah_attr_from(&local), Err(libc::EINVAL));
+    }
 }

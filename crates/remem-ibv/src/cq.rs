@@ -1,28 +1,180 @@
-//! Completion queues: create/destroy/resize, completion events, and the `poll_cq` / `req_notify_cq` slots of `ibv_context_ops`.
+//! Completion queues: `ibv_create_cq`, `ibv_destroy_cq`, `ibv_resize_cq`,
+//! `ibv_ack_cq_events`, and the `ibv_context_ops` entries verbs.h's inline `ibv_poll_cq`
+//! and `ibv_req_notify_cq` call.
 //!
-//! STUBS with the final signatures (helper B, "queues", implements this module).
+//! Every CQ is a [`Cq`] whose ABI struct is an `ibv_cq_ex` (an `ibv_cq` is its prefix), so
+//! a CQ from `ibv_create_cq_ex` is also a plain CQ (`ibv_cq_ex_to_cq` is a cast) and
+//! `ibv_poll_cq` works on both.
+//!
+//! `ibv_poll_cq` moves completions from remem's CQ through a fixed array on the stack and
+//! converts each into `struct ibv_wc` in place: no allocation, one lock of the remem CQ per
+//! 16 completions; an empty poll yields the CPU (the soft NIC is a thread of the program).
 
 #![allow(unsafe_code)]
 
 use crate::abi::*;
-#[allow(unused_imports)]
-use crate::ffi::null_with;
-#[allow(unused_imports)]
+use crate::channel::{ChannelInner, channel_from};
+use crate::context::{CtxShared, ctx_from};
+use crate::ffi::{guard, guard_int, guard_ptr, null_with, set_errno};
 use core::ffi::{c_int, c_uint, c_void};
+use remem_verbs::{CompletionQueue, WcFlags, WorkCompletion};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 symver!(
     "ibv_create_cq" @ "IBVERBS_1.1",
     "ibv_destroy_cq" @ "IBVERBS_1.1",
     "ibv_resize_cq" @ "IBVERBS_1.1",
-    "ibv_get_cq_event" @ "IBVERBS_1.1",
     "ibv_ack_cq_events" @ "IBVERBS_1.1",
 );
+
+/// Completions moved per lock of the remem CQ in `ibv_poll_cq`.
+const POLL_BATCH: usize = 16;
+
+/// A completion queue: what `ibv_create_cq` (as `ibv_cq`) and `ibv_create_cq_ex` (as
+/// `ibv_cq_ex`) return a pointer to (`abi` first). The program may write its ABI struct
+/// (`cq_context`); the library touches that only through raw pointers and keeps its own
+/// state in [`CqInner`].
+#[repr(C)]
+pub struct Cq {
+    /// The `ibv_cq_ex` programs see (its prefix is the `ibv_cq`).
+    pub abi: ibv_cq_ex,
+    /// The library's side.
+    pub inner: CqInner,
+}
+
+/// The library's side of a CQ.
+pub struct CqInner {
+    /// remem's CQ.
+    pub cq: Arc<dyn CompletionQueue>,
+    /// Its context.
+    pub ctx: Arc<CtxShared>,
+    /// The size reported in `ibv_cq.cqe`.
+    pub cqe: c_int,
+    /// The channel it reports to (NULL: none).
+    channel: *mut ibv_comp_channel,
+    /// QP queues (send and receive, counted apiece) using the CQ: destroy is EBUSY while
+    /// any is.
+    pub(crate) users: AtomicU32,
+    /// Completion events handed out by `ibv_get_cq_event` and acked.
+    events: Mutex<Events>,
+    acked: Condvar,
+    /// The completion the extended poll API (`ibv_start_poll` …) stands on.
+    pub(crate) current: Mutex<WorkCompletion>,
+    /// The `wc_flags` asked of `ibv_create_cq_ex` (what `ibv_wc_read_*` may read).
+    pub(crate) wc_flags: u64,
+}
+
+#[derive(Debug, Default)]
+struct Events {
+    out: u64,
+    acked: u64,
+}
+
+impl std::fmt::Debug for CqInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CqInner")
+            .field("id", &self.cq.id())
+            .field("cqe", &self.cqe)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CqInner {
+    /// Notes a completion event handed out by `ibv_get_cq_event` (acked later).
+    pub(crate) fn event_out(&self) {
+        self.events.lock().unwrap_or_else(|e| e.into_inner()).out += 1;
+    }
+
+    /// The channel the CQ reports to, if any.
+    pub(crate) fn channel(&self) -> Option<&ChannelInner> {
+        // SAFETY: a CQ's channel stays alive while the CQ does (it counts in the
+        // channel's `cqs`; destroying the channel is EBUSY until the CQ is destroyed).
+        unsafe { channel_from(self.channel) }
+    }
+}
+
+/// The library's side of a program's `*mut ibv_cq` (or `*mut ibv_cq_ex`); `None` for
+/// NULL.
+///
+/// # Safety
+///
+/// `cq` is NULL or a live CQ made by this library; the reference must not outlive it.
+pub unsafe fn cq_from<'a>(cq: *mut ibv_cq) -> Option<&'a CqInner> {
+    if cq.is_null() {
+        return None;
+    }
+    // SAFETY: by the contract, a non-NULL `cq` is the first field of a boxed `Cq`; the
+    // reference covers only the library's part, never the ABI struct.
+    Some(unsafe { &(*cq.cast::<Cq>()).inner })
+}
+
+/// What creating a CQ needs, from `ibv_create_cq` or `ibv_create_cq_ex`.
+pub(crate) struct CqRequest {
+    pub context: *mut ibv_context,
+    pub cqe: i64,
+    pub cq_context: *mut c_void,
+    pub channel: *mut ibv_comp_channel,
+    pub comp_vector: i64,
+    pub wc_flags: u64,
+}
+
+/// Creates a CQ object; NULL with errno on failure.
+pub(crate) fn create(req: CqRequest) -> *mut Cq {
+    // SAFETY: the context pointer comes from the program, NULL or from ibv_open_device.
+    let Some(ctx) = (unsafe { ctx_from(req.context) }) else {
+        return null_with(libc::EINVAL);
+    };
+    let num_vectors = i64::from(ctx.vctx.context.num_comp_vectors);
+    if req.cqe <= 0 || req.cqe > i64::from(u32::MAX) {
+        return null_with(libc::EINVAL);
+    }
+    if req.comp_vector < 0 || req.comp_vector >= num_vectors {
+        return null_with(libc::EINVAL);
+    }
+    // SAFETY: the channel pointer comes from the program, NULL or a live channel.
+    let channel = unsafe { channel_from(req.channel) };
+    if let Some(ch) = channel
+        && !Arc::ptr_eq(&ch.ctx, ctx.shared())
+    {
+        return null_with(libc::EINVAL);
+    }
+    let shared = ctx.shared();
+    let cq = match shared
+        .dev
+        .create_cq(req.cqe as u32, channel.map(|c| Arc::clone(&c.ch)))
+    {
+        Ok(c) => c,
+        Err(e) => return null_with(e.errno()),
+    };
+    let id = cq.id();
+    let cqe = c_int::try_from(cq.cqe()).unwrap_or(c_int::MAX);
+    let raw = Box::into_raw(Box::new(Cq {
+        abi: crate::cq_ex::abi(shared.ibv_context(), req.channel, req.cq_context, id.0, cqe),
+        inner: CqInner {
+            cq,
+            ctx: Arc::clone(shared),
+            cqe,
+            channel: req.channel,
+            users: AtomicU32::new(0),
+            events: Mutex::new(Events::default()),
+            acked: Condvar::new(),
+            current: Mutex::new(WorkCompletion::default()),
+            wc_flags: req.wc_flags,
+        },
+    }));
+    if let Some(ch) = channel {
+        ch.cqs.fetch_add(1, Ordering::AcqRel);
+    }
+    shared.register_cq(id, raw.cast());
+    raw
+}
 
 /// `ibv_create_cq`.
 ///
 /// # Safety
 ///
-/// The pointers are NULL or valid objects of this library, as verbs.h documents.
+/// `context` is NULL or an open context; `channel` is NULL or one of its channels.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_ibv_create_cq(
     context: *mut ibv_context,
@@ -31,74 +183,259 @@ pub unsafe extern "C" fn remem_ibv_ibv_create_cq(
     channel: *mut ibv_comp_channel,
     comp_vector: c_int,
 ) -> *mut ibv_cq {
-    let _ = (context, cqe, cq_context, channel, comp_vector);
-    null_with(libc::EOPNOTSUPP)
+    guard_ptr("ibv_create_cq", || {
+        create(CqRequest {
+            context,
+            cqe: i64::from(cqe),
+            cq_context,
+            channel,
+            comp_vector: i64::from(comp_vector),
+            wc_flags: IBV_WC_STANDARD_FLAGS,
+        })
+        .cast()
+    })
 }
 
-/// `ibv_destroy_cq`.
+/// `ibv_destroy_cq`: EBUSY while a QP uses it; otherwise waits until every completion
+/// event handed out for it was acked (`ibv_ack_cq_events`) and every async event about it
+/// too, as rdma-core documents, then frees it.
 ///
 /// # Safety
 ///
-/// The pointers are NULL or valid objects of this library, as verbs.h documents.
+/// `cq` is NULL or a live CQ, not used afterwards on success.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
-    let _ = cq;
-    libc::EOPNOTSUPP
+    guard_int("ibv_destroy_cq", || {
+        // SAFETY: by the contract.
+        let Some(c) = (unsafe { cq_from(cq) }) else {
+            return libc::EINVAL;
+        };
+        if c.users.load(Ordering::Acquire) != 0 {
+            return libc::EBUSY;
+        }
+        // No more completion events can name it once it is out of the registry.
+        c.ctx.unregister_cq(c.cq.id());
+        {
+            let mut ev = c.events.lock().unwrap_or_else(|e| e.into_inner());
+            while ev.acked < ev.out {
+                ev = c.acked.wait(ev).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        if let Some(ch) = c.channel() {
+            ch.cqs.fetch_sub(1, Ordering::AcqRel);
+        }
+        // SAFETY: the Box made in `create`; the program no longer uses it.
+        drop(unsafe { Box::from_raw(cq.cast::<Cq>()) });
+        0
+    })
 }
 
-/// `ibv_resize_cq`.
+/// `ibv_resize_cq`: remem's CQs have a fixed size, so a size up to the current one is
+/// already satisfied (0, nothing changes, as the man page allows) and a larger one is
+/// EOPNOTSUPP.
 ///
 /// # Safety
 ///
-/// The pointers are NULL or valid objects of this library, as verbs.h documents.
+/// `cq` is NULL or a live CQ.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
-    let _ = (cq, cqe);
-    libc::EOPNOTSUPP
-}
-
-/// `ibv_get_cq_event`: blocks unless the channel fd is O_NONBLOCK; 0, or -1 with errno.
-///
-/// # Safety
-///
-/// The pointers are NULL or valid objects of this library, as verbs.h documents.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_get_cq_event(
-    channel: *mut ibv_comp_channel,
-    cq: *mut *mut ibv_cq,
-    cq_context: *mut *mut c_void,
-) -> c_int {
-    let _ = (channel, cq, cq_context);
-    crate::ffi::set_errno(libc::EOPNOTSUPP);
-    -1
+    guard_int("ibv_resize_cq", || {
+        // SAFETY: by the contract.
+        let Some(c) = (unsafe { cq_from(cq) }) else {
+            return libc::EINVAL;
+        };
+        if cqe <= 0 {
+            libc::EINVAL
+        } else if cqe <= c.cqe {
+            0
+        } else {
+            libc::EOPNOTSUPP
+        }
+    })
 }
 
 /// `ibv_ack_cq_events`.
 ///
 /// # Safety
 ///
-/// The pointers are NULL or valid objects of this library, as verbs.h documents.
+/// `cq` is NULL or a live CQ.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
-    let _ = (cq, nevents);
+    guard(
+        "ibv_ack_cq_events",
+        || (),
+        || {
+            // SAFETY: by the contract.
+            let Some(c) = (unsafe { cq_from(cq) }) else {
+                return;
+            };
+            let mut ev = c.events.lock().unwrap_or_else(|e| e.into_inner());
+            ev.acked += u64::from(nevents);
+            // SAFETY: the counter of the program-visible struct, written in place under the
+            // events lock (rdma-core writes it under the CQ's mutex); no reference is made.
+            unsafe {
+                let p = &raw mut (*cq).comp_events_completed;
+                p.write(p.read().wrapping_add(nevents));
+            }
+            c.cq.ack_events(nevents);
+            c.acked.notify_all();
+        },
+    )
 }
 
-/// `ibv_context_ops::poll_cq` (verbs.h's inline `ibv_poll_cq`): the number of completions, or a negative value on error.
+/// Converts remem's completion into `struct ibv_wc`: `imm_data` in network order (with
+/// `IBV_WC_WITH_IMM`), the invalidated rkey as it is (with `IBV_WC_WITH_INV`).
+pub(crate) fn to_ibv_wc(w: &WorkCompletion) -> ibv_wc {
+    let imm = if w.wc_flags.contains(WcFlags::WITH_IMM) {
+        w.imm_data.to_be()
+    } else {
+        w.imm_data
+    };
+    ibv_wc {
+        wr_id: w.wr_id,
+        status: w.status as ibv_wc_status,
+        opcode: w.opcode as ibv_wc_opcode,
+        vendor_err: w.vendor_err,
+        byte_len: w.byte_len,
+        u_imm_data: ibv_wc_imm { imm_data: imm },
+        qp_num: w.qp_num,
+        src_qp: w.src_qp,
+        wc_flags: w.wc_flags.bits(),
+        pkey_index: w.pkey_index,
+        slid: w.slid,
+        sl: w.sl,
+        dlid_path_bits: w.dlid_path_bits,
+    }
+}
+
+/// `ibv_context_ops::poll_cq` (verbs.h's inline `ibv_poll_cq`): the number of completions
+/// written to `wc` (at most `num_entries`), or a negative errno: `-EINVAL` for bad
+/// arguments, `-ENOMEM` once the CQ overran and its queued completions are all polled.
 ///
 /// # Safety
 ///
-/// The pointers are NULL or valid objects of this library, as verbs.h documents.
+/// `cq` is a live CQ; `wc` has room for `num_entries` entries.
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
-    let _ = (cq, num_entries, wc);
-    -1
+    guard(
+        "ibv_poll_cq",
+        || -libc::EIO,
+        || {
+            // SAFETY: by the contract.
+            let Some(c) = (unsafe { cq_from(cq) }) else {
+                return -libc::EINVAL;
+            };
+            if num_entries < 0 || (num_entries > 0 && wc.is_null()) {
+                return -libc::EINVAL;
+            }
+            let want = num_entries as usize;
+            let mut buf = [WorkCompletion::default(); POLL_BATCH];
+            let mut got = 0usize;
+            while got < want {
+                let n = (want - got).min(POLL_BATCH);
+                match c.cq.poll(&mut buf[..n]) {
+                    Ok(k) => {
+                        for (i, w) in buf[..k].iter().enumerate() {
+                            // SAFETY: `got + i < num_entries`: inside the program's array.
+                            unsafe { wc.add(got + i).write(to_ibv_wc(w)) };
+                        }
+                        got += k;
+                        if k < n {
+                            break;
+                        }
+                    }
+                    Err(e) if got == 0 => {
+                        set_errno(e.errno());
+                        return -e.errno();
+                    }
+                    // What was polled before the error is returned; the error comes on
+                    // the next call.
+                    Err(_) => break,
+                }
+            }
+            if got == 0 && want > 0 {
+                // The NIC is a thread of this process: a program spinning on an empty CQ
+                // gives it the CPU (on a machine with a core to spare this costs one
+                // sched_yield per empty poll; on a busy one it is what lets the completion
+                // arrive). remem's Rust benchmark loop does the same.
+                std::thread::yield_now();
+            }
+            got as c_int
+        },
+    )
 }
 
-/// `ibv_context_ops::req_notify_cq` (verbs.h's inline `ibv_req_notify_cq`).
+/// `ibv_context_ops::req_notify_cq` (verbs.h's inline `ibv_req_notify_cq`). A CQ without
+/// a channel accepts the request and reports nowhere, as rdma-core does.
 ///
 /// # Safety
 ///
-/// The pointers are NULL or valid objects of this library, as verbs.h documents.
+/// `cq` is a live CQ.
 pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
-    let _ = (cq, solicited_only);
-    libc::EOPNOTSUPP
+    guard_int("ibv_req_notify_cq", || {
+        // SAFETY: by the contract.
+        let Some(c) = (unsafe { cq_from(cq) }) else {
+            return libc::EINVAL;
+        };
+        if c.channel.is_null() {
+            // rdma-core accepts it; the event has nowhere to go.
+            return 0;
+        }
+        match c.cq.req_notify(solicited_only != 0) {
+            Ok(()) => 0,
+            Err(e) => e.errno(),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use remem_verbs::{WcOpcode, WcStatus};
+
+    #[test]
+    fn wc_conversion_is_exact() {
+        let w = WorkCompletion {
+            wr_id: 0x1122_3344_5566_7788,
+            status: WcStatus::RemAccessErr,
+            opcode: WcOpcode::RecvRdmaWithImm,
+            vendor_err: 0x77,
+            byte_len: 4096,
+            imm_data: 0x0102_0304,
+            qp_num: 0xab_cdef,
+            src_qp: 0x12_3456,
+            wc_flags: WcFlags::GRH | WcFlags::WITH_IMM,
+            pkey_index: 3,
+            slid: 0x1234,
+            sl: 5,
+            dlid_path_bits: 6,
+        };
+        let c = to_ibv_wc(&w);
+        assert_eq!(c.wr_id, w.wr_id);
+        assert_eq!(c.status, IBV_WC_REM_ACCESS_ERR);
+        assert_eq!(c.opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+        assert_eq!(c.vendor_err, 0x77);
+        assert_eq!(c.byte_len, 4096);
+        // SAFETY: reading the union member just written.
+        let imm = unsafe { c.u_imm_data.imm_data };
+        assert_eq!(imm.to_ne_bytes(), [1, 2, 3, 4], "network order in memory");
+        assert_eq!((c.qp_num, c.src_qp), (0xab_cdef, 0x12_3456));
+        assert_eq!(c.wc_flags, IBV_WC_GRH | IBV_WC_WITH_IMM);
+        assert_eq!(
+            (c.pkey_index, c.slid, c.sl, c.dlid_path_bits),
+            (3, 0x1234, 5, 6)
+        );
+
+        let inv = WorkCompletion {
+            imm_data: 0xdead_beef,
+            wc_flags: WcFlags::WITH_INV,
+            opcode: WcOpcode::Recv,
+            ..WorkCompletion::default()
+        };
+        let c = to_ibv_wc(&inv);
+        // SAFETY: reading the union member just written.
+        let rkey = unsafe { c.u_imm_data.invalidated_rkey };
+        assert_eq!(rkey, 0xdead_beef, "host order");
+        assert_eq!(c.opcode, IBV_WC_RECV);
+        assert_eq!(c.status, IBV_WC_SUCCESS);
+    }
 }

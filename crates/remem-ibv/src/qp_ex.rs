@@ -1,39 +1,541 @@
-//! Extended QPs: the `create_qp_ex` slot of `verbs_context`, `ibv_qp_to_qp_ex`, and the `ibv_wr_*` post API of `ibv_qp_ex`.
+//! Extended QPs: the `create_qp_ex` slot of `verbs_context` (verbs.h's inline
+//! `ibv_create_qp_ex`), `ibv_qp_to_qp_ex`, and the `ibv_wr_*` post API whose functions
+//! every QP's `ibv_qp_ex` carries.
 //!
-//! STUBS with the final signatures (helper B, "queues", implements this module).
+//! `ibv_wr_start` enters the QP's critical region (one thread at a time, as the man page
+//! promises); each builder (`ibv_wr_send`, `ibv_wr_rdma_write`, …) starts a work request
+//! with the `wr_id` and `wr_flags` it reads from the `ibv_qp_ex` at that call; the setters
+//! (`ibv_wr_set_sge*`, `ibv_wr_set_inline_data*` — the data is copied at once —,
+//! `ibv_wr_set_ud_addr`) complete the last one. `ibv_wr_complete` posts the batch through
+//! the same path as `ibv_post_send` (`post::flush`) and leaves the region;
+//! `ibv_wr_abort` drops it. A builder or setter that cannot be honoured (an operation
+//! remem does not implement: memory windows, TSO, XRC, ATOMIC WRITE through this API; a
+//! setter without a work request; too much inline data) records the error, which
+//! `ibv_wr_complete` returns, posting nothing. A failure only remem can see (a full send
+//! queue, a bad lkey) is found while posting: the work requests before it are posted.
 
 #![allow(unsafe_code)]
 
 use crate::abi::*;
-#[allow(unused_imports)]
-use crate::ffi::null_with;
-#[allow(unused_imports)]
-use core::ffi::{c_int, c_uint, c_void};
+use crate::ffi::{guard, guard_ptr, null_with};
+use crate::post::{PendingWr, copy_inline, flush, send_flags, ud_dest};
+use crate::qp::{QpInner, create, qp_from};
+use core::ffi::{c_int, c_void};
+use remem_verbs::{QpType, SendOp, Sge};
+use std::sync::atomic::Ordering;
 
 symver!(
     "ibv_qp_to_qp_ex" @ "IBVERBS_1.6",
 );
 
-/// `verbs_context::create_qp_ex` (verbs.h's inline `ibv_create_qp_ex`).
+/// The `ibv_qp_ex` of a new QP: `base` and every `ibv_wr_*` function.
+pub(crate) fn abi(base: ibv_qp) -> ibv_qp_ex {
+    ibv_qp_ex {
+        qp_base: base,
+        comp_mask: 0,
+        wr_id: 0,
+        wr_flags: 0,
+        wr_atomic_cmp_swp: Some(wr_atomic_cmp_swp),
+        wr_atomic_fetch_add: Some(wr_atomic_fetch_add),
+        wr_bind_mw: Some(wr_bind_mw),
+        wr_local_inv: Some(wr_local_inv),
+        wr_rdma_read: Some(wr_rdma_read),
+        wr_rdma_write: Some(wr_rdma_write),
+        wr_rdma_write_imm: Some(wr_rdma_write_imm),
+        wr_send: Some(wr_send),
+        wr_send_imm: Some(wr_send_imm),
+        wr_send_inv: Some(wr_send_inv),
+        wr_send_tso: Some(wr_send_tso),
+        wr_set_ud_addr: Some(wr_set_ud_addr),
+        wr_set_xrc_srqn: Some(wr_set_xrc_srqn),
+        wr_set_inline_data: Some(wr_set_inline_data),
+        wr_set_inline_data_list: Some(wr_set_inline_data_list),
+        wr_set_sge: Some(wr_set_sge),
+        wr_set_sge_list: Some(wr_set_sge_list),
+        wr_start: Some(wr_start),
+        wr_complete: Some(wr_complete),
+        wr_abort: Some(wr_abort),
+        wr_atomic_write: Some(wr_atomic_write),
+    }
+}
+
+/// The send operations (`IBV_QP_EX_WITH_*`) the `ibv_wr_*` API offers on a QP type.
+fn send_ops_supported(t: QpType) -> u64 {
+    match t {
+        QpType::Ud => IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM,
+        QpType::Uc => {
+            IBV_QP_EX_WITH_SEND
+                | IBV_QP_EX_WITH_SEND_WITH_IMM
+                | IBV_QP_EX_WITH_RDMA_WRITE
+                | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+        }
+        QpType::Rc => {
+            IBV_QP_EX_WITH_SEND
+                | IBV_QP_EX_WITH_SEND_WITH_IMM
+                | IBV_QP_EX_WITH_SEND_WITH_INV
+                | IBV_QP_EX_WITH_RDMA_WRITE
+                | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+                | IBV_QP_EX_WITH_RDMA_READ
+                | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+                | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+        }
+    }
+}
+
+/// `verbs_context::create_qp_ex` (verbs.h's inline `ibv_create_qp_ex`): a QP on
+/// `attr.pd` (`IBV_QP_INIT_ATTR_PD` is required); with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`
+/// it has the `ibv_wr_*` API, and asking for an operation its type does not offer is
+/// EOPNOTSUPP. XRC, RSS and TSO attributes and creation flags are EOPNOTSUPP.
 ///
 /// # Safety
 ///
-/// The pointers are NULL or valid objects of this library, as verbs.h documents.
+/// `context` is an open context; `attr` is NULL or readable and writable.
 pub unsafe extern "C" fn create_qp_ex(
     context: *mut ibv_context,
     attr: *mut ibv_qp_init_attr_ex,
 ) -> *mut ibv_qp {
-    let _ = (context, attr);
-    null_with(libc::EOPNOTSUPP)
+    guard_ptr("ibv_create_qp_ex", || {
+        // SAFETY: by the contract.
+        let Some(a) = (unsafe { attr.as_mut() }) else {
+            return null_with(libc::EINVAL);
+        };
+        let known = IBV_QP_INIT_ATTR_PD
+            | IBV_QP_INIT_ATTR_XRCD
+            | IBV_QP_INIT_ATTR_CREATE_FLAGS
+            | IBV_QP_INIT_ATTR_MAX_TSO_HEADER
+            | IBV_QP_INIT_ATTR_IND_TABLE
+            | IBV_QP_INIT_ATTR_RX_HASH
+            | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        let mask = a.comp_mask;
+        if mask & !known != 0 {
+            return null_with(libc::EINVAL);
+        }
+        if mask & (IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_IND_TABLE | IBV_QP_INIT_ATTR_RX_HASH)
+            != 0
+            || (mask & IBV_QP_INIT_ATTR_MAX_TSO_HEADER != 0 && a.max_tso_header != 0)
+            || (mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
+        {
+            return null_with(libc::EOPNOTSUPP);
+        }
+        if mask & IBV_QP_INIT_ATTR_PD == 0 {
+            return null_with(libc::EINVAL);
+        }
+        // SAFETY: the program's PD: NULL or one of this library's.
+        match unsafe { crate::context::pd_from(a.pd) } {
+            Some(p) if p.inner.ctx.ibv_context() == context => {}
+            _ => return null_with(libc::EINVAL),
+        }
+        let wr_api = mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
+        if wr_api {
+            let t = match a.qp_type {
+                IBV_QPT_RC => QpType::Rc,
+                IBV_QPT_UC => QpType::Uc,
+                IBV_QPT_UD => QpType::Ud,
+                // create() answers for the other types.
+                _ => QpType::Rc,
+            };
+            if a.send_ops_flags & !send_ops_supported(t) != 0 {
+                return null_with(libc::EOPNOTSUPP);
+            }
+        }
+        let mut basic = ibv_qp_init_attr {
+            qp_context: a.qp_context,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            cap: a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all,
+        };
+        match create(a.pd, &mut basic, wr_api) {
+            Ok(q) => {
+                a.cap = basic.cap;
+                q.cast()
+            }
+            Err(e) => null_with(e),
+        }
+    })
 }
 
-/// `ibv_qp_to_qp_ex`: NULL (errno EOPNOTSUPP) for a QP created without the ex API.
+/// `ibv_qp_to_qp_ex`: the `ibv_qp_ex` of a QP created by `ibv_create_qp_ex` with
+/// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`; NULL (errno EOPNOTSUPP) for another QP, as
+/// rdma-core answers.
 ///
 /// # Safety
 ///
-/// The pointers are NULL or valid objects of this library, as verbs.h documents.
+/// `qp` is NULL or a live QP.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
-    let _ = qp;
-    null_with(libc::EOPNOTSUPP)
+    guard_ptr("ibv_qp_to_qp_ex", || {
+        // SAFETY: by the contract.
+        match unsafe { qp_from(qp) } {
+            Some(q) if q.wr_api => qp.cast(),
+            Some(_) => null_with(libc::EOPNOTSUPP),
+            None => null_with(libc::EINVAL),
+        }
+    })
+}
+
+/// Runs `f` on the QP's `ibv_wr_*` batch unless an error is already recorded; `f`'s
+/// error is recorded. A panic records EIO.
+fn with_batch(
+    qpx: *mut ibv_qp_ex,
+    name: &str,
+    f: impl FnOnce(&QpInner, &mut crate::post::Pending) -> Result<(), c_int>,
+) {
+    guard(
+        name,
+        || (),
+        || {
+            // SAFETY: the program passes one of this library's QPs.
+            let Some(q) = (unsafe { qp_from(qpx.cast()) }) else {
+                return;
+            };
+            let mut b = q.send.ex.lock().unwrap_or_else(|e| e.into_inner());
+            if b.err != 0 {
+                return;
+            }
+            if let Err(e) = f(q, &mut b.pending) {
+                b.err = e;
+            }
+        },
+    )
+}
+
+/// Starts a work request of `op` with the `wr_id` and `wr_flags` the program set in the
+/// `ibv_qp_ex`.
+fn build(qpx: *mut ibv_qp_ex, name: &str, op: Result<SendOp, c_int>) {
+    if qpx.is_null() {
+        return;
+    }
+    // SAFETY: the program's `ibv_qp_ex`, whose two public fields it wrote before this
+    // call; they are read in place.
+    let (wr_id, wr_flags) = unsafe { ((*qpx).wr_id, (*qpx).wr_flags) };
+    with_batch(qpx, name, |_, p| {
+        let op = op?;
+        let flags = send_flags(wr_flags)?;
+        let at = p.sges.len() as u32;
+        p.wrs.push(PendingWr {
+            wr_id,
+            op,
+            flags,
+            ud: None,
+            sges: (at, 0),
+            inline: None,
+            tag: 0,
+        });
+        Ok(())
+    })
+}
+
+/// The work request the setters complete: the last one built (EINVAL if none).
+fn last(p: &mut crate::post::Pending) -> Result<&mut PendingWr, c_int> {
+    p.wrs.last_mut().ok_or(libc::EINVAL)
+}
+
+unsafe extern "C" fn wr_atomic_cmp_swp(
+    qpx: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    compare: u64,
+    swap: u64,
+) {
+    build(
+        qpx,
+        "ibv_wr_atomic_cmp_swp",
+        Ok(SendOp::AtomicCmpAndSwp {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        }),
+    );
+}
+
+unsafe extern "C" fn wr_atomic_fetch_add(
+    qpx: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    add: u64,
+) {
+    build(
+        qpx,
+        "ibv_wr_atomic_fetch_add",
+        Ok(SendOp::AtomicFetchAndAdd {
+            remote_addr,
+            rkey,
+            add,
+        }),
+    );
+}
+
+unsafe extern "C" fn wr_bind_mw(
+    qpx: *mut ibv_qp_ex,
+    _mw: *mut ibv_mw,
+    _rkey: u32,
+    _info: *const ibv_mw_bind_info,
+) {
+    build(qpx, "ibv_wr_bind_mw", Err(libc::EOPNOTSUPP));
+}
+
+unsafe extern "C" fn wr_local_inv(qpx: *mut ibv_qp_ex, _rkey: u32) {
+    build(qpx, "ibv_wr_local_inv", Err(libc::EOPNOTSUPP));
+}
+
+unsafe extern "C" fn wr_rdma_read(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    build(
+        qpx,
+        "ibv_wr_rdma_read",
+        Ok(SendOp::RdmaRead { remote_addr, rkey }),
+    );
+}
+
+unsafe extern "C" fn wr_rdma_write(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    build(
+        qpx,
+        "ibv_wr_rdma_write",
+        Ok(SendOp::RdmaWrite { remote_addr, rkey }),
+    );
+}
+
+/// `imm` is big-endian, as verbs passes it.
+unsafe extern "C" fn wr_rdma_write_imm(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm: u32) {
+    build(
+        qpx,
+        "ibv_wr_rdma_write_imm",
+        Ok(SendOp::RdmaWriteWithImm {
+            remote_addr,
+            rkey,
+            imm: u32::from_be(imm),
+        }),
+    );
+}
+
+unsafe extern "C" fn wr_send(qpx: *mut ibv_qp_ex) {
+    build(qpx, "ibv_wr_send", Ok(SendOp::Send));
+}
+
+/// `imm` is big-endian, as verbs passes it.
+unsafe extern "C" fn wr_send_imm(qpx: *mut ibv_qp_ex, imm: u32) {
+    build(
+        qpx,
+        "ibv_wr_send_imm",
+        Ok(SendOp::SendWithImm {
+            imm: u32::from_be(imm),
+        }),
+    );
+}
+
+unsafe extern "C" fn wr_send_inv(qpx: *mut ibv_qp_ex, rkey: u32) {
+    build(qpx, "ibv_wr_send_inv", Ok(SendOp::SendWithInv { rkey }));
+}
+
+unsafe extern "C" fn wr_send_tso(qpx: *mut ibv_qp_ex, _hdr: *mut c_void, _sz: u16, _mss: u16) {
+    build(qpx, "ibv_wr_send_tso", Err(libc::EOPNOTSUPP));
+}
+
+/// ATOMIC WRITE through the `ibv_wr_*` API is not offered (its 8 bytes would need a
+/// registered copy per work request); `ibv_post_send` with `IBV_WR_ATOMIC_WRITE` is.
+unsafe extern "C" fn wr_atomic_write(
+    qpx: *mut ibv_qp_ex,
+    _rkey: u32,
+    _remote_addr: u64,
+    _wr: *const c_void,
+) {
+    build(qpx, "ibv_wr_atomic_write", Err(libc::EOPNOTSUPP));
+}
+
+unsafe extern "C" fn wr_set_ud_addr(qpx: *mut ibv_qp_ex, ah: *mut ibv_ah, qpn: u32, qkey: u32) {
+    with_batch(qpx, "ibv_wr_set_ud_addr", |q, p| {
+        if q.qp_type != QpType::Ud {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the program's address handle: NULL or one of this library's.
+        let d = unsafe { ud_dest(ah, qpn, qkey) }?;
+        last(p)?.ud = Some(d);
+        Ok(())
+    });
+}
+
+unsafe extern "C" fn wr_set_xrc_srqn(qpx: *mut ibv_qp_ex, _srqn: u32) {
+    with_batch(qpx, "ibv_wr_set_xrc_srqn", |_, _| Err(libc::EOPNOTSUPP));
+}
+
+/// Sets the last work request's data to the SGEs `list` (EINVAL above `max_send_sge`).
+fn set_sges(q: &QpInner, p: &mut crate::post::Pending, list: &[ibv_sge]) -> Result<(), c_int> {
+    if list.len() > q.cap.max_send_sge as usize {
+        return Err(libc::EINVAL);
+    }
+    last(p)?;
+    let at = p.sges.len() as u32;
+    p.sges.extend(list.iter().map(|s| Sge {
+        addr: s.addr,
+        length: s.length,
+        lkey: s.lkey,
+    }));
+    let w = last(p)?;
+    w.sges = (at, list.len() as u32);
+    w.inline = None;
+    Ok(())
+}
+
+unsafe extern "C" fn wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    with_batch(qpx, "ibv_wr_set_sge", |q, p| {
+        set_sges(q, p, &[ibv_sge { addr, length, lkey }])
+    });
+}
+
+unsafe extern "C" fn wr_set_sge_list(qpx: *mut ibv_qp_ex, num_sge: usize, list: *const ibv_sge) {
+    with_batch(qpx, "ibv_wr_set_sge_list", |q, p| {
+        if num_sge > q.cap.max_send_sge as usize || (num_sge > 0 && list.is_null()) {
+            return Err(libc::EINVAL);
+        }
+        let l: &[ibv_sge] = if num_sge == 0 {
+            &[]
+        } else {
+            // SAFETY: the program's array of `num_sge` entries (bounded above).
+            unsafe { std::slice::from_raw_parts(list, num_sge) }
+        };
+        set_sges(q, p, l)
+    });
+}
+
+/// Sets the last work request's data to a copy of the program's buffers (EINVAL above
+/// `max_inline_data`).
+fn set_inline(
+    q: &QpInner,
+    p: &mut crate::post::Pending,
+    bufs: &[ibv_data_buf],
+) -> Result<(), c_int> {
+    last(p)?;
+    let total: u64 = bufs.iter().map(|b| b.length as u64).sum();
+    if total > u64::from(q.cap.max_inline_data) {
+        return Err(libc::EINVAL);
+    }
+    let start = p.inline.len();
+    for b in bufs {
+        // SAFETY: the program's buffer, readable for its length during this call (what
+        // verbs requires of inline data).
+        if let Err(e) = unsafe { copy_inline(p, b.addr as usize as u64, b.length) } {
+            p.inline.truncate(start);
+            return Err(e);
+        }
+    }
+    let at = p.sges.len() as u32;
+    let w = last(p)?;
+    w.inline = Some((start as u32, total as u32));
+    w.sges = (at, 0);
+    Ok(())
+}
+
+unsafe extern "C" fn wr_set_inline_data(qpx: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
+    with_batch(qpx, "ibv_wr_set_inline_data", |q, p| {
+        set_inline(q, p, &[ibv_data_buf { addr, length }])
+    });
+}
+
+unsafe extern "C" fn wr_set_inline_data_list(
+    qpx: *mut ibv_qp_ex,
+    num_buf: usize,
+    list: *const ibv_data_buf,
+) {
+    with_batch(qpx, "ibv_wr_set_inline_data_list", |q, p| {
+        if num_buf > 0 && list.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let l: &[ibv_data_buf] = if num_buf == 0 {
+            &[]
+        } else {
+            // SAFETY: the program's array of `num_buf` entries.
+            unsafe { std::slice::from_raw_parts(list, num_buf) }
+        };
+        set_inline(q, p, l)
+    });
+}
+
+unsafe extern "C" fn wr_start(qpx: *mut ibv_qp_ex) {
+    guard(
+        "ibv_wr_start",
+        || (),
+        || {
+            // SAFETY: the program passes one of this library's QPs.
+            let Some(q) = (unsafe { qp_from(qpx.cast()) }) else {
+                return;
+            };
+            while q
+                .send
+                .ex_busy
+                .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                std::thread::yield_now();
+            }
+            let mut b = q.send.ex.lock().unwrap_or_else(|e| e.into_inner());
+            b.pending.clear();
+            b.err = 0;
+        },
+    )
+}
+
+unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
+    guard(
+        "ibv_wr_complete",
+        || libc::EIO,
+        || {
+            // SAFETY: the program passes one of this library's QPs.
+            let Some(q) = (unsafe { qp_from(qpx.cast()) }) else {
+                return libc::EINVAL;
+            };
+            let mut b = q.send.ex.lock().unwrap_or_else(|e| e.into_inner());
+            let r = if b.err != 0 {
+                b.pending.clear();
+                b.err
+            } else {
+                match flush(q, &mut b.pending) {
+                    Ok(()) => 0,
+                    Err((_, e)) => e,
+                }
+            };
+            b.err = 0;
+            drop(b);
+            q.send.ex_busy.store(false, Ordering::Release);
+            r
+        },
+    )
+}
+
+unsafe extern "C" fn wr_abort(qpx: *mut ibv_qp_ex) {
+    guard(
+        "ibv_wr_abort",
+        || (),
+        || {
+            // SAFETY: the program passes one of this library's QPs.
+            let Some(q) = (unsafe { qp_from(qpx.cast()) }) else {
+                return;
+            };
+            let mut b = q.send.ex.lock().unwrap_or_else(|e| e.into_inner());
+            b.pending.clear();
+            b.err = 0;
+            drop(b);
+            q.send.ex_busy.store(false, Ordering::Release);
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn send_ops_per_type() {
+        let ud = send_ops_supported(QpType::Ud);
+        assert_ne!(ud & IBV_QP_EX_WITH_SEND, 0);
+        assert_eq!(ud & IBV_QP_EX_WITH_RDMA_WRITE, 0);
+        let uc = send_ops_supported(QpType::Uc);
+        assert_ne!(uc & IBV_QP_EX_WITH_RDMA_WRITE, 0);
+        assert_eq!(uc & IBV_QP_EX_WITH_RDMA_READ, 0);
+        let rc = send_ops_supported(QpType::Rc);
+        assert_ne!(rc & IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD, 0);
+        assert_eq!(rc & IBV_QP_EX_WITH_BIND_MW, 0);
+    }
 }

@@ -1,0 +1,137 @@
+//! Server/client pairs of unmodified programs on the drop-in, on loopback, bounded in
+//! time; built on the shared helpers in `common` (drop-in directory, tools, bounded runs).
+//!
+//! Every test that needs something absent prints `skipped: <why>` and returns.
+
+#![allow(dead_code)]
+
+use super::common::{DropIn, text, tool};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How long one program may run before `timeout` ends it (seconds).
+pub const RUN_LIMIT_S: u64 = 120;
+
+/// The pairs run one at a time: two processes with a progress thread each are as much as a
+/// small CI machine takes while staying fast.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A TCP port on 127.0.0.1 free right now (the tools' out-of-band exchange).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Whether coreutils' `timeout` is there (every program runs under it).
+pub fn have_timeout() -> bool {
+    tool("timeout", "coreutils").is_some()
+}
+
+/// A command running `prog args` on the drop-in `d` under `timeout`.
+pub fn dropin_command(d: &DropIn, prog: &Path, args: &[&str]) -> Command {
+    let mut c = d.command("timeout");
+    c.arg("-k")
+        .arg("5")
+        .arg(RUN_LIMIT_S.to_string())
+        .arg(prog)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// The index of the default device's RoCE v2 GID (what `-g` / `-x` must name: remem
+/// speaks RoCE v2 only), read from `ibv_devinfo -v` on the drop-in.
+pub fn roce_v2_gid_index(d: &DropIn) -> Option<String> {
+    let devinfo = tool("ibv_devinfo", "ibverbs-utils")?;
+    let out = d.command(devinfo).arg("-v").output().ok()?;
+    let t = text(&out.stdout);
+    let line = t
+        .lines()
+        .find(|l| l.contains("GID[") && l.contains("RoCE v2"));
+    let idx = line.and_then(|l| {
+        let inner = l.split('[').nth(1)?.split(']').next()?;
+        Some(inner.trim().to_string())
+    });
+    assert!(idx.is_some(), "ibv_devinfo -v shows no RoCE v2 GID:\n{t}");
+    idx
+}
+
+/// What one program did.
+#[derive(Debug)]
+pub struct Ran {
+    /// Its exit status code (`None`: killed by a signal, or never started).
+    pub code: Option<i32>,
+    /// Standard output, then standard error.
+    pub out: String,
+}
+
+impl Ran {
+    fn collect(child: Child) -> Ran {
+        let out = child.wait_with_output().unwrap();
+        Ran {
+            code: out.status.code(),
+            out: text(&out.stdout) + &text(&out.stderr),
+        }
+    }
+}
+
+/// Whether some process listens on TCP `port` (IPv4 or IPv6), from `/proc/net/tcp*`.
+fn listening(port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|s| {
+            s.lines().skip(1).any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == "0A"
+            })
+        })
+    })
+}
+
+/// Runs a server and then its client, both on the drop-in: the client starts once the
+/// server listens on `port` (the kernel's socket table says so) or the server has exited.
+pub fn run_pair(
+    d: &DropIn,
+    prog: &Path,
+    server_args: &[&str],
+    client_args: &[&str],
+    port: u16,
+) -> (Ran, Ran) {
+    let mut server = dropin_command(d, prog, server_args).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(RUN_LIMIT_S);
+    while !listening(port) {
+        if server.try_wait().unwrap().is_some() || Instant::now() > deadline {
+            let ran = Ran::collect(server);
+            let not = Ran {
+                code: None,
+                out: "client not started: the server never listened".into(),
+            };
+            return (ran, not);
+        }
+        // Polling the socket table: nothing else tells when the server has listened.
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let client = Ran::collect(dropin_command(d, prog, client_args).spawn().unwrap());
+    let server = Ran::collect(server);
+    (server, client)
+}
+
+/// Panics with both outputs unless both exited with status 0.
+pub fn assert_both_ok(what: &str, server: &Ran, client: &Ran) {
+    if server.code != Some(0) || client.code != Some(0) {
+        panic!(
+            "{what}: server exited {:?}, client {:?}\n--- server ---\n{}\n--- client ---\n{}",
+            server.code, client.code, server.out, client.out
+        );
+    }
+}
