@@ -78,7 +78,8 @@ common="-d rxe0 -x 0 -F"
 for t in write_bw read_bw send_bw atomic_bw write_lat read_lat send_lat atomic_lat; do
   pair "ib_$t" ib_$t $common
   [ "$quick" = --quick ] && continue
-  pair "ib_$t -a" ib_$t $common -a -n 100
+  # perftest refuses -a for atomics ("Message size cannot be changed for Atomic tests").
+  case $t in atomic_*) ;; *) pair "ib_$t -a" ib_$t $common -a -n 100 ;; esac
   pair "ib_$t --use_old_post_send" ib_$t $common --use_old_post_send -n 1000
   case $t in *_bw)
     pair "ib_$t -q 4" ib_$t $common -q 4
@@ -98,11 +99,11 @@ done
 [ "$quick" = --quick ] || pair "ib_send_bw -c UD -b" ib_send_bw $common -c UD -b -n 200
 
 echo "== mixed: perftest on the drop-in against remem perf --perftest (remem's Rust API, soft@127.0.0.1), both ways"
-# mixed LABEL SERVER... -- CLIENT...: as `pair`, but the two sides run different programs.
+# mixed LABEL SERVER... :: CLIENT...: as `pair`, but the two sides run different programs.
 mixed() {
   local label=$1; shift
   local server=() client=()
-  while [ "$1" != -- ]; do server+=("$1"); shift; done
+  while [ "$1" != :: ]; do server+=("$1"); shift; done
   shift; client=("$@")
   port=$((port + 1))
   rm -f "$logs"/server "$logs"/client
@@ -123,9 +124,9 @@ tests="write_bw read_bw send_bw atomic_bw write_lat read_lat send_lat atomic_lat
 [ "$quick" = --quick ] && tests="write_bw send_lat"
 for t in $tests; do
   mixed "ib_$t (drop-in, client) against remem perf --perftest $t (server)" \
-    "$remem" perf --perftest $t -d soft@127.0.0.1 -n 1000 -- "$remem" run -- ib_$t $common -n 1000
+    "$remem" perf --perftest $t -d soft@127.0.0.1 -n 1000 :: "$remem" run -- ib_$t $common -n 1000
   mixed "remem perf --perftest $t (client) against ib_$t (drop-in, server)" \
-    "$remem" run -- ib_$t $common -n 1000 -- "$remem" perf --perftest $t -d soft@127.0.0.1 -n 1000
+    "$remem" run -- ib_$t $common -n 1000 :: "$remem" perf --perftest $t -d soft@127.0.0.1 -n 1000
 done
 
 if [ "$quick" != --quick ]; then

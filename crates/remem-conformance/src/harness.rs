@@ -129,7 +129,12 @@ impl Endpoint {
 /// - rxe sends a UD datagram larger than the path MTU (when the IP MTU allows it) instead
 ///   of failing it with `LOC_LEN_ERR`.
 pub fn is_kernel_rxe(ctx: &dyn Context) -> bool {
-    ctx.info().provider == "ibverbs" && ctx.query_device().is_ok_and(|d| d.vendor_id == 0x00ff_ffff)
+    // rdma-core over remem's drop-in libibverbs also shows rxe's vendor id; its firmware
+    // version names the soft NIC underneath.
+    ctx.info().provider == "ibverbs"
+        && ctx
+            .query_device()
+            .is_ok_and(|d| d.vendor_id == 0x00ff_ffff && !d.fw_ver.starts_with("remem-soft"))
 }
 
 /// The first RoCE v2 GID of port 1 (IPv4-mapped ones first): its index and value.
