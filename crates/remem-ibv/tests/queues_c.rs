@@ -15,7 +15,7 @@ use support::{dropin_command, have_timeout};
 fn compile(d: &DropIn, name: &str) -> Option<PathBuf> {
     let cc = tool("cc", "gcc")?;
     if !Path::new("/usr/include/infiniband/verbs.h").exists() {
-        println!("skipped: /usr/include/infiniband/verbs.h is missing (libibverbs-dev)");
+        common::skip("/usr/include/infiniband/verbs.h is missing (libibverbs-dev)");
         return None;
     }
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -25,7 +25,7 @@ fn uc_supported() -> bool {
     ) {
         Ok(c) => c,
         Err(e) => {
-            println!("skipped: no soft device to ask about UC: {e}");
+            common::skip(&format!("no soft device to ask about UC: {e}"));
             return false;
         }
     };
@@ -42,7 +42,7 @@ fn uc_supported() -> bool {
         })
         .is_ok();
     if !ok {
-        println!("skipped: the soft provider has no UC queue pairs yet");
+        common::skip("the soft provider has no UC queue pairs");
     }
     ok
 }

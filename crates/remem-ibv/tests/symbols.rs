@@ -74,7 +74,7 @@ fn libraries(path: &std::path::Path) -> Vec<std::path::PathBuf> {
 fn every_tool_resolves_every_libibverbs_symbol() {
     let lib = common::library();
     let Some(dump) = objdump(&lib) else {
-        eprintln!("skipped: objdump not found (Debian package binutils)");
+        common::skip("objdump not found (Debian package binutils)");
         return;
     };
     let defined = ibverbs_symbols(&dump, false);
@@ -108,7 +108,7 @@ fn every_tool_resolves_every_libibverbs_symbol() {
 fn soname_is_libibverbs_so_1() {
     let lib = common::library();
     let Ok(out) = Command::new("objdump").arg("-p").arg(&lib).output() else {
-        eprintln!("skipped: objdump not found (Debian package binutils)");
+        common::skip("objdump not found (Debian package binutils)");
         return;
     };
     let text = String::from_utf8_lossy(&out.stdout);

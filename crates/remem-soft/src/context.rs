@@ -223,6 +223,21 @@ impl SoftContext {
     }
 }
 
+/// How long closing a device waits for the packets it still owes (see `Drop`).
+const CLOSE_FLUSH_LIMIT: Duration = Duration::from_secs(1);
+
+impl Drop for SoftContext {
+    /// Closing the device waits (at most [`CLOSE_FLUSH_LIMIT`]) until what it received has
+    /// been handled and the ACKs that produced are sent: a NIC acknowledges whatever the
+    /// process does next, but a process that sees its last receive complete, closes the
+    /// device and exits would kill the progress thread before it sent that ACK, and its
+    /// peer would retry into a closed port until RETRY_EXC_ERR (seen with
+    /// `ibv_rc_pingpong` on the drop-in libibverbs; `tests/close.rs`).
+    fn drop(&mut self) {
+        self.dev.flush(CLOSE_FLUSH_LIMIT);
+    }
+}
+
 impl Context for SoftContext {
     fn info(&self) -> &DeviceInfo {
         &self.dev.info

@@ -339,6 +339,8 @@ pub struct Progress {
     socket: Arc<UdpSocket>,
     waiting: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
+    /// Passes of the loop completed (each one pump: receive, then send what that produced).
+    passes: Arc<std::sync::atomic::AtomicU64>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -355,8 +357,9 @@ impl Progress {
         let local = socket.local_addr()?;
         let waiting = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
+        let passes = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let thread = {
-            let (waiting, stop) = (waiting.clone(), stop.clone());
+            let (waiting, stop, passes) = (waiting.clone(), stop.clone(), passes.clone());
             std::thread::Builder::new()
                 .name(format!("remem-soft {local}"))
                 .spawn(move || {
@@ -369,15 +372,34 @@ impl Progress {
                             );
                         }
                     }
-                    run(&mut nic, &engine, &waiting, &stop, busy_poll)
+                    run(&mut nic, &engine, &waiting, &stop, &passes, busy_poll)
                 })?
         };
         Ok(Progress {
             socket,
             waiting,
             stop,
+            passes,
             thread: Some(thread),
         })
+    }
+
+    /// Waits (at most `limit`) until everything the device received before this call has
+    /// been handled and what it produced sent: two passes of the thread's loop completed
+    /// after the call (the one in progress may have delivered a completion and not yet sent
+    /// its ACK), then nothing left to send.
+    pub fn flush(&self, engine: &Engine, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let start = self.passes.load(Ordering::Acquire);
+        self.waiting.store(true, Ordering::Release);
+        self.wake();
+        while (self.passes.load(Ordering::Acquire) < start + 2 || engine.owes_packets())
+            && Instant::now() < deadline
+        {
+            // A bounded wait at close (as `ibv_close_device` may block), not a test's sleep.
+            std::thread::sleep(Duration::from_micros(20));
+            self.wake();
+        }
     }
 
     /// Wakes the thread if it is waiting.
@@ -405,9 +427,18 @@ impl Drop for Progress {
     }
 }
 
-fn run(nic: &mut Nic, engine: &Engine, waiting: &AtomicBool, stop: &AtomicBool, spin: Duration) {
+fn run(
+    nic: &mut Nic,
+    engine: &Engine,
+    waiting: &AtomicBool,
+    stop: &AtomicBool,
+    passes: &std::sync::atomic::AtomicU64,
+    spin: Duration,
+) {
     while !stop.load(Ordering::Acquire) {
-        if nic.pump(engine) > 0 || engine.has_ready() {
+        let moved = nic.pump(engine);
+        passes.fetch_add(1, Ordering::AcqRel);
+        if moved > 0 || engine.has_ready() {
             continue;
         }
         if !spin.is_zero() {
@@ -429,7 +460,21 @@ fn run(nic: &mut Nic, engine: &Engine, waiting: &AtomicBool, stop: &AtomicBool, 
         nic.wait(time_to_next_timer(engine, nic, Duration::from_millis(100)));
         waiting.store(false, Ordering::Release);
     }
+    // Stopping: send what is owed first. A receiver may see a completion, destroy its QP
+    // and close the device before this thread has sent the ACK for that message (a NIC
+    // acknowledges in hardware whatever the process does next); without this the peer
+    // would retry into a closed port until its retries run out. Bounded: each pass sends
+    // at most a pump's budget.
+    for _ in 0..STOP_FLUSH_PASSES {
+        if !engine.has_ready() {
+            break;
+        }
+        nic.pump(engine);
+    }
 }
+
+/// How many pump passes a stopping progress thread makes to send what is owed.
+const STOP_FLUSH_PASSES: usize = 64;
 
 fn time_to_next_timer(engine: &Engine, nic: &Nic, at_most: Duration) -> Duration {
     let next = match (engine.next_timeout(), nic.next_fault_due()) {

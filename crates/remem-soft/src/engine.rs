@@ -495,6 +495,13 @@ impl Engine {
             .queue
             .is_empty()
     }
+
+    /// Whether packets are still owed: a QP is marked ready, or a destroyed QP is kept until
+    /// its last acknowledgements are out.
+    pub fn owes_packets(&self) -> bool {
+        let r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+        !r.queue.is_empty() || !r.held.is_empty()
+    }
 }
 
 #[cfg(test)]

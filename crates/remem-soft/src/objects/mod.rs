@@ -238,6 +238,20 @@ impl DeviceShared {
         matches!(self.driver, Driver::Inline(_))
     }
 
+    /// Waits (at most `limit`) until what the device received has been handled and the
+    /// packets that produced (ACKs above all) are sent; on an inline device, moves them.
+    pub fn flush(&self, limit: std::time::Duration) {
+        match &self.driver {
+            Driver::Thread(p) => p.flush(&self.engine, limit),
+            Driver::Inline(_) => {
+                let deadline = std::time::Instant::now() + limit;
+                while self.engine.owes_packets() && std::time::Instant::now() < deadline {
+                    let _ = self.progress(std::time::Duration::ZERO);
+                }
+            }
+        }
+    }
+
     /// Moves packets in inline mode (see [`Inline::progress`]); an error in thread mode.
     pub fn progress(&self, timeout: std::time::Duration) -> Result<usize> {
         match &self.driver {
