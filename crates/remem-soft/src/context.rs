@@ -227,7 +227,7 @@ impl SoftContext {
 const CLOSE_FLUSH_LIMIT: Duration = Duration::from_secs(1);
 
 impl Drop for SoftContext {
-    /// Closing the device waits (at most [`CLOSE_FLUSH_LIMIT`]) until what it received has
+    /// Closing the device waits (at most one second) until what it received has
     /// been handled and the ACKs that produced are sent: a NIC acknowledges whatever the
     /// process does next, but a process that sees its last receive complete, closes the
     /// device and exits would kill the progress thread before it sent that ACK, and its
