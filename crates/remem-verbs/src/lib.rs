@@ -19,6 +19,7 @@
 //! | `ibv_send_wr`, `ibv_recv_wr`, `ibv_sge` | [`SendWr`], [`RecvWr`], [`Sge`] |
 //! | `ibv_wc` | [`WorkCompletion`], [`WcStatus`], [`WcOpcode`] |
 //! | `ibv_async_event` | [`AsyncEvent`] |
+//! | `rdma_event_channel`, `rdma_cm_id`, `rdma_cm_event`, `rdma_conn_param` | [`CmChannel`], [`CmId`], [`CmEvent`], [`ConnParam`] |
 //!
 //! Memory that a NIC or a remote peer reads and writes is owned by a [`MemoryBuffer`]; the
 //! module [`mem`] is the only place in remem's safe crates that uses `unsafe`.
@@ -26,6 +27,7 @@
 #![warn(missing_docs)]
 
 pub mod access;
+pub mod cm;
 pub mod device;
 pub mod error;
 pub mod event;
@@ -37,6 +39,10 @@ pub mod wc;
 pub mod wr;
 
 pub use access::AccessFlags;
+pub use cm::{
+    CmChannel, CmEvent, CmEventKind, CmEventParam, CmId, ConnParam, PeerConnParam, PortSpace,
+    PrivateDataLimit, UdParam,
+};
 pub use device::{AtomicCap, DeviceAttr, DeviceInfo, GidEntry, GidType, PortAttr};
 pub use error::{Error, MemError, PostError, Result};
 pub use event::{AsyncEvent, AsyncEventElement, AsyncEventType};

@@ -112,6 +112,26 @@ pub trait Context: Any + Send + Sync {
         let _ = timeout;
         Ok(0)
     }
+
+    /// Creates an RDMA CM event channel (`rdma_create_event_channel`) that ids of any
+    /// device of this provider may report to. [`Error::Unsupported`](crate::Error::Unsupported)
+    /// where the provider has no connection manager.
+    fn create_cm_channel(&self) -> Result<Arc<dyn crate::cm::CmChannel>> {
+        Err(crate::Error::Unsupported("RDMA CM"))
+    }
+
+    /// Creates an RDMA CM id on this device (`rdma_create_id` followed by binding it to
+    /// the device) in port space `ps`, reporting its events to `channel` (made by
+    /// [`Context::create_cm_channel`] of a device of the same provider; another
+    /// provider's channel is [`Error::InvalidArgument`](crate::Error::InvalidArgument)).
+    fn create_cm_id(
+        &self,
+        channel: &Arc<dyn crate::cm::CmChannel>,
+        ps: crate::cm::PortSpace,
+    ) -> Result<Arc<dyn crate::cm::CmId>> {
+        let _ = (channel, ps);
+        Err(crate::Error::Unsupported("RDMA CM"))
+    }
 }
 
 /// A protection domain (`struct ibv_pd`): memory regions and queue pairs of one PD can
