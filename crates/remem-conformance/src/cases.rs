@@ -1,6 +1,9 @@
 //! The conformance cases. Each runs on both sides (see [`Side`]); A is the requester,
 //! B the responder, and the two exchange what they need over the link.
 
+use crate::cm_cases::{
+    cm_connect_disconnect, cm_disconnect_by_listener, cm_no_listener, cm_reject, cm_ud_service,
+};
 use crate::harness::{
     Endpoint, PSNS, QpOptions, endpoint, expect_none, is_kernel_rxe, poll_n, poll_one,
 };
@@ -128,6 +131,16 @@ cases! {
         "an inline SEND carries the data as it was when posted",
     "local_post_errors" => local_post_errors:
         "work requests with bad local memory or too many entries are refused when posted",
+    "cm_connect_disconnect" => cm_connect_disconnect:
+        "RDMA CM: REQ/REP/RTU with private data both ways, a SEND, the connector disconnects",
+    "cm_disconnect_by_listener" => cm_disconnect_by_listener:
+        "RDMA CM: as cm_connect_disconnect, but the listener's side disconnects",
+    "cm_reject_with_private_data" => cm_reject:
+        "RDMA CM: a consumer reject (reason 28) with private data; the listener goes on",
+    "cm_no_listener" => cm_no_listener:
+        "RDMA CM: a request to a port nobody listens on is rejected (reason 8), not ignored",
+    "cm_ud_service_resolution" => cm_ud_service:
+        "RDMA CM: SIDR REQ/REP in the UDP port space gives the QP number and Q_Key; a datagram",
     "flush_and_atomic_write" => flush_and_atomic_write:
         "FLUSH (persistent range, global region) after a WRITE, ATOMIC WRITE; bad ones NAKed",
     "ud_send_recv_with_grh_and_qkey" => ud_send_recv:

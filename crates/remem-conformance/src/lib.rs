@@ -20,6 +20,7 @@
 #![warn(missing_docs)]
 
 mod cases;
+mod cm_cases;
 mod harness;
 mod link;
 #[cfg(unix)]

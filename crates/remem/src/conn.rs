@@ -198,6 +198,11 @@ pub struct PreparedConnection {
 }
 
 impl PreparedConnection {
+    /// Sets the first PSN this side sends (the one a connection manager negotiated).
+    pub(crate) fn set_psn(&mut self, psn: u32) {
+        self.info.psn = psn & 0x00ff_ffff;
+    }
+
     /// What to tell the peer.
     pub fn local_info(&self) -> EndpointInfo {
         self.info
@@ -442,6 +447,8 @@ pub(crate) struct ConnShared {
     next_rid: AtomicU32,
     // Large messages the peer announced, until the application has taken them.
     rdv_in: Mutex<RdvIn>,
+    /// The CM id of a connection made through the connection manager.
+    cm: Mutex<Option<crate::cm::CmLink>>,
 }
 
 /// Told when the peer's hello has arrived, or why the connection ended before.
@@ -641,6 +648,7 @@ impl Rdma {
             rdv_out: Mutex::new(HashMap::new()),
             next_rid: AtomicU32::new(1),
             rdv_in: Mutex::new(RdvIn::default()),
+            cm: Mutex::new(None),
         });
         shared.to_init()?;
         for i in 0..depth {
@@ -1267,6 +1275,10 @@ impl ConnShared {
     }
 
     fn to_error(&self) {
+        // A connection made through the CM tells the peer's CM too (a DREQ).
+        if let Some(link) = lock(&self.cm).as_ref() {
+            link.disconnect();
+        }
         let err = QpAttr {
             qp_state: QpState::Err,
             ..QpAttr::default()
@@ -1281,6 +1293,11 @@ impl ConnShared {
             (None, Some(rcq)) => rcq.req_notify(false),
             _ => Ok(()),
         }
+    }
+
+    /// The peer disconnected through the connection manager.
+    pub(crate) fn peer_disconnected(&self) {
+        self.mark_closed(CloseReason::Peer);
     }
 
     /// Ends the connection because this side can no longer serve it.
@@ -2478,6 +2495,22 @@ impl Connection {
     /// The local QP number.
     pub fn qp_num(&self) -> u32 {
         self.shared.qp.qp_num()
+    }
+
+    /// Records the private data the peer sent with its connection request or answer.
+    pub(crate) fn set_peer_private_data(&self, pd: Vec<u8>) {
+        *lock(&self.shared.peer_private_data) = pd;
+    }
+
+    /// Ties the connection to the CM id that made it: closing it disconnects the id, and
+    /// the peer's disconnect (an event on `rx`) closes it.
+    pub(crate) fn attach_cm(
+        &self,
+        link: crate::cm::CmLink,
+        rx: tokio::sync::mpsc::UnboundedReceiver<remem_verbs::CmEvent>,
+    ) {
+        *lock(&self.shared.cm) = Some(link);
+        tokio::spawn(crate::cm::watch(Arc::downgrade(&self.shared), rx));
     }
 
     /// Whether the connection is closed, and why.

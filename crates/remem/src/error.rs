@@ -141,6 +141,18 @@ pub enum HandshakeError {
     /// The client's first RDMA message was not the hello it was told to send.
     #[error("the peer's first message is not the hello of this handshake")]
     BadHello,
+    /// The RDMA connection manager could not connect ([`crate::Rdma::connect_cm`]):
+    /// the event it reported instead of the one expected, and its status — for
+    /// [`CmEventKind::Rejected`](remem_verbs::CmEventKind::Rejected) the IBTA reject
+    /// reason (8: nobody listens on that port), for
+    /// [`CmEventKind::Unreachable`](remem_verbs::CmEventKind::Unreachable) a negative errno.
+    #[error("the connection manager reported {event:?} (status {status})")]
+    Cm {
+        /// The event.
+        event: remem_verbs::CmEventKind,
+        /// Its status.
+        status: i32,
+    },
 }
 
 /// Why a connection ended: [`Error::Closed`], [`crate::ConnectionEvent::Lost`],

@@ -115,6 +115,7 @@
 #![warn(missing_docs)]
 
 mod agent;
+mod cm;
 mod conn;
 mod dispatch;
 mod error;
@@ -128,6 +129,10 @@ mod sys;
 mod test_util;
 
 pub use agent::RemoteLease;
+pub use cm::{
+    CM_EXTRAS_LEN, CmConnRequest, CmListener, MAX_CM_ACCEPT_PRIVATE_DATA,
+    MAX_CM_CONNECT_PRIVATE_DATA,
+};
 pub use conn::{
     Batch, ConnRequest, ConnectOptions, Connection, ConnectionEvent, ENDPOINT_INFO_LEN,
     EndpointInfo, MAX_PRIVATE_DATA, Message, PreparedConnection,

@@ -1,0 +1,143 @@
+//! Connections through the RDMA connection manager (`Rdma::connect_cm` /
+//! `Rdma::listen_cm`) on soft devices (127.0.15.x) or `REMEM_TEST_DEVICE`: private data
+//! both ways, data over the connection, rejection, a port nobody listens on, and a close
+//! by either side seen by the other.
+
+use remem::verbs::CmEventKind;
+use remem::{
+    ConnectOptions, ConnectionEvent, Error, HandshakeError, MAX_CM_CONNECT_PRIVATE_DATA,
+    MR_DESCRIPTOR_LEN, Polling, Rdma, RemoteMr,
+};
+use std::alloc::Layout;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+mod common;
+
+fn pair() -> (Rdma, Rdma) {
+    static NEXT: AtomicU8 = AtomicU8::new(1);
+    let n = NEXT.fetch_add(2, Ordering::Relaxed);
+    let a = common::builder(format!("soft@127.0.15.{n}:0"))
+        .polling(Polling::Event)
+        .build()
+        .unwrap();
+    let port = common::soft_port(&a);
+    let b = common::builder(format!("soft@127.0.15.{}:{port}", n + 1))
+        .build()
+        .unwrap();
+    (a, b)
+}
+
+/// Where `b` listens: its device's address, a port the CM picks.
+fn any_port(b: &Rdma) -> SocketAddr {
+    SocketAddr::new(b.gid().to_ip(), 0)
+}
+
+fn with_data(pd: &[u8]) -> ConnectOptions {
+    ConnectOptions {
+        private_data: pd.to_vec(),
+        ..ConnectOptions::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cm_connection_carries_private_data_and_traffic_both_ways() {
+    let (a, b) = pair();
+    let listener = b.listen_cm(any_port(&b)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    assert_ne!(addr.port(), 0, "the listener's port was picked");
+    let target = b.alloc_local_mr(Layout::array::<u8>(64).unwrap()).unwrap();
+    let descriptor = target.descriptor(&b).unwrap();
+    let server = async {
+        let req = listener.next_request().await.unwrap();
+        assert!(req.private_data().starts_with(b"hello from a"));
+        req.accept(&with_data(&descriptor)).await.unwrap()
+    };
+    let hello = with_data(b"hello from a");
+    let (ca, cb) = tokio::join!(a.connect_cm_with(addr, &hello), server);
+    let ca = ca.unwrap();
+    assert!(cb.peer_private_data().starts_with(b"hello from a"));
+    // The listener's answer held its region's descriptor: usable at once.
+    let pd = ca.peer_private_data();
+    let remote = RemoteMr::from_descriptor(&pd[..MR_DESCRIPTOR_LEN]).unwrap();
+    let src = a.alloc_local_mr(Layout::array::<u8>(5).unwrap()).unwrap();
+    src.write(0, b"bytes").unwrap();
+    ca.write(&src, &remote.get(0..5).unwrap()).await.unwrap();
+    assert_eq!(&target.to_vec()[..5], b"bytes");
+    // Messages both ways.
+    let msg = b.alloc_local_mr(Layout::array::<u8>(3).unwrap()).unwrap();
+    msg.write(0, b"b2a").unwrap();
+    let (sent, got) = tokio::join!(cb.send(&msg), ca.receive());
+    sent.unwrap();
+    assert_eq!(got.unwrap().data, b"b2a");
+    let (sent, got) = tokio::join!(ca.send(&src), cb.receive());
+    sent.unwrap();
+    assert_eq!(got.unwrap().data, b"bytes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_by_either_side_is_seen_by_the_other() {
+    let (a, b) = pair();
+    let listener = b.listen_cm(any_port(&b)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    for closer_is_a in [true, false] {
+        let (ca, cb) = tokio::join!(a.connect_cm(addr), listener.accept());
+        let (ca, cb) = (ca.unwrap(), cb.unwrap());
+        let (closer, other) = if closer_is_a { (&ca, &cb) } else { (&cb, &ca) };
+        assert_eq!(other.next_event().await, ConnectionEvent::Established);
+        closer.close().await;
+        assert_eq!(other.next_event().await, ConnectionEvent::Closed);
+        assert!(other.closed().is_some());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_cm_connection_fails_with_the_listeners_private_data() {
+    let (a, b) = pair();
+    let listener = b.listen_cm(any_port(&b)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = async {
+        let req = listener.next_request().await.unwrap();
+        req.reject(b"busy").unwrap();
+        // The listener goes on serving: the next request is accepted.
+        listener.accept().await.unwrap()
+    };
+    let client = async { (a.connect_cm(addr).await, a.connect_cm(addr).await) };
+    let ((first, second), _server_end) = tokio::join!(client, server);
+    match first {
+        Err(Error::Rejected(pd)) => assert!(pd.starts_with(b"busy"), "{pd:?}"),
+        other => panic!("want Rejected, got {other:?}"),
+    }
+    second.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_to_a_port_nobody_listens_on_fails_fast_with_reason_8() {
+    let (a, b) = pair();
+    // Learn a free port, then stop listening on it.
+    let addr = {
+        let l = b.listen_cm(any_port(&b)).await.unwrap();
+        l.local_addr().unwrap()
+    };
+    let started = std::time::Instant::now();
+    match a.connect_cm(addr).await {
+        Err(Error::Handshake(HandshakeError::Cm { event, status })) => {
+            assert_eq!((event, status), (CmEventKind::Rejected, 8));
+        }
+        other => panic!("want a CM reject, got {other:?}"),
+    }
+    // A reject comes back in a round trip, not after the CM's retries.
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_much_private_data_is_refused_before_anything_is_sent() {
+    let (a, b) = pair();
+    let listener = b.listen_cm(any_port(&b)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let long = with_data(&[7; MAX_CM_CONNECT_PRIVATE_DATA + 1]);
+    assert!(matches!(
+        a.connect_cm_with(addr, &long).await,
+        Err(Error::InvalidArgument(_))
+    ));
+}
