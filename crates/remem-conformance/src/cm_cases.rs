@@ -77,8 +77,11 @@ fn recv_addr(s: &mut Side<'_>) -> Result<SocketAddr, String> {
     Ok(SocketAddr::new(ip, port as u16))
 }
 
+/// A CM channel and an id reporting to it.
+type ChannelAndId = (Arc<dyn CmChannel>, Arc<dyn CmId>);
+
 /// B: a listening id of port space `ps` on this device's address, port picked.
-fn listen(s: &Side<'_>, ps: PortSpace) -> Result<(Arc<dyn CmChannel>, Arc<dyn CmId>), String> {
+fn listen(s: &Side<'_>, ps: PortSpace) -> Result<ChannelAndId, String> {
     let ch = s
         .ctx
         .create_cm_channel()
@@ -91,11 +94,7 @@ fn listen(s: &Side<'_>, ps: PortSpace) -> Result<(Arc<dyn CmChannel>, Arc<dyn Cm
 }
 
 /// A: an id of port space `ps` with `dst` resolved (address and route).
-fn resolve(
-    s: &Side<'_>,
-    ps: PortSpace,
-    dst: SocketAddr,
-) -> Result<(Arc<dyn CmChannel>, Arc<dyn CmId>), String> {
+fn resolve(s: &Side<'_>, ps: PortSpace, dst: SocketAddr) -> Result<ChannelAndId, String> {
     let ch = s
         .ctx
         .create_cm_channel()
