@@ -294,7 +294,7 @@ fn negotiated(
 fn conn_param(rdma: &Rdma, info: &EndpointInfo, opts: &ConnectOptions) -> ConnParam {
     let cfg = rdma.config();
     ConnParam {
-        private_data: Extras::of(&info).encode(&opts.private_data),
+        private_data: Extras::of(info).encode(&opts.private_data),
         responder_resources: cfg.max_rd_atomic,
         initiator_depth: cfg.max_rd_atomic,
         flow_control: true,
