@@ -800,3 +800,37 @@ fn emit_refuses_what_does_not_fit() {
         Err(MadError::Truncated { needed: 256, .. })
     ));
 }
+
+#[test]
+fn replies_and_header_consistency() {
+    let req = CmMad::new(
+        0x0000_0002_ae07_30d1,
+        CmReq {
+            local_comm_id: 0xd130_07ae,
+            ..CmReq::default()
+        },
+    );
+    let rep = req.reply(CmRep {
+        local_comm_id: 0xd230_07ae,
+        remote_comm_id: 0xd130_07ae,
+        ..CmRep::default()
+    });
+    assert_eq!(
+        rep.header,
+        MadHeader::cm(CM_ATTR_REP, 0x0000_0002_ae07_30d1)
+    );
+    assert_eq!(rep.header.method, MAD_METHOD_SEND);
+    assert!(!rep.header.is_response());
+    assert_eq!(rep.message.remote_comm_id(), Some(0xd130_07ae));
+    assert_eq!(req.message.remote_comm_id(), None);
+    // A header naming another attribute than its message is refused, not emitted.
+    let mut wrong = rep.clone();
+    wrong.header.attribute_id = CM_ATTR_RTU;
+    assert_eq!(
+        wrong.emit(),
+        Err(MadError::AttributeMismatch {
+            header: CM_ATTR_RTU,
+            message: CM_ATTR_REP
+        })
+    );
+}
