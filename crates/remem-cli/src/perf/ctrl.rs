@@ -480,7 +480,7 @@ mod tests {
         let ud = Settings {
             conn: Conn::Ud,
             bidir: false,
-            ..s
+            ..s.clone()
         };
         assert_eq!(decode_settings(&encode_settings(&ud)), Some(ud));
         let cm = Settings {

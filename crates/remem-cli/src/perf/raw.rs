@@ -119,8 +119,11 @@ pub(super) struct Side {
     pd: Arc<dyn ProtectionDomain>,
     ctx: Arc<dyn Context>,
     /// With -R: the CM channel and ids of the QPs (kept while the QPs live).
-    cm: Option<(Arc<dyn CmChannel>, Vec<Arc<dyn CmId>>)>,
+    cm: Option<CmState>,
 }
+
+/// With -R: a side's CM channel and the ids of its QPs.
+type CmState = (Arc<dyn CmChannel>, Vec<Arc<dyn CmId>>);
 
 impl Side {
     /// Creates the objects on `dev`; each area holds at least `min_area` bytes.
