@@ -433,6 +433,7 @@ fn lossy(seed: u64) -> SoftOptions {
 fn connections_survive_lost_mads() {
     // 30% of every packet both devices send is lost: REQs, REPs, RTUs, DREQs and DREPs
     // among them; the CM's retries get every connection through, and RC retries the data.
+    let mut retransmits = 0;
     for round in 0..4u64 {
         let ip = |s: String| s.parse::<IpAddr>().unwrap();
         let a: Arc<dyn Context> = Arc::new(
@@ -455,7 +456,15 @@ fn connections_survive_lost_mads() {
         cid.disconnect().unwrap();
         expect(&cch, CmEventKind::Disconnected);
         expect(&sch, CmEventKind::Disconnected);
+        for ctx in [&a, &b] {
+            retransmits += ctx
+                .counters()
+                .iter()
+                .find(|c| c.name == "cm_retransmits")
+                .map_or(0, |c| c.value);
+        }
     }
+    assert!(retransmits > 0, "some MADs were lost and resent");
 }
 
 #[test]

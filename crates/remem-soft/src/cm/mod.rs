@@ -246,7 +246,7 @@ impl CmDevice {
             if let Event::ConnectRequest {
                 listener,
                 conn,
-                peer,
+                service_id,
                 header,
                 ref req,
                 ..
@@ -264,7 +264,7 @@ impl CmDevice {
                     work.push(Work::Hold(l));
                     continue;
                 }
-                let port = l.local_port();
+                let port = service_id as u16;
                 let id = SoftCmId::new(
                     l.dev.clone(),
                     l.channel.clone(),
@@ -281,7 +281,6 @@ impl CmDevice {
                 st.ids += 1;
                 st.agent.limit_mtu(conn, l.dev.port.active_mtu);
                 st.conns.insert(conn, Arc::downgrade(&id));
-                let _ = peer;
                 work.push(Work::Request {
                     ev,
                     listener: l,
@@ -345,15 +344,12 @@ impl CmDevice {
         }
     }
 
-    /// Runs `f` on the state, then delivers what the agent reported.
-    fn with<T>(&self, now: Instant, f: impl FnOnce(&mut CmState) -> T) -> T {
-        let (out, work) = {
-            let mut st = self.lock();
-            let out = f(&mut st);
-            (out, Self::drain(&mut st, now))
-        };
-        self.deliver(now, work);
-        out
+    /// Runs a consumer command `f` on the state. Commands report no events (the agent
+    /// reports only what MADs and timers bring, drained by [`CmDevice::on_mad`] and
+    /// [`CmDevice::on_timeout`]), so nothing is delivered here — callers may hold their
+    /// id's lock.
+    fn with<T>(&self, f: impl FnOnce(&mut CmState) -> T) -> T {
+        f(&mut self.lock())
     }
 }
 
@@ -434,10 +430,6 @@ impl SoftCmId {
 
     fn local_ip(&self) -> IpAddr {
         self.dev.engine.local().ip()
-    }
-
-    fn local_port(&self) -> u16 {
-        self.lock().bound.map_or(0, |a| a.port())
     }
 
     fn wake(&self) {
@@ -687,7 +679,7 @@ impl SoftCmId {
                     return;
                 };
                 let up = self.bring_up(&qp, params.as_ref());
-                let est = up.and_then(|()| cm.with(now, |st| st.agent.establish(conn, &[])));
+                let est = up.and_then(|()| cm.with(|st| st.agent.establish(conn, &[])));
                 match est {
                     Ok(()) => {
                         self.lock().phase = Phase::Connected;
@@ -700,7 +692,7 @@ impl SoftCmId {
                         );
                     }
                     Err(e) => {
-                        let _ = cm.with(now, |st| {
+                        let _ = cm.with(|st| {
                             st.agent
                                 .reject(now, conn, rej_reason::CONSUMER_DEFINED, &[])
                         });
@@ -830,7 +822,7 @@ impl Drop for SoftCmId {
         let (conn, bound, qp, phase) = (st.conn, st.bound, st.qp.take(), st.phase);
         let now = Instant::now();
         let cm = &self.dev.engine.cm;
-        cm.with(now, |s| {
+        cm.with(|s| {
             s.ids = s.ids.saturating_sub(1);
             if let Some(b) = bound
                 && s.ports.get(&(self.ps, b.port())) == Some(&self.handle)
@@ -1043,7 +1035,7 @@ impl CmId for SoftCmId {
         };
         let now = Instant::now();
         let me = self.me.clone();
-        let conn = self.cm().with(now, |cm| {
+        let conn = self.cm().with(|cm| {
             let conn = cm.agent.connect(now, &args)?;
             cm.conns.insert(conn, me);
             Ok::<u32, Error>(conn)
@@ -1081,7 +1073,7 @@ impl CmId for SoftCmId {
                 if let Err(e) = up {
                     let _ = self
                         .cm()
-                        .with(now, |cm| cm.agent.reject(now, conn, rej_reason::NO_QP, &[]));
+                        .with(|cm| cm.agent.reject(now, conn, rej_reason::NO_QP, &[]));
                     st.phase = Phase::Failed;
                     drop(st);
                     self.wake();
@@ -1093,7 +1085,7 @@ impl CmId for SoftCmId {
         };
         let guid = self.device_ca_guid();
         self.cm()
-            .with(now, |cm| cm.agent.accept(now, conn, qpn, param, guid))?;
+            .with(|cm| cm.agent.accept(now, conn, qpn, param, guid))?;
         st.phase = if st.sidr {
             Phase::Connected
         } else {
@@ -1119,7 +1111,7 @@ impl CmId for SoftCmId {
             )));
         };
         let now = Instant::now();
-        self.cm().with(now, |cm| {
+        self.cm().with(|cm| {
             cm.agent
                 .reject(now, conn, rej_reason::CONSUMER_DEFINED, private_data)
         })?;
@@ -1151,9 +1143,7 @@ impl CmId for SoftCmId {
             return Ok(());
         }
         let now = Instant::now();
-        let r = self
-            .cm()
-            .with(now, |cm| cm.agent.disconnect(now, conn, &[]));
+        let r = self.cm().with(|cm| cm.agent.disconnect(now, conn, &[]));
         if r.is_ok() && st.phase == Phase::ConnectResponse {
             st.phase = Phase::Disconnected;
         }
@@ -1170,12 +1160,10 @@ impl CmId for SoftCmId {
                 st.phase
             )));
         };
-        let now = Instant::now();
-        self.cm().with(now, |cm| cm.agent.establish(conn, &[]))?;
+        self.cm().with(|cm| cm.agent.establish(conn, &[]))?;
         st.phase = Phase::Connected;
         drop(st);
         self.wake();
         Ok(())
     }
 }
-
