@@ -493,3 +493,73 @@ fn another_providers_channel_and_bad_binds_are_refused() {
     // The id's context is its device.
     assert_eq!(id.context().info().name, a.info().name);
 }
+
+#[test]
+fn dropping_a_channel_with_unread_events_frees_ids_and_device() {
+    let at: SocketAddr = "127.0.40.19:0".parse().unwrap();
+    let ctx: Arc<dyn Context> = Arc::new(SoftContext::bind(at).unwrap());
+    let bound = ctx.info().udp_addr.unwrap();
+    let ch = ctx.create_cm_channel().unwrap();
+    let id = ctx.create_cm_id(&ch, PortSpace::Tcp).unwrap();
+    id.resolve_addr(None, "127.0.40.20:7300".parse().unwrap(), WAIT)
+        .unwrap();
+    // The AddrResolved event (holding the id) is never read.
+    drop(id);
+    drop(ch);
+    drop(ctx);
+    // The device is gone: its address can be bound again.
+    SoftContext::bind(bound).expect("the device was freed");
+}
+
+#[test]
+fn dropping_a_connected_id_disconnects_the_peer() {
+    let (a, b) = pair("127.0.40.21", "127.0.40.22", &SoftOptions::default());
+    let (cep, cid, _cch, _sep, _sid, sch, _lid) = connect_pair(&a, &b, 7301);
+    drop(cid);
+    expect(&sch, CmEventKind::Disconnected);
+    assert_eq!(cep.qp.state(), QpState::Err);
+}
+
+#[test]
+fn inline_devices_connect_when_driven() {
+    let opts = SoftOptions {
+        inline: true,
+        ..SoftOptions::default()
+    };
+    let (a, b) = pair("127.0.40.23", "127.0.40.24", &opts);
+    // Drives both devices until `ch` has an event.
+    let drive = |ch: &Arc<dyn CmChannel>| -> CmEvent {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(ev) = ch.get_event() {
+                return ev;
+            }
+            assert!(Instant::now() < deadline, "no event");
+            a.drive(Duration::from_millis(1)).unwrap();
+            b.drive(Duration::from_millis(1)).unwrap();
+        }
+    };
+    let (sch, _lid) = listener(&b, PortSpace::Tcp, 7302);
+    let cch = a.create_cm_channel().unwrap();
+    let cid = a.create_cm_id(&cch, PortSpace::Tcp).unwrap();
+    cid.resolve_addr(None, addr(&b, 7302), WAIT).unwrap();
+    assert_eq!(drive(&cch).kind, CmEventKind::AddrResolved);
+    cid.resolve_route(WAIT).unwrap();
+    assert_eq!(drive(&cch).kind, CmEventKind::RouteResolved);
+    cid.connect(&ConnParam {
+        qp_num: 0x99,
+        ..ConnParam::default()
+    })
+    .unwrap();
+    let req = drive(&sch);
+    assert_eq!(req.kind, CmEventKind::ConnectRequest);
+    req.id
+        .accept(&ConnParam {
+            qp_num: 0x98,
+            ..ConnParam::default()
+        })
+        .unwrap();
+    assert_eq!(drive(&cch).kind, CmEventKind::ConnectResponse);
+    cid.establish().unwrap();
+    assert_eq!(drive(&sch).kind, CmEventKind::Established);
+}

@@ -329,7 +329,10 @@ impl CmDevice {
                         }),
                         None => CmEventParam::None,
                     };
-                    listener.channel.push(CmEvent {
+                    let Some(channel) = listener.channel.upgrade() else {
+                        continue;
+                    };
+                    channel.push(CmEvent {
                         kind: CmEventKind::ConnectRequest,
                         id: id.clone(),
                         listen_id: Some(listener.clone()),
@@ -359,7 +362,11 @@ pub struct SoftCmId {
     handle: u64,
     ps: PortSpace,
     dev: Arc<DeviceShared>,
-    channel: Arc<SoftCmChannel>,
+    /// Held weakly: queued events hold their ids, so an id holding its channel would keep
+    /// a dropped channel with unread events (and its ids, and the device) alive for ever.
+    /// Events of an id whose channel is gone are dropped (rdma_cm requires the channel to
+    /// outlive its ids).
+    channel: Weak<SoftCmChannel>,
     me: Weak<SoftCmId>,
     st: Mutex<IdState>,
 }
@@ -383,7 +390,7 @@ pub(crate) fn create_id(
     }
     Ok(SoftCmId::new(
         dev.clone(),
-        channel,
+        Arc::downgrade(&channel),
         ps,
         IdState {
             bound: None,
@@ -406,7 +413,7 @@ fn errno_error(errno: rustix::io::Errno, what: String) -> Error {
 impl SoftCmId {
     fn new(
         dev: Arc<DeviceShared>,
-        channel: Arc<SoftCmChannel>,
+        channel: Weak<SoftCmChannel>,
         ps: PortSpace,
         st: IdState,
     ) -> Arc<Self> {
@@ -440,7 +447,10 @@ impl SoftCmId {
         let Some(me) = self.me.upgrade() else {
             return;
         };
-        self.channel.push(CmEvent {
+        let Some(channel) = self.channel.upgrade() else {
+            return;
+        };
+        channel.push(CmEvent {
             kind,
             id: me,
             listen_id: None,
