@@ -434,25 +434,35 @@ impl Side {
                 self.qps.len()
             ));
         }
+        // Requests and establishments interleave (a client connects its QPs one by one).
         let mut ids = Vec::new();
-        for _ in 0..n {
-            let req = self.cm_expect(CmEventKind::ConnectRequest, limit)?;
-            let q = req
-                .private_data
-                .get(..4)
-                .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
-                .filter(|&q| q < self.qps.len())
-                .ok_or("RDMA CM: a request without a QP index")?;
-            req.id
-                .set_qp(Some(self.qps[q].clone()))
-                .map_err(err("rdma_create_qp"))?;
-            req.id
-                .accept(&Self::cm_param(q))
-                .map_err(err("rdma_accept"))?;
-            ids.push(req.id.clone());
-        }
-        for _ in 0..n {
-            self.cm_expect(CmEventKind::Established, limit)?;
+        let mut established = 0;
+        while established < n {
+            let ev = self.cm_event(limit)?;
+            match ev.kind {
+                CmEventKind::ConnectRequest if ids.len() < n => {
+                    let q = ev
+                        .private_data
+                        .get(..4)
+                        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+                        .filter(|&q| q < self.qps.len())
+                        .ok_or("RDMA CM: a request without a QP index")?;
+                    ev.id
+                        .set_qp(Some(self.qps[q].clone()))
+                        .map_err(err("rdma_create_qp"))?;
+                    ev.id
+                        .accept(&Self::cm_param(q))
+                        .map_err(err("rdma_accept"))?;
+                    ids.push(ev.id.clone());
+                }
+                CmEventKind::Established => established += 1,
+                kind => {
+                    return Err(format!(
+                        "RDMA CM: {kind:?} (status {}) while connecting the QPs",
+                        ev.status
+                    ));
+                }
+            }
         }
         self.cm_done(ids)
     }
