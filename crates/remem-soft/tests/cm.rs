@@ -160,6 +160,8 @@ fn connect_pair(
 ) {
     let (sch, lid) = listener(b, PortSpace::Tcp, port);
     let (cch, cid) = resolved(a, PortSpace::Tcp, addr(b, port));
+    assert_eq!(cid.local_addr().unwrap().ip(), addr(a, 0).ip());
+    assert_eq!(cid.peer_addr(), Some(addr(b, port)));
     let cep = endpoint(a, &QpOptions::default(), QpType::Rc, None).unwrap();
     cid.set_qp(Some(cep.qp.clone())).unwrap();
     cid.connect(&ConnParam {
@@ -176,7 +178,8 @@ fn connect_pair(
     };
     assert_eq!(p.qp_num, cep.qp.qp_num());
     let sid = req.id.clone();
-    assert_eq!(sid.peer_addr().unwrap().ip(), addr(a, 0).ip());
+    assert_eq!(sid.peer_addr(), cid.local_addr());
+    assert_eq!(sid.local_addr(), Some(addr(b, port)));
     let sep = endpoint(b, &QpOptions::default(), QpType::Rc, None).unwrap();
     sid.set_qp(Some(sep.qp.clone())).unwrap();
     sid.accept(&ConnParam {
