@@ -160,6 +160,8 @@ fn connect_pair(
 ) {
     let (sch, lid) = listener(b, PortSpace::Tcp, port);
     let (cch, cid) = resolved(a, PortSpace::Tcp, addr(b, port));
+    assert_eq!(cid.local_addr().unwrap().ip(), addr(a, 0).ip());
+    assert_eq!(cid.peer_addr(), Some(addr(b, port)));
     let cep = endpoint(a, &QpOptions::default(), QpType::Rc, None).unwrap();
     cid.set_qp(Some(cep.qp.clone())).unwrap();
     cid.connect(&ConnParam {
@@ -176,7 +178,8 @@ fn connect_pair(
     };
     assert_eq!(p.qp_num, cep.qp.qp_num());
     let sid = req.id.clone();
-    assert_eq!(sid.peer_addr().unwrap().ip(), addr(a, 0).ip());
+    assert_eq!(sid.peer_addr(), cid.local_addr());
+    assert_eq!(sid.local_addr(), Some(addr(b, port)));
     let sep = endpoint(b, &QpOptions::default(), QpType::Rc, None).unwrap();
     sid.set_qp(Some(sep.qp.clone())).unwrap();
     sid.accept(&ConnParam {
@@ -562,4 +565,43 @@ fn inline_devices_connect_when_driven() {
     assert_eq!(drive(&cch).kind, CmEventKind::ConnectResponse);
     cid.establish().unwrap();
     assert_eq!(drive(&sch).kind, CmEventKind::Established);
+}
+
+#[test]
+fn connect_over_ipv6() {
+    // Two devices on ::1 (the only IPv6 loopback address), on two ports, each sending to
+    // the other's: rdma_cm's IP header and the GIDs are IPv6.
+    let (pa, pb) = match (
+        std::net::UdpSocket::bind("[::1]:0"),
+        std::net::UdpSocket::bind("[::1]:0"),
+    ) {
+        (Ok(a), Ok(b)) => (
+            a.local_addr().unwrap().port(),
+            b.local_addr().unwrap().port(),
+        ),
+        _ => {
+            eprintln!("skipped: no IPv6 loopback here");
+            return;
+        }
+    };
+    let open = |port: u16, peer: u16| -> Arc<dyn Context> {
+        let opts = SoftOptions {
+            peer_port: Some(peer),
+            ..SoftOptions::default()
+        };
+        Arc::new(
+            SoftContext::bind_with(
+                SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port)),
+                &opts,
+            )
+            .unwrap(),
+        )
+    };
+    let (a, b) = (open(pa, pb), open(pb, pa));
+    let (cep, cid, cch, sep, _sid, sch, _lid) = connect_pair(&a, &b, 7400);
+    send_one(&cep, &sep, 6);
+    send_one(&sep, &cep, 7);
+    cid.disconnect().unwrap();
+    expect(&cch, CmEventKind::Disconnected);
+    expect(&sch, CmEventKind::Disconnected);
 }

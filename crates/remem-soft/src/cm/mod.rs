@@ -935,6 +935,10 @@ impl CmId for SoftCmId {
         } else if let Some(src) = src {
             self.check_local_ip(src.ip())?;
         }
+        // Resolved, the id's source address is the device's (rdma_get_local_addr).
+        if let Some(b) = st.bound.filter(|b| b.ip().is_unspecified()) {
+            st.bound = Some(SocketAddr::new(self.local_ip(), b.port()));
+        }
         st.peer = Some(dst);
         st.phase = Phase::AddrResolved;
         drop(st);
