@@ -121,7 +121,11 @@ fn the_agent_serves_a_kernel_rdma_cm_client() {
     server.limit_mtu(conn, Mtu::Mtu4096);
     let p = server.qp_params(conn).unwrap();
     assert_eq!(p.remote_qpn, 0x1a);
-    assert_eq!(p.rq_psn, 0x62bbb4);
+    // The kernel's way (rping.pcap): a side sends from the PSN its peer's message
+    // announced — the kernel server sent from the REQ's 0x62bbb4 (frame 6) — and expects
+    // the one it announced itself.
+    assert_eq!(p.sq_psn, 0x62bbb4);
+    assert_ne!(p.rq_psn, 0x62bbb4);
     assert_eq!(p.path_mtu, Mtu::Mtu1024, "the kernel's path MTU");
     assert_eq!(p.timeout, 0x13, "the kernel's local ACK timeout");
     assert_eq!(p.peer, ip(CLIENT));
@@ -236,7 +240,9 @@ fn the_agent_connects_to_a_kernel_rdma_cm_server() {
     );
     let p = client.qp_params(conn).unwrap();
     assert_eq!(p.remote_qpn, 0x1a);
-    assert_eq!(p.rq_psn, 0xe9804f);
+    // The kernel client sent from the REP's 0xe9804f (frame 4): so do we.
+    assert_eq!(p.sq_psn, 0xe9804f);
+    assert_ne!(p.rq_psn, 0xe9804f);
     client.establish(conn, &[]).unwrap();
     let out = sent(&mut client);
     assert!(

@@ -374,7 +374,9 @@ struct Conn {
     req: Option<Box<CmReq>>,
     /// The REP (sent or received).
     rep: Option<Box<CmRep>>,
-    /// Our first PSN.
+    /// The PSN this side announces in its REQ or REP: the one it expects its peer to send
+    /// first. Linux's CM reads the field so (rping.pcap: each side sends from the PSN its
+    /// peer's message announced), and so do we: `sq_psn` is the peer's, `rq_psn` ours.
     my_psn: u32,
     /// Our path MTU (active: advertised; passive: negotiated).
     mtu: Mtu,
@@ -817,8 +819,8 @@ impl Agent {
             Some(QpParams {
                 peer: c.peer,
                 remote_qpn: rep.local_qpn,
-                sq_psn: c.my_psn,
-                rq_psn: rep.starting_psn,
+                sq_psn: rep.starting_psn,
+                rq_psn: c.my_psn,
                 path_mtu: c.mtu,
                 max_rd_atomic: mine.initiator_depth.min(rep.responder_resources),
                 max_dest_rd_atomic: mine.responder_resources,
@@ -839,8 +841,8 @@ impl Agent {
             Some(QpParams {
                 peer: c.peer,
                 remote_qpn: req.local_qpn,
-                sq_psn: c.my_psn,
-                rq_psn: req.starting_psn,
+                sq_psn: req.starting_psn,
+                rq_psn: c.my_psn,
                 path_mtu: c.mtu,
                 max_rd_atomic: id.min(req.responder_resources),
                 max_dest_rd_atomic: rr,
