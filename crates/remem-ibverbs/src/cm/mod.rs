@@ -23,7 +23,10 @@
 //!   reports [`CmEventKind::ConnectResponse`], and [`CmId::establish`] sends the RTU.
 //! - [`CmId::accept`] moves an attached RC QP to RTR and RTS before `rdma_accept`; a
 //!   reject, an unreachable peer, a connection error or a disconnect move an attached RC
-//!   QP to ERR (so does [`CmId::disconnect`], before the DREQ leaves).
+//!   QP to ERR (so does [`CmId::disconnect`], before the DREQ leaves). The peer's
+//!   disconnect request is answered at once (`rdma_disconnect` sends the DREP that
+//!   rdma_cm leaves to its consumer), so that both sides get
+//!   [`CmEventKind::Disconnected`] whoever disconnects.
 //! - The UDP port space resolves services (SIDR): [`CmId::connect`] on such an id sends
 //!   a SIDR REQ; [`CmEventKind::Established`] carries the peer's QP number, Q_Key and
 //!   address vector ([`CmEventParam::Ud`]).
@@ -229,8 +232,14 @@ impl IbCmChannel {
                 id.qp_to_err();
             }
             CmEventKind::Disconnected => {
-                lock(&id.state).disconnected = true;
+                let answer = !std::mem::replace(&mut lock(&id.state).disconnected, true);
                 id.qp_to_err();
+                if answer {
+                    // The peer's DREQ: rdma_cm leaves the DREP to the consumer's
+                    // rdma_disconnect; the trait's peer is told at once (and so gets its
+                    // own Disconnected without waiting for the DREQ's timeout).
+                    let _ = id.raw.disconnect();
+                }
             }
             _ => {}
         }
