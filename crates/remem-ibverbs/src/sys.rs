@@ -1038,3 +1038,56 @@ impl Drop for CmId {
         let _ = unsafe { ffi::rdma_destroy_id(self.ptr()) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+
+    #[test]
+    fn socket_addresses_survive_the_sockaddr_round_trip() {
+        for a in [
+            "10.77.0.2:7471",
+            "0.0.0.0:0",
+            "[fe80::1%3]:18515",
+            "[2001:db8::5]:4791",
+        ] {
+            let a: SocketAddr = a.parse().unwrap();
+            assert_eq!(from_sockaddr(&sockaddr(a)), Some(a), "{a}");
+        }
+        // An address librdmacm has not filled yet (AF_UNSPEC) is none.
+        // SAFETY: all-zero bytes are a valid sockaddr_storage.
+        let empty: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        assert_eq!(from_sockaddr(&empty), None);
+    }
+
+    #[test]
+    fn connection_parameters_are_bounded_as_librdmacm_reads_them() {
+        let data = [7u8; 300];
+        let p = ConnParam {
+            private_data: &data,
+            responder_resources: 4,
+            initiator_depth: 4,
+            flow_control: true,
+            retry_count: 9,
+            rnr_retry_count: 7,
+            srq: false,
+            qp_num: 0x0100_0011,
+        };
+        // More private data than a u8 length says is refused, not truncated.
+        assert!(p.raw().is_err());
+        let p = ConnParam {
+            private_data: &data[..56],
+            ..p
+        };
+        let raw = p.raw().unwrap();
+        assert_eq!(raw.private_data_len, 56);
+        assert_eq!((raw.retry_count, raw.flow_control), (7, 1));
+        assert_eq!(raw.qp_num, 0x11, "QP numbers are 24 bits");
+        let empty = ConnParam {
+            private_data: &[],
+            ..p
+        };
+        assert!(empty.raw().unwrap().private_data.is_null());
+    }
+}

@@ -733,6 +733,7 @@ impl IbContext {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::Zeroed as _;
 
     #[test]
     fn event_numbers_map_to_kinds_and_back() {
@@ -743,6 +744,76 @@ mod tests {
         }
         assert_eq!(kind_of(12), None, "multicast join has no kind");
         assert_eq!(kind_of(4), Some(CmEventKind::ConnectRequest));
+    }
+
+    fn raw_event(ud: bool) -> sys::CmEvent {
+        let mut ah = crate::sys::ibv_ah_attr::zeroed();
+        ah.is_global = 1;
+        ah.grh.dgid.raw = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 77, 0, 1];
+        ah.port_num = 1;
+        sys::CmEvent {
+            kind: 9,
+            status: 0,
+            id: 1,
+            listen_id: 0,
+            new_id: None,
+            private_data: b"ud!".to_vec(),
+            conn: sys::RawConnParam {
+                responder_resources: 4,
+                initiator_depth: 2,
+                flow_control: 1,
+                retry_count: 7,
+                rnr_retry_count: 6,
+                srq: 0,
+                qp_num: 0x11,
+            },
+            ud: ud.then_some(sys::RawUdParam {
+                qp_num: 0x22,
+                qkey: remem_verbs::cm::RDMA_UDP_QKEY,
+                ah_attr: ah,
+            }),
+        }
+    }
+
+    #[test]
+    fn events_carry_the_parameters_of_their_port_space() {
+        let ev = raw_event(false);
+        match event_param(CmEventKind::Established, &ev) {
+            CmEventParam::Conn(p) => {
+                assert_eq!(
+                    (p.responder_resources, p.initiator_depth, p.qp_num),
+                    (4, 2, 0x11)
+                );
+                assert!(p.flow_control && !p.srq);
+                assert_eq!(p.rnr_retry_count, 6);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            event_param(CmEventKind::ConnectResponse, &ev),
+            CmEventParam::Conn(peer_param(&ev.conn))
+        );
+        // Events that are not about the connection's parameters carry none.
+        assert_eq!(
+            event_param(CmEventKind::Disconnected, &ev),
+            CmEventParam::None
+        );
+        let ev = raw_event(true);
+        match event_param(CmEventKind::Established, &ev) {
+            CmEventParam::Ud(u) => {
+                assert_eq!((u.qp_num, u.qkey), (0x22, remem_verbs::cm::RDMA_UDP_QKEY));
+                assert!(u.ah_attr.is_global);
+                assert_eq!(
+                    u.ah_attr.dgid.to_ip(),
+                    "10.77.0.1".parse::<std::net::IpAddr>().unwrap()
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            event_param(CmEventKind::ConnectRequest, &ev),
+            CmEventParam::Ud(_)
+        ));
     }
 
     #[test]
