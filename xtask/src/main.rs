@@ -960,6 +960,13 @@ fn conformance(img: &Image) -> Res<i32> {
         &cli.display().to_string(),
     );
     cm_steps(&mut guest);
+    dropin_cm_steps(
+        &mut guest,
+        &mut host,
+        &host_bin.to_string(),
+        &cli.display().to_string(),
+        &peer.display().to_string(),
+    );
     api_steps(
         &mut guest,
         &mut host,
@@ -1127,6 +1134,85 @@ fn dropin_steps(guest: &mut String, host: &mut String, conformance: &str, cli: &
          unset REMEM_IBV_DEVICES\n\
          rm -f /tmp/remem-dropin-runs.$$\n"
     ));
+}
+
+/// RDMA CM between the host and the guest, each side once as server: librdmacm's `rping`
+/// and perftest's `ib_write_bw -R` on the drop-in libibverbs + librdmacm (host) against
+/// the same tools on kernel rxe + rdma_cm (guest), and the async API's `connect_cm` /
+/// `listen_cm` (`verified_peer run-cm` / `serve-cm`) between the soft provider (host) and
+/// the rdma-core provider (guest). A guest server is ready once `rdma res` shows its
+/// listening id; a client of a host server retries while nobody listens yet (a CM reject
+/// comes back at once).
+fn dropin_cm_steps(
+    guest: &mut String,
+    host: &mut String,
+    conformance: &str,
+    cli: &str,
+    peer: &str,
+) {
+    let sync = format!("{TAP_HOST}:7472");
+    let soft = format!("soft@{TAP_HOST}:4791");
+    // One client attempt per line: label, then the command.
+    let steps = [
+        (
+            "rping",
+            format!("rping -s -a {TAP_HOST} -C 10 -v -p 7480"),
+            format!("rping -c -a {TAP_HOST} -C 10 -v -p 7480"),
+            format!("rping -s -a {TAP_GUEST} -C 10 -v -p 7481"),
+            format!("rping -c -a {TAP_GUEST} -C 10 -v -p 7481"),
+        ),
+        (
+            "ib_write_bw -R",
+            "ib_write_bw -R -d rxe0 -x 0 -F -n 100 -p 7482".to_string(),
+            format!("ib_write_bw -R -d rxe0 -x \"$RXE_GID_INDEX\" -F -n 100 -p 7482 {TAP_HOST}"),
+            "ib_write_bw -R -d rxe0 -x \"$RXE_GID_INDEX\" -F -n 100 -p 7483".to_string(),
+            format!("ib_write_bw -R -d rxe0 -x 0 -F -n 100 -p 7483 {TAP_GUEST}"),
+        ),
+        (
+            "the async API through the CM (verified_peer)",
+            format!("{peer} serve-cm {soft} {TAP_HOST}:7484"),
+            format!("./verified_peer run-cm rxe0 {TAP_HOST}:7484 200"),
+            format!("./verified_peer serve-cm rxe0 {TAP_GUEST}:7485"),
+            format!("{peer} run-cm {soft} {TAP_GUEST}:7485 200"),
+        ),
+    ];
+    host.push_str(&format!(
+        "export REMEM_IBV_DEVICES=rxe0=soft@{TAP_HOST}:4791\n"
+    ));
+    for (label, host_server, guest_client, guest_server, host_client) in steps {
+        // Tools run on the drop-ins through `remem run`; the async API example directly.
+        let dropin = |cmd: &str| {
+            if cmd.starts_with(peer) {
+                cmd.to_string()
+            } else {
+                format!("{cli} run -- {cmd}")
+            }
+        };
+        guest.push_str(&format!(
+            "echo '== {label}: guest (kernel rxe, rdma_cm) client against host (remem) server'\n\
+             ./conformance sync connect {sync} < /dev/null || rc=1\n\
+             ok=0; for i in $(seq 50); do timeout 60 {guest_client} < /dev/null > /tmp/cm-client.log 2>&1 && {{ ok=1; break; }}; sleep 0.2; done\n\
+             [ $ok = 1 ] || {{ rc=1; echo '{label} (client, guest) failed'; cat /tmp/cm-client.log; }}\n\
+             echo '== {label}: host (remem) client against guest (kernel rxe, rdma_cm) server'\n\
+             timeout 120 {guest_server} < /dev/null > /tmp/cm-server.log 2>&1 &\n\
+             server=$!\n\
+             wait_cm_listen\n\
+             ./conformance sync connect {sync} < /dev/null || rc=1\n\
+             wait $server || {{ rc=1; echo '{label} (server, guest) failed'; }}\n\
+             cat /tmp/cm-server.log\n"
+        ));
+        host.push_str(&format!(
+            "timeout 120 {} < /dev/null > /tmp/remem-cm-server.$$ 2>&1 &\n\
+             server=$!\n\
+             {conformance} sync listen {sync} < /dev/null || rc=1\n\
+             wait $server || {{ rc=1; echo '{label} (server, host) failed'; cat /tmp/remem-cm-server.$$; }}\n\
+             {conformance} sync listen {sync} < /dev/null || rc=1\n\
+             timeout 120 {} < /dev/null || {{ rc=1; echo '{label} (client, host) failed'; }}\n",
+            dropin(&host_server),
+            dropin(&host_client),
+        ));
+    }
+    host.push_str("unset REMEM_IBV_DEVICES\nrm -f /tmp/remem-cm-server.$$\n");
 }
 
 /// The async API between the host (soft provider) and the guest (rdma-core on kernel

@@ -156,6 +156,31 @@ fn every_latency_test_runs_on_the_raw_provider() {
 }
 
 #[test]
+fn rdma_cm_connects_the_qps() {
+    // -R: the QPs are connected through the soft devices' RDMA CM (REQ/REP/RTU on QP 1).
+    for (test, qps) in [("write_bw", "2"), ("send_bw", "2"), ("read_lat", "1")] {
+        let r = rows(&[
+            "--loopback",
+            test,
+            "-R",
+            "-q",
+            qps,
+            "-s",
+            "1024",
+            "-n",
+            "100",
+            "--json",
+        ]);
+        assert_eq!(r.len(), 1, "{test}");
+        if test.ends_with("_bw") {
+            check_bw(&r[0], test, 1024, 100 * qps.parse::<u64>().unwrap());
+        } else {
+            check_lat(&r[0], test, 1024, 100);
+        }
+    }
+}
+
+#[test]
 fn the_api_runs_every_test() {
     for (test, size) in [
         ("write_bw", 4096),
@@ -268,6 +293,9 @@ fn bad_arguments_fail_with_a_message() {
         &["--loopback", "atomic_bw", "-c", "UC"],
         &["--loopback", "--api", "send_bw", "-c", "UC"],
         &["--loopback", "write_bw", "-x", "1"],
+        // -R is for the raw provider's RC QPs.
+        &["--loopback", "write_bw", "-R", "-c", "UC"],
+        &["--loopback", "write_bw", "-R", "--api"],
     ] {
         let (ok, _, stderr) = perf(args);
         assert!(!ok, "{args:?} succeeded");

@@ -56,6 +56,11 @@ cases!(
     ud_send_recv_with_grh_and_qkey,
     uc_send_and_write,
     uc_lost_messages_vanish,
+    cm_connect_disconnect,
+    cm_disconnect_by_listener,
+    cm_reject_with_private_data,
+    cm_no_listener,
+    cm_ud_service_resolution,
 );
 
 /// Runs `side` as a case on both sides and returns its error, which must come at once (a

@@ -9,6 +9,10 @@
 //! (exactly once) — then compares the server's checksum of its region with the model's.
 //! Prints one JSON line with the counts and the bandwidth; exits non-zero on any mismatch.
 //! Faults come from `REMEM_SOFT_FAULTS` on either side.
+//!
+//! `serve-cm` and `run-cm` do the same over a connection made through the RDMA connection
+//! manager (`Rdma::listen_cm` / `Rdma::connect_cm`): ADDR is then the server device's IP
+//! address and a CM port (TCP port space), e.g. `10.77.0.2:7473`.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -28,11 +32,22 @@ fn fail(what: String) -> Error {
     Error::InvalidArgument(what)
 }
 
-async fn serve(device: &str, addr: &str) -> Result<(), Error> {
+fn cm_addr(addr: &str) -> Result<std::net::SocketAddr, Error> {
+    addr.parse()
+        .map_err(|_| fail(format!("{addr}: not an IP address and port")))
+}
+
+async fn serve(device: &str, addr: &str, cm: bool) -> Result<(), Error> {
     let rdma = RdmaBuilder::new().device(device).timeout(12).build()?;
-    let listener = rdma.listen(addr).await?;
-    println!("listening {}", listener.local_addr()?);
-    let conn = listener.accept().await?;
+    let conn = if cm {
+        let listener = rdma.listen_cm(cm_addr(addr)?).await?;
+        println!("listening (RDMA CM) {:?}", listener.local_addr());
+        listener.accept().await?
+    } else {
+        let listener = rdma.listen(addr).await?;
+        println!("listening {}", listener.local_addr()?);
+        listener.accept().await?
+    };
     let region = rdma.alloc_local_mr(Layout::from_size_align(REGION, 4096).unwrap())?;
     conn.share_local_mr(&region).await?;
     let reply = rdma.alloc_local_mr(Layout::new::<u64>())?;
@@ -57,9 +72,13 @@ async fn serve(device: &str, addr: &str) -> Result<(), Error> {
     }
 }
 
-async fn run(device: &str, addr: &str, ops: usize) -> Result<(), Error> {
+async fn run(device: &str, addr: &str, ops: usize, cm: bool) -> Result<(), Error> {
     let rdma = RdmaBuilder::new().device(device).timeout(12).build()?;
-    let conn = rdma.connect(addr).await?;
+    let conn = if cm {
+        rdma.connect_cm(cm_addr(addr)?).await?
+    } else {
+        rdma.connect(addr).await?
+    };
     let remote = conn.receive_shared_mr().await?;
     let mut model = vec![0u8; REGION];
     let mut rng = StdRng::seed_from_u64(ops as u64);
@@ -155,10 +174,12 @@ async fn main() -> Result<(), Error> {
         .collect::<Vec<_>>()
         .as_slice()
     {
-        ["serve", device, addr] => serve(device, addr).await,
-        ["run", device, addr, ops] => run(device, addr, ops.parse().unwrap_or(200)).await,
+        ["serve", device, addr] => serve(device, addr, false).await,
+        ["serve-cm", device, addr] => serve(device, addr, true).await,
+        ["run", device, addr, ops] => run(device, addr, ops.parse().unwrap_or(200), false).await,
+        ["run-cm", device, addr, ops] => run(device, addr, ops.parse().unwrap_or(200), true).await,
         _ => Err(fail(
-            "usage: verified_peer serve DEVICE TCP_ADDR | run DEVICE TCP_ADDR OPS".into(),
+            "usage: verified_peer serve|serve-cm DEVICE ADDR | run|run-cm DEVICE ADDR OPS".into(),
         )),
     }
 }

@@ -352,6 +352,11 @@ pub(crate) fn encode_settings(s: &Settings) -> Vec<u8> {
     for size in &s.sizes {
         b.extend_from_slice(&size.to_be_bytes());
     }
+    // Since -R: the CM port (absent: no CM).
+    if let Some(port) = s.cm {
+        b.push(1);
+        b.extend_from_slice(&port.to_be_bytes());
+    }
     b
 }
 
@@ -421,6 +426,11 @@ pub(crate) fn decode_settings(b: &[u8]) -> Option<Settings> {
         }
         sizes.push(s);
     }
+    let cm = match c.u8() {
+        None => None,
+        Some(1) => Some(u16::from_be_bytes(c.bytes(2)?.try_into().ok()?)),
+        Some(_) => return None,
+    };
     if !c.0.is_empty() {
         return None;
     }
@@ -436,6 +446,7 @@ pub(crate) fn decode_settings(b: &[u8]) -> Option<Settings> {
         sizes,
         bidir,
         conn,
+        cm,
     })
 }
 
@@ -457,6 +468,7 @@ mod tests {
             sizes: vec![8],
             bidir: true,
             conn: Conn::Rc,
+            cm: None,
         }
     }
 
@@ -468,9 +480,16 @@ mod tests {
         let ud = Settings {
             conn: Conn::Ud,
             bidir: false,
-            ..s
+            ..s.clone()
         };
         assert_eq!(decode_settings(&encode_settings(&ud)), Some(ud));
+        let cm = Settings {
+            cm: Some(18515),
+            ..s.clone()
+        };
+        let with_cm = encode_settings(&cm);
+        assert_eq!(decode_settings(&with_cm), Some(cm));
+        assert_eq!(decode_settings(&with_cm[..with_cm.len() - 1]), None);
         for cut in 0..b.len() {
             assert_eq!(decode_settings(&b[..cut]), None);
         }

@@ -269,6 +269,11 @@ pub struct PerfArgs {
     /// benchmark's thread.
     #[arg(long = "soft-thread")]
     pub soft_thread: bool,
+    /// Connect the queue pairs through the RDMA connection manager (CM REQ/REP/RTU on the
+    /// devices, on the server's device address and the port of `-p`), as perftest's `-R`;
+    /// the control connection still carries the settings and the memory keys. RC only.
+    #[arg(short = 'R', long = "rdma_cm", alias = "rdma-cm")]
+    pub rdma_cm: bool,
     /// Speak perftest's out-of-band exchange instead of remem's own, to run against
     /// perftest's `ib_*` tools (as with perftest, both sides need the same test and
     /// flags). A server recognises a perftest client by itself.
@@ -296,6 +301,9 @@ pub(crate) struct Settings {
     pub bidir: bool,
     /// The queue pair type (RC, UC or UD).
     pub conn: Conn,
+    /// `-R`: connect the QPs through the RDMA connection manager, on this CM port (TCP
+    /// port space) of the server's device address.
+    pub cm: Option<u16>,
 }
 
 /// Most message sizes a run may ask for (`-a` goes to 8 MiB).
@@ -339,7 +347,15 @@ impl Settings {
             sizes,
             bidir: a.bidir,
             conn: a.conn,
+            cm: a.rdma_cm.then_some(a.port),
         };
+        if a.rdma_cm && (a.conn != Conn::Rc || a.api || a.perftest) {
+            return Err(
+                "-R connects RC QPs of the raw provider through the RDMA CM: not with -c UC/UD, \
+                 --api or --perftest"
+                    .into(),
+            );
+        }
         if a.duration == Some(0) {
             return Err("-D must be at least 1 second".into());
         }

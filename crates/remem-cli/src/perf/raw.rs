@@ -18,9 +18,10 @@ use super::ctrl::{self, Ctrl, Cursor};
 use super::report::{self, BwRow, Row};
 use super::{AtomicType, Conn, Device, Output, PORT, PerfError, Settings, Test};
 use remem::verbs::{
-    AccessFlags, AhAttr, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, MemoryRegion, Mtu,
-    ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, QueuePair, RecvWr,
-    SendFlags, SendOp, SendWr, Sge, UdDest, WcStatus, WorkCompletion,
+    AccessFlags, AhAttr, CmChannel, CmEvent, CmEventKind, CmId, CompletionQueue, ConnParam,
+    Context, Gid, MemRegion, MemoryBuffer, MemoryRegion, Mtu, PortSpace, ProtectionDomain, QpAttr,
+    QpAttrMask, QpCap, QpInitAttr, QpState, QpType, QueuePair, RecvWr, SendFlags, SendOp, SendWr,
+    Sge, UdDest, WcStatus, WorkCompletion,
 };
 use remem_soft::SoftContext;
 use std::sync::Arc;
@@ -117,7 +118,12 @@ pub(super) struct Side {
     psns: Vec<u32>,
     pd: Arc<dyn ProtectionDomain>,
     ctx: Arc<dyn Context>,
+    /// With -R: the CM channel and ids of the QPs (kept while the QPs live).
+    cm: Option<CmState>,
 }
+
+/// With -R: a side's CM channel and the ids of its QPs.
+type CmState = (Arc<dyn CmChannel>, Vec<Arc<dyn CmId>>);
 
 impl Side {
     /// Creates the objects on `dev`; each area holds at least `min_area` bytes.
@@ -229,6 +235,7 @@ impl Side {
             psns,
             pd,
             ctx,
+            cm: None,
         };
         if rx > 1 {
             for q in 0..qps_n {
@@ -360,6 +367,147 @@ impl Side {
     }
 
     /// The QP type's name (RC, UC, UD).
+    /// -R, the server: a CM listener on this device's address and `port`.
+    fn cm_listen(&mut self, port: u16) -> Result<Arc<dyn CmId>, PerfError> {
+        let ch = self
+            .ctx
+            .create_cm_channel()
+            .map_err(err("rdma_create_event_channel"))?;
+        let id = self
+            .ctx
+            .create_cm_id(&ch, PortSpace::Tcp)
+            .map_err(err("rdma_create_id"))?;
+        id.bind(std::net::SocketAddr::new(self.gid.to_ip(), port))
+            .map_err(err("rdma_bind_addr"))?;
+        id.listen(self.qps.len() as u32)
+            .map_err(err("rdma_listen"))?;
+        self.cm = Some((ch, vec![id.clone()]));
+        Ok(id)
+    }
+
+    /// The next CM event, moving the device meanwhile when this side drives it.
+    fn cm_event(&self, limit: Duration) -> Result<CmEvent, PerfError> {
+        let (ch, _) = self.cm.as_ref().ok_or("no CM channel")?;
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(ev) = ch.get_event() {
+                return Ok(ev);
+            }
+            if Instant::now() > deadline {
+                return Err(format!("RDMA CM: no event within {limit:?}"));
+            }
+            self.drive(Duration::from_millis(1))?;
+        }
+    }
+
+    fn cm_expect(&self, kind: CmEventKind, limit: Duration) -> Result<CmEvent, PerfError> {
+        let ev = self.cm_event(limit)?;
+        if ev.kind != kind {
+            return Err(format!(
+                "RDMA CM: {:?} (status {}) while waiting for {kind:?}",
+                ev.kind, ev.status
+            ));
+        }
+        Ok(ev)
+    }
+
+    fn cm_param(q: usize) -> ConnParam {
+        ConnParam {
+            private_data: (q as u32).to_be_bytes().to_vec(),
+            responder_resources: RD_ATOMIC,
+            initiator_depth: RD_ATOMIC,
+            ..ConnParam::default()
+        }
+    }
+
+    /// -R, the server: accepts one request per QP (the request names its QP index), each
+    /// QP moved to RTS by the CM.
+    fn cm_accept(
+        &mut self,
+        _listener: Arc<dyn CmId>,
+        n: usize,
+        limit: Duration,
+    ) -> Result<(), PerfError> {
+        if n != self.qps.len() {
+            return Err(format!(
+                "the peer has {n} QPs, this side {}",
+                self.qps.len()
+            ));
+        }
+        // Requests and establishments interleave (a client connects its QPs one by one).
+        let mut ids = Vec::new();
+        let mut established = 0;
+        while established < n {
+            let ev = self.cm_event(limit)?;
+            match ev.kind {
+                CmEventKind::ConnectRequest if ids.len() < n => {
+                    let q = ev
+                        .private_data
+                        .get(..4)
+                        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+                        .filter(|&q| q < self.qps.len())
+                        .ok_or("RDMA CM: a request without a QP index")?;
+                    ev.id
+                        .set_qp(Some(self.qps[q].clone()))
+                        .map_err(err("rdma_create_qp"))?;
+                    ev.id
+                        .accept(&Self::cm_param(q))
+                        .map_err(err("rdma_accept"))?;
+                    ids.push(ev.id.clone());
+                }
+                CmEventKind::Established => established += 1,
+                kind => {
+                    return Err(format!(
+                        "RDMA CM: {kind:?} (status {}) while connecting the QPs",
+                        ev.status
+                    ));
+                }
+            }
+        }
+        self.cm_done(ids)
+    }
+
+    /// -R, the client: connects each QP to the server's CM at `dst`.
+    fn cm_connect(&mut self, dst: std::net::SocketAddr, limit: Duration) -> Result<(), PerfError> {
+        let ch = self
+            .ctx
+            .create_cm_channel()
+            .map_err(err("rdma_create_event_channel"))?;
+        self.cm = Some((ch.clone(), Vec::new()));
+        let mut ids = Vec::new();
+        for q in 0..self.qps.len() {
+            let id = self
+                .ctx
+                .create_cm_id(&ch, PortSpace::Tcp)
+                .map_err(err("rdma_create_id"))?;
+            id.resolve_addr(None, dst, limit)
+                .map_err(err("rdma_resolve_addr"))?;
+            self.cm_expect(CmEventKind::AddrResolved, limit)?;
+            id.resolve_route(limit).map_err(err("rdma_resolve_route"))?;
+            self.cm_expect(CmEventKind::RouteResolved, limit)?;
+            id.set_qp(Some(self.qps[q].clone()))
+                .map_err(err("rdma_create_qp"))?;
+            id.connect(&Self::cm_param(q))
+                .map_err(err("rdma_connect"))?;
+            self.cm_expect(CmEventKind::Established, limit)?;
+            ids.push(id);
+        }
+        self.cm_done(ids)
+    }
+
+    /// After the CM connected every QP: the path MTU it chose; the ids stay with the QPs.
+    fn cm_done(&mut self, ids: Vec<Arc<dyn CmId>>) -> Result<(), PerfError> {
+        let mut path_mtu = self.mtu;
+        for qp in &self.qps {
+            path_mtu = path_mtu.min(qp.query().map_err(err("query_qp"))?.path_mtu);
+        }
+        self.path_mtu = path_mtu;
+        if let Some((_, keep)) = self.cm.as_mut() {
+            keep.extend(ids);
+        }
+        Ok(())
+    }
+
     pub(super) fn conn_name(&self) -> &'static str {
         self.conn.name()
     }
@@ -575,8 +723,18 @@ impl Side {
     }
 }
 
-fn handshake(ctrl: &mut Ctrl, side: &mut Side, server: bool) -> Result<Vec<Endpoint>, PerfError> {
+fn handshake(
+    ctrl: &mut Ctrl,
+    side: &mut Side,
+    s: &Settings,
+    server: bool,
+) -> Result<Vec<Endpoint>, PerfError> {
     let mine = encode_endpoints(&side.endpoints());
+    // With -R the server listens before it says where it is (its endpoints' GID).
+    let listener = match (s.cm, server) {
+        (Some(port), true) => Some(side.cm_listen(port)?),
+        _ => None,
+    };
     let theirs = if server {
         ctrl.send(ctrl::ENDPOINTS, &mine)?;
         ctrl.expect(ctrl::ENDPOINTS)?
@@ -586,7 +744,14 @@ fn handshake(ctrl: &mut Ctrl, side: &mut Side, server: bool) -> Result<Vec<Endpo
         t
     };
     let remote = decode_endpoints(&theirs).ok_or("malformed endpoint information")?;
-    side.connect(&remote, RD_ATOMIC)?;
+    match (s.cm, listener) {
+        (Some(_), Some(l)) => side.cm_accept(l, remote.len(), ctrl.timeout())?,
+        (Some(port), None) => {
+            let dst = std::net::SocketAddr::new(remote[0].gid.to_ip(), port);
+            side.cm_connect(dst, ctrl.timeout())?
+        }
+        _ => side.connect(&remote, RD_ATOMIC)?,
+    }
     Ok(remote)
 }
 
@@ -660,7 +825,7 @@ pub(crate) fn server(mut ctrl: Ctrl, s: &Settings, dev: &Device) -> Result<(), P
 
 fn serve_sizes(ctrl: &mut Ctrl, s: &Settings, dev: &Device) -> Result<(), PerfError> {
     let mut side = Side::new(s, dev, 0)?;
-    let remote = handshake(ctrl, &mut side, true)?;
+    let remote = handshake(ctrl, &mut side, s, true)?;
     ctrl.send(ctrl::READY, &[])?;
     let mut wcs = [WorkCompletion::default(); 64];
     let receives = s.test.is_send();
@@ -829,7 +994,7 @@ fn run_sizes(
     out: &mut Output,
 ) -> Result<Vec<Row>, PerfError> {
     let mut side = Side::new(s, dev, 0)?;
-    let remote = handshake(ctrl, &mut side, false)?;
+    let remote = handshake(ctrl, &mut side, s, false)?;
     let (fit, note) = s.fit_path_mtu(u64::from(side.path_mtu.bytes()));
     if let Some(n) = note {
         out.note(&n);

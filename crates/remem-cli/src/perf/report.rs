@@ -392,6 +392,7 @@ mod tests {
             sizes: vec![65536],
             bidir: false,
             conn: super::super::Conn::Rc,
+            cm: None,
         }
     }
 
