@@ -5,8 +5,9 @@
 //! ```text
 //! conformance local <device> [case…]
 //!     every case (or those named), both sides in this process on two contexts of <device>
-//! conformance link <device> listen|connect <host:port> A|B
-//!     one session against a peer process: A names and drives the cases, B serves them
+//! conformance link <device> listen|connect <host:port> A|B [case…]
+//!     one session against a peer process: A names and drives the cases (every case, or
+//!     those named), B serves them
 //! conformance sync listen|connect <host:port>
 //!     a barrier between two scripts (the VM lane's host and guest): returns once the
 //!     peer has reached its own `sync` (connect retries while nobody listens)
@@ -56,7 +57,7 @@ fn report(results: &[(&str, Result<(), String>)]) -> ExitCode {
 fn usage() -> ExitCode {
     eprintln!(
         "usage: conformance local <device> [case…] | link <device> listen|connect <addr> A|B \
-         | sync listen|connect <addr> | list"
+         [case…] | sync listen|connect <addr> | list"
     );
     ExitCode::from(101)
 }
@@ -151,6 +152,7 @@ fn main() -> ExitCode {
             how @ ("listen" | "connect"),
             addr,
             role @ ("A" | "B"),
+            names @ ..,
         ] => {
             let ctx = match open(device) {
                 Ok(c) => c,
@@ -169,7 +171,10 @@ fn main() -> ExitCode {
             let _ = stream.set_nodelay(true);
             let mut link = StreamLink::new(stream);
             if *role == "A" {
-                let cases: Vec<&'static Case> = CASES.iter().collect();
+                let cases: Vec<&'static Case> = CASES
+                    .iter()
+                    .filter(|c| names.is_empty() || names.contains(&c.name))
+                    .collect();
                 let results = remote::drive(&ctx, &mut link, &cases, timeout);
                 report(&results)
             } else {

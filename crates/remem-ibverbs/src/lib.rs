@@ -168,11 +168,12 @@ impl Provider for IbverbsProvider {
             .map_err(|e| Error::DeviceUnavailable(format!("{name}: {e}")))?;
         let info = device_info(dev.name(), dev.guid().as_u64(), &ctx);
         let async_fd = sys::async_fd(&ctx).map_err(|e| io_err("async fd", e))?;
-        Ok(Arc::new(IbContext {
+        Ok(Arc::new_cyclic(|me| IbContext {
             info,
             ctx,
             async_fd,
             ids: Arc::new(AtomicU32::new(1)),
+            me: me.clone(),
         }))
     }
 }
@@ -183,6 +184,8 @@ pub struct IbContext {
     ctx: Arc<DeviceContext>,
     async_fd: RawFd,
     ids: Arc<AtomicU32>,
+    /// Itself, for the CM ids it creates ([`remem_verbs::CmId::context`]).
+    me: std::sync::Weak<IbContext>,
 }
 
 impl std::fmt::Debug for IbContext {
@@ -410,6 +413,21 @@ impl Context for IbContext {
     /// port's counters are named `<file>` for port 1 and `p<port>:<file>` for the others.
     fn counters(&self) -> Vec<Counter> {
         sysfs_counters(&std::path::Path::new("/sys/class/infiniband").join(&self.info.name))
+    }
+
+    /// An RDMA CM event channel over librdmacm ([`cm::IbCmChannel`]).
+    fn create_cm_channel(&self) -> Result<Arc<dyn remem_verbs::CmChannel>> {
+        self.cm_channel()
+    }
+
+    /// An RDMA CM id over librdmacm on this device ([`cm::IbCmId`]); `channel` must be
+    /// this provider's.
+    fn create_cm_id(
+        &self,
+        channel: &Arc<dyn remem_verbs::CmChannel>,
+        ps: remem_verbs::PortSpace,
+    ) -> Result<Arc<dyn remem_verbs::CmId>> {
+        self.cm_id(channel, ps)
     }
 }
 

@@ -564,12 +564,14 @@ pub(crate) fn set_ud(
 /// The RDMA CM event types this crate acts on (`enum rdma_cm_event_type`).
 pub(crate) mod cm_event {
     pub(crate) const ADDR_RESOLVED: u32 = 0;
-    pub(crate) const ROUTE_RESOLVED: u32 = 2;
     pub(crate) const CONNECT_REQUEST: u32 = 4;
-    pub(crate) const CONNECT_RESPONSE: u32 = 5;
-    pub(crate) const ESTABLISHED: u32 = 9;
-    pub(crate) const DISCONNECTED: u32 = 10;
 }
+
+/// The port spaces of `enum rdma_port_space` whose ids carry UD parameters in events.
+const PS_UDP: u32 = 0x0111;
+const PS_IPOIB: u32 = 0x0002;
+/// `IBV_QPT_UD`.
+const QPT_UD: u32 = 4;
 
 /// An RDMA CM event channel; destroyed when dropped (after every id on it, which hold it).
 pub(crate) struct CmChannel(NonNull<ffi::rdma_event_channel>);
@@ -580,6 +582,25 @@ unsafe impl Send for CmChannel {}
 // SAFETY: as above.
 unsafe impl Sync for CmChannel {}
 
+/// The connection parameters an event carries (`rdma_cm_event.param.conn`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RawConnParam {
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub flow_control: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    pub srq: u8,
+    pub qp_num: u32,
+}
+
+/// The UD parameters an event carries (`rdma_cm_event.param.ud`).
+pub(crate) struct RawUdParam {
+    pub qp_num: u32,
+    pub qkey: u32,
+    pub ah_attr: ibv_ah_attr,
+}
+
 /// One RDMA CM event, copied out and acknowledged.
 pub(crate) struct CmEvent {
     /// `enum rdma_cm_event_type`.
@@ -588,13 +609,16 @@ pub(crate) struct CmEvent {
     pub status: i32,
     /// The id the event is for, as an address to compare (not to use).
     pub id: usize,
+    /// For a connection request, the listening id, as an address to compare.
+    pub listen_id: usize,
     /// For a connection request: the new id, owned.
     pub new_id: Option<CmId>,
-    /// The connection parameters' private data (requests, replies, rejects).
+    /// The private data of the message behind the event (requests, replies, rejects…).
     pub private_data: Vec<u8>,
-    /// The peer's responder resources and initiator depth (requests and replies).
-    pub responder_resources: u8,
-    pub initiator_depth: u8,
+    /// The connection parameters (ids of connected port spaces).
+    pub conn: RawConnParam,
+    /// The UD parameters (ids of the UDP and IPoIB port spaces, and UD ids).
+    pub ud: Option<RawUdParam>,
 }
 
 impl CmChannel {
@@ -613,38 +637,74 @@ impl CmChannel {
         unsafe { (*self.0.as_ptr()).fd }
     }
 
-    /// The next event if one is waiting (`None` when there is none), acknowledged.
+    /// The next event if one is waiting (`None` when there is none), acknowledged. Never
+    /// blocks, whatever the descriptor's `O_NONBLOCK` flag: the descriptor is polled
+    /// first.
     pub(crate) fn try_event(self: &Arc<Self>) -> io::Result<Option<CmEvent>> {
+        if !wait_readable(self.fd(), std::time::Duration::ZERO)? {
+            return Ok(None);
+        }
         let mut ev: *mut ffi::rdma_cm_event = std::ptr::null_mut();
         // SAFETY: the channel is live; `ev` receives an event owned by librdmacm until
         // acknowledged below.
         if unsafe { ffi::rdma_get_cm_event(self.0.as_ptr(), &mut ev) } != 0 {
             let e = io::Error::last_os_error();
             return match e.kind() {
-                io::ErrorKind::WouldBlock => Ok(None),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
                 _ => Err(e),
             };
         }
-        // SAFETY: a successful call returned a live event, readable until acknowledged;
-        // `param.conn` is the union member of connection events (for others it holds
-        // zeros or data that is only copied, never followed, except `private_data`, which
-        // librdmacm sets to null or to `private_data_len` readable bytes).
+        // SAFETY: a successful call returned a live event, readable until acknowledged,
+        // whose `id` is a live id (the new one for a connection request). The `param`
+        // union is read through the member librdmacm fills for the id's kind (`ud` for
+        // the UDP and IPoIB port spaces and UD ids, `conn` for the others), as
+        // librdmacm decides it; other events leave it zeroed. Its `private_data` is null
+        // or `private_data_len` readable bytes, copied before the acknowledgement.
         let out = unsafe {
             let e = &*ev;
-            let conn = &e.param.conn;
-            let private_data = if conn.private_data.is_null() {
+            let (ps, qp_type) = if e.id.is_null() {
+                (0, 0)
+            } else {
+                ((*e.id).ps, (*e.id).qp_type)
+            };
+            let is_ud = ps == PS_UDP || ps == PS_IPOIB || qp_type == QPT_UD;
+            let (data_ptr, data_len) = if is_ud {
+                (e.param.ud.private_data, e.param.ud.private_data_len)
+            } else {
+                (e.param.conn.private_data, e.param.conn.private_data_len)
+            };
+            let private_data = if data_ptr.is_null() {
                 Vec::new()
             } else {
-                std::slice::from_raw_parts(
-                    conn.private_data.cast::<u8>(),
-                    usize::from(conn.private_data_len),
-                )
-                .to_vec()
+                std::slice::from_raw_parts(data_ptr.cast::<u8>(), usize::from(data_len)).to_vec()
+            };
+            let conn = if is_ud {
+                RawConnParam::default()
+            } else {
+                let c = &e.param.conn;
+                RawConnParam {
+                    responder_resources: c.responder_resources,
+                    initiator_depth: c.initiator_depth,
+                    flow_control: c.flow_control,
+                    retry_count: c.retry_count,
+                    rnr_retry_count: c.rnr_retry_count,
+                    srq: c.srq,
+                    qp_num: c.qp_num,
+                }
+            };
+            let ud = if is_ud {
+                Some(RawUdParam {
+                    qp_num: e.param.ud.qp_num,
+                    qkey: e.param.ud.qkey,
+                    ah_attr: e.param.ud.ah_attr,
+                })
+            } else {
+                None
             };
             let new_id = if e.event == cm_event::CONNECT_REQUEST {
                 NonNull::new(e.id).map(|id| CmId {
                     id,
-                    chan: self.clone(),
+                    chan: std::sync::Mutex::new(self.clone()),
                 })
             } else {
                 None
@@ -653,10 +713,11 @@ impl CmChannel {
                 kind: e.event,
                 status: e.status,
                 id: e.id as usize,
+                listen_id: e.listen_id as usize,
                 new_id,
                 private_data,
-                responder_resources: conn.responder_resources,
-                initiator_depth: conn.initiator_depth,
+                conn,
+                ud,
             };
             ffi::rdma_ack_cm_event(ev);
             out
@@ -697,10 +758,11 @@ pub(crate) fn wait_readable(fd: RawFd, timeout: std::time::Duration) -> io::Resu
     }
 }
 
-/// An RDMA CM id (`RDMA_PS_TCP`: reliable connections), destroyed when dropped.
+/// An RDMA CM id, destroyed when dropped.
 pub(crate) struct CmId {
     id: NonNull<ffi::rdma_cm_id>,
-    chan: Arc<CmChannel>,
+    /// The channel its events go to (changed by [`CmId::migrate`]), kept alive by it.
+    chan: std::sync::Mutex<Arc<CmChannel>>,
 }
 
 // SAFETY: librdmacm's calls on an id are thread-safe; the id is destroyed once, by its
@@ -714,8 +776,10 @@ pub(crate) struct ConnParam<'a> {
     pub private_data: &'a [u8],
     pub responder_resources: u8,
     pub initiator_depth: u8,
+    pub flow_control: bool,
     pub retry_count: u8,
     pub rnr_retry_count: u8,
+    pub srq: bool,
     pub qp_num: u32,
 }
 
@@ -732,10 +796,10 @@ impl ConnParam<'_> {
             private_data_len: len,
             responder_resources: self.responder_resources,
             initiator_depth: self.initiator_depth,
-            flow_control: 0,
+            flow_control: u8::from(self.flow_control),
             retry_count: self.retry_count.min(7),
             rnr_retry_count: self.rnr_retry_count.min(7),
-            srq: 0,
+            srq: u8::from(self.srq),
             qp_num: self.qp_num & 0xff_ffff,
         })
     }
@@ -775,24 +839,53 @@ fn sockaddr(addr: std::net::SocketAddr) -> libc::sockaddr_storage {
     st
 }
 
+/// The socket address in a `sockaddr_storage`, if it is IPv4 or IPv6.
+fn from_sockaddr(st: &libc::sockaddr_storage) -> Option<std::net::SocketAddr> {
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+    match i32::from(st.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in, for which it is
+            // large enough and aligned.
+            let sin =
+                unsafe { &*(st as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            Some(
+                SocketAddrV4::new(
+                    Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()),
+                    u16::from_be(sin.sin_port),
+                )
+                .into(),
+            )
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6 =
+                unsafe { &*(st as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            Some(
+                SocketAddrV6::new(
+                    Ipv6Addr::from(sin6.sin6_addr.s6_addr),
+                    u16::from_be(sin6.sin6_port),
+                    u32::from_be(sin6.sin6_flowinfo),
+                    sin6.sin6_scope_id,
+                )
+                .into(),
+            )
+        }
+        _ => None,
+    }
+}
+
 impl CmId {
-    /// `rdma_create_id` on `chan`.
-    pub(crate) fn new(chan: &Arc<CmChannel>) -> io::Result<CmId> {
+    /// `rdma_create_id` on `chan` in port space `ps` (`enum rdma_port_space`).
+    pub(crate) fn new(chan: &Arc<CmChannel>, ps: u32) -> io::Result<CmId> {
         let mut raw: *mut ffi::rdma_cm_id = std::ptr::null_mut();
         // SAFETY: the channel is live; `raw` receives the new id (owned here alone).
-        let ret = unsafe {
-            ffi::rdma_create_id(
-                chan.0.as_ptr(),
-                &mut raw,
-                std::ptr::null_mut(),
-                ffi::rdma_port_space::RDMA_PS_TCP,
-            )
-        };
+        let ret =
+            unsafe { ffi::rdma_create_id(chan.0.as_ptr(), &mut raw, std::ptr::null_mut(), ps) };
         errno_result(ret)?;
         let id = NonNull::new(raw).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
         Ok(CmId {
             id,
-            chan: chan.clone(),
+            chan: std::sync::Mutex::new(chan.clone()),
         })
     }
 
@@ -803,10 +896,6 @@ impl CmId {
     /// The id's address, to match events against.
     pub(crate) fn key(&self) -> usize {
         self.ptr() as usize
-    }
-
-    pub(crate) fn channel(&self) -> &Arc<CmChannel> {
-        &self.chan
     }
 
     pub(crate) fn bind(&self, addr: std::net::SocketAddr) -> io::Result<()> {
@@ -822,18 +911,20 @@ impl CmId {
 
     pub(crate) fn resolve_addr(
         &self,
+        src: Option<std::net::SocketAddr>,
         dst: std::net::SocketAddr,
         timeout_ms: i32,
     ) -> io::Result<()> {
         let mut st = sockaddr(dst);
-        // SAFETY: the id is live; the address is valid for the call (copied by it).
+        let mut src_st = src.map(sockaddr);
+        let src_ptr = match &mut src_st {
+            Some(s) => (s as *mut libc::sockaddr_storage).cast(),
+            None => std::ptr::null_mut(),
+        };
+        // SAFETY: the id is live; the addresses are valid for the call (copied by it);
+        // a null source lets the route choose.
         errno_result(unsafe {
-            ffi::rdma_resolve_addr(
-                self.ptr(),
-                std::ptr::null_mut(),
-                (&raw mut st).cast(),
-                timeout_ms,
-            )
+            ffi::rdma_resolve_addr(self.ptr(), src_ptr, (&raw mut st).cast(), timeout_ms)
         })
     }
 
@@ -858,8 +949,14 @@ impl CmId {
     pub(crate) fn reject(&self, private_data: &[u8]) -> io::Result<()> {
         let len = u8::try_from(private_data.len())
             .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: the id is live; the data is valid for the call, which copies it.
-        errno_result(unsafe { ffi::rdma_reject(self.ptr(), private_data.as_ptr().cast(), len) })
+        let data = if len == 0 {
+            std::ptr::null()
+        } else {
+            private_data.as_ptr().cast()
+        };
+        // SAFETY: the id is live; the data is null (length 0) or valid for the call,
+        // which copies it.
+        errno_result(unsafe { ffi::rdma_reject(self.ptr(), data, len) })
     }
 
     pub(crate) fn establish(&self) -> io::Result<()> {
@@ -884,12 +981,32 @@ impl CmId {
     }
 
     /// Moves the id's events to `chan` (`rdma_migrate_id`).
-    pub(crate) fn migrate(&mut self, chan: &Arc<CmChannel>) -> io::Result<()> {
+    pub(crate) fn migrate(&self, chan: &Arc<CmChannel>) -> io::Result<()> {
+        let mut cur = self.chan.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: the id and both channels are live; the old channel stays alive until
-        // its `Arc` is released below, after the call.
+        // its `Arc` is replaced below, after the call.
         errno_result(unsafe { ffi::rdma_migrate_id(self.ptr(), chan.0.as_ptr()) })?;
-        self.chan = chan.clone();
+        *cur = chan.clone();
         Ok(())
+    }
+
+    /// The local address (`rdma_get_local_addr`), once bound.
+    pub(crate) fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        // SAFETY: the id is live; the route's source address is a plain sockaddr
+        // storage librdmacm fills (zeroed, family AF_UNSPEC, until bound).
+        from_sockaddr(unsafe { &(*self.ptr()).route.addr.src_addr_union.src_storage })
+    }
+
+    /// The peer's address (`rdma_get_peer_addr`), once resolved or connected.
+    pub(crate) fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        // SAFETY: as for `local_addr`, the destination address.
+        from_sockaddr(unsafe { &(*self.ptr()).route.addr.dst_addr_union.dst_storage })
+    }
+
+    /// The device port the id is bound to (`port_num`; 0 until bound to a device).
+    pub(crate) fn port_num(&self) -> u8 {
+        // SAFETY: the id is live; `port_num` is a plain field.
+        unsafe { (*self.ptr()).port_num }
     }
 
     /// The name of the device the id is bound to, once it is bound to one.
@@ -919,5 +1036,58 @@ impl Drop for CmId {
         // SAFETY: the id is live and destroyed once; every event on it was acknowledged
         // when taken ([`CmChannel::try_event`]).
         let _ = unsafe { ffi::rdma_destroy_id(self.ptr()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+
+    #[test]
+    fn socket_addresses_survive_the_sockaddr_round_trip() {
+        for a in [
+            "10.77.0.2:7471",
+            "0.0.0.0:0",
+            "[fe80::1%3]:18515",
+            "[2001:db8::5]:4791",
+        ] {
+            let a: SocketAddr = a.parse().unwrap();
+            assert_eq!(from_sockaddr(&sockaddr(a)), Some(a), "{a}");
+        }
+        // An address librdmacm has not filled yet (AF_UNSPEC) is none.
+        // SAFETY: all-zero bytes are a valid sockaddr_storage.
+        let empty: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        assert_eq!(from_sockaddr(&empty), None);
+    }
+
+    #[test]
+    fn connection_parameters_are_bounded_as_librdmacm_reads_them() {
+        let data = [7u8; 300];
+        let p = ConnParam {
+            private_data: &data,
+            responder_resources: 4,
+            initiator_depth: 4,
+            flow_control: true,
+            retry_count: 9,
+            rnr_retry_count: 7,
+            srq: false,
+            qp_num: 0x0100_0011,
+        };
+        // More private data than a u8 length says is refused, not truncated.
+        assert!(p.raw().is_err());
+        let p = ConnParam {
+            private_data: &data[..56],
+            ..p
+        };
+        let raw = p.raw().unwrap();
+        assert_eq!(raw.private_data_len, 56);
+        assert_eq!((raw.retry_count, raw.flow_control), (7, 1));
+        assert_eq!(raw.qp_num, 0x11, "QP numbers are 24 bits");
+        let empty = ConnParam {
+            private_data: &[],
+            ..p
+        };
+        assert!(empty.raw().unwrap().private_data.is_null());
     }
 }
