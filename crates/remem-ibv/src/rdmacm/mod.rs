@@ -1,0 +1,4 @@
+//! The drop-in librdmacm.
+pub mod abi;
+pub mod rsocket;
+pub mod stubs;
