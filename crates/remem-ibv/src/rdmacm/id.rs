@@ -1234,7 +1234,25 @@ pub unsafe extern "C" fn remem_ibv_rdma_disconnect(id: *mut rdma_cm_id) -> c_int
                 refresh_qp_state(s);
                 complete(s)
             }
-            Err(e) => fail(e),
+            Err(e) => {
+                // The peer disconnected first: a synchronous id takes that event as its
+                // own disconnection's (both ends of rdma_server/rdma_client disconnect).
+                let (sync, channel) = {
+                    let st = s.state();
+                    (st.sync, Arc::clone(&st.channel))
+                };
+                // SAFETY: a live id; reading the event the library left there.
+                let last = unsafe { (*id).event };
+                // SAFETY: an event handed out by this library, not acked yet.
+                if sync && !last.is_null() && unsafe { (*last).event } == RDMA_CM_EVENT_DISCONNECTED {
+                    return 0;
+                }
+                if sync && channel.has(s, CmEventKind::Disconnected) {
+                    refresh_qp_state(s);
+                    return complete(s);
+                }
+                fail(e)
+            }
         }
     })
 }
