@@ -122,13 +122,6 @@ impl ChannelInner {
         mine
     }
 
-    /// Whether an event for `id` of kind `kind` is queued.
-    pub fn has(&self, id: &Arc<IdShared>, kind: remem_verbs::cm::CmEventKind) -> bool {
-        self.lock()
-            .iter()
-            .any(|p| Arc::ptr_eq(&p.target, id) && p.ev.kind == kind)
-    }
-
     /// Whether the program set `O_NONBLOCK` on the fd.
     fn nonblocking(&self) -> bool {
         // SAFETY: F_GETFL on a descriptor the channel owns.

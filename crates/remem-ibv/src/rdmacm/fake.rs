@@ -430,13 +430,14 @@ impl CmId for FakeId {
             return Ok(());
         }
         peer.st.lock().unwrap().connected = true;
+        // This side's event first: the peer may disconnect as soon as it has its own.
+        self.event(CmEventKind::Established, 0, &[], CmEventParam::None);
         peer.event(
             CmEventKind::Established,
             0,
             &param.private_data,
             CmEventParam::Conn(Self::peer_param(param, qp_num)),
         );
-        self.event(CmEventKind::Established, 0, &[], CmEventParam::None);
         Ok(())
     }
 

@@ -138,6 +138,10 @@ pub(crate) struct IdState {
     pub path: Option<Box<ibv_sa_path_rec>>,
     /// The ECE values set with `rdma_set_local_ece` (kept, not sent: no ECE here).
     pub local_ece: (u32, u32),
+    /// An ESTABLISHED event was handed out for the id.
+    pub connected: bool,
+    /// A DISCONNECTED event was handed out for the id.
+    pub disconnected: bool,
 }
 
 impl IdShared {
@@ -159,6 +163,8 @@ impl IdShared {
                 own_cqs: false,
                 path: None,
                 local_ece: (0, 0),
+                connected: false,
+                disconnected: false,
             }),
             acked: Condvar::new(),
         }
@@ -577,9 +583,18 @@ pub(crate) fn hand_out(p: Pending) -> Option<*mut rdma_cm_event> {
             let mut st = target.state();
             set_path(&target, &mut st);
         }
-        CmEventKind::Established
-        | CmEventKind::Disconnected
-        | CmEventKind::Rejected
+        CmEventKind::Established | CmEventKind::Disconnected => {
+            {
+                let mut st = target.state();
+                if ev.kind == CmEventKind::Established {
+                    st.connected = true;
+                } else {
+                    st.disconnected = true;
+                }
+            }
+            refresh_qp_state(&target);
+        }
+        CmEventKind::Rejected
         | CmEventKind::ConnectError
         | CmEventKind::Unreachable => refresh_qp_state(&target),
         _ => {}
@@ -1235,23 +1250,23 @@ pub unsafe extern "C" fn remem_ibv_rdma_disconnect(id: *mut rdma_cm_id) -> c_int
                 complete(s)
             }
             Err(e) => {
-                // The peer disconnected first: a synchronous id takes that event as its
-                // own disconnection's (both ends of rdma_server/rdma_client disconnect).
-                let (sync, channel) = {
+                // The provider refuses because the connection is already going down: the
+                // peer's disconnection crossed ours (both ends of rdma_server/rdma_client
+                // disconnect). librdmacm's kernel answers that with success (it sends the
+                // reply); so does this library, and a synchronous id waits for the
+                // DISCONNECTED event on its way, unless it had it already.
+                let (connected, disconnected, sync) = {
                     let st = s.state();
-                    (st.sync, Arc::clone(&st.channel))
+                    (st.connected, st.disconnected, st.sync)
                 };
-                // SAFETY: a live id; reading the event the library left there.
-                let last = unsafe { (*id).event };
-                // SAFETY: an event handed out by this library, not acked yet.
-                if sync && !last.is_null() && unsafe { (*last).event } == RDMA_CM_EVENT_DISCONNECTED {
-                    return 0;
+                if !connected {
+                    return fail(e);
                 }
-                if sync && channel.has(s, CmEventKind::Disconnected) {
-                    refresh_qp_state(s);
+                refresh_qp_state(s);
+                if sync && !disconnected {
                     return complete(s);
                 }
-                fail(e)
+                0
             }
         }
     })

@@ -749,3 +749,39 @@ fn get_request_needs_a_synchronous_listener() {
     destroy_id(lid);
     destroy_channel(ch);
 }
+
+#[test]
+fn disconnections_that_cross_both_succeed() {
+    setup();
+    let (sch, cch) = (channel(), channel());
+    let (lid, cid) = listener_and_client(sch, cch, fake::IPS[0], 45014, RDMA_PS_TCP);
+    let _cqp = create_qp(cid, IBV_QPT_RC);
+    assert_eq!(connect(cid, b""), 0);
+    let req = expect(sch, RDMA_CM_EVENT_CONNECT_REQUEST);
+    let child = ev_id(req);
+    let _sqp = create_qp(child, IBV_QPT_RC);
+    assert_eq!(accept(child, b""), 0);
+    ack(req);
+    ack(expect(cch, RDMA_CM_EVENT_ESTABLISHED));
+    ack(expect(sch, RDMA_CM_EVENT_ESTABLISHED));
+    // The client disconnects; the server's disconnect crosses it (the provider already
+    // took the connection down): both succeed, each side sees one DISCONNECTED.
+    assert_eq!(disconnect(cid), 0);
+    assert_eq!(disconnect(child), 0, "errno {}", errno());
+    ack(expect(cch, RDMA_CM_EVENT_DISCONNECTED));
+    ack(expect(sch, RDMA_CM_EVENT_DISCONNECTED));
+    assert!(!readable(sch, Duration::from_millis(50)) && !readable(cch, Duration::ZERO));
+    // An id that never connected still answers the provider's refusal.
+    let lone = create_id(cch, 0, RDMA_PS_TCP);
+    assert_eq!(resolve(lone, &format!("{}:45014", fake::IPS[0])), 0);
+    ack(expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED));
+    assert_eq!(disconnect(lone), -1);
+    assert_eq!(errno(), libc::EINVAL);
+    destroy_qp(cid);
+    destroy_qp(child);
+    for id in [lone, cid, child, lid] {
+        destroy_id(id);
+    }
+    destroy_channel(sch);
+    destroy_channel(cch);
+}
