@@ -37,6 +37,10 @@ pub struct SoftOptions {
     /// Faults to inject into every packet the device sends (testing; also from
     /// `REMEM_SOFT_FAULTS`, see [`crate::faults`]).
     pub faults: Option<crate::faults::FaultConfig>,
+    /// The connection manager's settings (timeouts, retries, budgets); `None`: the
+    /// defaults with `REMEM_SOFT_CM_TIMEOUT` / `REMEM_SOFT_CM_RETRIES` applied
+    /// ([`crate::cm::CmConfig::from_env`]).
+    pub cm: Option<crate::cm::CmConfig>,
 }
 
 /// The environment variable that pins progress threads to a CPU.
@@ -59,6 +63,7 @@ impl SoftOptions {
             peer_port: None,
             no_placement: false,
             faults: None,
+            cm: None,
         }
     }
 }
@@ -69,6 +74,9 @@ impl SoftOptions {
 #[derive(Debug)]
 pub struct SoftContext {
     dev: Arc<DeviceShared>,
+    /// Whether dropping this handle flushes the device (the application's handle does; a
+    /// CM id's `context()` handle does not).
+    flush_on_drop: bool,
 }
 
 /// Device attributes of a soft device: rxe's limits (rxe_param.h) where a software device
@@ -145,6 +153,7 @@ impl SoftContext {
                 SocketAddr::new(ip, port),
                 &SoftOptions::from_env(),
             )?,
+            flush_on_drop: true,
         })
     }
 
@@ -200,7 +209,19 @@ impl SoftContext {
             attr.atomic_write = false;
         }
         let dev = DeviceShared::open(info, attr, port, addr, opts)?;
-        Ok(SoftContext { dev })
+        Ok(SoftContext {
+            dev,
+            flush_on_drop: true,
+        })
+    }
+
+    /// Another handle of the device `dev` (what a CM id's `context()` returns): the same
+    /// device, objects and counters; dropping it does not flush the device.
+    pub(crate) fn alias(dev: Arc<DeviceShared>) -> Self {
+        SoftContext {
+            dev,
+            flush_on_drop: false,
+        }
     }
 
     /// Drives an inline device (opened with [`SoftOptions::inline`]): runs due timers, sends
@@ -234,7 +255,9 @@ impl Drop for SoftContext {
     /// peer would retry into a closed port until RETRY_EXC_ERR (seen with
     /// `ibv_rc_pingpong` on the drop-in libibverbs; `tests/close.rs`).
     fn drop(&mut self) {
-        self.dev.flush(CLOSE_FLUSH_LIMIT);
+        if self.flush_on_drop {
+            self.dev.flush(CLOSE_FLUSH_LIMIT);
+        }
     }
 }
 
@@ -297,6 +320,18 @@ impl Context for SoftContext {
 
     fn counters(&self) -> Vec<Counter> {
         self.dev.counters()
+    }
+
+    fn create_cm_channel(&self) -> Result<Arc<dyn remem_verbs::cm::CmChannel>> {
+        Ok(Arc::new(crate::cm::SoftCmChannel::new()?))
+    }
+
+    fn create_cm_id(
+        &self,
+        channel: &Arc<dyn remem_verbs::cm::CmChannel>,
+        ps: remem_verbs::cm::PortSpace,
+    ) -> Result<Arc<dyn remem_verbs::cm::CmId>> {
+        crate::cm::create_id(&self.dev, channel, ps)
     }
 
     fn caller_driven(&self) -> bool {

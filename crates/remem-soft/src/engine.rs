@@ -123,6 +123,10 @@ pub struct Engine {
     ready: Mutex<Ready>,
     timed: Mutex<QpnSet>,
     pcap: Option<Arc<crate::pcap::PcapWriter>>,
+    /// The next PSN of the GSI (QP 1), which sends the connection manager's MADs.
+    gsi_psn: AtomicU64,
+    /// The connection manager, behind QP 1.
+    pub cm: crate::cm::CmDevice,
     /// Counters.
     pub stats: EngineStats,
 }
@@ -177,6 +181,8 @@ impl Engine {
             ready: Mutex::new(Ready::default()),
             timed: Mutex::new(QpnSet::default()),
             pcap,
+            gsi_psn: AtomicU64::new(0),
+            cm: crate::cm::CmDevice::new(crate::cm::CmConfig::default()),
             stats: EngineStats::default(),
         }
     }
@@ -199,6 +205,16 @@ impl Engine {
     /// Whether a live QP has this number.
     pub fn has_qp(&self, qpn: u32) -> bool {
         self.qp(qpn).is_some()
+    }
+
+    /// Whether `qp` is registered with this engine (a QP of this device).
+    pub fn owns(&self, qp: &Arc<SoftQp>) -> bool {
+        let qpn = remem_verbs::QueuePair::qp_num(&**qp);
+        self.qps
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&qpn)
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(qp)))
     }
 
     fn qp(&self, qpn: u32) -> Option<Arc<SoftQp>> {
@@ -311,6 +327,9 @@ impl Engine {
             return Err(DropCause::BadPkey);
         }
         let qpn = pkt.headers.bth.dest_qp;
+        if qpn == crate::cm::GSI_QPN {
+            return self.on_gsi(now, from.ip(), &pkt);
+        }
         let Some(qp) = self.qp(qpn) else {
             count(&self.stats.drop_unknown_qp);
             return Err(DropCause::UnknownQp);
@@ -358,6 +377,53 @@ impl Engine {
         Ok(())
     }
 
+    /// A packet to QP 1, the GSI: a UD SEND ONLY with the GSI's Q_Key carries a MAD for the
+    /// connection manager (which counts what it drops itself; the packet counts as taken).
+    fn on_gsi(&self, now: Instant, from: IpAddr, pkt: &Packet<'_>) -> Result<(), DropCause> {
+        let count = |c: &AtomicU64| {
+            c.fetch_add(1, Ordering::Relaxed);
+        };
+        if pkt.headers.bth.opcode != remem_wire::Opcode::UdSendOnly {
+            count(&self.stats.drop_wrong_transport);
+            return Err(DropCause::WrongTransport);
+        }
+        let Some(deth) = pkt.headers.deth else {
+            count(&self.stats.drop_malformed);
+            return Err(DropCause::Malformed);
+        };
+        if deth.qkey != crate::cm::GSI_QKEY {
+            count(&self.stats.drop_bad_qkey);
+            return Err(DropCause::BadQkey);
+        }
+        count(&self.stats.rcvd_pkts);
+        self.cm.on_mad(now, from, pkt.payload);
+        self.mark_ready(crate::cm::GSI_QPN);
+        Ok(())
+    }
+
+    /// Builds the GSI's next MAD packet into `buf`.
+    fn gsi_transmit(&self, buf: &mut [u8]) -> Option<(SocketAddr, usize)> {
+        loop {
+            let (ip, mad) = self.cm.poll_transmit()?;
+            let psn = self.gsi_psn.fetch_add(1, Ordering::Relaxed) as u32 & 0x00ff_ffff;
+            let mut bth = remem_wire::Bth::new(
+                remem_wire::Opcode::UdSendOnly,
+                crate::cm::GSI_QPN,
+                remem_wire::Psn::new(psn),
+            );
+            // As kernel rxe sends its MADs (rping.pcap): AckReq set, P_Key 0xFFFF.
+            bth.ack_req = true;
+            let mut h = remem_wire::Headers::new(bth);
+            h.deth = Some(remem_wire::Deth {
+                qkey: crate::cm::GSI_QKEY,
+                src_qp: crate::cm::GSI_QPN,
+            });
+            if let Ok(n) = h.build(&mad[..], buf) {
+                return Some((SocketAddr::new(ip, self.peer_port), n));
+            }
+        }
+    }
+
     fn capture(&self, src: SocketAddr, dst: SocketAddr, payload: &[u8], ip_id: u16) {
         if let Some(p) = &self.pcap {
             p.record(src, dst, payload, ip_id);
@@ -401,6 +467,15 @@ impl Engine {
                 }
                 (qpn, held)
             };
+            if qpn == crate::cm::GSI_QPN {
+                match self.gsi_transmit(buf) {
+                    Some(out) => {
+                        self.mark_ready(qpn);
+                        return Some(out);
+                    }
+                    None => continue,
+                }
+            }
             let held_alive = held.is_some();
             let Some(qp) = held.or_else(|| self.qp(qpn)) else {
                 continue;
@@ -463,11 +538,19 @@ impl Engine {
             next = Some(next.map_or(t, |n| n.min(t)));
             true
         });
-        next
+        drop(timed);
+        match (next, self.cm.next_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Runs expired timers.
     pub fn on_timeout(&self, now: Instant) {
+        if self.cm.next_timeout().is_some_and(|t| t <= now) {
+            self.cm.on_timeout(now);
+            self.mark_ready(crate::cm::GSI_QPN);
+        }
         let qpns: Vec<u32> = self
             .timed
             .lock()

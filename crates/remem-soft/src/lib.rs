@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cm;
 mod context;
 pub mod driver;
 pub mod engine;

@@ -12,6 +12,8 @@
 //!   be gathered straight into place.
 //! * [`icrc`] — the ICRC exactly as rxe computes it, for IPv4 and IPv6.
 //! * [`Psn`] — 24-bit sequence numbers with wrap-around ordering.
+//! * [`mad`] — communication-management MADs (REQ, REP, RTU, REJ, MRA, DREQ, DREP, SIDR)
+//!   as the kernel's `ib_cm` / `rdma_cm` send them to QP 1, and `rdma_cm`'s IP header.
 //!
 //! ```
 //! use remem_wire::{Bth, Headers, Opcode, Packet, Psn, Reth, icrc};
@@ -43,11 +45,13 @@
 
 pub mod headers;
 pub mod icrc;
+pub mod mad;
 pub mod opcode;
 pub mod packet;
 pub mod psn;
 
 pub use headers::{Aeth, AtomicEth, Bth, Deth, Feth, Reth, Syndrome};
+pub use mad::{CmMad, CmMessage, CmaIpHeader, MadError, MadHeader};
 pub use opcode::{Layout, Opcode};
 pub use packet::{BuildError, Headers, ICRC_LEN, Packet, ParseError};
 pub use psn::Psn;

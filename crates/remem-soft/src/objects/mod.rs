@@ -121,6 +121,11 @@ impl DeviceShared {
         };
         let peer_port = opts.peer_port.unwrap_or(local.port());
         let engine = Arc::new(Engine::with_pcap(local, peer_port, pcap));
+        engine.cm.set_config(
+            opts.cm
+                .clone()
+                .unwrap_or_else(crate::cm::CmConfig::from_env),
+        );
         let driver = if opts.inline {
             Driver::Inline(Mutex::new(Inline::new(nic)))
         } else {
@@ -223,10 +228,18 @@ impl DeviceShared {
             counter("fault_duplicated", &e.fault_duplicated),
             counter("fault_reordered", &e.fault_reordered),
         ]);
+        out.extend(
+            self.engine
+                .cm
+                .stats()
+                .named()
+                .into_iter()
+                .map(|(name, value)| Counter { name, value }),
+        );
         out
     }
 
-    fn wake(&self, qpn: u32) {
+    pub(crate) fn wake(&self, qpn: u32) {
         self.engine.mark_ready(qpn);
         if let Driver::Thread(p) = &self.driver {
             p.wake();
