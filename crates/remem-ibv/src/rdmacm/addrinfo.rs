@@ -57,7 +57,13 @@ pub(crate) fn kinds(h: &Hints) -> Result<(c_int, c_int), c_int> {
     if (ud && ps == tcp) || (!ud && ps == udp) {
         return Err(libc::EAI_SERVICE);
     }
-    if ![IBV_QPT_RC as c_int, IBV_QPT_UD as c_int, crate::abi::IBV_QPT_UC as c_int].contains(&qp) {
+    if ![
+        IBV_QPT_RC as c_int,
+        IBV_QPT_UD as c_int,
+        crate::abi::IBV_QPT_UC as c_int,
+    ]
+    .contains(&qp)
+    {
         return Err(libc::EAI_SOCKTYPE);
     }
     Ok((qp, ps))
@@ -199,7 +205,10 @@ fn getaddrinfo(
     let (qp_type, port_space) = kinds(&h)?;
     // SAFETY: the hints' addresses: NULL or socket addresses, by the contract.
     let (hint_src, hint_dst) = hints.map_or((None, None), |h| unsafe {
-        (sockaddr_to_std(h.ai_src_addr), sockaddr_to_std(h.ai_dst_addr))
+        (
+            sockaddr_to_std(h.ai_src_addr),
+            sockaddr_to_std(h.ai_dst_addr),
+        )
     });
     let passive = h.flags & RAI_PASSIVE != 0;
     let resolved = resolve(node, service, &h)?;
@@ -276,7 +285,11 @@ pub unsafe extern "C" fn remem_ibv_rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
 mod tests {
     use super::*;
 
-    fn get(node: Option<&CStr>, service: Option<&CStr>, h: Option<rdma_addrinfo>) -> Result<*mut rdma_addrinfo, c_int> {
+    fn get(
+        node: Option<&CStr>,
+        service: Option<&CStr>,
+        h: Option<rdma_addrinfo>,
+    ) -> Result<*mut rdma_addrinfo, c_int> {
         getaddrinfo(node, service, h.as_ref())
     }
 
@@ -355,15 +368,26 @@ mod tests {
         );
         let mut h = hints(0, RDMA_PS_TCP);
         h.ai_qp_type = IBV_QPT_UD as c_int;
-        assert_eq!(get(Some(c"127.0.0.1"), None, Some(h)).err(), Some(libc::EAI_SERVICE));
+        assert_eq!(
+            get(Some(c"127.0.0.1"), None, Some(h)).err(),
+            Some(libc::EAI_SERVICE)
+        );
         let mut h = hints(0, 0);
         h.ai_family = libc::AF_UNIX;
-        assert_eq!(get(Some(c"127.0.0.1"), None, Some(h)).err(), Some(libc::EAI_FAMILY));
+        assert_eq!(
+            get(Some(c"127.0.0.1"), None, Some(h)).err(),
+            Some(libc::EAI_FAMILY)
+        );
         let mut out = std::ptr::null_mut();
         // SAFETY: NULL strings and hints are allowed; `out` is writable.
         assert_eq!(
             unsafe {
-                remem_ibv_rdma_getaddrinfo(std::ptr::null(), std::ptr::null(), std::ptr::null(), &mut out)
+                remem_ibv_rdma_getaddrinfo(
+                    std::ptr::null(),
+                    std::ptr::null(),
+                    std::ptr::null(),
+                    &mut out,
+                )
             },
             libc::EAI_NONAME
         );

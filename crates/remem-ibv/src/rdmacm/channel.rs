@@ -177,7 +177,9 @@ pub(crate) fn new_channel() -> Result<*mut rdma_event_channel, c_int> {
 /// # Safety
 ///
 /// `ch` is NULL or a live channel of this library; the reference must not outlive it.
-pub(crate) unsafe fn channel_from<'a>(ch: *mut rdma_event_channel) -> Option<&'a Arc<ChannelInner>> {
+pub(crate) unsafe fn channel_from<'a>(
+    ch: *mut rdma_event_channel,
+) -> Option<&'a Arc<ChannelInner>> {
     // SAFETY: by the contract, a non-NULL `ch` is the first field of a boxed `Channel`;
     // the reference covers the library's part only.
     unsafe { ch.cast::<Channel>().as_ref().map(|c| &c.inner) }
@@ -235,12 +237,16 @@ pub extern "C" fn remem_ibv_rdma_create_event_channel() -> *mut rdma_event_chann
 /// `channel` is NULL or a live channel, not used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
-    crate::ffi::guard("rdma_destroy_event_channel", || (), || {
-        if !channel.is_null() {
-            // SAFETY: a live channel by the contract, not used afterwards.
-            unsafe { free_channel(channel) };
-        }
-    })
+    crate::ffi::guard(
+        "rdma_destroy_event_channel",
+        || (),
+        || {
+            if !channel.is_null() {
+                // SAFETY: a live channel by the contract, not used afterwards.
+                unsafe { free_channel(channel) };
+            }
+        },
+    )
 }
 
 /// `rdma_get_cm_event`: the next event of the channel, waiting for one unless the fd is
@@ -371,7 +377,10 @@ mod tests {
         );
         assert_eq!(crate::ffi::errno(), libc::EINVAL);
         // SAFETY: NULL is allowed.
-        assert_eq!(unsafe { remem_ibv_rdma_ack_cm_event(std::ptr::null_mut()) }, -1);
+        assert_eq!(
+            unsafe { remem_ibv_rdma_ack_cm_event(std::ptr::null_mut()) },
+            -1
+        );
         assert_eq!(crate::ffi::errno(), libc::EINVAL);
     }
 }

@@ -39,10 +39,7 @@ pub(crate) trait Source: Send + Sync {
     /// Opens device `index` as an `ibv_context` of this library.
     fn open(&self, index: usize) -> Result<*mut ibv_context, c_int>;
     /// The provider's CM channel for `dev`.
-    fn create_cm_channel(
-        &self,
-        dev: &Arc<dyn Context>,
-    ) -> remem_verbs::Result<Arc<dyn CmChannel>>;
+    fn create_cm_channel(&self, dev: &Arc<dyn Context>) -> remem_verbs::Result<Arc<dyn CmChannel>>;
     /// A CM id on `dev` reporting to `channel`.
     fn create_cm_id(
         &self,
@@ -70,9 +67,8 @@ impl Source for Configured {
         let devs = crate::device::configured().map_err(|_| libc::EINVAL)?;
         let d = devs.get(index).ok_or(libc::ENODEV)?;
         // SAFETY: a device entry of this library's list.
-        let ctx = unsafe {
-            crate::device::remem_ibv_ibv_open_device((&raw const d.abi).cast_mut())
-        };
+        let ctx =
+            unsafe { crate::device::remem_ibv_ibv_open_device((&raw const d.abi).cast_mut()) };
         if ctx.is_null() {
             Err(crate::ffi::errno())
         } else {
@@ -80,10 +76,7 @@ impl Source for Configured {
         }
     }
 
-    fn create_cm_channel(
-        &self,
-        dev: &Arc<dyn Context>,
-    ) -> remem_verbs::Result<Arc<dyn CmChannel>> {
+    fn create_cm_channel(&self, dev: &Arc<dyn Context>) -> remem_verbs::Result<Arc<dyn CmChannel>> {
         dev.create_cm_channel()
     }
 
@@ -309,9 +302,7 @@ pub(crate) fn pick_for_dst(
     let find = |f: &dyn Fn(&IpAddr) -> bool| addrs.iter().position(|a| a.iter().any(f));
     find(&|a| *a == dst)
         .or_else(|| kernel_src.and_then(|s| find(&|a| *a == s)))
-        .or_else(|| {
-            find(&|a| a.is_ipv4() == dst.is_ipv4() && a.is_loopback() == dst.is_loopback())
-        })
+        .or_else(|| find(&|a| a.is_ipv4() == dst.is_ipv4() && a.is_loopback() == dst.is_loopback()))
         .or_else(|| find(&|a| a.is_ipv4() == dst.is_ipv4()))
 }
 
@@ -323,7 +314,9 @@ pub(crate) fn pick_for_dst(
 ///
 /// `num_devices` is NULL or writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_rdma_get_devices(num_devices: *mut c_int) -> *mut *mut ibv_context {
+pub unsafe extern "C" fn remem_ibv_rdma_get_devices(
+    num_devices: *mut c_int,
+) -> *mut *mut ibv_context {
     guard_ptr("rdma_get_devices", || {
         let set_num = |n: usize| {
             if !num_devices.is_null() {

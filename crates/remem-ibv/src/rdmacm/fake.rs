@@ -161,7 +161,12 @@ fn errno_err(e: i32) -> Error {
 }
 
 impl FakeId {
-    fn new(dev: Arc<dyn Context>, ip: IpAddr, channel: Arc<FakeChannel>, ps: PortSpace) -> Arc<FakeId> {
+    fn new(
+        dev: Arc<dyn Context>,
+        ip: IpAddr,
+        channel: Arc<FakeChannel>,
+        ps: PortSpace,
+    ) -> Arc<FakeId> {
         Arc::new_cyclic(|me| FakeId {
             handle: NEXT_HANDLE.fetch_add(1, Ordering::Relaxed),
             ps,
@@ -189,7 +194,12 @@ impl FakeId {
     }
 
     fn peer(&self) -> Option<Arc<FakeId>> {
-        self.st.lock().unwrap().peer.as_ref().and_then(Weak::upgrade)
+        self.st
+            .lock()
+            .unwrap()
+            .peer
+            .as_ref()
+            .and_then(Weak::upgrade)
     }
 
     fn peer_param(p: &ConnParam, qp_num: u32) -> PeerConnParam {
@@ -216,7 +226,10 @@ impl FakeId {
 
 impl Drop for FakeId {
     fn drop(&mut self) {
-        BINDS.lock().unwrap().retain(|(_, _, w)| w.strong_count() > 0);
+        BINDS
+            .lock()
+            .unwrap()
+            .retain(|(_, _, w)| w.strong_count() > 0);
         let st = self.st.get_mut().unwrap();
         if let Some(peer) = st.peer.as_ref().and_then(Weak::upgrade) {
             if st.connected {
@@ -268,9 +281,7 @@ impl CmId for FakeId {
             addr.port()
         };
         let taken = binds.iter().any(|(ps, a, w)| {
-            *ps == self.ps
-                && a.port() == port
-                && w.upgrade().is_some_and(|o| o.ip == self.ip)
+            *ps == self.ps && a.port() == port && w.upgrade().is_some_and(|o| o.ip == self.ip)
         });
         if taken {
             return Err(errno_err(libc::EADDRINUSE));
@@ -376,10 +387,20 @@ impl CmId for FakeId {
                 .then_some(l)
         });
         let Some(listener) = listener else {
-            self.event(CmEventKind::Rejected, REJ_INVALID_SERVICE_ID, &[], CmEventParam::None);
+            self.event(
+                CmEventKind::Rejected,
+                REJ_INVALID_SERVICE_ID,
+                &[],
+                CmEventParam::None,
+            );
             return Ok(());
         };
-        let child = FakeId::new(Arc::clone(&listener.dev), listener.ip, Arc::clone(&listener.channel), self.ps);
+        let child = FakeId::new(
+            Arc::clone(&listener.dev),
+            listener.ip,
+            Arc::clone(&listener.channel),
+            self.ps,
+        );
         {
             let mut c = child.st.lock().unwrap();
             c.local = Some(dst);
@@ -406,7 +427,9 @@ impl CmId for FakeId {
     }
 
     fn accept(&self, param: &ConnParam) -> Result<()> {
-        let peer = self.peer().ok_or_else(|| Error::InvalidArgument("no request".into()))?;
+        let peer = self
+            .peer()
+            .ok_or_else(|| Error::InvalidArgument("no request".into()))?;
         let qp_num = self.qp_num(param);
         {
             let mut st = self.st.lock().unwrap();
@@ -426,7 +449,12 @@ impl CmId for FakeId {
                     ..AhAttr::default()
                 },
             };
-            peer.event(CmEventKind::Established, 0, &param.private_data, CmEventParam::Ud(ud));
+            peer.event(
+                CmEventKind::Established,
+                0,
+                &param.private_data,
+                CmEventParam::Ud(ud),
+            );
             return Ok(());
         }
         peer.st.lock().unwrap().connected = true;
@@ -443,9 +471,16 @@ impl CmId for FakeId {
 
     fn reject(&self, private_data: &[u8]) -> Result<()> {
         check_private_data(private_data.len(), PrivateDataLimit::REJ, "REJ")?;
-        let peer = self.peer().ok_or_else(|| Error::InvalidArgument("no request".into()))?;
+        let peer = self
+            .peer()
+            .ok_or_else(|| Error::InvalidArgument("no request".into()))?;
         self.st.lock().unwrap().unanswered = false;
-        peer.event(CmEventKind::Rejected, REJ_CONSUMER_DEFINED, private_data, CmEventParam::None);
+        peer.event(
+            CmEventKind::Rejected,
+            REJ_CONSUMER_DEFINED,
+            private_data,
+            CmEventParam::None,
+        );
         Ok(())
     }
 
@@ -467,7 +502,9 @@ impl CmId for FakeId {
     }
 
     fn establish(&self) -> Result<()> {
-        let peer = self.peer().ok_or_else(|| Error::InvalidArgument("no peer".into()))?;
+        let peer = self
+            .peer()
+            .ok_or_else(|| Error::InvalidArgument("no peer".into()))?;
         peer.event(CmEventKind::Established, 0, &[], CmEventParam::None);
         Ok(())
     }

@@ -30,9 +30,7 @@ use super::sockaddr::{sockaddr_to_std, std_to_storage};
 use super::{errno_of, fail, guard_neg};
 use crate::abi::*;
 use core::ffi::{c_int, c_void};
-use remem_verbs::cm::{
-    CmEventKind, CmEventParam, CmId, ConnParam, PeerConnParam, PortSpace,
-};
+use remem_verbs::cm::{CmEventKind, CmEventParam, CmId, ConnParam, PeerConnParam, PortSpace};
 use remem_verbs::{Gid, QpState};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -594,9 +592,9 @@ pub(crate) fn hand_out(p: Pending) -> Option<*mut rdma_cm_event> {
             }
             refresh_qp_state(&target);
         }
-        CmEventKind::Rejected
-        | CmEventKind::ConnectError
-        | CmEventKind::Unreachable => refresh_qp_state(&target),
+        CmEventKind::Rejected | CmEventKind::ConnectError | CmEventKind::Unreachable => {
+            refresh_qp_state(&target)
+        }
         _ => {}
     }
     // The parameters: `ud` for the datagram port spaces, `conn` otherwise.
@@ -955,15 +953,19 @@ pub unsafe extern "C" fn remem_ibv_rdma_resolve_addr(
 ///
 /// `id` is NULL or a live id.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_int) -> c_int {
+pub unsafe extern "C" fn remem_ibv_rdma_resolve_route(
+    id: *mut rdma_cm_id,
+    timeout_ms: c_int,
+) -> c_int {
     guard_neg("rdma_resolve_route", || {
         // SAFETY: by the contract.
         let Some(s) = (unsafe { id_from(id) }) else {
             return fail(libc::EINVAL);
         };
-        let r = s
-            .cm()
-            .and_then(|(_, cm)| cm.resolve_route(millis(timeout_ms)).map_err(|e| errno_of(&e)));
+        let r = s.cm().and_then(|(_, cm)| {
+            cm.resolve_route(millis(timeout_ms))
+                .map_err(|e| errno_of(&e))
+        });
         match r {
             Ok(()) => complete(s),
             Err(e) => fail(e),
@@ -1003,9 +1005,32 @@ pub unsafe extern "C" fn remem_ibv_rdma_listen(id: *mut rdma_cm_id, backlog: c_i
         if let Some(a) = cms.first().and_then(|c| c.local_addr()) {
             // SAFETY: a live id.
             unsafe { set_src(s.abi_ptr(), a) };
+            notify_listening(a);
         }
         0
     })
+}
+
+/// The environment variable naming a file (typically a FIFO) that hears of every
+/// listener: one line `listening IP:PORT` per successful `rdma_listen`. Scripts and tests
+/// start a client once the server listens (a CM service has no socket to watch).
+pub const NOTIFY_ENV: &str = "REMEM_RDMACM_NOTIFY";
+
+/// Writes the `listening` line to `$REMEM_RDMACM_NOTIFY`, if set (failures are ignored:
+/// no reader on a FIFO, a path that cannot be opened).
+fn notify_listening(a: SocketAddr) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Some(path) = std::env::var_os(NOTIFY_ENV) else {
+        return;
+    };
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .append(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+    {
+        let _ = f.write_all(format!("listening {a}\n").as_bytes());
+    }
 }
 
 /// `rdma_get_src_port`: the bound port, network order (0 unbound).
@@ -1109,7 +1134,10 @@ fn make_conn_param(
         if !c.private_data.is_null() && c.private_data_len > 0 {
             // SAFETY: the program's private data of `private_data_len` bytes.
             out.private_data = unsafe {
-                std::slice::from_raw_parts(c.private_data.cast::<u8>(), usize::from(c.private_data_len))
+                std::slice::from_raw_parts(
+                    c.private_data.cast::<u8>(),
+                    usize::from(c.private_data_len),
+                )
             }
             .to_vec();
         }
@@ -1196,7 +1224,10 @@ fn reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
         // SAFETY: the program's `len` bytes of private data.
         unsafe { std::slice::from_raw_parts(data.cast::<u8>(), usize::from(len)) }.to_vec()
     };
-    match s.cm().and_then(|(_, cm)| cm.reject(&bytes).map_err(|e| errno_of(&e))) {
+    match s
+        .cm()
+        .and_then(|(_, cm)| cm.reject(&bytes).map_err(|e| errno_of(&e)))
+    {
         Ok(()) => 0,
         Err(e) => fail(e),
     }
@@ -1228,7 +1259,9 @@ pub unsafe extern "C" fn remem_ibv_rdma_reject_ece(
     private_data: *const c_void,
     private_data_len: u8,
 ) -> c_int {
-    guard_neg("rdma_reject_ece", || reject(id, private_data, private_data_len))
+    guard_neg("rdma_reject_ece", || {
+        reject(id, private_data, private_data_len)
+    })
 }
 
 /// `rdma_disconnect`: disconnects (the QP moves to ERR, both sides get
@@ -1244,7 +1277,10 @@ pub unsafe extern "C" fn remem_ibv_rdma_disconnect(id: *mut rdma_cm_id) -> c_int
         let Some(s) = (unsafe { id_from(id) }) else {
             return fail(libc::EINVAL);
         };
-        match s.cm().and_then(|(_, cm)| cm.disconnect().map_err(|e| errno_of(&e))) {
+        match s
+            .cm()
+            .and_then(|(_, cm)| cm.disconnect().map_err(|e| errno_of(&e)))
+        {
             Ok(()) => {
                 refresh_qp_state(s);
                 complete(s)
@@ -1289,7 +1325,10 @@ pub unsafe extern "C" fn remem_ibv_rdma_establish(id: *mut rdma_cm_id) -> c_int 
         if !unsafe { (*id).qp }.is_null() {
             return fail(libc::EINVAL);
         }
-        match s.cm().and_then(|(_, cm)| cm.establish().map_err(|e| errno_of(&e))) {
+        match s
+            .cm()
+            .and_then(|(_, cm)| cm.establish().map_err(|e| errno_of(&e)))
+        {
             Ok(()) => 0,
             Err(e) => fail(e),
         }
@@ -1304,7 +1343,10 @@ pub unsafe extern "C" fn remem_ibv_rdma_establish(id: *mut rdma_cm_id) -> c_int 
 ///
 /// `id` is NULL or a live id.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_rdma_notify(id: *mut rdma_cm_id, event: ibv_event_type) -> c_int {
+pub unsafe extern "C" fn remem_ibv_rdma_notify(
+    id: *mut rdma_cm_id,
+    event: ibv_event_type,
+) -> c_int {
     guard_neg("rdma_notify", || {
         // SAFETY: by the contract.
         let Some(s) = (unsafe { id_from(id) }) else {
@@ -1478,7 +1520,12 @@ unsafe fn setup_ep(
         return 0;
     }
     // SAFETY: the program's addrinfo (socket addresses or NULL).
-    let (src, dst) = unsafe { (sockaddr_to_std(r.ai_src_addr), sockaddr_to_std(r.ai_dst_addr)) };
+    let (src, dst) = unsafe {
+        (
+            sockaddr_to_std(r.ai_src_addr),
+            sockaddr_to_std(r.ai_dst_addr),
+        )
+    };
     let Some(dst) = dst else {
         return fail(libc::EINVAL);
     };
@@ -1488,7 +1535,10 @@ unsafe fn setup_ep(
     if complete(s) != 0 {
         return -1;
     }
-    match s.cm().and_then(|(_, cm)| cm.resolve_route(Duration::from_millis(2000)).map_err(|e| errno_of(&e))) {
+    match s.cm().and_then(|(_, cm)| {
+        cm.resolve_route(Duration::from_millis(2000))
+            .map_err(|e| errno_of(&e))
+    }) {
         Ok(()) => {
             if complete(s) != 0 {
                 return -1;
@@ -1513,21 +1563,25 @@ unsafe fn setup_ep(
 /// `id` is NULL or a live id, not used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_rdma_destroy_ep(id: *mut rdma_cm_id) {
-    crate::ffi::guard("rdma_destroy_ep", || (), || {
-        if id.is_null() {
-            return;
-        }
-        // SAFETY: a live id by the contract.
-        unsafe {
-            if !(*id).qp.is_null() {
-                super::qp::remem_ibv_rdma_destroy_qp(id);
+    crate::ffi::guard(
+        "rdma_destroy_ep",
+        || (),
+        || {
+            if id.is_null() {
+                return;
             }
-            if !(*id).srq.is_null() {
-                super::qp::remem_ibv_rdma_destroy_srq(id);
+            // SAFETY: a live id by the contract.
+            unsafe {
+                if !(*id).qp.is_null() {
+                    super::qp::remem_ibv_rdma_destroy_qp(id);
+                }
+                if !(*id).srq.is_null() {
+                    super::qp::remem_ibv_rdma_destroy_srq(id);
+                }
+                destroy(id);
             }
-            destroy(id);
-        }
-    })
+        },
+    )
 }
 
 // ----- options, migration, QP attributes --------------------------------------------------
@@ -1672,7 +1726,10 @@ pub unsafe extern "C" fn remem_ibv_rdma_init_qp_attr(
 ///
 /// `id` is NULL or a live id; `ece` is NULL or readable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
+pub unsafe extern "C" fn remem_ibv_rdma_set_local_ece(
+    id: *mut rdma_cm_id,
+    ece: *mut ibv_ece,
+) -> c_int {
     guard_neg("rdma_set_local_ece", || {
         // SAFETY: by the contract.
         let (Some(s), Some(e)) = (unsafe { id_from(id) }, unsafe { ece.as_ref() }) else {
@@ -1694,7 +1751,10 @@ pub unsafe extern "C" fn remem_ibv_rdma_set_local_ece(id: *mut rdma_cm_id, ece: 
 ///
 /// `id` is NULL or a live id; `ece` is NULL or writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
+pub unsafe extern "C" fn remem_ibv_rdma_get_remote_ece(
+    id: *mut rdma_cm_id,
+    ece: *mut ibv_ece,
+) -> c_int {
     guard_neg("rdma_get_remote_ece", || {
         // SAFETY: by the contract.
         if unsafe { id_from(id) }.is_none() || ece.is_null() || !unsafe { (*id).qp }.is_null() {

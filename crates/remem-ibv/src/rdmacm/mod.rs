@@ -43,8 +43,8 @@ pub mod devices;
 pub mod id;
 pub mod qp;
 pub mod router;
-pub mod sockaddr;
 pub mod rsocket;
+pub mod sockaddr;
 
 #[cfg(test)]
 mod fake;

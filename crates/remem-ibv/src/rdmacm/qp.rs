@@ -153,7 +153,11 @@ pub unsafe extern "C" fn remem_ibv_rdma_create_qp_ex(
     })
 }
 
-fn create_qp(id: *mut rdma_cm_id, s: &Arc<IdShared>, a: &mut ibv_qp_init_attr_ex) -> Result<(), c_int> {
+fn create_qp(
+    id: *mut rdma_cm_id,
+    s: &Arc<IdShared>,
+    a: &mut ibv_qp_init_attr_ex,
+) -> Result<(), c_int> {
     let (dev, cm) = s.cm()?;
     // SAFETY: a live id; reading the fields the library and the program set.
     let (has_qp, id_pd, id_scq, id_rcq, id_srq) = unsafe {
@@ -276,7 +280,11 @@ pub unsafe extern "C" fn remem_ibv_rdma_create_qp(
         ex.sq_sig_all = b.sq_sig_all;
         ex.comp_mask = IBV_QP_INIT_ATTR_PD;
         // SAFETY: a live id; reading its PD.
-        ex.pd = if pd.is_null() { unsafe { (*id).pd } } else { pd };
+        ex.pd = if pd.is_null() {
+            unsafe { (*id).pd }
+        } else {
+            pd
+        };
         let r = create_qp(id, s, &mut ex);
         b.send_cq = ex.send_cq;
         b.recv_cq = ex.recv_cq;
@@ -296,25 +304,29 @@ pub unsafe extern "C" fn remem_ibv_rdma_create_qp(
 /// `id` is NULL or a live id whose QP the program no longer uses.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_rdma_destroy_qp(id: *mut rdma_cm_id) {
-    crate::ffi::guard("rdma_destroy_qp", || (), || {
-        // SAFETY: by the contract.
-        let Some(s) = (unsafe { id_from(id) }) else {
-            return;
-        };
-        if let Ok((_, cm)) = s.cm() {
-            let _ = cm.set_qp(None);
-        }
-        // SAFETY: a live id; its QP is this library's (or NULL).
-        unsafe {
-            let qp = (*id).qp;
-            if !qp.is_null() {
-                crate::qp::remem_ibv_ibv_destroy_qp(qp);
+    crate::ffi::guard(
+        "rdma_destroy_qp",
+        || (),
+        || {
+            // SAFETY: by the contract.
+            let Some(s) = (unsafe { id_from(id) }) else {
+                return;
+            };
+            if let Ok((_, cm)) = s.cm() {
+                let _ = cm.set_qp(None);
             }
-        }
-        set!(id, qp, std::ptr::null_mut());
-        // SAFETY: a live id.
-        unsafe { destroy_cqs(id, s) };
-    })
+            // SAFETY: a live id; its QP is this library's (or NULL).
+            unsafe {
+                let qp = (*id).qp;
+                if !qp.is_null() {
+                    crate::qp::remem_ibv_ibv_destroy_qp(qp);
+                }
+            }
+            set!(id, qp, std::ptr::null_mut());
+            // SAFETY: a live id.
+            unsafe { destroy_cqs(id, s) };
+        },
+    )
 }
 
 /// `rdma_create_srq_ex`: an SRQ on the id's device (the id's PD unless `attr` names
@@ -404,17 +416,21 @@ pub unsafe extern "C" fn remem_ibv_rdma_create_srq(
 /// `id` is NULL or a live id whose SRQ the program no longer uses.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_rdma_destroy_srq(id: *mut rdma_cm_id) {
-    crate::ffi::guard("rdma_destroy_srq", || (), || {
-        if id.is_null() {
-            return;
-        }
-        // SAFETY: a live id; its SRQ is this library's (or NULL).
-        unsafe {
-            let srq = (*id).srq;
-            if !srq.is_null() {
-                crate::srq::remem_ibv_ibv_destroy_srq(srq);
+    crate::ffi::guard(
+        "rdma_destroy_srq",
+        || (),
+        || {
+            if id.is_null() {
+                return;
             }
-        }
-        set!(id, srq, std::ptr::null_mut());
-    })
+            // SAFETY: a live id; its SRQ is this library's (or NULL).
+            unsafe {
+                let srq = (*id).srq;
+                if !srq.is_null() {
+                    crate::srq::remem_ibv_ibv_destroy_srq(srq);
+                }
+            }
+            set!(id, srq, std::ptr::null_mut());
+        },
+    )
 }

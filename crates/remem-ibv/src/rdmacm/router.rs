@@ -89,9 +89,7 @@ fn run() {
     let mut events = [libc::epoll_event { events: 0, u64: 0 }; 16];
     loop {
         // SAFETY: `events` has room for 16 entries; the epoll fd lives for the process.
-        let n = unsafe {
-            libc::epoll_wait(r.epoll.as_raw_fd(), events.as_mut_ptr(), 16, -1)
-        };
+        let n = unsafe { libc::epoll_wait(r.epoll.as_raw_fd(), events.as_mut_ptr(), 16, -1) };
         if n < 0 {
             if crate::ffi::errno() == libc::EINTR {
                 continue;

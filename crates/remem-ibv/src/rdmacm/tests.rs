@@ -71,7 +71,12 @@ fn bind(id: *mut rdma_cm_id, a: &str) -> c_int {
 
 fn listen(id: *mut rdma_cm_id) {
     // SAFETY: a live id.
-    assert_eq!(unsafe { remem_ibv_rdma_listen(id, 0) }, 0, "errno {}", errno());
+    assert_eq!(
+        unsafe { remem_ibv_rdma_listen(id, 0) },
+        0,
+        "errno {}",
+        errno()
+    );
 }
 
 fn resolve(id: *mut rdma_cm_id, dst: &str) -> c_int {
@@ -246,7 +251,12 @@ fn listener_and_client(
     assert_eq!(bind(lid, &format!("{ip}:{port}")), 0, "errno {}", errno());
     listen(lid);
     let cid = create_id(cch, 0x5678, ps);
-    assert_eq!(resolve(cid, &format!("{ip}:{port}")), 0, "errno {}", errno());
+    assert_eq!(
+        resolve(cid, &format!("{ip}:{port}")),
+        0,
+        "errno {}",
+        errno()
+    );
     let e = expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED);
     assert_eq!(ev_id(e), cid);
     ack(e);
@@ -351,7 +361,10 @@ fn reject_carries_private_data_and_no_listener_is_reason_8() {
     ack(expect(cch, RDMA_CM_EVENT_ROUTE_RESOLVED));
     // Without a QP, a connected port space needs parameters.
     // SAFETY: a live id, NULL parameters.
-    assert_eq!(unsafe { remem_ibv_rdma_connect(cid, std::ptr::null_mut()) }, -1);
+    assert_eq!(
+        unsafe { remem_ibv_rdma_connect(cid, std::ptr::null_mut()) },
+        -1
+    );
     assert_eq!(errno(), libc::EINVAL);
     assert_eq!(connect(cid, b""), 0);
     let rej = expect(cch, RDMA_CM_EVENT_REJECTED);
@@ -372,7 +385,10 @@ fn destroying_a_listener_rejects_the_requests_not_handed_out() {
     // The request is queued on the server's channel; the listener goes away.
     assert!(readable(sch, WAIT));
     destroy_id(lid);
-    assert!(!readable(sch, Duration::ZERO), "the request left with its listener");
+    assert!(
+        !readable(sch, Duration::ZERO),
+        "the request left with its listener"
+    );
     let rej = expect(cch, RDMA_CM_EVENT_REJECTED);
     ack(rej);
     destroy_id(cid);
@@ -396,7 +412,8 @@ fn destroy_waits_until_the_events_are_acked() {
     // One event is out: destroy must still be waiting (checked for a while).
     assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
     ack(ev);
-    rx.recv_timeout(WAIT).expect("rdma_destroy_id returns once acked");
+    rx.recv_timeout(WAIT)
+        .expect("rdma_destroy_id returns once acked");
     t.join().unwrap();
     destroy_channel(ch);
 }
@@ -432,7 +449,10 @@ fn migrate_moves_queued_events_and_can_make_an_id_synchronous() {
     ack(expect(b, RDMA_CM_EVENT_ADDR_RESOLVED));
     // To a private channel: the next call waits for its own event.
     // SAFETY: a live id; NULL makes it synchronous.
-    assert_eq!(unsafe { remem_ibv_rdma_migrate_id(id, std::ptr::null_mut()) }, 0);
+    assert_eq!(
+        unsafe { remem_ibv_rdma_migrate_id(id, std::ptr::null_mut()) },
+        0
+    );
     assert_ne!(get!(id, channel), b);
     assert_eq!(route(id), 0);
     let ev = get!(id, event);
@@ -441,7 +461,10 @@ fn migrate_moves_queued_events_and_can_make_an_id_synchronous() {
     assert_eq!(unsafe { (*ev).event }, RDMA_CM_EVENT_ROUTE_RESOLVED);
     // A synchronous id cannot become synchronous again.
     // SAFETY: a live id.
-    assert_eq!(unsafe { remem_ibv_rdma_migrate_id(id, std::ptr::null_mut()) }, -1);
+    assert_eq!(
+        unsafe { remem_ibv_rdma_migrate_id(id, std::ptr::null_mut()) },
+        -1
+    );
     assert_eq!(errno(), libc::EINVAL);
     destroy_id(id);
     destroy_channel(a);
@@ -501,7 +524,10 @@ fn bind_errors() {
     assert_eq!(bind(u, &format!("{}:45009", fake::IPS[0])), 0);
     // NULL and AF_UNIX addresses.
     // SAFETY: a live id; NULL is allowed.
-    assert_eq!(unsafe { remem_ibv_rdma_bind_addr(b, std::ptr::null_mut()) }, -1);
+    assert_eq!(
+        unsafe { remem_ibv_rdma_bind_addr(b, std::ptr::null_mut()) },
+        -1
+    );
     // SAFETY: plain data; all-zero is valid.
     let mut unix: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     unix.ss_family = libc::AF_UNIX as libc::sa_family_t;
@@ -511,7 +537,10 @@ fn bind_errors() {
     // An unknown port space.
     let mut id = std::ptr::null_mut();
     // SAFETY: a live channel and a writable out-pointer.
-    assert_eq!(unsafe { remem_ibv_rdma_create_id(ch, &mut id, std::ptr::null_mut(), 77) }, -1);
+    assert_eq!(
+        unsafe { remem_ibv_rdma_create_id(ch, &mut id, std::ptr::null_mut(), 77) },
+        -1
+    );
     assert_eq!(errno(), libc::EINVAL);
     for id in [a, b, u] {
         destroy_id(id);
@@ -532,7 +561,12 @@ fn udp_service_resolution_gives_the_remote_qp() {
     let req = expect(sch, RDMA_CM_EVENT_CONNECT_REQUEST);
     let child = ev_id(req);
     // SAFETY: a live event of a datagram port space.
-    let (d, n) = unsafe { ((*req).param.ud.private_data, (*req).param.ud.private_data_len) };
+    let (d, n) = unsafe {
+        (
+            (*req).param.ud.private_data,
+            (*req).param.ud.private_data_len,
+        )
+    };
     assert!(!d.is_null() && n == 4);
     let sqp = create_qp(child, IBV_QPT_UD);
     assert_eq!(accept(child, b""), 0);
@@ -567,13 +601,19 @@ fn init_qp_attr_and_options() {
     let mut mask = 0;
     attr.qp_state = IBV_QPS_INIT;
     // SAFETY: a live id and writable outputs.
-    assert_eq!(unsafe { remem_ibv_rdma_init_qp_attr(id, &mut attr, &mut mask) }, -1);
+    assert_eq!(
+        unsafe { remem_ibv_rdma_init_qp_attr(id, &mut attr, &mut mask) },
+        -1
+    );
     assert_eq!(errno(), libc::EINVAL, "no device yet");
     assert_eq!(src_port(id), 0);
     assert_eq!(resolve(id, &format!("{}:45012", fake::IPS[0])), 0);
     ack(expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED));
     // SAFETY: as above.
-    assert_eq!(unsafe { remem_ibv_rdma_init_qp_attr(id, &mut attr, &mut mask) }, 0);
+    assert_eq!(
+        unsafe { remem_ibv_rdma_init_qp_attr(id, &mut attr, &mut mask) },
+        0
+    );
     assert_eq!(attr.qp_state, IBV_QPS_INIT);
     assert_eq!(attr.port_num, 1);
     let want = (IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) as c_int;
@@ -584,26 +624,56 @@ fn init_qp_attr_and_options() {
     // SAFETY: a live id and option values of the sizes given.
     unsafe {
         assert_eq!(
-            remem_ibv_rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, (&raw mut tos).cast(), 1),
+            remem_ibv_rdma_set_option(
+                id,
+                RDMA_OPTION_ID,
+                RDMA_OPTION_ID_TOS,
+                (&raw mut tos).cast(),
+                1
+            ),
             0
         );
         assert_eq!(
-            remem_ibv_rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, (&raw mut on).cast(), 4),
+            remem_ibv_rdma_set_option(
+                id,
+                RDMA_OPTION_ID,
+                RDMA_OPTION_ID_REUSEADDR,
+                (&raw mut on).cast(),
+                4
+            ),
             0
         );
         assert_eq!(
-            remem_ibv_rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, (&raw mut on).cast(), 4),
+            remem_ibv_rdma_set_option(
+                id,
+                RDMA_OPTION_ID,
+                RDMA_OPTION_ID_TOS,
+                (&raw mut on).cast(),
+                4
+            ),
             -1
         );
         assert_eq!(errno(), libc::EINVAL);
         assert_eq!(
-            remem_ibv_rdma_set_option(id, RDMA_OPTION_IB, RDMA_OPTION_IB_PATH, (&raw mut on).cast(), 4),
+            remem_ibv_rdma_set_option(
+                id,
+                RDMA_OPTION_IB,
+                RDMA_OPTION_IB_PATH,
+                (&raw mut on).cast(),
+                4
+            ),
             -1
         );
         assert_eq!(errno(), libc::ENOSYS);
-        assert_eq!(remem_ibv_rdma_set_option(id, 9, 9, (&raw mut on).cast(), 4), -1);
+        assert_eq!(
+            remem_ibv_rdma_set_option(id, 9, 9, (&raw mut on).cast(), 4),
+            -1
+        );
         assert_eq!(errno(), libc::EINVAL);
-        assert_eq!(remem_ibv_rdma_join_multicast(id, std::ptr::null_mut(), std::ptr::null_mut()), -1);
+        assert_eq!(
+            remem_ibv_rdma_join_multicast(id, std::ptr::null_mut(), std::ptr::null_mut()),
+            -1
+        );
         assert_eq!(errno(), libc::ENOSYS);
         assert_eq!(remem_ibv_rdma_notify(id, IBV_EVENT_COMM_EST), 0);
         assert_eq!(remem_ibv_rdma_notify(id, IBV_EVENT_QP_FATAL), -1);
@@ -624,7 +694,10 @@ fn init_qp_attr_and_options() {
         assert_eq!(remem_ibv_rdma_disconnect(null), -1);
         assert_eq!(remem_ibv_rdma_destroy_id(null), -1);
         assert_eq!(remem_ibv_rdma_resolve_route(null, 1), -1);
-        assert_eq!(remem_ibv_rdma_create_qp(null, std::ptr::null_mut(), std::ptr::null_mut()), -1);
+        assert_eq!(
+            remem_ibv_rdma_create_qp(null, std::ptr::null_mut(), std::ptr::null_mut()),
+            -1
+        );
         assert_eq!(errno(), libc::EINVAL);
     }
     destroy_id(id);
@@ -654,7 +727,8 @@ fn bounded<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     std::thread::spawn(move || {
         let _ = tx.send(f());
     });
-    rx.recv_timeout(WAIT).expect("a synchronous call returned in time")
+    rx.recv_timeout(WAIT)
+        .expect("a synchronous call returned in time")
 }
 
 fn getaddrinfo(node: &std::ffi::CStr, port: &std::ffi::CStr, flags: c_int) -> *mut rdma_addrinfo {
@@ -678,7 +752,12 @@ fn synchronous_endpoints_as_rdma_server_and_rdma_client_use_them() {
     let mut init = qp_attr(IBV_QPT_RC);
     // SAFETY: a writable out-pointer, the addrinfo, attributes.
     let rc = unsafe {
-        remem_ibv_rdma_create_ep(&mut lid, res as *mut rdma_addrinfo, std::ptr::null_mut(), &mut init)
+        remem_ibv_rdma_create_ep(
+            &mut lid,
+            res as *mut rdma_addrinfo,
+            std::ptr::null_mut(),
+            &mut init,
+        )
     };
     assert_eq!(rc, 0, "errno {}", errno());
     // SAFETY: the addrinfo, not used afterwards.
@@ -690,7 +769,12 @@ fn synchronous_endpoints_as_rdma_server_and_rdma_client_use_them() {
         let lid = lidp as *mut rdma_cm_id;
         let mut id = std::ptr::null_mut();
         // SAFETY: a live synchronous listener and a writable out-pointer.
-        assert_eq!(unsafe { remem_ibv_rdma_get_request(lid, &mut id) }, 0, "errno {}", errno());
+        assert_eq!(
+            unsafe { remem_ibv_rdma_get_request(lid, &mut id) },
+            0,
+            "errno {}",
+            errno()
+        );
         // The request's QP was made from the endpoint's attributes.
         let qp = get!(id, qp);
         assert!(!qp.is_null());
@@ -698,7 +782,12 @@ fn synchronous_endpoints_as_rdma_server_and_rdma_client_use_them() {
         // SAFETY: the request event the new id holds.
         assert_eq!(unsafe { (*ev).event }, RDMA_CM_EVENT_CONNECT_REQUEST);
         // SAFETY: a live id; NULL parameters take the request's.
-        assert_eq!(unsafe { remem_ibv_rdma_accept(id, std::ptr::null_mut()) }, 0, "errno {}", errno());
+        assert_eq!(
+            unsafe { remem_ibv_rdma_accept(id, std::ptr::null_mut()) },
+            0,
+            "errno {}",
+            errno()
+        );
         let ev = get!(id, event);
         // SAFETY: the event the accept left.
         assert_eq!(unsafe { (*ev).event }, RDMA_CM_EVENT_ESTABLISHED);
@@ -714,14 +803,20 @@ fn synchronous_endpoints_as_rdma_server_and_rdma_client_use_them() {
         let mut cid = std::ptr::null_mut();
         let mut init = qp_attr(IBV_QPT_RC);
         // SAFETY: a writable out-pointer, the addrinfo, attributes.
-        let rc = unsafe { remem_ibv_rdma_create_ep(&mut cid, res, std::ptr::null_mut(), &mut init) };
+        let rc =
+            unsafe { remem_ibv_rdma_create_ep(&mut cid, res, std::ptr::null_mut(), &mut init) };
         assert_eq!(rc, 0, "errno {}", errno());
         // SAFETY: the addrinfo, not used afterwards.
         unsafe { remem_ibv_rdma_freeaddrinfo(res) };
         assert!(!get!(cid, qp).is_null());
         assert!(!get!(cid, send_cq_channel).is_null());
         // SAFETY: a live id; NULL parameters are fine with a QP.
-        assert_eq!(unsafe { remem_ibv_rdma_connect(cid, std::ptr::null_mut()) }, 0, "errno {}", errno());
+        assert_eq!(
+            unsafe { remem_ibv_rdma_connect(cid, std::ptr::null_mut()) },
+            0,
+            "errno {}",
+            errno()
+        );
         let ev = get!(cid, event);
         // SAFETY: the event the connect left.
         let remote = unsafe { (*ev).param.conn.qp_num };
@@ -732,7 +827,9 @@ fn synchronous_endpoints_as_rdma_server_and_rdma_client_use_them() {
     });
     let server_qp = rx.recv_timeout(WAIT).expect("the server accepted");
     assert_eq!(client as usize, server_qp);
-    bounded(move || server.join().is_ok()).then_some(()).expect("the server ended");
+    bounded(move || server.join().is_ok())
+        .then_some(())
+        .expect("the server ended");
     // SAFETY: the listener, not used afterwards.
     unsafe { remem_ibv_rdma_destroy_ep(lidp as *mut rdma_cm_id) };
 }
