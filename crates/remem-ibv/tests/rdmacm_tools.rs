@@ -209,3 +209,28 @@ fn ib_send_bw_rdma_cm() {
 fn ib_read_lat_rdma_cm() {
     perftest_r("ib_read_lat", "t_avg[usec]");
 }
+
+/// The loader maps the drop-in once for both names: `librdmacm.so.1` and
+/// `libibverbs.so.1` are one object (one set of the library's globals: the contexts the
+/// CM opens are the ones the verbs calls see).
+#[test]
+fn both_names_are_one_loaded_object() {
+    for (prog, package) in [("rping", "rdmacm-utils"), ("ib_write_bw", "perftest")] {
+        let Some(p) = tool(prog, package) else {
+            continue;
+        };
+        let d = DropIn::new(&format!("cm-load-{prog}"));
+        let out = common::run(
+            d.command(&p).arg("-h").env("LD_DEBUG", "files"),
+            std::time::Duration::from_secs(60),
+        );
+        let all = common::text(&out.stdout) + &common::text(&out.stderr);
+        let maps: Vec<&str> = all
+            .lines()
+            .filter(|l| l.contains("generating link map"))
+            .filter(|l| l.contains("librdmacm.so") || l.contains("libibverbs.so"))
+            .collect();
+        assert_eq!(maps.len(), 1, "{prog}: {maps:?}\n{all}");
+        assert!(!all.contains("symbol lookup error"), "{prog}: {all}");
+    }
+}

@@ -78,3 +78,59 @@ pub(crate) fn fail(e: c_int) -> c_int {
 pub(crate) fn errno_of(e: &remem_verbs::Error) -> c_int {
     e.errno()
 }
+
+#[cfg(test)]
+mod symbol_tests {
+    use super::exports;
+    use std::collections::BTreeSet;
+    use std::process::Command;
+
+    const DEBIAN_LIB: &str = "/usr/lib/x86_64-linux-gnu/librdmacm.so.1";
+
+    #[test]
+    fn no_symbol_is_exported_twice_by_either_library() {
+        let cm = exports();
+        let names: BTreeSet<_> = cm.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names.len(), cm.len());
+        let verbs: BTreeSet<_> = crate::symbols::exports().iter().map(|(n, _)| *n).collect();
+        assert!(names.is_disjoint(&verbs));
+        assert!(cm.iter().all(|(_, v)| v.starts_with("RDMACM_1.")));
+    }
+
+    /// Every function Debian's librdmacm exports is exported here at the same version,
+    /// and nothing else.
+    #[test]
+    fn exports_are_debian_librdmacm_s() {
+        let out = match Command::new("objdump").args(["-T", DEBIAN_LIB]).output() {
+            Ok(o) if o.status.success() => o,
+            _ => {
+                let why = format!("objdump or {DEBIAN_LIB} missing (binutils, librdmacm1)");
+                assert!(
+                    std::env::var_os("REMEM_REQUIRE_IBV_TOOLS").is_none(),
+                    "REMEM_REQUIRE_IBV_TOOLS is set, but: {why}"
+                );
+                eprintln!("skipped: {why}");
+                return;
+            }
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        let debian: BTreeSet<(String, String)> = text
+            .lines()
+            .filter(|l| l.contains(" DF ") && !l.contains("*UND*"))
+            .filter_map(|l| {
+                let mut w = l.split_whitespace().rev();
+                Some((w.next()?.to_string(), w.next()?.to_string()))
+            })
+            .filter(|(_, v)| v.starts_with("RDMACM_"))
+            .collect();
+        assert!(debian.len() >= 60, "parsed {} symbols", debian.len());
+        let ours: BTreeSet<(String, String)> = exports()
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        let missing: Vec<_> = debian.difference(&ours).collect();
+        let extra: Vec<_> = ours.difference(&debian).collect();
+        assert!(missing.is_empty(), "not exported: {missing:?}");
+        assert!(extra.is_empty(), "not in Debian's librdmacm: {extra:?}");
+    }
+}
