@@ -379,8 +379,8 @@ mod tests {
             Some(libc::EAI_FAMILY)
         );
         let mut out = std::ptr::null_mut();
-        // SAFETY: NULL strings and hints are allowed; `out` is writable.
         assert_eq!(
+            // SAFETY: NULL strings and hints are allowed; `out` is writable.
             unsafe {
                 remem_ibv_rdma_getaddrinfo(
                     std::ptr::null(),

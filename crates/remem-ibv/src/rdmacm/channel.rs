@@ -7,7 +7,7 @@
 //! program that wants `rdma_get_cm_event` not to wait sets `O_NONBLOCK` on it (then the
 //! call fails with EAGAIN when nothing is queued); otherwise the call waits in `poll(2)`.
 //!
-//! An event handed out is a boxed [`Event`] (the `rdma_cm_event` first, the private data
+//! An event handed out is a boxed `Event` (the `rdma_cm_event` first, the private data
 //! it points to after it); it counts on its id (for a connection request, on the
 //! listening id, as librdmacm counts it) until `rdma_ack_cm_event` frees it, and
 //! `rdma_destroy_id` waits for that.
@@ -370,14 +370,14 @@ mod tests {
     #[test]
     fn null_arguments_are_einval() {
         let mut ev = std::ptr::null_mut();
-        // SAFETY: NULL channel is allowed.
         assert_eq!(
+            // SAFETY: NULL channel is allowed.
             unsafe { remem_ibv_rdma_get_cm_event(std::ptr::null_mut(), &mut ev) },
             -1
         );
         assert_eq!(crate::ffi::errno(), libc::EINVAL);
-        // SAFETY: NULL is allowed.
         assert_eq!(
+            // SAFETY: NULL is allowed.
             unsafe { remem_ibv_rdma_ack_cm_event(std::ptr::null_mut()) },
             -1
         );

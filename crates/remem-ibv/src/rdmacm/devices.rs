@@ -7,7 +7,7 @@
 //! a default PD (`rdma_cm_id.pd`, made on first use), and its provider's CM channel,
 //! watched by the [`router`](super::router).
 //!
-//! Picking a device for an address ([`for_bind`], [`for_dst`]): the device whose address
+//! Picking a device for an address (`for_bind`, `for_dst`): the device whose address
 //! it is; the unspecified address means every device. For a destination with no device
 //! of its own: the device holding the source address the kernel would use to reach it,
 //! else the first device of the same scope (loopback or not) and family, else the first

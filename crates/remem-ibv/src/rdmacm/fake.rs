@@ -316,10 +316,10 @@ impl CmId for FakeId {
         {
             let mut st = self.st.lock().unwrap();
             st.peer_addr = Some(dst);
-            if let Some(l) = st.local {
-                if l.ip().is_unspecified() {
-                    st.local = Some(SocketAddr::new(self.ip, l.port()));
-                }
+            if let Some(l) = st.local
+                && l.ip().is_unspecified()
+            {
+                st.local = Some(SocketAddr::new(self.ip, l.port()));
             }
         }
         self.event(CmEventKind::AddrResolved, 0, &[], CmEventParam::None);

@@ -604,7 +604,7 @@ pub(crate) fn hand_out(p: Pending) -> Option<*mut rdma_cm_event> {
         if let CmEventParam::Ud(u) = &ev.param {
             ud.qp_num = u.qp_num;
             ud.qkey = u.qkey;
-            let mut ah = u.ah_attr.clone();
+            let mut ah = u.ah_attr;
             if let Some(d) = target.state().dev.as_ref() {
                 // SAFETY: the device's context, open for the life of the process.
                 if let Some(c) = unsafe { crate::context::ctx_from(d.verbs()) } {

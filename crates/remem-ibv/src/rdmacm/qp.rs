@@ -279,8 +279,8 @@ pub unsafe extern "C" fn remem_ibv_rdma_create_qp(
         ex.qp_type = b.qp_type;
         ex.sq_sig_all = b.sq_sig_all;
         ex.comp_mask = IBV_QP_INIT_ATTR_PD;
-        // SAFETY: a live id; reading its PD.
         ex.pd = if pd.is_null() {
+            // SAFETY: a live id; reading its PD.
             unsafe { (*id).pd }
         } else {
             pd

@@ -2,10 +2,10 @@
 //! open device and hands each provider event to the `rdma_event_channel` of the id it
 //! belongs to at that moment.
 //!
-//! Provider ids are registered by their handle ([`register`]); an event of an id no
+//! Provider ids are registered by their handle; an event of an id no
 //! longer registered (destroyed) is dropped, which for a connection request rejects it
 //! (dropping the provider's new id). A connection request creates the new
-//! `rdma_cm_id` here ([`super::id::new_child`]) and registers it before the event is
+//! `rdma_cm_id` here (`id::new_child`) and registers it before the event is
 //! queued, so the new id's own later events always find it.
 //!
 //! Lock order: the routes, then an id's state, then a channel's queue.

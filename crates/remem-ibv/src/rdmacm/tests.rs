@@ -70,8 +70,8 @@ fn bind(id: *mut rdma_cm_id, a: &str) -> c_int {
 }
 
 fn listen(id: *mut rdma_cm_id) {
-    // SAFETY: a live id.
     assert_eq!(
+        // SAFETY: a live id.
         unsafe { remem_ibv_rdma_listen(id, 0) },
         0,
         "errno {}",
@@ -340,8 +340,8 @@ fn reject_carries_private_data_and_no_listener_is_reason_8() {
     let req = expect(sch, RDMA_CM_EVENT_CONNECT_REQUEST);
     let child = ev_id(req);
     let why = b"no thanks";
-    // SAFETY: a live id and `why.len()` bytes.
     assert_eq!(
+        // SAFETY: a live id and `why.len()` bytes.
         unsafe { remem_ibv_rdma_reject(child, why.as_ptr().cast(), why.len() as u8) },
         0
     );
@@ -359,9 +359,9 @@ fn reject_carries_private_data_and_no_listener_is_reason_8() {
     ack(expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED));
     assert_eq!(route(cid), 0);
     ack(expect(cch, RDMA_CM_EVENT_ROUTE_RESOLVED));
-    // Without a QP, a connected port space needs parameters.
-    // SAFETY: a live id, NULL parameters.
     assert_eq!(
+        // Without a QP, a connected port space needs parameters.
+        // SAFETY: a live id, NULL parameters.
         unsafe { remem_ibv_rdma_connect(cid, std::ptr::null_mut()) },
         -1
     );
@@ -447,9 +447,9 @@ fn migrate_moves_queued_events_and_can_make_an_id_synchronous() {
     assert_eq!(get!(id, channel), b);
     assert!(!readable(a, Duration::ZERO));
     ack(expect(b, RDMA_CM_EVENT_ADDR_RESOLVED));
-    // To a private channel: the next call waits for its own event.
-    // SAFETY: a live id; NULL makes it synchronous.
     assert_eq!(
+        // To a private channel: the next call waits for its own event.
+        // SAFETY: a live id; NULL makes it synchronous.
         unsafe { remem_ibv_rdma_migrate_id(id, std::ptr::null_mut()) },
         0
     );
@@ -459,9 +459,9 @@ fn migrate_moves_queued_events_and_can_make_an_id_synchronous() {
     assert!(!ev.is_null());
     // SAFETY: the id's own event.
     assert_eq!(unsafe { (*ev).event }, RDMA_CM_EVENT_ROUTE_RESOLVED);
-    // A synchronous id cannot become synchronous again.
-    // SAFETY: a live id.
     assert_eq!(
+        // A synchronous id cannot become synchronous again.
+        // SAFETY: a live id.
         unsafe { remem_ibv_rdma_migrate_id(id, std::ptr::null_mut()) },
         -1
     );
@@ -522,9 +522,9 @@ fn bind_errors() {
     // Another port space is another service.
     let u = create_id(ch, 0, RDMA_PS_UDP);
     assert_eq!(bind(u, &format!("{}:45009", fake::IPS[0])), 0);
-    // NULL and AF_UNIX addresses.
-    // SAFETY: a live id; NULL is allowed.
     assert_eq!(
+        // NULL and AF_UNIX addresses.
+        // SAFETY: a live id; NULL is allowed.
         unsafe { remem_ibv_rdma_bind_addr(b, std::ptr::null_mut()) },
         -1
     );
@@ -536,8 +536,8 @@ fn bind_errors() {
     assert_eq!(errno(), libc::EINVAL);
     // An unknown port space.
     let mut id = std::ptr::null_mut();
-    // SAFETY: a live channel and a writable out-pointer.
     assert_eq!(
+        // SAFETY: a live channel and a writable out-pointer.
         unsafe { remem_ibv_rdma_create_id(ch, &mut id, std::ptr::null_mut(), 77) },
         -1
     );
@@ -600,8 +600,8 @@ fn init_qp_attr_and_options() {
     let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
     let mut mask = 0;
     attr.qp_state = IBV_QPS_INIT;
-    // SAFETY: a live id and writable outputs.
     assert_eq!(
+        // SAFETY: a live id and writable outputs.
         unsafe { remem_ibv_rdma_init_qp_attr(id, &mut attr, &mut mask) },
         -1
     );
@@ -609,8 +609,8 @@ fn init_qp_attr_and_options() {
     assert_eq!(src_port(id), 0);
     assert_eq!(resolve(id, &format!("{}:45012", fake::IPS[0])), 0);
     ack(expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED));
-    // SAFETY: as above.
     assert_eq!(
+        // SAFETY: as above.
         unsafe { remem_ibv_rdma_init_qp_attr(id, &mut attr, &mut mask) },
         0
     );
@@ -768,8 +768,8 @@ fn synchronous_endpoints_as_rdma_server_and_rdma_client_use_them() {
     let server = std::thread::spawn(move || {
         let lid = lidp as *mut rdma_cm_id;
         let mut id = std::ptr::null_mut();
-        // SAFETY: a live synchronous listener and a writable out-pointer.
         assert_eq!(
+            // SAFETY: a live synchronous listener and a writable out-pointer.
             unsafe { remem_ibv_rdma_get_request(lid, &mut id) },
             0,
             "errno {}",
@@ -781,8 +781,8 @@ fn synchronous_endpoints_as_rdma_server_and_rdma_client_use_them() {
         let ev = get!(id, event);
         // SAFETY: the request event the new id holds.
         assert_eq!(unsafe { (*ev).event }, RDMA_CM_EVENT_CONNECT_REQUEST);
-        // SAFETY: a live id; NULL parameters take the request's.
         assert_eq!(
+            // SAFETY: a live id; NULL parameters take the request's.
             unsafe { remem_ibv_rdma_accept(id, std::ptr::null_mut()) },
             0,
             "errno {}",
@@ -810,8 +810,8 @@ fn synchronous_endpoints_as_rdma_server_and_rdma_client_use_them() {
         unsafe { remem_ibv_rdma_freeaddrinfo(res) };
         assert!(!get!(cid, qp).is_null());
         assert!(!get!(cid, send_cq_channel).is_null());
-        // SAFETY: a live id; NULL parameters are fine with a QP.
         assert_eq!(
+            // SAFETY: a live id; NULL parameters are fine with a QP.
             unsafe { remem_ibv_rdma_connect(cid, std::ptr::null_mut()) },
             0,
             "errno {}",
