@@ -178,12 +178,15 @@ fn udaddy_service_resolution_and_datagrams() {
 /// perftest's `-R`: the QPs connect through the RDMA CM (and exchange their parameters
 /// over it).
 fn perftest_r(prog: &str, result: &str) {
-    let Some((s, c)) = pair(
-        prog,
-        "perftest",
-        &["-R", "-d", "rxe0", "-n", "500"],
-        &["-R", "-d", "rxe0", "-n", "500", "{S}"],
-    ) else {
+    perftest_r_with(prog, &[], result);
+}
+
+fn perftest_r_with(prog: &str, extra: &[&str], result: &str) {
+    let mut sargs = vec!["-R", "-d", "rxe0", "-n", "500"];
+    sargs.extend_from_slice(extra);
+    let mut cargs = sargs.clone();
+    cargs.push("{S}");
+    let Some((s, c)) = pair(prog, "perftest", &sargs, &cargs) else {
         return;
     };
     assert_both_ok(prog, &s, &c);
@@ -208,6 +211,19 @@ fn ib_send_bw_rdma_cm() {
 #[test]
 fn ib_read_lat_rdma_cm() {
     perftest_r("ib_read_lat", "t_avg[usec]");
+}
+
+/// Two QPs: two connections through one listener.
+#[test]
+fn ib_write_bw_rdma_cm_two_qps() {
+    perftest_r_with("ib_write_bw", &["-q", "2"], "BW average[MB/sec]");
+}
+
+/// UD: the QPs are resolved by SIDR (the UDP port space) and reached through the address
+/// vector the CM reports.
+#[test]
+fn ib_send_bw_rdma_cm_ud() {
+    perftest_r_with("ib_send_bw", &["-c", "UD"], "BW average[MB/sec]");
 }
 
 /// The loader maps the drop-in once for both names: `librdmacm.so.1` and
