@@ -158,6 +158,25 @@ fn ucmatose_connections_and_data() {
     }
 }
 
+/// `-m`: both sides move their ids to a new event channel (`rdma_migrate_id`) before
+/// disconnecting.
+#[test]
+fn ucmatose_migrating_ids_between_channels() {
+    let Some((s, c)) = pair(
+        "ucmatose",
+        "rdmacm-utils",
+        &["-b", "{S}", "-c", "3", "-C", "10", "-m"],
+        &["-s", "{S}", "-c", "3", "-C", "10", "-m"],
+    ) else {
+        return;
+    };
+    assert_both_ok("ucmatose -m", &s, &c);
+    for r in [&s, &c] {
+        assert!(r.out.contains("migrating to new event channel"), "{}", r.out);
+        assert!(r.out.contains("return status 0"), "{}", r.out);
+    }
+}
+
 #[test]
 fn udaddy_service_resolution_and_datagrams() {
     let Some((s, c)) = pair(
