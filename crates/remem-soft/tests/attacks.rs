@@ -746,12 +746,16 @@ fn packets_for_a_qp_in_a_state_that_takes_none_are_dropped_and_counted() {
     let ack = common::ack(rtr.qp.qp_num(), SPSN, Syndrome::Ack { credits: 31 }, 0);
     assert!(lab.attack(&ack, &[]).is_empty());
     assert_eq!(lab.counter("drop_qp_state"), before + 4);
-    // A packet for QPN 0, 1 or 0xFFFFFF (the special and multicast QPNs) reaches no QP.
+    // A packet for QPN 0 or 0xFFFFFF (the SMI and multicast QPNs) reaches no QP; QPN 1 is
+    // the GSI (the connection manager's), which takes UD SEND ONLY MADs only.
     let unknown = lab.counter("drop_unknown_qp");
+    let wrong = lab.counter("drop_wrong_transport");
     for qpn in [0, 1, 0x00ff_ffff] {
         assert!(lab.attack(&write(qpn), &[1; 8]).is_empty());
     }
-    assert_eq!(lab.counter("drop_unknown_qp"), unknown + 3);
+    assert_eq!(lab.counter("drop_unknown_qp"), unknown + 2);
+    assert_eq!(lab.counter("drop_wrong_transport"), wrong + 1);
+    assert_eq!(lab.counter("cm_rx_mads"), 0);
 }
 
 #[test]

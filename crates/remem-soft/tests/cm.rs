@@ -160,6 +160,8 @@ fn connect_pair(
 ) {
     let (sch, lid) = listener(b, PortSpace::Tcp, port);
     let (cch, cid) = resolved(a, PortSpace::Tcp, addr(b, port));
+    assert_eq!(cid.local_addr().unwrap().ip(), addr(a, 0).ip());
+    assert_eq!(cid.peer_addr(), Some(addr(b, port)));
     let cep = endpoint(a, &QpOptions::default(), QpType::Rc, None).unwrap();
     cid.set_qp(Some(cep.qp.clone())).unwrap();
     cid.connect(&ConnParam {
@@ -176,7 +178,8 @@ fn connect_pair(
     };
     assert_eq!(p.qp_num, cep.qp.qp_num());
     let sid = req.id.clone();
-    assert_eq!(sid.peer_addr().unwrap().ip(), addr(a, 0).ip());
+    assert_eq!(sid.peer_addr(), cid.local_addr());
+    assert_eq!(sid.local_addr(), Some(addr(b, port)));
     let sep = endpoint(b, &QpOptions::default(), QpType::Rc, None).unwrap();
     sid.set_qp(Some(sep.qp.clone())).unwrap();
     sid.accept(&ConnParam {
@@ -433,6 +436,7 @@ fn lossy(seed: u64) -> SoftOptions {
 fn connections_survive_lost_mads() {
     // 30% of every packet both devices send is lost: REQs, REPs, RTUs, DREQs and DREPs
     // among them; the CM's retries get every connection through, and RC retries the data.
+    let mut retransmits = 0;
     for round in 0..4u64 {
         let ip = |s: String| s.parse::<IpAddr>().unwrap();
         let a: Arc<dyn Context> = Arc::new(
@@ -455,7 +459,15 @@ fn connections_survive_lost_mads() {
         cid.disconnect().unwrap();
         expect(&cch, CmEventKind::Disconnected);
         expect(&sch, CmEventKind::Disconnected);
+        for ctx in [&a, &b] {
+            retransmits += ctx
+                .counters()
+                .iter()
+                .find(|c| c.name == "cm_retransmits")
+                .map_or(0, |c| c.value);
+        }
     }
+    assert!(retransmits > 0, "some MADs were lost and resent");
 }
 
 #[test]
@@ -483,4 +495,113 @@ fn another_providers_channel_and_bad_binds_are_refused() {
     assert!(id.set_qp(Some(ep.qp.clone())).is_err());
     // The id's context is its device.
     assert_eq!(id.context().info().name, a.info().name);
+}
+
+#[test]
+fn dropping_a_channel_with_unread_events_frees_ids_and_device() {
+    let at: SocketAddr = "127.0.40.19:0".parse().unwrap();
+    let ctx: Arc<dyn Context> = Arc::new(SoftContext::bind(at).unwrap());
+    let bound = ctx.info().udp_addr.unwrap();
+    let ch = ctx.create_cm_channel().unwrap();
+    let id = ctx.create_cm_id(&ch, PortSpace::Tcp).unwrap();
+    id.resolve_addr(None, "127.0.40.20:7300".parse().unwrap(), WAIT)
+        .unwrap();
+    // The AddrResolved event (holding the id) is never read.
+    drop(id);
+    drop(ch);
+    drop(ctx);
+    // The device is gone: its address can be bound again.
+    SoftContext::bind(bound).expect("the device was freed");
+}
+
+#[test]
+fn dropping_a_connected_id_disconnects_the_peer() {
+    let (a, b) = pair("127.0.40.21", "127.0.40.22", &SoftOptions::default());
+    let (cep, cid, _cch, _sep, _sid, sch, _lid) = connect_pair(&a, &b, 7301);
+    drop(cid);
+    expect(&sch, CmEventKind::Disconnected);
+    assert_eq!(cep.qp.state(), QpState::Err);
+}
+
+#[test]
+fn inline_devices_connect_when_driven() {
+    let opts = SoftOptions {
+        inline: true,
+        ..SoftOptions::default()
+    };
+    let (a, b) = pair("127.0.40.23", "127.0.40.24", &opts);
+    // Drives both devices until `ch` has an event.
+    let drive = |ch: &Arc<dyn CmChannel>| -> CmEvent {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(ev) = ch.get_event() {
+                return ev;
+            }
+            assert!(Instant::now() < deadline, "no event");
+            a.drive(Duration::from_millis(1)).unwrap();
+            b.drive(Duration::from_millis(1)).unwrap();
+        }
+    };
+    let (sch, _lid) = listener(&b, PortSpace::Tcp, 7302);
+    let cch = a.create_cm_channel().unwrap();
+    let cid = a.create_cm_id(&cch, PortSpace::Tcp).unwrap();
+    cid.resolve_addr(None, addr(&b, 7302), WAIT).unwrap();
+    assert_eq!(drive(&cch).kind, CmEventKind::AddrResolved);
+    cid.resolve_route(WAIT).unwrap();
+    assert_eq!(drive(&cch).kind, CmEventKind::RouteResolved);
+    cid.connect(&ConnParam {
+        qp_num: 0x99,
+        ..ConnParam::default()
+    })
+    .unwrap();
+    let req = drive(&sch);
+    assert_eq!(req.kind, CmEventKind::ConnectRequest);
+    req.id
+        .accept(&ConnParam {
+            qp_num: 0x98,
+            ..ConnParam::default()
+        })
+        .unwrap();
+    assert_eq!(drive(&cch).kind, CmEventKind::ConnectResponse);
+    cid.establish().unwrap();
+    assert_eq!(drive(&sch).kind, CmEventKind::Established);
+}
+
+#[test]
+fn connect_over_ipv6() {
+    // Two devices on ::1 (the only IPv6 loopback address), on two ports, each sending to
+    // the other's: rdma_cm's IP header and the GIDs are IPv6.
+    let (pa, pb) = match (
+        std::net::UdpSocket::bind("[::1]:0"),
+        std::net::UdpSocket::bind("[::1]:0"),
+    ) {
+        (Ok(a), Ok(b)) => (
+            a.local_addr().unwrap().port(),
+            b.local_addr().unwrap().port(),
+        ),
+        _ => {
+            eprintln!("skipped: no IPv6 loopback here");
+            return;
+        }
+    };
+    let open = |port: u16, peer: u16| -> Arc<dyn Context> {
+        let opts = SoftOptions {
+            peer_port: Some(peer),
+            ..SoftOptions::default()
+        };
+        Arc::new(
+            SoftContext::bind_with(
+                SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port)),
+                &opts,
+            )
+            .unwrap(),
+        )
+    };
+    let (a, b) = (open(pa, pb), open(pb, pa));
+    let (cep, cid, cch, sep, _sid, sch, _lid) = connect_pair(&a, &b, 7400);
+    send_one(&cep, &sep, 6);
+    send_one(&sep, &cep, 7);
+    cid.disconnect().unwrap();
+    expect(&cch, CmEventKind::Disconnected);
+    expect(&sch, CmEventKind::Disconnected);
 }

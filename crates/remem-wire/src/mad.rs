@@ -14,8 +14,9 @@
 //!   private data of a REQ / SIDR REQ for the IP port spaces.
 //!
 //! Field positions are those of IBTA tables 106–120 (the same facts as the kernel's
-//! `include/rdma/ibta_vol1_c12.h` and Wireshark's InfiniBand dissector): byte offsets below
-//! are from the start of the MAD, i.e. the IBTA's message offset plus 24.
+//! `include/rdma/ibta_vol1_c12.h` and Wireshark's InfiniBand dissector). The IBTA counts a
+//! message's bytes from the end of the 24-byte MAD header; so does this module's code
+//! (`D + offset`), while the tests also name the absolute MAD offsets.
 //!
 //! ```
 //! use remem_wire::mad::{CmMad, CmMessage, CmRtu, CM_ATTR_RTU};
@@ -233,6 +234,14 @@ pub enum MadError {
         value: u64,
         /// The field's width.
         bits: u32,
+    },
+    /// [`CmMad::emit`]: the header's attribute ID is not the message's.
+    #[error("header attribute {header:#06x} but a {message:#06x} message")]
+    AttributeMismatch {
+        /// The header's attribute ID.
+        header: u16,
+        /// The attribute ID of the message.
+        message: u16,
     },
     /// An `rdma_cm` IP header whose IP version is neither 4 nor 6.
     #[error("rdma_cm IP header: IP version {0}")]
@@ -1243,11 +1252,33 @@ impl CmMessage {
     }
 }
 
+macro_rules! from_message {
+    ($($t:ident => $v:ident),* $(,)?) => {$(
+        impl From<$t> for CmMessage {
+            fn from(m: $t) -> CmMessage {
+                CmMessage::$v(m)
+            }
+        }
+    )*};
+}
+
+from_message!(
+    CmReq => Req,
+    CmMra => Mra,
+    CmRej => Rej,
+    CmRep => Rep,
+    CmRtu => Rtu,
+    CmDreq => Dreq,
+    CmDrep => Drep,
+    CmSidrReq => SidrReq,
+    CmSidrRep => SidrRep,
+);
+
 /// A whole CM MAD: header and message.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CmMad {
-    /// The common header. On [`emit`](CmMad::emit) its attribute ID is written as given:
-    /// keep it equal to `message.attribute_id()` (as [`CmMad::new`] does).
+    /// The common header. Its attribute ID must be `message.attribute_id()` ([`CmMad::new`]
+    /// and [`CmMad::reply`] set it; [`CmMad::emit`] refuses a mismatch).
     pub header: MadHeader,
     /// The message.
     pub message: CmMessage,
@@ -1255,11 +1286,18 @@ pub struct CmMad {
 
 impl CmMad {
     /// A CM MAD with a Send header for `message`, transaction ID `tid`.
-    pub fn new(tid: u64, message: CmMessage) -> CmMad {
+    pub fn new(tid: u64, message: impl Into<CmMessage>) -> CmMad {
+        let message = message.into();
         CmMad {
             header: MadHeader::cm(message.attribute_id(), tid),
             message,
         }
+    }
+
+    /// A MAD answering `self` (a REP, REJ or MRA to a REQ, an RTU to a REP, a DREP to a
+    /// DREQ, a SIDR REP to a SIDR REQ): same transaction ID, method Send.
+    pub fn reply(&self, message: impl Into<CmMessage>) -> CmMad {
+        CmMad::new(self.header.transaction_id, message)
     }
 
     /// Parse a CM MAD from the first [`MAD_LEN`] bytes of `buf` (a GSI UD payload; bytes
@@ -1287,9 +1325,16 @@ impl CmMad {
     }
 
     /// The MAD's 256 bytes: reserved bits zero, private data zero padded. Fails (never
-    /// panics) when a field does not fit its wire width or the private data or ARI is too
-    /// long.
+    /// panics) when a field does not fit its wire width, the private data or ARI is too
+    /// long, or the header's attribute ID is not the message's.
     pub fn emit(&self) -> Result<[u8; MAD_LEN], MadError> {
+        let message = self.message.attribute_id();
+        if self.header.attribute_id != message {
+            return Err(MadError::AttributeMismatch {
+                header: self.header.attribute_id,
+                message,
+            });
+        }
         let mut m = [0u8; MAD_LEN];
         self.header.emit(&mut m)?;
         self.message.write(&mut m)?;

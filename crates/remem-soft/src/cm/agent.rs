@@ -62,7 +62,9 @@ pub struct CmConfig {
     /// cut to it. Default 24 (≈ 69 s).
     pub max_peer_timeout: u8,
     /// How long a connection stays in TimeWait (answering late duplicates) after a
-    /// disconnect or a reject. Default: one response timeout.
+    /// disconnect or a reject, at least: longer when the peer's REQ announced longer
+    /// response timeouts (twice the longer of them, up to [`CmConfig::max_peer_timeout`]),
+    /// so that its retries still find the record. Default: two response timeouts.
     pub timewait: Duration,
     /// How long a connection request may wait for the consumer's accept or reject before
     /// the CM rejects it itself (timeout) and reports a connect error. Default 60 s.
@@ -87,7 +89,7 @@ impl Default for CmConfig {
             response_timeout: 18,
             max_retries: 15,
             max_peer_timeout: 24,
-            timewait: mad::timeout_duration(18),
+            timewait: mad::timeout_duration(18) * 2,
             pending_timeout: Duration::from_secs(60),
             max_conns: 4096,
             max_timewait: 1024,
@@ -125,7 +127,7 @@ impl CmConfig {
     /// These settings with response timeout exponent `exp` (and the TimeWait that follows).
     pub fn with_response_timeout(mut self, exp: u8) -> Self {
         self.response_timeout = exp.clamp(1, 31);
-        self.timewait = mad::timeout_duration(self.response_timeout);
+        self.timewait = mad::timeout_duration(self.response_timeout) * 2;
         self
     }
 
@@ -215,6 +217,8 @@ pub enum Event {
         listener: u64,
         /// The new connection.
         conn: u32,
+        /// The service ID requested (its low 16 bits are the port).
+        service_id: u64,
         /// Where it came from.
         peer: IpAddr,
         /// The rdma_cm IP header of its private data.
@@ -629,7 +633,18 @@ impl Agent {
             return;
         }
         c.state = ConnState::TimeWait;
-        let until = now + self.cfg.timewait;
+        let peer = c
+            .req
+            .as_ref()
+            .filter(|_| !c.active)
+            .map_or(Duration::ZERO, |r| {
+                let exp = r
+                    .remote_cm_response_timeout
+                    .max(r.local_cm_response_timeout)
+                    .min(self.cfg.max_peer_timeout);
+                mad::timeout_duration(exp) * 2
+            });
+        let until = now + self.cfg.timewait.max(peer);
         self.set_timer(conn, Some(until));
         self.timewait.push_back(conn);
         while self.timewait.len() > self.cfg.max_timewait {
@@ -1259,10 +1274,28 @@ impl Agent {
             CmMessage::SidrReq(req) => self.on_sidr_req(now, from, tid, req),
             CmMessage::SidrRep(rep) => self.on_sidr_rep(from, rep),
             msg => {
-                // Every other message names our communication ID.
-                let ours = msg.remote_comm_id().unwrap_or(0);
+                // Every other message names our communication ID — but a REJ of a REQ
+                // whose answer we never saw (the active side gave up) may know only its
+                // own.
+                let mut ours = msg.remote_comm_id().unwrap_or(0);
+                if let CmMessage::Rej(r) = &msg
+                    && !self.conns.contains_key(&ours)
+                    && let Some(&c) = self.by_remote.get(&(from, r.local_comm_id, false))
+                {
+                    ours = c;
+                }
                 let Some(c) = self.conns.get(&ours) else {
                     self.stats.drop_unknown_comm_id += 1;
+                    if let CmMessage::Dreq(d) = msg {
+                        // As ib_cm: a DREQ for a connection we no longer know gets its
+                        // DREP, so that the peer does not retry into the void.
+                        let drep = CmDrep {
+                            local_comm_id: d.remote_comm_id,
+                            remote_comm_id: d.local_comm_id,
+                            private_data: Vec::new(),
+                        };
+                        self.emit(from, tid, CmMessage::Drep(drep));
+                    }
                     return;
                 };
                 if c.peer != from {
@@ -1411,6 +1444,7 @@ impl Agent {
         self.events.push_back(Event::ConnectRequest {
             listener: owner,
             conn: local_id,
+            service_id: req.service_id,
             peer: from,
             header,
             private_data,
@@ -1716,6 +1750,7 @@ impl Agent {
         self.events.push_back(Event::ConnectRequest {
             listener: owner,
             conn: local_id,
+            service_id: req.service_id,
             peer: from,
             header,
             private_data,
@@ -1755,3 +1790,5 @@ impl Agent {
     }
 }
 
+#[cfg(test)]
+mod tests;

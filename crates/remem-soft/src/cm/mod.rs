@@ -246,7 +246,7 @@ impl CmDevice {
             if let Event::ConnectRequest {
                 listener,
                 conn,
-                peer,
+                service_id,
                 header,
                 ref req,
                 ..
@@ -264,7 +264,7 @@ impl CmDevice {
                     work.push(Work::Hold(l));
                     continue;
                 }
-                let port = l.local_port();
+                let port = service_id as u16;
                 let id = SoftCmId::new(
                     l.dev.clone(),
                     l.channel.clone(),
@@ -281,7 +281,6 @@ impl CmDevice {
                 st.ids += 1;
                 st.agent.limit_mtu(conn, l.dev.port.active_mtu);
                 st.conns.insert(conn, Arc::downgrade(&id));
-                let _ = peer;
                 work.push(Work::Request {
                     ev,
                     listener: l,
@@ -330,7 +329,10 @@ impl CmDevice {
                         }),
                         None => CmEventParam::None,
                     };
-                    listener.channel.push(CmEvent {
+                    let Some(channel) = listener.channel.upgrade() else {
+                        continue;
+                    };
+                    channel.push(CmEvent {
                         kind: CmEventKind::ConnectRequest,
                         id: id.clone(),
                         listen_id: Some(listener.clone()),
@@ -345,15 +347,12 @@ impl CmDevice {
         }
     }
 
-    /// Runs `f` on the state, then delivers what the agent reported.
-    fn with<T>(&self, now: Instant, f: impl FnOnce(&mut CmState) -> T) -> T {
-        let (out, work) = {
-            let mut st = self.lock();
-            let out = f(&mut st);
-            (out, Self::drain(&mut st, now))
-        };
-        self.deliver(now, work);
-        out
+    /// Runs a consumer command `f` on the state. Commands report no events (the agent
+    /// reports only what MADs and timers bring, drained by [`CmDevice::on_mad`] and
+    /// [`CmDevice::on_timeout`]), so nothing is delivered here — callers may hold their
+    /// id's lock.
+    fn with<T>(&self, f: impl FnOnce(&mut CmState) -> T) -> T {
+        f(&mut self.lock())
     }
 }
 
@@ -363,7 +362,11 @@ pub struct SoftCmId {
     handle: u64,
     ps: PortSpace,
     dev: Arc<DeviceShared>,
-    channel: Arc<SoftCmChannel>,
+    /// Held weakly: queued events hold their ids, so an id holding its channel would keep
+    /// a dropped channel with unread events (and its ids, and the device) alive for ever.
+    /// Events of an id whose channel is gone are dropped (rdma_cm requires the channel to
+    /// outlive its ids).
+    channel: Weak<SoftCmChannel>,
     me: Weak<SoftCmId>,
     st: Mutex<IdState>,
 }
@@ -387,7 +390,7 @@ pub(crate) fn create_id(
     }
     Ok(SoftCmId::new(
         dev.clone(),
-        channel,
+        Arc::downgrade(&channel),
         ps,
         IdState {
             bound: None,
@@ -410,7 +413,7 @@ fn errno_error(errno: rustix::io::Errno, what: String) -> Error {
 impl SoftCmId {
     fn new(
         dev: Arc<DeviceShared>,
-        channel: Arc<SoftCmChannel>,
+        channel: Weak<SoftCmChannel>,
         ps: PortSpace,
         st: IdState,
     ) -> Arc<Self> {
@@ -436,10 +439,6 @@ impl SoftCmId {
         self.dev.engine.local().ip()
     }
 
-    fn local_port(&self) -> u16 {
-        self.lock().bound.map_or(0, |a| a.port())
-    }
-
     fn wake(&self) {
         self.dev.wake(GSI_QPN);
     }
@@ -448,7 +447,10 @@ impl SoftCmId {
         let Some(me) = self.me.upgrade() else {
             return;
         };
-        self.channel.push(CmEvent {
+        let Some(channel) = self.channel.upgrade() else {
+            return;
+        };
+        channel.push(CmEvent {
             kind,
             id: me,
             listen_id: None,
@@ -687,7 +689,7 @@ impl SoftCmId {
                     return;
                 };
                 let up = self.bring_up(&qp, params.as_ref());
-                let est = up.and_then(|()| cm.with(now, |st| st.agent.establish(conn, &[])));
+                let est = up.and_then(|()| cm.with(|st| st.agent.establish(conn, &[])));
                 match est {
                     Ok(()) => {
                         self.lock().phase = Phase::Connected;
@@ -700,7 +702,7 @@ impl SoftCmId {
                         );
                     }
                     Err(e) => {
-                        let _ = cm.with(now, |st| {
+                        let _ = cm.with(|st| {
                             st.agent
                                 .reject(now, conn, rej_reason::CONSUMER_DEFINED, &[])
                         });
@@ -830,7 +832,7 @@ impl Drop for SoftCmId {
         let (conn, bound, qp, phase) = (st.conn, st.bound, st.qp.take(), st.phase);
         let now = Instant::now();
         let cm = &self.dev.engine.cm;
-        cm.with(now, |s| {
+        cm.with(|s| {
             s.ids = s.ids.saturating_sub(1);
             if let Some(b) = bound
                 && s.ports.get(&(self.ps, b.port())) == Some(&self.handle)
@@ -932,6 +934,10 @@ impl CmId for SoftCmId {
             self.bind_locked(&mut st, src)?;
         } else if let Some(src) = src {
             self.check_local_ip(src.ip())?;
+        }
+        // Resolved, the id's source address is the device's (rdma_get_local_addr).
+        if let Some(b) = st.bound.filter(|b| b.ip().is_unspecified()) {
+            st.bound = Some(SocketAddr::new(self.local_ip(), b.port()));
         }
         st.peer = Some(dst);
         st.phase = Phase::AddrResolved;
@@ -1043,7 +1049,7 @@ impl CmId for SoftCmId {
         };
         let now = Instant::now();
         let me = self.me.clone();
-        let conn = self.cm().with(now, |cm| {
+        let conn = self.cm().with(|cm| {
             let conn = cm.agent.connect(now, &args)?;
             cm.conns.insert(conn, me);
             Ok::<u32, Error>(conn)
@@ -1081,7 +1087,7 @@ impl CmId for SoftCmId {
                 if let Err(e) = up {
                     let _ = self
                         .cm()
-                        .with(now, |cm| cm.agent.reject(now, conn, rej_reason::NO_QP, &[]));
+                        .with(|cm| cm.agent.reject(now, conn, rej_reason::NO_QP, &[]));
                     st.phase = Phase::Failed;
                     drop(st);
                     self.wake();
@@ -1093,7 +1099,7 @@ impl CmId for SoftCmId {
         };
         let guid = self.device_ca_guid();
         self.cm()
-            .with(now, |cm| cm.agent.accept(now, conn, qpn, param, guid))?;
+            .with(|cm| cm.agent.accept(now, conn, qpn, param, guid))?;
         st.phase = if st.sidr {
             Phase::Connected
         } else {
@@ -1119,7 +1125,7 @@ impl CmId for SoftCmId {
             )));
         };
         let now = Instant::now();
-        self.cm().with(now, |cm| {
+        self.cm().with(|cm| {
             cm.agent
                 .reject(now, conn, rej_reason::CONSUMER_DEFINED, private_data)
         })?;
@@ -1151,9 +1157,7 @@ impl CmId for SoftCmId {
             return Ok(());
         }
         let now = Instant::now();
-        let r = self
-            .cm()
-            .with(now, |cm| cm.agent.disconnect(now, conn, &[]));
+        let r = self.cm().with(|cm| cm.agent.disconnect(now, conn, &[]));
         if r.is_ok() && st.phase == Phase::ConnectResponse {
             st.phase = Phase::Disconnected;
         }
@@ -1170,12 +1174,10 @@ impl CmId for SoftCmId {
                 st.phase
             )));
         };
-        let now = Instant::now();
-        self.cm().with(now, |cm| cm.agent.establish(conn, &[]))?;
+        self.cm().with(|cm| cm.agent.establish(conn, &[]))?;
         st.phase = Phase::Connected;
         drop(st);
         self.wake();
         Ok(())
     }
 }
-
