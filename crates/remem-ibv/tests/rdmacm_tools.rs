@@ -172,7 +172,11 @@ fn ucmatose_migrating_ids_between_channels() {
     };
     assert_both_ok("ucmatose -m", &s, &c);
     for r in [&s, &c] {
-        assert!(r.out.contains("migrating to new event channel"), "{}", r.out);
+        assert!(
+            r.out.contains("migrating to new event channel"),
+            "{}",
+            r.out
+        );
         assert!(r.out.contains("return status 0"), "{}", r.out);
     }
 }
