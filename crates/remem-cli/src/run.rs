@@ -1,10 +1,11 @@
 //! `remem run`: run an unmodified program on remem's drop-in libibverbs.
 //!
 //! The drop-in is `libremem_ibv.so` (the `remem-ibv` crate: its soname is
-//! `libibverbs.so.1`). A program finds it through a *drop-in directory* holding
-//! `libibverbs.so.1 -> <the library>` (and `librdmacm.so.1 -> libremem_rdmacm.so` when that
-//! library lies beside it), put first on `LD_LIBRARY_PATH`; then the program is `exec`ed, so
-//! its exit status and signals are its own.
+//! `libibverbs.so.1`, and it carries librdmacm's symbols too). A program finds it through a
+//! *drop-in directory* holding `libibverbs.so.1 -> <the library>` and
+//! `librdmacm.so.1 -> <the same library>` (the loader maps the file once for both names),
+//! put first on `LD_LIBRARY_PATH`; then the program is `exec`ed, so its exit status and
+//! signals are its own.
 //!
 //! Where the library is looked for, in order: `$REMEM_IBV_LIB` (a file), the directory of
 //! the `remem` executable (cargo puts both in `target/<profile>/`), `<that directory>/../lib`
@@ -25,8 +26,8 @@ use std::process::{Command, ExitCode};
 
 /// The drop-in library's file name.
 pub const LIB_NAME: &str = "libremem_ibv.so";
-/// The drop-in librdmacm's file name (linked when it lies beside the library).
-pub const RDMACM_LIB_NAME: &str = "libremem_rdmacm.so";
+/// The names the drop-in directory gives the library: the libraries it replaces.
+pub const LINK_NAMES: [&str; 2] = ["libibverbs.so.1", "librdmacm.so.1"];
 /// The environment variable naming the library's path.
 pub const LIB_ENV: &str = "REMEM_IBV_LIB";
 /// Exit status of `remem run` when it fails before running the program (as `env`'s).
@@ -40,12 +41,13 @@ const EXIT_OWN_FAILURE: u8 = 125;
 Examples:
   remem run -- ib_write_bw -d rxe0            # serve on the drop-in
   remem run -- ib_write_bw -d rxe0 127.0.0.1  # ... and connect, in another shell
+  remem run -- rping -s -a 127.0.0.1 -v       # RDMA CM programs too (librdmacm)
   LD_LIBRARY_PATH=$(remem run --lib-dir) ibv_devinfo
 
 The library is looked for at $REMEM_IBV_LIB, beside the remem executable, then in
 <executable dir>/../lib; build it with `cargo build --release -p remem-ibv`.
-Programs that ignore LD_LIBRARY_PATH (setuid programs, an RPATH naming libibverbs) do not
-load the drop-in. Exit status: the program's; 125 if remem run itself failed, 126 if the
+The library is both libibverbs.so.1 and librdmacm.so.1. Programs that ignore
+LD_LIBRARY_PATH (setuid programs, an RPATH naming libibverbs) do not load the drop-in. Exit status: the program's; 125 if remem run itself failed, 126 if the
 program could not be run, 127 if it was not found."
 )]
 pub struct RunArgs {
@@ -168,14 +170,13 @@ pub fn drop_in_dir(lib: &Path) -> Result<PathBuf, String> {
     let lib_dir = lib
         .parent()
         .ok_or_else(|| format!("{}: no parent directory", lib.display()))?;
-    let rdmacm = Some(lib_dir.join(RDMACM_LIB_NAME)).filter(|p| p.is_file());
     let beside = lib_dir.join("remem-ibv");
-    let first = match populate(&beside, &lib, rdmacm.as_deref(), false) {
+    let first = match populate(&beside, &lib, false) {
         Ok(()) => return Ok(beside),
         Err(e) => e,
     };
     let fallback = fallback_dir();
-    populate(&fallback, &lib, rdmacm.as_deref(), true)
+    populate(&fallback, &lib, true)
         .map(|()| fallback.clone())
         .map_err(|e| {
             format!(
@@ -194,12 +195,11 @@ fn fallback_dir() -> PathBuf {
     }
 }
 
-/// Makes `dir` hold exactly the links the drop-in needs: `libibverbs.so.1 -> lib`, and
-/// `librdmacm.so.1 -> rdmacm` when there is one (a stale one removed when not). Links
-/// already right are left alone, so a directory someone else prepared (a read-only
-/// install) is used as it is. `private`: the directory must be the user's own and writable
-/// by nobody else (a shared place such as /tmp).
-fn populate(dir: &Path, lib: &Path, rdmacm: Option<&Path>, private: bool) -> io::Result<()> {
+/// Makes `dir` hold the links the drop-in needs: `libibverbs.so.1 -> lib` and
+/// `librdmacm.so.1 -> lib`. Links already right are left alone, so a directory someone
+/// else prepared (a read-only install) is used as it is. `private`: the directory must be
+/// the user's own and writable by nobody else (a shared place such as /tmp).
+fn populate(dir: &Path, lib: &Path, private: bool) -> io::Result<()> {
     // Beside the library, as any directory (other users may use it); a shared place's
     // directory private to the user.
     let mode = if private { 0o700 } else { 0o777 };
@@ -217,28 +217,24 @@ fn populate(dir: &Path, lib: &Path, rdmacm: Option<&Path>, private: bool) -> io:
             "owned by another user or writable by others: not used",
         ));
     }
-    set_link(dir, "libibverbs.so.1", Some(lib))?;
-    set_link(dir, "librdmacm.so.1", rdmacm)
+    for name in LINK_NAMES {
+        set_link(dir, name, lib)?;
+    }
+    Ok(())
 }
 
-/// Makes `dir/name` a symbolic link to `target` (or removes the link when `target` is
-/// `None`), unless it already is exactly that.
-fn set_link(dir: &Path, name: &str, target: Option<&Path>) -> io::Result<()> {
+/// Makes `dir/name` a symbolic link to `target`, unless it already is exactly that.
+fn set_link(dir: &Path, name: &str, target: &Path) -> io::Result<()> {
     let path = dir.join(name);
-    let current = fs::read_link(&path).ok();
-    match target {
-        Some(t) if current.as_deref() == Some(t) => Ok(()),
-        Some(t) => {
-            let tmp = dir.join(format!(".{name}.{}", std::process::id()));
-            let _ = fs::remove_file(&tmp);
-            std::os::unix::fs::symlink(t, &tmp)?;
-            fs::rename(&tmp, &path).inspect_err(|_| {
-                let _ = fs::remove_file(&tmp);
-            })
-        }
-        None if current.is_some() => fs::remove_file(&path),
-        None => Ok(()),
+    if fs::read_link(&path).ok().as_deref() == Some(target) {
+        return Ok(());
     }
+    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+    let _ = fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp)?;
+    fs::rename(&tmp, &path).inspect_err(|_| {
+        let _ = fs::remove_file(&tmp);
+    })
 }
 
 #[cfg(test)]
@@ -310,26 +306,25 @@ mod tests {
         fs::write(&lib, b"").unwrap();
         let dir = drop_in_dir(&lib).unwrap();
         assert_eq!(dir, root.join("remem-ibv"));
+        // Both libraries are the one file.
         assert_eq!(fs::read_link(dir.join("libibverbs.so.1")).unwrap(), lib);
-        assert!(fs::symlink_metadata(dir.join("librdmacm.so.1")).is_err());
-        // With the librdmacm drop-in beside it, that link too; gone again when it is.
-        let cm = root.join(RDMACM_LIB_NAME);
-        fs::write(&cm, b"").unwrap();
+        assert_eq!(fs::read_link(dir.join("librdmacm.so.1")).unwrap(), lib);
+        // Stale links (an earlier separate librdmacm drop-in, a moved library) are
+        // replaced; no temporary is left behind.
+        for name in LINK_NAMES {
+            fs::remove_file(dir.join(name)).unwrap();
+            std::os::unix::fs::symlink("/elsewhere.so", dir.join(name)).unwrap();
+        }
         drop_in_dir(&lib).unwrap();
-        assert_eq!(fs::read_link(dir.join("librdmacm.so.1")).unwrap(), cm);
-        fs::remove_file(&cm).unwrap();
-        drop_in_dir(&lib).unwrap();
-        assert!(fs::symlink_metadata(dir.join("librdmacm.so.1")).is_err());
-        // A stale link is replaced; no temporary is left behind.
-        fs::remove_file(dir.join("libibverbs.so.1")).unwrap();
-        std::os::unix::fs::symlink("/elsewhere.so", dir.join("libibverbs.so.1")).unwrap();
-        drop_in_dir(&lib).unwrap();
-        assert_eq!(fs::read_link(dir.join("libibverbs.so.1")).unwrap(), lib);
-        let names: Vec<_> = fs::read_dir(&dir)
+        for name in LINK_NAMES {
+            assert_eq!(fs::read_link(dir.join(name)).unwrap(), lib);
+        }
+        let mut names: Vec<_> = fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(names, ["libibverbs.so.1"]);
+        names.sort();
+        assert_eq!(names, ["libibverbs.so.1", "librdmacm.so.1"]);
         fs::remove_dir_all(root).unwrap();
     }
 
@@ -341,10 +336,10 @@ mod tests {
         let open = root.join("open");
         fs::create_dir(&open).unwrap();
         fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
-        let err = populate(&open, &lib, None, true).unwrap_err();
+        let err = populate(&open, &lib, true).unwrap_err();
         assert!(err.to_string().contains("writable by others"), "{err}");
         let mine = root.join("mine");
-        populate(&mine, &lib, None, true).unwrap();
+        populate(&mine, &lib, true).unwrap();
         assert_eq!(
             fs::metadata(&mine).unwrap().permissions().mode() & 0o777,
             0o700

@@ -257,6 +257,17 @@ impl Device {
         self.state().addr
     }
 
+    /// The IP addresses the device serves: a soft device's address, an interface's
+    /// addresses (what the RDMA CM matches a bound or resolved address against).
+    pub fn ips(&self) -> Vec<IpAddr> {
+        let st = self.state();
+        match (&st.addr, &st.netdev) {
+            (Some(a), _) => vec![a.ip().to_canonical()],
+            (None, Some(n)) => n.addrs.iter().map(|a| a.to_canonical()).collect(),
+            (None, None) => Vec::new(),
+        }
+    }
+
     /// Opens the remem device (or shares the one already open).
     fn open(&self) -> remem_verbs::Result<Arc<dyn remem_verbs::Context>> {
         let mut st = self.state();
@@ -333,6 +344,12 @@ fn devices() -> Result<&'static [Device], &'static str> {
         })
         .as_deref()
         .map_err(String::as_str)
+}
+
+/// The configured devices, in list order (the RDMA CM picks among them), or why
+/// `REMEM_IBV_DEVICES` is refused.
+pub(crate) fn configured() -> Result<&'static [Device], &'static str> {
+    devices()
 }
 
 /// The device entry behind a program's `*mut ibv_device`: `None` for NULL or a pointer

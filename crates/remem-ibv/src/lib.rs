@@ -153,6 +153,7 @@ macro_rules! trampoline_type {
     };
 }
 
+#[macro_use]
 pub mod abi;
 pub mod context;
 pub mod device;
@@ -163,6 +164,7 @@ pub mod mr;
 pub mod pd;
 pub mod private;
 pub mod query;
+pub mod rdmacm;
 pub mod symbols;
 
 // The queue objects (helper B).

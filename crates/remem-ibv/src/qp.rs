@@ -103,7 +103,7 @@ pub unsafe fn qp_from<'a>(qp: *mut ibv_qp) -> Option<&'a QpInner> {
 /// # Safety
 ///
 /// `qp` is a live QP of this library.
-unsafe fn set_state(qp: *mut ibv_qp, state: QpState) {
+pub(crate) unsafe fn set_state(qp: *mut ibv_qp, state: QpState) {
     // SAFETY: by the contract; written in place, no reference is made.
     unsafe { (&raw mut (*qp).state).write(state as ibv_qp_state) };
 }

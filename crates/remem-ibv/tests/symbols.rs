@@ -2,7 +2,8 @@
 //! tools of the issue need (`objdump -T`) — their own references and those of the
 //! libraries they load (perftest links libmlx5 and libefa, which reference rdma-core's
 //! provider-internal `IBVERBS_PRIVATE_34` symbols, and starts with `-z now`: a missing one
-//! and it does not start) — and carries the soname `libibverbs.so.1`.
+//! and it does not start) — and carries the soname `libibverbs.so.1`. The same file is the
+//! drop-in librdmacm: every `RDMACM` reference of rdmacm-utils and perftest resolves too.
 
 mod common;
 
@@ -27,6 +28,19 @@ const TOOLS: &[(&str, &str)] = &[
     ("ib_read_lat", "perftest"),
     ("ib_send_lat", "perftest"),
     ("ib_atomic_lat", "perftest"),
+    ("rping", "rdmacm-utils"),
+    ("rdma_server", "rdmacm-utils"),
+    ("rdma_client", "rdmacm-utils"),
+    ("rdma_xserver", "rdmacm-utils"),
+    ("rdma_xclient", "rdmacm-utils"),
+    ("ucmatose", "rdmacm-utils"),
+    ("udaddy", "rdmacm-utils"),
+    ("mckey", "rdmacm-utils"),
+    ("cmtime", "rdmacm-utils"),
+    ("rstream", "rdmacm-utils"),
+    ("riostream", "rdmacm-utils"),
+    ("rcopy", "rdmacm-utils"),
+    ("udpong", "rdmacm-utils"),
 ];
 
 fn objdump(path: &std::path::Path) -> Option<String> {
@@ -37,20 +51,26 @@ fn objdump(path: &std::path::Path) -> Option<String> {
 }
 
 /// `(name, version)` of the symbols in `objdump -T` output, undefined (`UND`) ones or
-/// defined ones, with a version starting `IBVERBS`.
-fn ibverbs_symbols(dump: &str, undefined: bool) -> BTreeSet<(String, String)> {
+/// defined ones, with a version starting `prefix` (`IBVERBS`, `RDMACM`).
+fn versioned(dump: &str, prefix: &str, undefined: bool) -> BTreeSet<(String, String)> {
     dump.lines()
-        .filter(|l| l.contains("IBVERBS") && l.contains("*UND*") == undefined)
+        .filter(|l| l.contains(prefix) && l.contains("*UND*") == undefined)
         .filter_map(|l| {
             let mut w = l.split_whitespace().rev();
             let name = w.next()?;
             let ver = w.next()?.trim_matches(['(', ')']);
             Some((name.to_string(), ver.to_string()))
         })
+        .filter(|(_, v)| v.starts_with(prefix))
         .collect()
 }
 
-/// The shared libraries `path` loads (`ldd`), but libibverbs itself.
+/// The `IBVERBS` symbols of an `objdump -T` output.
+fn ibverbs_symbols(dump: &str, undefined: bool) -> BTreeSet<(String, String)> {
+    versioned(dump, "IBVERBS", undefined)
+}
+
+/// The shared libraries `path` loads (`ldd`), but libibverbs and librdmacm themselves.
 fn libraries(path: &std::path::Path) -> Vec<std::path::PathBuf> {
     let Ok(out) = Command::new("ldd").arg(path).output() else {
         return Vec::new();
@@ -65,19 +85,23 @@ fn libraries(path: &std::path::Path) -> Vec<std::path::PathBuf> {
                 .map(Into::into)
         })
         .filter(|p: &std::path::PathBuf| {
-            !p.to_string_lossy().contains("libibverbs.so") && p.is_file()
+            let s = p.to_string_lossy();
+            !s.contains("libibverbs.so") && !s.contains("librdmacm.so") && p.is_file()
         })
         .collect()
 }
 
 #[test]
-fn every_tool_resolves_every_libibverbs_symbol() {
+fn every_tool_resolves_every_libibverbs_and_librdmacm_symbol() {
     let lib = common::library();
     let Some(dump) = objdump(&lib) else {
         common::skip("objdump not found (Debian package binutils)");
         return;
     };
-    let defined = ibverbs_symbols(&dump, false);
+    let defined: BTreeSet<_> = ibverbs_symbols(&dump, false)
+        .union(&versioned(&dump, "RDMACM", false))
+        .cloned()
+        .collect();
     assert!(
         defined.len() >= 76,
         "{} versioned definitions",
@@ -91,7 +115,11 @@ fn every_tool_resolves_every_libibverbs_symbol() {
         let mut objects = vec![path.clone()];
         objects.extend(libraries(&path));
         for object in objects {
-            let needed = ibverbs_symbols(&objdump(&object).unwrap(), true);
+            let dump = objdump(&object).unwrap();
+            let needed: BTreeSet<_> = ibverbs_symbols(&dump, true)
+                .union(&versioned(&dump, "RDMACM", true))
+                .cloned()
+                .collect();
             let missing: Vec<_> = needed.difference(&defined).collect();
             assert!(
                 missing.is_empty(),

@@ -19,7 +19,7 @@
 #[macro_use]
 pub(crate) mod macros;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use core::ffi::{c_char, c_int, c_uint, c_void};
 use libc::{pthread_cond_t, pthread_mutex_t, timespec};

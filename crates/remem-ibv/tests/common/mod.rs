@@ -24,8 +24,9 @@ pub fn library() -> PathBuf {
     panic!("libremem_ibv.so not found next to {}", exe.display());
 }
 
-/// A fresh drop-in directory for one test: `libibverbs.so.1` (and `libibverbs.so`, for
-/// linking C programs) pointing at the built library. Removed when dropped.
+/// A fresh drop-in directory for one test: `libibverbs.so.1` and `librdmacm.so.1` (and
+/// `libibverbs.so`, `librdmacm.so`, for linking C programs) pointing at the built library.
+/// Removed when dropped.
 pub struct DropIn {
     pub dir: PathBuf,
 }
@@ -36,7 +37,13 @@ impl DropIn {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let lib = library();
-        for name in ["libibverbs.so.1", "libibverbs.so"] {
+        // One file is both libraries (see remem_ibv::rdmacm).
+        for name in [
+            "libibverbs.so.1",
+            "libibverbs.so",
+            "librdmacm.so.1",
+            "librdmacm.so",
+        ] {
             std::os::unix::fs::symlink(&lib, dir.join(name)).unwrap();
         }
         DropIn { dir }

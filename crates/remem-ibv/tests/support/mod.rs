@@ -135,3 +135,78 @@ pub fn assert_both_ok(what: &str, server: &Ran, client: &Ran) {
         );
     }
 }
+
+/// One side of an RDMA CM pair: the program, its arguments, the address of its device.
+pub struct CmSide<'a> {
+    pub prog: &'a Path,
+    pub args: Vec<String>,
+    /// The IPv4 address of its soft device (`REMEM_IBV_DEVICES=rxe0=soft@IP`).
+    pub ip: std::net::Ipv4Addr,
+}
+
+/// A pair of loopback addresses (server, client) for one RDMA CM pair: distinct per call
+/// and per test process (`127.{180 + pid % 60}.n.{1,2}`), so pairs running at once, in
+/// this process or another, never share a soft device's UDP port.
+pub fn cm_addrs() -> (std::net::Ipv4Addr, std::net::Ipv4Addr) {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    static NEXT: AtomicU8 = AtomicU8::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let b = 180 + (std::process::id() % 60) as u8;
+    (
+        std::net::Ipv4Addr::new(127, b, n, 1),
+        std::net::Ipv4Addr::new(127, b, n, 2),
+    )
+}
+
+/// Runs an RDMA CM server and then its client on the drop-in, each on a soft device of
+/// its own: the client starts once the server's `rdma_listen` has returned (the library
+/// writes a line to the FIFO named by `REMEM_RDMACM_NOTIFY`) or the server has exited.
+pub fn run_cm_pair(d: &DropIn, server: &CmSide, client: &CmSide) -> (Ran, Ran) {
+    use std::io::BufRead;
+    let fifo = d.dir.join(format!("listening-{}", server.ip));
+    let _ = std::fs::remove_file(&fifo);
+    let made = Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo {}", fifo.display());
+    // Read and write: the open does not wait for a writer, and the library's
+    // non-blocking open for writing finds a reader.
+    let reader = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fifo)
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(reader).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let sargs: Vec<&str> = server.args.iter().map(String::as_str).collect();
+    let mut s = dropin_command(d, server.prog, &sargs)
+        .env("REMEM_IBV_DEVICES", format!("rxe0=soft@{}", server.ip))
+        .env("REMEM_RDMACM_NOTIFY", &fifo)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(RUN_LIMIT_S);
+    loop {
+        // Woken by the line; the timeout only lets a server that died be noticed.
+        if rx.recv_timeout(Duration::from_millis(100)).is_ok() {
+            break;
+        }
+        if s.try_wait().unwrap().is_some() || Instant::now() > deadline {
+            let ran = Ran::collect(s);
+            let not = Ran {
+                code: None,
+                out: "client not started: the server never listened".into(),
+            };
+            return (ran, not);
+        }
+    }
+    let cargs: Vec<&str> = client.args.iter().map(String::as_str).collect();
+    let c = dropin_command(d, client.prog, &cargs)
+        .env("REMEM_IBV_DEVICES", format!("rxe0=soft@{}", client.ip))
+        .spawn()
+        .unwrap();
+    let client = Ran::collect(c);
+    let server = Ran::collect(s);
+    (server, client)
+}

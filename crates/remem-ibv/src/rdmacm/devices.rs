@@ -1,0 +1,414 @@
+//! Which device an RDMA CM id is on, and the devices as librdmacm opens them.
+//!
+//! librdmacm opens every device once for the process; an id gets one when it binds or
+//! resolves an address. Here a device is opened the first time an id needs it (or
+//! `rdma_get_devices` lists it) and stays open for the life of the process: its
+//! `ibv_context` (this library's, so `rdma_cm_id.verbs` works with every `ibv_*` call),
+//! a default PD (`rdma_cm_id.pd`, made on first use), and its provider's CM channel,
+//! watched by the [`router`](super::router).
+//!
+//! Picking a device for an address (`for_bind`, `for_dst`): the device whose address
+//! it is; the unspecified address means every device. For a destination with no device
+//! of its own: the device holding the source address the kernel would use to reach it,
+//! else the first device of the same scope (loopback or not) and family, else the first
+//! of the family.
+
+#![allow(unsafe_code)]
+
+use super::abi::*;
+use crate::abi::{ibv_context, ibv_pd};
+use crate::context::ctx_from;
+use crate::ffi::{guard_ptr, null_with};
+use core::ffi::c_int;
+use remem_verbs::cm::{CmChannel, CmId, PortSpace};
+use remem_verbs::{Context, GidType};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::sync::{Arc, Mutex, OnceLock};
+
+symver!(
+    "rdma_get_devices" @ "RDMACM_1.0",
+    "rdma_free_devices" @ "RDMACM_1.0",
+);
+
+/// Where devices come from: the drop-in's configured devices (`REMEM_IBV_DEVICES`), or a
+/// test's.
+pub(crate) trait Source: Send + Sync {
+    /// The addresses of every configured device, in list order (an errno if the
+    /// configuration is bad).
+    fn addrs(&self) -> Result<Vec<Vec<IpAddr>>, c_int>;
+    /// Opens device `index` as an `ibv_context` of this library.
+    fn open(&self, index: usize) -> Result<*mut ibv_context, c_int>;
+    /// The provider's CM channel for `dev`.
+    fn create_cm_channel(&self, dev: &Arc<dyn Context>) -> remem_verbs::Result<Arc<dyn CmChannel>>;
+    /// A CM id on `dev` reporting to `channel`.
+    fn create_cm_id(
+        &self,
+        dev: &Arc<dyn Context>,
+        channel: &Arc<dyn CmChannel>,
+        ps: PortSpace,
+    ) -> remem_verbs::Result<Arc<dyn CmId>>;
+}
+
+/// The drop-in's devices.
+struct Configured;
+
+impl Source for Configured {
+    fn addrs(&self) -> Result<Vec<Vec<IpAddr>>, c_int> {
+        match crate::device::configured() {
+            Ok(devs) => Ok(devs.iter().map(|d| d.ips()).collect()),
+            Err(why) => {
+                eprintln!("remem-ibv: {}: {why}", crate::device::DEVICES_ENV);
+                Err(libc::EINVAL)
+            }
+        }
+    }
+
+    fn open(&self, index: usize) -> Result<*mut ibv_context, c_int> {
+        let devs = crate::device::configured().map_err(|_| libc::EINVAL)?;
+        let d = devs.get(index).ok_or(libc::ENODEV)?;
+        // SAFETY: a device entry of this library's list.
+        let ctx =
+            unsafe { crate::device::remem_ibv_ibv_open_device((&raw const d.abi).cast_mut()) };
+        if ctx.is_null() {
+            Err(crate::ffi::errno())
+        } else {
+            Ok(ctx)
+        }
+    }
+
+    fn create_cm_channel(&self, dev: &Arc<dyn Context>) -> remem_verbs::Result<Arc<dyn CmChannel>> {
+        dev.create_cm_channel()
+    }
+
+    fn create_cm_id(
+        &self,
+        dev: &Arc<dyn Context>,
+        channel: &Arc<dyn CmChannel>,
+        ps: PortSpace,
+    ) -> remem_verbs::Result<Arc<dyn CmId>> {
+        dev.create_cm_id(channel, ps)
+    }
+}
+
+static SOURCE: OnceLock<Box<dyn Source>> = OnceLock::new();
+
+/// The device source (the configured devices unless a test installed its own first).
+pub(crate) fn source() -> &'static dyn Source {
+    SOURCE.get_or_init(|| Box::new(Configured)).as_ref()
+}
+
+/// Installs a test's device source (before any CM call of the process; the same one
+/// for every test).
+#[cfg(test)]
+pub(crate) fn install(make: impl FnOnce() -> Box<dyn Source>) {
+    SOURCE.get_or_init(make);
+}
+
+/// A device as the RDMA CM uses it (open for the life of the process).
+pub(crate) struct CmDev {
+    /// Its position in the device list.
+    pub index: usize,
+    /// Its IP addresses (from its GID table once open).
+    pub ips: Vec<IpAddr>,
+    /// The `ibv_context` (address) ids on it report as `verbs`.
+    verbs: usize,
+    /// The remem device.
+    pub dev: Arc<dyn Context>,
+    /// The provider's CM channel, watched by the router.
+    pub channel: Arc<dyn CmChannel>,
+    /// The default PD (address; 0 until made).
+    pd: Mutex<usize>,
+    /// `max_qp_rd_atom`: the most responder resources a connection may ask.
+    pub max_responder_resources: u8,
+    /// `max_qp_init_rd_atom`: the most initiator depth.
+    pub max_initiator_depth: u8,
+}
+
+impl std::fmt::Debug for CmDev {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmDev")
+            .field("index", &self.index)
+            .field("ips", &self.ips)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CmDev {
+    /// The `ibv_context` of the device (this library's; never closed).
+    pub fn verbs(&self) -> *mut ibv_context {
+        self.verbs as *mut ibv_context
+    }
+
+    /// The device's default PD (`rdma_cm_id.pd`), made on first use.
+    pub fn default_pd(&self) -> Result<*mut ibv_pd, c_int> {
+        let mut pd = self.pd.lock().unwrap_or_else(|e| e.into_inner());
+        if *pd == 0 {
+            // SAFETY: the device's open context.
+            let p = unsafe { crate::pd::remem_ibv_ibv_alloc_pd(self.verbs()) };
+            if p.is_null() {
+                return Err(crate::ffi::errno());
+            }
+            *pd = p as usize;
+        }
+        Ok(*pd as *mut ibv_pd)
+    }
+
+    /// A new CM id on this device.
+    pub fn create_cm_id(&self, ps: PortSpace) -> Result<Arc<dyn CmId>, c_int> {
+        source()
+            .create_cm_id(&self.dev, &self.channel, ps)
+            .map_err(|e| super::errno_of(&e))
+    }
+}
+
+/// The devices opened so far, by index.
+static OPEN: Mutex<Vec<Option<Arc<CmDev>>>> = Mutex::new(Vec::new());
+
+/// The addresses of every device: those of an open device from its GID table, the
+/// configured ones otherwise.
+fn all_addrs() -> Result<Vec<Vec<IpAddr>>, c_int> {
+    let mut addrs = source().addrs()?;
+    let open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
+    for (i, d) in open.iter().enumerate() {
+        if let (Some(d), Some(slot)) = (d, addrs.get_mut(i)) {
+            slot.clone_from(&d.ips);
+        }
+    }
+    Ok(addrs)
+}
+
+/// How many devices there are (ENODEV for none, as librdmacm).
+pub(crate) fn count() -> Result<usize, c_int> {
+    match source().addrs()?.len() {
+        0 => Err(libc::ENODEV),
+        n => Ok(n),
+    }
+}
+
+/// Opens device `index` for the CM (once per process).
+pub(crate) fn open(index: usize) -> Result<Arc<CmDev>, c_int> {
+    let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(Some(d)) = open.get(index) {
+        return Ok(Arc::clone(d));
+    }
+    let src = source();
+    let verbs = src.open(index)?;
+    // SAFETY: a context this library just opened; it is never closed.
+    let ctx = unsafe { ctx_from(verbs) }.ok_or(libc::ENODEV)?;
+    let dev = Arc::clone(&ctx.shared().dev);
+    let channel = src
+        .create_cm_channel(&dev)
+        .map_err(|e| super::errno_of(&e))?;
+    super::router::watch(&channel)?;
+    let mut ips: Vec<IpAddr> = dev
+        .gid_table(1)
+        .unwrap_or_default()
+        .iter()
+        .filter(|e| e.gid_type == GidType::RoceV2)
+        .map(|e| e.gid.to_ip().to_canonical())
+        .collect();
+    if ips.is_empty() {
+        ips = src.addrs()?.get(index).cloned().unwrap_or_default();
+    }
+    let attr = dev.query_device().ok();
+    let clamp = |v: u32| u8::try_from(v).unwrap_or(u8::MAX);
+    let d = Arc::new(CmDev {
+        index,
+        ips,
+        verbs: verbs as usize,
+        dev,
+        channel,
+        pd: Mutex::new(0),
+        max_responder_resources: attr.as_ref().map_or(1, |a| clamp(a.max_qp_rd_atom)),
+        max_initiator_depth: attr.as_ref().map_or(1, |a| clamp(a.max_qp_init_rd_atom)),
+    });
+    if open.len() <= index {
+        open.resize(index + 1, None);
+    }
+    open[index] = Some(Arc::clone(&d));
+    Ok(d)
+}
+
+/// The open device of a remem device (the one a provider id reports as its context).
+pub(crate) fn by_context(dev: &Arc<dyn Context>) -> Option<Arc<CmDev>> {
+    let open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
+    open.iter()
+        .flatten()
+        .find(|d| Arc::ptr_eq(&d.dev, dev))
+        .cloned()
+}
+
+/// The devices a bind to `ip` covers: every device for the unspecified address (those
+/// that open; ENODEV if none does), else the device serving `ip` (EADDRNOTAVAIL if none).
+pub(crate) fn for_bind(ip: IpAddr) -> Result<Vec<Arc<CmDev>>, c_int> {
+    let ip = ip.to_canonical();
+    let addrs = all_addrs()?;
+    if ip.is_unspecified() {
+        let mut out = Vec::new();
+        let mut err = libc::ENODEV;
+        for i in 0..addrs.len() {
+            match open(i) {
+                Ok(d) => out.push(d),
+                Err(e) => err = e,
+            }
+        }
+        return if out.is_empty() { Err(err) } else { Ok(out) };
+    }
+    let i = addrs
+        .iter()
+        .position(|a| a.contains(&ip))
+        .ok_or(libc::EADDRNOTAVAIL)?;
+    Ok(vec![open(i)?])
+}
+
+/// The device that serves `ip` (EADDRNOTAVAIL if none).
+pub(crate) fn for_src(ip: IpAddr) -> Result<Arc<CmDev>, c_int> {
+    let ip = ip.to_canonical();
+    let i = all_addrs()?
+        .iter()
+        .position(|a| a.contains(&ip))
+        .ok_or(libc::EADDRNOTAVAIL)?;
+    open(i)
+}
+
+/// The device to reach `dst` from (see the module documentation; ENODEV if no device
+/// has the family).
+pub(crate) fn for_dst(dst: IpAddr) -> Result<Arc<CmDev>, c_int> {
+    let dst = dst.to_canonical();
+    let addrs = all_addrs()?;
+    let pick = pick_for_dst(&addrs, dst, kernel_source_for(dst)).ok_or(libc::ENODEV)?;
+    open(pick)
+}
+
+/// The address the kernel would send from to reach `dst` (a connected UDP socket's
+/// local address; nothing is sent).
+fn kernel_source_for(dst: IpAddr) -> Option<IpAddr> {
+    let bind: SocketAddr = match dst {
+        IpAddr::V4(_) => "0.0.0.0:0".parse().ok()?,
+        IpAddr::V6(_) => "[::]:0".parse().ok()?,
+    };
+    let s = UdpSocket::bind(bind).ok()?;
+    s.connect(SocketAddr::new(dst, 9)).ok()?;
+    Some(s.local_addr().ok()?.ip().to_canonical())
+}
+
+/// The index of the device to reach `dst` from, among devices with addresses `addrs`,
+/// given the kernel's source address for it (pure; see the module documentation).
+pub(crate) fn pick_for_dst(
+    addrs: &[Vec<IpAddr>],
+    dst: IpAddr,
+    kernel_src: Option<IpAddr>,
+) -> Option<usize> {
+    let find = |f: &dyn Fn(&IpAddr) -> bool| addrs.iter().position(|a| a.iter().any(f));
+    find(&|a| *a == dst)
+        .or_else(|| kernel_src.and_then(|s| find(&|a| *a == s)))
+        .or_else(|| find(&|a| a.is_ipv4() == dst.is_ipv4() && a.is_loopback() == dst.is_loopback()))
+        .or_else(|| find(&|a| a.is_ipv4() == dst.is_ipv4()))
+}
+
+/// `rdma_get_devices`: every device, opened (`ibv_context`s of this library), in a
+/// NULL-terminated array freed by `rdma_free_devices`; `*num_devices` their number. NULL
+/// with errno (ENODEV: no devices) if none can be opened.
+///
+/// # Safety
+///
+/// `num_devices` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_get_devices(
+    num_devices: *mut c_int,
+) -> *mut *mut ibv_context {
+    guard_ptr("rdma_get_devices", || {
+        let set_num = |n: usize| {
+            if !num_devices.is_null() {
+                // SAFETY: non-NULL and writable by the contract.
+                unsafe { *num_devices = n as c_int };
+            }
+        };
+        let n = match count() {
+            Ok(n) => n,
+            Err(e) => {
+                set_num(0);
+                return null_with(e);
+            }
+        };
+        let list: Vec<*mut ibv_context> = (0..n)
+            .filter_map(|i| open(i).ok())
+            .map(|d| d.verbs())
+            .collect();
+        if list.is_empty() {
+            set_num(0);
+            return null_with(libc::ENODEV);
+        }
+        set_num(list.len());
+        // SAFETY: calloc of len + 1 pointers (zeroed: the NULL terminator); freed by
+        // rdma_free_devices with free().
+        let out = unsafe { libc::calloc(list.len() + 1, size_of::<*mut ibv_context>()) }
+            .cast::<*mut ibv_context>();
+        if out.is_null() {
+            set_num(0);
+            return null_with(libc::ENOMEM);
+        }
+        for (i, c) in list.iter().enumerate() {
+            // SAFETY: within the len + 1 slots just allocated.
+            unsafe { out.add(i).write(*c) };
+        }
+        out
+    })
+}
+
+/// `rdma_free_devices`: frees the array (the devices stay open, as librdmacm's do).
+///
+/// # Safety
+///
+/// `list` is NULL or came from `rdma_get_devices` and is not used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_free_devices(list: *mut *mut ibv_context) {
+    // SAFETY: NULL or the calloc'd array of rdma_get_devices, by the contract.
+    unsafe { libc::free(list.cast()) };
+}
+
+/// The port space of an `enum rdma_port_space` value (EINVAL otherwise).
+pub(crate) fn port_space(ps: rdma_port_space) -> Result<PortSpace, c_int> {
+    u16::try_from(ps)
+        .ok()
+        .and_then(PortSpace::from_value)
+        .ok_or(libc::EINVAL)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_destination_picks_its_own_device_then_the_kernel_s_then_the_same_scope() {
+        let addrs = vec![
+            vec![ip("10.0.0.1")],
+            vec![ip("127.0.0.2")],
+            vec![ip("127.0.0.3"), ip("fd00::3")],
+        ];
+        assert_eq!(pick_for_dst(&addrs, ip("127.0.0.3"), None), Some(2));
+        assert_eq!(pick_for_dst(&addrs, ip("127.0.0.9"), None), Some(1));
+        assert_eq!(
+            pick_for_dst(&addrs, ip("127.0.0.9"), Some(ip("127.0.0.3"))),
+            Some(2)
+        );
+        assert_eq!(pick_for_dst(&addrs, ip("192.168.1.1"), None), Some(0));
+        assert_eq!(pick_for_dst(&addrs, ip("fd00::7"), None), Some(2));
+        assert_eq!(pick_for_dst(&[vec![ip("10.0.0.1")]], ip("::1"), None), None);
+        assert_eq!(pick_for_dst(&[], ip("10.0.0.1"), None), None);
+    }
+
+    #[test]
+    fn port_spaces() {
+        assert_eq!(port_space(RDMA_PS_TCP), Ok(PortSpace::Tcp));
+        assert_eq!(port_space(RDMA_PS_UDP), Ok(PortSpace::Udp));
+        assert_eq!(port_space(RDMA_PS_IB), Ok(PortSpace::Ib));
+        assert_eq!(port_space(RDMA_PS_IPOIB), Ok(PortSpace::Ipoib));
+        assert_eq!(port_space(7), Err(libc::EINVAL));
+        assert_eq!(port_space(0x1_0106), Err(libc::EINVAL));
+    }
+}

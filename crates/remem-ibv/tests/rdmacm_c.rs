@@ -1,0 +1,52 @@
+//! A C program compiled against rdma-core's `rdma_cma.h` and linked with the drop-in
+//! (`-lrdmacm -libverbs`: one library): what the rdmacm-utils do not exercise, on the soft
+//! provider's CM — a QP the program manages itself (CONNECT_RESPONSE, `rdma_init_qp_attr`,
+//! `rdma_establish`), data over it, a reject with private data, errno values
+//! (tests/c/cm.c).
+
+mod common;
+mod support;
+
+use common::{DropIn, run, text};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+#[test]
+fn a_c_program_connects_its_own_qp_and_is_rejected_with_private_data() {
+    if !common::have_file(Path::new("/usr/include/rdma/rdma_cma.h"), "librdmacm-dev") {
+        return;
+    }
+    let Some(cc) = common::tool("cc", "gcc") else {
+        return;
+    };
+    let d = DropIn::new("c-cm");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/cm.c");
+    let exe = d.dir.join("cm");
+    let out = Command::new(cc)
+        .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg(format!("-L{}", d.dir.display()))
+        .args(["-lrdmacm", "-libverbs"])
+        .arg(format!("-Wl,-rpath,{}", d.dir.display()))
+        .output()
+        .expect("cc");
+    assert!(out.status.success(), "cc: {}", text(&out.stderr));
+    let (s, c) = support::cm_addrs();
+    let out = run(
+        d.command(&exe)
+            .arg(s.to_string())
+            .arg(c.to_string())
+            .env("REMEM_IBV_DEVICES", format!("srv=soft@{s},cli=soft@{c}")),
+        Duration::from_secs(60),
+    );
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\nstderr:\n{}",
+        text(&out.stderr)
+    );
+    assert!(stdout.contains("0 failures"), "{stdout}");
+    assert!(!stdout.contains("FAIL"), "{stdout}");
+}
