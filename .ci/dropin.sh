@@ -129,6 +129,51 @@ for t in $tests; do
     "$remem" run -- ib_$t $common -n 1000 :: "$remem" perf --perftest $t -d soft@127.0.0.1 -n 1000
 done
 
+echo "== RDMA CM: rdmacm-utils and perftest -R on the drop-in librdmacm (both ends), each on a soft device of its own"
+# cm_pair LABEL TOOL SERVER-ARGS :: CLIENT-ARGS: the server on 127.0.18.N1, the client on
+# 127.0.18.N2; {S} in the arguments is the server's address. The client starts once the
+# server's rdma_listen returned (the drop-in writes a line to $REMEM_RDMACM_NOTIFY).
+cm_n=0
+cm_pair() {
+  # TOOL may be SERVER-TOOL/CLIENT-TOOL.
+  local label=$1 stool=${2%/*} ctool=${2#*/}; shift 2
+  local sargs=() cargs=()
+  cm_n=$((cm_n + 2))
+  local sip=127.0.18.$cm_n cip=127.0.18.$((cm_n + 1))
+  while [ "$1" != :: ]; do sargs+=("${1//\{S\}/$sip}"); shift; done
+  shift
+  for a in "$@"; do cargs+=("${a//\{S\}/$sip}"); done
+  rm -f "$logs"/server "$logs"/client "$logs"/notify
+  : > "$logs"/notify
+  REMEM_IBV_DEVICES=rxe0=soft@$sip REMEM_RDMACM_NOTIFY="$logs"/notify \
+    timeout 120 "$remem" run -- "$stool" "${sargs[@]}" > "$logs"/server 2>&1 &
+  local server=$!
+  for _ in $(seq 400); do
+    grep -q listening "$logs"/notify && break
+    kill -0 $server 2>/dev/null || break
+    sleep 0.05
+  done
+  local ok=1
+  REMEM_IBV_DEVICES=rxe0=soft@$cip timeout 120 "$remem" run -- "$ctool" "${cargs[@]}" > "$logs"/client 2>&1 || ok=0
+  wait $server || ok=0
+  if [ -n "$expect" ] && ! grep -Eq "$expect" "$logs"/client; then ok=0; fi
+  if [ $ok = 1 ]; then pass "$label"; else fail "$label"; fi
+}
+if command -v rping >/dev/null 2>&1; then
+  expect='ping data: rdma-ping-99'
+  cm_pair "rping -C 100 -v" rping -s -a {S} -C 100 -v :: -c -a {S} -C 100 -v
+  expect=''
+  cm_pair "rdma_server / rdma_client" rdma_server/rdma_client -s {S} :: -s {S}
+  cm_pair "ucmatose -c 4 -C 20" ucmatose -b {S} -c 4 -C 20 :: -s {S} -c 4 -C 20
+  cm_pair "udaddy -c 2 -C 20" udaddy -b {S} -c 2 -C 20 :: -s {S} -c 2 -C 20
+  expect='^ *[0-9]+ +[0-9]+ +[0-9.]+'
+  cm_pair "ib_write_bw -R" ib_write_bw -R -d rxe0 -x 0 -F -n 200 :: -R -d rxe0 -x 0 -F -n 200 {S}
+  cm_pair "ib_send_bw -R" ib_send_bw -R -d rxe0 -x 0 -F -n 200 :: -R -d rxe0 -x 0 -F -n 200 {S}
+  cm_pair "ib_read_lat -R" ib_read_lat -R -d rxe0 -x 0 -F -n 200 :: -R -d rxe0 -x 0 -F -n 200 {S}
+else
+  fail "rdmacm-utils is missing (apt-get install rdmacm-utils)"
+fi
+
 if [ "$quick" != --quick ]; then
   echo "== remem-ibverbs (the rdma-core provider) over the drop-in: the provider conformance suite through the C ABI"
   if cargo build --release --quiet -p remem-ibverbs --example conformance; then
