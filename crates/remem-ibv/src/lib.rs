@@ -5,7 +5,8 @@
 //!
 //! The crate builds `libremem_ibv.so` with soname `libibverbs.so.1`; a directory holding
 //! a `libibverbs.so.1` symlink to it, put first on `LD_LIBRARY_PATH`, replaces rdma-core's
-//! library for a program (`remem run -- prog`).
+//! library for a program (`remem run -- prog`). The same file carries librdmacm's symbols
+//! ([`rdmacm`]): a `librdmacm.so.1` symlink to it replaces rdma-core's librdmacm too.
 //!
 //! # Layers
 //!
