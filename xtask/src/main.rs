@@ -920,6 +920,18 @@ fn conformance(img: &Image) -> Res<i32> {
             ));
         }
     }
+    // RDMA CM with a lost REP and a lost RTU against kernel rdma_cm: the host's soft device
+    // loses its first REP (host B: the kernel's REQ is retried, the duplicate answered),
+    // then its first RTU (host A: the kernel's REP is retried, the RTU sent again).
+    for (guest_role, host_role, lost) in [("A", "B", "rep"), ("B", "A", "rtu")] {
+        guest.push_str(&format!(
+            "echo '== RDMA CM, the host soft device loses its first {lost}: guest (rdma-core, kernel rxe) {guest_role}, host (soft) {host_role}'\n\
+             ./conformance link rxe0 connect {link} {guest_role} cm_connect_disconnect || rc=1\n"
+        ));
+        host.push_str(&format!(
+            "REMEM_SOFT_FAULTS=drop_cm={lost} {host_bin} link {soft} listen {link} {host_role} cm_connect_disconnect || rc=1\n"
+        ));
+    }
     // The async API's tests: those on a pair of devices run on two contexts of rxe0.
     for test in API_TESTS {
         guest.push_str(&format!(

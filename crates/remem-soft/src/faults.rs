@@ -29,7 +29,17 @@ pub struct FaultConfig {
     pub delay: Duration,
     /// Seed of the random fates: the same seed and traffic give the same faults.
     pub seed: u64,
+    /// CM MADs to lose once each, deterministically: bit `attr - 0x10` for CM attribute
+    /// `attr` (REQ 0x10 … SIDR REP 0x18). The first MAD of each kind named here that the
+    /// device sends is lost, later ones go (e.g. a lost REP, then its retransmission) —
+    /// so a test shows the CM's retries against any peer, kernel rdma_cm included.
+    pub drop_cm: u16,
 }
+
+/// The CM message names `drop_cm=` takes, in attribute order from 0x10.
+const CM_NAMES: [&str; 9] = [
+    "req", "mra", "rej", "rep", "rtu", "dreq", "drep", "sidr_req", "sidr_rep",
+];
 
 impl FaultConfig {
     /// Whether any fault is configured.
@@ -39,10 +49,12 @@ impl FaultConfig {
             || self.duplicate > 0.0
             || self.reorder > 0.0
             || !self.delay.is_zero()
+            || self.drop_cm != 0
     }
 
     /// Parses `key=value` pairs separated by commas: `loss`, `corrupt`, `dup`, `reorder`
-    /// (probabilities in [0, 1]), `delay_us`, `seed`.
+    /// (probabilities in [0, 1]), `delay_us`, `seed`, and `drop_cm` (CM messages joined by
+    /// `+`, e.g. `drop_cm=rep+rtu`: [`FaultConfig::drop_cm`]).
     pub fn parse(s: &str) -> Result<FaultConfig, String> {
         let mut c = FaultConfig::default();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -68,6 +80,15 @@ impl FaultConfig {
                     )
                 }
                 "seed" => c.seed = v.parse().map_err(|_| format!("`{part}`: not a number"))?,
+                "drop_cm" => {
+                    for name in v.split('+') {
+                        let bit = CM_NAMES
+                            .iter()
+                            .position(|n| *n == name)
+                            .ok_or_else(|| format!("`{part}`: no CM message `{name}`"))?;
+                        c.drop_cm |= 1 << bit;
+                    }
+                }
                 _ => return Err(format!("unknown fault `{k}`")),
             }
         }
@@ -110,8 +131,25 @@ pub struct FaultInjector {
     delayed: VecDeque<(Instant, SocketAddr, Vec<u8>)>,
     /// A packet held back to go after the next one, and when it must go anyway.
     held: Option<(Instant, SocketAddr, Vec<u8>)>,
+    /// The kinds of [`FaultConfig::drop_cm`] already lost once.
+    cm_lost: u16,
     /// Counts so far.
     pub counts: FaultCounts,
+}
+
+/// The CM attribute of a packet that carries a CM MAD to QP 1 (a UD SEND ONLY: BTH,
+/// DETH, then the MAD), as a bit of [`FaultConfig::drop_cm`].
+fn cm_bit(pkt: &[u8]) -> Option<u16> {
+    const UD_SEND_ONLY: u8 = 0x64;
+    const MAD: usize = 12 + 8; // BTH + DETH
+    let dest_qp = u32::from_be_bytes([0, *pkt.get(5)?, *pkt.get(6)?, *pkt.get(7)?]);
+    if *pkt.first()? != UD_SEND_ONLY || dest_qp != 1 || *pkt.get(MAD + 1)? != 0x07 {
+        return None;
+    }
+    let attr = u16::from_be_bytes([*pkt.get(MAD + 16)?, *pkt.get(MAD + 17)?]);
+    attr.checked_sub(0x10)
+        .filter(|b| usize::from(*b) < CM_NAMES.len())
+        .map(|b| 1 << b)
 }
 
 /// Longest a reordered packet waits for a packet to overtake it.
@@ -125,6 +163,7 @@ impl FaultInjector {
             rng: StdRng::seed_from_u64(cfg.seed),
             delayed: VecDeque::new(),
             held: None,
+            cm_lost: 0,
             counts: FaultCounts::default(),
         }
     }
@@ -138,6 +177,11 @@ impl FaultInjector {
         pkt: &[u8],
         out: &mut Vec<(SocketAddr, Vec<u8>)>,
     ) {
+        if let Some(bit) = cm_bit(pkt).filter(|b| self.cfg.drop_cm & b & !self.cm_lost != 0) {
+            self.cm_lost |= bit;
+            self.counts.dropped += 1;
+            return;
+        }
         if self.rng.random_bool(self.cfg.loss) {
             self.counts.dropped += 1;
             return;
@@ -227,6 +271,35 @@ mod tests {
         for bad in ["loss=2", "loss", "jitter=1", "delay_us=-1", "seed=x"] {
             assert!(FaultConfig::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_first_cm_mad_of_each_named_kind_is_lost() {
+        let c = FaultConfig::parse("drop_cm=rep+rtu").unwrap();
+        assert_eq!(c.drop_cm, (1 << 3) | (1 << 4));
+        assert!(c.is_active());
+        assert!(FaultConfig::parse("drop_cm=rep+nope").is_err());
+        let mad = |attr: u16| {
+            let mut p = vec![0u8; 12 + 8 + 256 + 4];
+            p[0] = 0x64; // UD SEND ONLY
+            p[7] = 1; // to QP 1
+            p[21] = 0x07; // CM class
+            p[36..38].copy_from_slice(&attr.to_be_bytes());
+            p
+        };
+        let mut f = FaultInjector::new(c);
+        let now = Instant::now();
+        let mut out = Vec::new();
+        f.on_send(now, dst(), &mad(0x13), &mut out); // REP: lost
+        f.on_send(now, dst(), &mad(0x10), &mut out); // REQ: not named
+        f.on_send(now, dst(), &mad(0x13), &mut out); // REP again: goes
+        f.on_send(now, dst(), &mad(0x14), &mut out); // RTU: lost
+        let mut not_cm = mad(0x14);
+        not_cm[7] = 2; // to another QP
+        f.on_send(now, dst(), &not_cm, &mut out);
+        f.on_send(now, dst(), b"short", &mut out);
+        assert_eq!(out.len(), 4);
+        assert_eq!(f.counts.dropped, 2);
     }
 
     #[test]

@@ -470,6 +470,49 @@ fn connections_survive_lost_mads() {
     assert!(retransmits > 0, "some MADs were lost and resent");
 }
 
+/// A CM that retries fast, with the first MADs of the kinds in `drop_cm` lost.
+fn dropping(drop_cm: &str) -> SoftOptions {
+    SoftOptions {
+        faults: Some(FaultConfig::parse(&format!("drop_cm={drop_cm}")).unwrap()),
+        cm: Some(CmConfig::default().with_response_timeout(14)),
+        ..SoftOptions::default()
+    }
+}
+
+fn counter(ctx: &Arc<dyn Context>, name: &str) -> u64 {
+    ctx.counters()
+        .iter()
+        .find(|c| c.name == name)
+        .map_or(0, |c| c.value)
+}
+
+#[test]
+fn a_lost_rep_and_a_lost_rtu_are_retried() {
+    // The listener's first REP is lost: the connector's REQ times out and goes again, the
+    // listener answers the duplicate with its REP again. Then the connector's first RTU
+    // (and first DREQ) are lost: the listener's REP times out and goes again, the
+    // connector answers with the RTU again; the DREQ is resent.
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let a: Arc<dyn Context> = Arc::new(
+        SoftContext::bind_with(SocketAddr::new(ip("127.0.42.1"), 0), &dropping("rtu+dreq"))
+            .unwrap(),
+    );
+    let port = a.info().udp_addr.unwrap().port();
+    let b: Arc<dyn Context> = Arc::new(
+        SoftContext::bind_with(SocketAddr::new(ip("127.0.42.2"), port), &dropping("rep")).unwrap(),
+    );
+    let (cep, cid, cch, sep, _sid, sch, _lid) = connect_pair(&a, &b, 7300);
+    send_one(&cep, &sep, 3);
+    cid.disconnect().unwrap();
+    expect(&cch, CmEventKind::Disconnected);
+    expect(&sch, CmEventKind::Disconnected);
+    // a resent its REQ (the REP was lost), its RTU (on b's REP again) and its DREQ;
+    // b its REP (on the duplicate REQ, and again when no RTU came).
+    assert!(counter(&a, "cm_retransmits") >= 2, "{:?}", a.counters());
+    assert!(counter(&b, "cm_retransmits") + counter(&b, "cm_duplicates") >= 1);
+    assert!(counter(&a, "fault_dropped") >= 2 || counter(&b, "fault_dropped") >= 1);
+}
+
 #[test]
 fn another_providers_channel_and_bad_binds_are_refused() {
     let (a, b) = pair("127.0.40.17", "127.0.40.18", &SoftOptions::default());
