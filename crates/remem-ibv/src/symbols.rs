@@ -24,11 +24,51 @@ pub fn exports() -> Vec<(&'static str, &'static str)> {
     .concat()
 }
 
+/// The `(name, version)` pairs a Debian library exports (functions, and objects if
+/// `objects`) at versions starting with `prefix`, as `objdump -T` lists them; `None` (after
+/// a visible "skipped") when objdump or the library is missing — a failure instead under
+/// `REMEM_REQUIRE_IBV_TOOLS`, as in CI, where a skip would hide the check.
+#[cfg(test)]
+pub(crate) fn debian_exports(
+    lib: &str,
+    package: &str,
+    prefix: &str,
+    objects: bool,
+) -> Option<std::collections::BTreeSet<(String, String)>> {
+    let out = match std::process::Command::new("objdump")
+        .args(["-T", lib])
+        .output()
+    {
+        Ok(o) if o.status.success() => o,
+        _ => {
+            let why = format!("objdump or {lib} missing (binutils, {package})");
+            assert!(
+                std::env::var_os("REMEM_REQUIRE_IBV_TOOLS").is_none(),
+                "REMEM_REQUIRE_IBV_TOOLS is set, but: {why}"
+            );
+            eprintln!("skipped: {why}");
+            return None;
+        }
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    Some(
+        text.lines()
+            .filter(|l| l.contains(" DF ") || (objects && l.contains(" DO ")))
+            .filter(|l| !l.contains("*UND*") && !l.contains("*ABS*"))
+            .filter_map(|l| {
+                let mut words = l.split_whitespace().rev();
+                Some((words.next()?.to_string(), words.next()?.to_string()))
+            })
+            // "(IBVERBS_1.0)" is a hidden compat version (old struct layouts).
+            .filter(|(_, v)| v.starts_with(prefix))
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
-    use super::exports;
+    use super::{debian_exports, exports};
     use std::collections::BTreeSet;
-    use std::process::Command;
 
     const DEBIAN_LIB: &str = "/usr/lib/x86_64-linux-gnu/libibverbs.so.1";
 
@@ -45,35 +85,9 @@ mod tests {
     /// reference.
     #[test]
     fn exports_cover_debian_libibverbs() {
-        let out = match Command::new("objdump").args(["-T", DEBIAN_LIB]).output() {
-            Ok(o) if o.status.success() => o,
-            _ => {
-                let why = format!("objdump or {DEBIAN_LIB} missing (binutils, libibverbs1)");
-                // CI installs both: there a skip would hide the check.
-                assert!(
-                    std::env::var_os("REMEM_REQUIRE_IBV_TOOLS").is_none(),
-                    "REMEM_REQUIRE_IBV_TOOLS is set, but: {why}"
-                );
-                eprintln!("skipped: {why}");
-                return;
-            }
+        let Some(debian) = debian_exports(DEBIAN_LIB, "libibverbs1", "IBVERBS_", true) else {
+            return;
         };
-        let text = String::from_utf8_lossy(&out.stdout);
-        let mut debian = BTreeSet::new();
-        for line in text
-            .lines()
-            .filter(|l| l.contains(" DF ") || l.contains(" DO "))
-            .filter(|l| !l.contains("*UND*") && !l.contains("*ABS*"))
-        {
-            let mut words = line.split_whitespace().rev();
-            let (Some(name), Some(ver)) = (words.next(), words.next()) else {
-                continue;
-            };
-            // "(IBVERBS_1.0)" is a hidden compat version (old struct layouts).
-            if ver.starts_with("IBVERBS_") {
-                debian.insert((name.to_string(), ver.to_string()));
-            }
-        }
         assert!(
             debian.len() > 140,
             "parsed {} symbols from objdump",
