@@ -1181,20 +1181,12 @@ impl Agent {
             return;
         }
         match state {
-            ReqSent | MraReqRcvd => {
+            ReqSent | MraReqRcvd | SidrReqSent => {
                 self.stats.timeouts += 1;
-                self.send_rej(conn, rej_reason::TIMEOUT, MsgRef::Other, &[]);
-                self.report(
-                    conn,
-                    Event::Unreachable {
-                        conn,
-                        status: -ETIMEDOUT,
-                    },
-                );
-                self.remove(conn);
-            }
-            SidrReqSent => {
-                self.stats.timeouts += 1;
+                // A SIDR REQ has no REJ; a REQ's connection is given up with one.
+                if state != SidrReqSent {
+                    self.send_rej(conn, rej_reason::TIMEOUT, MsgRef::Other, &[]);
+                }
                 self.report(
                     conn,
                     Event::Unreachable {
