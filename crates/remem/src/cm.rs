@@ -9,6 +9,10 @@
 //! start of the CM's private data ([`CM_EXTRAS_LEN`] bytes), the application's private
 //! data after it. Either side's [`Connection::close`] (or drop) disconnects through the CM
 //! too, and a CM disconnect by the peer closes the connection.
+//!
+//! On a device its user drives (a soft device without a progress thread), the handshake's
+//! waits drive the device; after `connect_cm` returns, its RTU leaves with the device's
+//! next drive ([`Connection::poll_completions`]), as every packet of such a device does.
 
 use crate::conn::{ConnectOptions, Connection, EndpointInfo};
 use crate::error::{CloseReason, Error, HandshakeError, Result};
@@ -224,16 +228,49 @@ impl Drop for CmLink {
     }
 }
 
+/// The next item of `rx` (`None` once its sender is gone), waiting until `deadline` at
+/// most (`Err(())` past it). On a device its user drives
+/// ([`Context::caller_driven`](remem_verbs::Context::caller_driven)) nothing else moves the
+/// CM's packets while a handshake waits: the wait drives it.
+async fn recv_driven<T>(
+    ctx: &Arc<dyn remem_verbs::Context>,
+    rx: &mut mpsc::UnboundedReceiver<T>,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<Option<T>> {
+    if !ctx.caller_driven() {
+        return match deadline {
+            Some(d) => tokio::time::timeout_at(d, rx.recv())
+                .await
+                .map_err(|_| Error::Timeout("RDMA CM")),
+            None => Ok(rx.recv().await),
+        };
+    }
+    loop {
+        match rx.try_recv() {
+            Ok(v) => return Ok(Some(v)),
+            Err(mpsc::error::TryRecvError::Disconnected) => return Ok(None),
+            Err(mpsc::error::TryRecvError::Empty) => {}
+        }
+        if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+            return Err(Error::Timeout("RDMA CM"));
+        }
+        ctx.drive(std::time::Duration::ZERO)?;
+        tokio::task::yield_now().await;
+    }
+}
+
 /// Waits for the next event of an id, bounded by `deadline`.
 async fn next_event(
+    ctx: &Arc<dyn remem_verbs::Context>,
     rx: &mut mpsc::UnboundedReceiver<CmEvent>,
     deadline: tokio::time::Instant,
     what: &'static str,
 ) -> Result<CmEvent> {
-    match tokio::time::timeout_at(deadline, rx.recv()).await {
+    match recv_driven(ctx, rx, Some(deadline)).await {
         Ok(Some(ev)) => Ok(ev),
         Ok(None) => Err(HandshakeError::Closed.into()),
-        Err(_) => Err(Error::Timeout(what)),
+        Err(Error::Timeout(_)) => Err(Error::Timeout(what)),
+        Err(e) => Err(e),
     }
 }
 
@@ -253,12 +290,13 @@ fn cm_failure(ev: &CmEvent) -> Error {
 
 /// Expects an event of `kind`; any other ends the step with its error.
 async fn expect(
+    ctx: &Arc<dyn remem_verbs::Context>,
     rx: &mut mpsc::UnboundedReceiver<CmEvent>,
     kind: CmEventKind,
     deadline: tokio::time::Instant,
     what: &'static str,
 ) -> Result<CmEvent> {
-    let ev = next_event(rx, deadline, what).await?;
+    let ev = next_event(ctx, rx, deadline, what).await?;
     if ev.kind == kind {
         Ok(ev)
     } else {
@@ -352,6 +390,7 @@ impl Rdma {
         };
         id.resolve_addr(None, addr, timeout)?;
         expect(
+            ctx,
             &mut rx,
             CmEventKind::AddrResolved,
             deadline,
@@ -360,6 +399,7 @@ impl Rdma {
         .await?;
         id.resolve_route(timeout)?;
         expect(
+            ctx,
             &mut rx,
             CmEventKind::RouteResolved,
             deadline,
@@ -368,7 +408,7 @@ impl Rdma {
         .await?;
         let mut prepared = self.prepare_with(opts)?;
         id.connect(&conn_param(self, &prepared.local_info(), opts))?;
-        let ev = next_event(&mut rx, deadline, "CM connection").await?;
+        let ev = next_event(ctx, &mut rx, deadline, "CM connection").await?;
         if ev.kind != CmEventKind::ConnectResponse {
             return Err(cm_failure(&ev));
         }
@@ -429,12 +469,9 @@ impl CmListener {
 
     /// The next connection request.
     pub async fn next_request(&self) -> Result<CmConnRequest> {
-        let (ev, rx) = self
-            .requests
-            .lock()
-            .await
-            .recv()
-            .await
+        let mut requests = self.requests.lock().await;
+        let (ev, rx) = recv_driven(self.rdma.context(), &mut requests, None)
+            .await?
             .ok_or(Error::Closed(CloseReason::Local))?;
         Ok(CmConnRequest {
             rdma: self.rdma.clone(),
@@ -523,7 +560,14 @@ impl CmConnRequest {
         let conn = prepared.connect(remote)?;
         conn.set_peer_private_data(user.to_vec());
         id.accept(&conn_param(&self.rdma, &info, opts))?;
-        expect(&mut rx, CmEventKind::Established, deadline, "CM connection").await?;
+        expect(
+            self.rdma.context(),
+            &mut rx,
+            CmEventKind::Established,
+            deadline,
+            "CM connection",
+        )
+        .await?;
         conn.attach_cm(link, rx);
         Ok(conn)
     }

@@ -141,3 +141,47 @@ async fn too_much_private_data_is_refused_before_anything_is_sent() {
         Err(Error::InvalidArgument(_))
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn devices_their_users_drive_connect_through_the_cm() {
+    // Soft devices without a progress thread: nothing moves the CM's packets unless the
+    // handshake's waits drive the devices (the listener's too, while it waits for a
+    // request).
+    use remem_soft::{SoftContext, SoftOptions};
+    use std::sync::Arc;
+    let inline = SoftOptions {
+        inline: true,
+        ..SoftOptions::default()
+    };
+    let open = |addr: String| -> Arc<dyn remem::verbs::Context> {
+        Arc::new(SoftContext::bind_with(addr.parse().unwrap(), &inline).unwrap())
+    };
+    let a_ctx = open("127.0.15.201:0".into());
+    let port = a_ctx.info().udp_addr.unwrap().port();
+    let b_ctx = open(format!("127.0.15.202:{port}"));
+    assert!(a_ctx.caller_driven() && b_ctx.caller_driven());
+    let build = |ctx| {
+        remem::RdmaBuilder::new()
+            .context(ctx)
+            .polling(Polling::Manual)
+            .keepalive(None)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (build(a_ctx), build(b_ctx));
+    let listener = b.listen_cm(any_port(&b)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { listener.accept().await });
+    let ca = a.connect_cm(addr).await.unwrap();
+    // The connector's RTU leaves when its device is driven next (as with any packet of a
+    // device its user drives): poll until the listener has its connection.
+    let cb = loop {
+        if server.is_finished() {
+            break server.await.unwrap().unwrap();
+        }
+        ca.poll_completions();
+        tokio::task::yield_now().await;
+    };
+    assert_ne!(ca.qp_num(), 0);
+    assert_ne!(cb.qp_num(), 0);
+}
