@@ -243,8 +243,12 @@ fn send_bw_old_post_send_bidirectional_multi_qp() {
 
 #[test]
 fn send_bw_uc() {
+    // UC has no flow control: a sender that outruns its receiver loses messages (as on a
+    // NIC), and perftest's SEND server waits for every one. 200 one-packet messages fit the
+    // receives it posts and the receiving socket's buffer even when the machine is loaded
+    // (200 × 64 KiB did not: a CI run lost one and the server waited until killed).
     if uc_supported() {
-        perftest("ib_send_bw", &["-n", "200", "-c", "UC"]);
+        perftest("ib_send_bw", &["-n", "200", "-s", "1024", "-c", "UC"]);
     }
 }
 
