@@ -81,6 +81,8 @@ for t in write_bw read_bw send_bw atomic_bw write_lat read_lat send_lat atomic_l
   # perftest refuses -a for atomics ("Message size cannot be changed for Atomic tests").
   case $t in atomic_*) ;; *) pair "ib_$t -a" ib_$t $common -a -n 100 ;; esac
   pair "ib_$t --use_old_post_send" ib_$t $common --use_old_post_send -n 1000
+  # Completion events: the peer's ACK reaches the waiting side before the answer does.
+  case $t in send_lat) pair "ib_$t -e" ib_$t $common -e -n 1000 ;; esac
   case $t in *_bw)
     pair "ib_$t -q 4" ib_$t $common -q 4
     pair "ib_$t -b" ib_$t $common -b ;;

@@ -338,8 +338,6 @@ pub struct RcTransport {
     state: QpState,
     req: Requester,
     resp: Responder,
-    /// A plain ACK let one request packet go first (it goes next, whatever comes).
-    ack_waited: bool,
 }
 
 fn wc_opcode(op: &SendOp) -> WcOpcode {
@@ -362,7 +360,6 @@ impl RcTransport {
             state: QpState::Reset,
             req: Requester::new(),
             resp: Responder::new(),
-            ack_waited: false,
         }
     }
 
@@ -493,23 +490,14 @@ impl RcTransport {
         emit: impl FnOnce(&TxPacket, &mut dyn FnMut(&mut [u8]) -> Result<(), AccessError>) -> R,
     ) -> Option<R> {
         let sending = matches!(self.state, QpState::Rts | QpState::Sqd);
-        // A plain ACK lets one request packet of this QP go first: the two then leave in
-        // one batch, and a ping-pong's reply does not wait for the ACK's own send. It never
-        // waits twice in a row, so a busy requester cannot starve it.
-        let ack_next = matches!(self.resp.out.front(), Some(Out::Ack { .. }));
-        let first = if ack_next && sending && !self.ack_waited {
-            self.poll_request(now)
-        } else {
-            None
-        };
-        self.ack_waited = first.is_some();
-        let (pkt, src) = match first {
+        // What the responder owes (ACKs, READ and atomic responses) goes before this side's
+        // own requests, as a NIC that acknowledges in hardware sends it: a peer sees its
+        // request acknowledged before this side's answer to it arrives. (Both still leave
+        // in one GSO batch when the driver sends them together.)
+        let (pkt, src) = match self.poll_response(env) {
             Some(p) => p,
-            None => match self.poll_response(env) {
-                Some(p) => p,
-                None if sending => self.poll_request(now)?,
-                None => return None,
-            },
+            None if sending => self.poll_request(now)?,
+            None => return None,
         };
         // A region of the work request was deregistered since it was posted: none of it is
         // sent, the work request completes with a local protection error (rxe's
@@ -2195,6 +2183,35 @@ mod tests {
         assert_eq!(env.buf.load_u64(0).unwrap(), 25, "a duplicate was executed");
         assert_eq!(t.state(), QpState::Rts);
         assert!(env.events.is_empty());
+    }
+
+    #[test]
+    fn an_owed_ack_leaves_before_this_sides_next_request() {
+        // A ping-pong: the peer's WRITE arrives and this side posts its answer at once. The
+        // ACK of the peer's WRITE goes first, as a NIC that acknowledges in hardware sends
+        // it: a peer waiting in an event loop sees its own WRITE complete before this
+        // side's answer arrives (perftest's `ib_send_lat -e` relies on it).
+        let (mut env, mut t, va) = setup(4);
+        let now = Instant::now();
+        t.handle_packet(now, &write_pkt(Pos::Only, EPSN, &[1; 8], 8, va), &mut env);
+        t.post_send(
+            SendWqe {
+                wr_id: 1,
+                op: SendOp::Send,
+                data: crate::wqe::SendData::Sges(vec![
+                    MemRegion::new(env.buf.clone(), 0..8).unwrap().into(),
+                ]),
+                len: 8,
+                signaled: true,
+                solicited: false,
+                fence: false,
+                ud: None,
+            },
+            &mut env,
+        );
+        let sent = transmit(&mut t, &mut env, 10);
+        let kinds: Vec<Kind> = sent.iter().map(|p| p.0).collect();
+        assert_eq!(kinds, [Kind::Ack, Kind::Send], "{sent:?}");
     }
 
     #[test]
