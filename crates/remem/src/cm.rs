@@ -475,11 +475,11 @@ impl CmListener {
             .ok_or(Error::Closed(CloseReason::Local))?;
         Ok(CmConnRequest {
             rdma: self.rdma.clone(),
-            link: Some(CmLink {
+            link: CmLink {
                 id: ev.id.clone(),
                 pump: self.pump.clone(),
-            }),
-            rx: Some(rx),
+            },
+            rx,
             peer: ev.id.peer_addr(),
             event: ev,
         })
@@ -504,8 +504,8 @@ impl Drop for CmListener {
 /// unanswered rejects it.
 pub struct CmConnRequest {
     rdma: Rdma,
-    link: Option<CmLink>,
-    rx: Option<mpsc::UnboundedReceiver<CmEvent>>,
+    link: CmLink,
+    rx: mpsc::UnboundedReceiver<CmEvent>,
     peer: Option<SocketAddr>,
     event: CmEvent,
 }
@@ -535,33 +535,38 @@ impl CmConnRequest {
     /// `opts.private_data` (at most [`MAX_CM_ACCEPT_PRIVATE_DATA`] bytes), and returns
     /// the connection once the CM reports it established. A request from a peer that is
     /// not a remem endpoint is rejected ([`HandshakeError::NotRemem`]).
-    pub async fn accept(mut self, opts: &ConnectOptions) -> Result<Connection> {
+    pub async fn accept(self, opts: &ConnectOptions) -> Result<Connection> {
         if opts.private_data.len() > MAX_CM_ACCEPT_PRIVATE_DATA {
             return Err(Error::InvalidArgument(format!(
                 "{} bytes of private data (at most {MAX_CM_ACCEPT_PRIVATE_DATA} through the CM)",
                 opts.private_data.len()
             )));
         }
-        let link = self.link.take().expect("a request is answered once");
-        let mut rx = self.rx.take().expect("a request is answered once");
+        let CmConnRequest {
+            rdma,
+            link,
+            mut rx,
+            event,
+            ..
+        } = self;
         let id = link.id.clone();
-        let (extras, user) = match Extras::decode(&self.event.private_data) {
+        let (extras, user) = match Extras::decode(&event.private_data) {
             Ok(v) => v,
             Err(e) => {
                 let _ = id.reject(&[]);
                 return Err(e);
             }
         };
-        let deadline = tokio::time::Instant::now() + self.rdma.config().handshake_timeout;
-        let mut prepared = self.rdma.prepare_with(opts)?;
-        let (remote, psn) = negotiated(&self.rdma, &id, &peer_param(&self.event)?, extras)?;
+        let deadline = tokio::time::Instant::now() + rdma.config().handshake_timeout;
+        let mut prepared = rdma.prepare_with(opts)?;
+        let (remote, psn) = negotiated(&rdma, &id, &peer_param(&event)?, extras)?;
         prepared.set_psn(psn);
         let info = prepared.local_info();
         let conn = prepared.connect(remote)?;
         conn.set_peer_private_data(user.to_vec());
-        id.accept(&conn_param(&self.rdma, &info, opts))?;
+        id.accept(&conn_param(&rdma, &info, opts))?;
         expect(
-            self.rdma.context(),
+            rdma.context(),
             &mut rx,
             CmEventKind::Established,
             deadline,
@@ -574,9 +579,8 @@ impl CmConnRequest {
 
     /// Rejects with private data (at most [`remem_verbs::PrivateDataLimit::REJ`] bytes):
     /// the connecting side fails with [`Error::Rejected`].
-    pub fn reject(mut self, private_data: &[u8]) -> Result<()> {
-        let link = self.link.take().expect("a request is answered once");
-        Ok(link.id.reject(private_data)?)
+    pub fn reject(self, private_data: &[u8]) -> Result<()> {
+        Ok(self.link.id.reject(private_data)?)
     }
 }
 
