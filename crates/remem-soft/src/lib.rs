@@ -38,7 +38,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 /// The UDP port of RoCEv2 (IANA-assigned), on which soft devices listen by default.
-pub const ROCEV2_UDP_PORT: u16 = 4791;
+pub use remem_verbs::ROCEV2_UDP_PORT;
 
 /// The address a soft device named `soft@<ip>[:<port>]` binds (UDP port
 /// [`ROCEV2_UDP_PORT`] when the port is omitted), as [`SoftProvider`] opens it: `None` if

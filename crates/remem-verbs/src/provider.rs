@@ -22,6 +22,10 @@ use std::any::Any;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
+/// The UDP destination port of RoCEv2 (IANA-assigned): where RoCE NICs and kernel rxe
+/// receive.
+pub const ROCEV2_UDP_PORT: u16 = 4791;
+
 /// A source of devices: one per provider (`ibv_get_device_list` + `ibv_open_device`).
 pub trait Provider: Send + Sync {
     /// The provider's name, e.g. `"soft"` or `"ibverbs"`.
@@ -111,6 +115,24 @@ pub trait Context: Any + Send + Sync {
     fn drive(&self, timeout: std::time::Duration) -> Result<usize> {
         let _ = timeout;
         Ok(0)
+    }
+
+    /// Tells the device that the RoCEv2 peer whose GID is `gid` receives on UDP port `port`
+    /// (a soft device of another process may listen on any port; RoCE NICs and kernel rxe
+    /// all use [`ROCEV2_UDP_PORT`]). Later packets to that GID — from QPs or address
+    /// handles, new or existing — go to that port. Devices that can only send to
+    /// [`ROCEV2_UDP_PORT`] accept that port and answer any other with
+    /// [`Error::Unsupported`](crate::Error::Unsupported); a device may bound how many peers
+    /// it remembers ([`Error::Exhausted`](crate::Error::Exhausted) beyond that).
+    fn set_peer_udp_port(&self, gid: crate::Gid, port: u16) -> Result<()> {
+        let _ = gid;
+        if port == ROCEV2_UDP_PORT {
+            Ok(())
+        } else {
+            Err(crate::Error::Unsupported(
+                "sending RoCEv2 to a UDP port other than 4791",
+            ))
+        }
     }
 
     /// Creates an RDMA CM event channel (`rdma_create_event_channel`) that ids of any
