@@ -83,11 +83,9 @@ fn main() -> Result<(), String> {
         }
     }
     let device = device.ok_or("--device soft@IP:PORT is required")?;
-    let addr = device
-        .strip_prefix("soft@")
-        .ok_or("a soft device: soft@IP:PORT")?
-        .parse()
-        .map_err(|e| format!("{device}: {e}"))?;
+    let addr = remem_soft::SoftDeviceName::bound_addr(&device)
+        .map_err(|e| e.to_string())?
+        .ok_or("a soft device: soft@IP:PORT")?;
     let ctx: Arc<dyn Context> =
         Arc::new(SoftContext::bind(addr).map_err(|e| format!("opening {device}: {e}"))?);
     let o = QpOptions {

@@ -322,6 +322,13 @@ impl Context for SoftContext {
         self.dev.counters()
     }
 
+    /// Soft devices send to any UDP port: the peer's port goes into a per-device table
+    /// ([`crate::engine::PEER_PORT_BUDGET`] peers; [`Error::Exhausted`] beyond), consulted
+    /// for every packet to that GID's address (QPs, address handles, CM MADs).
+    fn set_peer_udp_port(&self, gid: remem_verbs::Gid, port: u16) -> Result<()> {
+        self.dev.engine.set_peer_port(gid.to_ip(), port)
+    }
+
     fn create_cm_channel(&self) -> Result<Arc<dyn remem_verbs::cm::CmChannel>> {
         Ok(Arc::new(crate::cm::SoftCmChannel::new()?))
     }

@@ -33,7 +33,7 @@ type QpnMap<V> = std::collections::HashMap<u32, V, BuildQpnHasher>;
 type QpnSet = std::collections::HashSet<u32, BuildQpnHasher>;
 type BuildQpnHasher = std::hash::BuildHasherDefault<crate::objects::mr::KeyHasher>;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Instant;
 
@@ -114,11 +114,23 @@ pub struct EngineStats {
     pub rx_datagrams: AtomicU64,
 }
 
+/// How many peers' UDP ports one device remembers ([`Engine::set_peer_port`]): a peer
+/// beyond that is refused with [`remem_verbs::Error::Exhausted`] (16 bytes or so each, so
+/// the table stays under a few hundred KiB however many peers an application names).
+pub const PEER_PORT_BUDGET: usize = 4096;
+
 /// The packet engine of one soft device.
 #[derive(Debug)]
 pub struct Engine {
     local: SocketAddr,
+    /// Where packets go when the peer's address is not in `peer_ports`.
     peer_port: u16,
+    /// The UDP ports of peers that receive elsewhere than `peer_port`, by (canonical) IP
+    /// address; at most [`PEER_PORT_BUDGET`] entries.
+    peer_ports: RwLock<std::collections::HashMap<IpAddr, u16>>,
+    /// Whether `peer_ports` has ever held an entry: until then the transmit path takes no
+    /// lock to pick a port.
+    any_peer_port: AtomicBool,
     qps: RwLock<QpnMap<Weak<SoftQp>>>,
     ready: Mutex<Ready>,
     timed: Mutex<QpnSet>,
@@ -177,6 +189,8 @@ impl Engine {
         Engine {
             local,
             peer_port,
+            peer_ports: RwLock::new(std::collections::HashMap::new()),
+            any_peer_port: AtomicBool::new(false),
             qps: RwLock::new(QpnMap::default()),
             ready: Mutex::new(Ready::default()),
             timed: Mutex::new(QpnSet::default()),
@@ -190,6 +204,56 @@ impl Engine {
     /// The local address.
     pub fn local(&self) -> SocketAddr {
         self.local
+    }
+
+    /// Records that the peer at `ip` receives RoCEv2 on UDP `port`: every packet this
+    /// device sends to `ip` afterwards — QPs', address handles' and the connection
+    /// manager's, new or existing — goes to that port instead of the device's default peer
+    /// port. Setting a peer again overwrites its entry. Port 0 is
+    /// [`remem_verbs::Error::InvalidArgument`]; a new peer beyond [`PEER_PORT_BUDGET`] is
+    /// [`remem_verbs::Error::Exhausted`].
+    ///
+    /// ```
+    /// use remem_soft::engine::Engine;
+    /// let engine = Engine::new("127.0.0.1:4791".parse().unwrap(), 4791);
+    /// let peer = "127.0.0.2".parse().unwrap();
+    /// assert_eq!(engine.peer_addr(peer).port(), 4791);
+    /// engine.set_peer_port(peer, 50_000).unwrap();
+    /// assert_eq!(engine.peer_addr(peer), "127.0.0.2:50000".parse().unwrap());
+    /// assert!(engine.set_peer_port(peer, 0).is_err());
+    /// ```
+    pub fn set_peer_port(&self, ip: IpAddr, port: u16) -> remem_verbs::Result<()> {
+        if port == 0 {
+            return Err(remem_verbs::Error::InvalidArgument(format!(
+                "UDP port 0 for peer {ip}: a peer receives on a port of its own"
+            )));
+        }
+        let ip = ip.to_canonical();
+        let mut table = self.peer_ports.write().unwrap_or_else(|p| p.into_inner());
+        if table.len() >= PEER_PORT_BUDGET && !table.contains_key(&ip) {
+            return Err(remem_verbs::Error::Exhausted(
+                "peer UDP port table (4096 peers per soft device)",
+            ));
+        }
+        table.insert(ip, port);
+        self.any_peer_port.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// The UDP address packets to the peer at `ip` go to: its port from
+    /// [`Engine::set_peer_port`], else the device's default peer port.
+    pub fn peer_addr(&self, ip: IpAddr) -> SocketAddr {
+        let mut port = self.peer_port;
+        if self.any_peer_port.load(Ordering::Acquire)
+            && let Some(p) = self
+                .peer_ports
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&ip.to_canonical())
+        {
+            port = *p;
+        }
+        SocketAddr::new(ip, port)
     }
 
     /// Registers a QP so that packets reach it. The engine holds it weakly: dropping the
@@ -419,7 +483,7 @@ impl Engine {
                 src_qp: crate::cm::GSI_QPN,
             });
             if let Ok(n) = h.build(&mad[..], buf) {
-                return Some((SocketAddr::new(ip, self.peer_port), n));
+                return Some((self.peer_addr(ip), n));
             }
         }
     }
@@ -486,7 +550,7 @@ impl Engine {
             }
             let mut dst = self.local;
             let built = qp.poll_transmit(now, |tx, dgid, fill| {
-                dst = SocketAddr::new(dgid.to_ip(), self.peer_port);
+                dst = self.peer_addr(dgid.to_ip());
                 let h = glue::headers(tx);
                 let (hdr, total) = h.write(tx.payload_len as usize, buf).ok()?;
                 fill(&mut buf[hdr..hdr + tx.payload_len as usize]).ok()?;

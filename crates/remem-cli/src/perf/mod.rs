@@ -610,8 +610,9 @@ pub(crate) struct Device {
 /// The address of a `soft@<ip>[:<port>]` device name (UDP port 4791 when omitted, as the
 /// soft provider reads its names); `None` if `name` is not of that form.
 pub(crate) fn soft_addr(name: &str) -> Option<Result<SocketAddr, PerfError>> {
-    remem_soft::soft_device_addr(name)
-        .map(|r| r.map_err(|_| format!("{name}: expected soft@<ip>[:<port>]")))
+    remem_soft::SoftDeviceName::bound_addr(name)
+        .map_err(|e| e.to_string())
+        .transpose()
 }
 
 /// Opens the chosen device and checks its GID (`-x`, or the first RoCE v2 GID, IPv4
