@@ -597,8 +597,9 @@ pub const MR_DESCRIPTOR_LEN: usize = 4 + TOKEN_LEN;
 
 impl RemoteMr {
     /// Bytes in the region.
-    pub fn len(&self) -> u64 {
-        self.len
+    pub fn len(&self) -> usize {
+        // Every region this crate holds fits (`RemoteMr::decode` refuses others).
+        usize::try_from(self.len).unwrap_or(usize::MAX)
     }
 
     /// Whether the region is empty.
@@ -606,14 +607,33 @@ impl RemoteMr {
         self.len == 0
     }
 
-    /// The part of the region in `range`. A range outside the region is an
+    /// The virtual address of its first byte in the peer's address space (what an RDMA
+    /// work request names; the peer's NIC checks it against the registration).
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// The part of the region in `range`, in bytes from its start — the same index type
+    /// and the same rules as [`LocalMr::get`]. A range outside the region is an
     /// [`Error::OutOfRange`] (checked arithmetic throughout: a region near the top of the
     /// address space gives an error, never an overflow).
-    pub fn get(&self, range: impl RangeBounds<u64>) -> Result<RemoteMr> {
+    ///
+    /// ```
+    /// # fn f(remote: &remem::RemoteMr, local: &remem::LocalMr) -> remem::Result<()> {
+    /// // One index type for both sides: byte offsets as `usize`.
+    /// let at: usize = 64;
+    /// let dst = remote.get(at..at + 16)?;
+    /// let src = local.get(at..at + 16)?;
+    /// assert_eq!(dst.len(), src.len());
+    /// assert!(remote.get(..remote.len() + 1).is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn get(&self, range: impl RangeBounds<usize>) -> Result<RemoteMr> {
+        let widen = |b: Bound<&usize>| b.map(|&x| x as u64);
         let (start, len) = resolve_bounds(
             self.len,
-            range.start_bound().cloned(),
-            range.end_bound().cloned(),
+            widen(range.start_bound()),
+            widen(range.end_bound()),
         )?;
         let addr = self
             .addr
@@ -622,7 +642,7 @@ impl RemoteMr {
             .ok_or(Error::OutOfRange {
                 start: usize::try_from(start).unwrap_or(usize::MAX),
                 end: usize::try_from(start.saturating_add(len)).unwrap_or(usize::MAX),
-                len: usize::try_from(self.len).unwrap_or(usize::MAX),
+                len: self.len(),
             })?;
         Ok(RemoteMr {
             addr,
@@ -708,6 +728,9 @@ impl RemoteMr {
         if addr.checked_add(len).is_none() {
             return Err(bad("the region wraps past the end of the address space"));
         }
+        if usize::try_from(len).is_err() {
+            return Err(bad("a region larger than this host can index"));
+        }
         Ok(RemoteMr {
             addr,
             len,
@@ -761,6 +784,27 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn local_and_remote_ranges_take_the_same_index_type() {
+        // `usize` byte offsets on both sides, no conversions: a range computed for one
+        // slices the other.
+        let remote = token(0x10_0000, 4096);
+        let (at, n): (usize, usize) = (1000, 24);
+        let part = remote.get(at..at + n).unwrap();
+        assert_eq!((part.addr(), part.len()), (0x10_0000 + 1000, n));
+        assert_eq!(remote.get(at..).unwrap().len(), remote.len() - at);
+        assert_eq!(remote.get(..=at).unwrap().len(), at + 1);
+        assert!(matches!(
+            remote.get(at..remote.len() + 1),
+            Err(Error::OutOfRange {
+                start: 1000,
+                end: 4097,
+                len: 4096
+            })
+        ));
+        assert_eq!(resolve(4096, at..at + n).unwrap(), (at, n));
+    }
+
     proptest! {
         /// Tokens near the top of the address space: decoding never panics, refuses
         /// exactly those whose range wraps, and round-trips the others; slicing what
@@ -784,8 +828,8 @@ mod tests {
                     d.push(DESC_VERSION);
                     d.extend_from_slice(&bytes);
                     prop_assert_eq!(RemoteMr::from_descriptor(&d).unwrap(), t);
-                    let start = start % (mr.len.saturating_add(2));
-                    if let Ok(part) = mr.get(start..start.saturating_add(n)) {
+                    let start = (start % mr.len.saturating_add(2)) as usize;
+                    if let Ok(part) = mr.get(start..start.saturating_add(n as usize)) {
                         prop_assert!(part.addr >= mr.addr);
                         prop_assert!(part.addr.checked_add(part.len).is_some());
                         prop_assert!(part.addr + part.len <= mr.addr + mr.len);
