@@ -127,6 +127,7 @@ mod srq;
 mod sys;
 #[cfg(test)]
 mod test_util;
+mod typed;
 
 pub use agent::RemoteLease;
 pub use cm::{
@@ -144,6 +145,10 @@ pub use rdma::{HandshakeFailure, Listener, Polling, Rdma, RdmaBuilder};
 pub use remem_verbs as verbs;
 pub use remem_verbs::{AccessFlags, MemoryBuffer};
 pub use srq::Srq;
+pub use typed::{RemoteValue, RemoteWord};
+/// The crate behind typed values ([`RemoteValue`], [`LocalMr::read_value`]): derive its
+/// traits for your types with `#[zerocopy(crate = "remem::zerocopy")]`.
+pub use zerocopy;
 
 use remem_verbs::{Context, DeviceInfo, Provider};
 

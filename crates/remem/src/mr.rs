@@ -73,7 +73,7 @@ impl MrInner {
     }
 
     /// Checks `offset..offset + len` against the block and returns its offset in `mr`.
-    fn at(&self, offset: usize, len: usize) -> Result<usize> {
+    pub(crate) fn at(&self, offset: usize, len: usize) -> Result<usize> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(self.offset + offset),
             _ => Err(Error::OutOfRange {
@@ -619,7 +619,7 @@ impl RemoteMr {
     /// address space gives an error, never an overflow).
     ///
     /// ```
-    /// # fn f(remote: &remem::RemoteMr, local: &remem::LocalMr) -> remem::Result<()> {
+    /// # fn f(remote: &remem::RemoteMr, local: &remem::LocalMr) -> Result<(), remem::Error> {
     /// // One index type for both sides: byte offsets as `usize`.
     /// let at: usize = 64;
     /// let dst = remote.get(at..at + 16)?;
