@@ -515,6 +515,69 @@ macro_rules! view {
 view!(LocalMrRef);
 view!(LocalMrMut);
 
+impl<'a> LocalMrRef<'a> {
+    /// The part of the view in `range`, in bytes from the view's start (the same rules as
+    /// [`LocalMr::get`] and [`RemoteMr::get`]: a part of a part is sliced alike on both
+    /// sides).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), remem::Error> {
+    /// let rdma = remem::RdmaBuilder::new().device("soft@127.0.0.11:0").build()?;
+    /// let mr = rdma.alloc_local_mr(std::alloc::Layout::array::<u8>(64).unwrap())?;
+    /// mr.write(0, &(0..64).collect::<Vec<u8>>())?;
+    /// let record = mr.get(16..48)?;
+    /// assert_eq!(record.get(4..8)?.to_vec(), [20, 21, 22, 23]);
+    /// assert!(record.get(30..34).is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn get(&self, range: impl RangeBounds<usize>) -> Result<LocalMrRef<'a>> {
+        let (offset, len) = resolve(self.len, range)?;
+        Ok(LocalMrRef {
+            mr: self.mr,
+            offset: self.offset + offset,
+            len,
+        })
+    }
+}
+
+impl LocalMrMut<'_> {
+    /// A shared view of the part of this view in `range`, in bytes from its start (as
+    /// [`LocalMrRef::get`]).
+    pub fn get(&self, range: impl RangeBounds<usize>) -> Result<LocalMrRef<'_>> {
+        let (offset, len) = resolve(self.len, range)?;
+        Ok(LocalMrRef {
+            mr: self.mr,
+            offset: self.offset + offset,
+            len,
+        })
+    }
+
+    /// An exclusive view of the part of this view in `range`, in bytes from its start,
+    /// usable as an operation's target.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), remem::Error> {
+    /// let rdma = remem::RdmaBuilder::new().device("soft@127.0.0.12:0").build()?;
+    /// let mut mr = rdma.alloc_local_mr(std::alloc::Layout::array::<u8>(64).unwrap())?;
+    /// let mut record = mr.get_mut(16..48)?;
+    /// record.get_mut(4..8)?.write(0, b"abcd")?;
+    /// assert_eq!(record.get(4..8)?.to_vec(), b"abcd");
+    /// assert!(record.get_mut(..33).is_err());
+    /// assert_eq!(&mr.to_vec()[20..24], b"abcd");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn get_mut(&mut self, range: impl RangeBounds<usize>) -> Result<LocalMrMut<'_>> {
+        let (offset, len) = resolve(self.len, range)?;
+        Ok(LocalMrMut {
+            mr: &mut *self.mr,
+            offset: self.offset + offset,
+            len,
+        })
+    }
+}
+
 impl LocalMrMut<'_> {
     /// Copies `src` into the view at `offset`.
     pub fn write(&mut self, offset: usize, src: &[u8]) -> Result<()> {
