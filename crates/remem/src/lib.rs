@@ -126,6 +126,7 @@ mod rdma;
 mod sys;
 #[cfg(test)]
 mod test_util;
+mod typed;
 
 pub use agent::RemoteLease;
 pub use cm::{
@@ -143,6 +144,10 @@ pub use persist::{FlushType, PEER_CONFIG_DESCRIPTOR_LEN, PeerConfig};
 pub use rdma::{Rdma, RdmaBuilder};
 pub use remem_verbs as verbs;
 pub use remem_verbs::{AccessFlags, MemoryBuffer};
+pub use typed::{RemoteValue, RemoteWord};
+/// The crate behind typed values ([`RemoteValue`], [`LocalMr::read_value`]): derive its
+/// traits for your types with `#[zerocopy(crate = "remem::zerocopy")]`.
+pub use zerocopy;
 
 use remem_verbs::{Context, DeviceInfo, Provider};
 
