@@ -123,6 +123,7 @@ mod mr;
 mod persist;
 mod pool;
 mod rdma;
+pub mod rpc;
 mod srq;
 mod sys;
 #[cfg(test)]
@@ -143,6 +144,7 @@ pub use persist::{FlushType, PEER_CONFIG_DESCRIPTOR_LEN, PeerConfig};
 pub use rdma::{HandshakeFailure, Listener, Polling, Rdma, RdmaBuilder};
 pub use remem_verbs as verbs;
 pub use remem_verbs::{AccessFlags, MemoryBuffer};
+pub use rpc::{Request, RpcClient, RpcServer};
 pub use srq::Srq;
 
 use remem_verbs::{Context, DeviceInfo, Provider};
