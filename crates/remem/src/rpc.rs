@@ -238,7 +238,7 @@ impl Drop for ClientInner {
 ///     // The server answers each request with its bytes reversed, until the client closes.
 ///     let rpc_server = RpcServer::new(&server, s?);
 ///     let serving = tokio::spawn(async move {
-///         rpc_server.serve(|mut request| async move { request.reverse(); request }).await
+///         rpc_server.serve(|mut request| async move { request.reverse(); Ok(request) }).await
 ///     });
 ///
 ///     // Many tasks share the connection; each gets its own reply.
@@ -441,18 +441,22 @@ impl RpcServer {
         Err(Error::Closed(reason))
     }
 
-    /// Answers every request with what `handler` returns for its bytes, one request at a
-    /// time, until the peer closes the connection; returns how many it answered. (To answer
-    /// requests concurrently, take them with [`RpcServer::next_request`] and spawn.)
+    /// Answers every request with what `handler` returns for its bytes — a reply, or why
+    /// the request is refused ([`Request::refuse`]) — one request at a time, until the peer
+    /// closes the connection; returns how many it answered. (To answer requests
+    /// concurrently, take them with [`RpcServer::next_request`] and spawn.)
     pub async fn serve<F, Fut>(&self, mut handler: F) -> Result<u64>
     where
         F: FnMut(Vec<u8>) -> Fut,
-        Fut: std::future::Future<Output = Vec<u8>>,
+        Fut: std::future::Future<Output = std::result::Result<Vec<u8>, String>>,
     {
         let mut served = 0;
         while let Some(mut request) = self.next_request().await? {
-            let reply = handler(std::mem::take(&mut request.data)).await;
-            match request.reply(&reply).await {
+            let answered = match handler(std::mem::take(&mut request.data)).await {
+                Ok(reply) => request.reply(&reply).await,
+                Err(why) => request.refuse(&why).await,
+            };
+            match answered {
                 // The peer may close as soon as it has its last reply, before this side
                 // has seen the reply acknowledged: the end of the run, not a failure.
                 Err(Error::Closed(CloseReason::Peer)) => return Ok(served),

@@ -59,7 +59,7 @@ fn many_tasks_share_one_connection() {
         let server = RpcServer::new(&b, cb);
         let serving = tokio::spawn(async move {
             server
-                .serve(|request| async move { answer(&request) })
+                .serve(|request| async move { Ok(answer(&request)) })
                 .await
         });
         let rpc = RpcClient::new(&a, ca);

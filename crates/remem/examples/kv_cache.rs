@@ -1,0 +1,499 @@
+//! A remote key-value cache between two processes.
+//!
+//! The server keeps a table of fixed-size slots in one region and lends it to every client
+//! connection. Clients GET with one-sided READs, checking each slot's checksum (a READ that
+//! raced a writer is torn: read again); PUT either by RPC (the server writes the slot) or
+//! by taking the slot's lock word with compare-and-swap, WRITing the slot, and unlocking;
+//! and bump counters with fetch-and-add. Several tasks on several connections do this at
+//! random; at the end the client READs the whole table and checks every slot and counter
+//! against what its tasks did, prints a summary, and exits non-zero on any wrong value.
+//!
+//! A slot is eight 64-bit words: `lock | version | key | writer | seq | fill | fill | sum`.
+//! `version` counts the writes to the slot, `(writer, seq)` names the last one (the
+//! writer's `seq`-th PUT of that key), `fill` is derived from the rest, and `sum` is a
+//! checksum of words 1..7. Keys below `CAS_KEYS` are PUT by CAS-lock + WRITE, the rest by
+//! RPC. (The server writes its RPC slots with plain stores: it takes no lock word, so the
+//! two kinds of PUT use different keys.)
+//!
+//! - `kv_cache` runs both: it starts itself as the server, then runs the client.
+//! - `kv_cache server [--listen ADDR] [--device DEV] [--connections N]` serves N client
+//!   connections, then exits; it prints `listening ADDR udp PORT` once it listens.
+//! - `kv_cache client --connect ADDR [--device DEV] [--connections N] [--tasks M]
+//!   [--ops K] [--seed S]`.
+//!
+//! The two soft devices must use one UDP port: give the client's device the port the
+//! server printed (`--device soft@127.0.0.31:PORT`).
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use remem::{Connection, LocalMr, Rdma, RdmaBuilder, RemoteMr, RpcClient, RpcServer};
+use std::alloc::Layout;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+const SLOT: usize = 64;
+const CAS_KEYS: u64 = 32;
+const KEYS: u64 = 64;
+const COUNTERS: usize = 8;
+const TABLE: usize = KEYS as usize * SLOT + COUNTERS * 8;
+/// The writer of a slot nobody has PUT yet.
+const NOBODY: u64 = u64::MAX;
+/// The longest either process runs.
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// What a slot holds, less its lock word and checksum.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Entry {
+    version: u64,
+    key: u64,
+    writer: u64,
+    seq: u64,
+}
+
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^ (x >> 29)
+}
+
+impl Entry {
+    /// Words 1..8 of its slot.
+    fn encode(&self) -> Vec<u8> {
+        let fill = mix(self.key ^ mix(self.writer ^ mix(self.seq)));
+        let mut w = vec![self.version, self.key, self.writer, self.seq, fill, !fill];
+        w.push(w.iter().fold(0x9e37_79b9, |h, &x| mix(h ^ x)));
+        w.iter().flat_map(|x| x.to_ne_bytes()).collect()
+    }
+
+    /// The entry of a whole slot; `None` if it is torn (its words do not agree).
+    fn decode(slot: &[u8]) -> Option<Entry> {
+        let [_lock, version, key, writer, seq, ..] = words(slot)[..] else {
+            return None;
+        };
+        let e = Entry {
+            version,
+            key,
+            writer,
+            seq,
+        };
+        (e.encode() == slot[8..]).then_some(e)
+    }
+}
+
+fn layout(len: usize) -> Layout {
+    Layout::from_size_align(len, 64).unwrap()
+}
+
+fn offset(key: u64) -> u64 {
+    key * SLOT as u64
+}
+
+fn counter(i: usize) -> u64 {
+    (KEYS as usize * SLOT + i * 8) as u64
+}
+
+// --- Data access: the few lines that touch slots (local and remote).
+
+/// GET: READs the slot until it is not torn; returns the entry and the torn READs.
+async fn get(
+    conn: &Connection,
+    buf: &mut LocalMr,
+    table: &RemoteMr,
+    key: u64,
+) -> Res<(Entry, u64)> {
+    let mut torn = 0;
+    loop {
+        conn.read(buf, &table.get(offset(key)..offset(key) + SLOT as u64)?)
+            .await?;
+        match Entry::decode(&buf.to_vec()) {
+            Some(e) => return Ok((e, torn)),
+            None => torn += 1,
+        }
+    }
+}
+
+/// PUT by CAS-lock + WRITE: takes the slot's lock, reads it, writes the next version,
+/// unlocks. Returns the new version and how often the lock was busy.
+async fn put_cas(
+    conn: &Connection,
+    buf: &mut LocalMr,
+    table: &RemoteMr,
+    key: u64,
+    writer: u64,
+    seq: u64,
+) -> Res<(u64, u64)> {
+    let lock = table.get(offset(key)..offset(key) + 8)?;
+    let mut busy = 0;
+    while conn.compare_and_swap(&lock, 0, writer + 1).await? != 0 {
+        busy += 1;
+        tokio::task::yield_now().await;
+    }
+    let (old, _) = get(conn, buf, table, key).await?;
+    let new = Entry {
+        version: old.version + 1,
+        key,
+        writer,
+        seq,
+    };
+    buf.write(8, &new.encode())?;
+    let body = table.get(offset(key) + 8..offset(key) + SLOT as u64)?;
+    conn.write(&buf.get(8..SLOT)?, &body).await?;
+    match conn.compare_and_swap(&lock, writer + 1, 0).await? {
+        w if w == writer + 1 => Ok((new.version, busy)),
+        w => Err(format!("slot {key}: the lock held {w} while writer {writer} had it").into()),
+    }
+}
+
+/// The server's side of a PUT by RPC: writes the slot's next version in its own memory.
+fn put_local(table: &LocalMr, key: u64, writer: u64, seq: u64) -> Res<u64> {
+    let mut slot = [0; SLOT];
+    table.read(offset(key) as usize, &mut slot)?;
+    let old = Entry::decode(&slot).ok_or("a torn slot in the server's own memory")?;
+    let new = Entry {
+        version: old.version + 1,
+        key,
+        writer,
+        seq,
+    };
+    table.write(offset(key) as usize + 8, &new.encode())?;
+    Ok(new.version)
+}
+
+fn words(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks_exact(8)
+        .map(|w| u64::from_ne_bytes(w.try_into().unwrap()))
+        .collect()
+}
+
+// --- The server.
+
+async fn server(opts: &Opts) -> Res<()> {
+    let rdma = RdmaBuilder::new().device(&opts.device).build()?;
+    let table = rdma.alloc_local_mr(layout(TABLE))?;
+    for key in 0..KEYS {
+        let empty = Entry {
+            version: 0,
+            key,
+            writer: NOBODY,
+            seq: 0,
+        };
+        table.write(offset(key) as usize + 8, &empty.encode())?;
+    }
+    let table = Arc::new((table, Mutex::new(())));
+    let listener = rdma.listen(&opts.listen).await?;
+    let udp = rdma.context().info().udp_addr.map_or(0, |a| a.port());
+    println!("listening {} udp {udp}", listener.local_addr()?);
+    let mut served = Vec::new();
+    for _ in 0..opts.connections {
+        let (conn, table) = (listener.accept().await?, table.clone());
+        conn.share_local_mr(&table.0).await?;
+        let rpc = RpcServer::new(&rdma, conn);
+        served.push(tokio::spawn(async move {
+            rpc.serve(|req| {
+                let table = table.clone();
+                async move {
+                    let [key, writer, seq] = words(&req)[..] else {
+                        return Err("PUT takes 24 bytes".into());
+                    };
+                    if !(CAS_KEYS..KEYS).contains(&key) {
+                        return Err(format!("key {key} is not PUT by RPC"));
+                    }
+                    let _one_writer = table.1.lock().unwrap();
+                    let version =
+                        put_local(&table.0, key, writer, seq).map_err(|e| e.to_string())?;
+                    Ok(version.to_ne_bytes().to_vec())
+                }
+            })
+            .await
+        }));
+    }
+    let mut puts = 0;
+    for s in served {
+        puts += s.await??;
+    }
+    println!(
+        "served {} connections, {puts} PUTs by RPC",
+        opts.connections
+    );
+    Ok(())
+}
+
+// --- The client.
+
+/// What one task did, and the counts of the summary.
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    /// PUTs per key by this task (its last PUT of a key has that `seq`).
+    puts: BTreeMap<u64, u64>,
+    adds: [u64; COUNTERS],
+    /// GETs, torn READs retried, PUTs by RPC, PUTs by CAS-lock, busy locks, fetch-and-adds.
+    pub(crate) gets: u64,
+    pub(crate) torn: u64,
+    pub(crate) rpc_puts: u64,
+    pub(crate) cas_puts: u64,
+    pub(crate) busy: u64,
+    pub(crate) faas: u64,
+    /// Slots and counters checked at the end (the summary's).
+    pub(crate) slots_verified: u64,
+    pub(crate) counters_verified: u64,
+}
+
+async fn task(
+    rdma: Rdma,
+    rpc: RpcClient,
+    table: RemoteMr,
+    writer: u64,
+    ops: usize,
+    seed: u64,
+) -> Res<Tally> {
+    let (conn, mut t) = (rpc.connection(), Tally::default());
+    let mut rng = StdRng::seed_from_u64(seed ^ mix(writer));
+    let mut buf = rdma.alloc_local_mr(layout(SLOT))?;
+    let mut seen = [0u64; KEYS as usize];
+    for _ in 0..ops {
+        match rng.random_range(0..10) {
+            0..4 => {
+                let key = rng.random_range(0..KEYS);
+                let (e, torn) = get(conn, &mut buf, &table, key).await?;
+                if e.key != key || e.version < seen[key as usize] {
+                    return Err(
+                        format!("GET {key}: {e:?} after version {}", seen[key as usize]).into(),
+                    );
+                }
+                (seen[key as usize], t.gets, t.torn) = (e.version, t.gets + 1, t.torn + torn);
+            }
+            4..6 => {
+                let key = rng.random_range(CAS_KEYS..KEYS);
+                let seq = *t.puts.entry(key).and_modify(|n| *n += 1).or_insert(1);
+                let req: Vec<u8> = [key, writer, seq]
+                    .iter()
+                    .flat_map(|x| x.to_ne_bytes())
+                    .collect();
+                let reply = words(&rpc.call(&req).await?);
+                seen[key as usize] = *reply.first().ok_or("an empty PUT reply")?;
+                t.rpc_puts += 1;
+            }
+            6..8 => {
+                let key = rng.random_range(0..CAS_KEYS);
+                let seq = *t.puts.entry(key).and_modify(|n| *n += 1).or_insert(1);
+                let (version, busy) = put_cas(conn, &mut buf, &table, key, writer, seq).await?;
+                (seen[key as usize], t.cas_puts, t.busy) = (version, t.cas_puts + 1, t.busy + busy);
+            }
+            _ => {
+                let (i, add) = (rng.random_range(0..COUNTERS), rng.random_range(1..100));
+                conn.fetch_and_add(&table.get(counter(i)..counter(i) + 8)?, add)
+                    .await?;
+                (t.adds[i], t.faas) = (t.adds[i] + add, t.faas + 1);
+            }
+        }
+    }
+    Ok(t)
+}
+
+/// Every slot and counter of `table` against what the tasks did (indexed by writer).
+fn verify(table: &[u8], tallies: &[Tally]) -> Res<Tally> {
+    let mut sum = Tally::default();
+    for key in 0..KEYS {
+        let slot = &table[offset(key) as usize..][..SLOT];
+        let e = Entry::decode(slot).ok_or(format!("slot {key} is torn at rest"))?;
+        let writes: u64 = tallies.iter().filter_map(|t| t.puts.get(&key)).sum();
+        let last = tallies
+            .get(e.writer as usize)
+            .and_then(|t| t.puts.get(&key));
+        let right = e.key == key
+            && e.version == writes
+            && words(slot)[0] == 0
+            && if writes == 0 {
+                e.writer == NOBODY
+            } else {
+                last == Some(&e.seq)
+            };
+        if !right {
+            return Err(
+                format!("slot {key}: {e:?}, expected {writes} writes ending one's last").into(),
+            );
+        }
+        sum.slots_verified += 1;
+    }
+    for (i, value) in words(&table[counter(0) as usize..]).into_iter().enumerate() {
+        let adds: u64 = tallies.iter().map(|t| t.adds[i]).sum();
+        if value != adds {
+            return Err(format!("counter {i}: {value}, expected {adds}").into());
+        }
+        sum.counters_verified += 1;
+    }
+    for t in tallies {
+        (sum.gets, sum.torn, sum.faas, sum.busy) = (
+            sum.gets + t.gets,
+            sum.torn + t.torn,
+            sum.faas + t.faas,
+            sum.busy + t.busy,
+        );
+        (sum.rpc_puts, sum.cas_puts) = (sum.rpc_puts + t.rpc_puts, sum.cas_puts + t.cas_puts);
+    }
+    Ok(sum)
+}
+
+/// Runs the client's tasks, verifies the table, prints and returns the summary.
+pub(crate) async fn client(opts: &Opts) -> Res<Tally> {
+    let rdma = RdmaBuilder::new().device(&opts.device).build()?;
+    let addr = opts.connect.ok_or("client: --connect ADDR")?;
+    let mut clients = Vec::new();
+    for _ in 0..opts.connections {
+        let conn = rdma.connect(addr).await?;
+        let table = conn.receive_shared_mr().await?;
+        clients.push((RpcClient::new(&rdma, conn), table));
+    }
+    let mut tasks = Vec::new();
+    for (c, (rpc, table)) in clients.iter().enumerate() {
+        for m in 0..opts.tasks {
+            let writer = (c * opts.tasks + m) as u64;
+            tasks.push(tokio::spawn(task(
+                rdma.clone(),
+                rpc.clone(),
+                table.clone(),
+                writer,
+                opts.ops,
+                opts.seed,
+            )));
+        }
+    }
+    let mut tallies = Vec::new();
+    for t in tasks {
+        tallies.push(t.await??);
+    }
+    let (rpc, table) = &clients[0];
+    let mut all = rdma.alloc_local_mr(layout(TABLE))?;
+    rpc.connection().read(&mut all, table).await?;
+    let sum = verify(&all.to_vec(), &tallies)?;
+    println!(
+        "kv_cache: {} connections x {} tasks: {} GETs ({} torn READs retried), {} PUTs by RPC, \
+         {} by CAS-lock + WRITE ({} busy locks), {} fetch-and-adds; verified {} slots, {} counters",
+        opts.connections,
+        opts.tasks,
+        sum.gets,
+        sum.torn,
+        sum.rpc_puts,
+        sum.cas_puts,
+        sum.busy,
+        sum.faas,
+        sum.slots_verified,
+        sum.counters_verified
+    );
+    Ok(sum)
+}
+
+// --- Processes and arguments.
+
+/// The command line: `server` or `client` and their options.
+#[derive(Debug, Clone)]
+pub(crate) struct Opts {
+    pub(crate) mode: String,
+    pub(crate) listen: String,
+    pub(crate) connect: Option<SocketAddr>,
+    pub(crate) device: String,
+    pub(crate) connections: usize,
+    pub(crate) tasks: usize,
+    pub(crate) ops: usize,
+    pub(crate) seed: u64,
+}
+
+impl Opts {
+    pub(crate) fn parse(args: &[String]) -> Res<Opts> {
+        let mode = args.first().cloned().unwrap_or_default();
+        let host = if mode == "client" { 31 } else { 32 };
+        let mut o = Opts {
+            mode,
+            listen: "127.0.0.1:0".into(),
+            connect: None,
+            device: format!("soft@127.0.0.{host}:0"),
+            connections: 3,
+            tasks: 4,
+            ops: 300,
+            seed: 19,
+        };
+        for pair in args.get(1..).unwrap_or_default().chunks(2) {
+            let [name, value] = pair else {
+                return Err(format!("{pair:?}: a value is missing").into());
+            };
+            match name.as_str() {
+                "--listen" => o.listen = value.clone(),
+                "--connect" => o.connect = Some(value.parse()?),
+                "--device" => o.device = value.clone(),
+                "--connections" => o.connections = value.parse()?,
+                "--tasks" => o.tasks = value.parse()?,
+                "--ops" => o.ops = value.parse()?,
+                "--seed" => o.seed = value.parse()?,
+                _ => return Err(format!("unknown option {name}").into()),
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// Starts the server process `cmd` and waits until it prints that it listens; returns
+/// it, its TCP address and its device's UDP port.
+pub(crate) fn spawn_server(mut cmd: Command) -> Res<(Child, SocketAddr, u16)> {
+    let mut child = cmd.stdout(Stdio::piped()).spawn()?;
+    let mut lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
+    let line = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.starts_with("listening "));
+    let line = line.ok_or("the server did not say where it listens")?;
+    let ["listening", addr, "udp", udp] = line.split(' ').collect::<Vec<_>>()[..] else {
+        return Err(format!("not an address and port: {line}").into());
+    };
+    std::thread::spawn(move || {
+        lines
+            .map_while(Result::ok)
+            .for_each(|l| println!("server: {l}"))
+    });
+    Ok((child, addr.parse()?, udp.parse()?))
+}
+
+/// Runs `f` on a runtime of its own, within the time limit.
+fn limited<T>(f: impl std::future::Future<Output = Res<T>>) -> Res<T> {
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async { tokio::time::timeout(LIMIT, f).await })?
+}
+
+/// `kv_cache [server|client] [options]`, as the module's documentation says.
+pub(crate) fn main_with(args: &[String]) -> Res<()> {
+    let opts = Opts::parse(args)?;
+    match opts.mode.as_str() {
+        "server" => limited(server(&opts)),
+        "client" => limited(client(&opts)).map(drop),
+        "" => {
+            let mut cmd = Command::new(std::env::current_exe()?);
+            cmd.args(["server", "--connections", &opts.connections.to_string()]);
+            let (mut child, addr, udp) = spawn_server(cmd)?;
+            let opts = Opts {
+                connect: Some(addr),
+                device: format!("soft@127.0.0.31:{udp}"),
+                ..opts
+            };
+            limited(client(&opts))?;
+            match child.wait()? {
+                s if s.success() => Ok(()),
+                s => Err(format!("the server failed: {s}").into()),
+            }
+        }
+        other => Err(format!("unknown mode {other:?}: server, client or nothing").into()),
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Err(e) = main_with(&args) {
+        eprintln!("kv_cache: {e}");
+        std::process::exit(1);
+    }
+}
