@@ -26,7 +26,7 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use remem::{Connection, LocalMr, Rdma, RdmaBuilder, RemoteMr, RpcClient, RpcServer};
+use remem::{LocalMr, RdmaBuilder, RemoteMr, RpcClient, RpcServer};
 use std::alloc::Layout;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -62,13 +62,33 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 29)
 }
 
+fn words(bytes: &[u8]) -> Vec<u64> {
+    let word = |w: &[u8]| u64::from_ne_bytes(w.try_into().unwrap());
+    bytes.chunks_exact(8).map(word).collect()
+}
+
+fn bytes(words: &[u64]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_ne_bytes()).collect()
+}
+
 impl Entry {
+    /// The entry after this one: the next version, written by `writer`'s PUT `seq`.
+    fn next(&self, writer: u64, seq: u64) -> Entry {
+        let version = self.version + 1;
+        Entry {
+            version,
+            key: self.key,
+            writer,
+            seq,
+        }
+    }
+
     /// Words 1..8 of its slot.
     fn encode(&self) -> Vec<u8> {
         let fill = mix(self.key ^ mix(self.writer ^ mix(self.seq)));
         let mut w = vec![self.version, self.key, self.writer, self.seq, fill, !fill];
         w.push(w.iter().fold(0x9e37_79b9, |h, &x| mix(h ^ x)));
-        w.iter().flat_map(|x| x.to_ne_bytes()).collect()
+        bytes(&w)
     }
 
     /// The entry of a whole slot; `None` if it is torn (its words do not agree).
@@ -90,86 +110,91 @@ fn layout(len: usize) -> Layout {
     Layout::from_size_align(len, 64).unwrap()
 }
 
-fn offset(key: u64) -> u64 {
-    key * SLOT as u64
+/// Where a slot (or its lock word) starts, and where it ends.
+fn slot(key: u64) -> std::ops::Range<u64> {
+    key * SLOT as u64..(key + 1) * SLOT as u64
 }
 
-fn counter(i: usize) -> u64 {
-    (KEYS as usize * SLOT + i * 8) as u64
+fn counter(i: usize) -> std::ops::Range<u64> {
+    let at = (KEYS as usize * SLOT + i * 8) as u64;
+    at..at + 8
 }
 
-// --- Data access: the few lines that touch slots (local and remote).
+// --- Data access: the few functions that touch slots, remote and local.
 
-/// GET: READs the slot until it is not torn; returns the entry and the torn READs.
-async fn get(
-    conn: &Connection,
-    buf: &mut LocalMr,
-    table: &RemoteMr,
-    key: u64,
-) -> Res<(Entry, u64)> {
-    let mut torn = 0;
-    loop {
-        conn.read(buf, &table.get(offset(key)..offset(key) + SLOT as u64)?)
-            .await?;
-        match Entry::decode(&buf.to_vec()) {
-            Some(e) => return Ok((e, torn)),
-            None => torn += 1,
+/// One task's handle on the server's table: its connection (and RPC client on it), the
+/// table, a buffer for one slot.
+struct Remote {
+    rpc: RpcClient,
+    table: RemoteMr,
+    buf: LocalMr,
+}
+
+impl Remote {
+    /// GET: READs the slot until it is not torn; returns the entry and the torn READs.
+    async fn get(&mut self, key: u64) -> Res<(Entry, u64)> {
+        let (conn, mut torn) = (self.rpc.connection(), 0);
+        loop {
+            conn.read(&mut self.buf, &self.table.get(slot(key))?)
+                .await?;
+            match Entry::decode(&self.buf.to_vec()) {
+                Some(e) => return Ok((e, torn)),
+                None => torn += 1,
+            }
         }
     }
-}
 
-/// PUT by CAS-lock + WRITE: takes the slot's lock, reads it, writes the next version,
-/// unlocks. Returns the new version and how often the lock was busy.
-async fn put_cas(
-    conn: &Connection,
-    buf: &mut LocalMr,
-    table: &RemoteMr,
-    key: u64,
-    writer: u64,
-    seq: u64,
-) -> Res<(u64, u64)> {
-    let lock = table.get(offset(key)..offset(key) + 8)?;
-    let mut busy = 0;
-    while conn.compare_and_swap(&lock, 0, writer + 1).await? != 0 {
-        busy += 1;
-        tokio::task::yield_now().await;
+    /// PUT by RPC: the server writes the slot; returns the new version.
+    async fn put_rpc(&self, key: u64, writer: u64, seq: u64) -> Res<u64> {
+        let reply = words(&self.rpc.call(&bytes(&[key, writer, seq])).await?);
+        Ok(*reply.first().ok_or("an empty PUT reply")?)
     }
-    let (old, _) = get(conn, buf, table, key).await?;
-    let new = Entry {
-        version: old.version + 1,
-        key,
-        writer,
-        seq,
-    };
-    buf.write(8, &new.encode())?;
-    let body = table.get(offset(key) + 8..offset(key) + SLOT as u64)?;
-    conn.write(&buf.get(8..SLOT)?, &body).await?;
-    match conn.compare_and_swap(&lock, writer + 1, 0).await? {
-        w if w == writer + 1 => Ok((new.version, busy)),
-        w => Err(format!("slot {key}: the lock held {w} while writer {writer} had it").into()),
+
+    /// PUT by CAS-lock + WRITE: takes the slot's lock word, reads the slot, writes the next
+    /// version, unlocks. Returns the new version and how often the lock was busy.
+    async fn put_cas(&mut self, key: u64, writer: u64, seq: u64) -> Res<(u64, u64)> {
+        let (rpc, mut busy) = (self.rpc.clone(), 0);
+        let conn = rpc.connection();
+        let lock = self.table.get(slot(key).start..slot(key).start + 8)?;
+        while conn.compare_and_swap(&lock, 0, writer + 1).await? != 0 {
+            busy += 1;
+            tokio::task::yield_now().await;
+        }
+        let new = self.get(key).await?.0.next(writer, seq);
+        self.buf.write(8, &new.encode())?;
+        let body = self.table.get(slot(key).start + 8..slot(key).end)?;
+        conn.write(&self.buf.get(8..SLOT)?, &body).await?;
+        match conn.compare_and_swap(&lock, writer + 1, 0).await? {
+            w if w == writer + 1 => Ok((new.version, busy)),
+            w => Err(format!("slot {key}: lock word {w}, writer {writer} had it").into()),
+        }
+    }
+
+    /// Adds to a counter (fetch-and-add).
+    async fn add(&self, i: usize, add: u64) -> Res<u64> {
+        let word = self.table.get(counter(i))?;
+        Ok(self.rpc.connection().fetch_and_add(&word, add).await?)
     }
 }
 
 /// The server's side of a PUT by RPC: writes the slot's next version in its own memory.
-fn put_local(table: &LocalMr, key: u64, writer: u64, seq: u64) -> Res<u64> {
-    let mut slot = [0; SLOT];
-    table.read(offset(key) as usize, &mut slot)?;
-    let old = Entry::decode(&slot).ok_or("a torn slot in the server's own memory")?;
-    let new = Entry {
-        version: old.version + 1,
-        key,
-        writer,
-        seq,
+fn put_local(table: &LocalMr, request: &[u8]) -> Result<Vec<u8>, String> {
+    let [key, writer, seq] = words(request)[..] else {
+        return Err("PUT takes 24 bytes".into());
     };
-    table.write(offset(key) as usize + 8, &new.encode())?;
-    Ok(new.version)
-}
-
-fn words(bytes: &[u8]) -> Vec<u64> {
-    bytes
-        .chunks_exact(8)
-        .map(|w| u64::from_ne_bytes(w.try_into().unwrap()))
-        .collect()
+    if !(CAS_KEYS..KEYS).contains(&key) {
+        return Err(format!("key {key} is not PUT by RPC"));
+    }
+    let mut old = [0; SLOT];
+    let at = slot(key).start as usize;
+    table.read(at, &mut old).map_err(|e| e.to_string())?;
+    let new = Entry::decode(&old)
+        .ok_or("a torn slot in the server's memory")?
+        .next(writer, seq);
+    table
+        .write(at + 8, &new.encode())
+        .map_err(|e| e.to_string())?;
+    Ok(bytes(&[new.version]))
 }
 
 // --- The server.
@@ -184,35 +209,20 @@ async fn server(opts: &Opts) -> Res<()> {
             writer: NOBODY,
             seq: 0,
         };
-        table.write(offset(key) as usize + 8, &empty.encode())?;
+        table.write(slot(key).start as usize + 8, &empty.encode())?;
     }
-    let table = Arc::new((table, Mutex::new(())));
+    // One RPC PUT at a time (the connections' handlers run concurrently).
+    let table = Arc::new(Mutex::new(table));
     let listener = rdma.listen(&opts.listen).await?;
     let udp = rdma.context().info().udp_addr.map_or(0, |a| a.port());
     println!("listening {} udp {udp}", listener.local_addr()?);
     let mut served = Vec::new();
     for _ in 0..opts.connections {
         let (conn, table) = (listener.accept().await?, table.clone());
-        conn.share_local_mr(&table.0).await?;
+        conn.share_local_mr(&table.lock().unwrap()).await?;
         let rpc = RpcServer::new(&rdma, conn);
-        served.push(tokio::spawn(async move {
-            rpc.serve(|req| {
-                let table = table.clone();
-                async move {
-                    let [key, writer, seq] = words(&req)[..] else {
-                        return Err("PUT takes 24 bytes".into());
-                    };
-                    if !(CAS_KEYS..KEYS).contains(&key) {
-                        return Err(format!("key {key} is not PUT by RPC"));
-                    }
-                    let _one_writer = table.1.lock().unwrap();
-                    let version =
-                        put_local(&table.0, key, writer, seq).map_err(|e| e.to_string())?;
-                    Ok(version.to_ne_bytes().to_vec())
-                }
-            })
-            .await
-        }));
+        let put = move |req: Vec<u8>| std::future::ready(put_local(&table.lock().unwrap(), &req));
+        served.push(tokio::spawn(async move { rpc.serve(put).await }));
     }
     let mut puts = 0;
     for s in served {
@@ -227,70 +237,63 @@ async fn server(opts: &Opts) -> Res<()> {
 
 // --- The client.
 
-/// What one task did, and the counts of the summary.
+/// What tasks did: per task, its PUTs and adds; summed, the counts of the summary.
 #[derive(Debug, Default)]
 pub(crate) struct Tally {
-    /// PUTs per key by this task (its last PUT of a key has that `seq`).
+    /// PUTs per key (the last PUT of a key has that `seq`).
     puts: BTreeMap<u64, u64>,
     adds: [u64; COUNTERS],
-    /// GETs, torn READs retried, PUTs by RPC, PUTs by CAS-lock, busy locks, fetch-and-adds.
-    pub(crate) gets: u64,
-    pub(crate) torn: u64,
-    pub(crate) rpc_puts: u64,
-    pub(crate) cas_puts: u64,
-    pub(crate) busy: u64,
-    pub(crate) faas: u64,
-    /// Slots and counters checked at the end (the summary's).
-    pub(crate) slots_verified: u64,
-    pub(crate) counters_verified: u64,
+    /// Counts, indexed by the constants below.
+    pub(crate) n: [u64; 8],
 }
 
-async fn task(
-    rdma: Rdma,
-    rpc: RpcClient,
-    table: RemoteMr,
-    writer: u64,
-    ops: usize,
-    seed: u64,
-) -> Res<Tally> {
-    let (conn, mut t) = (rpc.connection(), Tally::default());
+const GETS: usize = 0;
+const TORN: usize = 1;
+const RPC_PUTS: usize = 2;
+const CAS_PUTS: usize = 3;
+const BUSY: usize = 4;
+const FAAS: usize = 5;
+pub(crate) const SLOTS_VERIFIED: usize = 6;
+pub(crate) const COUNTERS_VERIFIED: usize = 7;
+
+impl Tally {
+    /// The `seq` of this task's next PUT of `key`.
+    fn next_seq(&mut self, key: u64) -> u64 {
+        *self.puts.entry(key).and_modify(|n| *n += 1).or_insert(1)
+    }
+}
+
+async fn task(mut r: Remote, writer: u64, ops: usize, seed: u64) -> Res<Tally> {
+    let (mut t, mut seen) = (Tally::default(), [0u64; KEYS as usize]);
     let mut rng = StdRng::seed_from_u64(seed ^ mix(writer));
-    let mut buf = rdma.alloc_local_mr(layout(SLOT))?;
-    let mut seen = [0u64; KEYS as usize];
     for _ in 0..ops {
         match rng.random_range(0..10) {
             0..4 => {
                 let key = rng.random_range(0..KEYS);
-                let (e, torn) = get(conn, &mut buf, &table, key).await?;
+                let (e, torn) = r.get(key).await?;
+                // Versions only grow; this task's own PUTs are seen.
                 if e.key != key || e.version < seen[key as usize] {
-                    return Err(
-                        format!("GET {key}: {e:?} after version {}", seen[key as usize]).into(),
-                    );
+                    let after = seen[key as usize];
+                    return Err(format!("GET {key}: {e:?} after version {after}").into());
                 }
-                (seen[key as usize], t.gets, t.torn) = (e.version, t.gets + 1, t.torn + torn);
+                seen[key as usize] = e.version;
+                (t.n[GETS], t.n[TORN]) = (t.n[GETS] + 1, t.n[TORN] + torn);
             }
             4..6 => {
                 let key = rng.random_range(CAS_KEYS..KEYS);
-                let seq = *t.puts.entry(key).and_modify(|n| *n += 1).or_insert(1);
-                let req: Vec<u8> = [key, writer, seq]
-                    .iter()
-                    .flat_map(|x| x.to_ne_bytes())
-                    .collect();
-                let reply = words(&rpc.call(&req).await?);
-                seen[key as usize] = *reply.first().ok_or("an empty PUT reply")?;
-                t.rpc_puts += 1;
+                seen[key as usize] = r.put_rpc(key, writer, t.next_seq(key)).await?;
+                t.n[RPC_PUTS] += 1;
             }
             6..8 => {
                 let key = rng.random_range(0..CAS_KEYS);
-                let seq = *t.puts.entry(key).and_modify(|n| *n += 1).or_insert(1);
-                let (version, busy) = put_cas(conn, &mut buf, &table, key, writer, seq).await?;
-                (seen[key as usize], t.cas_puts, t.busy) = (version, t.cas_puts + 1, t.busy + busy);
+                let (version, busy) = r.put_cas(key, writer, t.next_seq(key)).await?;
+                seen[key as usize] = version;
+                (t.n[CAS_PUTS], t.n[BUSY]) = (t.n[CAS_PUTS] + 1, t.n[BUSY] + busy);
             }
             _ => {
                 let (i, add) = (rng.random_range(0..COUNTERS), rng.random_range(1..100));
-                conn.fetch_and_add(&table.get(counter(i)..counter(i) + 8)?, add)
-                    .await?;
-                (t.adds[i], t.faas) = (t.adds[i] + add, t.faas + 1);
+                r.add(i, add).await?;
+                (t.adds[i], t.n[FAAS]) = (t.adds[i] + add, t.n[FAAS] + 1);
             }
         }
     }
@@ -300,43 +303,36 @@ async fn task(
 /// Every slot and counter of `table` against what the tasks did (indexed by writer).
 fn verify(table: &[u8], tallies: &[Tally]) -> Res<Tally> {
     let mut sum = Tally::default();
+    for t in tallies {
+        sum.n.iter_mut().zip(t.n).for_each(|(s, n)| *s += n);
+    }
     for key in 0..KEYS {
-        let slot = &table[offset(key) as usize..][..SLOT];
-        let e = Entry::decode(slot).ok_or(format!("slot {key} is torn at rest"))?;
-        let writes: u64 = tallies.iter().filter_map(|t| t.puts.get(&key)).sum();
+        let at = &table[slot(key).start as usize..slot(key).end as usize];
+        let e = Entry::decode(at).ok_or(format!("slot {key} is torn at rest"))?;
+        let puts: u64 = tallies.iter().filter_map(|t| t.puts.get(&key)).sum();
+        // The last PUT is the last one of the writer it names (or the slot is untouched).
         let last = tallies
             .get(e.writer as usize)
             .and_then(|t| t.puts.get(&key));
-        let right = e.key == key
-            && e.version == writes
-            && words(slot)[0] == 0
-            && if writes == 0 {
-                e.writer == NOBODY
-            } else {
-                last == Some(&e.seq)
-            };
-        if !right {
-            return Err(
-                format!("slot {key}: {e:?}, expected {writes} writes ending one's last").into(),
-            );
+        let last_ok = if puts == 0 {
+            e.writer == NOBODY
+        } else {
+            last == Some(&e.seq)
+        };
+        if e.key != key || e.version != puts || words(at)[0] != 0 || !last_ok {
+            return Err(format!("slot {key}: {e:?} after {puts} PUTs").into());
         }
-        sum.slots_verified += 1;
+        sum.n[SLOTS_VERIFIED] += 1;
     }
-    for (i, value) in words(&table[counter(0) as usize..]).into_iter().enumerate() {
+    for (i, value) in words(&table[counter(0).start as usize..])
+        .into_iter()
+        .enumerate()
+    {
         let adds: u64 = tallies.iter().map(|t| t.adds[i]).sum();
         if value != adds {
             return Err(format!("counter {i}: {value}, expected {adds}").into());
         }
-        sum.counters_verified += 1;
-    }
-    for t in tallies {
-        (sum.gets, sum.torn, sum.faas, sum.busy) = (
-            sum.gets + t.gets,
-            sum.torn + t.torn,
-            sum.faas + t.faas,
-            sum.busy + t.busy,
-        );
-        (sum.rpc_puts, sum.cas_puts) = (sum.rpc_puts + t.rpc_puts, sum.cas_puts + t.cas_puts);
+        sum.n[COUNTERS_VERIFIED] += 1;
     }
     Ok(sum)
 }
@@ -345,47 +341,37 @@ fn verify(table: &[u8], tallies: &[Tally]) -> Res<Tally> {
 pub(crate) async fn client(opts: &Opts) -> Res<Tally> {
     let rdma = RdmaBuilder::new().device(&opts.device).build()?;
     let addr = opts.connect.ok_or("client: --connect ADDR")?;
-    let mut clients = Vec::new();
-    for _ in 0..opts.connections {
+    let (mut tasks, mut first) = (Vec::new(), None);
+    for c in 0..opts.connections {
         let conn = rdma.connect(addr).await?;
         let table = conn.receive_shared_mr().await?;
-        clients.push((RpcClient::new(&rdma, conn), table));
-    }
-    let mut tasks = Vec::new();
-    for (c, (rpc, table)) in clients.iter().enumerate() {
+        let rpc = RpcClient::new(&rdma, conn);
         for m in 0..opts.tasks {
+            let (rpc, table) = (rpc.clone(), table.clone());
+            let r = Remote {
+                rpc,
+                table,
+                buf: rdma.alloc_local_mr(layout(SLOT))?,
+            };
             let writer = (c * opts.tasks + m) as u64;
-            tasks.push(tokio::spawn(task(
-                rdma.clone(),
-                rpc.clone(),
-                table.clone(),
-                writer,
-                opts.ops,
-                opts.seed,
-            )));
+            tasks.push(tokio::spawn(task(r, writer, opts.ops, opts.seed)));
         }
+        first.get_or_insert((rpc, table));
     }
     let mut tallies = Vec::new();
     for t in tasks {
         tallies.push(t.await??);
     }
-    let (rpc, table) = &clients[0];
+    let (rpc, table) = first.ok_or("no connections")?;
     let mut all = rdma.alloc_local_mr(layout(TABLE))?;
-    rpc.connection().read(&mut all, table).await?;
+    rpc.connection().read(&mut all, &table).await?;
     let sum = verify(&all.to_vec(), &tallies)?;
+    let [gets, torn, rpc_puts, cas_puts, busy, faas, slots, counters] = sum.n;
     println!(
-        "kv_cache: {} connections x {} tasks: {} GETs ({} torn READs retried), {} PUTs by RPC, \
-         {} by CAS-lock + WRITE ({} busy locks), {} fetch-and-adds; verified {} slots, {} counters",
-        opts.connections,
-        opts.tasks,
-        sum.gets,
-        sum.torn,
-        sum.rpc_puts,
-        sum.cas_puts,
-        sum.busy,
-        sum.faas,
-        sum.slots_verified,
-        sum.counters_verified
+        "kv_cache: {} connections x {} tasks: {gets} GETs ({torn} torn READs retried), \
+         {rpc_puts} PUTs by RPC, {cas_puts} by CAS-lock + WRITE ({busy} busy locks), \
+         {faas} fetch-and-adds; verified {slots} slots, {counters} counters",
+        opts.connections, opts.tasks
     );
     Ok(sum)
 }
