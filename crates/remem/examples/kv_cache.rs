@@ -199,8 +199,10 @@ fn put_local(table: &LocalMr, request: &[u8]) -> Result<Vec<u8>, String> {
 
 // --- The server.
 
-async fn server(opts: &Opts) -> Res<()> {
-    let rdma = RdmaBuilder::new().device(&opts.device).build()?;
+async fn server(args: &Args) -> Res<()> {
+    let connections = args.get("connections", 3)?;
+    let device: String = args.get("device", "soft@127.0.0.32:0".into())?;
+    let rdma = RdmaBuilder::new().device(device).build()?;
     let table = rdma.alloc_local_mr(layout(TABLE))?;
     for key in 0..KEYS {
         let empty = Entry {
@@ -212,26 +214,28 @@ async fn server(opts: &Opts) -> Res<()> {
         table.write(slot(key).start as usize + 8, &empty.encode())?;
     }
     // One RPC PUT at a time (the connections' handlers run concurrently).
-    let table = Arc::new(Mutex::new(table));
-    let listener = rdma.listen(&opts.listen).await?;
+    let (table, one_put) = (Arc::new(table), Arc::new(Mutex::new(())));
+    let listener = rdma
+        .listen(args.get("listen", "127.0.0.1:0".to_string())?)
+        .await?;
     let udp = rdma.context().info().udp_addr.map_or(0, |a| a.port());
     println!("listening {} udp {udp}", listener.local_addr()?);
     let mut served = Vec::new();
-    for _ in 0..opts.connections {
-        let (conn, table) = (listener.accept().await?, table.clone());
-        conn.share_local_mr(&table.lock().unwrap()).await?;
+    for _ in 0..connections {
+        let (conn, table, one_put) = (listener.accept().await?, table.clone(), one_put.clone());
+        conn.share_local_mr(&table).await?;
         let rpc = RpcServer::new(&rdma, conn);
-        let put = move |req: Vec<u8>| std::future::ready(put_local(&table.lock().unwrap(), &req));
+        let put = move |req: Vec<u8>| {
+            let _one = one_put.lock().unwrap();
+            std::future::ready(put_local(&table, &req))
+        };
         served.push(tokio::spawn(async move { rpc.serve(put).await }));
     }
     let mut puts = 0;
     for s in served {
         puts += s.await??;
     }
-    println!(
-        "served {} connections, {puts} PUTs by RPC",
-        opts.connections
-    );
+    println!("served {connections} connections, {puts} PUTs by RPC");
     Ok(())
 }
 
@@ -338,23 +342,30 @@ fn verify(table: &[u8], tallies: &[Tally]) -> Res<Tally> {
 }
 
 /// Runs the client's tasks, verifies the table, prints and returns the summary.
-pub(crate) async fn client(opts: &Opts) -> Res<Tally> {
-    let rdma = RdmaBuilder::new().device(&opts.device).build()?;
-    let addr = opts.connect.ok_or("client: --connect ADDR")?;
+pub(crate) async fn client(args: &Args) -> Res<Tally> {
+    let device: String = args.get("device", "soft@127.0.0.31:0".into())?;
+    let rdma = RdmaBuilder::new().device(device).build()?;
+    let addr: SocketAddr = args.get("connect", ([127, 0, 0, 1], 0).into())?;
+    let (connections, tasks_per, ops) = (
+        args.get("connections", 3)?,
+        args.get("tasks", 4)?,
+        args.get("ops", 300)?,
+    );
+    let seed = args.get("seed", 19)?;
     let (mut tasks, mut first) = (Vec::new(), None);
-    for c in 0..opts.connections {
+    for c in 0..connections {
         let conn = rdma.connect(addr).await?;
         let table = conn.receive_shared_mr().await?;
         let rpc = RpcClient::new(&rdma, conn);
-        for m in 0..opts.tasks {
+        for m in 0..tasks_per {
             let (rpc, table) = (rpc.clone(), table.clone());
             let r = Remote {
                 rpc,
                 table,
                 buf: rdma.alloc_local_mr(layout(SLOT))?,
             };
-            let writer = (c * opts.tasks + m) as u64;
-            tasks.push(tokio::spawn(task(r, writer, opts.ops, opts.seed)));
+            let writer = (c * tasks_per + m) as u64;
+            tasks.push(tokio::spawn(task(r, writer, ops, seed)));
         }
         first.get_or_insert((rpc, table));
     }
@@ -368,59 +379,37 @@ pub(crate) async fn client(opts: &Opts) -> Res<Tally> {
     let sum = verify(&all.to_vec(), &tallies)?;
     let [gets, torn, rpc_puts, cas_puts, busy, faas, slots, counters] = sum.n;
     println!(
-        "kv_cache: {} connections x {} tasks: {gets} GETs ({torn} torn READs retried), \
+        "kv_cache: {connections} connections x {tasks_per} tasks: {gets} GETs ({torn} torn READs retried), \
          {rpc_puts} PUTs by RPC, {cas_puts} by CAS-lock + WRITE ({busy} busy locks), \
-         {faas} fetch-and-adds; verified {slots} slots, {counters} counters",
-        opts.connections, opts.tasks
+         {faas} fetch-and-adds; verified {slots} slots, {counters} counters"
     );
     Ok(sum)
 }
 
 // --- Processes and arguments.
 
-/// The command line: `server` or `client` and their options.
-#[derive(Debug, Clone)]
-pub(crate) struct Opts {
-    pub(crate) mode: String,
-    pub(crate) listen: String,
-    pub(crate) connect: Option<SocketAddr>,
-    pub(crate) device: String,
-    pub(crate) connections: usize,
-    pub(crate) tasks: usize,
-    pub(crate) ops: usize,
-    pub(crate) seed: u64,
-}
+/// The command line: the mode (`server`, `client` or none), then `--name value` pairs (a
+/// later one wins).
+pub(crate) struct Args(pub(crate) Vec<String>);
 
-impl Opts {
-    pub(crate) fn parse(args: &[String]) -> Res<Opts> {
-        let mode = args.first().cloned().unwrap_or_default();
-        let host = if mode == "client" { 31 } else { 32 };
-        let mut o = Opts {
-            mode,
-            listen: "127.0.0.1:0".into(),
-            connect: None,
-            device: format!("soft@127.0.0.{host}:0"),
-            connections: 3,
-            tasks: 4,
-            ops: 300,
-            seed: 19,
+impl Args {
+    fn mode(&self) -> &str {
+        self.0.first().map_or("", |m| m.as_str())
+    }
+
+    /// The value of `--name`, else `default`.
+    fn get<T: std::str::FromStr>(&self, name: &str, default: T) -> Res<T> {
+        let at = self
+            .0
+            .iter()
+            .rposition(|a| a.strip_prefix("--") == Some(name));
+        let Some(value) = at.map(|i| self.0.get(i + 1)) else {
+            return Ok(default);
         };
-        for pair in args.get(1..).unwrap_or_default().chunks(2) {
-            let [name, value] = pair else {
-                return Err(format!("{pair:?}: a value is missing").into());
-            };
-            match name.as_str() {
-                "--listen" => o.listen = value.clone(),
-                "--connect" => o.connect = Some(value.parse()?),
-                "--device" => o.device = value.clone(),
-                "--connections" => o.connections = value.parse()?,
-                "--tasks" => o.tasks = value.parse()?,
-                "--ops" => o.ops = value.parse()?,
-                "--seed" => o.seed = value.parse()?,
-                _ => return Err(format!("unknown option {name}").into()),
-            }
-        }
-        Ok(o)
+        let value = value.ok_or(format!("--{name} needs a value"))?;
+        value
+            .parse()
+            .map_err(|_| format!("--{name} {value}: not valid").into())
     }
 }
 
@@ -452,21 +441,29 @@ fn limited<T>(f: impl std::future::Future<Output = Res<T>>) -> Res<T> {
 }
 
 /// `kv_cache [server|client] [options]`, as the module's documentation says.
-pub(crate) fn main_with(args: &[String]) -> Res<()> {
-    let opts = Opts::parse(args)?;
-    match opts.mode.as_str() {
-        "server" => limited(server(&opts)),
-        "client" => limited(client(&opts)).map(drop),
+pub(crate) fn main_with(mut args: Args) -> Res<()> {
+    match args.mode() {
+        "server" => limited(server(&args)),
+        "client" => limited(client(&args)).map(drop),
         "" => {
             let mut cmd = Command::new(std::env::current_exe()?);
-            cmd.args(["server", "--connections", &opts.connections.to_string()]);
+            cmd.args([
+                "server",
+                "--connections",
+                &args.get("connections", 3)?.to_string(),
+            ]);
             let (mut child, addr, udp) = spawn_server(cmd)?;
-            let opts = Opts {
-                connect: Some(addr),
-                device: format!("soft@127.0.0.31:{udp}"),
-                ..opts
-            };
-            limited(client(&opts))?;
+            let device = format!("soft@127.0.0.31:{udp}");
+            args.0.extend([
+                "--connect".into(),
+                addr.to_string(),
+                "--device".into(),
+                device,
+            ]);
+            if let Err(e) = limited(client(&args)) {
+                let _ = child.kill(); // (it would wait for connections until its time limit)
+                return Err(e);
+            }
             match child.wait()? {
                 s if s.success() => Ok(()),
                 s => Err(format!("the server failed: {s}").into()),
@@ -477,8 +474,7 @@ pub(crate) fn main_with(args: &[String]) -> Res<()> {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if let Err(e) = main_with(&args) {
+    if let Err(e) = main_with(Args(std::env::args().skip(1).collect())) {
         eprintln!("kv_cache: {e}");
         std::process::exit(1);
     }
