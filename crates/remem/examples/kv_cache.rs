@@ -257,8 +257,8 @@ const RPC_PUTS: usize = 2;
 const CAS_PUTS: usize = 3;
 const BUSY: usize = 4;
 const FAAS: usize = 5;
-pub(crate) const SLOTS_VERIFIED: usize = 6;
-pub(crate) const COUNTERS_VERIFIED: usize = 7;
+const SLOTS_VERIFIED: usize = 6;
+const COUNTERS_VERIFIED: usize = 7;
 
 impl Tally {
     /// The `seq` of this task's next PUT of `key`.
