@@ -358,7 +358,7 @@ pub(crate) async fn client(args: &Args) -> Res<Tally> {
         let table = conn.receive_shared_mr().await?;
         let rpc = RpcClient::new(&rdma, conn);
         for m in 0..tasks_per {
-            let (rpc, table) = (rpc.clone(), table.clone());
+            let rpc = rpc.clone();
             let r = Remote {
                 rpc,
                 table,
