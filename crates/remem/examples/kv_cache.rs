@@ -72,15 +72,18 @@ fn bytes(words: &[u64]) -> Vec<u8> {
 }
 
 impl Entry {
-    /// The entry after this one: the next version, written by `writer`'s PUT `seq`.
-    fn next(&self, writer: u64, seq: u64) -> Entry {
-        let version = self.version + 1;
+    fn new(version: u64, key: u64, writer: u64, seq: u64) -> Entry {
         Entry {
             version,
-            key: self.key,
+            key,
             writer,
             seq,
         }
+    }
+
+    /// The entry after this one: the next version, written by `writer`'s PUT `seq`.
+    fn next(&self, writer: u64, seq: u64) -> Entry {
+        Entry::new(self.version + 1, self.key, writer, seq)
     }
 
     /// Words 1..8 of its slot.
@@ -96,12 +99,7 @@ impl Entry {
         let [_lock, version, key, writer, seq, ..] = words(slot)[..] else {
             return None;
         };
-        let e = Entry {
-            version,
-            key,
-            writer,
-            seq,
-        };
+        let e = Entry::new(version, key, writer, seq);
         (e.encode() == slot[8..]).then_some(e)
     }
 }
@@ -205,12 +203,7 @@ async fn server(args: &Args) -> Res<()> {
     let rdma = RdmaBuilder::new().device(device).build()?;
     let table = rdma.alloc_local_mr(layout(TABLE))?;
     for key in 0..KEYS {
-        let empty = Entry {
-            version: 0,
-            key,
-            writer: NOBODY,
-            seq: 0,
-        };
+        let empty = Entry::new(0, key, NOBODY, 0);
         table.write(slot(key).start as usize + 8, &empty.encode())?;
     }
     // One RPC PUT at a time (the connections' handlers run concurrently).

@@ -207,6 +207,33 @@ fn refused_and_dropped_requests_fail_their_calls() {
 }
 
 #[test]
+fn a_handler_that_fails_refuses_its_request() {
+    run(async {
+        let (a, ca, b, cb) = pair(21).await;
+        let server = RpcServer::new(&b, cb);
+        let serving = tokio::spawn(async move {
+            server
+                .serve(|request| async move {
+                    match request.as_slice() {
+                        b"bad" => Err("bad request".to_string()),
+                        other => Ok(answer(other)),
+                    }
+                })
+                .await
+        });
+        let rpc = RpcClient::new(&a, ca);
+        let bad = rpc.call(b"bad").await;
+        assert!(
+            matches!(bad, Err(Error::Refused(ref why)) if why == "bad request"),
+            "{bad:?}"
+        );
+        assert_eq!(rpc.call(b"good").await.unwrap(), answer(b"good"));
+        drop(rpc);
+        assert_eq!(serving.await.unwrap().unwrap(), 2);
+    });
+}
+
+#[test]
 fn the_peer_closing_fails_every_waiting_call() {
     run(async {
         let (a, ca, b, cb) = pair(11).await;
