@@ -176,22 +176,17 @@ impl Remote {
 }
 
 /// The server's side of a PUT by RPC: writes the slot's next version in its own memory.
-fn put_local(table: &LocalMr, request: &[u8]) -> Result<Vec<u8>, String> {
+fn put_local(table: &LocalMr, request: &[u8]) -> Res<Vec<u8>> {
     let [key, writer, seq] = words(request)[..] else {
         return Err("PUT takes 24 bytes".into());
     };
     if !(CAS_KEYS..KEYS).contains(&key) {
-        return Err(format!("key {key} is not PUT by RPC"));
+        return Err(format!("key {key} is not PUT by RPC").into());
     }
-    let mut old = [0; SLOT];
-    let at = slot(key).start as usize;
-    table.read(at, &mut old).map_err(|e| e.to_string())?;
-    let new = Entry::decode(&old)
-        .ok_or("a torn slot in the server's memory")?
-        .next(writer, seq);
-    table
-        .write(at + 8, &new.encode())
-        .map_err(|e| e.to_string())?;
+    let (mut old, at) = ([0; SLOT], slot(key).start as usize);
+    table.read(at, &mut old)?;
+    let new = Entry::decode(&old).ok_or("a torn slot")?.next(writer, seq);
+    table.write(at + 8, &new.encode())?;
     Ok(bytes(&[new.version]))
 }
 
@@ -220,7 +215,7 @@ async fn server(args: &Args) -> Res<()> {
         let rpc = RpcServer::new(&rdma, conn);
         let put = move |req: Vec<u8>| {
             let _one = one_put.lock().unwrap();
-            std::future::ready(put_local(&table, &req))
+            std::future::ready(put_local(&table, &req).map_err(|e| e.to_string()))
         };
         served.push(tokio::spawn(async move { rpc.serve(put).await }));
     }
@@ -311,20 +306,14 @@ fn verify(table: &[u8], tallies: &[Tally]) -> Res<Tally> {
         let last = tallies
             .get(e.writer as usize)
             .and_then(|t| t.puts.get(&key));
-        let last_ok = if puts == 0 {
-            e.writer == NOBODY
-        } else {
-            last == Some(&e.seq)
-        };
+        let last_ok = last.map_or(puts == 0 && e.writer == NOBODY, |&seq| seq == e.seq);
         if e.key != key || e.version != puts || words(at)[0] != 0 || !last_ok {
             return Err(format!("slot {key}: {e:?} after {puts} PUTs").into());
         }
         sum.n[SLOTS_VERIFIED] += 1;
     }
-    for (i, value) in words(&table[counter(0).start as usize..])
-        .into_iter()
-        .enumerate()
-    {
+    let counters = words(&table[counter(0).start as usize..]);
+    for (i, value) in counters.into_iter().enumerate() {
         let adds: u64 = tallies.iter().map(|t| t.adds[i]).sum();
         if value != adds {
             return Err(format!("counter {i}: {value}, expected {adds}").into());
