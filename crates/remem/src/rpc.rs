@@ -44,7 +44,14 @@ pub const VERSION: u8 = 1;
 /// ([`RpcClient::with_limit`]).
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
 
-/// What an RPC message is.
+/// What an RPC message is (the header's second byte: 1, 2, 3).
+///
+/// ```
+/// use remem::rpc::{FrameHeader, FrameKind};
+///
+/// let refusal = FrameHeader { kind: FrameKind::Refused, id: 3 }.to_bytes();
+/// assert_eq!(refusal[1], 3);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FrameKind {
     /// A request (client to server); its payload is the request's bytes.
@@ -96,6 +103,14 @@ pub struct FrameHeader {
 }
 
 /// Why bytes are not an RPC message ([`FrameHeader::parse`]).
+///
+/// ```
+/// use remem::rpc::{FrameError, FrameHeader};
+///
+/// assert_eq!(FrameHeader::parse(b"GET"), Err(FrameError::Short(3)));
+/// let unknown_kind = [1, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7];
+/// assert_eq!(FrameHeader::parse(&unknown_kind), Err(FrameError::Kind(9)));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum FrameError {
@@ -395,7 +410,44 @@ async fn route(conn: Arc<Connection>, calls: Arc<Mutex<Calls>>) {
 
 /// The serving side of request/response over a connection: takes requests
 /// ([`RpcServer::next_request`]) and answers each ([`Request::reply`]), or runs a handler
-/// on each in turn ([`RpcServer::serve`]). See [`RpcClient`] for an example.
+/// on each in turn ([`RpcServer::serve`], as in [`RpcClient`]'s example).
+///
+/// Taking requests one by one, a server may answer them in any order, from other tasks,
+/// or refuse them:
+///
+/// ```
+/// use remem::{Error, RdmaBuilder, rpc::{RpcClient, RpcServer}};
+///
+/// # fn main() -> Result<(), remem::Error> {
+/// tokio::runtime::Runtime::new()?.block_on(async {
+///     let server = RdmaBuilder::new().device("soft@127.0.0.8:0").build()?;
+///     let port = server.context().info().udp_addr.unwrap().port();
+///     let client = RdmaBuilder::new().device(format!("soft@127.0.0.7:{port}")).build()?;
+///     let listener = server.listen("127.0.0.1:0").await?;
+///     let (c, s) = tokio::join!(client.connect(listener.local_addr()?), listener.accept());
+///     let rpc = RpcClient::new(&client, c?);
+///     let (first, second) = (rpc.clone(), rpc.clone());
+///     let calls = tokio::spawn(async move {
+///         tokio::join!(first.call(b"ping"), second.call(b"shutdown"))
+///     });
+///
+///     let rpc_server = RpcServer::new(&server, s?);
+///     for _ in 0..2 {
+///         let request = rpc_server.next_request().await?.expect("the client is there");
+///         if request.data() == b"ping" {
+///             // Answered by another task.
+///             tokio::spawn(async move { request.reply(b"pong").await });
+///         } else {
+///             request.refuse("not allowed").await?;
+///         }
+///     }
+///     let (pong, refused) = calls.await.unwrap();
+///     assert_eq!(pong?, b"pong");
+///     assert!(matches!(refused, Err(Error::Refused(why)) if why == "not allowed"));
+///     Ok(())
+/// })
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct RpcServer {
     rdma: Rdma,
@@ -468,8 +520,9 @@ impl RpcServer {
     }
 }
 
-/// A request taken by [`RpcServer::next_request`]: its bytes, and the way to answer it.
-/// Dropped without an answer, it is refused (the caller gets [`Error::Refused`]).
+/// A request taken by [`RpcServer::next_request`]: its bytes, and the way to answer it
+/// (it may move to another task for that: [`RpcServer`]'s example). Dropped without an
+/// answer, it is refused (the caller gets [`Error::Refused`]).
 #[derive(Debug)]
 pub struct Request {
     id: u64,
