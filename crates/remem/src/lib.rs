@@ -123,6 +123,7 @@ mod mr;
 mod persist;
 mod pool;
 mod rdma;
+pub mod rpc;
 mod sys;
 #[cfg(test)]
 mod test_util;
@@ -148,6 +149,7 @@ pub use typed::{RemoteValue, RemoteWord};
 /// The crate behind typed values ([`RemoteValue`], [`LocalMr::read_value`]): derive its
 /// traits for your types with `#[zerocopy(crate = "remem::zerocopy")]`.
 pub use zerocopy;
+pub use rpc::{Request, RpcClient, RpcServer};
 
 use remem_verbs::{Context, DeviceInfo, Provider};
 

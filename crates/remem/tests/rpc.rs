@@ -1,0 +1,346 @@
+//! Request/response over messages (`remem::rpc`): many tasks on one connection each get
+//! their own reply, even when the server answers out of order; the in-flight limit holds; a
+//! cancelled call does not confuse later ones; refusals; the peer closing fails every
+//! waiting call; malformed frames are protocol violations on either side.
+
+mod common;
+
+use common::test_util::{connect, layout};
+use remem::rpc::{FrameHeader, FrameKind, RpcClient, RpcServer};
+use remem::{CloseReason, Connection, Error, Rdma};
+use std::time::Duration;
+
+/// The longest any test here runs.
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// Client and server `Rdma`s (soft devices on 127.0.190.n and .n+1) and their connection.
+async fn pair(n: u8) -> (Rdma, Connection, Rdma, Connection) {
+    let a = common::builder(format!("soft@127.0.190.{n}:0"))
+        .build()
+        .unwrap();
+    let port = common::soft_port(&a);
+    let b = common::builder(format!("soft@127.0.190.{}:{port}", n + 1))
+        .build()
+        .unwrap();
+    let (ca, cb) = connect(&a, &b).await;
+    (a, ca, b, cb)
+}
+
+fn run<F: std::future::Future<Output = ()>>(f: F) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async { tokio::time::timeout(LIMIT, f).await })
+        .expect("the test's time limit");
+}
+
+/// What the servers here answer: the request's bytes reversed, after a tag.
+fn answer(request: &[u8]) -> Vec<u8> {
+    let mut reply = b"re:".to_vec();
+    reply.extend(request.iter().rev());
+    reply
+}
+
+/// A request unique to (task, call), of a length that varies.
+fn request(task: usize, call: usize) -> Vec<u8> {
+    let text = format!("task {task} call {call} ");
+    text.repeat(1 + (task + call) % 5).into_bytes()
+}
+
+/// Sends raw bytes as one message (a peer that does not speak the RPC framing).
+async fn send_raw(rdma: &Rdma, conn: &Connection, bytes: &[u8]) {
+    let mr = rdma.alloc_local_mr(layout(bytes.len())).unwrap();
+    mr.write(0, bytes).unwrap();
+    conn.send(&mr).await.unwrap();
+}
+
+#[test]
+fn many_tasks_share_one_connection() {
+    run(async {
+        let (a, ca, b, cb) = pair(1).await;
+        let server = RpcServer::new(&b, cb);
+        let serving = tokio::spawn(async move {
+            server
+                .serve(|request| async move { Ok(answer(&request)) })
+                .await
+        });
+        let rpc = RpcClient::new(&a, ca);
+        let (tasks, calls) = (32, 40);
+        let handles: Vec<_> = (0..tasks)
+            .map(|task| {
+                let rpc = rpc.clone();
+                tokio::spawn(async move {
+                    for call in 0..calls {
+                        let request = request(task, call);
+                        let reply = rpc.call(&request).await.unwrap();
+                        assert_eq!(reply, answer(&request), "task {task} call {call}");
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.await.unwrap();
+        }
+        drop(rpc);
+        assert_eq!(serving.await.unwrap().unwrap(), (tasks * calls) as u64);
+    });
+}
+
+#[test]
+fn replies_out_of_order_reach_their_calls() {
+    run(async {
+        let (a, ca, b, cb) = pair(3).await;
+        let rpc = RpcClient::new(&a, ca);
+        let n = 32;
+        let calls: Vec<_> = (0..n)
+            .map(|task| {
+                let rpc = rpc.clone();
+                tokio::spawn(async move { (task, rpc.call(&request(task, 0)).await) })
+            })
+            .collect();
+        // The server takes every request before it answers any, then answers in reverse.
+        let server = RpcServer::new(&b, cb);
+        let mut requests = Vec::new();
+        for _ in 0..n {
+            requests.push(server.next_request().await.unwrap().expect("a request"));
+        }
+        while let Some(r) = requests.pop() {
+            let reply = answer(r.data());
+            r.reply(&reply).await.unwrap();
+        }
+        for call in calls {
+            let (task, reply) = call.await.unwrap();
+            assert_eq!(reply.unwrap(), answer(&request(task, 0)), "task {task}");
+        }
+    });
+}
+
+#[test]
+fn calls_in_flight_are_bounded() {
+    run(async {
+        let (a, ca, b, cb) = pair(5).await;
+        let rpc = RpcClient::with_limit(&a, ca, 2);
+        let calls: Vec<_> = (0..5u8)
+            .map(|i| {
+                let rpc = rpc.clone();
+                tokio::spawn(async move { rpc.call(&[i]).await })
+            })
+            .collect();
+        let server = RpcServer::new(&b, cb);
+        let first = server.next_request().await.unwrap().unwrap();
+        let second = server.next_request().await.unwrap().unwrap();
+        // A third request cannot come while two are unanswered (a bounded check that
+        // something does not happen).
+        let third = tokio::time::timeout(Duration::from_millis(300), server.next_request()).await;
+        assert!(third.is_err(), "a third request arrived: {third:?}");
+        for r in [first, second] {
+            let reply = r.data().to_vec();
+            r.reply(&reply).await.unwrap();
+        }
+        for _ in 0..3 {
+            let r = server.next_request().await.unwrap().unwrap();
+            let reply = r.data().to_vec();
+            r.reply(&reply).await.unwrap();
+        }
+        for (i, call) in (0..5u8).zip(calls) {
+            assert_eq!(call.await.unwrap().unwrap(), [i]);
+        }
+    });
+}
+
+#[test]
+fn a_cancelled_call_does_not_confuse_later_ones() {
+    run(async {
+        let (a, ca, b, cb) = pair(7).await;
+        let rpc = RpcClient::new(&a, ca);
+        let server = RpcServer::new(&b, cb);
+
+        let cancelled = tokio::spawn({
+            let rpc = rpc.clone();
+            async move { rpc.call(b"first").await }
+        });
+        let first = server.next_request().await.unwrap().unwrap();
+        assert_eq!(first.data(), b"first");
+        cancelled.abort();
+        assert!(cancelled.await.unwrap_err().is_cancelled());
+        assert!(format!("{rpc:?}").contains("waiting: 0"), "{rpc:?}");
+
+        let later = tokio::spawn({
+            let rpc = rpc.clone();
+            async move { rpc.call(b"second").await }
+        });
+        let second = server.next_request().await.unwrap().unwrap();
+        // The cancelled call's reply comes first; it must be discarded, not handed on.
+        first.reply(b"reply to first").await.unwrap();
+        second.reply(b"reply to second").await.unwrap();
+        assert_eq!(later.await.unwrap().unwrap(), b"reply to second");
+        // And the client still works.
+        let third = tokio::spawn({
+            let rpc = rpc.clone();
+            async move { rpc.call(b"third").await }
+        });
+        let r = server.next_request().await.unwrap().unwrap();
+        r.reply(b"3").await.unwrap();
+        assert_eq!(third.await.unwrap().unwrap(), b"3");
+    });
+}
+
+#[test]
+fn refused_and_dropped_requests_fail_their_calls() {
+    run(async {
+        let (a, ca, b, cb) = pair(9).await;
+        let rpc = RpcClient::new(&a, ca);
+        let server = RpcServer::new(&b, cb);
+        let calls = tokio::spawn({
+            let rpc = rpc.clone();
+            async move { (rpc.call(b"x").await, rpc.call(b"y").await) }
+        });
+        let x = server.next_request().await.unwrap().unwrap();
+        x.refuse("no such key").await.unwrap();
+        let y = server.next_request().await.unwrap().unwrap();
+        drop(y);
+        let (x, y) = calls.await.unwrap();
+        assert!(
+            matches!(x, Err(Error::Refused(ref why)) if why == "no such key"),
+            "{x:?}"
+        );
+        assert!(matches!(y, Err(Error::Refused(_))), "{y:?}");
+    });
+}
+
+#[test]
+fn a_handler_that_fails_refuses_its_request() {
+    run(async {
+        let (a, ca, b, cb) = pair(21).await;
+        let server = RpcServer::new(&b, cb);
+        let serving = tokio::spawn(async move {
+            server
+                .serve(|request| async move {
+                    match request.as_slice() {
+                        b"bad" => Err("bad request".to_string()),
+                        other => Ok(answer(other)),
+                    }
+                })
+                .await
+        });
+        let rpc = RpcClient::new(&a, ca);
+        let bad = rpc.call(b"bad").await;
+        assert!(
+            matches!(bad, Err(Error::Refused(ref why)) if why == "bad request"),
+            "{bad:?}"
+        );
+        assert_eq!(rpc.call(b"good").await.unwrap(), answer(b"good"));
+        drop(rpc);
+        assert_eq!(serving.await.unwrap().unwrap(), 2);
+    });
+}
+
+#[test]
+fn the_peer_closing_fails_every_waiting_call() {
+    run(async {
+        let (a, ca, b, cb) = pair(11).await;
+        let rpc = RpcClient::new(&a, ca);
+        let server = RpcServer::new(&b, cb);
+        let calls: Vec<_> = (0..6u8)
+            .map(|i| {
+                let rpc = rpc.clone();
+                tokio::spawn(async move { rpc.call(&[i]).await })
+            })
+            .collect();
+        // Every request has arrived and none is answered: then the server closes.
+        let mut held = Vec::new();
+        for _ in 0..6 {
+            held.push(server.next_request().await.unwrap().unwrap());
+        }
+        server.connection().close().await;
+        for call in calls {
+            let r = call.await.unwrap();
+            assert!(matches!(r, Err(Error::Closed(CloseReason::Peer))), "{r:?}");
+        }
+        let later = rpc.call(b"after").await;
+        assert!(
+            matches!(later, Err(Error::Closed(CloseReason::Peer))),
+            "{later:?}"
+        );
+        drop(held);
+    });
+}
+
+#[test]
+fn a_malformed_reply_is_a_protocol_violation() {
+    run(async {
+        let (a, ca, b, cb) = pair(13).await;
+        let rpc = RpcClient::new(&a, ca);
+        let call = tokio::spawn({
+            let rpc = rpc.clone();
+            async move { rpc.call(b"q").await }
+        });
+        // A raw peer: takes the request, answers three bytes.
+        let request = cb.receive().await.unwrap();
+        let (header, payload) = FrameHeader::parse(&request.data).unwrap();
+        assert_eq!((header.kind, payload), (FrameKind::Request, &b"q"[..]));
+        send_raw(&b, &cb, &[1, 2, 3]).await;
+        let r = call.await.unwrap();
+        assert!(
+            matches!(r, Err(Error::Closed(CloseReason::Protocol(_)))),
+            "{r:?}"
+        );
+        assert!(matches!(
+            rpc.call(b"again").await,
+            Err(Error::Closed(CloseReason::Protocol(_)))
+        ));
+        // The client closed the connection: the raw peer sees it.
+        assert!(matches!(cb.receive().await, Err(Error::Closed(_))));
+    });
+}
+
+#[test]
+fn a_reply_to_a_request_never_made_is_a_protocol_violation() {
+    run(async {
+        let (a, ca, b, cb) = pair(15).await;
+        let rpc = RpcClient::new(&a, ca);
+        let call = tokio::spawn({
+            let rpc = rpc.clone();
+            async move { rpc.call(b"q").await }
+        });
+        let request = cb.receive().await.unwrap();
+        let (header, _) = FrameHeader::parse(&request.data).unwrap();
+        let forged = FrameHeader {
+            kind: FrameKind::Reply,
+            id: header.id + 1000,
+        };
+        send_raw(&b, &cb, &forged.to_bytes()).await;
+        let r = call.await.unwrap();
+        assert!(
+            matches!(r, Err(Error::Closed(CloseReason::Protocol(_)))),
+            "{r:?}"
+        );
+    });
+}
+
+#[test]
+fn a_malformed_request_is_a_protocol_violation() {
+    run(async {
+        let (a, ca, b, cb) = pair(17).await;
+        let server = RpcServer::new(&b, cb);
+        // Not a frame, then a reply sent to the serving side: each is a violation.
+        send_raw(&a, &ca, b"GET key").await;
+        let r = server.next_request().await;
+        assert!(
+            matches!(r, Err(Error::Closed(CloseReason::Protocol(_)))),
+            "{r:?}"
+        );
+        assert!(matches!(ca.receive().await, Err(Error::Closed(_))));
+
+        let (a, ca, b, cb) = pair(19).await;
+        let server = RpcServer::new(&b, cb);
+        let reply = FrameHeader {
+            kind: FrameKind::Reply,
+            id: 0,
+        };
+        send_raw(&a, &ca, &reply.to_bytes()).await;
+        let r = server.next_request().await;
+        assert!(
+            matches!(r, Err(Error::Closed(CloseReason::Protocol(_)))),
+            "{r:?}"
+        );
+    });
+}
