@@ -72,7 +72,7 @@ async fn client(server: oneshot::Receiver<Address>) -> Result<(), Error> {
     conn.send_remote_mr(lease).await?;
 
     let remote = conn.receive_shared_mr().await?;
-    assert_eq!(remote.len(), LEN as u64);
+    assert_eq!(remote.len(), LEN);
 
     local.write(0, &[1; LEN])?;
     conn.write(&local.get(4..8)?, &remote.get(4..8)?).await?;

@@ -101,7 +101,7 @@ async fn over_one_sided(rdma: &Rdma, conn: &Connection) -> Result<(), Error> {
     conn.share_local_mr(&replies).await?;
     for (id, n) in (0..).zip(SIZES) {
         let (req, expected) = request(rdma, n)?;
-        let len = req.len() as u64;
+        let len = req.len();
         conn.write_with_imm(&req, &requests.get(..len)?, len as u32)
             .await?;
         assert_eq!(conn.receive_write_imm().await?, id, "the reply's id");

@@ -52,11 +52,11 @@ async fn main() -> Result<(), Error> {
     };
     let client_side = async {
         let msg = client.alloc_local_mr(Layout::array::<u8>(32).unwrap())?;
-        for k in 0..4u64 {
+        for k in 0..4usize {
             let data = pattern(8 * 1024, k as u8);
             let src = client.alloc_local_mr(Layout::array::<u8>(data.len()).unwrap())?;
             src.write(0, &data)?;
-            let (off, len) = (k * 8 * 1024, 8 * 1024u64);
+            let (off, len) = (k * 8 * 1024, 8 * 1024);
             c.write(&src, &remote.get(off..off + len)?).await?;
             let text = format!("{off},{len}");
             msg.write(0, text.as_bytes())?;

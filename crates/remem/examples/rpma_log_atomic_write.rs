@@ -16,7 +16,7 @@ use rpma::{TempFile, check};
 use std::alloc::Layout;
 
 const LOG: usize = 64 * 1024;
-const HEADER: u64 = 8;
+const HEADER: usize = 8;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Error> {
@@ -40,19 +40,19 @@ async fn main() -> Result<(), Error> {
     for r in &records {
         let bytes = r.as_bytes();
         scratch.write(0, bytes)?;
-        let at = remote.get(end..end + bytes.len() as u64)?;
+        let at = remote.get(end..end + bytes.len())?;
         c.post_write(&scratch.get(0..bytes.len())?, &at).await?;
         c.flush(&at, FlushType::Persistent).await?;
-        end += bytes.len() as u64;
+        end += bytes.len();
         // The record is durable: now the length may cover it.
-        c.atomic_write(&used, end - HEADER).await?;
+        c.atomic_write(&used, (end - HEADER) as u64).await?;
         c.flush(&used, FlushType::Persistent).await?;
     }
     let on_disk = file.contents()?;
     let len = u64::from_ne_bytes(on_disk[..8].try_into().unwrap()) as usize;
     let text = std::str::from_utf8(&on_disk[8..8 + len]).unwrap_or("");
     check(
-        len as u64 == end - HEADER,
+        len == end - HEADER,
         "the length word covers exactly the records",
     )?;
     check(

@@ -63,11 +63,8 @@ async fn main() -> Result<(), Error> {
                 let k = conn.receive().await?.data[0] as usize;
                 let src = rdma.alloc_local_mr(Layout::array::<u8>(SLICE).unwrap())?;
                 src.write(0, &[k as u8 + 1; SLICE])?;
-                conn.write(
-                    &src,
-                    &remote.get((k * SLICE) as u64..((k + 1) * SLICE) as u64)?,
-                )
-                .await?;
+                conn.write(&src, &remote.get(k * SLICE..(k + 1) * SLICE)?)
+                    .await?;
                 let tag = rdma.alloc_local_mr(Layout::array::<u8>(1).unwrap())?;
                 tag.write(0, &[k as u8])?;
                 conn.send(&tag).await?;

@@ -26,7 +26,7 @@ async fn main() -> Result<(), Error> {
     let (c, _s) = rpma::connect(&client, &listener, &ConnectOptions::default(), &answer).await?;
     let remote = RemoteMr::from_descriptor(&c.peer_private_data())?;
     check(
-        remote.len() == text.len() as u64,
+        remote.len() == text.len(),
         "the descriptor names the whole region",
     )?;
     let mut local = client.alloc_local_mr(Layout::array::<u8>(text.len()).unwrap())?;

@@ -46,8 +46,8 @@ async fn main() -> Result<(), Error> {
     let data = pattern(8 * 1024, 9);
     let src = client.alloc_local_mr(Layout::array::<u8>(data.len()).unwrap())?;
     src.write(0, &data)?;
-    for k in 0..8u64 {
-        let part = src.get(k as usize * 1024..(k as usize + 1) * 1024)?;
+    for k in 0..8 {
+        let part = src.get(k * 1024..(k + 1) * 1024)?;
         c.post_write(&part, &remote.get(k * 1024..(k + 1) * 1024)?)
             .await?;
     }

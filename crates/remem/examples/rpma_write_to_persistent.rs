@@ -32,7 +32,7 @@ async fn main() -> Result<(), Error> {
     let text = b"Hello, persistent world!";
     let src = client.alloc_local_mr(Layout::array::<u8>(text.len()).unwrap())?;
     src.write(0, text)?;
-    let dst = remote.get(0..text.len() as u64)?;
+    let dst = remote.get(0..text.len())?;
     c.write(&src, &dst).await?;
     c.flush(&dst, FlushType::Persistent).await?;
     // Tell the server, which checks its own file.

@@ -26,12 +26,8 @@ async fn main() -> Result<(), Error> {
         let data = pattern(1000, k as u8);
         let src = client.alloc_local_mr(Layout::array::<u8>(1000).unwrap())?;
         src.write(0, &data)?;
-        c.write_with_imm(
-            &src,
-            &remote.get(u64::from(off)..u64::from(off) + 1000)?,
-            off,
-        )
-        .await?;
+        c.write_with_imm(&src, &remote.get(off as usize..off as usize + 1000)?, off)
+            .await?;
         let at = s.receive_write_imm().await? as usize;
         ok &= at == off as usize && region.to_vec()[at..at + 1000] == data[..];
     }

@@ -71,7 +71,7 @@ async fn session(
             _ => rng.random_range(65536..400_000),
         };
         let off = rng.random_range(0..data_end - len);
-        let range = off as u64..(off + len) as u64;
+        let range = off..off + len;
         match rng.random_range(0..4) {
             0 => {
                 let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
@@ -99,7 +99,7 @@ async fn session(
                 }
             }
             _ => {
-                let counter = remote.get(data_end as u64..REGION as u64)?;
+                let counter = remote.get(data_end..REGION)?;
                 if ca.fetch_and_add(&counter, 1).await? != adds {
                     eprintln!("soak: fetch-and-add returned an unexpected value");
                     t.mismatches += 1;

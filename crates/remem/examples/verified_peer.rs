@@ -97,7 +97,7 @@ async fn run(device: &str, addr: &str, ops: usize, cm: bool) -> Result<(), Error
             _ => rng.random_range(65536..200_000),
         };
         let off = rng.random_range(0..counter_at - len);
-        let range = off as u64..(off + len) as u64;
+        let range = off..off + len;
         match rng.random_range(0..4) {
             0 => {
                 let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
@@ -123,7 +123,7 @@ async fn run(device: &str, addr: &str, ops: usize, cm: bool) -> Result<(), Error
                 }
             }
             _ => {
-                let counter = remote.get(counter_at as u64..REGION as u64)?;
+                let counter = remote.get(counter_at..REGION)?;
                 if conn.fetch_and_add(&counter, 1).await? != adds {
                     return Err(fail("fetch-and-add applied other than once".into()));
                 }

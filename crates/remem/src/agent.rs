@@ -56,13 +56,6 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::{Semaphore, oneshot};
 
-const REQUEST: u8 = 1;
-const GRANT: u8 = 2;
-const DENY: u8 = 3;
-const RETURN: u8 = 4;
-const GIVE_BACK: u8 = 5;
-const TRANSFER: u8 = 6;
-
 /// Answers (grants, refusals, returns of unwanted grants) a peer may leave waiting to be
 /// sent before its connection is closed as a protocol violation.
 pub(crate) const MAX_QUEUED_REPLIES: usize = 256;
@@ -106,7 +99,7 @@ impl Drop for RemoteLease {
         if let Some(conn) = self.conn.upgrade()
             && conn.is_open()
         {
-            conn.send_return(self.id, RETURN);
+            conn.send_return(self.id);
         }
     }
 }
@@ -263,12 +256,244 @@ impl std::fmt::Debug for Agent {
     }
 }
 
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
+/// An agent message: the body of a message of kind [`Kind::Agent`] (after the message
+/// header). Every message starts with its operation (one byte) and an id (four bytes,
+/// big-endian, as every field); what follows depends on the operation. Bytes after the
+/// last field are ignored (room for later versions).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AgentMsg {
+    /// Asks the peer for a zeroed region of `size` bytes aligned to `align`, lent for
+    /// `lease_ms` milliseconds (the peer may shorten it); `id` matches the answer.
+    Request {
+        /// The request's id.
+        id: u32,
+        /// Bytes asked for.
+        size: u64,
+        /// Their alignment.
+        align: u64,
+        /// The lease asked for.
+        lease_ms: u64,
+    },
+    /// The answer to request `id`: lease `lease` of region `token` for `lease_ms`
+    /// milliseconds on the lender's clock.
+    Grant {
+        /// The request answered.
+        id: u32,
+        /// The lease's id, which ends it ([`AgentMsg::Return`], [`AgentMsg::GiveBack`]).
+        lease: u32,
+        /// The region.
+        token: RemoteMr,
+        /// How long it is lent for.
+        lease_ms: u64,
+    },
+    /// The refusal of request `id`, and why (at most [`MAX_REASON`] bytes of it travel).
+    Deny {
+        /// The request answered.
+        id: u32,
+        /// The lender's reason.
+        reason: String,
+    },
+    /// The borrower ends lease (or given region) `lease`: the lender frees it.
+    Return {
+        /// The lease.
+        lease: u32,
+    },
+    /// The borrower gives lease (or given region) `lease` back with its contents.
+    GiveBack {
+        /// The lease.
+        lease: u32,
+    },
+    /// The sender gives region `token` away, as lease `id` without a time limit.
+    Transfer {
+        /// The id that ends it ([`AgentMsg::Return`], [`AgentMsg::GiveBack`]).
+        id: u32,
+        /// The region.
+        token: RemoteMr,
+    },
 }
 
-fn u64_at(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_be_bytes(b.get(at..at + 8)?.try_into().ok()?))
+/// The operation byte of each [`AgentMsg`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Op {
+    Request = 1,
+    Grant = 2,
+    Deny = 3,
+    Return = 4,
+    GiveBack = 5,
+    Transfer = 6,
+}
+
+impl Op {
+    fn from_byte(b: u8) -> Option<Op> {
+        [
+            Op::Request,
+            Op::Grant,
+            Op::Deny,
+            Op::Return,
+            Op::GiveBack,
+            Op::Transfer,
+        ]
+        .into_iter()
+        .find(|op| *op as u8 == b)
+    }
+}
+
+/// What is wrong with an agent message from the peer (the connection is closed as a
+/// protocol violation, [`ProtocolViolation::Malformed`], with this text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum MalformedAgent {
+    /// Shorter than an operation and an id.
+    #[error("peer sent a malformed agent message")]
+    Short,
+    /// An operation this version does not know.
+    #[error("peer sent an unknown agent operation {0}")]
+    UnknownOp(u8),
+    /// A request without its fields.
+    #[error("peer sent a malformed memory request")]
+    Request,
+    /// A grant without its fields, or with an invalid region.
+    #[error("peer sent a malformed grant")]
+    Grant,
+    /// A region given away that is missing or invalid.
+    #[error("peer sent a malformed memory region")]
+    Region,
+}
+
+/// Reads big-endian fields front to back.
+struct Fields<'a>(&'a [u8]);
+
+impl<'a> Fields<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = self.0.split_at_checked(n)?;
+        self.0 = rest;
+        Some(head)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_be_bytes(self.take(4)?.try_into().ok()?))
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_be_bytes(self.take(8)?.try_into().ok()?))
+    }
+
+    fn token(&mut self) -> Option<RemoteMr> {
+        RemoteMr::from_bytes(self.take(TOKEN_LEN)?)
+    }
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
+fn cut(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+impl AgentMsg {
+    fn op(&self) -> Op {
+        match self {
+            AgentMsg::Request { .. } => Op::Request,
+            AgentMsg::Grant { .. } => Op::Grant,
+            AgentMsg::Deny { .. } => Op::Deny,
+            AgentMsg::Return { .. } => Op::Return,
+            AgentMsg::GiveBack { .. } => Op::GiveBack,
+            AgentMsg::Transfer { .. } => Op::Transfer,
+        }
+    }
+
+    /// The message's bytes. A refusal's reason is cut to [`MAX_REASON`] bytes (on a
+    /// character boundary).
+    pub(crate) fn emit(&self) -> Vec<u8> {
+        let mut m = vec![self.op() as u8];
+        match self {
+            AgentMsg::Request {
+                id,
+                size,
+                align,
+                lease_ms,
+            } => {
+                m.extend_from_slice(&id.to_be_bytes());
+                m.extend_from_slice(&size.to_be_bytes());
+                m.extend_from_slice(&align.to_be_bytes());
+                m.extend_from_slice(&lease_ms.to_be_bytes());
+            }
+            AgentMsg::Grant {
+                id,
+                lease,
+                token,
+                lease_ms,
+            } => {
+                m.extend_from_slice(&id.to_be_bytes());
+                m.extend_from_slice(&lease.to_be_bytes());
+                m.extend_from_slice(&token.to_bytes());
+                m.extend_from_slice(&lease_ms.to_be_bytes());
+            }
+            AgentMsg::Deny { id, reason } => {
+                m.extend_from_slice(&id.to_be_bytes());
+                m.extend_from_slice(cut(reason, MAX_REASON).as_bytes());
+            }
+            AgentMsg::Return { lease } | AgentMsg::GiveBack { lease } => {
+                m.extend_from_slice(&lease.to_be_bytes());
+            }
+            AgentMsg::Transfer { id, token } => {
+                m.extend_from_slice(&id.to_be_bytes());
+                m.extend_from_slice(&token.to_bytes());
+            }
+        }
+        m
+    }
+
+    /// Parses a message from the peer. Total: anything that is not a message of this
+    /// version is a [`MalformedAgent`], never a panic. A refusal's reason is read as
+    /// UTF-8 (invalid sequences replaced), at most [`MAX_REASON`] bytes of it.
+    pub(crate) fn parse(msg: &[u8]) -> std::result::Result<AgentMsg, MalformedAgent> {
+        let mut f = Fields(msg);
+        let (Some(op), Some(id)) = (f.take(1), f.u32()) else {
+            return Err(MalformedAgent::Short);
+        };
+        let op = Op::from_byte(op[0]).ok_or(MalformedAgent::UnknownOp(op[0]))?;
+        Ok(match op {
+            Op::Request => {
+                let (Some(size), Some(align), Some(lease_ms)) = (f.u64(), f.u64(), f.u64()) else {
+                    return Err(MalformedAgent::Request);
+                };
+                AgentMsg::Request {
+                    id,
+                    size,
+                    align,
+                    lease_ms,
+                }
+            }
+            Op::Grant => {
+                let (Some(lease), Some(token), Some(lease_ms)) = (f.u32(), f.token(), f.u64())
+                else {
+                    return Err(MalformedAgent::Grant);
+                };
+                AgentMsg::Grant {
+                    id,
+                    lease,
+                    token,
+                    lease_ms,
+                }
+            }
+            Op::Deny => {
+                let why = &f.0[..f.0.len().min(MAX_REASON)];
+                AgentMsg::Deny {
+                    id,
+                    reason: String::from_utf8_lossy(why).into_owned(),
+                }
+            }
+            Op::Return => AgentMsg::Return { lease: id },
+            Op::GiveBack => AgentMsg::GiveBack { lease: id },
+            Op::Transfer => AgentMsg::Transfer {
+                id,
+                token: f.token().ok_or(MalformedAgent::Region)?,
+            },
+        })
+    }
 }
 
 impl ConnShared {
@@ -280,118 +505,106 @@ impl ConnShared {
             // lent on the connection ended with it.
             return;
         }
-        let (Some(&op), Some(id)) = (msg.first(), u32_at(msg, 1)) else {
-            return self.end("peer sent a malformed agent message".to_string());
+        let msg = match AgentMsg::parse(msg) {
+            Ok(msg) => msg,
+            Err(e) => return self.end(e.to_string()),
         };
-        match op {
-            REQUEST => {
-                let (Some(size), Some(align), Some(ms)) =
-                    (u64_at(msg, 5), u64_at(msg, 13), u64_at(msg, 21))
-                else {
-                    return self.end("peer sent a malformed memory request".to_string());
-                };
+        match msg {
+            AgentMsg::Request {
+                id,
+                size,
+                align,
+                lease_ms,
+            } => {
                 // Room for the answer first: a peer that does not take our answers gets
                 // nothing more allocated.
                 if !self.reserve_reply() {
                     return;
                 }
-                let reply = match self.lend(size, align, Duration::from_millis(ms)) {
-                    Ok((lease, token, lease_for)) => {
-                        let mut r = vec![GRANT];
-                        r.extend_from_slice(&id.to_be_bytes());
-                        r.extend_from_slice(&lease.to_be_bytes());
-                        r.extend_from_slice(&token.to_bytes());
-                        r.extend_from_slice(&(lease_for.as_millis() as u64).to_be_bytes());
-                        r
-                    }
-                    Err(e) => {
-                        let mut r = vec![DENY];
-                        r.extend_from_slice(&id.to_be_bytes());
-                        let why = e.to_string();
-                        let mut cut = why.len().min(MAX_REASON);
-                        while !why.is_char_boundary(cut) {
-                            cut -= 1;
-                        }
-                        r.extend_from_slice(&why.as_bytes()[..cut]);
-                        r
-                    }
+                let reply = match self.lend(size, align, Duration::from_millis(lease_ms)) {
+                    Ok((lease, token, lease_for)) => AgentMsg::Grant {
+                        id,
+                        lease,
+                        token,
+                        lease_ms: u64::try_from(lease_for.as_millis()).unwrap_or(u64::MAX),
+                    },
+                    Err(e) => AgentMsg::Deny {
+                        id,
+                        reason: e.to_string(),
+                    },
                 };
                 self.queue_agent(reply, true);
             }
-            GRANT | DENY => {
-                let answer = if op == GRANT {
-                    match (
-                        u32_at(msg, 5),
-                        msg.get(9..9 + TOKEN_LEN).and_then(RemoteMr::from_bytes),
-                        u64_at(msg, 9 + TOKEN_LEN),
-                    ) {
-                        (Some(lease), Some(token), Some(ms)) => {
-                            Ok((lease, token, Duration::from_millis(ms)))
-                        }
-                        _ => return self.end("peer sent a malformed grant".to_string()),
-                    }
-                } else {
-                    let why = msg.get(5..).unwrap_or_default();
-                    Err(String::from_utf8_lossy(&why[..why.len().min(MAX_REASON)]).into_owned())
-                };
-                let waiter = lock(&self.agent.waiting).remove(&id);
-                let unwanted = match (waiter, answer) {
-                    (Some(tx), answer) => match tx.send(answer) {
-                        // The requester gave up: the lease goes straight back.
-                        Err(Ok((lease, _, _))) => Some(lease),
-                        _ => None,
-                    },
-                    (None, Ok((lease, _, _))) => Some(lease),
-                    (None, Err(_)) => None,
-                };
-                if let Some(lease) = unwanted
-                    && self.reserve_reply()
-                {
-                    self.queue_agent(return_message(lease, RETURN), true);
+            AgentMsg::Grant {
+                id,
+                lease,
+                token,
+                lease_ms,
+            } => self.on_answer(id, Ok((lease, token, Duration::from_millis(lease_ms)))),
+            AgentMsg::Deny { id, reason } => self.on_answer(id, Err(reason)),
+            AgentMsg::Transfer { id, token } => {
+                let untaken = lock(&self.agent.received.queue).len();
+                if untaken >= MAX_UNTAKEN_REGIONS {
+                    return self.end(ProtocolViolation::UntakenRegions {
+                        max: MAX_UNTAKEN_REGIONS,
+                    });
                 }
+                self.agent.received.push(Some((id, token)))
             }
-            TRANSFER => match msg.get(5..5 + TOKEN_LEN).and_then(RemoteMr::from_bytes) {
-                Some(token) => {
-                    let untaken = lock(&self.agent.received.queue).len();
-                    if untaken >= MAX_UNTAKEN_REGIONS {
-                        return self.end(ProtocolViolation::UntakenRegions {
-                            max: MAX_UNTAKEN_REGIONS,
-                        });
-                    }
-                    self.agent.received.push(Some((id, token)))
-                }
-                None => self.end("peer sent a malformed memory region".to_string()),
+            AgentMsg::Return { lease } => self.on_lease_end(lease, false),
+            AgentMsg::GiveBack { lease } => self.on_lease_end(lease, true),
+        }
+    }
+
+    /// The peer ends lease (or given region) `id`: returned (freed), or given back with
+    /// its contents (registered anew for local access, for the application to take).
+    fn on_lease_end(&self, id: u32, give_back: bool) {
+        let lent = lock(&self.agent.lent).as_mut().and_then(|l| l.remove(&id));
+        let (mr, charge) = match lent {
+            Some(lease) => {
+                let (mr, charge) = lease.end();
+                (mr, Some(charge))
+            }
+            None => match lock(&self.agent.given).as_mut().and_then(|g| g.remove(&id)) {
+                Some(mr) => (mr, None),
+                None => return, // expired meanwhile
             },
-            RETURN | GIVE_BACK => {
-                let lent = lock(&self.agent.lent).as_mut().and_then(|l| l.remove(&id));
-                let (mr, charge) = match lent {
-                    Some(lease) => {
-                        let (mr, charge) = lease.end();
-                        (mr, Some(charge))
-                    }
-                    None => match lock(&self.agent.given).as_mut().and_then(|g| g.remove(&id)) {
-                        Some(mr) => (mr, None),
-                        None => return, // expired meanwhile
-                    },
-                };
-                if op == GIVE_BACK {
-                    match self.reregister_local(mr) {
-                        Ok(mr) => self.agent.returned.push(Some(Returned {
-                            mr,
-                            _charge: charge,
-                        })),
-                        Err(e) => tracing::warn!(error = %e, "cannot take back a region"),
-                    }
-                } else {
-                    // The peer's registration ends now (even if a cancelled operation of
-                    // this side still holds a given region), before the budget is free.
-                    mr.end_remote();
-                    drop(mr);
-                    drop(charge);
-                }
-                tracing::debug!(lease = id, "lease returned");
+        };
+        if give_back {
+            match self.reregister_local(mr) {
+                Ok(mr) => self.agent.returned.push(Some(Returned {
+                    mr,
+                    _charge: charge,
+                })),
+                Err(e) => tracing::warn!(error = %e, "cannot take back a region"),
             }
-            _ => self.end(format!("peer sent an unknown agent operation {op}")),
+        } else {
+            // The peer's registration ends now (even if a cancelled operation of
+            // this side still holds a given region), before the budget is free.
+            mr.end_remote();
+            drop(mr);
+            drop(charge);
+        }
+        tracing::debug!(lease = id, "lease returned");
+    }
+
+    /// The peer's answer to request `id`: to its waiter, or — a grant nobody waits for
+    /// any more (the requester gave up) — straight back to the peer.
+    fn on_answer(self: &Arc<Self>, id: u32, answer: Grant) {
+        let waiter = lock(&self.agent.waiting).remove(&id);
+        let unwanted = match (waiter, answer) {
+            (Some(tx), answer) => match tx.send(answer) {
+                // The requester gave up: the lease goes straight back.
+                Err(Ok((lease, _, _))) => Some(lease),
+                _ => None,
+            },
+            (None, Ok((lease, _, _))) => Some(lease),
+            (None, Err(_)) => None,
+        };
+        if let Some(lease) = unwanted
+            && self.reserve_reply()
+        {
+            self.queue_agent(AgentMsg::Return { lease }, true);
         }
     }
 
@@ -512,13 +725,13 @@ impl ConnShared {
 
     /// Queues an agent message (an answer to the peer if `reply`, whose room
     /// [`ConnShared::reserve_reply`] made) and makes sure a task sends the queue.
-    fn queue_agent(self: &Arc<Self>, msg: Vec<u8>, reply: bool) {
+    fn queue_agent(self: &Arc<Self>, msg: AgentMsg, reply: bool) {
         let mut out = lock(&self.agent.outbox);
         if !self.is_open() {
             return;
         }
         out.replies += usize::from(reply);
-        out.queue.push_back((msg, reply));
+        out.queue.push_back((msg.emit(), reply));
         if out.sending {
             return;
         }
@@ -556,8 +769,9 @@ impl ConnShared {
         }
     }
 
-    pub(crate) fn send_return(self: &Arc<Self>, lease: u32, op: u8) {
-        self.queue_agent(return_message(lease, op), false);
+    /// Queues the end of lease `lease` (a return: the peer frees it).
+    pub(crate) fn send_return(self: &Arc<Self>, lease: u32) {
+        self.queue_agent(AgentMsg::Return { lease }, false);
     }
 
     fn spawn(
@@ -572,12 +786,6 @@ impl ConnShared {
             }
         }
     }
-}
-
-fn return_message(lease: u32, op: u8) -> Vec<u8> {
-    let mut m = vec![op];
-    m.extend_from_slice(&lease.to_be_bytes());
-    m
 }
 
 impl Connection {
@@ -610,12 +818,13 @@ impl Connection {
             lock(&sh.agent.waiting).insert(id, tx);
             // A grant arriving after this side gave up finds no waiter and is returned.
             let _forget = Forget(sh, id);
-            let mut m = vec![REQUEST];
-            m.extend_from_slice(&id.to_be_bytes());
-            m.extend_from_slice(&(layout.size() as u64).to_be_bytes());
-            m.extend_from_slice(&(layout.align() as u64).to_be_bytes());
-            m.extend_from_slice(&(lease.as_millis().min(u64::MAX as u128) as u64).to_be_bytes());
-            sh.send_bytes(Kind::Agent, m).await?;
+            let request = AgentMsg::Request {
+                id,
+                size: layout.size() as u64,
+                align: layout.align() as u64,
+                lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+            };
+            sh.send_bytes(Kind::Agent, request.emit()).await?;
             rx.await.map_err(|_| sh.closed_error())
         };
         let answer = match tokio::time::timeout(timeout, answer).await {
@@ -653,10 +862,9 @@ impl Connection {
             Some(given) => given.insert(id, mr),
             None => return Err(sh.closed_error()),
         };
-        let mut m = vec![TRANSFER];
-        m.extend_from_slice(&id.to_be_bytes());
-        m.extend_from_slice(&token.to_bytes());
-        let sent = sh.send_bytes(Kind::Agent, m).await;
+        let sent = sh
+            .send_bytes(Kind::Agent, AgentMsg::Transfer { id, token }.emit())
+            .await;
         if sent.is_err() {
             let mr = lock(&sh.agent.given).as_mut().and_then(|g| g.remove(&id));
             drop(mr);
@@ -681,20 +889,20 @@ impl Connection {
 
     /// Ends a lease early: the lender revokes access and frees the region.
     pub async fn return_remote_mr(&self, lease: RemoteLease) -> Result<()> {
-        self.give(lease, RETURN).await
+        self.give(lease, |lease| AgentMsg::Return { lease }).await
     }
 
     /// Gives a leased region back to the lender with its contents: the lease ends and the
     /// lender takes the region with [`Connection::receive_local_mr`].
     pub async fn send_remote_mr(&self, lease: RemoteLease) -> Result<()> {
-        self.give(lease, GIVE_BACK).await
+        self.give(lease, |lease| AgentMsg::GiveBack { lease }).await
     }
 
-    async fn give(&self, mut lease: RemoteLease, op: u8) -> Result<()> {
+    async fn give(&self, mut lease: RemoteLease, msg: fn(u32) -> AgentMsg) -> Result<()> {
         lease.ended = true;
-        let mut m = vec![op];
-        m.extend_from_slice(&lease.id.to_be_bytes());
-        self.shared().send_bytes(Kind::Agent, m).await
+        self.shared()
+            .send_bytes(Kind::Agent, msg(lease.id).emit())
+            .await
     }
 
     /// The next region the peer gave back with [`Connection::send_remote_mr`], registered
@@ -726,8 +934,190 @@ mod tests {
     use crate::test_util::{connect, layout};
     use crate::{ConnectionEvent, Rdma, RdmaBuilder};
     use crate::{LocalMr, RemoteMr};
+    use proptest::prelude::*;
     use remem_verbs::{AccessFlags, WcStatus};
     use std::sync::atomic::AtomicU8;
+
+    fn arb_token() -> impl Strategy<Value = RemoteMr> {
+        (any::<u64>(), any::<u64>(), any::<u32>(), any::<u32>()).prop_filter_map(
+            "a valid token",
+            |(addr, len, rkey, bits)| {
+                let mut b = [0; TOKEN_LEN];
+                b[..8].copy_from_slice(&addr.to_be_bytes());
+                b[8..16].copy_from_slice(&(len % (u64::MAX - addr).max(1)).to_be_bytes());
+                b[16..20].copy_from_slice(&rkey.to_be_bytes());
+                let rights = bits & AccessFlags::REMOTE.bits();
+                b[20..].copy_from_slice(&rights.to_be_bytes());
+                RemoteMr::from_bytes(&b)
+            },
+        )
+    }
+
+    fn arb_msg() -> impl Strategy<Value = AgentMsg> {
+        prop_oneof![
+            (any::<u32>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+                |(id, size, align, lease_ms)| AgentMsg::Request {
+                    id,
+                    size,
+                    align,
+                    lease_ms
+                }
+            ),
+            (any::<u32>(), any::<u32>(), arb_token(), any::<u64>()).prop_map(
+                |(id, lease, token, lease_ms)| AgentMsg::Grant {
+                    id,
+                    lease,
+                    token,
+                    lease_ms
+                }
+            ),
+            // Reasons that travel whole: at most MAX_REASON bytes.
+            (any::<u32>(), "\\PC{0,64}").prop_map(|(id, reason)| AgentMsg::Deny { id, reason }),
+            any::<u32>().prop_map(|lease| AgentMsg::Return { lease }),
+            any::<u32>().prop_map(|lease| AgentMsg::GiveBack { lease }),
+            (any::<u32>(), arb_token()).prop_map(|(id, token)| AgentMsg::Transfer { id, token }),
+        ]
+    }
+
+    proptest! {
+        /// Every message parses back to itself, also with bytes after its last field.
+        #[test]
+        fn agent_messages_round_trip(
+            msg in arb_msg(),
+            tail in proptest::collection::vec(any::<u8>(), 0..8),
+        ) {
+            let bytes = msg.emit();
+            prop_assert_eq!(AgentMsg::parse(&bytes), Ok(msg.clone()));
+            if !matches!(msg, AgentMsg::Deny { .. }) {
+                let longer = [&bytes[..], &tail[..]].concat();
+                prop_assert_eq!(AgentMsg::parse(&longer), Ok(msg.clone()));
+            }
+            // Cut short anywhere before its last field: an error, never a panic.
+            for n in 0..bytes.len() {
+                let short = AgentMsg::parse(&bytes[..n]);
+                if n < 5 {
+                    prop_assert_eq!(short, Err(MalformedAgent::Short));
+                } else if matches!(
+                    msg,
+                    AgentMsg::Request { .. } | AgentMsg::Grant { .. } | AgentMsg::Transfer { .. }
+                ) {
+                    prop_assert!(short.is_err(), "{:?} cut to {} bytes", msg, n);
+                }
+            }
+        }
+
+        /// Parsing is total: arbitrary bytes give a message or an error, and a message
+        /// emits bytes that parse to it again.
+        #[test]
+        fn agent_messages_parse_arbitrary_bytes_without_panicking(
+            op in 0u8..9,
+            bytes in proptest::collection::vec(any::<u8>(), 0..80),
+        ) {
+            for input in [&bytes[..], &[&[op][..], &bytes[..]].concat()[..]] {
+                if let Ok(msg) = AgentMsg::parse(input) {
+                    prop_assert_eq!(AgentMsg::parse(&msg.emit()), Ok(msg));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn agent_messages_keep_their_wire_layout() {
+        // The layout the protocol had before it was typed, byte for byte.
+        let token = RemoteMr {
+            addr: 0x1122_3344_5566_7788,
+            len: 0x1000,
+            rkey: 0xaabb_ccdd,
+            access: AccessFlags::REMOTE_READ,
+        };
+        let be32 = |v: u32| v.to_be_bytes().to_vec();
+        let be64 = |v: u64| v.to_be_bytes().to_vec();
+        let cases = [
+            (
+                AgentMsg::Request {
+                    id: 9,
+                    size: 4096,
+                    align: 8,
+                    lease_ms: 60_000,
+                },
+                [vec![1], be32(9), be64(4096), be64(8), be64(60_000)].concat(),
+            ),
+            (
+                AgentMsg::Grant {
+                    id: 9,
+                    lease: 3,
+                    token,
+                    lease_ms: 500,
+                },
+                [
+                    vec![2],
+                    be32(9),
+                    be32(3),
+                    token.to_bytes().to_vec(),
+                    be64(500),
+                ]
+                .concat(),
+            ),
+            (
+                AgentMsg::Deny {
+                    id: 9,
+                    reason: "no".into(),
+                },
+                [vec![3], be32(9), b"no".to_vec()].concat(),
+            ),
+            (AgentMsg::Return { lease: 3 }, [vec![4], be32(3)].concat()),
+            (AgentMsg::GiveBack { lease: 3 }, [vec![5], be32(3)].concat()),
+            (
+                AgentMsg::Transfer { id: 4, token },
+                [vec![6], be32(4), token.to_bytes().to_vec()].concat(),
+            ),
+        ];
+        for (msg, bytes) in cases {
+            assert_eq!(msg.emit(), bytes, "{msg:?}");
+            assert_eq!(AgentMsg::parse(&bytes), Ok(msg));
+        }
+        // What is wrong, typed (the text the connection closes with).
+        assert_eq!(AgentMsg::parse(&[1, 0, 0]), Err(MalformedAgent::Short));
+        assert_eq!(
+            AgentMsg::parse(&[7, 0, 0, 0, 1]),
+            Err(MalformedAgent::UnknownOp(7))
+        );
+        assert_eq!(
+            AgentMsg::parse(&[1, 0, 0, 0, 1, 0]),
+            Err(MalformedAgent::Request)
+        );
+        assert_eq!(
+            AgentMsg::parse(&[2, 0, 0, 0, 1]),
+            Err(MalformedAgent::Grant)
+        );
+        assert_eq!(
+            AgentMsg::parse(&[6, 0, 0, 0, 1]),
+            Err(MalformedAgent::Region)
+        );
+        assert_eq!(
+            MalformedAgent::UnknownOp(7).to_string(),
+            "peer sent an unknown agent operation 7"
+        );
+    }
+
+    #[test]
+    fn a_long_reason_is_cut_on_a_character_boundary() {
+        let reason = "é".repeat(MAX_REASON); // two bytes each
+        let bytes = AgentMsg::Deny { id: 1, reason }.emit();
+        assert_eq!(bytes.len(), 5 + MAX_REASON);
+        match AgentMsg::parse(&bytes) {
+            Ok(AgentMsg::Deny { id: 1, reason }) => {
+                assert_eq!(reason, "é".repeat(MAX_REASON / 2))
+            }
+            other => panic!("{other:?}"),
+        }
+        // A peer's reason longer than the limit is cut on arrival too.
+        let long = [&[3, 0, 0, 0, 1][..], &[b'x'; 1000][..]].concat();
+        match AgentMsg::parse(&long) {
+            Ok(AgentMsg::Deny { reason, .. }) => assert_eq!(reason.len(), MAX_REASON),
+            other => panic!("{other:?}"),
+        }
+    }
 
     /// Two `Rdma`s that can talk on soft devices (127.0.54.x), the first (the peer that
     /// misbehaves in some tests) built from `a`.
@@ -843,12 +1233,13 @@ mod tests {
         // its credits allow. B may leave MAX_QUEUED_REPLIES answers waiting, then cuts A off.
         let mut sent = 0;
         for id in 0..(MAX_QUEUED_REPLIES as u32 + 64) {
-            let mut r = vec![REQUEST];
-            r.extend_from_slice(&id.to_be_bytes());
-            r.extend_from_slice(&0u64.to_be_bytes());
-            r.extend_from_slice(&1u64.to_be_bytes());
-            r.extend_from_slice(&60_000u64.to_be_bytes());
-            let send = ca.shared().send_bytes(Kind::Agent, r);
+            let r = AgentMsg::Request {
+                id,
+                size: 0,
+                align: 1,
+                lease_ms: 60_000,
+            };
+            let send = ca.shared().send_bytes(Kind::Agent, r.emit());
             match tokio::time::timeout(Duration::from_secs(10), send).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => break, // B closed the connection
@@ -884,9 +1275,13 @@ mod tests {
         }
         .to_bytes();
         // Shared (share_local_mr's message) and given (send_local_mr's).
-        let mut given = vec![TRANSFER];
-        given.extend_from_slice(&7u32.to_be_bytes());
-        given.extend_from_slice(&wraps);
+        let given = AgentMsg::Transfer {
+            id: 7,
+            token: RemoteMr::from_bytes(&[0; TOKEN_LEN]).unwrap(),
+        }
+        .emit();
+        // The same message with the region that wraps (no `RemoteMr` holds one).
+        let given = [&given[..5], &wraps[..]].concat();
         for (kind, msg) in [(Kind::MrToken, wraps.to_vec()), (Kind::Agent, given)] {
             let (ca, cb) = connect(&a, &b).await;
             ca.shared().send_bytes(kind, msg).await.unwrap();

@@ -418,7 +418,7 @@ impl Rdma {
         let conn = prepared.connect(remote)?;
         conn.set_peer_private_data(user.to_vec());
         id.establish()?;
-        conn.attach_cm(link, rx);
+        attach(&conn, link, rx);
         Ok(conn)
     }
 
@@ -573,7 +573,7 @@ impl CmConnRequest {
             "CM connection",
         )
         .await?;
-        conn.attach_cm(link, rx);
+        attach(&conn, link, rx);
         Ok(conn)
     }
 
@@ -584,11 +584,16 @@ impl CmConnRequest {
     }
 }
 
+/// Ties the connection to the CM id that made it: closing it disconnects the id, and the
+/// peer's disconnect (an event on `rx`) closes it.
+fn attach(conn: &Connection, link: CmLink, rx: mpsc::UnboundedReceiver<CmEvent>) {
+    let shared = conn.shared();
+    shared.on_error(Arc::new(move || link.disconnect()));
+    tokio::spawn(watch(Arc::downgrade(shared), rx));
+}
+
 /// Watches a connection's CM id: a disconnect by the peer (or a CM error) closes it.
-pub(crate) async fn watch(
-    conn: Weak<crate::conn::ConnShared>,
-    mut rx: mpsc::UnboundedReceiver<CmEvent>,
-) {
+async fn watch(conn: Weak<crate::conn::ConnShared>, mut rx: mpsc::UnboundedReceiver<CmEvent>) {
     while let Some(ev) = rx.recv().await {
         if matches!(
             ev.kind,

@@ -1,5 +1,6 @@
 //! One completion dispatcher per [`Rdma`](crate::Rdma), shared by every connection made
-//! from it (those it connects and those its listeners accept).
+//! from it (those it connects and those its listeners accept) and every shared receive
+//! queue.
 //!
 //! Each connection keeps a completion queue of its own (sized for its queue pair, so one
 //! busy connection cannot overrun another's CQ), and every CQ reports to the same
@@ -7,106 +8,100 @@
 //! learns from each CQ event which CQ fired, acknowledges the event, and drains that CQ; in
 //! busy mode one thread polls every CQ in turn. Routing is by CQ id, so a thousand
 //! connections cost one task and one file descriptor, not a thousand.
+//!
+//! The dispatcher serves anything that implements [`Served`] (poll, arm, fail; connections
+//! and shared receive queues do) and knows nothing else about them: it sits below the
+//! connection layer. It owns the polling mode (connections ask it whether the application
+//! polls by hand) and the routing of the device's asynchronous events.
 
-use crate::conn::ConnShared;
-use crate::error::{Error, Result};
-use crate::rdma::Polling;
-use crate::srq::SrqShared;
-use remem_verbs::{CompletionChannel, CompletionQueue, Context, CqId};
+use crate::error::{Error, LocalFailure, Result};
+use remem_verbs::{AsyncEvent, CompletionChannel, CompletionQueue, Context, CqId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, broadcast};
+
+/// How a connection's completions are collected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Polling {
+    /// One tokio task per [`Rdma`](crate::Rdma) sleeps on the completion channel that every
+    /// connection's CQ reports to (epoll through `AsyncFd`), and wakes per completion
+    /// event. Uses no CPU while idle.
+    Event,
+    /// As [`Polling::Event`], but after each completion the task keeps polling for `spin`
+    /// before it sleeps again: busy under load, asleep when idle.
+    Adaptive {
+        /// How long to keep polling after the last completion.
+        spin: Duration,
+    },
+    /// One thread polls every connection's CQ without ever sleeping: the lowest latency,
+    /// one CPU.
+    Busy,
+    /// Nothing polls: the application calls
+    /// [`Connection::poll_completions`](crate::Connection::poll_completions).
+    Manual,
+}
+
+/// What the dispatcher serves: something with completion queues (a connection, a shared
+/// receive queue) that it polls, arms and, when they can no longer be served, fails; and
+/// that may be concerned by the device's asynchronous events.
+pub(crate) trait Served: Send + Sync {
+    /// Handles the completions that have arrived; returns how many.
+    fn poll(self: Arc<Self>) -> usize;
+    /// Arms the completion queues for the next completion event.
+    fn arm(&self) -> remem_verbs::Result<()>;
+    /// The completion queues can no longer be served.
+    fn fail(&self, reason: LocalFailure);
+    /// An asynchronous event of the device; returns whether it concerned this one.
+    fn on_event(&self, _ev: &AsyncEvent) -> bool {
+        false
+    }
+}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A registered connection's completion queue. The dispatcher holds the CQ itself, so it
-/// can still acknowledge an event it has taken for a connection that is going away (a
-/// provider may refuse to destroy a CQ with unacknowledged events).
+/// A served completion queue. The dispatcher holds the CQ itself, so it can still
+/// acknowledge an event it has taken for an owner that is going away (a provider may
+/// refuse to destroy a CQ with unacknowledged events).
 struct Entry {
     cq: Arc<dyn CompletionQueue>,
-    conn: Owner,
-}
-
-/// Whose completion queue an entry is: a connection's, or a shared receive queue's.
-#[derive(Clone)]
-enum Owner {
-    Conn(Weak<ConnShared>),
-    Srq(Weak<SrqShared>),
-}
-
-/// A live owner.
-enum Live {
-    Conn(Arc<ConnShared>),
-    Srq(Arc<SrqShared>),
-}
-
-impl Owner {
-    fn upgrade(&self) -> Option<Live> {
-        match self {
-            Owner::Conn(w) => w.upgrade().map(Live::Conn),
-            Owner::Srq(w) => w.upgrade().map(Live::Srq),
-        }
-    }
-
-    fn strong_count(&self) -> usize {
-        match self {
-            Owner::Conn(w) => w.strong_count(),
-            Owner::Srq(w) => w.strong_count(),
-        }
-    }
-}
-
-impl Live {
-    fn poll_cq(&self) -> usize {
-        match self {
-            Live::Conn(c) => c.poll_cq(),
-            Live::Srq(s) => s.poll_cq(),
-        }
-    }
-
-    fn arm(&self) -> remem_verbs::Result<()> {
-        match self {
-            Live::Conn(c) => c.arm(),
-            Live::Srq(s) => s.arm(),
-        }
-    }
-
-    fn fail_local(&self, reason: crate::error::LocalFailure) {
-        match self {
-            Live::Conn(c) => c.fail_local(reason),
-            Live::Srq(s) => s.fail_local(reason),
-        }
-    }
+    owner: Weak<dyn Served>,
 }
 
 /// The completion dispatcher of one [`Rdma`](crate::Rdma).
 pub(crate) struct Dispatcher {
     polling: Polling,
-    /// A device its user drives: the busy-polling thread moves its packets.
-    driven: Option<Arc<dyn Context>>,
+    /// The device: driven by the busy-polling thread (and `drive`) when its user drives it;
+    /// its asynchronous events routed.
+    ctx: Arc<dyn Context>,
     /// The channel every CQ reports to (event-driven and adaptive polling).
     channel: Option<Arc<dyn CompletionChannel>>,
     entries: Mutex<HashMap<CqId, Entry>>,
-    /// Bumped on every registration and every connection that goes away.
+    /// Bumped on every registration and every owner that goes away.
     generation: AtomicU64,
-    /// Wakes the task (a connection went away, or the device is closing).
+    /// Wakes the task (an owner went away, or the device is closing).
     wake: Notify,
     stopped: AtomicBool,
     /// The event-driven task, once started (restarted if its runtime shut down).
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The busy-polling thread, once started.
     busy: Mutex<Option<std::thread::Thread>>,
+    /// Who asynchronous events are routed to (connections, by QP number).
+    watched: Arc<Mutex<HashMap<u32, Weak<dyn Served>>>>,
+    /// Every asynchronous event of the device, for subscribers.
+    events: broadcast::Sender<AsyncEvent>,
+    /// The task reading the device's events, once started; told to stop on `stop`.
+    watcher: OnceLock<Arc<Notify>>,
 }
 
 impl std::fmt::Debug for Dispatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dispatcher")
             .field("polling", &self.polling)
-            .field("connections", &lock(&self.entries).len())
+            .field("served", &lock(&self.entries).len())
             .finish_non_exhaustive()
     }
 }
@@ -120,7 +115,7 @@ impl Dispatcher {
         };
         Ok(Arc::new(Dispatcher {
             polling,
-            driven: ctx.caller_driven().then(|| ctx.clone()),
+            ctx: ctx.clone(),
             channel,
             entries: Mutex::new(HashMap::new()),
             generation: AtomicU64::new(0),
@@ -128,7 +123,26 @@ impl Dispatcher {
             stopped: AtomicBool::new(false),
             task: Mutex::new(None),
             busy: Mutex::new(None),
+            watched: Arc::default(),
+            events: broadcast::channel(64).0,
+            watcher: OnceLock::new(),
         }))
+    }
+
+    /// Whether the application collects completions itself ([`Polling::Manual`]): then
+    /// whoever waits for a completion must poll for it.
+    pub(crate) fn is_manual(&self) -> bool {
+        self.polling == Polling::Manual
+    }
+
+    /// Moves the packets of a device its user drives, without waiting (nothing for other
+    /// devices).
+    pub(crate) fn drive(&self) {
+        if self.ctx.caller_driven()
+            && let Err(e) = self.ctx.drive(Duration::ZERO)
+        {
+            tracing::warn!(error = %e, "driving the device failed");
+        }
     }
 
     /// The channel new CQs report to, if this mode uses one.
@@ -136,31 +150,22 @@ impl Dispatcher {
         self.channel.clone()
     }
 
-    /// Starts serving `conn`'s CQ (its QP is connected). With manual polling nothing
-    /// serves it: the application calls `poll_completions`.
-    pub(crate) fn register(
+    /// Starts serving `cq` for `owner`. With manual polling nothing serves it: the
+    /// application polls.
+    pub(crate) fn serve<S: Served + 'static>(
         self: &Arc<Self>,
-        conn: &Arc<ConnShared>,
+        owner: &Arc<S>,
         cq: &Arc<dyn CompletionQueue>,
     ) -> Result<()> {
-        self.serve(cq, Owner::Conn(Arc::downgrade(conn)))
-    }
-
-    /// Starts serving a shared receive queue's completion queue.
-    pub(crate) fn register_srq(self: &Arc<Self>, srq: &Arc<SrqShared>) -> Result<()> {
-        self.serve(&srq.cq, Owner::Srq(Arc::downgrade(srq)))
-    }
-
-    fn serve(self: &Arc<Self>, cq: &Arc<dyn CompletionQueue>, owner: Owner) -> Result<()> {
-        if self.polling == Polling::Manual {
+        if self.is_manual() {
             return Ok(());
         }
-        let live = owner.upgrade();
+        let weak: Weak<dyn Served> = Arc::downgrade(owner) as Weak<dyn Served>;
         lock(&self.entries).insert(
             cq.id(),
             Entry {
                 cq: cq.clone(),
-                conn: owner,
+                owner: weak,
             },
         );
         self.generation.fetch_add(1, Ordering::AcqRel);
@@ -170,26 +175,28 @@ impl Dispatcher {
             Polling::Event | Polling::Adaptive { .. } => {
                 self.start_task()?;
                 // Arm the new CQ; whatever completed before arming is polled here.
-                if let Some(live) = &live {
-                    settle(live);
-                }
+                settle(&(owner.clone() as Arc<dyn Served>));
                 Ok(())
             }
         }
     }
 
-    /// A connection went away: its entry is dropped the next time the dispatcher looks.
+    /// An owner went away: its entries are dropped the next time the dispatcher looks.
     pub(crate) fn forget(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
         self.wake.notify_one();
     }
 
-    /// The device is closing (no connection is left): the task or thread ends.
+    /// The device is closing (nothing is left to serve): the task or thread ends, and so
+    /// does the watcher of asynchronous events.
     pub(crate) fn stop(&self) {
         self.stopped.store(true, Ordering::Release);
         self.wake.notify_one();
         if let Some(t) = lock(&self.busy).as_ref() {
             t.unpark();
+        }
+        if let Some(stop) = self.watcher.get() {
+            stop.notify_one();
         }
     }
 
@@ -209,29 +216,25 @@ impl Dispatcher {
 
     fn busy_loop(self: Arc<Self>) {
         let mut seen = u64::MAX;
-        let mut conns: Vec<Owner> = Vec::new();
+        let mut owners: Vec<Weak<dyn Served>> = Vec::new();
         while !self.stopped.load(Ordering::Acquire) {
             let generation = self.generation.load(Ordering::Acquire);
             if generation != seen {
                 seen = generation;
                 let mut entries = lock(&self.entries);
-                entries.retain(|_, e| e.conn.strong_count() > 0);
-                conns = entries.values().map(|e| e.conn.clone()).collect();
+                entries.retain(|_, e| e.owner.strong_count() > 0);
+                owners = entries.values().map(|e| e.owner.clone()).collect();
             }
-            if conns.is_empty() {
+            if owners.is_empty() {
                 // Unparked by the next registration or by `stop`.
                 std::thread::park();
                 continue;
             }
+            self.drive();
             let mut handled = 0;
-            if let Some(ctx) = &self.driven
-                && let Err(e) = ctx.drive(Duration::ZERO)
-            {
-                tracing::warn!(error = %e, "driving the device failed");
-            }
-            for c in &conns {
-                if let Some(c) = c.upgrade() {
-                    handled += c.poll_cq();
+            for o in &owners {
+                if let Some(o) = o.upgrade() {
+                    handled += o.poll();
                 }
             }
             if handled == 0 {
@@ -280,25 +283,25 @@ impl Dispatcher {
             while let Ok(Some(id)) = channel.get_cq_event() {
                 *fired.entry(id).or_default() += 1;
             }
-            let mut hot = Vec::with_capacity(fired.len());
+            let mut hot: Vec<Arc<dyn Served>> = Vec::with_capacity(fired.len());
             {
                 let mut entries = lock(&self.entries);
                 for (id, n) in fired.drain() {
                     if let Some(e) = entries.get(&id) {
                         e.cq.ack_events(n);
-                        if let Some(c) = e.conn.upgrade() {
-                            hot.push(c);
+                        if let Some(o) = e.owner.upgrade() {
+                            hot.push(o);
                         }
                     }
                 }
-                entries.retain(|_, e| e.conn.strong_count() > 0);
+                entries.retain(|_, e| e.owner.strong_count() > 0);
             }
             if !spin.is_zero() {
-                // Adaptive: keep polling the connections that fired while they keep
-                // completing; sleep on the channel once they have been idle for `spin`.
+                // Adaptive: keep polling the owners that fired while they keep completing;
+                // sleep on the channel once they have been idle for `spin`.
                 let mut idle_since = Instant::now();
                 loop {
-                    let handled: usize = hot.iter().map(|c| c.poll_cq()).sum();
+                    let handled: usize = hot.iter().map(|o| o.clone().poll()).sum();
                     if handled > 0 {
                         idle_since = Instant::now();
                     } else if idle_since.elapsed() >= spin {
@@ -307,24 +310,79 @@ impl Dispatcher {
                     tokio::task::yield_now().await;
                 }
             }
-            for c in &hot {
-                settle(c);
+            for o in &hot {
+                settle(o);
             }
         }
     }
+
+    /// Routes the device's asynchronous events to `owner` (a connection with QP number
+    /// `qpn`) from now on.
+    pub(crate) fn watch<S: Served + 'static>(&self, qpn: u32, owner: &Arc<S>) {
+        let mut watched = lock(&self.watched);
+        watched.retain(|_, w| w.strong_count() > 0);
+        watched.insert(qpn, Arc::downgrade(owner) as Weak<dyn Served>);
+        drop(watched);
+        if let Err(e) = self.start_watcher() {
+            tracing::debug!(error = %e, "asynchronous events are not watched");
+        }
+    }
+
+    /// A receiver of every asynchronous event of the device from now on.
+    pub(crate) fn subscribe(&self) -> Result<broadcast::Receiver<AsyncEvent>> {
+        let rx = self.events.subscribe();
+        self.start_watcher()?;
+        Ok(rx)
+    }
+
+    fn start_watcher(&self) -> Result<()> {
+        if self.watcher.get().is_some() {
+            return Ok(());
+        }
+        let rt = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::InvalidArgument("watching asynchronous events needs a tokio runtime".into())
+        })?;
+        let fd = crate::sys::ChannelFd::new(self.ctx.async_fd())?;
+        let stop = Arc::new(Notify::new());
+        if self.watcher.set(stop.clone()).is_err() {
+            return Ok(()); // another caller started it
+        }
+        // The task holds the device and the routing table, not the dispatcher: `stop`
+        // (the device closing) ends it.
+        let ctx = self.ctx.clone();
+        let events = self.events.clone();
+        let watched = self.watched.clone();
+        rt.spawn(async move {
+            loop {
+                tokio::select! {
+                    r = fd.readable() => if r.is_err() { return },
+                    _ = stop.notified() => return,
+                }
+                while let Some(ev) = ctx.get_async_event() {
+                    tracing::debug!(event = %ev, "asynchronous event");
+                    let live: Vec<_> = lock(&watched).values().filter_map(Weak::upgrade).collect();
+                    for o in live {
+                        o.on_event(&ev);
+                    }
+                    let _ = events.send(ev);
+                }
+            }
+        });
+        Ok(())
+    }
 }
 
-/// Drains `conn`'s CQ and arms it; a completion that arrived before arming raises no
-/// event, so the CQ is polled once more after arming.
-fn settle(conn: &Live) {
+/// Drains `owner`'s CQs and arms them; a completion that arrived before arming raises no
+/// event, so they are polled once more after arming.
+fn settle(owner: &Arc<dyn Served>) {
     loop {
-        conn.poll_cq();
-        if let Err(e) = conn.arm() {
+        owner.clone().poll();
+        if let Err(e) = owner.arm() {
             tracing::warn!(error = %e, "cannot arm a completion queue");
-            conn.fail_local(crate::error::LocalFailure::CompletionQueue);
+            owner.fail(LocalFailure::CompletionQueue);
             return;
         }
-        if conn.poll_cq() == 0 {
+        if owner.clone().poll() == 0 {
             return;
         }
     }

@@ -239,6 +239,9 @@ pub enum ProtocolViolation {
         /// The most given regions kept untaken.
         max: usize,
     },
+    /// A large message's announcement that does not decode.
+    #[error("a malformed large-message announcement")]
+    BadAnnouncement,
     /// A malformed message (what was wrong).
     #[error("{0}")]
     Malformed(String),

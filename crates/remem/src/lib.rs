@@ -123,10 +123,10 @@ mod mr;
 mod persist;
 mod pool;
 mod rdma;
-mod srq;
 mod sys;
 #[cfg(test)]
 mod test_util;
+mod typed;
 
 pub use agent::RemoteLease;
 pub use cm::{
@@ -135,15 +135,19 @@ pub use cm::{
 };
 pub use conn::{
     Batch, ConnRequest, ConnectOptions, Connection, ConnectionEvent, ENDPOINT_INFO_LEN,
-    EndpointInfo, MAX_PRIVATE_DATA, Message, PreparedConnection,
+    EndpointInfo, HandshakeFailure, Listener, MAX_PRIVATE_DATA, Message, PreparedConnection, Srq,
 };
+pub use dispatch::Polling;
 pub use error::{CloseReason, Error, HandshakeError, LocalFailure, ProtocolViolation};
 pub use mr::{Local, LocalMr, LocalMrMut, LocalMrRef, LocalMut, MR_DESCRIPTOR_LEN, RemoteMr};
 pub use persist::{FlushType, PEER_CONFIG_DESCRIPTOR_LEN, PeerConfig};
-pub use rdma::{HandshakeFailure, Listener, Polling, Rdma, RdmaBuilder};
+pub use rdma::{Rdma, RdmaBuilder};
 pub use remem_verbs as verbs;
 pub use remem_verbs::{AccessFlags, MemoryBuffer};
-pub use srq::Srq;
+pub use typed::{RemoteValue, RemoteWord};
+/// The crate behind typed values ([`RemoteValue`], [`LocalMr::read_value`]): derive its
+/// traits for your types with `#[zerocopy(crate = "remem::zerocopy")]`.
+pub use zerocopy;
 
 use remem_verbs::{Context, DeviceInfo, Provider};
 

@@ -73,7 +73,7 @@ impl MrInner {
     }
 
     /// Checks `offset..offset + len` against the block and returns its offset in `mr`.
-    fn at(&self, offset: usize, len: usize) -> Result<usize> {
+    pub(crate) fn at(&self, offset: usize, len: usize) -> Result<usize> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(self.offset + offset),
             _ => Err(Error::OutOfRange {
@@ -515,6 +515,69 @@ macro_rules! view {
 view!(LocalMrRef);
 view!(LocalMrMut);
 
+impl<'a> LocalMrRef<'a> {
+    /// The part of the view in `range`, in bytes from the view's start (the same rules as
+    /// [`LocalMr::get`] and [`RemoteMr::get`]: a part of a part is sliced alike on both
+    /// sides).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), remem::Error> {
+    /// let rdma = remem::RdmaBuilder::new().device("soft@127.0.0.11:0").build()?;
+    /// let mr = rdma.alloc_local_mr(std::alloc::Layout::array::<u8>(64).unwrap())?;
+    /// mr.write(0, &(0..64).collect::<Vec<u8>>())?;
+    /// let record = mr.get(16..48)?;
+    /// assert_eq!(record.get(4..8)?.to_vec(), [20, 21, 22, 23]);
+    /// assert!(record.get(30..34).is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn get(&self, range: impl RangeBounds<usize>) -> Result<LocalMrRef<'a>> {
+        let (offset, len) = resolve(self.len, range)?;
+        Ok(LocalMrRef {
+            mr: self.mr,
+            offset: self.offset + offset,
+            len,
+        })
+    }
+}
+
+impl LocalMrMut<'_> {
+    /// A shared view of the part of this view in `range`, in bytes from its start (as
+    /// [`LocalMrRef::get`]).
+    pub fn get(&self, range: impl RangeBounds<usize>) -> Result<LocalMrRef<'_>> {
+        let (offset, len) = resolve(self.len, range)?;
+        Ok(LocalMrRef {
+            mr: self.mr,
+            offset: self.offset + offset,
+            len,
+        })
+    }
+
+    /// An exclusive view of the part of this view in `range`, in bytes from its start,
+    /// usable as an operation's target.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), remem::Error> {
+    /// let rdma = remem::RdmaBuilder::new().device("soft@127.0.0.12:0").build()?;
+    /// let mut mr = rdma.alloc_local_mr(std::alloc::Layout::array::<u8>(64).unwrap())?;
+    /// let mut record = mr.get_mut(16..48)?;
+    /// record.get_mut(4..8)?.write(0, b"abcd")?;
+    /// assert_eq!(record.get(4..8)?.to_vec(), b"abcd");
+    /// assert!(record.get_mut(..33).is_err());
+    /// assert_eq!(&mr.to_vec()[20..24], b"abcd");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn get_mut(&mut self, range: impl RangeBounds<usize>) -> Result<LocalMrMut<'_>> {
+        let (offset, len) = resolve(self.len, range)?;
+        Ok(LocalMrMut {
+            mr: &mut *self.mr,
+            offset: self.offset + offset,
+            len,
+        })
+    }
+}
+
 impl LocalMrMut<'_> {
     /// Copies `src` into the view at `offset`.
     pub fn write(&mut self, offset: usize, src: &[u8]) -> Result<()> {
@@ -597,8 +660,9 @@ pub const MR_DESCRIPTOR_LEN: usize = 4 + TOKEN_LEN;
 
 impl RemoteMr {
     /// Bytes in the region.
-    pub fn len(&self) -> u64 {
-        self.len
+    pub fn len(&self) -> usize {
+        // Every region this crate holds fits (`RemoteMr::decode` refuses others).
+        usize::try_from(self.len).unwrap_or(usize::MAX)
     }
 
     /// Whether the region is empty.
@@ -606,14 +670,33 @@ impl RemoteMr {
         self.len == 0
     }
 
-    /// The part of the region in `range`. A range outside the region is an
+    /// The virtual address of its first byte in the peer's address space (what an RDMA
+    /// work request names; the peer's NIC checks it against the registration).
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// The part of the region in `range`, in bytes from its start — the same index type
+    /// and the same rules as [`LocalMr::get`]. A range outside the region is an
     /// [`Error::OutOfRange`] (checked arithmetic throughout: a region near the top of the
     /// address space gives an error, never an overflow).
-    pub fn get(&self, range: impl RangeBounds<u64>) -> Result<RemoteMr> {
+    ///
+    /// ```
+    /// # fn f(remote: &remem::RemoteMr, local: &remem::LocalMr) -> Result<(), remem::Error> {
+    /// // One index type for both sides: byte offsets as `usize`.
+    /// let at: usize = 64;
+    /// let dst = remote.get(at..at + 16)?;
+    /// let src = local.get(at..at + 16)?;
+    /// assert_eq!(dst.len(), src.len());
+    /// assert!(remote.get(..remote.len() + 1).is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn get(&self, range: impl RangeBounds<usize>) -> Result<RemoteMr> {
+        let widen = |b: Bound<&usize>| b.map(|&x| x as u64);
         let (start, len) = resolve_bounds(
             self.len,
-            range.start_bound().cloned(),
-            range.end_bound().cloned(),
+            widen(range.start_bound()),
+            widen(range.end_bound()),
         )?;
         let addr = self
             .addr
@@ -622,7 +705,7 @@ impl RemoteMr {
             .ok_or(Error::OutOfRange {
                 start: usize::try_from(start).unwrap_or(usize::MAX),
                 end: usize::try_from(start.saturating_add(len)).unwrap_or(usize::MAX),
-                len: usize::try_from(self.len).unwrap_or(usize::MAX),
+                len: self.len(),
             })?;
         Ok(RemoteMr {
             addr,
@@ -708,6 +791,9 @@ impl RemoteMr {
         if addr.checked_add(len).is_none() {
             return Err(bad("the region wraps past the end of the address space"));
         }
+        if usize::try_from(len).is_err() {
+            return Err(bad("a region larger than this host can index"));
+        }
         Ok(RemoteMr {
             addr,
             len,
@@ -761,6 +847,27 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn local_and_remote_ranges_take_the_same_index_type() {
+        // `usize` byte offsets on both sides, no conversions: a range computed for one
+        // slices the other.
+        let remote = token(0x10_0000, 4096);
+        let (at, n): (usize, usize) = (1000, 24);
+        let part = remote.get(at..at + n).unwrap();
+        assert_eq!((part.addr(), part.len()), (0x10_0000 + 1000, n));
+        assert_eq!(remote.get(at..).unwrap().len(), remote.len() - at);
+        assert_eq!(remote.get(..=at).unwrap().len(), at + 1);
+        assert!(matches!(
+            remote.get(at..remote.len() + 1),
+            Err(Error::OutOfRange {
+                start: 1000,
+                end: 4097,
+                len: 4096
+            })
+        ));
+        assert_eq!(resolve(4096, at..at + n).unwrap(), (at, n));
+    }
+
     proptest! {
         /// Tokens near the top of the address space: decoding never panics, refuses
         /// exactly those whose range wraps, and round-trips the others; slicing what
@@ -784,8 +891,8 @@ mod tests {
                     d.push(DESC_VERSION);
                     d.extend_from_slice(&bytes);
                     prop_assert_eq!(RemoteMr::from_descriptor(&d).unwrap(), t);
-                    let start = start % (mr.len.saturating_add(2));
-                    if let Ok(part) = mr.get(start..start.saturating_add(n)) {
+                    let start = (start % mr.len.saturating_add(2)) as usize;
+                    if let Ok(part) = mr.get(start..start.saturating_add(n as usize)) {
                         prop_assert!(part.addr >= mr.addr);
                         prop_assert!(part.addr.checked_add(part.len).is_some());
                         prop_assert!(part.addr + part.len <= mr.addr + mr.len);

@@ -150,7 +150,7 @@ async fn many_tasks_share_one_connection() {
     let remote = ca.receive_shared_mr().await.unwrap();
     let ca = std::sync::Arc::new(ca);
     let mut tasks = Vec::new();
-    for t in 0..16u64 {
+    for t in 0..16usize {
         let (ca, a) = (ca.clone(), a.clone());
         tasks.push(tokio::spawn(async move {
             let word = remote.get(t * 8..t * 8 + 8).unwrap();
@@ -158,7 +158,7 @@ async fn many_tasks_share_one_connection() {
             for i in 0..50u64 {
                 let prev = ca.fetch_and_add(&word, 1).await.unwrap();
                 assert_eq!(prev, i);
-                src.store_u64(0, t).unwrap();
+                src.store_u64(0, t as u64).unwrap();
             }
             // Messages from many tasks: credits keep the receiver's queue from overflowing.
             for _ in 0..10 {
@@ -630,7 +630,7 @@ async fn batches_post_many_and_complete_once() {
         .collect();
     let mut batch = ca.batch();
     for (i, src) in srcs.iter().enumerate() {
-        let at = i as u64 * 1024;
+        let at = i * 1024;
         batch
             .write(src, &remote.get(at..at + 1024).unwrap())
             .unwrap();

@@ -146,8 +146,8 @@ fn write_then_kill(tag: &str, flush: bool) -> Vec<u8> {
             let src = rdma.alloc_local_mr(Layout::array::<u8>(LEN).unwrap())?;
             src.write(0, &data)?;
             for k in 0..LEN / CHUNK {
-                let range = (k * CHUNK) as u64..((k + 1) * CHUNK) as u64;
-                conn.post_write(&src.get(k * CHUNK..(k + 1) * CHUNK)?, &remote.get(range)?)
+                let range = k * CHUNK..(k + 1) * CHUNK;
+                conn.post_write(&src.get(range.clone())?, &remote.get(range)?)
                     .await?;
             }
             if flush {

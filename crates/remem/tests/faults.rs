@@ -109,7 +109,7 @@ async fn verified_workload(faults: FaultConfig, ops: usize) {
                 let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
                 let src = a.alloc_local_mr(Layout::array::<u8>(len).unwrap()).unwrap();
                 src.write(0, &data).unwrap();
-                let dst = remote.get(off as u64..(off + len) as u64).unwrap();
+                let dst = remote.get(off..off + len).unwrap();
                 bounded(
                     &format!("write {off}+{len}"),
                     (&a, &b),
@@ -121,7 +121,7 @@ async fn verified_workload(faults: FaultConfig, ops: usize) {
             }
             1 => {
                 let mut dst = a.alloc_local_mr(Layout::array::<u8>(len).unwrap()).unwrap();
-                let src = remote.get(off as u64..(off + len) as u64).unwrap();
+                let src = remote.get(off..off + len).unwrap();
                 bounded(
                     &format!("read {off}+{len}"),
                     (&a, &b),
@@ -145,15 +145,13 @@ async fn verified_workload(faults: FaultConfig, ops: usize) {
                 sent.push(len);
             }
             _ => {
-                let counter = remote
-                    .get((REGION - 16) as u64..(REGION - 8) as u64)
-                    .unwrap();
+                let counter = remote.get(REGION - 16..REGION - 8).unwrap();
                 let before = bounded("fetch-and-add", (&a, &b), ca.fetch_and_add(&counter, 3))
                     .await
                     .unwrap();
                 assert_eq!(before, adds * 3, "fetch-and-add applied exactly once each");
                 adds += 1;
-                let word = remote.get((REGION - 8) as u64..REGION as u64).unwrap();
+                let word = remote.get(REGION - 8..REGION).unwrap();
                 let cur = bounded(
                     "compare-and-swap",
                     (&a, &b),

@@ -42,14 +42,14 @@ fn assert_rem_access(what: &str, result: Result<(), Error>) {
 /// `a` through `token` both fail with a remote access error; `dst` is the READ's target
 /// and must stay untouched.
 async fn assert_unreachable(a: &Rdma, b: &Rdma, ca: &Connection, token: &RemoteMr) {
-    let src = a.alloc_local_mr(layout(token.len() as usize)).unwrap();
-    src.write(0, &vec![0xee; token.len() as usize]).unwrap();
+    let src = a.alloc_local_mr(layout(token.len())).unwrap();
+    src.write(0, &vec![0xee; token.len()]).unwrap();
     assert_rem_access("a write", ca.write(&src, token).await);
     let (ca, _cb) = connect(a, b).await;
-    let mut dst = a.alloc_local_mr(layout(token.len() as usize)).unwrap();
-    dst.write(0, &vec![0x11; token.len() as usize]).unwrap();
+    let mut dst = a.alloc_local_mr(layout(token.len())).unwrap();
+    dst.write(0, &vec![0x11; token.len()]).unwrap();
     assert_rem_access("a read", ca.read(&mut dst, token).await);
-    assert_eq!(dst.to_vec(), vec![0x11; token.len() as usize]);
+    assert_eq!(dst.to_vec(), vec![0x11; token.len()]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

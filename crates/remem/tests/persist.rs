@@ -170,7 +170,7 @@ async fn writes_completing_on_error_only_drain_the_send_queue() {
     let src = a.alloc_local_mr(Layout::array::<u8>(128).unwrap()).unwrap();
     for i in 0..n {
         src.write(0, &[i as u8; 128]).unwrap();
-        let at = (i % 512) as u64 * 128;
+        let at = (i % 512) * 128;
         ca.post_write(
             &src.get(0..128).unwrap(),
             &remote.get(at..at + 128).unwrap(),
@@ -196,7 +196,7 @@ async fn writes_completing_on_error_only_drain_the_send_queue() {
         })
         .collect();
     for (i, m) in srcs.iter().enumerate() {
-        let at = i as u64 * 64;
+        let at = i * 64;
         ca.post_write(m, &remote.get(at..at + 64).unwrap())
             .await
             .unwrap();

@@ -176,17 +176,16 @@ fn parent_device() -> (tokio::runtime::Runtime, Rdma, u16) {
 async fn client(rdma: &Rdma, server: SocketAddr) -> Result<(), Error> {
     let conn = rdma.connect(server).await?;
     let remote = conn.receive_shared_mr().await?;
-    assert_eq!(remote.len(), (COUNTER + 8) as u64);
+    assert_eq!(remote.len(), COUNTER + 8);
 
     let src = rdma.alloc_local_mr(layout(HALF))?;
     src.write(0, &pattern(1))?;
-    conn.write(&src, &remote.get(..HALF as u64)?).await?;
+    conn.write(&src, &remote.get(..HALF)?).await?;
     let mut back = rdma.alloc_local_mr(layout(HALF))?;
-    conn.read(&mut back, &remote.get(HALF as u64..COUNTER as u64)?)
-        .await?;
+    conn.read(&mut back, &remote.get(HALF..COUNTER)?).await?;
     assert_eq!(back.to_vec(), pattern(2), "read what the child put there");
 
-    let counter = remote.get(COUNTER as u64..)?;
+    let counter = remote.get(COUNTER..)?;
     assert_eq!(conn.fetch_and_add(&counter, 5).await?, START);
     assert_eq!(conn.compare_and_swap(&counter, START, 1).await?, START + 5);
     assert_eq!(

@@ -270,7 +270,7 @@ async fn serve_sizes(
         match s.test {
             Test::WriteLat => {
                 let (c, recv, remote) = (&side.conns[0], &side.recv[0], &side.remote[0]);
-                let dst = remote.get(0..size).map_err(e("range"))?;
+                let dst = remote.get(0..size as usize).map_err(e("range"))?;
                 let view = src.get(0..size as usize).map_err(e("range"))?;
                 for i in 0..s.iters {
                     let m = marker(i);
@@ -459,7 +459,7 @@ async fn bandwidth(
     let src = src.get(0..size as usize).map_err(e("range"))?;
     let mut lanes: Vec<Lane<'_>> = Vec::new();
     for (c, remote) in side.conns.iter().zip(&side.remote) {
-        let dst = remote.get(0..size).map_err(e("range"))?;
+        let dst = remote.get(0..size as usize).map_err(e("range"))?;
         match s.test {
             Test::WriteBw => {
                 let n_lanes = (u64::from(s.tx_depth) / cq_mod).max(1);
@@ -551,7 +551,7 @@ fn share(total: u64, lanes: u64, l: u64) -> u64 {
 
 async fn latency(side: &Side<'_>, s: &Settings, size: u64) -> Result<report::LatRow, PerfError> {
     let (c, recv, remote) = (&side.conns[0], &side.recv[0], &side.remote[0]);
-    let dst = remote.get(0..size).map_err(e("range"))?;
+    let dst = remote.get(0..size as usize).map_err(e("range"))?;
     let src_mr = side
         .rdma
         .alloc_local_mr(layout(size)?)

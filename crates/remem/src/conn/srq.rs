@@ -12,17 +12,25 @@
 //! connection), however many buffers the queue has. A peer that finds the queue empty is
 //! told to retry (RNR), as the queue pair's `rnr_retry` allows.
 
-use crate::conn::{ConnShared, HDR, Inbox, Message, Place, read_message};
+use super::inbox::{Inbox, Message, Place, Received, RecvRing};
+use crate::dispatch::Served;
 use crate::error::{Error, LocalFailure, Result};
-use crate::mr::{LocalMr, register};
 use crate::rdma::Rdma;
-use remem_verbs::{
-    AccessFlags, CompletionQueue, MemoryBuffer, RecvWr, Sge, SharedReceiveQueue, SrqAttr,
-    WorkCompletion,
-};
+use remem_verbs::{CompletionQueue, RecvWr, SharedReceiveQueue, SrqAttr, WorkCompletion};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+
+/// A connection that takes its receives from a shared receive queue: what the queue tells
+/// it. (The queue knows connections only by this.)
+pub(crate) trait SrqClient: Send + Sync {
+    /// A receive of this connection completed, its message (if it carried one) copied out.
+    fn on_received(self: Arc<Self>, wc: &WorkCompletion, message: Option<Received>);
+    /// The application took one of its messages: its credit is owed to the peer.
+    fn consumed(self: Arc<Self>);
+    /// The queue can no longer be served.
+    fn fail(&self, reason: LocalFailure);
+}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -42,11 +50,10 @@ pub(crate) struct SrqShared {
     pub(crate) srq: Arc<dyn SharedReceiveQueue>,
     pub(crate) cq: Arc<dyn CompletionQueue>,
     rdma: Rdma,
-    recv_mr: LocalMr,
-    slot: usize,
-    depth: u32,
+    /// The receive buffers (the same ring a connection without a queue has).
+    ring: RecvRing,
     /// The connections using it, by local QP number.
-    conns: Mutex<HashMap<u32, Weak<ConnShared>>>,
+    conns: Mutex<HashMap<u32, Weak<dyn SrqClient>>>,
     pub(crate) messages: Inbox<Arrival>,
     registered: AtomicBool,
 }
@@ -55,7 +62,7 @@ impl std::fmt::Debug for SrqShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Srq")
             .field("srq_num", &self.srq.srq_num())
-            .field("depth", &self.depth)
+            .field("depth", &self.ring.depth())
             .field("connections", &lock(&self.conns).len())
             .finish()
     }
@@ -80,19 +87,12 @@ impl Rdma {
         let cq = self
             .context()
             .create_cq(depth.max(cfg.cq_size), self.dispatcher().channel())?;
-        let slot = HDR + cfg.max_message;
-        let recv_mr = register(
-            self.pd(),
-            MemoryBuffer::zeroed(slot * depth as usize)?,
-            AccessFlags::LOCAL_WRITE,
-        )?;
+        let ring = RecvRing::new(self.pd(), cfg.max_message, depth)?;
         let shared = Arc::new(SrqShared {
             srq,
             cq,
             rdma: self.clone(),
-            recv_mr,
-            slot,
-            depth,
+            ring,
             conns: Mutex::new(HashMap::new()),
             messages: Inbox::default(),
             registered: AtomicBool::new(false),
@@ -139,41 +139,40 @@ impl Srq {
 
     /// Receive buffers in the queue.
     pub fn depth(&self) -> u32 {
-        self.shared.depth
+        self.shared.ring.depth()
     }
 
     /// Drives the queue's completions by hand (with [`Polling::Manual`](crate::Polling)):
     /// returns how many it handled.
     pub fn poll_completions(&self) -> usize {
-        self.shared.poll_cq()
+        self.shared.clone().poll()
     }
 }
 
 impl SrqShared {
     fn post(&self, index: u32) -> Result<()> {
-        let sge = Sge {
-            addr: self.recv_mr.addr() + (index as usize * self.slot) as u64,
-            length: self.slot as u32,
-            lkey: self.recv_mr.lkey(),
-        };
         self.srq
             .post_recv(&[RecvWr {
                 wr_id: u64::from(index),
-                sg_list: &[sge],
+                sg_list: &[self.ring.sge(index)],
             }])
             .map_err(|e| Error::Verbs(e.error))
     }
 
     /// A connection starts using the queue (it is connected): its receives are routed to
     /// it, and the queue's completions are served by the dispatcher.
-    pub(crate) fn attach(self: &Arc<Self>, conn: &Arc<ConnShared>) -> Result<()> {
+    pub(crate) fn attach<C: SrqClient + 'static>(
+        self: &Arc<Self>,
+        qpn: u32,
+        conn: &Arc<C>,
+    ) -> Result<()> {
         {
             let mut conns = lock(&self.conns);
             conns.retain(|_, c| c.strong_count() > 0);
-            conns.insert(conn.qp_num(), Arc::downgrade(conn));
+            conns.insert(qpn, Arc::downgrade(conn) as Weak<dyn SrqClient>);
         }
         if !self.registered.swap(true, Ordering::AcqRel) {
-            self.rdma.dispatcher().register_srq(self)?;
+            self.rdma.dispatcher().serve(self, &self.cq)?;
         }
         Ok(())
     }
@@ -207,15 +206,8 @@ impl SrqShared {
         // Copy the message out, then give the buffer back at once.
         let message = (wc.status == remem_verbs::WcStatus::Success
             && wc.opcode != remem_verbs::WcOpcode::RecvRdmaWithImm)
-            .then(|| {
-                read_message(
-                    &self.recv_mr,
-                    index as usize * self.slot,
-                    wc.byte_len as usize,
-                )
-            })
-            .flatten();
-        if index < self.depth
+            .then(|| self.ring.read(index, wc.byte_len as usize));
+        if index < self.ring.depth()
             && let Err(e) = self.post(index)
         {
             tracing::warn!(error = %e, "reposting a shared receive buffer failed");
@@ -227,11 +219,6 @@ impl SrqShared {
         }
     }
 
-    /// Arms the completion queue.
-    pub(crate) fn arm(&self) -> remem_verbs::Result<()> {
-        self.cq.req_notify(false)
-    }
-
     /// The queue can no longer be served: every connection using it ends.
     pub(crate) fn fail_local(&self, reason: LocalFailure) {
         let conns: Vec<_> = lock(&self.conns)
@@ -239,7 +226,21 @@ impl SrqShared {
             .filter_map(Weak::upgrade)
             .collect();
         for c in conns {
-            c.fail_local(reason);
+            c.fail(reason);
         }
+    }
+}
+
+impl Served for SrqShared {
+    fn poll(self: Arc<Self>) -> usize {
+        self.poll_cq()
+    }
+
+    fn arm(&self) -> remem_verbs::Result<()> {
+        self.cq.req_notify(false)
+    }
+
+    fn fail(&self, reason: LocalFailure) {
+        self.fail_local(reason);
     }
 }

@@ -1,0 +1,551 @@
+//! Posting work requests and routing their completions: the send queue's entries (each
+//! tied to a registered 8-byte slot for a header or an atomic's result), the work requests
+//! in flight, and those posted to complete silently.
+
+use super::header::{Kind, MsgHeader};
+use super::{ConnShared, lock};
+use crate::error::{CloseReason, Error, LocalFailure, Result};
+use crate::mr::{LocalMr, Span, register};
+use remem_verbs::{
+    AccessFlags, CompletionQueue, MemoryBuffer, ProtectionDomain, SendFlags, SendOp, SendWr, Sge,
+    WcStatus, WorkCompletion,
+};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+
+/// The most completions taken by one poll call (`RdmaBuilder::cqe_per_poll` is capped).
+const MAX_PER_POLL: usize = 64;
+/// `wr_id`s of receive buffers carry this bit; the rest is the buffer's index.
+pub(crate) const RECV_TAG: u64 = 1 << 63;
+
+/// The send queue: one permit per entry, and one registered 8-byte slot per entry.
+pub(crate) struct SendQueue {
+    permits: Arc<Semaphore>,
+    slots: Arc<Slots>,
+}
+
+/// The registered slots, and which are free. There are as many as send-queue entries, and
+/// a slot is free whenever its entry's permit is: a permit always finds its slots.
+struct Slots {
+    mr: LocalMr,
+    free: Mutex<Vec<u32>>,
+}
+
+/// Send-queue entries held (for work requests about to be posted or in flight), each
+/// with its slot; given back when dropped (the slots first, then the permits).
+pub(crate) struct SqEntries {
+    slots: Arc<Slots>,
+    indices: Vec<u32>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for SqEntries {
+    fn drop(&mut self) {
+        lock(&self.slots.free).extend(self.indices.drain(..));
+    }
+}
+
+impl SqEntries {
+    /// The first entry's slot, as a span of the slots' region.
+    pub(crate) fn slot(&self) -> Span {
+        Span {
+            inner: self.slots.mr.inner.clone(),
+            offset: self.indices[0] as usize * 8,
+            len: 8,
+        }
+    }
+
+    /// The word in the first entry's slot (an atomic's result).
+    fn word(&self) -> u64 {
+        self.slots
+            .mr
+            .load_u64(self.indices[0] as usize * 8)
+            .unwrap_or(0)
+    }
+
+    /// Writes `value` into the first entry's slot.
+    pub(crate) fn set_word(&self, value: u64) -> Result<()> {
+        self.slots
+            .mr
+            .store_u64(self.indices[0] as usize * 8, value)?;
+        Ok(())
+    }
+
+    fn write_header(&self, h: &MsgHeader) -> Result<()> {
+        self.slots
+            .mr
+            .write(self.indices[0] as usize * 8, &h.emit())?;
+        Ok(())
+    }
+}
+
+impl SendQueue {
+    /// A send queue of `depth` entries.
+    pub(crate) fn new(pd: &Arc<dyn ProtectionDomain>, depth: u32) -> Result<Self> {
+        let depth = depth.max(1);
+        let mr = register(
+            pd,
+            MemoryBuffer::zeroed(8 * depth as usize)?,
+            AccessFlags::LOCAL_WRITE,
+        )?;
+        Ok(SendQueue {
+            permits: Arc::new(Semaphore::new(depth as usize)),
+            slots: Arc::new(Slots {
+                mr,
+                free: Mutex::new((0..depth).rev().collect()),
+            }),
+        })
+    }
+
+    fn take(&self, permit: OwnedSemaphorePermit, n: u32) -> Option<SqEntries> {
+        let mut free = lock(&self.slots.free);
+        if free.len() < n as usize {
+            return None;
+        }
+        let at = free.len() - n as usize;
+        let indices = free.split_off(at);
+        drop(free);
+        Some(SqEntries {
+            slots: self.slots.clone(),
+            indices,
+            _permit: permit,
+        })
+    }
+
+    /// Waits for `n` free entries (`None` once the queue is closed).
+    async fn acquire(&self, n: u32) -> Option<SqEntries> {
+        let permit = self.permits.clone().acquire_many_owned(n).await.ok()?;
+        self.take(permit, n)
+    }
+
+    /// One free entry now, if there is one (`None` also once the queue is closed).
+    fn try_acquire(&self) -> Option<SqEntries> {
+        let permit = self.permits.clone().try_acquire_owned().ok()?;
+        self.take(permit, 1)
+    }
+}
+
+/// How [`ConnShared::execute`] posts a work request.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PostOpts {
+    /// It consumes a receive at the peer: it waits for a credit.
+    pub(crate) credit: bool,
+    /// A message header of this kind (and immediate) goes in the entry's slot, with the
+    /// credits owed to the peer.
+    pub(crate) header: Option<(Kind, Option<u32>)>,
+    /// Extra send flags (FENCE).
+    pub(crate) flags: SendFlags,
+}
+
+/// One in-flight work request.
+pub(crate) struct Pending {
+    /// The waiting future, if it still waits.
+    tx: Option<oneshot::Sender<(WorkCompletion, u64)>>,
+    /// What must outlive the work request.
+    keep: Keep,
+    /// A credit message: the next one may go once it completes.
+    credit_msg: bool,
+    /// A close message: the QP goes to ERR once it is out.
+    close_msg: bool,
+    /// The last unsignaled work request posted before this one: released when this
+    /// completes.
+    release_upto: Option<u64>,
+}
+
+/// What a work request holds until it is done: its memory and its send-queue entries.
+pub(crate) struct Keep {
+    /// A close message sent as the connection is dropped keeps the connection alive until
+    /// it is out (the dispatcher polls only a live connection).
+    _owner: Option<Arc<ConnShared>>,
+    _spans: Vec<Span>,
+    sq: SqEntries,
+}
+
+/// The posting state of a connection.
+pub(crate) struct Posting {
+    pub(crate) sq: SendQueue,
+    pending: Mutex<HashMap<u64, Pending>>,
+    /// Work requests posted to complete silently, in post order, with what they hold.
+    unsignaled: Mutex<VecDeque<(u64, Keep)>>,
+    next_wr: AtomicU64,
+    /// Completions handled so far (the keepalive probes a connection that saw none).
+    activity: AtomicU64,
+}
+
+impl Posting {
+    pub(crate) fn new(sq: SendQueue) -> Self {
+        Posting {
+            sq,
+            pending: Mutex::new(HashMap::new()),
+            unsignaled: Mutex::new(VecDeque::new()),
+            next_wr: AtomicU64::new(1),
+            activity: AtomicU64::new(0),
+        }
+    }
+
+    /// The connection closed: waiters for entries fail.
+    pub(crate) fn sq_close(&self) {
+        self.sq.permits.close();
+    }
+
+    /// No signaled work request is in flight.
+    pub(crate) fn idle(&self) -> bool {
+        lock(&self.pending).is_empty()
+    }
+
+    /// Completions handled so far.
+    pub(crate) fn activity(&self) -> u64 {
+        self.activity.load(Ordering::Relaxed)
+    }
+
+    /// Records a work request about to be posted under a fresh `wr_id`.
+    fn track(&self, pending: Pending) -> u64 {
+        let wr_id = self.next_wr.fetch_add(1, Ordering::Relaxed);
+        lock(&self.pending).insert(wr_id, pending);
+        wr_id
+    }
+
+    /// Releases the unsignaled work requests up to and including `wr_id` (they completed:
+    /// a work request posted after them did). Returns whether `wr_id` itself was one.
+    fn release_unsignaled(&self, wr_id: u64) -> bool {
+        let mut q = lock(&self.unsignaled);
+        let mut found = false;
+        while q.front().is_some_and(|(id, _)| *id <= wr_id) {
+            found |= q.pop_front().is_some_and(|(id, _)| id == wr_id);
+        }
+        found
+    }
+}
+
+impl ConnShared {
+    /// Waits for `n` free send-queue entries (fails once the connection is closed).
+    pub(crate) async fn entries(&self, n: u32) -> Result<SqEntries> {
+        self.post
+            .sq
+            .acquire(n)
+            .await
+            .ok_or_else(|| self.closed_error())
+    }
+
+    /// Posts one signaled work request on `sq` and waits for its completion; returns the
+    /// word in the entry's slot at completion (an atomic's result).
+    pub(crate) async fn execute(
+        self: &Arc<Self>,
+        sq: SqEntries,
+        op: SendOp,
+        spans: Vec<Span>,
+        opts: PostOpts,
+    ) -> Result<u64> {
+        self.check_open()?;
+        if opts.credit {
+            self.spend_credit().await?;
+        }
+        // From here to the post nothing awaits: a dropped future cannot lose the credit.
+        let mut credits = 0;
+        if let Some((kind, imm)) = opts.header {
+            credits = lock(&self.msg.credits).take_owed();
+            if let Err(e) = sq.write_header(&MsgHeader::new(kind, credits, imm)) {
+                self.unpost(credits, opts.credit);
+                return Err(e);
+            }
+        }
+        let sges: Vec<Sge> = spans.iter().map(Span::sge).collect();
+        let (tx, rx) = oneshot::channel();
+        let mut pending = Pending {
+            tx: Some(tx),
+            keep: Keep {
+                _owner: None,
+                _spans: spans,
+                sq,
+            },
+            credit_msg: false,
+            close_msg: false,
+            release_upto: None,
+        };
+        // Posted under the lock of the unsignaled queue, so that every unsignaled work
+        // request in it went before this one: its completion releases them.
+        let (wr_id, posted) = {
+            let unsignaled = lock(&self.post.unsignaled);
+            pending.release_upto = unsignaled.back().map(|(id, _)| *id);
+            let wr_id = self.post.track(pending);
+            let mut wr = SendWr::new(wr_id, op, &sges);
+            wr.flags |= opts.flags;
+            (wr_id, self.qp.post_send(&[wr]))
+        };
+        if let Err(e) = posted {
+            lock(&self.post.pending).remove(&wr_id);
+            self.unpost(credits, opts.credit);
+            return Err(Error::Verbs(e.error));
+        }
+        self.outcome(rx).await
+    }
+
+    /// A message that was not posted after all: its credit and the credits it was to
+    /// return go back.
+    fn unpost(&self, returned: u16, spent: bool) {
+        {
+            let mut c = lock(&self.msg.credits);
+            c.untake_owed(returned);
+            if spent {
+                c.unspend();
+            }
+        }
+        if spent {
+            self.msg.credit_wait.notify_one();
+        }
+    }
+
+    /// Waits for a posted work request's completion: its slot's word on success, else
+    /// why it failed.
+    async fn outcome(&self, rx: oneshot::Receiver<(WorkCompletion, u64)>) -> Result<u64> {
+        let (wc, word) = rx.await.map_err(|_| self.closed_error())?;
+        match wc.status {
+            WcStatus::Success => Ok(word),
+            WcStatus::WrFlushErr if !self.is_open() => Err(self.closed_error()),
+            status => Err(Error::Completion {
+                op: wc.opcode,
+                status,
+                vendor_err: wc.vendor_err,
+            }),
+        }
+    }
+
+    /// Posts one work request that completes silently on success ("completion on error
+    /// only") and returns once it is posted. Its memory stays referenced until a later
+    /// signaled work request completes (RC completes in order); every `depth / 2`th is
+    /// signaled anyway, with nobody waiting, so that the send queue drains. A failure
+    /// completes it with an error, which closes the connection.
+    pub(crate) async fn post_unsignaled(
+        self: &Arc<Self>,
+        op: SendOp,
+        spans: Vec<Span>,
+        flags: SendFlags,
+    ) -> Result<()> {
+        self.check_open()?;
+        let sq = self.entries(1).await?;
+        let sges: Vec<Sge> = spans.iter().map(Span::sge).collect();
+        let keep = Keep {
+            _owner: None,
+            _spans: spans,
+            sq,
+        };
+        let depth = self.qp.cap().max_send_wr.max(2);
+        let every = u64::from(depth / 2);
+        let mut unsignaled = lock(&self.post.unsignaled);
+        let wr_id = self.post.next_wr.fetch_add(1, Ordering::Relaxed);
+        let signal = (unsignaled.len() as u64 + 1).is_multiple_of(every);
+        let mut wr = SendWr::new(wr_id, op, &sges);
+        wr.flags = flags;
+        if signal {
+            wr.flags |= SendFlags::SIGNALED;
+        }
+        self.qp
+            .post_send(&[wr])
+            .map_err(|e| Error::Verbs(e.error))?;
+        unsignaled.push_back((wr_id, keep));
+        Ok(())
+    }
+
+    /// Posts `ops` with one `post_send`, only the last signaled (RC completes in order, so
+    /// its completion means all are done; an error completes the failing one), and waits.
+    pub(crate) async fn execute_batch(self: &Arc<Self>, ops: Vec<(SendOp, Span)>) -> Result<()> {
+        let n = ops.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let max = self.qp.cap().max_send_wr as usize;
+        if n > max {
+            return Err(Error::InvalidArgument(format!(
+                "a batch of {n} work requests exceeds the send queue ({max})"
+            )));
+        }
+        self.check_open()?;
+        let sq = self.entries(n as u32).await?;
+        let sges: Vec<[Sge; 1]> = ops.iter().map(|(_, span)| [span.sge()]).collect();
+        let (send_ops, spans): (Vec<SendOp>, Vec<Span>) = ops.into_iter().unzip();
+        let (tx, rx) = oneshot::channel();
+        let wr_id = self.post.track(Pending {
+            tx: Some(tx),
+            keep: Keep {
+                _owner: None,
+                _spans: spans,
+                sq,
+            },
+            credit_msg: false,
+            close_msg: false,
+            release_upto: None,
+        });
+        let wrs: Vec<SendWr<'_>> = send_ops
+            .iter()
+            .zip(&sges)
+            .enumerate()
+            .map(|(i, (op, sge))| {
+                let mut wr = SendWr::new(wr_id, *op, sge);
+                if i + 1 < n {
+                    wr.flags = SendFlags::empty();
+                }
+                wr
+            })
+            .collect();
+        if let Err(e) = self.qp.post_send(&wrs) {
+            if e.index == 0 {
+                lock(&self.post.pending).remove(&wr_id);
+            } else {
+                // Part of the batch went, unsignaled: end the connection so that what went
+                // is flushed and its memory released.
+                tracing::warn!(index = e.index, error = %e.error, "a batch failed part-way");
+                self.end(LocalFailure::Post);
+            }
+            return Err(Error::Verbs(e.error));
+        }
+        self.outcome(rx).await.map(drop)
+    }
+
+    /// Posts a message that needs no credit (it lands in a spare buffer) and no waiter,
+    /// if a send-queue entry is free now (and the connection may send at all).
+    pub(crate) fn post_control(self: &Arc<Self>, kind: Kind, imm: Option<u32>) -> Result<()> {
+        if !self.confirmed() {
+            return Err(Error::InvalidArgument(
+                "the peer has not confirmed the connection".into(),
+            ));
+        }
+        let Some(sq) = self.post.sq.try_acquire() else {
+            return Err(if self.is_open() {
+                Error::InvalidArgument("the send queue is full".into())
+            } else {
+                self.closed_error()
+            });
+        };
+        self.post_control_with(kind, imm, sq)
+    }
+
+    /// [`ConnShared::post_control`] on a send-queue entry already taken.
+    pub(crate) fn post_control_with(
+        self: &Arc<Self>,
+        kind: Kind,
+        imm: Option<u32>,
+        sq: SqEntries,
+    ) -> Result<()> {
+        let credits = lock(&self.msg.credits).take_owed();
+        if let Err(e) = sq.write_header(&MsgHeader::new(kind, credits, imm)) {
+            self.unpost(credits, false);
+            return Err(e);
+        }
+        let hspan = sq.slot();
+        let sges = [hspan.sge()];
+        let wr_id = self.post.track(Pending {
+            tx: None,
+            keep: Keep {
+                // A dropped connection stays alive until its close message is out, when a
+                // dispatcher polls it (with Polling::Manual nothing would).
+                _owner: (kind == Kind::Close && !self.rdma.dispatcher().is_manual())
+                    .then(|| self.clone()),
+                _spans: vec![hspan],
+                sq,
+            },
+            credit_msg: kind == Kind::Credit,
+            close_msg: kind == Kind::Close,
+            release_upto: None,
+        });
+        if let Err(e) = self
+            .qp
+            .post_send(&[SendWr::new(wr_id, SendOp::Send, &sges)])
+        {
+            lock(&self.post.pending).remove(&wr_id);
+            self.unpost(credits, false);
+            return Err(Error::Verbs(e.error));
+        }
+        Ok(())
+    }
+
+    /// Polls the CQ until it is empty; returns how many completions it handled.
+    pub(crate) fn poll_cq(self: &Arc<Self>) -> usize {
+        let mut total = self.poll_one_cq(&self.cq);
+        match (&self.msg.srq, &self.rcq) {
+            (Some(_), _) => {} // the shared receive queue polls its own
+            (None, Some(rcq)) => total += self.poll_one_cq(rcq),
+            (None, None) => {}
+        }
+        total
+    }
+
+    fn poll_one_cq(self: &Arc<Self>, cq: &Arc<dyn CompletionQueue>) -> usize {
+        let mut buf = [WorkCompletion::default(); MAX_PER_POLL];
+        let wcs = &mut buf[..self.rdma.config().cqe_per_poll.clamp(1, MAX_PER_POLL)];
+        let mut total = 0;
+        loop {
+            let n = match cq.poll(wcs) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "polling a completion queue failed");
+                    self.mark_closed(LocalFailure::CompletionQueue.into());
+                    return total;
+                }
+            };
+            for wc in &wcs[..n] {
+                self.on_completion(wc);
+            }
+            if n > 0 {
+                self.post.activity.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            total += n;
+            if n < wcs.len() {
+                return total;
+            }
+        }
+    }
+
+    fn on_completion(self: &Arc<Self>, wc: &WorkCompletion) {
+        if wc.wr_id & RECV_TAG != 0 {
+            return self.on_receive(wc, (wc.wr_id & !RECV_TAG) as u32);
+        }
+        // (The pending map's lock is released before the unsignaled queue's is taken:
+        // posting takes them in the other order.)
+        let pending = lock(&self.post.pending).remove(&wc.wr_id);
+        let Some(p) = pending else {
+            // One posted to complete silently (signaled now and then, or failed).
+            if self.post.release_unsignaled(wc.wr_id) && wc.status != WcStatus::Success {
+                self.on_error_completion(wc);
+            }
+            return;
+        };
+        if let Some(upto) = p.release_upto {
+            self.post.release_unsignaled(upto);
+        }
+        if p.close_msg {
+            // This side is closing (`close`, a drop, a violation): closed before the QP
+            // goes to the error state, so that its flushed receives end nothing.
+            self.close_state(CloseReason::Local);
+            self.to_error();
+        }
+        if p.credit_msg {
+            lock(&self.msg.credits).credit_msg_done();
+            self.maybe_return_credits();
+        }
+        if wc.status != WcStatus::Success {
+            self.on_error_completion(wc);
+        }
+        if self.draining() {
+            self.error_if_drained();
+        }
+        if let Some(tx) = p.tx {
+            // The slot's word (an atomic's result) is read before the slot is freed.
+            let _ = tx.send((*wc, p.keep.sq.word()));
+        }
+    }
+
+    /// A work request failed. While the connection is open that ends it — a flush error
+    /// too: the QP went to the error state without this side moving it there (e.g. its
+    /// responder NAKed the peer's bad request), and a connection that can no longer send or
+    /// receive must not look open.
+    pub(crate) fn on_error_completion(&self, wc: &WorkCompletion) {
+        if self.is_open() {
+            self.mark_closed(CloseReason::Completion {
+                op: wc.opcode,
+                status: wc.status,
+            });
+        }
+    }
+}
