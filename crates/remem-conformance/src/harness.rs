@@ -1,9 +1,8 @@
 //! Setting up connected queue pairs and waiting for completions.
 
 use remem_verbs::{
-    AccessFlags, AhAttr, CompletionQueue, Context, Gid, GidType, MemRegion, MemoryBuffer,
-    MemoryRegion, Mtu, ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
-    QueuePair, WorkCompletion,
+    AccessFlags, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, MemoryRegion, Mtu,
+    ProtectionDomain, QpCap, QpInitAttr, QpType, QueuePair, WorkCompletion,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -137,15 +136,12 @@ pub fn is_kernel_rxe(ctx: &dyn Context) -> bool {
             .is_ok_and(|d| d.vendor_id == 0x00ff_ffff && !d.fw_ver.starts_with("remem-soft"))
 }
 
-/// The first RoCE v2 GID of port 1 (IPv4-mapped ones first): its index and value.
+/// The first RoCE v2 GID of port 1 (IPv4-mapped ones first): its index and value
+/// ([`remem_verbs::rc::roce_v2_gid`]).
 pub fn roce_v2_gid(ctx: &dyn Context) -> Result<(u8, Gid), String> {
-    let table = ctx.gid_table(1).map_err(|e| format!("gid_table: {e}"))?;
-    table
-        .iter()
-        .filter(|g| g.gid_type == GidType::RoceV2)
-        .min_by_key(|g| !g.gid.is_ipv4_mapped())
+    remem_verbs::rc::roce_v2_gid(ctx, 1)
         .map(|g| (g.index as u8, g.gid))
-        .ok_or_else(|| format!("{} has no RoCE v2 GID", ctx.info().name))
+        .map_err(|e| e.to_string())
 }
 
 /// A PD, a CQ (used for sends and receives; reporting to `channel` if given) and a QP of
@@ -180,9 +176,10 @@ pub fn endpoint(
     })
 }
 
-/// Moves `qp` through INIT, RTR and RTS towards the peer, as a verbs program does: with
-/// the RC attributes for an RC QP, and for a UC QP only those `ibv_modify_qp` takes for UC
-/// (no READ/atomic resources, timeout, retries or RNR timer; remote access WRITE at most).
+/// Moves `qp` through INIT, RTR and RTS towards the peer, as a verbs program does
+/// ([`remem_verbs::rc::connect`]): with the RC attributes for an RC QP, and for a UC QP
+/// only those `ibv_modify_qp` takes for UC (no READ/atomic resources, timeout, retries or
+/// RNR timer; remote access WRITE at most).
 pub fn bring_up(
     me: &Endpoint,
     peer_qpn: u32,
@@ -192,60 +189,41 @@ pub fn bring_up(
     mtu: Mtu,
     o: &QpOptions,
 ) -> Result<(), String> {
-    use QpAttrMask as M;
+    use remem_verbs::rc;
     let uc = me.qp.qp_type() == QpType::Uc;
     let access = if uc {
         o.access & AccessFlags::REMOTE_WRITE
     } else {
         o.access - AccessFlags::LOCAL_WRITE
     };
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
+    let ro = rc::RcOptions {
         port_num: 1,
-        qp_access_flags: access,
-        ..QpAttr::default()
-    };
-    me.qp
-        .modify(&init, M::RC_TO_INIT)
-        .map_err(|e| format!("to INIT: {e}"))?;
-    let (to_rtr, to_rts) = if uc {
-        (M::UC_TO_RTR, M::UC_TO_RTS)
-    } else {
-        (M::RC_TO_RTR, M::RC_TO_RTS)
-    };
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        path_mtu: mtu,
-        dest_qp_num: peer_qpn,
-        rq_psn: peer_psn,
+        pkey_index: 0,
+        sgid_index: me.gid_index,
+        access,
+        sq_psn: my_psn,
+        mtu,
+        max_rd_atomic: 16,
         max_dest_rd_atomic: 16,
         min_rnr_timer: o.min_rnr_timer,
-        ah_attr: AhAttr {
-            dgid: peer_gid,
-            sgid_index: me.gid_index,
-            hop_limit: 64,
-            is_global: true,
-            port_num: 1,
-            ..AhAttr::default()
-        },
-        ..QpAttr::default()
-    };
-    me.qp
-        .modify(&rtr, to_rtr)
-        .map_err(|e| format!("to RTR: {e}"))?;
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
         timeout: o.timeout,
         retry_cnt: o.retry_cnt,
         rnr_retry: o.rnr_retry,
-        sq_psn: my_psn,
-        max_rd_atomic: 16,
-        ..QpAttr::default()
+        is_global: true,
+        hop_limit: 64,
+        traffic_class: 0,
+        flow_label: 0,
     };
-    me.qp
-        .modify(&rts, to_rts)
-        .map_err(|e| format!("to RTS: {e}"))?;
+    let peer = rc::RcPeer {
+        qpn: peer_qpn,
+        psn: peer_psn,
+        gid: peer_gid,
+        mtu,
+    };
+    let qp = &*me.qp;
+    rc::to_init(qp, &ro).map_err(|e| format!("to INIT: {e}"))?;
+    rc::to_rtr(qp, &peer, &ro).map_err(|e| format!("to RTR: {e}"))?;
+    rc::to_rts(qp, &ro).map_err(|e| format!("to RTS: {e}"))?;
     Ok(())
 }
 

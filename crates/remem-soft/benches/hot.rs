@@ -29,9 +29,10 @@ use remem_soft::qp::{LocalMemory, QpLimits, QpSurroundings, SoftQp, SoftQpParts}
 use remem_soft::transport::{Grant, RemoteKeyError, Stat};
 use remem_soft::wqe::{PdId, RecvWqe};
 use remem_soft::{SoftContext, SoftOptions};
+use remem_verbs::rc::{self, RcOptions, RcPeer};
 use remem_verbs::{
-    AccessFlags, AhAttr, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, Mtu, QpAttr,
-    QpAttrMask, QpCap, QpState, QpType, QueuePair, SendOp, SendWr, Sge, WcStatus, WorkCompletion,
+    AccessFlags, AhAttr, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, Mtu, QpCap,
+    QpType, QueuePair, SendOp, SendWr, Sge, WcStatus, WorkCompletion,
 };
 use remem_wire::{Bth, Headers, Opcode, Packet, Psn, Reth};
 use std::any::Any;
@@ -296,28 +297,23 @@ impl Side {
 
     /// RESET → INIT → RTR → RTS towards `peer`, path MTU 4096, both PSNs starting at 0.
     fn connect(&self, peer: &Side) {
-        use QpAttrMask as M;
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qp_access_flags: AccessFlags::REMOTE,
-            ..QpAttr::default()
+        let o = RcOptions {
+            access: AccessFlags::REMOTE,
+            mtu: Mtu::Mtu4096,
+            min_rnr_timer: 1,
+            // No GRH attributes: the engine routes by the destination GID alone.
+            is_global: false,
+            hop_limit: 0,
+            rnr_retry: 0,
+            ..RcOptions::default()
         };
-        self.qp.modify(&a, M::RC_TO_INIT).unwrap();
-        a.qp_state = QpState::Rtr;
-        a.path_mtu = Mtu::Mtu4096;
-        a.dest_qp_num = peer.qp.qp_num();
-        a.rq_psn = 0;
-        a.max_dest_rd_atomic = 16;
-        a.min_rnr_timer = 1;
-        a.ah_attr.dgid = Gid::from(peer.engine.local().ip());
-        self.qp.modify(&a, M::RC_TO_RTR).unwrap();
-        a.qp_state = QpState::Rts;
-        a.sq_psn = 0;
-        a.timeout = 14;
-        a.retry_cnt = 7;
-        a.max_rd_atomic = 16;
-        self.qp.modify(&a, M::RC_TO_RTS).unwrap();
+        let peer = RcPeer {
+            qpn: peer.qp.qp_num(),
+            psn: 0,
+            gid: Gid::from(peer.engine.local().ip()),
+            mtu: Mtu::Mtu4096,
+        };
+        rc::connect(&*self.qp, &peer, &o).unwrap();
     }
 
     /// Takes one packet out of the engine (what the driver does until `None`), reporting

@@ -25,9 +25,10 @@ pub struct SoftOptions {
     /// (`REMEM_SOFT_BUSY_POLL_US`, microseconds; default 0). Spinning trades a CPU for
     /// latency: a sleeping thread needs a wake-up per packet.
     pub busy_poll: Duration,
-    /// The UDP port this device sends to (default: its own). RoCEv2 devices all use 4791,
-    /// so peers share a port; two soft devices on one address (e.g. `::1`, the only IPv6
-    /// loopback address) need distinct ports and name each other's here.
+    /// The UDP port this device sends to by default (default: its own). RoCEv2 devices all
+    /// use 4791, so peers share a port; a peer on another port is named per peer with
+    /// [`Context::set_peer_udp_port`] (two soft devices on one address, e.g. `::1`, the only
+    /// IPv6 loopback address, need distinct ports).
     pub peer_port: Option<u16>,
     /// Leave out the RoCEv2 memory placement extensions (FLUSH, ATOMIC WRITE), as kernel
     /// Soft-RoCE before Linux 6.2 does: the device does not report them and refuses to
@@ -158,8 +159,9 @@ impl SoftContext {
     }
 
     /// Opens a soft device bound to `addr` (any local address; port 0 picks a free port),
-    /// named `soft@<addr>`. Devices that talk to each other must use the same UDP port, as
-    /// RoCEv2 devices all use 4791. The MTU is 4096 on loopback addresses and that of the
+    /// named `soft@<addr>`. A device sends to its own UDP port (RoCEv2 devices all use
+    /// 4791), so devices that talk share a port, unless each is told the other's with
+    /// [`Context::set_peer_udp_port`]. The MTU is 4096 on loopback addresses and that of the
     /// interface carrying `addr` otherwise (1024 when unknown).
     pub fn bind(addr: SocketAddr) -> Result<Self> {
         Self::bind_with(addr, &SoftOptions::from_env())

@@ -659,9 +659,8 @@ mod tests {
     use crate::transport::{Grant, KeyedRegion, RemoteKeyError, Stat};
     use crate::wqe::{PdId, RecvWqe};
     use remem_verbs::{
-        AccessFlags, AhAttr, Error, Gid, MemRegion, MemoryBuffer, Mtu, QpAttr, QpAttrMask, QpCap,
-        QpState, QpType, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
-        WorkCompletion,
+        AccessFlags, AhAttr, Error, Gid, MemRegion, MemoryBuffer, Mtu, QpCap, QpType, QueuePair,
+        RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
     };
     use std::net::UdpSocket;
     use std::time::Duration;
@@ -798,28 +797,27 @@ mod tests {
     }
 
     fn connect(me: &Side, peer_ip: &str, peer_qpn: u32) {
-        use QpAttrMask as M;
+        use remem_verbs::rc::{self, RcOptions, RcPeer};
         let ip: IpAddr = peer_ip.parse().unwrap();
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qp_access_flags: AccessFlags::REMOTE,
-            ..QpAttr::default()
+        let o = RcOptions {
+            access: AccessFlags::REMOTE,
+            sq_psn: 0x00ff_fff0,
+            mtu: Mtu::Mtu1024,
+            min_rnr_timer: 1,
+            timeout: 10,
+            retry_cnt: 0,
+            rnr_retry: 0,
+            is_global: false,
+            hop_limit: 0,
+            ..RcOptions::default()
         };
-        me.qp.modify(&a, M::RC_TO_INIT).unwrap();
-        a.qp_state = QpState::Rtr;
-        a.path_mtu = Mtu::Mtu1024;
-        a.dest_qp_num = peer_qpn;
-        a.rq_psn = 0x00ff_fff0;
-        a.max_dest_rd_atomic = 16;
-        a.min_rnr_timer = 1;
-        a.ah_attr.dgid = Gid::from(ip);
-        me.qp.modify(&a, M::RC_TO_RTR).unwrap();
-        a.qp_state = QpState::Rts;
-        a.sq_psn = 0x00ff_fff0;
-        a.timeout = 10;
-        a.max_rd_atomic = 16;
-        me.qp.modify(&a, M::RC_TO_RTS).unwrap();
+        let peer = RcPeer {
+            qpn: peer_qpn,
+            psn: 0x00ff_fff0,
+            gid: Gid::from(ip),
+            mtu: Mtu::Mtu1024,
+        };
+        rc::connect(&*me.qp, &peer, &o).unwrap();
     }
 
     fn wait_wcs(s: &Side, n: usize) -> Vec<WorkCompletion> {

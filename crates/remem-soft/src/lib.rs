@@ -8,7 +8,9 @@
 //! `soft-eth0`, …).
 //!
 //! Besides the interface devices, `soft@<ip>[:<port>]` opens a device bound to any local
-//! address, so that several devices can live on one host (127.0.0.1, 127.0.0.2, …).
+//! address, so that several devices can live on one host (127.0.0.1, 127.0.0.2, …, or one
+//! address at several UDP ports, each device told the others' ports with
+//! `Context::set_peer_udp_port`).
 //!
 //! Inside: [`transport`] is the RC/UC/UD transport as a sans-IO state machine, [`engine`] moves
 //! packets between it and a UDP socket, [`objects`] holds the verbs objects, [`qp`] the

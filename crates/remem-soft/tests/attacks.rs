@@ -12,6 +12,7 @@ mod common;
 use common::{Answer, build, device_and_peer, filled, reth, seal, send_sealed};
 use remem_conformance::{Endpoint, QpOptions, bring_up, endpoint};
 use remem_soft::{SoftContext, SoftOptions};
+use remem_verbs::rc::{self, RcOptions, RcPeer};
 use remem_verbs::{
     AccessFlags, AsyncEvent, AsyncEventElement, AsyncEventType, Context, Error, Gid, MemRegion,
     MemoryBuffer, MemoryRegion, Mtu, QpAttr, QpAttrMask, QpState, QpType, QueuePair, RecvWr,
@@ -673,18 +674,23 @@ fn zero_and_maximal_lengths() {
 
 // ------------------------------------------------------------------ what a NIC checks first
 
+/// The bring-up options of the QPs these tests stop half-way: port 1, granting remote
+/// writes, path MTU `mtu`, one READ/atomic as target, RNR timer code 1, no hop limit.
+fn half_way(mtu: Mtu, sgid_index: u8) -> RcOptions {
+    RcOptions {
+        sgid_index,
+        access: AccessFlags::REMOTE_WRITE,
+        mtu,
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 1,
+        hop_limit: 0,
+        ..RcOptions::default()
+    }
+}
+
 /// Takes an RC QP from RESET to INIT (port 1, granting remote writes).
 fn rc_to_init(qp: &dyn QueuePair) {
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qp_access_flags: AccessFlags::REMOTE_WRITE,
-            ..QpAttr::default()
-        },
-        QpAttrMask::RC_TO_INIT,
-    )
-    .unwrap();
+    rc::to_init(qp, &half_way(Mtu::Mtu1024, 0)).unwrap();
 }
 
 #[test]
@@ -719,30 +725,15 @@ fn packets_for_a_qp_in_a_state_that_takes_none_are_dropped_and_counted() {
     assert!(v.unchanged());
     // RTR: requests are taken, responses (an ACK naming a PSN) are not.
     let rtr = endpoint(&lab.ctx, &options(), QpType::Rc, None).unwrap();
-    use QpAttrMask as M;
     let o = options();
     rc_to_init(&*rtr.qp);
-    rtr.qp
-        .modify(
-            &QpAttr {
-                qp_state: QpState::Rtr,
-                path_mtu: o.mtu,
-                dest_qp_num: PEER_QPN,
-                rq_psn: EPSN,
-                max_dest_rd_atomic: 1,
-                min_rnr_timer: 1,
-                ah_attr: remem_verbs::AhAttr {
-                    dgid: Gid::from(PEER_IP),
-                    sgid_index: rtr.gid_index,
-                    is_global: true,
-                    port_num: 1,
-                    ..remem_verbs::AhAttr::default()
-                },
-                ..QpAttr::default()
-            },
-            M::RC_TO_RTR,
-        )
-        .unwrap();
+    let peer = RcPeer {
+        qpn: PEER_QPN,
+        psn: EPSN,
+        gid: Gid::from(PEER_IP),
+        mtu: o.mtu,
+    };
+    rc::to_rtr(&*rtr.qp, &peer, &half_way(o.mtu, rtr.gid_index)).unwrap();
     let ack = common::ack(rtr.qp.qp_num(), SPSN, Syndrome::Ack { credits: 31 }, 0);
     assert!(lab.attack(&ack, &[]).is_empty());
     assert_eq!(lab.counter("drop_qp_state"), before + 4);

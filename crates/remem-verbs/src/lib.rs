@@ -34,6 +34,7 @@ pub mod event;
 pub mod mem;
 pub mod provider;
 pub mod qp;
+pub mod rc;
 pub mod types;
 pub mod wc;
 pub mod wr;

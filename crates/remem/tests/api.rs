@@ -1,30 +1,18 @@
-//! The async API on two soft devices in one process (127.0.11.x, one UDP port picked at run
-//! time): connection setup over TCP, one-sided operations, atomics, messages, lending
+//! The async API on two soft devices in one process (`common::pair`: port 0, the peer on
+//! the first's port): connection setup over TCP, one-sided operations, atomics, messages, lending
 //! memory, many tasks on one connection, cancellation, access errors and close.
 
 use remem::{AccessFlags, Connection, Error, Polling, Rdma, RdmaBuilder};
 use std::alloc::Layout;
-use std::sync::atomic::{AtomicU8, Ordering};
 
 mod common;
 
 use common::test_util::{connect, layout};
 
-/// Two `Rdma`s that can talk: on two soft devices (distinct addresses, one UDP port), or
+/// Two `Rdma`s that can talk: on two soft devices (`common::pair_with`), or
 /// both on the device `REMEM_TEST_DEVICE` names (two contexts of e.g. `rxe0`).
 fn pair(polling: Polling) -> (Rdma, Rdma) {
-    static NEXT: AtomicU8 = AtomicU8::new(1);
-    let n = NEXT.fetch_add(2, Ordering::Relaxed);
-    let a = common::builder(format!("soft@127.0.11.{n}:0"))
-        .polling(polling)
-        .build()
-        .unwrap();
-    let port = common::soft_port(&a);
-    let b = common::builder(format!("soft@127.0.11.{}:{port}", n + 1))
-        .polling(polling)
-        .build()
-        .unwrap();
-    (a, b)
+    common::pair_with(|a| a.polling(polling), |b| b.polling(polling))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -138,7 +126,7 @@ async fn access_violation_fails_the_operation_and_the_connection() {
     ));
     // Access beyond what the Rdma grants cannot even be registered.
     let ro_rdma = RdmaBuilder::new()
-        .device("soft@127.0.11.200:0")
+        .device(common::first_device())
         .access(AccessFlags::LOCAL_WRITE)
         .build()
         .unwrap();
@@ -412,16 +400,7 @@ async fn large_messages_go_by_rdma_read() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_above_the_receivers_limit_is_refused_before_it_is_sent() {
-    let a = RdmaBuilder::new()
-        .device("soft@127.0.11.201:0")
-        .build()
-        .unwrap();
-    let port = a.context().info().udp_addr.unwrap().port();
-    let b = RdmaBuilder::new()
-        .device(format!("soft@127.0.11.202:{port}"))
-        .max_large_message(100_000)
-        .build()
-        .unwrap();
+    let (a, b) = common::soft_pair_with(|a| a, |b| b.max_large_message(100_000));
     let (ca, cb) = connect(&a, &b).await;
     // The receiver said its limit in the handshake: the sender refuses at once, and the
     // connection goes on.
@@ -442,17 +421,8 @@ async fn a_message_above_the_receivers_limit_is_refused_before_it_is_sent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_messages_beyond_the_receivers_budget_wait_for_the_application() {
-    let a = RdmaBuilder::new()
-        .device("soft@127.0.11.221:0")
-        .build()
-        .unwrap();
-    let port = a.context().info().udp_addr.unwrap().port();
     // B holds at most 300 kB of large messages at a time.
-    let b = RdmaBuilder::new()
-        .device(format!("soft@127.0.11.222:{port}"))
-        .max_large_message(300_000)
-        .build()
-        .unwrap();
+    let (a, b) = common::soft_pair_with(|a| a, |b| b.max_large_message(300_000));
     let (ca, cb) = connect(&a, &b).await;
     let ca = std::sync::Arc::new(ca);
     // Ten messages of 200 kB sent at once: B reads one, the rest wait for room, and no
@@ -550,17 +520,10 @@ async fn write_until_revoked(conn: &Connection, src: &remem::LocalMr, token: &re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_grant_expire_return_and_give_back() {
     use std::time::Duration;
-    let a = RdmaBuilder::new()
-        .device("soft@127.0.11.203:0")
-        .build()
-        .unwrap();
-    let port = a.context().info().udp_addr.unwrap().port();
-    let b = RdmaBuilder::new()
-        .device(format!("soft@127.0.11.204:{port}"))
-        .lend_limit(1 << 20)
-        .max_lease(Duration::from_millis(300))
-        .build()
-        .unwrap();
+    let (a, b) = common::soft_pair_with(
+        |a| a,
+        |b| b.lend_limit(1 << 20).max_lease(Duration::from_millis(300)),
+    );
     let (ca, cb) = connect(&a, &b).await;
     let src = a.alloc_local_mr(layout(4096)).unwrap();
     src.write(0, &[3; 4096]).unwrap();
@@ -762,17 +725,7 @@ async fn caller_memory_and_memory_maps_register() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scatter_gather_and_chosen_psns() {
     // PSNs just below the 24-bit wrap: a multi-packet transfer crosses it.
-    let a = RdmaBuilder::new()
-        .device("soft@127.0.11.205:0")
-        .sq_psn(0xff_fffe)
-        .build()
-        .unwrap();
-    let port = a.context().info().udp_addr.unwrap().port();
-    let b = RdmaBuilder::new()
-        .device(format!("soft@127.0.11.206:{port}"))
-        .sq_psn(0xff_fff0)
-        .build()
-        .unwrap();
+    let (a, b) = common::soft_pair_with(|a| a.sq_psn(0xff_fffe), |b| b.sq_psn(0xff_fff0));
     let (ca, cb) = connect(&a, &b).await;
     let target = b.alloc_local_mr(layout(30_000)).unwrap();
     cb.share_local_mr(&target).await.unwrap();
@@ -819,18 +772,14 @@ async fn scatter_gather_and_chosen_psns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keepalive_notices_a_vanished_peer() {
     use std::time::Duration;
-    let a = RdmaBuilder::new()
-        .device("soft@127.0.11.207:0")
-        .keepalive(Some(Duration::from_millis(50)))
-        .timeout(8) // about 1 ms
-        .retry_cnt(2)
-        .build()
-        .unwrap();
-    let port = a.context().info().udp_addr.unwrap().port();
-    let b = RdmaBuilder::new()
-        .device(format!("soft@127.0.11.208:{port}"))
-        .build()
-        .unwrap();
+    let (a, b) = common::soft_pair_with(
+        |a| {
+            a.keepalive(Some(Duration::from_millis(50)))
+                .timeout(8) // about 1 ms
+                .retry_cnt(2)
+        },
+        |b| b,
+    );
     // A connects to an endpoint on B's device whose QP does not exist: nothing it sends
     // is ever acknowledged, and nothing arrives.
     let pb = b.prepare().unwrap();
@@ -858,12 +807,11 @@ async fn a_device_without_a_progress_thread_is_driven_by_its_user() {
         inline: true,
         ..SoftOptions::default()
     };
-    let open = |addr: String| -> Arc<dyn remem::verbs::Context> {
-        Arc::new(SoftContext::bind_with(addr.parse().unwrap(), &inline).unwrap())
+    let open = |addr| -> Arc<dyn remem::verbs::Context> {
+        Arc::new(SoftContext::bind_with(addr, &inline).unwrap())
     };
-    let a_ctx = open("127.0.11.211:0".into());
-    let port = a_ctx.info().udp_addr.unwrap().port();
-    let b_ctx = open(format!("127.0.11.212:{port}"));
+    let a_ctx = open(common::first_addr());
+    let b_ctx = open(common::peer_addr(a_ctx.info().udp_addr.unwrap()));
     assert!(a_ctx.caller_driven());
     // Nothing would move its packets while the dispatcher sleeps on events.
     let refused = RdmaBuilder::new().context(a_ctx.clone()).build();

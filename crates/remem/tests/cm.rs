@@ -1,5 +1,5 @@
 //! Connections through the RDMA connection manager (`Rdma::connect_cm` /
-//! `Rdma::listen_cm`) on soft devices (127.0.15.x) or `REMEM_TEST_DEVICE`: private data
+//! `Rdma::listen_cm`) on soft devices (`common::pair_with`) or `REMEM_TEST_DEVICE`: private data
 //! both ways, data over the connection, rejection, a port nobody listens on, and a close
 //! by either side seen by the other.
 
@@ -10,22 +10,11 @@ use remem::{
 };
 use std::alloc::Layout;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU8, Ordering};
 
 mod common;
 
 fn pair() -> (Rdma, Rdma) {
-    static NEXT: AtomicU8 = AtomicU8::new(1);
-    let n = NEXT.fetch_add(2, Ordering::Relaxed);
-    let a = common::builder(format!("soft@127.0.15.{n}:0"))
-        .polling(Polling::Event)
-        .build()
-        .unwrap();
-    let port = common::soft_port(&a);
-    let b = common::builder(format!("soft@127.0.15.{}:{port}", n + 1))
-        .build()
-        .unwrap();
-    (a, b)
+    common::pair_with(|a| a.polling(Polling::Event), |b| b)
 }
 
 /// Where `b` listens: its device's address, a port the CM picks.
@@ -153,12 +142,11 @@ async fn devices_their_users_drive_connect_through_the_cm() {
         inline: true,
         ..SoftOptions::default()
     };
-    let open = |addr: String| -> Arc<dyn remem::verbs::Context> {
-        Arc::new(SoftContext::bind_with(addr.parse().unwrap(), &inline).unwrap())
+    let open = |addr| -> Arc<dyn remem::verbs::Context> {
+        Arc::new(SoftContext::bind_with(addr, &inline).unwrap())
     };
-    let a_ctx = open("127.0.15.201:0".into());
-    let port = a_ctx.info().udp_addr.unwrap().port();
-    let b_ctx = open(format!("127.0.15.202:{port}"));
+    let a_ctx = open(common::first_addr());
+    let b_ctx = open(common::peer_addr(a_ctx.info().udp_addr.unwrap()));
     assert!(a_ctx.caller_driven() && b_ctx.caller_driven());
     let build = |ctx| {
         remem::RdmaBuilder::new()

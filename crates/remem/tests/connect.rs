@@ -1,4 +1,4 @@
-//! Connection setup as librpma exposes it, on soft devices (127.0.13.x) or
+//! Connection setup as librpma exposes it, on soft devices (`common::pair_with`) or
 //! `REMEM_TEST_DEVICE`: private data on connect and accept, rejection, connection events,
 //! a separate receive CQ.
 
@@ -6,23 +6,12 @@ use remem::{
     ConnectOptions, Connection, ConnectionEvent, Error, MAX_PRIVATE_DATA, Polling, Rdma, RemoteMr,
 };
 use std::alloc::Layout;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 mod common;
 
 fn pair() -> (Rdma, Rdma) {
-    static NEXT: AtomicU8 = AtomicU8::new(1);
-    let n = NEXT.fetch_add(2, Ordering::Relaxed);
-    let a = common::builder(format!("soft@127.0.13.{n}:0"))
-        .polling(Polling::Event)
-        .build()
-        .unwrap();
-    let port = common::soft_port(&a);
-    let b = common::builder(format!("soft@127.0.13.{}:{port}", n + 1))
-        .build()
-        .unwrap();
-    (a, b)
+    common::pair_with(|a| a.polling(Polling::Event), |b| b)
 }
 
 fn with_data(pd: &[u8]) -> ConnectOptions {

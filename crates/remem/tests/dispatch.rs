@@ -8,19 +8,10 @@ use std::task::Poll;
 
 mod common;
 
-/// Two `Rdma`s on soft devices (127.0.12.`first` and the next) or `REMEM_TEST_DEVICE`.
-fn pair(first: u8, polling: Polling) -> (Rdma, Rdma) {
-    let build = |addr: String| {
-        common::builder(addr)
-            .polling(polling)
-            .keepalive(None)
-            .build()
-            .unwrap()
-    };
-    let a = build(format!("soft@127.0.12.{first}:0"));
-    let port = common::soft_port(&a);
-    let b = build(format!("soft@127.0.12.{}:{port}", first + 1));
-    (a, b)
+/// Two `Rdma`s on soft devices (`common::pair_with`) or `REMEM_TEST_DEVICE`.
+fn pair(polling: Polling) -> (Rdma, Rdma) {
+    let opts = |b: remem::RdmaBuilder| b.polling(polling).keepalive(None);
+    common::pair_with(opts, opts)
 }
 
 /// `n` connections from `a` to `listener` (on the other `Rdma`).
@@ -70,7 +61,7 @@ async fn futures_join_all<F: Future<Output = ()>>(fs: impl Iterator<Item = F>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn event_polling_uses_one_task_however_many_connections() {
     let metrics = tokio::runtime::Handle::current().metrics();
-    let (a, b) = pair(1, Polling::Event);
+    let (a, b) = pair(Polling::Event);
     // One listener throughout: its accept task is counted in both figures (a listener
     // dropped in between leaves an aborted task alive until the runtime reaps it).
     let listener = b.listen("127.0.0.1:0").await.unwrap();
@@ -103,7 +94,7 @@ fn poll_threads() -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_polling_uses_one_thread_per_device() {
-    let (a, b) = pair(3, Polling::Busy);
+    let (a, b) = pair(Polling::Busy);
     let listener = b.listen("127.0.0.1:0").await.unwrap();
     let conns = connect_many(&a, &listener, 8).await;
     exercise(&a, &b, &conns).await;

@@ -1,6 +1,6 @@
-//! Durability across a crash of the target process. The test (the writer, on 127.0.19.1)
-//! spawns this test binary again as the target (`child_target`, on 127.0.19.2, one UDP
-//! port), which maps a file given by the parent, registers it for persistent flushes and
+//! Durability across a crash of the target process. The test (the writer, on
+//! `common::first_device`) spawns this test binary again as the target (`child_target`, on
+//! its peer `common::peer_addr`, one UDP port), which maps a file given by the parent, registers it for persistent flushes and
 //! sends its descriptor as private data. The writer writes a pattern in many chunks with
 //! writes that complete only on error, makes the whole range durable with one persistent
 //! flush, and kills the target with SIGKILL the moment the flush completes. Reopening the
@@ -27,6 +27,8 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+mod common;
+
 const PORT_ENV: &str = "REMEM_DURABILITY_PORT";
 const FILE_ENV: &str = "REMEM_DURABILITY_FILE";
 const LEN: usize = 1 << 20;
@@ -35,6 +37,13 @@ const LIMIT: Duration = Duration::from_secs(30);
 
 fn pattern() -> Vec<u8> {
     (0..LEN).map(|i| ((i / 7) % 251) as u8 + 1).collect()
+}
+
+/// The target's soft device: the writer's peer, on the writer's UDP `port`.
+fn child_device(port: &str) -> String {
+    let port = port.parse().expect("the writer's UDP port");
+    let writer = SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), port);
+    format!("soft@{}", common::peer_addr(writer))
 }
 
 /// The target: runs only as the child process of the tests below.
@@ -52,9 +61,7 @@ fn child_target() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let served = rt.block_on(async {
         tokio::time::timeout(LIMIT, async {
-            let rdma = RdmaBuilder::new()
-                .device(format!("soft@127.0.19.2:{port}"))
-                .build()?;
+            let rdma = RdmaBuilder::new().device(child_device(&port)).build()?;
             let file = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -127,7 +134,7 @@ fn write_then_kill(tag: &str, flush: bool) -> Vec<u8> {
         .expect("target file");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let rdma = rt
-        .block_on(async { RdmaBuilder::new().device("soft@127.0.19.1:0").build() })
+        .block_on(async { RdmaBuilder::new().device(common::first_device()).build() })
         .expect("device");
     let port = rdma.context().info().udp_addr.expect("soft device").port();
     let target = Target::spawn(port, &path);

@@ -1,5 +1,5 @@
 //! A verified workload under injected network faults, over real UDP sockets between two
-//! soft devices (127.0.16.x): both devices lose, corrupt, duplicate, reorder or delay the
+//! soft devices (`common::first_addr` and its peer): both devices lose, corrupt, duplicate, reorder or delay the
 //! packets they send ([`remem_soft::FaultConfig`]). WRITEs, READs, SENDs (eager and large)
 //! and atomics of mixed sizes must complete with the target's memory exactly as a model
 //! says (compared at the target), every message intact and in order, and every atomic
@@ -15,7 +15,6 @@ use remem::{AccessFlags, ConnectionEvent, Error, Polling, Rdma, RdmaBuilder, Rem
 use remem_soft::{FaultConfig, SoftContext, SoftOptions};
 use std::alloc::Layout;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 mod common;
@@ -24,12 +23,12 @@ use common::test_util::connect;
 
 const REGION: usize = 1 << 20;
 
-fn device(ip: &str, port: u16, faults: FaultConfig) -> Rdma {
+fn device(addr: std::net::SocketAddr, faults: FaultConfig) -> Rdma {
     let opts = SoftOptions {
         faults: Some(faults),
         ..SoftOptions::default()
     };
-    let dev = SoftContext::bind_with(format!("{ip}:{port}").parse().unwrap(), &opts).unwrap();
+    let dev = SoftContext::bind_with(addr, &opts).unwrap();
     RdmaBuilder::new()
         .context(Arc::new(dev))
         .polling(Polling::Event)
@@ -40,15 +39,15 @@ fn device(ip: &str, port: u16, faults: FaultConfig) -> Rdma {
 }
 
 fn pair(faults: FaultConfig) -> (Rdma, Rdma) {
-    static NEXT: AtomicU8 = AtomicU8::new(1);
-    let n = NEXT.fetch_add(2, Ordering::Relaxed);
-    let a = device(&format!("127.0.16.{n}"), 0, faults);
-    let port = a.context().info().udp_addr.unwrap().port();
+    let a = device(common::first_addr(), faults);
     let b_faults = FaultConfig {
         seed: faults.seed.wrapping_add(1),
         ..faults
     };
-    let b = device(&format!("127.0.16.{}", n + 1), port, b_faults);
+    let b = device(
+        common::peer_addr(a.context().info().udp_addr.unwrap()),
+        b_faults,
+    );
     (a, b)
 }
 
@@ -320,18 +319,17 @@ async fn all_at_once() {
 async fn past_the_retry_limit_operations_fail_and_the_connection_is_lost() {
     // The requester's packets all vanish: its retries run out.
     let (a, b) = {
-        static NEXT: AtomicU8 = AtomicU8::new(101);
-        let n = NEXT.fetch_add(2, Ordering::Relaxed);
         let a = device(
-            &format!("127.0.16.{n}"),
-            0,
+            common::first_addr(),
             FaultConfig {
                 loss: 1.0,
                 ..faults(9)
             },
         );
-        let port = a.context().info().udp_addr.unwrap().port();
-        let b = device(&format!("127.0.16.{}", n + 1), port, faults(10));
+        let b = device(
+            common::peer_addr(a.context().info().udp_addr.unwrap()),
+            faults(10),
+        );
         (a, b)
     };
     // (Endpoints exchanged out of band: the TCP handshake's first RDMA message could not

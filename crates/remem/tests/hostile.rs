@@ -1,10 +1,10 @@
-//! Hostile peers against the async API (soft devices on 127.0.21.x): an attacker speaks the
-//! TCP handshake itself and drives a raw RC queue pair of its own (remem's verbs), so it
+//! Hostile peers against the async API (soft devices on `common::first_addr` and its
+//! peers): an attacker speaks the TCP handshake itself and drives a raw RC queue pair of its own (remem's verbs), so it
 //! can break the message protocol in ways `remem` itself never would.
 
 use remem::verbs::{
-    AccessFlags, AhAttr, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, MemoryRegion, Mtu,
-    QpAttr, QpAttrMask as M, QpState, QueuePair, RecvWr, SendOp, SendWr, Sge, WorkCompletion,
+    AccessFlags, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, MemoryRegion, Mtu, QpAttr,
+    QpAttrMask as M, QpState, QueuePair, RecvWr, SendOp, SendWr, Sge, WorkCompletion,
 };
 use remem::{
     CloseReason, ConnectOptions, Connection, ConnectionEvent, EndpointInfo, Error, HandshakeError,
@@ -12,7 +12,6 @@ use remem::{
 };
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
@@ -22,11 +21,11 @@ mod common;
 
 use common::test_util::connect;
 
-/// A fresh pair of addresses for a test (victim, attacker) and one more for a bystander.
+/// The addresses of a test's devices: the victim's (`common::first_addr`), and two fresh
+/// ones (`common::peer_addr`) for an attacker or client and for a bystander.
 fn addrs() -> [String; 3] {
-    static NEXT: AtomicU8 = AtomicU8::new(1);
-    let n = NEXT.fetch_add(3, Ordering::Relaxed);
-    [0, 1, 2].map(|i| format!("127.0.21.{}", n + i))
+    let first = common::first_addr();
+    [first, common::peer_addr(first), common::peer_addr(first)].map(|a| a.ip().to_string())
 }
 
 fn port_of(rdma: &Rdma) -> u16 {
@@ -139,40 +138,30 @@ impl Attacker {
 
     /// Brings the QP up to the victim's endpoint.
     fn connect_qp(&self, remote: &EndpointInfo) {
-        let mut attr = QpAttr {
-            qp_state: QpState::Rtr,
-            path_mtu: Mtu::Mtu4096.min(remote.mtu),
-            dest_qp_num: remote.qpn,
-            rq_psn: remote.psn,
+        use remem::verbs::rc::{self, RcOptions, RcPeer};
+        // The RoCE v2 IPv4 GID.
+        let gid = rc::roce_v2_gid(&*self.ctx, 1).unwrap();
+        assert!(gid.gid.is_ipv4_mapped());
+        let o = RcOptions {
+            sgid_index: gid.index as u8,
+            sq_psn: self.psn,
+            mtu: Mtu::Mtu4096,
+            max_rd_atomic: 4,
             max_dest_rd_atomic: 4,
             min_rnr_timer: 1,
-            ah_attr: AhAttr {
-                dgid: remote.gid,
-                sgid_index: 1,
-                hop_limit: 64,
-                is_global: true,
-                port_num: 1,
-                ..AhAttr::default()
-            },
-            ..QpAttr::default()
+            timeout: 8,
+            retry_cnt: 1,
+            rnr_retry: 7,
+            ..RcOptions::default()
         };
-        // sgid index of the RoCE v2 IPv4 GID.
-        attr.ah_attr.sgid_index = self
-            .ctx
-            .gid_table(1)
-            .unwrap()
-            .iter()
-            .find(|g| g.gid_type == remem::verbs::GidType::RoceV2 && g.gid.is_ipv4_mapped())
-            .unwrap()
-            .index as u8;
-        self.qp.modify(&attr, M::RC_TO_RTR).unwrap();
-        attr.qp_state = QpState::Rts;
-        attr.sq_psn = self.psn;
-        attr.timeout = 8;
-        attr.retry_cnt = 1;
-        attr.rnr_retry = 7;
-        attr.max_rd_atomic = 4;
-        self.qp.modify(&attr, M::RC_TO_RTS).unwrap();
+        let peer = RcPeer {
+            qpn: remote.qpn,
+            psn: remote.psn,
+            gid: remote.gid,
+            mtu: remote.mtu,
+        };
+        rc::to_rtr(&*self.qp, &peer, &o).unwrap();
+        rc::to_rts(&*self.qp, &o).unwrap();
     }
 
     /// A full connection to the listener at `addr`: handshake, QP up, the hello with the

@@ -1,5 +1,5 @@
 //! Memory a peer could reach, through the async API on two soft devices in one process
-//! (127.0.53.x, one UDP port picked at run time): pool blocks are reused only once every
+//! (`common::first_device` and its peer): pool blocks are reused only once every
 //! key for them is dead, regions given back are out of the borrower's reach, the agent's
 //! requests are bounded per connection, and file-backed regions reserve their blocks.
 
@@ -14,13 +14,8 @@ use common::test_util::{connect, layout};
 /// Two `Rdma`s that can talk (the second one built from `b`, given its builder and the
 /// name of its device, e.g. with agent limits).
 fn pair_on(b: impl FnOnce(RdmaBuilder, &str) -> RdmaBuilder) -> (Rdma, Rdma) {
-    static NEXT: AtomicU8 = AtomicU8::new(1);
-    let n = NEXT.fetch_add(2, Ordering::Relaxed);
-    let a = common::builder(format!("soft@127.0.53.{n}:0"))
-        .build()
-        .unwrap();
-    let port = common::soft_port(&a);
-    let name = common::test_device().unwrap_or(format!("soft@127.0.53.{}:{port}", n + 1));
+    let a = common::builder(common::first_device()).build().unwrap();
+    let name = common::test_device().unwrap_or(common::peer_device(&a));
     let b = b(RdmaBuilder::new().device(&name), &name).build().unwrap();
     (a, b)
 }

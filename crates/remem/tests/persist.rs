@@ -1,5 +1,5 @@
 //! Remote persistent memory through the async API (librpma's operations) on soft devices
-//! (127.0.14.x, one UDP port per pair): FLUSH and ATOMIC WRITE natively and by librpma's
+//! (`common::first_addr` and its peer): FLUSH and ATOMIC WRITE natively and by librpma's
 //! fallbacks, file-backed regions, writes that complete only on error, MR descriptors.
 
 use remem::{AccessFlags, Error, FlushType, PeerConfig, Polling, Rdma, RdmaBuilder, RemoteMr};
@@ -14,21 +14,19 @@ use common::test_util::connect;
 
 /// Two `Rdma`s that can talk; `a` optionally on a device without FLUSH / ATOMIC WRITE.
 fn pair(a_without_placement: bool) -> (Rdma, Rdma) {
-    static NEXT: AtomicU8 = AtomicU8::new(1);
-    let n = NEXT.fetch_add(2, Ordering::Relaxed);
     let opts = SoftOptions {
         no_placement: a_without_placement,
         ..SoftOptions::default()
     };
-    let dev = SoftContext::bind_with(format!("127.0.14.{n}:0").parse().unwrap(), &opts).unwrap();
-    let port = dev.local_addr().port();
+    let dev = SoftContext::bind_with(common::first_addr(), &opts).unwrap();
+    let peer = common::peer_addr(dev.local_addr());
     let a = RdmaBuilder::new()
         .context(Arc::new(dev))
         .polling(Polling::Event)
         .build()
         .unwrap();
     let b = RdmaBuilder::new()
-        .device(format!("soft@127.0.14.{}:{port}", n + 1))
+        .device(format!("soft@{peer}"))
         .build()
         .unwrap();
     (a, b)

@@ -1,4 +1,5 @@
-//! Shared receive queues through the async API on soft devices (127.0.15.x) or
+//! Shared receive queues through the async API on soft devices (`common::first_device`
+//! and its peers) or
 //! `REMEM_TEST_DEVICE`: several
 //! connections' messages arriving at one queue, in order per connection, bursts larger
 //! than the queue, large messages and WRITE_WITH_IMM behind it.
@@ -6,12 +7,11 @@
 use remem::{ConnectOptions, Connection, Error, Polling, Rdma, Srq};
 use std::alloc::Layout;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, Ordering};
 
 mod common;
 
-fn rdma(n: u8, port: u16) -> Rdma {
-    common::builder(format!("soft@127.0.15.{n}:{port}"))
+fn rdma(device: String) -> Rdma {
+    common::builder(device)
         .polling(Polling::Event)
         .build()
         .unwrap()
@@ -19,10 +19,7 @@ fn rdma(n: u8, port: u16) -> Rdma {
 
 /// A server and `clients` clients, each connected to the server through `srq`'s queue.
 async fn setup(clients: usize, depth: u32) -> (Rdma, Srq, Vec<(Rdma, Connection, Connection)>) {
-    static NEXT: AtomicU8 = AtomicU8::new(1);
-    let base = NEXT.fetch_add(10, Ordering::Relaxed);
-    let server = rdma(base, 0);
-    let port = common::soft_port(&server);
+    let server = rdma(common::first_device());
     let srq = server.create_srq(depth).unwrap();
     let listener = server.listen("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -31,8 +28,8 @@ async fn setup(clients: usize, depth: u32) -> (Rdma, Srq, Vec<(Rdma, Connection,
         ..ConnectOptions::default()
     };
     let mut out = Vec::new();
-    for i in 0..clients {
-        let client = rdma(base + 1 + i as u8, port);
+    for _ in 0..clients {
+        let client = rdma(common::peer_device(&server));
         let accept = async { listener.next_request().await?.accept(&opts).await };
         let (c, s) = tokio::join!(client.connect(addr), accept);
         out.push((client, c.unwrap(), s.unwrap()));

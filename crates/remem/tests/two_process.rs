@@ -1,6 +1,6 @@
-//! The async API between two processes. The test is the client, on 127.0.12.1; it spawns
-//! this test binary again as the server (`child_server`), on 127.0.12.2 with the same UDP
-//! port, which prints the TCP address it listens on. The server lends a region; the client
+//! The async API between two processes. The test is the client, on `common::first_device`;
+//! it spawns this test binary again as the server (`child_server`), on its peer
+//! (`common::peer_addr`, the same UDP port), which prints the TCP address it listens on. The server lends a region; the client
 //! writes into it, reads what the server put there, does atomics on a counter in it, and
 //! asks by message for a check; the server checks in its own memory and answers by message;
 //! the client closes and the server must see it.
@@ -15,6 +15,8 @@ use std::net::SocketAddr;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+mod common;
 
 /// Carries the UDP port of the parent's device to the child.
 const PORT_ENV: &str = "REMEM_API_TWO_PROCESS_PORT";
@@ -58,10 +60,17 @@ fn child_server() {
     served.expect("the child's time limit").expect("serving");
 }
 
+/// The child's soft device: the parent's peer, on the parent's UDP `port`.
+fn child_device(port: &str) -> Result<String, Error> {
+    let port = port
+        .parse()
+        .map_err(|_| Error::InvalidArgument(format!("{PORT_ENV}={port}")))?;
+    let parent = SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), port);
+    Ok(format!("soft@{}", common::peer_addr(parent)))
+}
+
 async fn serve(port: &str) -> Result<(), Error> {
-    let rdma = RdmaBuilder::new()
-        .device(format!("soft@127.0.12.2:{port}"))
-        .build()?;
+    let rdma = RdmaBuilder::new().device(child_device(port)?).build()?;
     let listener = rdma.listen("127.0.0.1:0").await?;
     println!("listening {}", listener.local_addr()?);
     let conn = listener.accept().await?;
@@ -157,7 +166,8 @@ impl Drop for Server {
 /// The parent's device, and the runtime its connections run on.
 fn parent_device() -> (tokio::runtime::Runtime, Rdma, u16) {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let rdma = runtime.block_on(async { RdmaBuilder::new().device("soft@127.0.12.1:0").build() });
+    let rdma =
+        runtime.block_on(async { RdmaBuilder::new().device(common::first_device()).build() });
     let rdma = rdma.expect("device");
     let port = rdma.context().info().udp_addr.expect("soft device").port();
     (runtime, rdma, port)

@@ -653,14 +653,9 @@ pub(crate) fn open_device(choice: &DeviceChoice) -> Result<Device, PerfError> {
             }
             (i, entry.gid)
         }
-        None => ctx
-            .gid_table(PORT)
-            .map_err(|e| format!("{name}: the GID table: {e}"))?
-            .iter()
-            .filter(|g| g.gid_type == GidType::RoceV2)
-            .min_by_key(|g| !g.gid.is_ipv4_mapped())
+        None => remem::verbs::rc::roce_v2_gid(&*ctx, PORT)
             .map(|g| (g.index as u8, g.gid))
-            .ok_or_else(|| format!("{name} has no RoCE v2 GID"))?,
+            .map_err(|e| format!("{name}: {e}"))?,
     };
     Ok(Device {
         ctx,

@@ -17,6 +17,7 @@
 use super::ctrl::{self, Ctrl, Cursor};
 use super::report::{self, BwRow, Row};
 use super::{AtomicType, Conn, Device, Output, PORT, PerfError, Settings, Test};
+use remem::verbs::rc::{self, RcOptions, RcPeer};
 use remem::verbs::{
     AccessFlags, AhAttr, CmChannel, CmEvent, CmEventKind, CmId, CompletionQueue, ConnParam,
     Context, Gid, MemRegion, MemoryBuffer, MemoryRegion, Mtu, PortSpace, ProtectionDomain, QpAttr,
@@ -333,33 +334,28 @@ impl Side {
                 });
                 continue;
             }
-            let mut attr = QpAttr {
-                qp_state: QpState::Rtr,
-                path_mtu: mtu,
-                dest_qp_num: r.qpn,
-                rq_psn: r.psn,
+            // RC and UC alike (the helper leaves out what UC has not).
+            let o = RcOptions {
+                port_num: PORT,
+                sgid_index: self.gid_index,
+                sq_psn: self.psns[q],
+                mtu,
+                max_rd_atomic: rd_atomic,
                 max_dest_rd_atomic: RD_ATOMIC,
                 min_rnr_timer: 12,
-                ah_attr: av,
-                ..QpAttr::default()
+                timeout: 14,
+                retry_cnt: 7,
+                rnr_retry: 7,
+                ..RcOptions::default()
             };
-            let (to_rtr, to_rts) = if self.conn == Conn::Uc {
-                (QpAttrMask::UC_TO_RTR, QpAttrMask::UC_TO_RTS)
-            } else {
-                (QpAttrMask::RC_TO_RTR, QpAttrMask::RC_TO_RTS)
+            let peer = RcPeer {
+                qpn: r.qpn,
+                psn: r.psn,
+                gid: r.gid,
+                mtu,
             };
-            self.qps[q]
-                .modify(&attr, to_rtr)
-                .map_err(err("modify_qp to RTR"))?;
-            attr.qp_state = QpState::Rts;
-            attr.sq_psn = self.psns[q];
-            attr.timeout = 14;
-            attr.retry_cnt = 7;
-            attr.rnr_retry = 7;
-            attr.max_rd_atomic = rd_atomic;
-            self.qps[q]
-                .modify(&attr, to_rts)
-                .map_err(err("modify_qp to RTS"))?;
+            rc::to_rtr(&*self.qps[q], &peer, &o).map_err(err("modify_qp to RTR"))?;
+            rc::to_rts(&*self.qps[q], &o).map_err(err("modify_qp to RTS"))?;
         }
         self.path_mtu = path_mtu;
         self.ud = ud;
