@@ -145,11 +145,11 @@ pub use persist::{FlushType, PEER_CONFIG_DESCRIPTOR_LEN, PeerConfig};
 pub use rdma::{Rdma, RdmaBuilder};
 pub use remem_verbs as verbs;
 pub use remem_verbs::{AccessFlags, MemoryBuffer};
+pub use rpc::{Request, RpcClient, RpcServer};
 pub use typed::{RemoteValue, RemoteWord};
 /// The crate behind typed values ([`RemoteValue`], [`LocalMr::read_value`]): derive its
 /// traits for your types with `#[zerocopy(crate = "remem::zerocopy")]`.
 pub use zerocopy;
-pub use rpc::{Request, RpcClient, RpcServer};
 
 use remem_verbs::{Context, DeviceInfo, Provider};
 

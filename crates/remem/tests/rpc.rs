@@ -13,15 +13,9 @@ use std::time::Duration;
 /// The longest any test here runs.
 const LIMIT: Duration = Duration::from_secs(30);
 
-/// Client and server `Rdma`s (soft devices on 127.0.190.n and .n+1) and their connection.
-async fn pair(n: u8) -> (Rdma, Connection, Rdma, Connection) {
-    let a = common::builder(format!("soft@127.0.190.{n}:0"))
-        .build()
-        .unwrap();
-    let port = common::soft_port(&a);
-    let b = common::builder(format!("soft@127.0.190.{}:{port}", n + 1))
-        .build()
-        .unwrap();
+/// Client and server `Rdma`s (the tests' shared pair) and their connection.
+async fn pair() -> (Rdma, Connection, Rdma, Connection) {
+    let (a, b) = common::pair();
     let (ca, cb) = connect(&a, &b).await;
     (a, ca, b, cb)
 }
@@ -55,7 +49,7 @@ async fn send_raw(rdma: &Rdma, conn: &Connection, bytes: &[u8]) {
 #[test]
 fn many_tasks_share_one_connection() {
     run(async {
-        let (a, ca, b, cb) = pair(1).await;
+        let (a, ca, b, cb) = pair().await;
         let server = RpcServer::new(&b, cb);
         let serving = tokio::spawn(async move {
             server
@@ -87,7 +81,7 @@ fn many_tasks_share_one_connection() {
 #[test]
 fn replies_out_of_order_reach_their_calls() {
     run(async {
-        let (a, ca, b, cb) = pair(3).await;
+        let (a, ca, b, cb) = pair().await;
         let rpc = RpcClient::new(&a, ca);
         let n = 32;
         let calls: Vec<_> = (0..n)
@@ -116,7 +110,7 @@ fn replies_out_of_order_reach_their_calls() {
 #[test]
 fn calls_in_flight_are_bounded() {
     run(async {
-        let (a, ca, b, cb) = pair(5).await;
+        let (a, ca, b, cb) = pair().await;
         let rpc = RpcClient::with_limit(&a, ca, 2);
         let calls: Vec<_> = (0..5u8)
             .map(|i| {
@@ -149,7 +143,7 @@ fn calls_in_flight_are_bounded() {
 #[test]
 fn a_cancelled_call_does_not_confuse_later_ones() {
     run(async {
-        let (a, ca, b, cb) = pair(7).await;
+        let (a, ca, b, cb) = pair().await;
         let rpc = RpcClient::new(&a, ca);
         let server = RpcServer::new(&b, cb);
 
@@ -186,7 +180,7 @@ fn a_cancelled_call_does_not_confuse_later_ones() {
 #[test]
 fn refused_and_dropped_requests_fail_their_calls() {
     run(async {
-        let (a, ca, b, cb) = pair(9).await;
+        let (a, ca, b, cb) = pair().await;
         let rpc = RpcClient::new(&a, ca);
         let server = RpcServer::new(&b, cb);
         let calls = tokio::spawn({
@@ -209,7 +203,7 @@ fn refused_and_dropped_requests_fail_their_calls() {
 #[test]
 fn a_handler_that_fails_refuses_its_request() {
     run(async {
-        let (a, ca, b, cb) = pair(21).await;
+        let (a, ca, b, cb) = pair().await;
         let server = RpcServer::new(&b, cb);
         let serving = tokio::spawn(async move {
             server
@@ -236,7 +230,7 @@ fn a_handler_that_fails_refuses_its_request() {
 #[test]
 fn the_peer_closing_fails_every_waiting_call() {
     run(async {
-        let (a, ca, b, cb) = pair(11).await;
+        let (a, ca, b, cb) = pair().await;
         let rpc = RpcClient::new(&a, ca);
         let server = RpcServer::new(&b, cb);
         let calls: Vec<_> = (0..6u8)
@@ -267,7 +261,7 @@ fn the_peer_closing_fails_every_waiting_call() {
 #[test]
 fn a_malformed_reply_is_a_protocol_violation() {
     run(async {
-        let (a, ca, b, cb) = pair(13).await;
+        let (a, ca, b, cb) = pair().await;
         let rpc = RpcClient::new(&a, ca);
         let call = tokio::spawn({
             let rpc = rpc.clone();
@@ -295,7 +289,7 @@ fn a_malformed_reply_is_a_protocol_violation() {
 #[test]
 fn a_reply_to_a_request_never_made_is_a_protocol_violation() {
     run(async {
-        let (a, ca, b, cb) = pair(15).await;
+        let (a, ca, b, cb) = pair().await;
         let rpc = RpcClient::new(&a, ca);
         let call = tokio::spawn({
             let rpc = rpc.clone();
@@ -319,7 +313,7 @@ fn a_reply_to_a_request_never_made_is_a_protocol_violation() {
 #[test]
 fn a_malformed_request_is_a_protocol_violation() {
     run(async {
-        let (a, ca, b, cb) = pair(17).await;
+        let (a, ca, b, cb) = pair().await;
         let server = RpcServer::new(&b, cb);
         // Not a frame, then a reply sent to the serving side: each is a violation.
         send_raw(&a, &ca, b"GET key").await;
@@ -330,7 +324,7 @@ fn a_malformed_request_is_a_protocol_violation() {
         );
         assert!(matches!(ca.receive().await, Err(Error::Closed(_))));
 
-        let (a, ca, b, cb) = pair(19).await;
+        let (a, ca, b, cb) = pair().await;
         let server = RpcServer::new(&b, cb);
         let reply = FrameHeader {
             kind: FrameKind::Reply,
