@@ -307,7 +307,6 @@ async fn expect(
 /// What the CM negotiated about the peer, as remem's [`EndpointInfo`], and this side's
 /// send PSN.
 fn negotiated(
-    rdma: &Rdma,
     id: &Arc<dyn CmId>,
     peer: &PeerConnParam,
     extras: Extras,
@@ -322,8 +321,9 @@ fn negotiated(
         recv_credits: extras.recv_credits,
         max_message: extras.max_message,
         max_large_message: extras.max_large_message,
-        // The CM's own messages reached the peer's device: the same RoCE port.
-        udp_port: rdma.roce_port(),
+        // The CM's own messages reached the peer's device: the device knows its port
+        // already (0: nothing to tell it).
+        udp_port: 0,
     };
     Ok((remote, rts.sq_psn))
 }
@@ -413,7 +413,7 @@ impl Rdma {
             return Err(cm_failure(&ev));
         }
         let (extras, user) = Extras::decode(&ev.private_data)?;
-        let (remote, psn) = negotiated(self, &id, &peer_param(&ev)?, extras)?;
+        let (remote, psn) = negotiated(&id, &peer_param(&ev)?, extras)?;
         prepared.set_psn(psn);
         let conn = prepared.connect(remote)?;
         conn.set_peer_private_data(user.to_vec());
@@ -559,7 +559,7 @@ impl CmConnRequest {
         };
         let deadline = tokio::time::Instant::now() + rdma.config().handshake_timeout;
         let mut prepared = rdma.prepare_with(opts)?;
-        let (remote, psn) = negotiated(&rdma, &id, &peer_param(&event)?, extras)?;
+        let (remote, psn) = negotiated(&id, &peer_param(&event)?, extras)?;
         prepared.set_psn(psn);
         let info = prepared.local_info();
         let conn = prepared.connect(remote)?;

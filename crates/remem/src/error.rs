@@ -118,16 +118,20 @@ pub enum HandshakeError {
     /// The peer answered something the handshake has no place for.
     #[error("unexpected answer {0:#04x} from the peer")]
     Unexpected(u8),
-    /// Soft devices on different UDP ports: neither reaches the other (a soft device sends
-    /// to the port it listens on, as RoCEv2 devices all use 4791).
+    /// The devices take RoCEv2 on different UDP ports and one of them can send only to the
+    /// standard port 4791 (an RDMA NIC or kernel rxe, whose
+    /// [`set_peer_udp_port`](remem_verbs::Context::set_peer_udp_port) refuses other
+    /// ports): it cannot reach the other. Soft devices tell each other their ports in the
+    /// handshake and talk on any; open the soft device on port 4791 to talk to a NIC.
     #[error(
-        "the devices use different RoCE UDP ports (this side {local}, the peer {peer}): \
-         open both soft devices on one port"
+        "the devices take RoCEv2 on different UDP ports (this side {local}, the peer {peer}) \
+         and one of them sends only to port 4791 (an RDMA NIC or kernel rxe): open the soft \
+         device on port 4791"
     )]
     PortMismatch {
-        /// The port this side's device sends to.
+        /// The port this side's device takes RoCEv2 on.
         local: u16,
-        /// The port the peer's device listens on.
+        /// The port the peer's device takes RoCEv2 on.
         peer: u16,
     },
     /// The first RDMA message of the connection, which proves the client can be reached
@@ -135,7 +139,7 @@ pub enum HandshakeError {
     /// peer (address, routing, or soft devices on different UDP ports).
     #[error(
         "the peer did not acknowledge the connection's first message ({0}): its device is \
-         not reachable over RoCE from this one (check GIDs, routes, UDP ports)"
+         not reachable over RoCE from this one (check GIDs, routes, firewalls)"
     )]
     Unreachable(WcStatus),
     /// The client's first RDMA message was not the hello it was told to send.

@@ -6,8 +6,9 @@
 //!
 //! # Connect, lend memory, write, read, do atomics, send
 //!
-//! Two soft devices on this machine (127.0.0.1 and 127.0.0.2, one UDP port); the same code
-//! runs on RDMA NICs by naming another device.
+//! Two soft devices on this machine (127.0.0.1 and 127.0.0.2, each on a free UDP port: the
+//! handshake tells each device the other's); the same code runs on RDMA NICs by naming
+//! another device.
 //!
 //! ```
 //! use remem::{Polling, RdmaBuilder};
@@ -16,9 +17,8 @@
 //! # fn main() -> Result<(), remem::Error> {
 //! tokio::runtime::Runtime::new()?.block_on(async {
 //!     let server = RdmaBuilder::new().device("soft@127.0.0.2:0").build()?;
-//!     let port = server.context().info().udp_addr.unwrap().port();
 //!     let client = RdmaBuilder::new()
-//!         .device(format!("soft@127.0.0.1:{port}"))
+//!         .device("soft@127.0.0.1:0")
 //!         .polling(Polling::Event)
 //!         .build()?;
 //!
@@ -68,8 +68,7 @@
 //! # fn main() -> Result<(), remem::Error> {
 //! tokio::runtime::Runtime::new()?.block_on(async {
 //!     let target = RdmaBuilder::new().device("soft@127.0.0.4:0").build()?;
-//!     let port = target.context().info().udp_addr.unwrap().port();
-//!     let writer = RdmaBuilder::new().device(format!("soft@127.0.0.3:{port}")).build()?;
+//!     let writer = RdmaBuilder::new().device("soft@127.0.0.3:0").build()?;
 //!     let listener = target.listen("127.0.0.1:0").await?;
 //!     let addr = listener.local_addr()?;
 //!     let (w, t) = tokio::join!(writer.connect(addr), listener.accept());

@@ -432,30 +432,25 @@ impl Rdma {
             .map_or(remem_soft::ROCEV2_UDP_PORT, |a| a.port())
     }
 
-    /// The UDP port the device sends RoCEv2 packets to, where that is known: a soft
-    /// device opened by name sends to its own port, other devices to 4791. (A soft device
-    /// the application opened may have been told another: `SoftOptions::peer_port`.)
-    pub(crate) fn send_port(&self) -> Option<u16> {
-        let soft = self.context().info().udp_addr.is_some();
-        if soft && self.config().context.is_some() {
-            None
-        } else {
-            Some(self.roce_port())
+    /// Tells the device that the peer whose GID is `gid` takes RoCEv2 on UDP port `port`
+    /// (0: unknown, nothing to tell), as the peer said in the handshake. A peer on this
+    /// device's own port needs no telling (a device sends to its own port: 4791, or a soft
+    /// device's), so a device wrapped by the application without
+    /// `set_peer_udp_port` still talks to peers on its port. A device that can send only
+    /// to the standard port 4791 (an RDMA NIC, kernel rxe) cannot reach a peer on another:
+    /// that is [`HandshakeError::PortMismatch`], at connect time.
+    pub(crate) fn reach_peer(&self, gid: Gid, port: u16) -> Result<()> {
+        if port == 0 || port == self.roce_port() {
+            return Ok(());
         }
-    }
-
-    /// Whether this side's device reaches a peer that takes RoCEv2 on `peer_port` (0:
-    /// unknown, not checked).
-    pub(crate) fn check_port(&self, peer_port: u16) -> Result<()> {
-        match self.send_port() {
-            Some(local) if peer_port != 0 && local != peer_port => {
-                Err(HandshakeError::PortMismatch {
-                    local,
-                    peer: peer_port,
-                }
-                .into())
+        match self.context().set_peer_udp_port(gid, port) {
+            Ok(()) => Ok(()),
+            Err(remem_verbs::Error::Unsupported(_)) => Err(HandshakeError::PortMismatch {
+                local: self.roce_port(),
+                peer: port,
             }
-            _ => Ok(()),
+            .into()),
+            Err(e) => Err(e.into()),
         }
     }
 

@@ -450,7 +450,7 @@ async fn silent_and_lying_clients_are_given_up_on() {
     // One says nothing; one stops half-way through its endpoint.
     let _silent = TcpStream::connect(addr).await.unwrap();
     let mut half = TcpStream::connect(addr).await.unwrap();
-    half.write_all(&[b'R', b'E', b'M', b'E', b'M', 0, 0, 3, 1, 2])
+    half.write_all(&[b'R', b'E', b'M', b'E', b'M', 0, 0, 4, 1, 2])
         .await
         .unwrap();
     // One speaks an older version; one claims too much private data.
@@ -590,37 +590,37 @@ async fn a_peers_access_error_ends_the_servers_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn soft_devices_on_different_ports_fail_at_connect() {
+async fn soft_devices_on_different_ports_connect() {
+    // The handshake tells each device the other's port (it used to refuse them).
     let [v, c, _] = addrs();
     let server = victim(&v, 0).build().unwrap();
     let client = victim(&c, 0).build().unwrap();
     assert_ne!(port_of(&server), port_of(&client));
     let (r, serve) = connect_served(&server, &client).await;
-    let (cp, sp) = (port_of(&client), port_of(&server));
-    match r {
-        Err(Error::Handshake(HandshakeError::PortMismatch { local, peer })) => {
-            assert_eq!((local, peer), (cp, sp));
-        }
-        other => panic!("want a port mismatch, got {other:?}"),
-    }
-    serve.abort();
+    assert!(r.is_ok(), "{r:?}");
+    assert!(serve.await.unwrap().0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn devices_that_cannot_reach_each_other_fail_at_connect() {
-    // Soft devices the application opened (their peer port is theirs to set, so remem
-    // cannot compare ports): the client's first message is not acknowledged.
+    // The client's device loses every packet: its first message is not acknowledged.
     let [v, c, _] = addrs();
-    let open = |ip: &str| -> Arc<dyn Context> {
-        Arc::new(remem_soft::SoftContext::bind(format!("{ip}:0").parse().unwrap()).unwrap())
+    let lossy = remem_soft::SoftOptions {
+        faults: Some(remem_soft::faults::FaultConfig {
+            loss: 1.0,
+            ..Default::default()
+        }),
+        ..Default::default()
     };
-    let server = remem::RdmaBuilder::new()
-        .context(open(&v))
+    let ctx: Arc<dyn Context> = Arc::new(
+        remem_soft::SoftContext::bind_with(format!("{c}:0").parse().unwrap(), &lossy).unwrap(),
+    );
+    let server = victim(&v, 0)
         .handshake_timeout(Duration::from_secs(5))
         .build()
         .unwrap();
     let client = remem::RdmaBuilder::new()
-        .context(open(&c))
+        .context(ctx)
         .timeout(8)
         .retry_cnt(2)
         .build()

@@ -49,15 +49,17 @@ pub struct EndpointInfo {
     /// Largest message it receives at all ([`crate::RdmaBuilder::max_large_message`]).
     pub max_large_message: u32,
     /// The UDP port its device takes RoCEv2 packets on: 4791 but for soft devices bound
-    /// elsewhere; 0 if unknown. A soft device sends to the port it listens on, so two
-    /// soft devices on different ports cannot reach each other, and connecting them is an
-    /// error ([`HandshakeError::PortMismatch`]).
+    /// elsewhere; 0 if unknown. Connecting tells this side's device to send to it
+    /// ([`Context::set_peer_udp_port`](remem_verbs::Context::set_peer_udp_port)), so soft
+    /// devices on any ports talk; a device that sends only to 4791 facing a peer on another
+    /// port fails to connect ([`HandshakeError::PortMismatch`]).
     pub udp_port: u16,
 }
 
-/// Magic and version of the endpoint exchange.
+/// Magic and version of the endpoint exchange. Version 4: the UDP port is used (each
+/// side's device is told its peer's), no longer only compared.
 const MAGIC: &[u8; 6] = b"REMEM\0";
-const VERSION: u16 = 3;
+const VERSION: u16 = 4;
 /// Bytes of an encoded [`EndpointInfo`].
 pub const ENDPOINT_INFO_LEN: usize = 52;
 
@@ -342,10 +344,11 @@ impl PreparedConnection {
         self.info
     }
 
-    /// Connects to the peer described by `remote`: the QP goes through RTR to RTS.
-    /// Soft devices on different UDP ports fail here ([`HandshakeError::PortMismatch`]).
+    /// Connects to the peer described by `remote`: this side's device learns the peer's
+    /// UDP port, and the QP goes through RTR to RTS. A device that sends only to port 4791
+    /// facing a peer on another fails here ([`HandshakeError::PortMismatch`]).
     pub fn connect(self, remote: EndpointInfo) -> Result<Connection> {
-        self.shared.rdma.check_port(remote.udp_port)?;
+        self.shared.rdma.reach_peer(remote.gid, remote.udp_port)?;
         self.shared.to_rtr(&self.info, &remote)?;
         self.shared.to_rts(&self.info)?;
         let shared = self.shared;
@@ -422,8 +425,11 @@ impl Rdma {
     /// answers with its own, its private data and a nonce; this side brings its QP up and
     /// sends the nonce as the connection's first RDMA message (proving to the listener
     /// that it sends from the address it claimed), and the listener confirms over TCP once
-    /// that message has arrived. Soft devices on different UDP ports fail with
-    /// [`HandshakeError::PortMismatch`]; a listener its RoCE packets cannot reach, with
+    /// that message has arrived. Each side's device learns the UDP port the other takes
+    /// RoCEv2 on, so soft devices on any ports connect (two `soft@…:0` devices: no port
+    /// to name); a device that sends only to port 4791 (an RDMA NIC) facing a peer on
+    /// another fails with [`HandshakeError::PortMismatch`]; a listener its RoCE packets
+    /// cannot reach, with
     /// [`HandshakeError::Unreachable`]. Everything is bounded by
     /// [`RdmaBuilder::handshake_timeout`](crate::RdmaBuilder::handshake_timeout).
     pub async fn connect_with(
@@ -485,7 +491,7 @@ impl Rdma {
                     Err(Error::Rejected(private_data))
                 }
                 Reply::PortMismatch { port } => Err(HandshakeError::PortMismatch {
-                    local: self.send_port().unwrap_or(0),
+                    local: self.roce_port(),
                     peer: port,
                 }
                 .into()),
@@ -591,12 +597,18 @@ impl ConnRequest {
     async fn accept_exchange(&mut self, opts: &ConnectOptions) -> Result<Connection, AcceptError> {
         let timeout = self.rdma.config().handshake_timeout;
         let peer = AcceptError::Peer;
-        if let Err(e) = self.rdma.check_port(self.remote.udp_port) {
-            let answer = Reply::PortMismatch {
-                port: self.rdma.roce_port(),
-            };
-            let _ = tokio::time::timeout(timeout, self.stream.write_all(&answer.emit())).await;
-            return Err(peer(e));
+        // This side's device must reach the client's port (told here, before anything is
+        // sent to it): if it cannot, the client learns why.
+        match self.rdma.reach_peer(self.remote.gid, self.remote.udp_port) {
+            Ok(()) => {}
+            Err(e @ Error::Handshake(HandshakeError::PortMismatch { .. })) => {
+                let answer = Reply::PortMismatch {
+                    port: self.rdma.roce_port(),
+                };
+                let _ = tokio::time::timeout(timeout, self.stream.write_all(&answer.emit())).await;
+                return Err(peer(e));
+            }
+            Err(e) => return Err(AcceptError::Local(e)),
         }
         let prepared = self.rdma.prepare_with(opts).map_err(AcceptError::Local)?;
         let info = prepared.local_info();

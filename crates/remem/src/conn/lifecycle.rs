@@ -149,12 +149,13 @@ impl CloseState {
         self.error_when_drained
     }
 
-    /// The next event for the application, or `None` while it is open (wait).
-    pub(crate) fn next_event(&mut self) -> Option<ConnectionEvent> {
-        if !self.established_told {
-            self.established_told = true;
-            return Some(ConnectionEvent::Established);
-        }
+    /// Whether `Established` is still to be reported (true once).
+    pub(crate) fn take_established(&mut self) -> bool {
+        !std::mem::replace(&mut self.established_told, true)
+    }
+
+    /// The event that ends the connection, once it has closed.
+    pub(crate) fn end_event(&self) -> Option<ConnectionEvent> {
         self.closed.as_ref().map(|r| {
             if r.is_graceful() {
                 ConnectionEvent::Closed
@@ -162,6 +163,15 @@ impl CloseState {
                 ConnectionEvent::Lost(r.clone())
             }
         })
+    }
+
+    /// The next event for the application, or `None` while it is open (wait).
+    #[cfg(test)]
+    pub(crate) fn next_event(&mut self) -> Option<ConnectionEvent> {
+        if self.take_established() {
+            return Some(ConnectionEvent::Established);
+        }
+        self.end_event()
     }
 }
 
@@ -423,11 +433,18 @@ impl Connection {
     /// later call).
     pub async fn next_event(&self) -> ConnectionEvent {
         let sh = &self.shared;
+        if lock(&sh.life).state.take_established() {
+            return ConnectionEvent::Established;
+        }
         loop {
             let ended = sh.ended.notified();
             tokio::pin!(ended);
             ended.as_mut().enable();
-            if let Some(ev) = lock(&sh.life).state.next_event() {
+            // Reported once everything the close ends has ended (`is_open` turns false
+            // last), not as soon as the reason is recorded.
+            if !sh.is_open()
+                && let Some(ev) = lock(&sh.life).state.end_event()
+            {
                 return ev;
             }
             ended.await;

@@ -43,6 +43,8 @@ mod messages;
 mod ops;
 mod posting;
 mod srq;
+#[cfg(test)]
+mod tests;
 
 pub use handshake::{
     ConnRequest, ConnectOptions, ENDPOINT_INFO_LEN, EndpointInfo, MAX_PRIVATE_DATA,

@@ -1,0 +1,145 @@
+//! Tests of connections as a whole (between soft devices on loopback), for what the
+//! integration tests do not cover: UDP ports learned in the handshake.
+
+use crate::test_util::{connect, layout};
+use crate::{Error, HandshakeError, Rdma, RdmaBuilder};
+use remem_verbs::{
+    AsyncEvent, CompletionChannel, CompletionQueue, Context, Counter, DeviceAttr, DeviceInfo,
+    GidEntry, PortAttr, ProtectionDomain,
+};
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn port_of(rdma: &Rdma) -> u16 {
+    rdma.context().info().udp_addr.unwrap().port()
+}
+
+/// A soft device that, like an RDMA NIC or kernel rxe, sends RoCEv2 only to UDP port
+/// 4791: everything is the soft device's but `set_peer_udp_port`, which keeps the
+/// trait's default.
+struct Only4791(Arc<dyn Context>);
+
+impl Context for Only4791 {
+    fn info(&self) -> &DeviceInfo {
+        self.0.info()
+    }
+    fn query_device(&self) -> remem_verbs::Result<DeviceAttr> {
+        self.0.query_device()
+    }
+    fn query_port(&self, port_num: u8) -> remem_verbs::Result<PortAttr> {
+        self.0.query_port(port_num)
+    }
+    fn query_gid(&self, port_num: u8, index: u32) -> remem_verbs::Result<GidEntry> {
+        self.0.query_gid(port_num, index)
+    }
+    fn alloc_pd(&self) -> remem_verbs::Result<Arc<dyn ProtectionDomain>> {
+        self.0.alloc_pd()
+    }
+    fn create_comp_channel(&self) -> remem_verbs::Result<Arc<dyn CompletionChannel>> {
+        self.0.create_comp_channel()
+    }
+    fn create_cq(
+        &self,
+        cqe: u32,
+        channel: Option<Arc<dyn CompletionChannel>>,
+    ) -> remem_verbs::Result<Arc<dyn CompletionQueue>> {
+        self.0.create_cq(cqe, channel)
+    }
+    fn async_fd(&self) -> BorrowedFd<'_> {
+        self.0.async_fd()
+    }
+    fn get_async_event(&self) -> Option<AsyncEvent> {
+        self.0.get_async_event()
+    }
+    fn counters(&self) -> Vec<Counter> {
+        self.0.counters()
+    }
+}
+
+fn only_4791(ip: &str) -> Rdma {
+    let soft = crate::open_device(Some(&format!("soft@{ip}:0"))).unwrap();
+    RdmaBuilder::new()
+        .context(Arc::new(Only4791(soft)))
+        .handshake_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+/// Two soft devices on random UDP ports, named without a port: the handshake tells each
+/// device the other's port, and they connect and do RDMA. (Before: `PortMismatch`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soft_devices_on_different_ports_connect_without_naming_ports() {
+    let a = RdmaBuilder::new()
+        .device("soft@127.0.19.1:0")
+        .build()
+        .unwrap();
+    let b = RdmaBuilder::new()
+        .device("soft@127.0.19.2:0")
+        .build()
+        .unwrap();
+    assert_ne!(port_of(&a), port_of(&b));
+    let (ca, cb) = tokio::time::timeout(Duration::from_secs(10), connect(&a, &b))
+        .await
+        .unwrap();
+    let lent = b.alloc_local_mr(layout(64)).unwrap();
+    cb.share_local_mr(&lent).await.unwrap();
+    let remote = ca.receive_shared_mr().await.unwrap();
+    let src = a.alloc_local_mr(layout(5)).unwrap();
+    src.write(0, b"ports").unwrap();
+    ca.write(&src, &remote.get(0..5).unwrap()).await.unwrap();
+    assert_eq!(&lent.to_vec()[..5], b"ports");
+    let mut back = a.alloc_local_mr(layout(5)).unwrap();
+    ca.read(&mut back, &remote.get(0..5).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(back.to_vec(), b"ports");
+    cb.send(&lent).await.unwrap();
+    assert_eq!(ca.receive().await.unwrap().data.len(), 64);
+}
+
+/// A device that sends only to 4791 (as a NIC does) connecting to a soft device on
+/// another port: a clear `PortMismatch` at connect time, on whichever side it is. (Before:
+/// the first message went unacknowledged, `Unreachable` after the retries.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_that_sends_only_to_4791_fails_with_port_mismatch() {
+    let nic = only_4791("127.0.19.3");
+    let soft = RdmaBuilder::new()
+        .device("soft@127.0.19.4:0")
+        .handshake_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let (nic_port, soft_port) = (port_of(&nic), port_of(&soft));
+    // The NIC connects: its own device refuses the soft device's port.
+    let listener = soft.listen("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let serve = tokio::spawn(async move {
+        let _ = listener.accept().await;
+    });
+    match nic.connect(addr).await {
+        Err(Error::Handshake(HandshakeError::PortMismatch { local, peer })) => {
+            assert_eq!((local, peer), (nic_port, soft_port));
+        }
+        other => panic!("want a port mismatch, got {other:?}"),
+    }
+    serve.abort();
+    // The NIC listens: it cannot answer the soft device's port, and says so.
+    let listener = Arc::new(nic.listen("127.0.0.1:0").await.unwrap());
+    let addr = listener.local_addr().unwrap();
+    let accepting = listener.clone();
+    let serve = tokio::spawn(async move {
+        let _ = accepting.accept().await;
+    });
+    let r = soft.connect(addr).await;
+    let failure = tokio::time::timeout(Duration::from_secs(5), listener.next_failure())
+        .await
+        .unwrap();
+    serve.abort();
+    match (r, failure.error) {
+        (
+            Err(Error::Handshake(HandshakeError::PortMismatch { local, peer })),
+            Error::Handshake(HandshakeError::PortMismatch { .. }),
+        ) => assert_eq!((local, peer), (soft_port, nic_port)),
+        other => panic!("want a port mismatch on both sides, got {other:?}"),
+    }
+}
