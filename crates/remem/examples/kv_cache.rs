@@ -8,52 +8,56 @@
 //! random; at the end the client READs the whole table and checks every slot and counter
 //! against what its tasks did, prints a summary, and exits non-zero on any wrong value.
 //!
-//! A slot is eight 64-bit words: `lock | version | key | writer | seq | fill | fill | sum`.
-//! `version` counts the writes to the slot, `(writer, seq)` names the last one (the
-//! writer's `seq`-th PUT of that key), `fill` is derived from the rest, and `sum` is a
-//! checksum of words 1..7. Keys below `CAS_KEYS` are PUT by CAS-lock + WRITE, the rest by
-//! RPC. (The server writes its RPC slots with plain stores: it takes no lock word, so the
-//! two kinds of PUT use different keys.)
+//! A slot is eight 64-bit words ([`Slot`]): `lock | version | key | writer | seq | fill |
+//! !fill | sum`. `version` counts the writes to the slot, `(writer, seq)` names the last one
+//! (the writer's `seq`-th PUT of that key), `fill` is derived from the rest, and `sum` is a
+//! checksum of words 1..7. Both kinds of PUT take the slot's lock word: clients with an
+//! RDMA compare-and-swap, the server (for a PUT by RPC) with a local one on the same word
+//! (`LocalMr::compare_and_swap_u64`, atomic with respect to the peer's RDMA atomics).
 //!
 //! - `kv_cache` runs both: it starts itself as the server, then runs the client.
 //! - `kv_cache server [--listen ADDR] [--device DEV] [--connections N]` serves N client
-//!   connections, then exits; it prints `listening ADDR udp PORT` once it listens.
+//!   connections, then exits; it prints `listening ADDR` once it listens.
 //! - `kv_cache client --connect ADDR [--device DEV] [--connections N] [--tasks M]
 //!   [--ops K] [--seed S]`.
-//!
-//! The two soft devices must use one UDP port: give the client's device the port the
-//! server printed (`--device soft@127.0.0.31:PORT`).
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use remem::zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 use remem::{LocalMr, RdmaBuilder, RemoteMr, RpcClient, RpcServer};
 use std::alloc::Layout;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
-const SLOT: usize = 64;
-const CAS_KEYS: u64 = 32;
+const SLOT: usize = size_of::<Slot>();
 const KEYS: u64 = 64;
 const COUNTERS: usize = 8;
 const TABLE: usize = KEYS as usize * SLOT + COUNTERS * 8;
 /// The writer of a slot nobody has PUT yet.
 const NOBODY: u64 = u64::MAX;
+/// The lock word of a slot the server is writing (clients lock with `writer + 1`).
+const SERVER: u64 = u64::MAX;
 /// The longest either process runs.
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// What a slot holds, less its lock word and checksum.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Entry {
+/// One slot of the table, as it lies in memory (and travels: one READ or WRITE).
+#[derive(Debug, Clone, Copy, PartialEq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+#[zerocopy(crate = "remem::zerocopy")]
+#[repr(C)]
+struct Slot {
+    lock: u64,
     version: u64,
     key: u64,
     writer: u64,
     seq: u64,
+    fill: [u64; 2],
+    sum: u64,
 }
 
 fn mix(mut x: u64) -> u64 {
@@ -62,45 +66,51 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 29)
 }
 
-fn words(bytes: &[u8]) -> Vec<u64> {
-    let word = |w: &[u8]| u64::from_ne_bytes(w.try_into().unwrap());
-    bytes.chunks_exact(8).map(word).collect()
-}
-
-fn bytes(words: &[u64]) -> Vec<u8> {
-    words.iter().flat_map(|w| w.to_ne_bytes()).collect()
-}
-
-impl Entry {
-    fn new(version: u64, key: u64, writer: u64, seq: u64) -> Entry {
-        Entry {
+impl Slot {
+    /// A whole slot (unlocked) for this entry: derived words and checksum filled in.
+    fn new(version: u64, key: u64, writer: u64, seq: u64) -> Slot {
+        let fill = mix(key ^ mix(writer ^ mix(seq)));
+        let mut s = Slot {
+            lock: 0,
             version,
             key,
             writer,
             seq,
-        }
-    }
-
-    /// The entry after this one: the next version, written by `writer`'s PUT `seq`.
-    fn next(&self, writer: u64, seq: u64) -> Entry {
-        Entry::new(self.version + 1, self.key, writer, seq)
-    }
-
-    /// Words 1..8 of its slot.
-    fn encode(&self) -> Vec<u8> {
-        let fill = mix(self.key ^ mix(self.writer ^ mix(self.seq)));
-        let mut w = vec![self.version, self.key, self.writer, self.seq, fill, !fill];
-        w.push(w.iter().fold(0x9e37_79b9, |h, &x| mix(h ^ x)));
-        bytes(&w)
-    }
-
-    /// The entry of a whole slot; `None` if it is torn (its words do not agree).
-    fn decode(slot: &[u8]) -> Option<Entry> {
-        let [_lock, version, key, writer, seq, ..] = words(slot)[..] else {
-            return None;
+            fill: [fill, !fill],
+            sum: 0,
         };
-        let e = Entry::new(version, key, writer, seq);
-        (e.encode() == slot[8..]).then_some(e)
+        s.sum = s.checksum();
+        s
+    }
+
+    fn checksum(&self) -> u64 {
+        let words = [
+            self.version,
+            self.key,
+            self.writer,
+            self.seq,
+            self.fill[0],
+            self.fill[1],
+        ];
+        words.iter().fold(0x9e37_79b9, |h, &x| mix(h ^ x))
+    }
+
+    /// Whether its words agree (a READ that raced a WRITE is torn: they do not).
+    fn intact(&self) -> bool {
+        *self
+            == Slot {
+                lock: self.lock,
+                ..Slot::new(self.version, self.key, self.writer, self.seq)
+            }
+    }
+
+    /// The slot after this one: the next version, written by `writer`'s PUT `seq`, locked
+    /// with `lock`.
+    fn next(&self, writer: u64, seq: u64, lock: u64) -> Slot {
+        Slot {
+            lock,
+            ..Slot::new(self.version + 1, self.key, writer, seq)
+        }
     }
 }
 
@@ -108,60 +118,54 @@ fn layout(len: usize) -> Layout {
     Layout::from_size_align(len, 64).unwrap()
 }
 
-/// Where a slot (or its lock word) starts, and where it ends.
-fn slot(key: u64) -> std::ops::Range<usize> {
-    key as usize * SLOT..(key as usize + 1) * SLOT
+/// Where a slot (and its lock word) starts.
+fn slot(key: u64) -> usize {
+    key as usize * SLOT
 }
 
-fn counter(i: usize) -> std::ops::Range<usize> {
-    let at = KEYS as usize * SLOT + i * 8;
-    at..at + 8
+/// Where counter `i` is.
+fn counter(i: usize) -> usize {
+    KEYS as usize * SLOT + i * 8
 }
 
 // --- Data access: the few functions that touch slots, remote and local.
 
-/// One task's handle on the server's table: its connection (and RPC client on it), the
-/// table, a buffer for one slot.
+/// One task's handle on the server's table: its connection's RPC client and the table.
 struct Remote {
     rpc: RpcClient,
     table: RemoteMr,
-    buf: LocalMr,
 }
 
 impl Remote {
-    /// GET: READs the slot until it is not torn; returns the entry and the torn READs.
-    async fn get(&mut self, key: u64) -> Res<(Entry, u64)> {
-        let (conn, mut torn) = (self.rpc.connection(), 0);
+    /// GET: READs the slot until it is not torn; returns it and the torn READs.
+    async fn get(&self, key: u64) -> Res<(Slot, u64)> {
+        let (at, mut torn) = (self.table.at::<Slot>(slot(key))?, 0);
         loop {
-            conn.read(&mut self.buf, &self.table.get(slot(key))?)
-                .await?;
-            match Entry::decode(&self.buf.to_vec()) {
-                Some(e) => return Ok((e, torn)),
-                None => torn += 1,
+            match self.rpc.connection().read_value(&at).await? {
+                s if s.intact() => return Ok((s, torn)),
+                _ => torn += 1,
             }
         }
     }
 
     /// PUT by RPC: the server writes the slot; returns the new version.
     async fn put_rpc(&self, key: u64, writer: u64, seq: u64) -> Res<u64> {
-        let reply = words(&self.rpc.call(&bytes(&[key, writer, seq])).await?);
-        Ok(*reply.first().ok_or("an empty PUT reply")?)
+        let reply = self.rpc.call([key, writer, seq].as_bytes()).await?;
+        Ok(u64::read_from_bytes(&reply).map_err(|_| "a PUT reply is 8 bytes")?)
     }
 
     /// PUT by CAS-lock + WRITE: takes the slot's lock word, reads the slot, writes the next
-    /// version, unlocks. Returns the new version and how often the lock was busy.
-    async fn put_cas(&mut self, key: u64, writer: u64, seq: u64) -> Res<(u64, u64)> {
-        let (rpc, mut busy) = (self.rpc.clone(), 0);
-        let conn = rpc.connection();
-        let lock = self.table.get(slot(key).start..slot(key).start + 8)?;
+    /// version (still locked), unlocks. Returns the new version and how often the lock was
+    /// busy.
+    async fn put_cas(&self, key: u64, writer: u64, seq: u64) -> Res<(u64, u64)> {
+        let (conn, mut busy) = (self.rpc.connection(), 0);
+        let lock = self.table.word(slot(key))?;
         while conn.compare_and_swap(&lock, 0, writer + 1).await? != 0 {
             busy += 1;
             tokio::task::yield_now().await;
         }
-        let new = self.get(key).await?.0.next(writer, seq);
-        self.buf.write(8, &new.encode())?;
-        let body = self.table.get(slot(key).start + 8..slot(key).end)?;
-        conn.write(&self.buf.get(8..SLOT)?, &body).await?;
+        let new = self.get(key).await?.0.next(writer, seq, writer + 1);
+        conn.write_value(&self.table.at(slot(key))?, &new).await?;
         match conn.compare_and_swap(&lock, writer + 1, 0).await? {
             w if w == writer + 1 => Ok((new.version, busy)),
             w => Err(format!("slot {key}: lock word {w}, writer {writer} had it").into()),
@@ -170,52 +174,51 @@ impl Remote {
 
     /// Adds to a counter (fetch-and-add).
     async fn add(&self, i: usize, add: u64) -> Res<u64> {
-        let word = self.table.get(counter(i))?;
+        let word = self.table.word(counter(i))?;
         Ok(self.rpc.connection().fetch_and_add(&word, add).await?)
     }
 }
 
-/// The server's side of a PUT by RPC: writes the slot's next version in its own memory.
-fn put_local(table: &LocalMr, request: &[u8]) -> Res<Vec<u8>> {
-    let [key, writer, seq] = words(request)[..] else {
-        return Err("PUT takes 24 bytes".into());
-    };
-    if !(CAS_KEYS..KEYS).contains(&key) {
-        return Err(format!("key {key} is not PUT by RPC").into());
+/// The server's side of a PUT by RPC: takes the slot's lock word as clients do (a local
+/// compare-and-swap), writes the slot's next version in its own memory, unlocks.
+async fn put_local(table: &LocalMr, request: &[u8]) -> Res<Vec<u8>> {
+    let [key, writer, seq] = <[u64; 3]>::read_from_bytes(request).map_err(|_| "PUT is 24 bytes")?;
+    if key >= KEYS {
+        return Err(format!("no key {key}").into());
     }
-    let (mut old, at) = ([0; SLOT], slot(key).start);
-    table.read(at, &mut old)?;
-    let new = Entry::decode(&old).ok_or("a torn slot")?.next(writer, seq);
-    table.write(at + 8, &new.encode())?;
-    Ok(bytes(&[new.version]))
+    while table.compare_and_swap_u64(slot(key), 0, SERVER)? != 0 {
+        tokio::task::yield_now().await;
+    }
+    let new = table
+        .read_value::<Slot>(slot(key))?
+        .next(writer, seq, SERVER);
+    table.write_value(slot(key), &new)?;
+    table.compare_and_swap_u64(slot(key), SERVER, 0)?;
+    Ok(new.version.as_bytes().to_vec())
 }
 
 // --- The server.
 
 async fn server(args: &Args) -> Res<()> {
     let connections = args.get("connections", 3)?;
-    let device: String = args.get("device", "soft@127.0.0.32:0".into())?;
+    let device: String = args.get("device", "soft@127.0.0.1:0".into())?;
     let rdma = RdmaBuilder::new().device(device).build()?;
-    let table = rdma.alloc_local_mr(layout(TABLE))?;
+    let table = Arc::new(rdma.alloc_local_mr(layout(TABLE))?);
     for key in 0..KEYS {
-        let empty = Entry::new(0, key, NOBODY, 0);
-        table.write(slot(key).start + 8, &empty.encode())?;
+        table.write_value(slot(key), &Slot::new(0, key, NOBODY, 0))?;
     }
-    // One RPC PUT at a time (the connections' handlers run concurrently).
-    let (table, one_put) = (Arc::new(table), Arc::new(Mutex::new(())));
     let listener = rdma
         .listen(args.get("listen", "127.0.0.1:0".to_string())?)
         .await?;
-    let udp = rdma.context().info().udp_addr.map_or(0, |a| a.port());
-    println!("listening {} udp {udp}", listener.local_addr()?);
+    println!("listening {}", listener.local_addr()?);
     let mut served = Vec::new();
     for _ in 0..connections {
-        let (conn, table, one_put) = (listener.accept().await?, table.clone(), one_put.clone());
+        let (conn, table) = (listener.accept().await?, table.clone());
         conn.share_local_mr(&table).await?;
         let rpc = RpcServer::new(&rdma, conn);
         let put = move |req: Vec<u8>| {
-            let _one = one_put.lock().unwrap();
-            std::future::ready(put_local(&table, &req).map_err(|e| e.to_string()))
+            let table = table.clone();
+            async move { put_local(&table, &req).await.map_err(|e| e.to_string()) }
         };
         served.push(tokio::spawn(async move { rpc.serve(put).await }));
     }
@@ -255,7 +258,7 @@ impl Tally {
     }
 }
 
-async fn task(mut r: Remote, writer: u64, ops: usize, seed: u64) -> Res<Tally> {
+async fn task(r: Remote, writer: u64, ops: usize, seed: u64) -> Res<Tally> {
     let (mut t, mut seen) = (Tally::default(), [0u64; KEYS as usize]);
     let mut rng = StdRng::seed_from_u64(seed ^ mix(writer));
     for _ in 0..ops {
@@ -272,12 +275,12 @@ async fn task(mut r: Remote, writer: u64, ops: usize, seed: u64) -> Res<Tally> {
                 (t.n[GETS], t.n[TORN]) = (t.n[GETS] + 1, t.n[TORN] + torn);
             }
             4..6 => {
-                let key = rng.random_range(CAS_KEYS..KEYS);
+                let key = rng.random_range(0..KEYS);
                 seen[key as usize] = r.put_rpc(key, writer, t.next_seq(key)).await?;
                 t.n[RPC_PUTS] += 1;
             }
             6..8 => {
-                let key = rng.random_range(0..CAS_KEYS);
+                let key = rng.random_range(0..KEYS);
                 let (version, busy) = r.put_cas(key, writer, t.next_seq(key)).await?;
                 seen[key as usize] = version;
                 (t.n[CAS_PUTS], t.n[BUSY]) = (t.n[CAS_PUTS] + 1, t.n[BUSY] + busy);
@@ -293,28 +296,29 @@ async fn task(mut r: Remote, writer: u64, ops: usize, seed: u64) -> Res<Tally> {
 }
 
 /// Every slot and counter of `table` against what the tasks did (indexed by writer).
-fn verify(table: &[u8], tallies: &[Tally]) -> Res<Tally> {
+fn verify(table: &LocalMr, tallies: &[Tally]) -> Res<Tally> {
     let mut sum = Tally::default();
     for t in tallies {
         sum.n.iter_mut().zip(t.n).for_each(|(s, n)| *s += n);
     }
     for key in 0..KEYS {
-        let at = &table[slot(key).start..slot(key).end];
-        let e = Entry::decode(at).ok_or(format!("slot {key} is torn at rest"))?;
+        let s = table.read_value::<Slot>(slot(key))?;
         let puts: u64 = tallies.iter().filter_map(|t| t.puts.get(&key)).sum();
         // The last PUT is the last one of the writer it names (or the slot is untouched).
         let last = tallies
-            .get(e.writer as usize)
+            .get(s.writer as usize)
             .and_then(|t| t.puts.get(&key));
-        let last_ok = last.map_or(puts == 0 && e.writer == NOBODY, |&seq| seq == e.seq);
-        if e.key != key || e.version != puts || words(at)[0] != 0 || !last_ok {
-            return Err(format!("slot {key}: {e:?} after {puts} PUTs").into());
+        let last_ok = last.map_or(puts == 0 && s.writer == NOBODY, |&seq| seq == s.seq);
+        if !s.intact() || s.key != key || s.version != puts || s.lock != 0 || !last_ok {
+            return Err(format!("slot {key}: {s:?} after {puts} PUTs").into());
         }
         sum.n[SLOTS_VERIFIED] += 1;
     }
-    let counters = words(&table[counter(0).start..]);
-    for (i, value) in counters.into_iter().enumerate() {
-        let adds: u64 = tallies.iter().map(|t| t.adds[i]).sum();
+    for i in 0..COUNTERS {
+        let (value, adds) = (
+            table.read_value::<u64>(counter(i))?,
+            tallies.iter().map(|t| t.adds[i]).sum::<u64>(),
+        );
         if value != adds {
             return Err(format!("counter {i}: {value}, expected {adds}").into());
         }
@@ -325,7 +329,7 @@ fn verify(table: &[u8], tallies: &[Tally]) -> Res<Tally> {
 
 /// Runs the client's tasks, verifies the table, prints and returns the summary.
 pub(crate) async fn client(args: &Args) -> Res<Tally> {
-    let device: String = args.get("device", "soft@127.0.0.31:0".into())?;
+    let device: String = args.get("device", "soft@127.0.0.2:0".into())?;
     let rdma = RdmaBuilder::new().device(device).build()?;
     let addr: SocketAddr = args.get("connect", ([127, 0, 0, 1], 0).into())?;
     let (connections, tasks_per, ops) = (
@@ -340,11 +344,9 @@ pub(crate) async fn client(args: &Args) -> Res<Tally> {
         let table = conn.receive_shared_mr().await?;
         let rpc = RpcClient::new(&rdma, conn);
         for m in 0..tasks_per {
-            let rpc = rpc.clone();
             let r = Remote {
-                rpc,
+                rpc: rpc.clone(),
                 table,
-                buf: rdma.alloc_local_mr(layout(SLOT))?,
             };
             let writer = (c * tasks_per + m) as u64;
             tasks.push(tokio::spawn(task(r, writer, ops, seed)));
@@ -358,7 +360,7 @@ pub(crate) async fn client(args: &Args) -> Res<Tally> {
     let (rpc, table) = first.ok_or("no connections")?;
     let mut all = rdma.alloc_local_mr(layout(TABLE))?;
     rpc.connection().read(&mut all, &table).await?;
-    let sum = verify(&all.to_vec(), &tallies)?;
+    let sum = verify(&all, &tallies)?;
     let [gets, torn, rpc_puts, cas_puts, busy, faas, slots, counters] = sum.n;
     println!(
         "kv_cache: {connections} connections x {tasks_per} tasks: {gets} GETs ({torn} torn READs retried), \
@@ -376,7 +378,8 @@ pub(crate) struct Args(pub(crate) Vec<String>);
 
 impl Args {
     fn mode(&self) -> &str {
-        self.0.first().map_or("", |m| m.as_str())
+        let first = self.0.first().map_or("", |m| m.as_str());
+        if first.starts_with("--") { "" } else { first }
     }
 
     /// The value of `--name`, else `default`.
@@ -396,8 +399,8 @@ impl Args {
 }
 
 /// Starts the server process `cmd` and waits until it prints that it listens; returns
-/// it, its TCP address and its device's UDP port.
-pub(crate) fn spawn_server(mut cmd: Command) -> Res<(Child, SocketAddr, u16)> {
+/// it and its TCP address.
+pub(crate) fn spawn_server(mut cmd: Command) -> Res<(Child, SocketAddr)> {
     let mut child = cmd.stdout(Stdio::piped()).spawn()?;
     let mut lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
     let line = lines
@@ -405,15 +408,13 @@ pub(crate) fn spawn_server(mut cmd: Command) -> Res<(Child, SocketAddr, u16)> {
         .map_while(Result::ok)
         .find(|l| l.starts_with("listening "));
     let line = line.ok_or("the server did not say where it listens")?;
-    let ["listening", addr, "udp", udp] = line.split(' ').collect::<Vec<_>>()[..] else {
-        return Err(format!("not an address and port: {line}").into());
-    };
+    let addr = line["listening ".len()..].parse()?;
     std::thread::spawn(move || {
         lines
             .map_while(Result::ok)
             .for_each(|l| println!("server: {l}"))
     });
-    Ok((child, addr.parse()?, udp.parse()?))
+    Ok((child, addr))
 }
 
 /// Runs `f` on a runtime of its own, within the time limit.
@@ -434,14 +435,8 @@ pub(crate) fn main_with(mut args: Args) -> Res<()> {
                 "--connections",
                 &args.get("connections", 3)?.to_string(),
             ]);
-            let (mut child, addr, udp) = spawn_server(cmd)?;
-            let device = format!("soft@127.0.0.31:{udp}");
-            args.0.extend([
-                "--connect".into(),
-                addr.to_string(),
-                "--device".into(),
-                device,
-            ]);
+            let (mut child, addr) = spawn_server(cmd)?;
+            args.0.extend(["--connect".into(), addr.to_string()]);
             if let Err(e) = limited(client(&args)) {
                 let _ = child.kill(); // (it would wait for connections until its time limit)
                 return Err(e);

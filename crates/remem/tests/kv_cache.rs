@@ -62,13 +62,13 @@ fn kv_cache_between_two_processes() {
             "server --connections 3 --device soft@127.0.191.2:0",
         )
         .stdin(Stdio::piped());
-    let (child, addr, udp) = kv_cache::spawn_server(cmd).expect("the server listens");
+    let (child, addr) = kv_cache::spawn_server(cmd).expect("the server listens");
     let mut server = Server(child);
     // Held until the child has exited (waiting would close it first).
     let _stdin = server.0.stdin.take();
 
     let client = args(&format!(
-        "client --connect {addr} --device soft@127.0.191.1:{udp} \
+        "client --connect {addr} --device soft@127.0.191.1:0 \
          --connections 3 --tasks 4 --ops 300"
     ));
     let runtime = tokio::runtime::Runtime::new().unwrap();
