@@ -531,6 +531,18 @@ pub struct ConnectOptions {
     /// queue) instead of buffers of the connection's own; messages then arrive at
     /// [`Srq::receive`](crate::Srq::receive). Overrides `separate_recv_cq`.
     pub srq: Option<crate::Srq>,
+    /// The local ACK timeout exponent of this connection's queue pair (default:
+    /// [`RdmaBuilder::timeout`](crate::RdmaBuilder::timeout)).
+    pub timeout: Option<u8>,
+    /// Transport retries of this connection's queue pair (default:
+    /// [`RdmaBuilder::retry_cnt`](crate::RdmaBuilder::retry_cnt)).
+    pub retry_cnt: Option<u8>,
+    /// RNR retries of this connection's queue pair (default:
+    /// [`RdmaBuilder::rnr_retry`](crate::RdmaBuilder::rnr_retry)).
+    pub rnr_retry: Option<u8>,
+    /// The connection's operation timeout (default: none; see
+    /// [`Connection::set_op_timeout`]).
+    pub op_timeout: Option<std::time::Duration>,
 }
 
 /// A connection request a [`crate::Listener`] received: who asks and what it says
@@ -751,9 +763,9 @@ impl ConnShared {
         let attr = QpAttr {
             qp_state: QpState::Rts,
             sq_psn: local.psn,
-            timeout: cfg.timeout,
-            retry_cnt: cfg.retry_cnt,
-            rnr_retry: cfg.rnr_retry,
+            timeout: self.transport.timeout,
+            retry_cnt: self.transport.retry_cnt,
+            rnr_retry: self.transport.rnr_retry,
             max_rd_atomic: cfg.max_rd_atomic,
             ..QpAttr::default()
         };
