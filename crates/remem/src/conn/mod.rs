@@ -53,6 +53,7 @@ pub use handshake::{
 pub use inbox::Message;
 pub use lifecycle::ConnectionEvent;
 pub use listener::{HandshakeFailure, Listener};
+pub use messages::RecvBuf;
 pub use ops::Batch;
 pub use srq::Srq;
 

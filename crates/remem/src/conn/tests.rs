@@ -1,6 +1,7 @@
 //! Tests of connections as a whole (between soft devices on loopback), for what the
 //! integration tests do not cover: UDP ports learned in the handshake.
 
+use super::lock;
 use crate::test_util::{connect, layout};
 use crate::{Error, HandshakeError, Rdma, RdmaBuilder};
 use remem_verbs::{
@@ -315,4 +316,69 @@ async fn a_short_operation_timeout_fires_and_closes_the_connection() {
     let mut dst = a.alloc_local_mr(layout(8)).unwrap();
     let again = ca.read(&mut dst, &remote.get(0..8).unwrap()).await;
     assert!(matches!(again, Err(Error::Closed(_))), "{again:?}");
+}
+
+/// `receive_buf` hands over the receive buffer the message landed in (no copy), and the
+/// buffer — with the message's credit — goes back only when it is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receive_buf_hands_over_the_receive_buffer_until_dropped() {
+    let a = RdmaBuilder::new()
+        .device("soft@127.0.19.13:0")
+        .build()
+        .unwrap();
+    let b = RdmaBuilder::new()
+        .device("soft@127.0.19.14:0")
+        .recv_depth(2)
+        .build()
+        .unwrap();
+    let (ca, cb) = connect(&a, &b).await;
+    ca.send_bytes(b"one").await.unwrap();
+    ca.send_bytes_with_imm(b"two", 2).await.unwrap();
+    let one = cb.receive_buf().await.unwrap();
+    let two = cb.receive_buf().await.unwrap();
+    assert_eq!((&one[..], one.imm()), (&b"one"[..], None));
+    assert_eq!((&two[..], two.imm()), (&b"two"[..], Some(2)));
+    let ring = cb.shared.msg.ring.as_ref().unwrap();
+    assert!(ring.contains(one.as_ptr()) && ring.contains(two.as_ptr()));
+    // Both of B's buffers are held: A has no credit, and its next message waits.
+    assert_eq!(lock(&ca.shared.msg.credits).available(), 0);
+    let ca = Arc::new(ca);
+    let third = tokio::spawn({
+        let ca = ca.clone();
+        async move { ca.send_bytes(b"three").await }
+    });
+    drop(one);
+    tokio::time::timeout(Duration::from_secs(5), third)
+        .await
+        .expect("a dropped buffer returns its credit")
+        .unwrap()
+        .unwrap();
+    assert_eq!(cb.receive().await.unwrap().data, b"three");
+    assert_eq!(&two[..], b"two", "a held buffer is not reused");
+}
+
+/// `send_bytes` sends from a slice, a `Vec` or `Bytes` (copied inside into a registered
+/// buffer), large messages and empty ones included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_bytes_sends_from_unregistered_memory() {
+    let a = RdmaBuilder::new()
+        .device("soft@127.0.19.15:0")
+        .build()
+        .unwrap();
+    let b = RdmaBuilder::new()
+        .device("soft@127.0.19.16:0")
+        .max_message(1024)
+        .build()
+        .unwrap();
+    let (ca, cb) = connect(&a, &b).await;
+    let large: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    let bytes = bytes::Bytes::from(large.clone());
+    ca.send_bytes(&bytes).await.unwrap();
+    ca.send_bytes(b"").await.unwrap();
+    ca.send_bytes_with_imm(&large[..10], 9).await.unwrap();
+    let got = cb.receive_buf().await.unwrap();
+    assert_eq!(&got[..], &large[..]);
+    assert!(cb.receive().await.unwrap().data.is_empty());
+    let m = cb.receive().await.unwrap();
+    assert_eq!((&m.data[..], m.imm), (&large[..10], Some(9)));
 }
