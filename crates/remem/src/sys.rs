@@ -1,6 +1,6 @@
-//! The one module of remem's async API that needs `unsafe`: registering a completion channel's file
-//! descriptor with tokio's reactor. (One function elsewhere opts in too: a received
-//! message read in place, `conn/inbox.rs`'s `SlotHold::bytes`.)
+//! The one module of remem's async API that needs `unsafe`: registering a completion
+//! channel's file descriptor with tokio's reactor. (One function elsewhere opts in too: a
+//! received message read in place, `conn/inbox.rs`'s `SlotHold::bytes`.)
 
 #![allow(unsafe_code)]
 
