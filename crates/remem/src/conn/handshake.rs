@@ -517,6 +517,36 @@ pub(crate) fn check_private_data(pd: &[u8]) -> Result<()> {
 
 /// Options of a connection, on either side ([`Rdma::connect_with`],
 /// [`ConnRequest::accept`]).
+///
+/// ```
+/// use remem::{ConnectOptions, RdmaBuilder};
+/// use std::time::Duration;
+///
+/// # fn main() -> Result<(), remem::Error> {
+/// # tokio::runtime::Runtime::new()?.block_on(async {
+/// let server = RdmaBuilder::new().device("soft@127.0.0.11:0").build()?;
+/// let client = RdmaBuilder::new().device("soft@127.0.0.12:0").build()?;
+/// let listener = server.listen("127.0.0.1:0").await?;
+/// let opts = ConnectOptions {
+///     private_data: b"hello".to_vec(),
+///     // Give up on a silent peer after 4 × 4.096 µs × 2^14 (about 0.27 s) ...
+///     timeout: Some(14),
+///     retry_cnt: Some(3),
+///     // ... and on any one operation after 100 ms.
+///     op_timeout: Some(Duration::from_millis(100)),
+///     ..ConnectOptions::default()
+/// };
+/// let (c, req) = tokio::join!(client.connect_with(listener.local_addr()?, &opts), async {
+///     let req = listener.next_request().await?;
+///     assert_eq!(req.private_data(), b"hello");
+///     req.accept(&ConnectOptions::default()).await
+/// });
+/// let (c, _s) = (c?, req?);
+/// assert_eq!(c.op_timeout(), Some(Duration::from_millis(100)));
+/// # Ok(())
+/// # })
+/// # }
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct ConnectOptions {
     /// Bytes for the peer (at most [`MAX_PRIVATE_DATA`]): [`ConnRequest::private_data`]
