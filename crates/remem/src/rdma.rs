@@ -159,7 +159,10 @@ impl RdmaBuilder {
     /// [`RdmaBuilder::retry_cnt`] it bounds how long a peer may answer nothing before the
     /// connection fails: (retry_cnt + 1) × 4.096 µs × 2^timeout, 2.1 s by default — so a
     /// peer that stops for a second (a soft device's process stopped by a debugger or
-    /// descheduled stops its NIC too) does not break the connection. Per connection:
+    /// descheduled stops its NIC too) does not break the connection. The price: a lost
+    /// packet that nothing follows (the last of a burst) is resent only after the timeout,
+    /// so on a lossy network a lower value (14, about 67 ms, the old default) recovers
+    /// faster, and a peer pausing longer than 8 of them fails. Per connection:
     /// [`ConnectOptions::timeout`](crate::ConnectOptions::timeout).
     pub fn timeout(mut self, timeout: u8) -> Self {
         self.timeout = timeout;
