@@ -267,6 +267,10 @@ pub enum LocalFailure {
     /// Posting a work request failed part-way through a batch.
     #[error("posting a batch failed part-way")]
     Post,
+    /// An operation was not done within the connection's operation timeout
+    /// ([`crate::Connection::set_op_timeout`]).
+    #[error("an operation outlived its timeout")]
+    Timeout,
 }
 
 impl From<String> for CloseReason {

@@ -135,7 +135,8 @@ pub use cm::{
 };
 pub use conn::{
     Batch, ConnRequest, ConnectOptions, Connection, ConnectionEvent, ENDPOINT_INFO_LEN,
-    EndpointInfo, HandshakeFailure, Listener, MAX_PRIVATE_DATA, Message, PreparedConnection, Srq,
+    EndpointInfo, HandshakeFailure, Listener, MAX_PRIVATE_DATA, Message, PreparedConnection,
+    RecvBuf, Srq,
 };
 pub use dispatch::Polling;
 pub use error::{CloseReason, Error, HandshakeError, LocalFailure, ProtocolViolation};

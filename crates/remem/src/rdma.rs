@@ -1,5 +1,5 @@
 //! The entry point: [`Rdma`] (an open device with a protection domain), built by
-//! [`RdmaBuilder`], and [`Listener`].
+//! [`RdmaBuilder`], and [`Listener`](crate::Listener).
 
 pub use crate::dispatch::Polling;
 use crate::error::{Error, HandshakeError, Result};
@@ -69,7 +69,7 @@ impl Default for RdmaBuilder {
                 max_inline_data: 0,
             },
             mtu: None,
-            timeout: 14,
+            timeout: 16,
             retry_cnt: 7,
             rnr_retry: 7,
             min_rnr_timer: 12,
@@ -107,7 +107,7 @@ impl RdmaBuilder {
     /// Uses a device the application opened itself (for example a soft device with options
     /// of its own, such as `SoftOptions::inline`) instead of opening one by name. A device
     /// its user drives ([`Context::caller_driven`]) needs [`Polling::Busy`] (the polling
-    /// thread drives it) or [`Polling::Manual`] ([`Connection::poll_completions`] does).
+    /// thread drives it) or [`Polling::Manual`] ([`Connection::poll_completions`](crate::Connection::poll_completions) does).
     pub fn context(mut self, ctx: Arc<dyn Context>) -> Self {
         self.context = Some(OpenDevice(ctx));
         self
@@ -155,13 +155,21 @@ impl RdmaBuilder {
         self
     }
 
-    /// Local ACK timeout exponent: 4.096 µs × 2^timeout (default 14, about 67 ms).
+    /// Local ACK timeout exponent: 4.096 µs × 2^timeout (default 16, about 268 ms). With
+    /// [`RdmaBuilder::retry_cnt`] it bounds how long a peer may answer nothing before the
+    /// connection fails: (retry_cnt + 1) × 4.096 µs × 2^timeout, 2.1 s by default — so a
+    /// peer that stops for a second (a soft device's process stopped by a debugger or
+    /// descheduled stops its NIC too) does not break the connection. The price: a lost
+    /// packet that nothing follows (the last of a burst) is resent only after the timeout,
+    /// so on a lossy network a lower value (14, about 67 ms, the old default) recovers
+    /// faster, and a peer pausing longer than 8 of them fails. Per connection:
+    /// [`ConnectOptions::timeout`](crate::ConnectOptions::timeout).
     pub fn timeout(mut self, timeout: u8) -> Self {
         self.timeout = timeout;
         self
     }
 
-    /// Transport retries (default 7).
+    /// Transport retries (default 7, the most RC allows): see [`RdmaBuilder::timeout`].
     pub fn retry_cnt(mut self, n: u8) -> Self {
         self.retry_cnt = n;
         self
@@ -217,7 +225,7 @@ impl RdmaBuilder {
     }
 
     /// Largest message sent in one SEND (default 64 KiB): the size of each receive buffer.
-    /// Larger messages go by RDMA READ (see [`Connection::send`]).
+    /// Larger messages go by RDMA READ (see [`Connection::send`](crate::Connection::send)).
     pub fn max_message(mut self, bytes: usize) -> Self {
         self.max_message = bytes;
         self
@@ -251,8 +259,8 @@ impl RdmaBuilder {
         self
     }
 
-    /// Connection handshakes a [`Listener`] runs at once (default 64): requests being
-    /// read, waiting for [`Listener::next_request`], or being accepted. Each runs on its
+    /// Connection handshakes a [`Listener`](crate::Listener) runs at once (default 64): requests being
+    /// read, waiting for [`Listener::next_request`](crate::Listener::next_request), or being accepted. Each runs on its
     /// own with [`RdmaBuilder::handshake_timeout`], so a slow or silent client delays no
     /// other; beyond the limit, new TCP connections wait in the kernel's backlog until a
     /// handshake ends. Bounds the memory and time unknown peers can take.
@@ -261,7 +269,7 @@ impl RdmaBuilder {
         self
     }
 
-    /// Time limit of an agent request such as [`Connection::request_remote_mr`]
+    /// Time limit of an agent request such as [`Connection::request_remote_mr`](crate::Connection::request_remote_mr)
     /// (default 10 s).
     pub fn request_timeout(mut self, t: Duration) -> Self {
         self.request_timeout = t;
@@ -278,7 +286,7 @@ impl RdmaBuilder {
     /// How many bytes this side lends to each connection's peer at once (default
     /// 64 MiB); requests beyond it are refused. Each lease counts as the whole pages it
     /// pins (at least one, even for a request of zero bytes), and regions the peer gave
-    /// back count until they are taken ([`Connection::receive_local_mr`]).
+    /// back count until they are taken ([`Connection::receive_local_mr`](crate::Connection::receive_local_mr)).
     pub fn lend_limit(mut self, bytes: usize) -> Self {
         self.lend_limit = bytes;
         self

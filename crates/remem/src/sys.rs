@@ -1,5 +1,6 @@
-//! The one place remem's async API needs `unsafe`: registering a completion channel's file
-//! descriptor with tokio's reactor.
+//! The one module of remem's async API that needs `unsafe`: registering a completion
+//! channel's file descriptor with tokio's reactor. (One function elsewhere opts in too: a
+//! received message read in place, `conn/inbox.rs`'s `SlotHold::bytes`.)
 
 #![allow(unsafe_code)]
 

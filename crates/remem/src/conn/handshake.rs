@@ -517,6 +517,36 @@ pub(crate) fn check_private_data(pd: &[u8]) -> Result<()> {
 
 /// Options of a connection, on either side ([`Rdma::connect_with`],
 /// [`ConnRequest::accept`]).
+///
+/// ```
+/// use remem::{ConnectOptions, RdmaBuilder};
+/// use std::time::Duration;
+///
+/// # fn main() -> Result<(), remem::Error> {
+/// # tokio::runtime::Runtime::new()?.block_on(async {
+/// let server = RdmaBuilder::new().device("soft@127.0.0.11:0").build()?;
+/// let client = RdmaBuilder::new().device("soft@127.0.0.12:0").build()?;
+/// let listener = server.listen("127.0.0.1:0").await?;
+/// let opts = ConnectOptions {
+///     private_data: b"hello".to_vec(),
+///     // Give up on a silent peer after 4 × 4.096 µs × 2^14 (about 0.27 s) ...
+///     timeout: Some(14),
+///     retry_cnt: Some(3),
+///     // ... and on any one operation after 100 ms.
+///     op_timeout: Some(Duration::from_millis(100)),
+///     ..ConnectOptions::default()
+/// };
+/// let (c, req) = tokio::join!(client.connect_with(listener.local_addr()?, &opts), async {
+///     let req = listener.next_request().await?;
+///     assert_eq!(req.private_data(), b"hello");
+///     req.accept(&ConnectOptions::default()).await
+/// });
+/// let (c, _s) = (c?, req?);
+/// assert_eq!(c.op_timeout(), Some(Duration::from_millis(100)));
+/// # Ok(())
+/// # })
+/// # }
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct ConnectOptions {
     /// Bytes for the peer (at most [`MAX_PRIVATE_DATA`]): [`ConnRequest::private_data`]
@@ -531,6 +561,18 @@ pub struct ConnectOptions {
     /// queue) instead of buffers of the connection's own; messages then arrive at
     /// [`Srq::receive`](crate::Srq::receive). Overrides `separate_recv_cq`.
     pub srq: Option<crate::Srq>,
+    /// The local ACK timeout exponent of this connection's queue pair (default:
+    /// [`RdmaBuilder::timeout`](crate::RdmaBuilder::timeout)).
+    pub timeout: Option<u8>,
+    /// Transport retries of this connection's queue pair (default:
+    /// [`RdmaBuilder::retry_cnt`](crate::RdmaBuilder::retry_cnt)).
+    pub retry_cnt: Option<u8>,
+    /// RNR retries of this connection's queue pair (default:
+    /// [`RdmaBuilder::rnr_retry`](crate::RdmaBuilder::rnr_retry)).
+    pub rnr_retry: Option<u8>,
+    /// The connection's operation timeout (default: none; see
+    /// [`Connection::set_op_timeout`]).
+    pub op_timeout: Option<std::time::Duration>,
 }
 
 /// A connection request a [`crate::Listener`] received: who asks and what it says
@@ -751,9 +793,9 @@ impl ConnShared {
         let attr = QpAttr {
             qp_state: QpState::Rts,
             sq_psn: local.psn,
-            timeout: cfg.timeout,
-            retry_cnt: cfg.retry_cnt,
-            rnr_retry: cfg.rnr_retry,
+            timeout: self.transport.timeout,
+            retry_cnt: self.transport.retry_cnt,
+            rnr_retry: self.transport.rnr_retry,
             max_rd_atomic: cfg.max_rd_atomic,
             ..QpAttr::default()
         };

@@ -7,7 +7,7 @@
 //! budget and queue, and [`RdvOut`], the sender's announcements awaiting "done".
 
 use super::header::Kind;
-use super::inbox::{Arrived, Message, Place};
+use super::inbox::{Arrived, Payload, Place};
 use super::lifecycle::reason_of;
 use super::{ConnShared, Connection, lock};
 use crate::error::{CloseReason, Error, LocalFailure, ProtocolViolation, Result};
@@ -290,7 +290,8 @@ impl ConnShared {
                     len: token.len,
                 };
                 *lock(&place) = Some(Arrived {
-                    msg: Message { data, imm },
+                    payload: Payload::Owned(data),
+                    imm,
                     _hold: Some(Box::new(hold)),
                 });
                 self.notify_messages();

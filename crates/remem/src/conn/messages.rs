@@ -20,14 +20,14 @@
 
 use super::credits::CreditWindow;
 use super::header::{Kind, MsgHeader};
-use super::inbox::{Arrived, Inbox, Message, Place, Received, RecvRing};
+use super::inbox::{Arrived, Inbox, Message, Payload, Place, Received, RecvRing, SlotOwner};
 use super::posting::{PostOpts, RECV_TAG};
 use super::srq::SrqShared;
 use super::{ConnShared, Connection, lock};
 use crate::error::{Error, ProtocolViolation, Result};
 use crate::mr::{Local, LocalMr, RemoteMr, Span, register};
 use remem_verbs::{AccessFlags, MemoryBuffer, RecvWr, SendOp, WcOpcode, WcStatus, WorkCompletion};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use tokio::sync::Notify;
 
 /// The message state of a connection.
@@ -80,20 +80,37 @@ impl ConnShared {
             .map_err(|e| Error::Verbs(e.error))
     }
 
-    /// A receive into one of the connection's own buffers: its message is copied out and
-    /// the buffer posted again at once (what the application has not taken is bounded by
-    /// the credits).
+    /// A receive into one of the connection's own buffers. An application message stays
+    /// in its buffer until the application takes it ([`Connection::receive`] copies it
+    /// out, [`Connection::receive_buf`] hands the buffer over), and the buffer is posted
+    /// again then: a message holds a buffer only while it holds a credit, so the peer
+    /// never meets an empty receive queue. Every other message is copied out and its
+    /// buffer posted again at once.
     pub(crate) fn on_receive(self: &Arc<Self>, wc: &WorkCompletion, index: u32) {
         let ok = wc.status == WcStatus::Success;
+        let len = wc.byte_len as usize;
         let message = match &self.msg.ring {
             Some(ring) if ok && wc.opcode != WcOpcode::RecvRdmaWithImm => {
-                Some(ring.read(index, wc.byte_len as usize))
+                match ring.header(index, len) {
+                    Ok(h) if h.kind == Kind::Data => {
+                        let owner: Weak<dyn SlotOwner> =
+                            Arc::downgrade(self) as Weak<dyn SlotOwner>;
+                        Some(Ok((h, Payload::Slot(ring.hold(index, len, owner)))))
+                    }
+                    _ => {
+                        let m = ring.read(index, len);
+                        let _ = self.post_recv(index);
+                        Some(m)
+                    }
+                }
             }
-            _ => None,
+            _ => {
+                if ok {
+                    let _ = self.post_recv(index);
+                }
+                None
+            }
         };
-        if ok {
-            let _ = self.post_recv(index);
-        }
         self.on_received(wc, message);
     }
 
@@ -150,7 +167,7 @@ impl ConnShared {
     }
 
     /// A message (header and data) arrived.
-    fn on_message(self: &Arc<Self>, hdr: MsgHeader, data: Vec<u8>) {
+    fn on_message(self: &Arc<Self>, hdr: MsgHeader, payload: Payload) {
         let kind = hdr.kind;
         if kind.credited() && !self.take_credit() {
             return;
@@ -164,24 +181,22 @@ impl ConnShared {
         }
         let imm = hdr.imm;
         if kind == Kind::Hello || self.awaits_hello() {
-            return self.on_hello(kind, &data);
+            return self.on_hello(kind, payload.as_slice());
         }
+        let data = payload.as_slice();
         match kind {
-            Kind::Data => self.deliver(Arc::new(Mutex::new(Some(Arrived::new(Message {
-                data,
-                imm,
-            }))))),
+            Kind::Data => self.deliver(Arc::new(Mutex::new(Some(Arrived::new(payload, imm))))),
             Kind::Credit | Kind::Hello => {}
-            Kind::MrToken => match RemoteMr::from_bytes(&data) {
+            Kind::MrToken => match RemoteMr::from_bytes(data) {
                 Some(t) => self.msg.tokens.push(t),
                 None => self.end("peer sent a malformed memory region token".to_string()),
             },
             Kind::Close => self.on_peer_close(),
-            Kind::Rts => self.on_rts(&data, imm),
+            Kind::Rts => self.on_rts(data, imm),
             Kind::Agent => {
                 // Handled here, so its credit goes back at once.
                 self.consumed();
-                self.on_agent(&data);
+                self.on_agent(data);
             }
             Kind::RtsDone => self.large.done(imm.unwrap_or(0)),
         }
@@ -253,8 +268,21 @@ impl ConnShared {
     }
 
     /// Takes the item at the front of `inbox` once `ready` gives it (waiting while the
-    /// inbox is empty or its front is not ready).
+    /// inbox is empty or its front is not ready); its credit goes back now.
     pub(crate) async fn take<T, R>(
+        self: &Arc<Self>,
+        inbox: &Inbox<T>,
+        ready: impl Fn(&mut T) -> Option<R>,
+    ) -> Result<R> {
+        let r = self.take_uncredited(inbox, ready).await?;
+        if inbox.credited {
+            self.consumed();
+        }
+        Ok(r)
+    }
+
+    /// [`ConnShared::take`] without returning the item's credit: the caller does.
+    pub(crate) async fn take_uncredited<T, R>(
         self: &Arc<Self>,
         inbox: &Inbox<T>,
         ready: impl Fn(&mut T) -> Option<R>,
@@ -272,14 +300,74 @@ impl ConnShared {
                 r
             };
             if let Some(r) = taken {
-                if inbox.credited {
-                    self.consumed();
-                }
                 return Ok(r);
             }
             self.check_open()?;
             notified.await;
         }
+    }
+}
+
+impl SlotOwner for ConnShared {
+    fn release(&self, index: u32) {
+        // (A closed connection's QP refuses it or flushes it: nothing to do then.)
+        let _ = self.post_recv(index);
+    }
+}
+
+/// Returns a message's credit to the peer when dropped (after the message's receive
+/// buffer was given back).
+struct CreditOnDrop(Arc<ConnShared>);
+
+impl Drop for CreditOnDrop {
+    fn drop(&mut self) {
+        self.0.consumed();
+    }
+}
+
+/// A message received without a copy ([`Connection::receive_buf`]): its bytes in the
+/// registered receive buffer they landed in, readable as `&[u8]`. Dropping it gives the
+/// buffer back to the connection's receive queue and the message's credit back to the
+/// peer — so while the application holds `recv_depth` of them, the peer waits.
+///
+/// (A large message, read from the peer's memory into memory of this side's, comes the
+/// same way.)
+pub struct RecvBuf {
+    // Dropped in this order: the buffer goes back, then the credit, then a large
+    // message's share of the budget.
+    payload: Payload,
+    imm: Option<u32>,
+    _credit: CreditOnDrop,
+    _hold: Option<Box<dyn Send + Sync>>,
+}
+
+impl RecvBuf {
+    /// The immediate data, for SEND_WITH_IMM.
+    pub fn imm(&self) -> Option<u32> {
+        self.imm
+    }
+}
+
+impl std::ops::Deref for RecvBuf {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.payload.as_slice()
+    }
+}
+
+impl AsRef<[u8]> for RecvBuf {
+    fn as_ref(&self) -> &[u8] {
+        self.payload.as_slice()
+    }
+}
+
+impl std::fmt::Debug for RecvBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvBuf")
+            .field("len", &self.payload.as_slice().len())
+            .field("imm", &self.imm)
+            .finish_non_exhaustive()
     }
 }
 
@@ -337,12 +425,103 @@ impl Connection {
                     .into(),
             ));
         }
-        let arrived = self
-            .shared
-            .take(&self.shared.msg.messages, |m| lock(m).take())
+        // Copied out (and its buffer given back) before its credit goes back. (A large
+        // message's share of the budget goes back as it is dropped.)
+        self.shared
+            .take(&self.shared.msg.messages, |m| {
+                lock(m).take().map(Arrived::into_message)
+            })
+            .await
+    }
+
+    /// The next message the peer sent, without a copy: its bytes in the registered
+    /// receive buffer they landed in ([`RecvBuf`] derefs to `&[u8]`). Dropping it gives
+    /// the buffer back and returns the message's credit to the peer. [`Connection::receive`]
+    /// and this take from the same queue of messages.
+    ///
+    /// ```
+    /// # use remem::RdmaBuilder;
+    /// # fn main() -> Result<(), remem::Error> {
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// # let server = RdmaBuilder::new().device("soft@127.0.0.7:0").build()?;
+    /// # let client = RdmaBuilder::new().device("soft@127.0.0.8:0").build()?;
+    /// # let listener = server.listen("127.0.0.1:0").await?;
+    /// # let addr = listener.local_addr()?;
+    /// # let (c, s) = tokio::join!(client.connect(addr), listener.accept());
+    /// # let (c, s) = (c?, s?);
+    /// // Sent from a plain slice (copied into a registered buffer inside) ...
+    /// c.send_bytes(b"no copy on this side").await?;
+    /// // ... and read where it landed.
+    /// let msg = s.receive_buf().await?;
+    /// assert_eq!(&msg[..], b"no copy on this side");
+    /// drop(msg); // the buffer goes back to the receive queue
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub async fn receive_buf(&self) -> Result<RecvBuf> {
+        let sh = &self.shared;
+        if sh.msg.srq.is_some() {
+            return Err(Error::InvalidArgument(
+                "this connection's messages arrive at its shared receive queue (Srq::receive)"
+                    .into(),
+            ));
+        }
+        let arrived = sh
+            .take_uncredited(&sh.msg.messages, |m| lock(m).take())
             .await?;
-        // (A large message's share of the budget goes back as `arrived` is dropped.)
-        Ok(arrived.msg)
+        Ok(RecvBuf {
+            payload: arrived.payload,
+            imm: arrived.imm,
+            _credit: CreditOnDrop(sh.clone()),
+            _hold: arrived._hold,
+        })
+    }
+
+    /// Sends `data` as one message, as [`Connection::send`] does, from memory that needs no
+    /// registration (a slice, a `Vec<u8>`, a `bytes::Bytes`): the bytes are copied into a
+    /// registered buffer of this side's pool ([`Rdma::alloc_local_mr`](crate::Rdma::alloc_local_mr))
+    /// inside, so the caller copies nothing. Larger than the peer's receive buffers, it is
+    /// read by the peer from that copy.
+    ///
+    /// ```
+    /// # use remem::RdmaBuilder;
+    /// # fn main() -> Result<(), remem::Error> {
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// # let server = RdmaBuilder::new().device("soft@127.0.0.9:0").build()?;
+    /// # let client = RdmaBuilder::new().device("soft@127.0.0.10:0").build()?;
+    /// # let listener = server.listen("127.0.0.1:0").await?;
+    /// # let addr = listener.local_addr()?;
+    /// # let (c, s) = tokio::join!(client.connect(addr), listener.accept());
+    /// # let (c, s) = (c?, s?);
+    /// let payload = bytes::Bytes::from_static(b"from Bytes");
+    /// c.send_bytes(&payload).await?;
+    /// c.send_bytes_with_imm(vec![1, 2, 3], 7).await?;
+    /// assert_eq!(s.receive().await?.data, b"from Bytes");
+    /// let m = s.receive().await?;
+    /// assert_eq!((m.data, m.imm), (vec![1, 2, 3], Some(7)));
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub async fn send_bytes(&self, data: impl AsRef<[u8]>) -> Result<()> {
+        self.send_copied(data.as_ref(), None).await
+    }
+
+    /// [`Connection::send_bytes`] with immediate data `imm` (SEND_WITH_IMM).
+    pub async fn send_bytes_with_imm(&self, data: impl AsRef<[u8]>, imm: u32) -> Result<()> {
+        self.send_copied(data.as_ref(), Some(imm)).await
+    }
+
+    async fn send_copied(&self, data: &[u8], imm: Option<u32>) -> Result<()> {
+        if data.is_empty() {
+            return self.send_message(None, Kind::Data, imm).await;
+        }
+        let layout = std::alloc::Layout::from_size_align(data.len(), 1)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let buf = self.shared.rdma.alloc_local_mr_uninit(layout)?;
+        buf.write(0, data)?;
+        self.send_message(Some(buf.span()), Kind::Data, imm).await
     }
 
     /// The immediate data of the next RDMA WRITE_WITH_IMM the peer did.

@@ -53,6 +53,7 @@ pub use handshake::{
 pub use inbox::Message;
 pub use lifecycle::ConnectionEvent;
 pub use listener::{HandshakeFailure, Listener};
+pub use messages::RecvBuf;
 pub use ops::Batch;
 pub use srq::Srq;
 
@@ -89,6 +90,14 @@ struct Caps {
     atomic_write: bool,
 }
 
+/// The transport's retry settings of a connection's queue pair.
+#[derive(Debug, Clone, Copy)]
+struct Transport {
+    timeout: u8,
+    retry_cnt: u8,
+    rnr_retry: u8,
+}
+
 /// The peer's message limits, from the handshake.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct PeerLimits {
@@ -116,6 +125,8 @@ pub(crate) struct ConnShared {
     rt: Option<tokio::runtime::Handle>,
     /// What the device does natively: FLUSH (global, persistent) and ATOMIC WRITE.
     caps: Caps,
+    /// The queue pair's retry settings.
+    transport: Transport,
     /// The hello, the close state machine, what closing tells (one lock).
     life: Mutex<Life>,
     /// Whether the connection is open: a mirror of the close state, published after
@@ -208,10 +219,15 @@ impl ConnShared {
             rdma: rdma.clone(),
             rt: tokio::runtime::Handle::try_current().ok(),
             caps,
+            transport: Transport {
+                timeout: opts.timeout.unwrap_or(cfg.timeout),
+                retry_cnt: opts.retry_cnt.unwrap_or(cfg.retry_cnt),
+                rnr_retry: opts.rnr_retry.unwrap_or(cfg.rnr_retry),
+            },
             life: Mutex::new(Life::default()),
             open: AtomicBool::new(true),
             ended: Notify::new(),
-            post: Posting::new(sq),
+            post: Posting::new(sq, opts.op_timeout),
             msg: Messages::new(ring, srq, cfg.recv_depth),
             large: Large::new(cfg.max_large_message as u64),
             peer_limits: OnceLock::new(),
@@ -348,6 +364,52 @@ impl Connection {
     /// Records the private data the peer sent with its connection request or answer.
     pub(crate) fn set_peer_private_data(&self, pd: Vec<u8>) {
         lock(&self.shared.peer).private_data = pd;
+    }
+
+    /// Bounds every later operation of this connection (`None`: no bound but the
+    /// transport's; default [`ConnectOptions::op_timeout`]). An operation's work request
+    /// that has not completed when the time is up closes the connection
+    /// ([`CloseReason::Failed`](crate::CloseReason::Failed)`(`[`LocalFailure::Timeout`](crate::LocalFailure::Timeout)`)`),
+    /// and the operation fails with [`Error::Timeout`](crate::Error::Timeout). As with any
+    /// RDMA failure, a write may still land at the peer and a read may still fill its
+    /// buffer: the memory stays held until the work request is flushed, so none is reused
+    /// early. Time spent waiting for a credit (a message to a peer that takes none) counts
+    /// too, but fails the operation without closing the connection, since nothing was
+    /// posted.
+    ///
+    /// Without one, an operation to a peer that answers nothing fails once the transport's
+    /// retries run out ([`RdmaBuilder::timeout`](crate::RdmaBuilder::timeout), 2.1 s by
+    /// default).
+    ///
+    /// ```
+    /// # use remem::RdmaBuilder;
+    /// # use std::{alloc::Layout, time::Duration};
+    /// # fn main() -> Result<(), remem::Error> {
+    /// # tokio::runtime::Runtime::new()?.block_on(async {
+    /// # let server = RdmaBuilder::new().device("soft@127.0.0.5:0").build()?;
+    /// # let client = RdmaBuilder::new().device("soft@127.0.0.6:0").build()?;
+    /// # let listener = server.listen("127.0.0.1:0").await?;
+    /// # let addr = listener.local_addr()?;
+    /// # let (c, s) = tokio::join!(client.connect(addr), listener.accept());
+    /// # let (c, s) = (c?, s?);
+    /// # let lent = server.alloc_local_mr(Layout::from_size_align(8, 8).unwrap())?;
+    /// # s.share_local_mr(&lent).await?;
+    /// # let remote = c.receive_shared_mr().await?;
+    /// c.set_op_timeout(Some(Duration::from_millis(500)));
+    /// assert_eq!(c.op_timeout(), Some(Duration::from_millis(500)));
+    /// // Done in time; a peer that answered nothing for 500 ms would have closed `c`.
+    /// assert_eq!(c.fetch_and_add(&remote, 1).await?, 0);
+    /// # Ok(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn set_op_timeout(&self, timeout: Option<std::time::Duration>) {
+        self.shared.post.set_op_timeout(timeout);
+    }
+
+    /// The operation timeout ([`Connection::set_op_timeout`]).
+    pub fn op_timeout(&self) -> Option<std::time::Duration> {
+        self.shared.post.op_timeout()
     }
 
     /// The private data the peer sent when the connection was made

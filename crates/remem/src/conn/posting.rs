@@ -13,6 +13,7 @@ use remem_verbs::{
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 /// The most completions taken by one poll call (`RdmaBuilder::cqe_per_poll` is capped).
@@ -172,17 +173,44 @@ pub(crate) struct Posting {
     next_wr: AtomicU64,
     /// Completions handled so far (the keepalive probes a connection that saw none).
     activity: AtomicU64,
+    /// The operation timeout in nanoseconds; 0: none.
+    op_timeout: AtomicU64,
 }
 
 impl Posting {
-    pub(crate) fn new(sq: SendQueue) -> Self {
-        Posting {
+    pub(crate) fn new(sq: SendQueue, op_timeout: Option<Duration>) -> Self {
+        let p = Posting {
             sq,
             pending: Mutex::new(HashMap::new()),
             unsignaled: Mutex::new(VecDeque::new()),
             next_wr: AtomicU64::new(1),
             activity: AtomicU64::new(0),
+            op_timeout: AtomicU64::new(0),
+        };
+        p.set_op_timeout(op_timeout);
+        p
+    }
+
+    /// Sets the operation timeout (`None`: none; a zero one counts as the shortest).
+    pub(crate) fn set_op_timeout(&self, t: Option<Duration>) {
+        let nanos = t.map_or(0, |t| {
+            u64::try_from(t.as_nanos()).unwrap_or(u64::MAX).max(1)
+        });
+        self.op_timeout.store(nanos, Ordering::Relaxed);
+    }
+
+    /// The operation timeout.
+    pub(crate) fn op_timeout(&self) -> Option<Duration> {
+        match self.op_timeout.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(Duration::from_nanos(n)),
         }
+    }
+
+    /// When an operation starting now must be done by.
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.op_timeout()
+            .map(|t| tokio::time::Instant::now() + t.min(Duration::from_secs(1 << 32)))
     }
 
     /// The connection closed: waiters for entries fail.
@@ -239,8 +267,15 @@ impl ConnShared {
         opts: PostOpts,
     ) -> Result<u64> {
         self.check_open()?;
+        let deadline = self.post.deadline();
         if opts.credit {
-            self.spend_credit().await?;
+            match deadline {
+                // Nothing is posted yet: a timeout here leaves the connection open.
+                Some(at) => tokio::time::timeout_at(at, self.spend_credit())
+                    .await
+                    .map_err(|_| Error::Timeout("waiting for a credit"))??,
+                None => self.spend_credit().await?,
+            }
         }
         // From here to the post nothing awaits: a dropped future cannot lose the credit.
         let mut credits = 0;
@@ -279,7 +314,7 @@ impl ConnShared {
             self.unpost(credits, opts.credit);
             return Err(Error::Verbs(e.error));
         }
-        self.outcome(rx).await
+        self.outcome(rx, deadline).await
     }
 
     /// A message that was not posted after all: its credit and the credits it was to
@@ -298,9 +333,25 @@ impl ConnShared {
     }
 
     /// Waits for a posted work request's completion: its slot's word on success, else
-    /// why it failed.
-    async fn outcome(&self, rx: oneshot::Receiver<(WorkCompletion, u64)>) -> Result<u64> {
-        let (wc, word) = rx.await.map_err(|_| self.closed_error())?;
+    /// why it failed. Past `deadline` the connection closes (the work request may still be
+    /// executed by the peer, as RDMA has it; its memory stays held until it is flushed)
+    /// and the operation fails with [`Error::Timeout`].
+    async fn outcome(
+        &self,
+        rx: oneshot::Receiver<(WorkCompletion, u64)>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<u64> {
+        let done = match deadline {
+            None => rx.await,
+            Some(at) => match tokio::time::timeout_at(at, rx).await {
+                Ok(done) => done,
+                Err(_) => {
+                    self.mark_closed(LocalFailure::Timeout.into());
+                    return Err(Error::Timeout("operation"));
+                }
+            },
+        };
+        let (wc, word) = done.map_err(|_| self.closed_error())?;
         match wc.status {
             WcStatus::Success => Ok(word),
             WcStatus::WrFlushErr if !self.is_open() => Err(self.closed_error()),
@@ -362,6 +413,7 @@ impl ConnShared {
             )));
         }
         self.check_open()?;
+        let deadline = self.post.deadline();
         let sq = self.entries(n as u32).await?;
         let sges: Vec<[Sge; 1]> = ops.iter().map(|(_, span)| [span.sge()]).collect();
         let (send_ops, spans): (Vec<SendOp>, Vec<Span>) = ops.into_iter().unzip();
@@ -400,7 +452,7 @@ impl ConnShared {
             }
             return Err(Error::Verbs(e.error));
         }
-        self.outcome(rx).await.map(drop)
+        self.outcome(rx, deadline).await.map(drop)
     }
 
     /// Posts a message that needs no credit (it lands in a spare buffer) and no waiter,

@@ -131,7 +131,7 @@ impl Srq {
                 if let Some(c) = conn {
                     c.consumed();
                 }
-                return Ok((qpn, arrived.msg));
+                return Ok((qpn, arrived.into_message()));
             }
             notified.await;
         }
