@@ -5,7 +5,7 @@ pub use crate::dispatch::Polling;
 use crate::error::{Error, HandshakeError, Result};
 use crate::mr::{LocalMr, register};
 use remem_verbs::AsyncEvent;
-use remem_verbs::{AccessFlags, Context, Gid, GidType, MemoryBuffer, Mtu, ProtectionDomain, QpCap};
+use remem_verbs::{AccessFlags, Context, Gid, MemoryBuffer, Mtu, ProtectionDomain, QpCap};
 use std::alloc::Layout;
 use std::sync::Arc;
 use std::time::Duration;
@@ -328,15 +328,10 @@ impl RdmaBuilder {
         let port = ctx.query_port(self.port)?;
         let (gid_index, gid) = match self.gid_index {
             Some(i) => (i, ctx.query_gid(self.port, u32::from(i))?.gid),
-            None => ctx
-                .gid_table(self.port)?
-                .iter()
-                .filter(|g| g.gid_type == GidType::RoceV2)
-                .min_by_key(|g| !g.gid.is_ipv4_mapped())
-                .map(|g| (g.index as u8, g.gid))
-                .ok_or_else(|| {
-                    Error::InvalidArgument(format!("{} has no RoCE v2 GID", ctx.info().name))
-                })?,
+            None => {
+                let entry = remem_verbs::rc::roce_v2_gid(&*ctx, self.port)?;
+                (entry.index as u8, entry.gid)
+            }
         };
         let mtu = self.mtu.map_or(port.active_mtu, |m| m.min(port.active_mtu));
         let pd = ctx.alloc_pd()?;

@@ -21,7 +21,7 @@
 use super::{ConnShared, Connection, lock};
 use crate::error::{CloseReason, Error, HandshakeError, ProtocolViolation, Result};
 use crate::rdma::Rdma;
-use remem_verbs::{AccessFlags, AhAttr, Gid, Mtu, QpAttr, QpAttrMask, QpState};
+use remem_verbs::{AccessFlags, Gid, Mtu, rc};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -749,58 +749,48 @@ pub(crate) async fn read_request(
 }
 
 impl ConnShared {
-    pub(crate) fn to_init(&self) -> Result<()> {
-        use QpAttrMask as M;
+    /// This side's attributes for the QP's way to RTS (`remem_verbs::rc`, the one helper
+    /// every part of the workspace uses): the configuration's port, access, READ/atomic
+    /// depths and RNR timer, the connection's retry budget, and — once known — `local`'s
+    /// MTU and first PSN.
+    fn rc_options(&self, local: Option<&EndpointInfo>) -> rc::RcOptions {
         let cfg = self.rdma.config();
-        let attr = QpAttr {
-            qp_state: QpState::Init,
+        let mut o = rc::RcOptions {
             port_num: cfg.port,
-            qp_access_flags: cfg.access & AccessFlags::REMOTE,
-            ..QpAttr::default()
+            sgid_index: self.rdma.gid_index(),
+            access: cfg.access & AccessFlags::REMOTE,
+            max_rd_atomic: cfg.max_rd_atomic,
+            max_dest_rd_atomic: cfg.max_rd_atomic,
+            min_rnr_timer: cfg.min_rnr_timer,
+            timeout: self.transport.timeout,
+            retry_cnt: self.transport.retry_cnt,
+            rnr_retry: self.transport.rnr_retry,
+            ..rc::RcOptions::default()
         };
-        self.qp.modify(&attr, M::RC_TO_INIT)?;
-        Ok(())
+        if let Some(local) = local {
+            (o.mtu, o.sq_psn) = (local.mtu, local.psn);
+        }
+        o
+    }
+
+    pub(crate) fn to_init(&self) -> Result<()> {
+        Ok(rc::to_init(&*self.qp, &self.rc_options(None))?)
     }
 
     /// Moves the QP to RTR towards `remote`: it answers what arrives, sends nothing.
     fn to_rtr(&self, local: &EndpointInfo, remote: &EndpointInfo) -> Result<()> {
-        use QpAttrMask as M;
-        let cfg = self.rdma.config();
-        let attr = QpAttr {
-            qp_state: QpState::Rtr,
-            path_mtu: local.mtu.min(remote.mtu),
-            dest_qp_num: remote.qpn,
-            rq_psn: remote.psn,
-            max_dest_rd_atomic: cfg.max_rd_atomic,
-            min_rnr_timer: cfg.min_rnr_timer,
-            ah_attr: AhAttr {
-                dgid: remote.gid,
-                sgid_index: self.rdma.gid_index(),
-                hop_limit: 64,
-                is_global: true,
-                port_num: cfg.port,
-                ..AhAttr::default()
-            },
-            ..QpAttr::default()
+        let peer = rc::RcPeer {
+            qpn: remote.qpn,
+            psn: remote.psn,
+            gid: remote.gid,
+            mtu: remote.mtu,
         };
-        self.qp.modify(&attr, M::RC_TO_RTR)?;
-        Ok(())
+        Ok(rc::to_rtr(&*self.qp, &peer, &self.rc_options(Some(local)))?)
     }
 
     /// Moves the QP from RTR to RTS: it may send.
     fn to_rts(&self, local: &EndpointInfo) -> Result<()> {
-        let cfg = self.rdma.config();
-        let attr = QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: local.psn,
-            timeout: self.transport.timeout,
-            retry_cnt: self.transport.retry_cnt,
-            rnr_retry: self.transport.rnr_retry,
-            max_rd_atomic: cfg.max_rd_atomic,
-            ..QpAttr::default()
-        };
-        self.qp.modify(&attr, QpAttrMask::RC_TO_RTS)?;
-        Ok(())
+        Ok(rc::to_rts(&*self.qp, &self.rc_options(Some(local)))?)
     }
 
     /// Takes what the peer said in the handshake, and starts serving the connection:
