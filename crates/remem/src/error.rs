@@ -246,9 +246,16 @@ pub enum ProtocolViolation {
     /// A large message's announcement that does not decode.
     #[error("a malformed large-message announcement")]
     BadAnnouncement,
-    /// A malformed message (what was wrong).
-    #[error("{0}")]
-    Malformed(String),
+    /// A memory region token (`share_local_mr`) that does not decode.
+    #[error("peer sent a malformed memory region token")]
+    BadRegionToken,
+    /// A malformed message of memory lending ([`crate::Connection::request_remote_mr`] and
+    /// friends).
+    #[error(transparent)]
+    Agent(#[from] crate::agent::MalformedAgent),
+    /// A request/response frame out of place or malformed ([`crate::rpc`]).
+    #[error(transparent)]
+    Rpc(#[from] crate::rpc::RpcViolation),
 }
 
 /// Why this side could no longer serve a connection ([`CloseReason::Failed`]).
@@ -271,13 +278,6 @@ pub enum LocalFailure {
     /// ([`crate::Connection::set_op_timeout`]).
     #[error("an operation outlived its timeout")]
     Timeout,
-}
-
-impl From<String> for CloseReason {
-    /// A malformed message from the peer, as described.
-    fn from(what: String) -> Self {
-        CloseReason::Protocol(ProtocolViolation::Malformed(what))
-    }
 }
 
 impl From<ProtocolViolation> for CloseReason {

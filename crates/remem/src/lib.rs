@@ -128,7 +128,7 @@ mod sys;
 mod test_util;
 mod typed;
 
-pub use agent::RemoteLease;
+pub use agent::{MalformedAgent, RemoteLease};
 pub use cm::{
     CM_EXTRAS_LEN, CmConnRequest, CmListener, MAX_CM_ACCEPT_PRIVATE_DATA,
     MAX_CM_CONNECT_PRIVATE_DATA,

@@ -157,8 +157,27 @@ impl FrameHeader {
 }
 
 /// The error a protocol violation of the RPC layer gives its callers.
-fn violation(what: String) -> CloseReason {
-    CloseReason::Protocol(ProtocolViolation::Malformed(format!("RPC: {what}")))
+fn violation(what: impl Into<RpcViolation>) -> CloseReason {
+    CloseReason::Protocol(ProtocolViolation::Rpc(what.into()))
+}
+
+/// How a peer broke the request/response protocol: the connection is closed as
+/// [`ProtocolViolation::Rpc`], and every waiting call fails with that reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RpcViolation {
+    /// A frame whose header does not decode.
+    #[error("RPC: {0}")]
+    Frame(#[from] FrameError),
+    /// A request sent to the calling side ([`RpcClient`] answers none).
+    #[error("RPC: a request sent to the calling side")]
+    RequestToCaller,
+    /// A reply to a request id the calling side never used.
+    #[error("RPC: a reply to request {0}, never made")]
+    UnknownReply(u64),
+    /// A reply or refusal sent to the serving side ([`RpcServer`] makes no calls).
+    #[error("RPC: a {0:?} sent to the serving side")]
+    NotARequest(FrameKind),
 }
 
 /// Why a `receive` failure ends the RPC layer: the connection's reason when it has one.
@@ -386,16 +405,16 @@ async fn route(conn: Arc<Connection>, calls: Arc<Mutex<Calls>>) {
         };
         let (header, payload) = match FrameHeader::parse(&message.data) {
             Ok(parsed) => parsed,
-            Err(e) => break violation(e.to_string()),
+            Err(e) => break violation(e),
         };
         let answer = match header.kind {
             FrameKind::Reply => Ok(payload.to_vec()),
             FrameKind::Refused => Err(Error::Refused(String::from_utf8_lossy(payload).into())),
-            FrameKind::Request => break violation("a request sent to the calling side".into()),
+            FrameKind::Request => break violation(RpcViolation::RequestToCaller),
         };
         let mut calls = lock(&calls);
         if header.id >= calls.next_id {
-            break violation(format!("a reply to request {}, never made", header.id));
+            break violation(RpcViolation::UnknownReply(header.id));
         }
         // No waiter: the call was dropped; its reply is discarded.
         if let Some(waiter) = calls.waiting.remove(&header.id) {
@@ -486,8 +505,8 @@ impl RpcServer {
                     server: Some((self.rdma.clone(), self.conn.clone())),
                 }));
             }
-            Ok((header, _)) => violation(format!("a {:?} sent to the serving side", header.kind)),
-            Err(e) => violation(e.to_string()),
+            Ok((header, _)) => violation(RpcViolation::NotARequest(header.kind)),
+            Err(e) => violation(e),
         };
         self.conn.close().await;
         Err(Error::Closed(reason))

@@ -6,8 +6,8 @@
 mod common;
 
 use common::test_util::{connect, layout};
-use remem::rpc::{FrameHeader, FrameKind, RpcClient, RpcServer};
-use remem::{CloseReason, Connection, Error, Rdma};
+use remem::rpc::{FrameError, FrameHeader, FrameKind, RpcClient, RpcServer, RpcViolation};
+use remem::{CloseReason, Connection, Error, ProtocolViolation, Rdma};
 use std::time::Duration;
 
 /// The longest any test here runs.
@@ -274,7 +274,12 @@ fn a_malformed_reply_is_a_protocol_violation() {
         send_raw(&b, &cb, &[1, 2, 3]).await;
         let r = call.await.unwrap();
         assert!(
-            matches!(r, Err(Error::Closed(CloseReason::Protocol(_)))),
+            matches!(
+                r,
+                Err(Error::Closed(CloseReason::Protocol(
+                    ProtocolViolation::Rpc(RpcViolation::Frame(FrameError::Short(3)))
+                )))
+            ),
             "{r:?}"
         );
         assert!(matches!(
@@ -304,7 +309,12 @@ fn a_reply_to_a_request_never_made_is_a_protocol_violation() {
         send_raw(&b, &cb, &forged.to_bytes()).await;
         let r = call.await.unwrap();
         assert!(
-            matches!(r, Err(Error::Closed(CloseReason::Protocol(_)))),
+            matches!(
+                r,
+                Err(Error::Closed(CloseReason::Protocol(
+                    ProtocolViolation::Rpc(RpcViolation::UnknownReply(_))
+                )))
+            ),
             "{r:?}"
         );
     });
@@ -319,7 +329,12 @@ fn a_malformed_request_is_a_protocol_violation() {
         send_raw(&a, &ca, b"GET key").await;
         let r = server.next_request().await;
         assert!(
-            matches!(r, Err(Error::Closed(CloseReason::Protocol(_)))),
+            matches!(
+                r,
+                Err(Error::Closed(CloseReason::Protocol(
+                    ProtocolViolation::Rpc(RpcViolation::Frame(_))
+                )))
+            ),
             "{r:?}"
         );
         assert!(matches!(ca.receive().await, Err(Error::Closed(_))));
@@ -333,7 +348,12 @@ fn a_malformed_request_is_a_protocol_violation() {
         send_raw(&a, &ca, &reply.to_bytes()).await;
         let r = server.next_request().await;
         assert!(
-            matches!(r, Err(Error::Closed(CloseReason::Protocol(_)))),
+            matches!(
+                r,
+                Err(Error::Closed(CloseReason::Protocol(
+                    ProtocolViolation::Rpc(RpcViolation::NotARequest(FrameKind::Reply))
+                )))
+            ),
             "{r:?}"
         );
     });

@@ -189,7 +189,7 @@ impl ConnShared {
             Kind::Credit | Kind::Hello => {}
             Kind::MrToken => match RemoteMr::from_bytes(data) {
                 Some(t) => self.msg.tokens.push(t),
-                None => self.end("peer sent a malformed memory region token".to_string()),
+                None => self.end(ProtocolViolation::BadRegionToken),
             },
             Kind::Close => self.on_peer_close(),
             Kind::Rts => self.on_rts(data, imm),
