@@ -252,10 +252,10 @@ pub enum ProtocolViolation {
     /// A malformed message of memory lending ([`crate::Connection::request_remote_mr`] and
     /// friends).
     #[error(transparent)]
-    Agent(#[from] crate::agent::MalformedAgent),
+    Agent(#[from] MalformedAgent),
     /// A request/response frame out of place or malformed ([`crate::rpc`]).
     #[error(transparent)]
-    Rpc(#[from] crate::rpc::RpcViolation),
+    Rpc(#[from] crate::rpc::frame::RpcViolation),
 }
 
 /// Why this side could no longer serve a connection ([`CloseReason::Failed`]).
@@ -307,3 +307,25 @@ impl CloseReason {
 
 /// `Result` with remem's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What is wrong with a memory-lending (agent) message from the peer: the connection is
+/// closed as [`ProtocolViolation::Agent`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MalformedAgent {
+    /// Shorter than an operation and an id.
+    #[error("peer sent a malformed agent message")]
+    Short,
+    /// An operation this version does not know.
+    #[error("peer sent an unknown agent operation {0}")]
+    UnknownOp(u8),
+    /// A request without its fields.
+    #[error("peer sent a malformed memory request")]
+    Request,
+    /// A grant without its fields, or with an invalid region.
+    #[error("peer sent a malformed grant")]
+    Grant,
+    /// A region given away that is missing or invalid.
+    #[error("peer sent a malformed memory region")]
+    Region,
+}

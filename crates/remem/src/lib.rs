@@ -113,7 +113,6 @@
 
 #![warn(missing_docs)]
 
-mod agent;
 mod cm;
 mod conn;
 mod dispatch;
@@ -128,7 +127,6 @@ mod sys;
 mod test_util;
 mod typed;
 
-pub use agent::{MalformedAgent, RemoteLease};
 pub use cm::{
     CM_EXTRAS_LEN, CmConnRequest, CmListener, MAX_CM_ACCEPT_PRIVATE_DATA,
     MAX_CM_CONNECT_PRIVATE_DATA,
@@ -138,6 +136,7 @@ pub use conn::{
     EndpointInfo, HandshakeFailure, Listener, MAX_PRIVATE_DATA, Message, PreparedConnection,
     RecvBuf, Srq,
 };
+pub use conn::{MalformedAgent, RemoteLease};
 pub use dispatch::Polling;
 pub use error::{CloseReason, Error, HandshakeError, LocalFailure, ProtocolViolation};
 pub use mr::{Local, LocalMr, LocalMrMut, LocalMrRef, LocalMut, MR_DESCRIPTOR_LEN, RemoteMr};

@@ -476,16 +476,6 @@ impl LocalMr {
             access: self.inner.access & AccessFlags::REMOTE,
         }
     }
-
-    /// A descriptor of this region for a peer: address, length, remote key, the rights it
-    /// grants and the FLUSH placements it supports, in a compact versioned encoding
-    /// ([`RemoteMr::from_descriptor`] turns it back into a remote region). Pass it by any
-    /// means, e.g. in a connection's private data. A pool
-    /// block is registered for the peer on first use, as when it is shared over a
-    /// connection.
-    pub fn descriptor(&self, rdma: &crate::Rdma) -> Result<Vec<u8>> {
-        Ok(self.token(rdma.pd())?.descriptor())
-    }
 }
 
 /// What both views offer.

@@ -597,3 +597,15 @@ fn reserve(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<()> {
         };
     }
 }
+
+impl LocalMr {
+    /// A descriptor of this region for a peer: address, length, remote key, the rights it
+    /// grants and the FLUSH placements it supports, in a compact versioned encoding
+    /// ([`RemoteMr::from_descriptor`](crate::RemoteMr::from_descriptor) turns it back into
+    /// a remote region). Pass it by any means, e.g. in a connection's private data. A pool
+    /// block is registered for the peer on first use, as when it is shared over a
+    /// connection. (Here rather than in `mr`, which knows no `Rdma`.)
+    pub fn descriptor(&self, rdma: &Rdma) -> Result<Vec<u8>> {
+        Ok(self.token(rdma.pd())?.descriptor())
+    }
+}

@@ -32,6 +32,7 @@
 //! send-queue entry) alive until the completion arrives, so no memory the NIC may touch is
 //! freed or reused.
 
+mod agent;
 mod credits;
 mod handshake;
 mod header;
@@ -46,6 +47,7 @@ mod srq;
 #[cfg(test)]
 mod tests;
 
+pub use agent::{MalformedAgent, RemoteLease};
 pub use handshake::{
     ConnRequest, ConnectOptions, ENDPOINT_INFO_LEN, EndpointInfo, MAX_PRIVATE_DATA,
     PreparedConnection,
@@ -144,7 +146,7 @@ pub(crate) struct ConnShared {
     peer_limits: OnceLock<PeerLimits>,
     /// What the peer said and declared.
     peer: Mutex<Peer>,
-    pub(crate) agent: crate::agent::Agent,
+    pub(crate) agent: agent::Agent,
 }
 
 impl std::fmt::Debug for ConnShared {
@@ -232,7 +234,7 @@ impl ConnShared {
             large: Large::new(cfg.max_large_message as u64),
             peer_limits: OnceLock::new(),
             peer: Mutex::new(Peer::default()),
-            agent: crate::agent::Agent::default(),
+            agent: agent::Agent::default(),
         });
         shared.to_init()?;
         for i in 0..depth {

@@ -45,7 +45,8 @@
 //! their registrations go, so keys learnt on it reach nothing through any other
 //! connection either.
 
-use crate::conn::{ConnShared, Connection, Kind};
+use super::{ConnShared, Connection, Kind};
+pub use crate::error::MalformedAgent;
 use crate::error::{Error, ProtocolViolation, Result};
 use crate::mr::{LocalMr, RemoteMr, TOKEN_LEN};
 
@@ -337,28 +338,6 @@ impl Op {
         .into_iter()
         .find(|op| *op as u8 == b)
     }
-}
-
-/// What is wrong with a memory-lending (agent) message from the peer: the connection is
-/// closed as [`ProtocolViolation::Agent`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum MalformedAgent {
-    /// Shorter than an operation and an id.
-    #[error("peer sent a malformed agent message")]
-    Short,
-    /// An operation this version does not know.
-    #[error("peer sent an unknown agent operation {0}")]
-    UnknownOp(u8),
-    /// A request without its fields.
-    #[error("peer sent a malformed memory request")]
-    Request,
-    /// A grant without its fields, or with an invalid region.
-    #[error("peer sent a malformed grant")]
-    Grant,
-    /// A region given away that is missing or invalid.
-    #[error("peer sent a malformed memory region")]
-    Region,
 }
 
 /// Reads big-endian fields front to back.
