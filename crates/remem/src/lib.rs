@@ -115,6 +115,10 @@
 
 mod cm;
 mod conn;
+/// What fails how: failed operations, regions that go away, stopped peers, retry and
+/// operation timeouts, flow control, connection loss (`FAILURE_MODEL.md`).
+#[doc = include_str!("../FAILURE_MODEL.md")]
+pub mod failure_model {}
 mod dispatch;
 mod error;
 mod mr;
