@@ -25,7 +25,12 @@ use common::test_util::connect;
 /// The addresses of a test's devices: the victim's (`common::first_addr`), and two fresh
 /// ones (`common::peer_addr`) for an attacker or client and for a bystander.
 fn addrs() -> [String; 3] {
-    [common::first_addr(), common::peer_addr(), common::peer_addr()].map(|a| a.ip().to_string())
+    [
+        common::first_addr(),
+        common::peer_addr(),
+        common::peer_addr(),
+    ]
+    .map(|a| a.ip().to_string())
 }
 
 /// The UDP port of `rdma`'s soft device: where an attacker's device binds (its raw queue

@@ -18,7 +18,6 @@ use remem::{Connection, Rdma, RdmaBuilder};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
-
 /// Where a test's first soft device binds: 127.0.0.1, port 0 (the kernel picks a free UDP
 /// port, so tests and test binaries never collide).
 pub fn first_addr() -> SocketAddr {
