@@ -15,9 +15,9 @@ use std::hint::black_box;
 
 fn alloc(c: &mut Criterion) {
     let rdma = RdmaBuilder::new()
-        .device("soft@127.0.13.1:0")
+        .device("soft@127.0.0.1:0")
         .build()
-        .expect("a soft device on 127.0.13.1");
+        .expect("a soft device on 127.0.0.1");
     let mut group = c.benchmark_group("alloc_local_mr");
     for size in [4096usize, 65536] {
         let layout = Layout::from_size_align(size, 8).unwrap();
@@ -43,9 +43,9 @@ fn alloc(c: &mut Criterion) {
 /// accesses, see `LocalMr`).
 fn copy(c: &mut Criterion) {
     let rdma = RdmaBuilder::new()
-        .device("soft@127.0.13.2:0")
+        .device("soft@127.0.0.1:0")
         .build()
-        .expect("a soft device on 127.0.13.2");
+        .expect("a soft device on 127.0.0.1");
     let size = 65536;
     let mr = rdma
         .alloc_local_mr(Layout::from_size_align(size, 8).unwrap())

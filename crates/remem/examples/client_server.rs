@@ -5,8 +5,8 @@
 //! message after a plain WRITE, once with the immediate of a WRITE_WITH_IMM. No data is
 //! copied through a message.
 //!
-//! Two soft devices in this process, 127.0.0.2 (server) and 127.0.0.1 (client), on one UDP
-//! port. Run with `cargo run -p remem --example client_server`; it exits non-zero if a
+//! Two soft devices in this process, 127.0.0.2 (server) and 127.0.0.1 (client), each on a
+//! free UDP port (remem's handshake tells each the other's). Run with `cargo run -p remem --example client_server`; it exits non-zero if a
 //! check fails.
 
 use remem::{Error, RdmaBuilder};
@@ -18,15 +18,13 @@ use tokio::sync::oneshot;
 /// The region the server lends: 8 bytes, as in the original scenario.
 const LEN: usize = 8;
 
-/// Where the client finds the server: the UDP port of its device (the client's device uses
-/// the same) and the TCP address it listens on.
-type Address = (u16, SocketAddr);
+/// Where the client finds the server: the TCP address it listens on.
+type Address = SocketAddr;
 
 async fn server(listening: oneshot::Sender<Address>) -> Result<(), Error> {
     let rdma = RdmaBuilder::new().device("soft@127.0.0.2:0").build()?;
-    let udp = rdma.context().info().udp_addr.expect("a soft device");
     let listener = rdma.listen("127.0.0.1:0").await?;
-    let _ = listening.send((udp.port(), listener.local_addr()?));
+    let _ = listening.send(listener.local_addr()?);
     let conn = listener.accept().await?;
     // 0. The client requested a region here (the agent served it), wrote, and gave it back.
     let given = conn.receive_local_mr().await?;
@@ -56,10 +54,8 @@ async fn server(listening: oneshot::Sender<Address>) -> Result<(), Error> {
 }
 
 async fn client(server: oneshot::Receiver<Address>) -> Result<(), Error> {
-    let (port, addr) = server.await.expect("the server listens or fails");
-    let rdma = RdmaBuilder::new()
-        .device(format!("soft@127.0.0.1:{port}"))
-        .build()?;
+    let addr = server.await.expect("the server listens or fails");
+    let rdma = RdmaBuilder::new().device("soft@127.0.0.1:0").build()?;
     let conn = rdma.connect(addr).await?;
     let local = rdma.alloc_local_mr(Layout::new::<[u8; LEN]>())?;
 

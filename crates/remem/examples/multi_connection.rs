@@ -1,6 +1,6 @@
 //! Many connections to one server: one listener accepts `CLIENTS` clients at once, each with
-//! its own device (127.0.3.2, 127.0.3.3, ...; the server is 127.0.3.1, all on one UDP
-//! port). The server lends the same 8-byte counter on every connection; every client adds
+//! its own device (127.0.3.2, 127.0.3.3, ...; the server is 127.0.3.1; each on a free UDP
+//! port, which remem's handshake tells the peer). The server lends the same 8-byte counter on every connection; every client adds
 //! to it `ADDS` times with RDMA FETCH_AND_ADD, then reports by message. Checked: the final
 //! counter is the sum of all adds, and the values the adds returned are each of
 //! `0..CLIENTS * ADDS` exactly once — no add was lost or seen twice across connections.
@@ -27,9 +27,9 @@ async fn serve(conn: Connection, counter: Arc<LocalMr>) -> Result<u64, Error> {
 }
 
 /// Client `i`: its own device, a connection, `ADDS` adds; returns the values they returned.
-async fn client(i: u8, port: u16, server: SocketAddr) -> Result<Vec<u64>, Error> {
+async fn client(i: u8, server: SocketAddr) -> Result<Vec<u64>, Error> {
     let rdma = RdmaBuilder::new()
-        .device(format!("soft@127.0.3.{}:{port}", i + 2))
+        .device(format!("soft@127.0.3.{}:0", i + 2))
         .build()?;
     let conn = rdma.connect(server).await?;
     let counter = conn.receive_shared_mr().await?;
@@ -47,12 +47,10 @@ async fn client(i: u8, port: u16, server: SocketAddr) -> Result<Vec<u64>, Error>
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let server = RdmaBuilder::new().device("soft@127.0.3.1:0").build()?;
-    let udp = server.context().info().udp_addr;
-    let port = udp.ok_or("a soft device has a UDP address")?.port();
     let listener = server.listen("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let clients: Vec<_> = (0..CLIENTS)
-        .map(|i| tokio::spawn(client(i, port, addr)))
+        .map(|i| tokio::spawn(client(i, addr)))
         .collect();
 
     let counter = Arc::new(server.alloc_local_mr(Layout::new::<u64>())?);

@@ -8,7 +8,7 @@
 //!   notifies the same way (the request's sequence number).
 //!
 //! The server serves until the client closes the connection. Two soft devices in this
-//! process, 127.0.0.2 (server) and 127.0.0.1 (client), on one UDP port. Run with
+//! process, 127.0.0.2 (server) and 127.0.0.1 (client), each on a free UDP port. Run with
 //! `cargo run -p remem --example rpc`; it exits non-zero if a check fails.
 
 use remem::{Connection, Error, Listener, LocalMr, Rdma, RdmaBuilder};
@@ -123,11 +123,7 @@ async fn client(rdma: Rdma, server: SocketAddr) -> Result<(), Error> {
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let server_rdma = RdmaBuilder::new().device("soft@127.0.0.2:0").build()?;
-    let udp = server_rdma.context().info().udp_addr;
-    let port = udp.ok_or("a soft device has a UDP address")?.port();
-    let client_rdma = RdmaBuilder::new()
-        .device(format!("soft@127.0.0.1:{port}"))
-        .build()?;
+    let client_rdma = RdmaBuilder::new().device("soft@127.0.0.1:0").build()?;
     let listener = server_rdma.listen("127.0.0.1:0").await?;
     let client = tokio::spawn(client(client_rdma, listener.local_addr()?));
     let server = tokio::spawn(server(server_rdma, listener));

@@ -13,7 +13,7 @@ use rpma::check;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Error> {
-    let (server, client) = rpma::devices(41)?;
+    let (server, client) = rpma::devices()?;
     let listener = rpma::listen(&server).await?;
     let addr = listener.local_addr()?;
     let hello = ConnectOptions {

@@ -17,7 +17,7 @@ use std::alloc::Layout;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Error> {
-    let (server, client) = rpma::devices(49)?;
+    let (server, client) = rpma::devices()?;
     let listener = rpma::listen(&server).await?;
     let file = TempFile::new("gpspm")?;
     let pmem = server.register_file(

@@ -20,7 +20,7 @@ const HEADER: usize = 8;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Error> {
-    let (server, client) = rpma::devices(47)?;
+    let (server, client) = rpma::devices()?;
     let listener = rpma::listen(&server).await?;
     let file = TempFile::new("log")?;
     let log = server.register_file(&file.file, 0, LOG, rpma::PMEM)?;

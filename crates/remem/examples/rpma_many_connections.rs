@@ -19,12 +19,6 @@ const SLICE: usize = 4096;
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Error> {
     let server = RdmaBuilder::new().device("soft@127.0.46.1:0").build()?;
-    let port = server
-        .context()
-        .info()
-        .udp_addr
-        .expect("soft device")
-        .port();
     let listener = rpma::listen(&server).await?;
     let addr = listener.local_addr()?;
     let region = server.alloc_local_mr(Layout::array::<u8>(CLIENTS * SLICE).unwrap())?;
@@ -55,7 +49,7 @@ async fn main() -> Result<(), Error> {
         let mut tasks = Vec::new();
         for i in 0..CLIENTS {
             let rdma = RdmaBuilder::new()
-                .device(format!("soft@127.0.46.{}:{port}", i + 2))
+                .device(format!("soft@127.0.46.{}:0", i + 2))
                 .build()?;
             tasks.push(tokio::spawn(async move {
                 let conn = rdma.connect(addr).await?;

@@ -15,7 +15,7 @@ const ROUNDS: u64 = 1000;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Error> {
-    let (server, client) = rpma::devices(48)?;
+    let (server, client) = rpma::devices()?;
     let listener = rpma::listen(&server).await?;
     let none = ConnectOptions::default();
     let (c, s) = rpma::connect(&client, &listener, &none, &none).await?;

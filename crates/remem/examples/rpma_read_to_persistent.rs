@@ -14,7 +14,7 @@ use std::alloc::Layout;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Error> {
-    let (server, client) = rpma::devices(43)?;
+    let (server, client) = rpma::devices()?;
     let listener = rpma::listen(&server).await?;
     let data = pattern(64 * 1024, 3);
     let source = server.alloc_local_mr(Layout::array::<u8>(data.len()).unwrap())?;

@@ -14,7 +14,7 @@ use std::alloc::Layout;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Error> {
-    let (server, client) = rpma::devices(42)?;
+    let (server, client) = rpma::devices()?;
     let listener = rpma::listen(&server).await?;
     let text = b"Hello, remote reader: these bytes live on the server.";
     let exposed = server.alloc_local_mr(Layout::array::<u8>(text.len()).unwrap())?;

@@ -13,7 +13,7 @@ use std::alloc::Layout;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Error> {
-    let (server, client) = rpma::devices(50)?;
+    let (server, client) = rpma::devices()?;
     let listener = rpma::listen(&server).await?;
     let none = ConnectOptions::default();
     let (c, s) = rpma::connect(&client, &listener, &none, &none).await?;

@@ -14,7 +14,7 @@ use std::alloc::Layout;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Error> {
-    let (server, client) = rpma::devices(52)?;
+    let (server, client) = rpma::devices()?;
     let listener = rpma::listen(&server).await?;
     let rcq = ConnectOptions {
         separate_recv_cq: true,

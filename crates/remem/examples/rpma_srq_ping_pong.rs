@@ -5,8 +5,8 @@
 //! (its local queue pair number), and answers on that connection. Each client checks
 //! that every pong answers its own ping.
 //!
-//! Soft devices in this process: the server on 127.0.40.1, clients on 127.0.40.2..; one
-//! UDP port. Run with `cargo run -p remem --example rpma_srq_ping_pong`; it exits non-zero
+//! Soft devices in this process: the server on 127.0.40.1, clients on 127.0.40.2..; each
+//! on a free UDP port. Run with `cargo run -p remem --example rpma_srq_ping_pong`; it exits non-zero
 //! if a check fails.
 
 use remem::{ConnectOptions, Connection, Error, RdmaBuilder};
@@ -20,12 +20,6 @@ const ROUNDS: u64 = 100;
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Error> {
     let server = RdmaBuilder::new().device("soft@127.0.40.1:0").build()?;
-    let port = server
-        .context()
-        .info()
-        .udp_addr
-        .expect("soft device")
-        .port();
     // Fewer buffers than pings in flight at once: the queue is shared, not per client.
     let srq = server.create_srq(CLIENTS as u32)?;
     let listener = server.listen("127.0.0.1:0").await?;
@@ -40,7 +34,7 @@ async fn main() -> Result<(), Error> {
     let mut by_qpn: HashMap<u32, Arc<Connection>> = HashMap::new();
     for k in 0..CLIENTS {
         let rdma = RdmaBuilder::new()
-            .device(format!("soft@127.0.40.{}:{port}", k + 2))
+            .device(format!("soft@127.0.40.{}:0", k + 2))
             .build()?;
         let accept = async { listener.next_request().await?.accept(&opts).await };
         let (conn, accepted) = tokio::join!(rdma.connect(addr), accept);

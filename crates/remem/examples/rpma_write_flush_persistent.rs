@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Error> {
-    let (server, client) = rpma::devices(45)?;
+    let (server, client) = rpma::devices()?;
     let listener = rpma::listen(&server).await?;
     let file = TempFile::new("write-flush")?;
     let pmem = server.register_file(&file.file, 0, 16 * 1024, rpma::PMEM)?;
@@ -59,14 +59,8 @@ async fn main() -> Result<(), Error> {
     )?;
 
     // A device without FLUSH.
-    let port = client
-        .context()
-        .info()
-        .udp_addr
-        .expect("soft device")
-        .port();
     let old = SoftContext::bind_with(
-        format!("127.0.45.3:{port}").parse().expect("address"),
+        "127.0.0.3:0".parse().expect("address"),
         &SoftOptions {
             no_placement: true,
             ..SoftOptions::default()

@@ -14,7 +14,7 @@ use std::alloc::Layout;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Error> {
-    let (server, client) = rpma::devices(44)?;
+    let (server, client) = rpma::devices()?;
     let listener = rpma::listen(&server).await?;
     let file = TempFile::new("write-to-pmem")?;
     let pmem = server.register_file(&file.file, 0, 4096, rpma::PMEM)?;

@@ -213,8 +213,9 @@ mod tests {
 
     #[test]
     fn open_by_name_and_unknown_name() {
-        let ctx = open_device(Some("soft@127.0.10.1:0")).unwrap();
-        assert!(ctx.info().name.starts_with("soft@127.0.10.1:"));
+        let addr = crate::test_util::fresh_addr();
+        let ctx = open_device(Some(&format!("soft@{addr}"))).unwrap();
+        assert!(ctx.info().name.starts_with(&format!("soft@{}:", addr.ip())));
         assert!(devices().unwrap().iter().any(|d| d.name == "soft-lo"));
         assert!(matches!(
             open_device(Some("no-such-dev")),

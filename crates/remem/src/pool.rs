@@ -220,7 +220,7 @@ mod tests {
 
     #[test]
     fn a_lent_block_returns_to_the_pool_only_after_its_registration_ended() {
-        let ctx = crate::open_device(Some("soft@127.0.53.250:0")).unwrap();
+        let ctx = crate::open_device(Some(&crate::test_util::fresh_device())).unwrap();
         let watch = Arc::new(WatchPd {
             pd: ctx.alloc_pd().unwrap(),
             pool: std::sync::OnceLock::new(),

@@ -91,8 +91,7 @@ fn assemble<T: FromBytes>(fill: impl FnOnce(&mut [u8]) -> Result<()>) -> Result<
 /// # fn main() -> Result<(), remem::Error> {
 /// # tokio::runtime::Runtime::new()?.block_on(async {
 /// # let b = remem::RdmaBuilder::new().device("soft@127.0.0.6:0").build()?;
-/// # let port = b.context().info().udp_addr.unwrap().port();
-/// # let a = remem::RdmaBuilder::new().device(format!("soft@127.0.0.5:{port}")).build()?;
+/// # let a = remem::RdmaBuilder::new().device("soft@127.0.0.5:0").build()?;
 /// # let listener = b.listen("127.0.0.1:0").await?;
 /// # let (conn, peer) = tokio::join!(a.connect(listener.local_addr()?), listener.accept());
 /// # let (conn, peer) = (conn?, peer?);
@@ -167,8 +166,7 @@ impl<T> Deref for RemoteValue<T> {
 /// # fn main() -> Result<(), remem::Error> {
 /// # tokio::runtime::Runtime::new()?.block_on(async {
 /// # let b = remem::RdmaBuilder::new().device("soft@127.0.0.8:0").build()?;
-/// # let port = b.context().info().udp_addr.unwrap().port();
-/// # let a = remem::RdmaBuilder::new().device(format!("soft@127.0.0.7:{port}")).build()?;
+/// # let a = remem::RdmaBuilder::new().device("soft@127.0.0.7:0").build()?;
 /// # let listener = b.listen("127.0.0.1:0").await?;
 /// # let (conn, peer) = tokio::join!(a.connect(listener.local_addr()?), listener.accept());
 /// # let (conn, peer) = (conn?, peer?);
@@ -404,28 +402,13 @@ impl Connection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::RdmaBuilder;
     use crate::test_util::{connect, layout};
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
     use zerocopy::{FromBytes, Immutable, IntoBytes};
 
-    /// Two `Rdma`s that can talk on soft devices (127.0.55.x).
-    fn pair() -> (Rdma, Rdma) {
-        static NEXT: AtomicU8 = AtomicU8::new(1);
-        let n = NEXT.fetch_add(2, Ordering::Relaxed);
-        let a = RdmaBuilder::new()
-            .device(format!("soft@127.0.55.{n}:0"))
-            .build()
-            .unwrap();
-        let port = a.context().info().udp_addr.unwrap().port();
-        let b = RdmaBuilder::new()
-            .device(format!("soft@127.0.55.{}:{port}", n + 1))
-            .build()
-            .unwrap();
-        (a, b)
-    }
+    use crate::test_util::soft_pair as pair;
 
     #[derive(FromBytes, IntoBytes, Immutable, Debug, PartialEq, Clone, Copy)]
     #[repr(C)]

@@ -1,7 +1,8 @@
 //! Connections through the RDMA connection manager (`Rdma::connect_cm` /
-//! `Rdma::listen_cm`) on soft devices (`common::pair_with`) or `REMEM_TEST_DEVICE`: private data
-//! both ways, data over the connection, rejection, a port nobody listens on, and a close
-//! by either side seen by the other.
+//! `Rdma::listen_cm`) on soft devices sharing a UDP port (`common::same_port_pair_with`:
+//! the CM, unlike remem's TCP handshake, does not tell a device its peer's port) or
+//! `REMEM_TEST_DEVICE`: private data both ways, data over the connection, rejection, a
+//! port nobody listens on, and a close by either side seen by the other.
 
 use remem::verbs::CmEventKind;
 use remem::{
@@ -14,7 +15,7 @@ use std::net::SocketAddr;
 mod common;
 
 fn pair() -> (Rdma, Rdma) {
-    common::pair_with(|a| a.polling(Polling::Event), |b| b)
+    common::same_port_pair_with(|a| a.polling(Polling::Event), |b| b)
 }
 
 /// Where `b` listens: its device's address, a port the CM picks.
@@ -146,7 +147,7 @@ async fn devices_their_users_drive_connect_through_the_cm() {
         Arc::new(SoftContext::bind_with(addr, &inline).unwrap())
     };
     let a_ctx = open(common::first_addr());
-    let b_ctx = open(common::peer_addr(a_ctx.info().udp_addr.unwrap()));
+    let b_ctx = open(common::same_port_addr(a_ctx.info().udp_addr.unwrap()));
     assert!(a_ctx.caller_driven() && b_ctx.caller_driven());
     let build = |ctx| {
         remem::RdmaBuilder::new()

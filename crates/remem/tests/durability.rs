@@ -1,7 +1,7 @@
 //! Durability across a crash of the target process. The test (the writer, on
 //! `common::first_device`) spawns this test binary again as the target (`child_target`, on
-//! its peer `common::peer_addr`, one UDP port), which maps a file given by the parent, registers it for persistent flushes and
-//! sends its descriptor as private data. The writer writes a pattern in many chunks with
+//! a `common::peer_device`), which maps a file given by the parent, registers it for
+//! persistent flushes and sends its descriptor as private data. The writer writes a pattern in many chunks with
 //! writes that complete only on error, makes the whole range durable with one persistent
 //! flush, and kills the target with SIGKILL the moment the flush completes. Reopening the
 //! file, every flushed byte must be there.
@@ -29,7 +29,6 @@ use std::time::Duration;
 
 mod common;
 
-const PORT_ENV: &str = "REMEM_DURABILITY_PORT";
 const FILE_ENV: &str = "REMEM_DURABILITY_FILE";
 const LEN: usize = 1 << 20;
 const CHUNK: usize = 16 * 1024;
@@ -39,18 +38,11 @@ fn pattern() -> Vec<u8> {
     (0..LEN).map(|i| ((i / 7) % 251) as u8 + 1).collect()
 }
 
-/// The target's soft device: the writer's peer, on the writer's UDP `port`.
-fn child_device(port: &str) -> String {
-    let port = port.parse().expect("the writer's UDP port");
-    let writer = SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), port);
-    format!("soft@{}", common::peer_addr(writer))
-}
-
 /// The target: runs only as the child process of the tests below.
 #[test]
 #[ignore = "runs in the child process of the durability tests"]
 fn child_target() {
-    let (Ok(port), Ok(path)) = (std::env::var(PORT_ENV), std::env::var(FILE_ENV)) else {
+    let Ok(path) = std::env::var(FILE_ENV) else {
         eprintln!("child_target only runs as the child of the durability tests");
         return;
     };
@@ -61,7 +53,7 @@ fn child_target() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let served = rt.block_on(async {
         tokio::time::timeout(LIMIT, async {
-            let rdma = RdmaBuilder::new().device(child_device(&port)).build()?;
+            let rdma = RdmaBuilder::new().device(common::peer_device()).build()?;
             let file = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -94,10 +86,9 @@ struct Target {
 }
 
 impl Target {
-    fn spawn(port: u16, path: &std::path::Path) -> Target {
+    fn spawn(path: &std::path::Path) -> Target {
         let mut process = Command::new(std::env::current_exe().expect("own path"))
             .args(["--exact", "child_target", "--ignored", "--nocapture"])
-            .env(PORT_ENV, port.to_string())
             .env(FILE_ENV, path)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -136,8 +127,7 @@ fn write_then_kill(tag: &str, flush: bool) -> Vec<u8> {
     let rdma = rt
         .block_on(async { RdmaBuilder::new().device(common::first_device()).build() })
         .expect("device");
-    let port = rdma.context().info().udp_addr.expect("soft device").port();
-    let target = Target::spawn(port, &path);
+    let target = Target::spawn(&path);
     rt.block_on(async {
         tokio::time::timeout(LIMIT, async {
             let conn = rdma.connect(target.addr).await?;

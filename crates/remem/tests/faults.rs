@@ -1,6 +1,6 @@
 //! A verified workload under injected network faults, over real UDP sockets between two
-//! soft devices (`common::first_addr` and its peer): both devices lose, corrupt, duplicate, reorder or delay the
-//! packets they send ([`remem_soft::FaultConfig`]). WRITEs, READs, SENDs (eager and large)
+//! soft devices (`common::first_addr` and a `common::peer_addr`): both devices lose,
+//! corrupt, duplicate, reorder or delay the packets they send ([`remem_soft::FaultConfig`]). WRITEs, READs, SENDs (eager and large)
 //! and atomics of mixed sizes must complete with the target's memory exactly as a model
 //! says (compared at the target), every message intact and in order, and every atomic
 //! applied exactly once. Past the retry limits, operations fail with RETRY_EXC_ERR and
@@ -44,10 +44,7 @@ fn pair(faults: FaultConfig) -> (Rdma, Rdma) {
         seed: faults.seed.wrapping_add(1),
         ..faults
     };
-    let b = device(
-        common::peer_addr(a.context().info().udp_addr.unwrap()),
-        b_faults,
-    );
+    let b = device(common::peer_addr(), b_faults);
     (a, b)
 }
 
@@ -326,10 +323,7 @@ async fn past_the_retry_limit_operations_fail_and_the_connection_is_lost() {
                 ..faults(9)
             },
         );
-        let b = device(
-            common::peer_addr(a.context().info().udp_addr.unwrap()),
-            faults(10),
-        );
+        let b = device(common::peer_addr(), faults(10));
         (a, b)
     };
     // (Endpoints exchanged out of band: the TCP handshake's first RDMA message could not

@@ -15,7 +15,7 @@ use common::test_util::{connect, layout};
 /// name of its device, e.g. with agent limits).
 fn pair_on(b: impl FnOnce(RdmaBuilder, &str) -> RdmaBuilder) -> (Rdma, Rdma) {
     let a = common::builder(common::first_device()).build().unwrap();
-    let name = common::test_device().unwrap_or(common::peer_device(&a));
+    let name = common::test_device().unwrap_or(common::peer_device());
     let b = b(RdmaBuilder::new().device(&name), &name).build().unwrap();
     (a, b)
 }
@@ -263,7 +263,7 @@ async fn regions_given_and_never_taken_are_bounded() {
 mod small_device {
     use remem::verbs::{
         AccessFlags, AddressHandle, AhAttr, AsyncEvent, CompletionChannel, CompletionQueue,
-        Context, Counter, DeviceAttr, DeviceInfo, Error, GidEntry, MemRegion, MemoryRegion,
+        Context, Counter, DeviceAttr, DeviceInfo, Error, Gid, GidEntry, MemRegion, MemoryRegion,
         PortAttr, ProtectionDomain, QpInitAttr, QueuePair, Result, SharedReceiveQueue, SrqAttr,
     };
     use std::os::fd::BorrowedFd;
@@ -333,6 +333,9 @@ mod small_device {
         }
         fn counters(&self) -> Vec<Counter> {
             self.ctx.counters()
+        }
+        fn set_peer_udp_port(&self, gid: Gid, port: u16) -> Result<()> {
+            self.ctx.set_peer_udp_port(gid, port)
         }
     }
 }

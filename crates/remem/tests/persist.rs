@@ -1,5 +1,5 @@
 //! Remote persistent memory through the async API (librpma's operations) on soft devices
-//! (`common::first_addr` and its peer): FLUSH and ATOMIC WRITE natively and by librpma's
+//! (`common::first_addr` and a `common::peer_addr`): FLUSH and ATOMIC WRITE natively and by librpma's
 //! fallbacks, file-backed regions, writes that complete only on error, MR descriptors.
 
 use remem::{AccessFlags, Error, FlushType, PeerConfig, Polling, Rdma, RdmaBuilder, RemoteMr};
@@ -19,14 +19,13 @@ fn pair(a_without_placement: bool) -> (Rdma, Rdma) {
         ..SoftOptions::default()
     };
     let dev = SoftContext::bind_with(common::first_addr(), &opts).unwrap();
-    let peer = common::peer_addr(dev.local_addr());
     let a = RdmaBuilder::new()
         .context(Arc::new(dev))
         .polling(Polling::Event)
         .build()
         .unwrap();
     let b = RdmaBuilder::new()
-        .device(format!("soft@{peer}"))
+        .device(common::peer_device())
         .build()
         .unwrap();
     (a, b)

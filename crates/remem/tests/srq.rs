@@ -29,7 +29,7 @@ async fn setup(clients: usize, depth: u32) -> (Rdma, Srq, Vec<(Rdma, Connection,
     };
     let mut out = Vec::new();
     for _ in 0..clients {
-        let client = rdma(common::peer_device(&server));
+        let client = rdma(common::peer_device());
         let accept = async { listener.next_request().await?.accept(&opts).await };
         let (c, s) = tokio::join!(client.connect(addr), accept);
         out.push((client, c.unwrap(), s.unwrap()));

@@ -1,9 +1,10 @@
 //! The async API between two processes. The test is the client, on `common::first_device`;
-//! it spawns this test binary again as the server (`child_server`), on its peer
-//! (`common::peer_addr`, the same UDP port), which prints the TCP address it listens on. The server lends a region; the client
-//! writes into it, reads what the server put there, does atomics on a counter in it, and
-//! asks by message for a check; the server checks in its own memory and answers by message;
-//! the client closes and the server must see it.
+//! it spawns this test binary again as the server (`child_server`), on a device of its own
+//! (`common::peer_device`: remem's handshake tells each device the other's UDP port), which
+//! prints the TCP address it listens on. The server lends a region; the client writes into
+//! it, reads what the server put there, does atomics on a counter in it, and asks by
+//! message for a check; the server checks in its own memory and answers by message; the
+//! client closes and the server must see it.
 //!
 //! The child's standard input is a pipe the parent holds: when the parent goes away, the
 //! child sees its end and exits; its whole run is bounded too.
@@ -18,8 +19,8 @@ use std::time::Duration;
 
 mod common;
 
-/// Carries the UDP port of the parent's device to the child.
-const PORT_ENV: &str = "REMEM_API_TWO_PROCESS_PORT";
+/// Set (to 1) in the child's environment: `child_server` serves only then.
+const CHILD_ENV: &str = "REMEM_API_TWO_PROCESS_CHILD";
 /// The longest either process runs.
 const LIMIT: Duration = Duration::from_secs(30);
 /// The exit code of a child whose parent went away.
@@ -45,10 +46,10 @@ fn layout(len: usize) -> Layout {
 #[test]
 #[ignore = "runs in the child process of two_processes"]
 fn child_server() {
-    let Ok(port) = std::env::var(PORT_ENV) else {
+    if std::env::var_os(CHILD_ENV).is_none() {
         eprintln!("child_server only runs as the child of two_processes");
         return;
-    };
+    }
     std::thread::spawn(|| {
         // The parent writes nothing: end of file (or an error) means it is gone.
         let _ = std::io::stdin().read(&mut [0]);
@@ -56,21 +57,12 @@ fn child_server() {
         std::process::exit(ORPHANED);
     });
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let served = runtime.block_on(async { tokio::time::timeout(LIMIT, serve(&port)).await });
+    let served = runtime.block_on(async { tokio::time::timeout(LIMIT, serve()).await });
     served.expect("the child's time limit").expect("serving");
 }
 
-/// The child's soft device: the parent's peer, on the parent's UDP `port`.
-fn child_device(port: &str) -> Result<String, Error> {
-    let port = port
-        .parse()
-        .map_err(|_| Error::InvalidArgument(format!("{PORT_ENV}={port}")))?;
-    let parent = SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), port);
-    Ok(format!("soft@{}", common::peer_addr(parent)))
-}
-
-async fn serve(port: &str) -> Result<(), Error> {
-    let rdma = RdmaBuilder::new().device(child_device(port)?).build()?;
+async fn serve() -> Result<(), Error> {
+    let rdma = RdmaBuilder::new().device(common::peer_device()).build()?;
     let listener = rdma.listen("127.0.0.1:0").await?;
     println!("listening {}", listener.local_addr()?);
     let conn = listener.accept().await?;
@@ -122,11 +114,11 @@ struct Server {
 }
 
 impl Server {
-    /// Spawns the child for a parent device on `port`; returns once it listens.
-    fn spawn(port: u16) -> Server {
+    /// Spawns the child; returns once it listens.
+    fn spawn() -> Server {
         let mut process = Command::new(std::env::current_exe().expect("own path"))
             .args(["--exact", "child_server", "--ignored", "--nocapture"])
-            .env(PORT_ENV, port.to_string())
+            .env(CHILD_ENV, "1")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -164,13 +156,11 @@ impl Drop for Server {
 }
 
 /// The parent's device, and the runtime its connections run on.
-fn parent_device() -> (tokio::runtime::Runtime, Rdma, u16) {
+fn parent_device() -> (tokio::runtime::Runtime, Rdma) {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let rdma =
         runtime.block_on(async { RdmaBuilder::new().device(common::first_device()).build() });
-    let rdma = rdma.expect("device");
-    let port = rdma.context().info().udp_addr.expect("soft device").port();
-    (runtime, rdma, port)
+    (runtime, rdma.expect("device"))
 }
 
 async fn client(rdma: &Rdma, server: SocketAddr) -> Result<(), Error> {
@@ -206,8 +196,8 @@ async fn client(rdma: &Rdma, server: SocketAddr) -> Result<(), Error> {
 
 #[test]
 fn two_processes() {
-    let (runtime, rdma, port) = parent_device();
-    let server = Server::spawn(port);
+    let (runtime, rdma) = parent_device();
+    let server = Server::spawn();
     let run =
         runtime.block_on(async { tokio::time::timeout(LIMIT, client(&rdma, server.addr)).await });
     run.expect("the parent's time limit").expect("the client");
@@ -223,8 +213,8 @@ fn two_processes() {
 /// itself.
 #[test]
 fn the_child_exits_when_its_parent_goes_away() {
-    let (_runtime, _rdma, port) = parent_device();
-    let mut server = Server::spawn(port);
+    let (_runtime, _rdma) = parent_device();
+    let mut server = Server::spawn();
     drop(server.stdin.take());
     // Had it waited for its time limit instead, its code would be the test harness's.
     assert_eq!(server.wait().0, Some(ORPHANED));

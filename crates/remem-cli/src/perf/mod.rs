@@ -2,11 +2,11 @@
 //!
 //! `remem perf write_bw` serves; `remem perf write_bw HOST` connects to a server and runs
 //! the test; `remem perf --loopback write_bw` runs both ends in one process, each on a soft
-//! device of its own (127.0.0.1 and 127.0.0.2, one UDP port). The client tells the server
-//! what to run, so the server needs no flags but the test's name and the port. With
-//! `--perftest` the two sides speak perftest's own out-of-band exchange instead
-//! (`perftest.rs`), so either may be one of perftest's `ib_*` tools; then, as with
-//! perftest, both sides take the test's flags.
+//! device of its own (127.0.0.1 and 127.0.0.2, each on a free UDP port, told the other's).
+//! The client tells the server what to run, so the server needs no flags but the test's
+//! name and the port. With `--perftest` the two sides speak perftest's own out-of-band
+//! exchange instead (`perftest.rs`), so either may be one of perftest's `ib_*` tools;
+//! then, as with perftest, both sides take the test's flags.
 //!
 //! A server opens its device (and checks `-d`/`-x`) before it waits for a client. A
 //! connection that turns out not to be a remem perf or perftest client (silent, closed at
@@ -945,6 +945,19 @@ fn client(
     Ok((rows, peer))
 }
 
+/// Tells soft device `dev` the UDP port `peer`'s soft device takes RoCEv2 packets on.
+fn introduce(dev: &Device, peer: &Device) -> Result<(), PerfError> {
+    let port = peer
+        .ctx
+        .info()
+        .udp_addr
+        .ok_or_else(|| format!("{}: not a soft device", peer.name))?
+        .port();
+    dev.ctx
+        .set_peer_udp_port(peer.gid, port)
+        .map_err(|e| format!("{}: the peer's UDP port: {e}", dev.name))
+}
+
 /// Both ends in this process: the server on a thread, each on its own soft device.
 fn loopback(
     args: &PerfArgs,
@@ -952,22 +965,19 @@ fn loopback(
     timeout: Duration,
 ) -> Result<(Vec<Row>, (String, String)), PerfError> {
     let soft_inline = !args.soft_thread;
-    // The server's device picks a free UDP port; the client's binds the same port on
-    // another address (soft devices talk to their peer's port).
-    let probe = std::net::UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .map_err(|e| format!("no free UDP port: {e}"))?;
-    let udp_port = probe.port();
-    let server_dev = open_device(&DeviceChoice {
-        name: Some(format!("soft@127.0.0.1:{udp_port}")),
-        gid_index: None,
-        soft_inline,
-    })?;
-    let client_dev = open_device(&DeviceChoice {
-        name: Some(format!("soft@127.0.0.2:{udp_port}")),
-        gid_index: None,
-        soft_inline,
-    })?;
+    // Each device on a free UDP port, told the other's: remem's handshake (`--api`) tells
+    // each device its peer's port, but the raw exchange and the RDMA CM carry none.
+    let open = |ip: &str| {
+        open_device(&DeviceChoice {
+            name: Some(format!("soft@{ip}:0")),
+            gid_index: None,
+            soft_inline,
+        })
+    };
+    let server_dev = open("127.0.0.1")?;
+    let client_dev = open("127.0.0.2")?;
+    introduce(&server_dev, &client_dev)?;
+    introduce(&client_dev, &server_dev)?;
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     let tcp = listener.local_addr().map_err(|e| e.to_string())?;
     let local = args.clone();

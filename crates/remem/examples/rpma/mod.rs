@@ -1,4 +1,4 @@
-//! What the librpma scenario examples share: two soft devices on one UDP port, a
+//! What the librpma scenario examples share: two soft devices (any UDP ports), a
 //! connection between them, and temporary files for persistent regions.
 
 #![allow(dead_code)]
@@ -12,20 +12,11 @@ pub const PMEM: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::FLUSH_GLOBAL)
     .union(AccessFlags::FLUSH_PERSISTENT);
 
-/// A server and a client device: `127.0.<net>.1` and `127.0.<net>.2`, one UDP port.
-pub fn devices(net: u8) -> Result<(Rdma, Rdma), Error> {
-    let server = RdmaBuilder::new()
-        .device(format!("soft@127.0.{net}.1:0"))
-        .build()?;
-    let port = server
-        .context()
-        .info()
-        .udp_addr
-        .expect("a soft device")
-        .port();
-    let client = RdmaBuilder::new()
-        .device(format!("soft@127.0.{net}.2:{port}"))
-        .build()?;
+/// A server and a client device: `127.0.0.2` and `127.0.0.1`, each on a free UDP port
+/// (remem's handshake tells each the other's).
+pub fn devices() -> Result<(Rdma, Rdma), Error> {
+    let server = RdmaBuilder::new().device("soft@127.0.0.2:0").build()?;
+    let client = RdmaBuilder::new().device("soft@127.0.0.1:0").build()?;
     Ok((server, client))
 }
 

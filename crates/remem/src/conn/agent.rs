@@ -916,7 +916,6 @@ mod tests {
     use crate::{LocalMr, RemoteMr};
     use proptest::prelude::*;
     use remem_verbs::{AccessFlags, WcStatus};
-    use std::sync::atomic::AtomicU8;
 
     fn arb_token() -> impl Strategy<Value = RemoteMr> {
         (any::<u64>(), any::<u64>(), any::<u32>(), any::<u32>()).prop_filter_map(
@@ -1099,20 +1098,10 @@ mod tests {
         }
     }
 
-    /// Two `Rdma`s that can talk on soft devices (127.0.54.x), the first (the peer that
-    /// misbehaves in some tests) built from `a`.
+    /// Two `Rdma`s that can talk on soft devices, the first (the peer that misbehaves in
+    /// some tests) built from `a`.
     fn pair(a: impl FnOnce(RdmaBuilder) -> RdmaBuilder) -> (Rdma, Rdma) {
-        static NEXT: AtomicU8 = AtomicU8::new(1);
-        let n = NEXT.fetch_add(2, Ordering::Relaxed);
-        let a = a(RdmaBuilder::new().device(format!("soft@127.0.54.{n}:0")))
-            .build()
-            .unwrap();
-        let port = a.context().info().udp_addr.unwrap().port();
-        let b = RdmaBuilder::new()
-            .device(format!("soft@127.0.54.{}:{port}", n + 1))
-            .build()
-            .unwrap();
-        (a, b)
+        crate::test_util::soft_pair_with(a, |b| b)
     }
 
     /// How the connection ended (bounded wait).

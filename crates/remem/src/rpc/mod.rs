@@ -131,8 +131,7 @@ impl Drop for ClientInner {
 /// # fn main() -> Result<(), remem::Error> {
 /// tokio::runtime::Runtime::new()?.block_on(async {
 ///     let server = RdmaBuilder::new().device("soft@127.0.0.6:0").build()?;
-///     let port = server.context().info().udp_addr.unwrap().port();
-///     let client = RdmaBuilder::new().device(format!("soft@127.0.0.5:{port}")).build()?;
+///     let client = RdmaBuilder::new().device("soft@127.0.0.5:0").build()?;
 ///     let listener = server.listen("127.0.0.1:0").await?;
 ///     let (c, s) = tokio::join!(client.connect(listener.local_addr()?), listener.accept());
 ///
@@ -307,8 +306,7 @@ async fn route(conn: Arc<Connection>, calls: Arc<Mutex<Calls>>) {
 /// # fn main() -> Result<(), remem::Error> {
 /// tokio::runtime::Runtime::new()?.block_on(async {
 ///     let server = RdmaBuilder::new().device("soft@127.0.0.8:0").build()?;
-///     let port = server.context().info().udp_addr.unwrap().port();
-///     let client = RdmaBuilder::new().device(format!("soft@127.0.0.7:{port}")).build()?;
+///     let client = RdmaBuilder::new().device("soft@127.0.0.7:0").build()?;
 ///     let listener = server.listen("127.0.0.1:0").await?;
 ///     let (c, s) = tokio::join!(client.connect(listener.local_addr()?), listener.accept());
 ///     let rpc = RpcClient::new(&client, c?);

@@ -1,20 +1,22 @@
 //! What the async-API test binaries share: where their `Rdma`s live, and (from the crate's
 //! `src/test_util.rs`, which its unit tests use too) how two of them connect.
 //!
-//! By default each test end gets a soft device of its own: a test's first device on
-//! 127.0.0.1 at a free UDP port ([`first_addr`]), every device that talks to it where
-//! [`peer_addr`] says ([`pair`], [`pair_with`] build two `Rdma`s so). With
-//! `REMEM_TEST_DEVICE` set (e.g. `rxe0`; `cargo xtask rxe conformance` runs the tests so on
-//! kernel Soft-RoCE, built with the `ibverbs` feature), every end opens a context of that
-//! device instead.
+//! By default each test end gets a soft device of its own on port 0 (the kernel picks a
+//! free UDP port, so tests and test binaries never collide): a test's first device on
+//! 127.0.0.1 ([`first_addr`]), every other one on a loopback address of its own
+//! ([`peer_addr`]), so that a device talking to several peers tells them apart by address.
+//! remem's handshake tells each device its peer's UDP port, so nobody names a port
+//! ([`pair`], [`pair_with`] build two `Rdma`s so). Connections through the RDMA CM do not
+//! carry it: their devices share one port ([`same_port_addr`]). With `REMEM_TEST_DEVICE`
+//! set (e.g. `rxe0`; `cargo xtask rxe conformance` runs the tests so on kernel Soft-RoCE,
+//! built with the `ibverbs` feature), every end opens a context of that device instead.
 
 #![allow(dead_code)]
 
 use remem::verbs::{CompletionQueue, ProtectionDomain, QpCap, QpInitAttr, QpType, QueuePair};
 use remem::{Connection, Rdma, RdmaBuilder};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Where a test's first soft device binds: 127.0.0.1, port 0 (the kernel picks a free UDP
 /// port, so tests and test binaries never collide).
@@ -22,19 +24,18 @@ pub fn first_addr() -> SocketAddr {
     SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0)
 }
 
-/// Where a soft device that talks to the one bound at `first` binds.
-///
-/// Soft devices that talk send to their own UDP port (RoCEv2's rule: everyone on 4791)
-/// unless told the peer's, and remem's handshake does not carry it yet: so the peer shares
-/// `first`'s port, on a loopback address of its own (127.1.x.y, fresh for each call in
-/// this process; another process's device on that address and port would need `first`'s
-/// port, which is this process's). This is the one place that changes once the handshake
-/// carries the port: then it is `first_addr()` too.
-pub fn peer_addr(first: SocketAddr) -> SocketAddr {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed) % (254 * 256);
-    let ip = Ipv4Addr::new(127, 1, (n / 254) as u8, (n % 254 + 1) as u8);
-    SocketAddr::new(IpAddr::V4(ip), first.port())
+/// Where a soft device that talks to a test's others binds: a fresh loopback address, port
+/// 0 (remem's handshake tells each end the other's port; [`test_util::fresh_addr`]).
+pub fn peer_addr() -> SocketAddr {
+    test_util::fresh_addr()
+}
+
+/// Where a soft device that talks to the one bound at `first` binds when nothing tells
+/// either its peer's UDP port (connections through the RDMA CM, raw queue pairs): `first`'s
+/// port (soft devices send to their own port unless told the peer's), on a fresh loopback
+/// address.
+pub fn same_port_addr(first: SocketAddr) -> SocketAddr {
+    SocketAddr::new(test_util::fresh_addr().ip(), first.port())
 }
 
 /// The name of a test's first soft device (`soft@127.0.0.1:0`).
@@ -42,13 +43,12 @@ pub fn first_device() -> String {
     format!("soft@{}", first_addr())
 }
 
-/// The name of a soft device that talks to `first`'s ([`peer_addr`]).
-pub fn peer_device(first: &Rdma) -> String {
-    let addr = first.context().info().udp_addr.unwrap_or_else(first_addr);
-    format!("soft@{}", peer_addr(addr))
+/// The name of a soft device that talks to a test's others ([`peer_addr`]).
+pub fn peer_device() -> String {
+    format!("soft@{}", peer_addr())
 }
 
-/// Two `Rdma`s that can talk: `a` on the test's first device, `b` on its peer
+/// Two `Rdma`s that can talk: `a` on the test's first device, `b` on a peer device
 /// ([`peer_device`]) — or both on `REMEM_TEST_DEVICE` — each built from its builder by
 /// `a_opts` / `b_opts` (polling, limits, …).
 pub fn pair_with(
@@ -56,23 +56,31 @@ pub fn pair_with(
     b_opts: impl FnOnce(RdmaBuilder) -> RdmaBuilder,
 ) -> (Rdma, Rdma) {
     let a = a_opts(builder(first_device())).build().unwrap();
-    let b = b_opts(builder(peer_device(&a))).build().unwrap();
+    let b = b_opts(builder(peer_device())).build().unwrap();
+    (a, b)
+}
+
+/// [`pair_with`] for connections that do not tell the devices each other's UDP port
+/// (through the RDMA CM): `b`'s soft device shares `a`'s port ([`same_port_addr`]).
+pub fn same_port_pair_with(
+    a_opts: impl FnOnce(RdmaBuilder) -> RdmaBuilder,
+    b_opts: impl FnOnce(RdmaBuilder) -> RdmaBuilder,
+) -> (Rdma, Rdma) {
+    let a = a_opts(builder(first_device())).build().unwrap();
+    let first = a.context().info().udp_addr.unwrap_or_else(first_addr);
+    let b = b_opts(builder(format!("soft@{}", same_port_addr(first))))
+        .build()
+        .unwrap();
     (a, b)
 }
 
 /// [`pair_with`] on soft devices always (for tests of soft-device behaviour, which ignore
-/// `REMEM_TEST_DEVICE`).
+/// `REMEM_TEST_DEVICE`): [`test_util::soft_pair_with`].
 pub fn soft_pair_with(
     a_opts: impl FnOnce(RdmaBuilder) -> RdmaBuilder,
     b_opts: impl FnOnce(RdmaBuilder) -> RdmaBuilder,
 ) -> (Rdma, Rdma) {
-    let a = a_opts(RdmaBuilder::new().device(first_device()))
-        .build()
-        .unwrap();
-    let b = b_opts(RdmaBuilder::new().device(peer_device(&a)))
-        .build()
-        .unwrap();
-    (a, b)
+    test_util::soft_pair_with(a_opts, b_opts)
 }
 
 /// [`pair_with`] the builders' defaults.
