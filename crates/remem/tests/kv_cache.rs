@@ -57,10 +57,7 @@ impl Drop for Server {
 fn kv_cache_between_two_processes() {
     let mut cmd = Command::new(std::env::current_exe().expect("own path"));
     cmd.args(["--exact", "child_server", "--ignored", "--nocapture"])
-        .env(
-            ARGS_ENV,
-            "server --connections 3 --device soft@127.0.191.2:0",
-        )
+        .env(ARGS_ENV, "server --connections 3 --device soft@127.0.0.1:0")
         .stdin(Stdio::piped());
     let (child, addr) = kv_cache::spawn_server(cmd).expect("the server listens");
     let mut server = Server(child);
@@ -68,7 +65,7 @@ fn kv_cache_between_two_processes() {
     let _stdin = server.0.stdin.take();
 
     let client = args(&format!(
-        "client --connect {addr} --device soft@127.0.191.1:0 \
+        "client --connect {addr} --device soft@127.0.0.2:0 \
          --connections 3 --tasks 4 --ops 300"
     ));
     let runtime = tokio::runtime::Runtime::new().unwrap();

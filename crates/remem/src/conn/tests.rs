@@ -2,7 +2,7 @@
 //! integration tests do not cover: UDP ports learned in the handshake.
 
 use super::lock;
-use crate::test_util::{connect, layout};
+use crate::test_util::{connect, fresh_addr, fresh_device, layout};
 use crate::{Error, HandshakeError, Rdma, RdmaBuilder};
 use remem_verbs::{
     AsyncEvent, CompletionChannel, CompletionQueue, Context, Counter, DeviceAttr, DeviceInfo,
@@ -71,14 +71,8 @@ fn only_4791(ip: &str) -> Rdma {
 /// device the other's port, and they connect and do RDMA. (Before: `PortMismatch`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soft_devices_on_different_ports_connect_without_naming_ports() {
-    let a = RdmaBuilder::new()
-        .device("soft@127.0.19.1:0")
-        .build()
-        .unwrap();
-    let b = RdmaBuilder::new()
-        .device("soft@127.0.19.2:0")
-        .build()
-        .unwrap();
+    let a = RdmaBuilder::new().device(fresh_device()).build().unwrap();
+    let b = RdmaBuilder::new().device(fresh_device()).build().unwrap();
     assert_ne!(port_of(&a), port_of(&b));
     let (ca, cb) = tokio::time::timeout(Duration::from_secs(10), connect(&a, &b))
         .await
@@ -104,9 +98,9 @@ async fn soft_devices_on_different_ports_connect_without_naming_ports() {
 /// the first message went unacknowledged, `Unreachable` after the retries.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_that_sends_only_to_4791_fails_with_port_mismatch() {
-    let nic = only_4791("127.0.19.3");
+    let nic = only_4791(&fresh_addr().ip().to_string());
     let soft = RdmaBuilder::new()
-        .device("soft@127.0.19.4:0")
+        .device(fresh_device())
         .handshake_timeout(Duration::from_secs(5))
         .build()
         .unwrap();
@@ -220,8 +214,6 @@ impl Drop for StoppablePeer {
 /// `a` (a normal soft device, `opts`) connected to a stoppable peer, with a region of the
 /// peer's shared.
 async fn stoppable_pair(
-    a_ip: &str,
-    b_ip: &str,
     opts: crate::ConnectOptions,
 ) -> (
     Rdma,
@@ -230,11 +222,8 @@ async fn stoppable_pair(
     crate::RemoteMr,
     crate::LocalMr,
 ) {
-    let a = RdmaBuilder::new()
-        .device(format!("soft@{a_ip}:0"))
-        .build()
-        .unwrap();
-    let b = StoppablePeer::rdma(b_ip);
+    let a = RdmaBuilder::new().device(fresh_device()).build().unwrap();
+    let b = StoppablePeer::rdma(&fresh_addr().ip().to_string());
     let listener = b.listen("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (ca, cb) = tokio::join!(a.connect_with(addr, &opts), listener.accept());
@@ -250,8 +239,7 @@ async fn stoppable_pair(
 /// for it and completes. (Before: 8 × 67 ms, and the write failed with RETRY_EXC_ERR.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_retries_survive_a_peer_stopped_for_a_second() {
-    let (a, ca, peer, remote, _lent) =
-        stoppable_pair("127.0.19.7", "127.0.19.8", Default::default()).await;
+    let (a, ca, peer, remote, _lent) = stoppable_pair(Default::default()).await;
     let src = a.alloc_local_mr(layout(8)).unwrap();
     peer.stop_for(Duration::from_millis(1200));
     let t0 = std::time::Instant::now();
@@ -278,7 +266,7 @@ async fn connect_options_set_the_retry_budget() {
         retry_cnt: Some(1),
         ..Default::default()
     };
-    let (a, ca, peer, remote, _lent) = stoppable_pair("127.0.19.9", "127.0.19.10", opts).await;
+    let (a, ca, peer, remote, _lent) = stoppable_pair(opts).await;
     let src = a.alloc_local_mr(layout(8)).unwrap();
     peer.stop_for(Duration::from_millis(1200));
     match ca.write(&src, &remote.get(0..8).unwrap()).await {
@@ -297,7 +285,7 @@ async fn a_short_operation_timeout_fires_and_closes_the_connection() {
         op_timeout: Some(Duration::from_millis(100)),
         ..Default::default()
     };
-    let (a, ca, peer, remote, _lent) = stoppable_pair("127.0.19.11", "127.0.19.12", opts).await;
+    let (a, ca, peer, remote, _lent) = stoppable_pair(opts).await;
     assert_eq!(ca.op_timeout(), Some(Duration::from_millis(100)));
     let src = a.alloc_local_mr(layout(8)).unwrap();
     peer.stop_for(Duration::from_millis(1200));
@@ -322,12 +310,9 @@ async fn a_short_operation_timeout_fires_and_closes_the_connection() {
 /// buffer — with the message's credit — goes back only when it is dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receive_buf_hands_over_the_receive_buffer_until_dropped() {
-    let a = RdmaBuilder::new()
-        .device("soft@127.0.19.13:0")
-        .build()
-        .unwrap();
+    let a = RdmaBuilder::new().device(fresh_device()).build().unwrap();
     let b = RdmaBuilder::new()
-        .device("soft@127.0.19.14:0")
+        .device(fresh_device())
         .recv_depth(2)
         .build()
         .unwrap();
@@ -361,12 +346,9 @@ async fn receive_buf_hands_over_the_receive_buffer_until_dropped() {
 /// buffer), large messages and empty ones included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_bytes_sends_from_unregistered_memory() {
-    let a = RdmaBuilder::new()
-        .device("soft@127.0.19.15:0")
-        .build()
-        .unwrap();
+    let a = RdmaBuilder::new().device(fresh_device()).build().unwrap();
     let b = RdmaBuilder::new()
-        .device("soft@127.0.19.16:0")
+        .device(fresh_device())
         .max_message(1024)
         .build()
         .unwrap();
