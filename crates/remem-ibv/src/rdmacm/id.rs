@@ -1151,6 +1151,27 @@ fn make_conn_param(
     Ok(out)
 }
 
+/// What `rdma_connect` and `rdma_accept` share: the id `id` names, its connection
+/// parameters from `conn_param` (accepting or not), and `call` (the CM's connect or
+/// accept) made with them; the id, or the errno to fail with.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id; `conn_param` is NULL or readable.
+unsafe fn with_conn_param<'a>(
+    id: *mut rdma_cm_id,
+    conn_param: *mut rdma_conn_param,
+    accepting: bool,
+    call: impl FnOnce(&dyn CmId, &ConnParam) -> remem_verbs::Result<()>,
+) -> Result<&'a Arc<IdShared>, c_int> {
+    // SAFETY: by the contract.
+    let s = unsafe { id_from(id) }.ok_or(libc::EINVAL)?;
+    let (dev, cm) = s.cm()?;
+    let prm = make_conn_param(s, &dev, conn_param, accepting)?;
+    call(&*cm, &prm).map_err(|e| errno_of(&e))?;
+    Ok(s)
+}
+
 /// `rdma_connect`: requests a connection (a UD service resolution in the UDP port space);
 /// a synchronous id waits until it is established. -1 with errno: EINVAL (no route, bad
 /// parameters), ECONNREFUSED (rejected), ETIMEDOUT (unreachable), ...
@@ -1165,15 +1186,8 @@ pub unsafe extern "C" fn remem_ibv_rdma_connect(
 ) -> c_int {
     guard_neg("rdma_connect", || {
         // SAFETY: by the contract.
-        let Some(s) = (unsafe { id_from(id) }) else {
-            return fail(libc::EINVAL);
-        };
-        let r = s.cm().and_then(|(dev, cm)| {
-            let prm = make_conn_param(s, &dev, conn_param, false)?;
-            cm.connect(&prm).map_err(|e| errno_of(&e))
-        });
-        match r {
-            Ok(()) => complete(s),
+        match unsafe { with_conn_param(id, conn_param, false, |cm, prm| cm.connect(prm)) } {
+            Ok(s) => complete(s),
             Err(e) => fail(e),
         }
     })
@@ -1193,16 +1207,10 @@ pub unsafe extern "C" fn remem_ibv_rdma_accept(
 ) -> c_int {
     guard_neg("rdma_accept", || {
         // SAFETY: by the contract.
-        let Some(s) = (unsafe { id_from(id) }) else {
-            return fail(libc::EINVAL);
+        let s = match unsafe { with_conn_param(id, conn_param, true, |cm, prm| cm.accept(prm)) } {
+            Ok(s) => s,
+            Err(e) => return fail(e),
         };
-        let r = s.cm().and_then(|(dev, cm)| {
-            let prm = make_conn_param(s, &dev, conn_param, true)?;
-            cm.accept(&prm).map_err(|e| errno_of(&e))
-        });
-        if let Err(e) = r {
-            return fail(e);
-        }
         if s.qp_type == IBV_QPT_UD {
             if s.state().sync {
                 ack_own_event(s);
