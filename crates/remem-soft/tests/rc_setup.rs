@@ -126,16 +126,7 @@ fn connect_brings_rc_qps_to_rts_and_they_write_read_and_send() {
 
     // WRITE 5000 bytes (several packets), READ them back, SEND 100.
     a.buf.fill(0, 5000, 0xa5).unwrap();
-    let w = [sge(&a, 0, 5000)];
-    let write = SendWr::new(
-        1,
-        SendOp::RdmaWrite {
-            remote_addr: b.mr.addr(),
-            rkey: b.mr.rkey(),
-        },
-        &w,
-    );
-    a.qp.post_send(&[write]).unwrap();
+    write_head(&a, &b, 5000);
     assert_eq!(poll_one(&*a.cq, WAIT).unwrap().status, WcStatus::Success);
     assert!(b.buf.to_vec(0, 5000).unwrap().iter().all(|&x| x == 0xa5));
     let r = [sge(&a, 5000, 3000)];
@@ -167,6 +158,17 @@ fn connect_brings_rc_qps_to_rts_and_they_write_read_and_send() {
     );
 }
 
+/// Posts an RDMA WRITE (wr_id 1) of `from`'s first `len` bytes to the start of `to`'s
+/// buffer.
+fn write_head(from: &Side, to: &Side, len: u32) {
+    let w = [sge(from, 0, len)];
+    let op = SendOp::RdmaWrite {
+        remote_addr: to.mr.addr(),
+        rkey: to.mr.rkey(),
+    };
+    from.qp.post_send(&[SendWr::new(1, op, &w)]).unwrap();
+}
+
 #[test]
 fn step_by_step_uc_and_errors() {
     let (da, db) = devices();
@@ -186,16 +188,7 @@ fn step_by_step_uc_and_errors() {
     }
     b.buf.fill(0, 64, 0).unwrap();
     a.buf.fill(0, 64, 7).unwrap();
-    let w = [sge(&a, 0, 64)];
-    let write = SendWr::new(
-        1,
-        SendOp::RdmaWrite {
-            remote_addr: b.mr.addr(),
-            rkey: b.mr.rkey(),
-        },
-        &w,
-    );
-    a.qp.post_send(&[write]).unwrap();
+    write_head(&a, &b, 64);
     assert_eq!(poll_one(&*a.cq, WAIT).unwrap().status, WcStatus::Success);
     // UC completes at the sender when sent: wait for the bytes to land.
     let deadline = std::time::Instant::now() + WAIT;
