@@ -1,0 +1,335 @@
+//! The completer of an RC queue pair: ACKs, NAKs, READ responses and atomic
+//! acknowledgements, the completions they make (in order), failures and the flush of the
+//! send queue.
+
+use super::psn::{add, diff};
+use super::responder::{InProgress, Out};
+use super::{ACK_UNLIMITED, Env, Kind, Pos, RcTransport, RxPacket, Stat, Syndrome};
+use remem_verbs::qp::rnr_timer_us;
+use remem_verbs::{QpState, RNR_RETRY_INFINITE, SendOp, WcOpcode, WcStatus, WorkCompletion};
+use std::time::{Duration, Instant};
+
+impl RcTransport {
+    /// Acknowledges every PSN up to and including `psn`. Returns whether it made progress.
+    pub(super) fn ack_through(&mut self, now: Instant, psn: u32, env: &mut dyn Env) -> bool {
+        let r = &mut self.req;
+        if diff(psn, r.una) < 0 || diff(psn, r.max_sent) >= 0 {
+            return false; // stale or acknowledging what was never sent
+        }
+        let mut new_una = add(psn, 1);
+        let mut lost_read = None;
+        for e in r.sq.iter_mut() {
+            if !e.started || e.status.is_some() {
+                if e.status.is_some() {
+                    continue;
+                }
+                break;
+            }
+            if e.is_rd() {
+                // Responses carry READ/atomic completions; an ACK past the expected
+                // response means they were lost.
+                let expected = add(e.first_psn, e.resp_pkts);
+                if diff(psn, expected) >= 0 {
+                    new_una = expected;
+                    lost_read = Some(expected);
+                }
+                break;
+            }
+            if diff(psn, e.last_psn()) >= 0 {
+                e.status = Some(WcStatus::Success);
+            } else {
+                break;
+            }
+        }
+        let progressed = diff(new_una, r.una) > 0;
+        if progressed {
+            r.una = new_una;
+            r.retry_left = self.cfg.retry_cnt;
+            r.rnr_left = self.cfg.rnr_retry;
+        }
+        if let Some(p) = lost_read {
+            self.rerequest(p);
+        }
+        self.retire(now, env);
+        progressed
+    }
+
+    /// Reports finished work requests from the head of the send queue, in order.
+    pub(super) fn retire(&mut self, now: Instant, env: &mut dyn Env) {
+        while let Some(e) = self.req.sq.front() {
+            let Some(status) = e.status else { break };
+            let e = self.req.sq.pop_front().expect("front exists");
+            if e.is_rd() && e.started && status == WcStatus::Success {
+                self.req.rd_outstanding = self.req.rd_outstanding.saturating_sub(1);
+            }
+            if e.wqe.signaled || status != WcStatus::Success {
+                env.send_completion(self.wc(&e.wqe, status));
+            }
+            if self.req.cur > 0 {
+                self.req.cur -= 1;
+            } else {
+                self.req.cur_pkt = 0;
+            }
+        }
+        let r = &mut self.req;
+        if diff(r.next_psn, r.una) < 0 {
+            let una = r.una;
+            self.rewind_to(una);
+        }
+        let r = &mut self.req;
+        r.timer = if r.una == r.max_sent {
+            None
+        } else {
+            self.cfg.ack_timeout().map(|t| now + t)
+        };
+    }
+
+    /// Fails the entry holding `psn` (or the head) with `status`: the QP goes to ERR.
+    pub(super) fn fail(
+        &mut self,
+        now: Instant,
+        psn: Option<u32>,
+        status: WcStatus,
+        env: &mut dyn Env,
+    ) {
+        let idx = psn
+            .and_then(|p| self.req.sq.iter().position(|e| e.started && e.holds(p)))
+            .unwrap_or(0);
+        // Entries before it were acknowledged (NAKs acknowledge earlier PSNs).
+        for e in self.req.sq.iter_mut().take(idx) {
+            e.status.get_or_insert(WcStatus::Success);
+        }
+        if let Some(e) = self.req.sq.get_mut(idx) {
+            e.status = Some(status);
+        }
+        env.count(Stat::SendErr);
+        self.retire(now, env);
+        self.state = QpState::Err;
+        self.flush(env);
+    }
+
+    /// Completes every outstanding work request with `WR_FLUSH_ERR`.
+    pub(super) fn flush(&mut self, env: &mut dyn Env) {
+        let sq = std::mem::take(&mut self.req.sq);
+        for e in sq {
+            match e.status {
+                Some(WcStatus::Success) if !e.wqe.signaled => {}
+                Some(s) => env.send_completion(self.wc(&e.wqe, s)),
+                None => env.send_completion(self.wc(&e.wqe, WcStatus::WrFlushErr)),
+            }
+        }
+        self.req.cur = 0;
+        self.req.cur_pkt = 0;
+        self.req.timer = None;
+        self.req.rnr_until = None;
+        self.req.rd_outstanding = 0;
+        // A receive a multi-packet SEND had begun to fill is flushed like the queued ones
+        // (first: it was taken first), not dropped: its buffer must come back to the
+        // application (rxe completes `qp->resp.wqe` with a flush error too).
+        if let InProgress::Send { wqe, .. } =
+            std::mem::replace(&mut self.resp.progress, InProgress::Idle)
+        {
+            env.recv_completion(
+                WorkCompletion {
+                    wr_id: wqe.wr_id,
+                    status: WcStatus::WrFlushErr,
+                    opcode: WcOpcode::Recv,
+                    qp_num: self.cfg.qpn,
+                    ..WorkCompletion::default()
+                },
+                false,
+            );
+        }
+        // Keep queued NAKs so the peer learns why; drop everything else.
+        self.resp
+            .out
+            .retain(|o| matches!(o, Out::Ack { syndrome, .. } if *syndrome != ACK_UNLIMITED));
+    }
+
+    /// Handles a response packet (ACK, NAK, READ response, atomic ACK).
+    pub(super) fn handle_response(&mut self, now: Instant, pkt: &RxPacket<'_>, env: &mut dyn Env) {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return;
+        }
+        match pkt.kind {
+            Kind::Ack => {
+                let Some((syndrome, _msn)) = pkt.aeth else {
+                    return;
+                };
+                match syndrome {
+                    Syndrome::Ack { .. } => {
+                        self.ack_through(now, pkt.psn, env);
+                    }
+                    nak => self.handle_nak(now, pkt.psn, nak, env),
+                }
+            }
+            Kind::AtomicAck => {
+                let Some(orig) = pkt.atomic_ack else { return };
+                let Some(i) = self.first_pending_rd() else {
+                    return;
+                };
+                let e = &self.req.sq[i];
+                let is_atomic = matches!(
+                    e.wqe.op,
+                    SendOp::AtomicCmpAndSwp { .. } | SendOp::AtomicFetchAndAdd { .. }
+                );
+                if e.first_psn != pkt.psn || !is_atomic {
+                    return; // duplicate or unexpected
+                }
+                self.ack_through(now, add(pkt.psn, super::psn::PSN_MASK), env);
+                let Some(i) = self.first_pending_rd() else {
+                    return;
+                };
+                let e = &mut self.req.sq[i];
+                let status = match e.wqe.scatter(0, &orig.to_ne_bytes()) {
+                    Ok(()) => WcStatus::Success,
+                    Err(_) => WcStatus::LocProtErr,
+                };
+                e.status = Some(status);
+                self.req.una = add(pkt.psn, 1);
+                self.req.retry_left = self.cfg.retry_cnt;
+                if status == WcStatus::Success {
+                    self.retire(now, env);
+                } else {
+                    self.fail(now, Some(pkt.psn), status, env);
+                }
+            }
+            Kind::ReadResponse => self.handle_read_response(now, pkt, env),
+            _ => {}
+        }
+    }
+
+    /// Index of the first READ/atomic entry awaiting its response.
+    pub(super) fn first_pending_rd(&self) -> Option<usize> {
+        self.req
+            .sq
+            .iter()
+            .position(|e| e.started && e.status.is_none() && e.is_rd())
+    }
+
+    pub(super) fn handle_read_response(
+        &mut self,
+        now: Instant,
+        pkt: &RxPacket<'_>,
+        env: &mut dyn Env,
+    ) {
+        let Some(i) = self.first_pending_rd() else {
+            return;
+        };
+        let e = &self.req.sq[i];
+        let answered_by_empty =
+            matches!(e.wqe.op, SendOp::AtomicWrite { .. } | SendOp::Flush { .. });
+        if !matches!(e.wqe.op, SendOp::RdmaRead { .. }) && !answered_by_empty {
+            return;
+        }
+        let expected = add(e.first_psn, e.resp_pkts);
+        let d = diff(pkt.psn, expected);
+        if d < 0 {
+            return; // duplicate
+        }
+        if d > 0 {
+            // Earlier responses were lost: ask again from the first missing one.
+            self.rerequest(expected);
+            return;
+        }
+        // Responses acknowledge every earlier request.
+        if diff(expected, self.req.una) > 0 {
+            self.ack_through(now, add(expected, super::psn::PSN_MASK), env);
+        }
+        let Some(i) = self.first_pending_rd() else {
+            return;
+        };
+        let mtu = u64::from(self.cfg.mtu);
+        let e = &mut self.req.sq[i];
+        if answered_by_empty {
+            // ATOMIC WRITE and FLUSH are answered by one zero-length READ response.
+            if pkt.pos != Pos::Only || !pkt.payload.is_empty() {
+                self.fail(now, Some(pkt.psn), WcStatus::BadRespErr, env);
+                return;
+            }
+            e.resp_pkts = 1;
+            e.status = Some(WcStatus::Success);
+            self.req.una = add(pkt.psn, 1);
+            self.req.retry_left = self.cfg.retry_cnt;
+            self.req.rnr_left = self.cfg.rnr_retry;
+            self.retire(now, env);
+            return;
+        }
+        let offset = u64::from(e.resp_pkts) * mtu;
+        let remaining = e.wqe.len.saturating_sub(offset);
+        let last = e.resp_pkts + 1 == e.npkts;
+        let want = if last { remaining } else { mtu };
+        if pkt.pos.ends() != last || pkt.payload.len() as u64 != want {
+            self.fail(now, Some(pkt.psn), WcStatus::BadRespErr, env);
+            return;
+        }
+        if e.wqe.scatter(offset, pkt.payload).is_err() {
+            self.fail(now, Some(pkt.psn), WcStatus::LocProtErr, env);
+            return;
+        }
+        e.resp_pkts += 1;
+        self.req.una = add(pkt.psn, 1);
+        self.req.retry_left = self.cfg.retry_cnt;
+        self.req.rnr_left = self.cfg.rnr_retry;
+        if last {
+            e.status = Some(WcStatus::Success);
+            self.retire(now, env);
+        } else {
+            self.req.timer = self.cfg.ack_timeout().map(|t| now + t);
+        }
+    }
+
+    pub(super) fn handle_nak(&mut self, now: Instant, psn: u32, nak: Syndrome, env: &mut dyn Env) {
+        // A NAK acknowledges everything before its PSN.
+        let r = &self.req;
+        if diff(psn, r.una) < 0 || diff(psn, r.max_sent) >= 0 {
+            return;
+        }
+        if diff(psn, r.una) > 0 {
+            self.ack_through(now, add(psn, super::psn::PSN_MASK), env);
+        }
+        if self.req.una != psn {
+            return; // the NAK names a PSN inside a READ still being answered; stale
+        }
+        match nak {
+            Syndrome::NakPsnSeqErr => {
+                env.count(Stat::RcvdSeqNak);
+                if self.req.retry_left == 0 {
+                    env.count(Stat::RetryExceeded);
+                    tracing::warn!(psn, "sequence NAK after every retry: RETRY_EXC_ERR");
+                    self.fail(now, Some(psn), WcStatus::RetryExcErr, env);
+                    return;
+                }
+                self.req.retry_left -= 1;
+                env.count(Stat::CompleterRetry);
+                tracing::debug!(psn, "sequence NAK: retransmitting from its PSN");
+                self.rewind_to(psn);
+            }
+            Syndrome::RnrNak { timer: code } => {
+                env.count(Stat::RcvdRnrNak);
+                if self.cfg.rnr_retry != RNR_RETRY_INFINITE {
+                    if self.req.rnr_left == 0 {
+                        env.count(Stat::RnrRetryExceeded);
+                        self.fail(now, Some(psn), WcStatus::RnrRetryExcErr, env);
+                        return;
+                    }
+                    self.req.rnr_left -= 1;
+                }
+                self.req.rnr_until =
+                    Some(now + Duration::from_micros(u64::from(rnr_timer_us(code))));
+                self.rewind_to(psn);
+            }
+            Syndrome::NakInvalidRequest => self.fail(now, Some(psn), WcStatus::RemInvReqErr, env),
+            Syndrome::NakRemoteAccessError => {
+                self.fail(now, Some(psn), WcStatus::RemAccessErr, env)
+            }
+            Syndrome::NakInvalidRdRequest => {
+                self.fail(now, Some(psn), WcStatus::RemInvRdReqErr, env)
+            }
+            Syndrome::NakRemoteOperationalError | Syndrome::Reserved(_) => {
+                self.fail(now, Some(psn), WcStatus::RemOpErr, env)
+            }
+            Syndrome::Ack { .. } => {}
+        }
+    }
+}
