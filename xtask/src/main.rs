@@ -735,13 +735,16 @@ fn run(
         }
     }
     // The host side starts first, in the namespace, so that its server listens when the
-    // guest's command starts.
+    // guest's command starts. It finds the file RXE_GUEST_DONE names once the guest has
+    // ended (so that it can stop waiting for it).
+    let guest_done = run_dir.join("guest-done");
     let host = match (host_cmd, &tap) {
         (Some(cmd), Some(t)) => {
             let mut c = Command::new("ip")
                 .args(["netns", "exec", &t.ns, "sh", "-c", cmd])
                 .env("RXE_HOST_IP", TAP_HOST)
                 .env("RXE_GUEST_IP", TAP_GUEST)
+                .env("RXE_GUEST_DONE", &guest_done)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
@@ -781,6 +784,7 @@ fn run(
         let _ = writeln!(out, "guest| {line}");
     }
     let _ = child.wait();
+    let _ = std::fs::write(&guest_done, b"");
     let host_status = match host {
         Some((mut c, printer)) => {
             let pid = c.id();
@@ -1040,17 +1044,29 @@ fn target_dir(root: &Path) -> PathBuf {
 /// running), for at most 300 s. Each prints `@@PASS LABEL` or `@@FAIL LABEL` and counts
 /// failures in `fails`.
 const LOSS_SH: &str = r#"fails=0
+log=/tmp/remem-loss.$$
+# The other side is gone (the host's view of a guest that has ended).
+gone() { [ -n "${RXE_GUEST_DONE:-}" ] && [ -e "$RXE_GUEST_DONE" ]; }
+fail() { echo "@@FAIL $1"; fails=$((fails + 1)); }
 serve() {
   label=$1; shift
-  if "$@" > /tmp/serve.log 2>&1; then echo "@@PASS $label"; else cat /tmp/serve.log; echo "@@FAIL $label"; fails=$((fails + 1)); fi
+  if gone; then fail "$label (the guest has ended)"; return; fi
+  "$@" > $log 2>&1 &
+  pid=$!
+  # Waits for the server; stops it if the guest ends meanwhile.
+  while kill -0 $pid 2>/dev/null; do
+    if gone; then kill $pid 2>/dev/null; fi
+    sleep 0.2
+  done
+  if wait $pid; then echo "@@PASS $label"; else cat $log; fail "$label"; fi
 }
 connect() {
   label=$1; shift
   end=$(( $(date +%s) + 300 ))
   while :; do
-    if "$@" > /tmp/connect.log 2>&1; then cat /tmp/connect.log; echo "@@PASS $label"; return; fi
-    if grep -q 'cannot connect' /tmp/connect.log && [ "$(date +%s)" -lt "$end" ]; then sleep 0.2; continue; fi
-    cat /tmp/connect.log; echo "@@FAIL $label"; fails=$((fails + 1)); return
+    if "$@" > $log 2>&1; then cat $log; echo "@@PASS $label"; return; fi
+    if grep -q 'cannot connect' $log && ! gone && [ "$(date +%s)" -lt "$end" ]; then sleep 0.2; continue; fi
+    cat $log; fail "$label"; return
   done
 }
 "#;
@@ -1101,13 +1117,15 @@ fn loss(img: &Image, pct: f64, iters: u32, repeat: u32) -> Res<i32> {
     }
     guest.push_str(&format!(
         "echo \"== netem: loss {pct}% on $RXE_NETDEV (the guest's sends); the host's soft device loses {pct}% of its own\"\n\
-         tc qdisc add dev \"$RXE_NETDEV\" root netem loss {pct}% || {{ echo '@@FAIL netem (sch_netem)'; exit 1; }}\n"
+         /sbin/tc qdisc add dev \"$RXE_NETDEV\" root netem loss {pct}% || {{ echo '@@FAIL netem (sch_netem)'; exit 1; }}\n\
+         /sbin/tc qdisc show dev \"$RXE_NETDEV\"\n"
     ));
     let mut netem_on = true;
     for (label, guest_serves, test, extra, lossy) in &steps {
         port += 1;
         if netem_on && !lossy {
-            guest.push_str("tc qdisc del dev \"$RXE_NETDEV\" root\necho '== netem removed'\n");
+            guest
+                .push_str("/sbin/tc qdisc del dev \"$RXE_NETDEV\" root\necho '== netem removed'\n");
             netem_on = false;
         }
         let env = if *lossy { faults.as_str() } else { "" };
@@ -1130,13 +1148,20 @@ fn loss(img: &Image, pct: f64, iters: u32, repeat: u32) -> Res<i32> {
         }
     }
     if netem_on {
-        guest.push_str("tc qdisc del dev \"$RXE_NETDEV\" root\n");
+        guest.push_str("/sbin/tc qdisc del dev \"$RXE_NETDEV\" root\n");
     }
     guest.push_str("echo \"@@GUEST-FAILS $fails\"\n[ $fails -eq 0 ]\n");
     host.push_str("echo \"@@HOST-FAILS $fails\"\n[ $fails -eq 0 ]\n");
     let limit = Duration::from_secs(300 + 150 * steps.len() as u64);
     let started = Instant::now();
-    let code = run(img, std::slice::from_ref(&cli), Net::Tap, Some(&host), limit, &guest)?;
+    let code = run(
+        img,
+        std::slice::from_ref(&cli),
+        Net::Tap,
+        Some(&host),
+        limit,
+        &guest,
+    )?;
     println!(
         "loss against kernel rxe ({} steps, {:.0} s): {}",
         steps.len(),
