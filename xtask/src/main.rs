@@ -1129,7 +1129,7 @@ fn loss(img: &Image, pct: f64, iters: u32, repeat: u32) -> Res<i32> {
             netem_on = false;
         }
         let env = if *lossy { faults.as_str() } else { "" };
-        let client_flags = format!("-s 65536 {extra} --verify -p {port}");
+        let client_flags = format!("-s 65536 {extra} --verify --json -p {port}");
         guest.push_str(&format!("echo \"== {label}\"\n"));
         if *guest_serves {
             guest.push_str(&format!(
