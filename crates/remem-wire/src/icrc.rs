@@ -50,63 +50,167 @@ pub struct UdpPorts {
 #[error("{0} bytes is too short for a RoCEv2 packet")]
 pub struct TooShort(pub usize);
 
+/// Bytes of a packet's start that [`IcrcHasher::new`] hashes in one call with the masked
+/// pseudo-header (the BTH and the extension headers that follow it).
+const HEAD_MAX: usize = 64;
+
+/// The ICRC of a packet given in pieces, computed without assembling the packet: the driver
+/// hashes a packet's headers from its transmit buffer and its payload straight from
+/// registered memory (in chunks, see `remem_verbs::mem`), then sends the pieces with one
+/// scatter/gather `sendmsg`.
+///
+/// [`IcrcHasher::new`] takes the UDP payload's length (ICRC field included) and its first
+/// bytes — at least the 12-byte BTH, and as many of the headers after it as the caller
+/// has at hand; [`IcrcHasher::update`] then takes every further byte up to the ICRC field,
+/// in order, sliced any way; [`IcrcHasher::finalize`] gives what [`compute`] gives for the
+/// assembled packet.
+#[derive(Clone)]
+pub struct IcrcHasher {
+    h: crc32fast::Hasher,
+    /// Covered bytes still to come (checked in debug builds).
+    left: usize,
+}
+
+impl std::fmt::Debug for IcrcHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IcrcHasher")
+            .field("left", &self.left)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IcrcHasher {
+    /// Starts the ICRC of a UDP payload of `udp_payload_len` bytes (its last 4 the ICRC
+    /// field) that begins with `head` (at least the 12 bytes of the BTH; at most the bytes
+    /// the ICRC covers). Fails if the packet is too short to hold a BTH and an ICRC, or if
+    /// `head` is shorter than a BTH or longer than the covered bytes.
+    pub fn new(
+        ip: &IpFields,
+        ports: UdpPorts,
+        udp_payload_len: usize,
+        head: &[u8],
+    ) -> Result<Self, TooShort> {
+        let n = udp_payload_len;
+        if n < 12 + ICRC_LEN {
+            return Err(TooShort(n));
+        }
+        if head.len() < 12 || head.len() > n - ICRC_LEN {
+            return Err(TooShort(head.len()));
+        }
+        let udp_len = (8 + n) as u16;
+        // Everything before the payload proper goes into one buffer, hashed in one call (the
+        // CRC is slow on pieces of a few bytes): 8 bytes for the LRH, the IP header (20 or
+        // 40), the UDP header (8), the BTH (12) and up to `HEAD_MAX - 12` bytes after it.
+        let mut pre = [0u8; 8 + 40 + 8 + HEAD_MAX];
+        pre[..8].fill(0xff);
+        let mut at = 8;
+        match ip {
+            IpFields::V4 {
+                src,
+                dst,
+                id,
+                flags_frag,
+            } => {
+                let v4 = &mut pre[at..at + 20];
+                v4[0] = 0x45;
+                v4[1] = 0xff;
+                v4[2..4].copy_from_slice(&(20 + udp_len).to_be_bytes());
+                v4[4..6].copy_from_slice(&id.to_be_bytes());
+                v4[6..8].copy_from_slice(&flags_frag.to_be_bytes());
+                v4[8] = 0xff;
+                v4[9] = 17;
+                v4[10] = 0xff;
+                v4[11] = 0xff;
+                v4[12..16].copy_from_slice(&src.octets());
+                v4[16..20].copy_from_slice(&dst.octets());
+                at += 20;
+            }
+            IpFields::V6 { src, dst } => {
+                let v6 = &mut pre[at..at + 40];
+                v6[..4].copy_from_slice(&[0x6f, 0xff, 0xff, 0xff]);
+                v6[4..6].copy_from_slice(&udp_len.to_be_bytes());
+                v6[6] = 17;
+                v6[7] = 0xff;
+                v6[8..24].copy_from_slice(&src.octets());
+                v6[24..40].copy_from_slice(&dst.octets());
+                at += 40;
+            }
+        }
+        let udp = &mut pre[at..at + 8];
+        udp[..2].copy_from_slice(&ports.src.to_be_bytes());
+        udp[2..4].copy_from_slice(&ports.dst.to_be_bytes());
+        udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
+        udp[6..8].fill(0xff);
+        at += 8;
+        let (first, rest) = head.split_at(head.len().min(HEAD_MAX));
+        pre[at..at + first.len()].copy_from_slice(first);
+        pre[at + 4] = 0xff;
+        at += first.len();
+        let mut h = crc32fast::Hasher::new();
+        h.update(&pre[..at]);
+        h.update(rest);
+        Ok(IcrcHasher {
+            h,
+            left: n - ICRC_LEN - head.len(),
+        })
+    }
+
+    /// Hashes the next covered bytes.
+    pub fn update(&mut self, bytes: &[u8]) {
+        debug_assert!(
+            bytes.len() <= self.left,
+            "more bytes than the packet covers"
+        );
+        self.left = self.left.saturating_sub(bytes.len());
+        self.h.update(bytes);
+    }
+
+    /// The ICRC (every covered byte must have been hashed).
+    pub fn finalize(self) -> u32 {
+        debug_assert_eq!(self.left, 0, "covered bytes missing");
+        self.h.finalize()
+    }
+}
+
 /// Computes the ICRC of `udp_payload` (whose last 4 bytes are the ICRC field, not covered).
 pub fn compute(ip: &IpFields, ports: UdpPorts, udp_payload: &[u8]) -> Result<u32, TooShort> {
     let n = udp_payload.len();
     if n < 12 + ICRC_LEN {
         return Err(TooShort(n));
     }
-    let udp_len = (8 + n) as u16;
-    // Everything before the payload proper goes into one buffer, hashed in one call (the
-    // CRC is slow on pieces of a few bytes): 8 bytes for the LRH, the IP header (20 or
-    // 40), the UDP header (8), the BTH (12).
-    let mut pre = [0u8; 8 + 40 + 8 + 12];
-    pre[..8].fill(0xff);
-    let mut at = 8;
-    match ip {
-        IpFields::V4 {
-            src,
-            dst,
-            id,
-            flags_frag,
-        } => {
-            let v4 = &mut pre[at..at + 20];
-            v4[0] = 0x45;
-            v4[1] = 0xff;
-            v4[2..4].copy_from_slice(&(20 + udp_len).to_be_bytes());
-            v4[4..6].copy_from_slice(&id.to_be_bytes());
-            v4[6..8].copy_from_slice(&flags_frag.to_be_bytes());
-            v4[8] = 0xff;
-            v4[9] = 17;
-            v4[10] = 0xff;
-            v4[11] = 0xff;
-            v4[12..16].copy_from_slice(&src.octets());
-            v4[16..20].copy_from_slice(&dst.octets());
-            at += 20;
-        }
-        IpFields::V6 { src, dst } => {
-            let v6 = &mut pre[at..at + 40];
-            v6[..4].copy_from_slice(&[0x6f, 0xff, 0xff, 0xff]);
-            v6[4..6].copy_from_slice(&udp_len.to_be_bytes());
-            v6[6] = 17;
-            v6[7] = 0xff;
-            v6[8..24].copy_from_slice(&src.octets());
-            v6[24..40].copy_from_slice(&dst.octets());
-            at += 40;
+    let covered = &udp_payload[..n - ICRC_LEN];
+    let (head, rest) = covered.split_at(covered.len().min(HEAD_MAX));
+    let mut h = IcrcHasher::new(ip, ports, n, head)?;
+    h.update(rest);
+    Ok(h.finalize())
+}
+
+/// Computes the ICRC of a packet given as slices: `covered`, concatenated, is its UDP
+/// payload up to the ICRC field (headers, payload, pad; the 4-byte ICRC field itself is
+/// not included), sliced any way. The same value as [`compute`] over the assembled packet.
+pub fn compute_slices(ip: &IpFields, ports: UdpPorts, covered: &[&[u8]]) -> Result<u32, TooShort> {
+    let total: usize = covered.iter().map(|s| s.len()).sum();
+    // The head: the first (at most HEAD_MAX) bytes, gathered across slices if need be.
+    let mut head = [0u8; HEAD_MAX];
+    let want = total.min(HEAD_MAX);
+    let mut got = 0;
+    let mut first = (0, 0); // (slice index, offset) where the rest starts
+    for (i, s) in covered.iter().enumerate() {
+        let k = s.len().min(want - got);
+        head[got..got + k].copy_from_slice(&s[..k]);
+        got += k;
+        first = (i, k);
+        if got == want {
+            break;
         }
     }
-    let udp = &mut pre[at..at + 8];
-    udp[..2].copy_from_slice(&ports.src.to_be_bytes());
-    udp[2..4].copy_from_slice(&ports.dst.to_be_bytes());
-    udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
-    udp[6..8].fill(0xff);
-    at += 8;
-    pre[at..at + 12].copy_from_slice(&udp_payload[..12]);
-    pre[at + 4] = 0xff;
-    at += 12;
-    let mut h = crc32fast::Hasher::new();
-    h.update(&pre[..at]);
-    h.update(&udp_payload[12..n - ICRC_LEN]);
+    let mut h = IcrcHasher::new(ip, ports, total + ICRC_LEN, &head[..want])?;
+    if let Some(s) = covered.get(first.0) {
+        h.update(&s[first.1..]);
+        for s in &covered[first.0 + 1..] {
+            h.update(s);
+        }
+    }
     Ok(h.finalize())
 }
 
@@ -293,6 +397,57 @@ mod tests {
             20,
         );
         assert_eq!(&h[..], &hex("45000030d9ef400040114579c0a84d02c0a84d01")[..]);
+    }
+
+    #[test]
+    fn icrc_over_slices_and_hasher_match_the_assembled_packet() {
+        let payload = hex("1100ffff 00000012 000e2ead 1f000001 22b65570");
+        let ip = IpFields::V4 {
+            src: Ipv4Addr::new(192, 168, 77, 2),
+            dst: Ipv4Addr::new(192, 168, 77, 1),
+            id: 0xd9ef,
+            flags_frag: IPV4_DF,
+        };
+        let ports = UdpPorts {
+            src: 0xc144,
+            dst: 4791,
+        };
+        let covered = &payload[..16];
+        for cut in 0..=16 {
+            let (a, b) = covered.split_at(cut);
+            assert_eq!(
+                compute_slices(&ip, ports, &[a, b]),
+                Ok(0x7055_b622),
+                "{cut}"
+            );
+        }
+        assert_eq!(
+            compute_slices(&ip, ports, &[&[], covered, &[]]),
+            Ok(0x7055_b622)
+        );
+        for head in 12..=16 {
+            let mut h = IcrcHasher::new(&ip, ports, 20, &covered[..head]).unwrap();
+            h.update(&covered[head..]);
+            assert_eq!(h.finalize(), 0x7055_b622);
+        }
+        // A 4 KiB payload fed in chunks of every size across the head's 64-byte limit.
+        let mut big: Vec<u8> = (0..4124u32).map(|i| (i * 31 + 7) as u8).collect();
+        fill(&ip, ports, &mut big).unwrap();
+        let want = compute(&ip, ports, &big).unwrap();
+        for head in [12, 40, 63, 64, 65, 200] {
+            for chunk in [1, 7, 64, 1000, 4096] {
+                let mut h = IcrcHasher::new(&ip, ports, big.len(), &big[..head]).unwrap();
+                for c in big[head..big.len() - 4].chunks(chunk) {
+                    h.update(c);
+                }
+                assert_eq!(h.finalize(), want, "head {head} chunk {chunk}");
+            }
+        }
+        // Too short a packet, or a head shorter than a BTH or longer than the covered bytes.
+        assert_eq!(compute_slices(&ip, ports, &[&[0; 11]]), Err(TooShort(15)));
+        assert!(IcrcHasher::new(&ip, ports, 20, &covered[..11]).is_err());
+        assert!(IcrcHasher::new(&ip, ports, 20, &payload[..17]).is_err());
+        assert!(IcrcHasher::new(&ip, ports, 15, &covered[..12]).is_err());
     }
 
     #[test]
