@@ -269,6 +269,93 @@ impl Drop for Held {
     }
 }
 
+impl Grant {
+    /// `[offset, offset + n)` of the range in an access of its own, which lasts until the
+    /// result is dropped: a packet's payload referenced where it lies, from the moment the
+    /// packet is built until the kernel has copied it (the driver's scatter/gather send).
+    /// [`AccessError::Revoked`] if the key is revoked, [`AccessError::Mem`] outside the range.
+    pub fn hold_range(&self, offset: usize, n: usize) -> Result<HeldRange, AccessError> {
+        let at = self.at(offset, n).map_err(AccessError::Mem)?;
+        let held = self.clone().hold().ok_or(AccessError::Revoked)?;
+        Ok(HeldRange { held, at, len: n })
+    }
+}
+
+impl Held {
+    /// `[offset, offset + n)` of the range in an access of its own (see
+    /// [`Grant::hold_range`]). It is entered inside this access, which keeps the key from
+    /// being revoked meanwhile, so it cannot fail for revocation; only outside the range.
+    pub fn hold_range(&self, offset: usize, n: usize) -> Result<HeldRange, MemError> {
+        let at = self.grant.at(offset, n)?;
+        // Not `try_enter`: this access is part of one in progress (ours), so `revoke` is
+        // still waiting for it if it has been called; the new count keeps it waiting.
+        self.grant.key.state.fetch_add(1, Ordering::Acquire);
+        Ok(HeldRange {
+            held: Held {
+                grant: self.grant.clone(),
+            },
+            at,
+            len: n,
+        })
+    }
+}
+
+/// Bytes of a key's memory in an access that lasts until this is dropped (its key cannot
+/// be revoked meanwhile, and its buffer stays allocated): a packet's payload as the
+/// driver's scatter/gather send references it. Made by [`Grant::hold_range`] and
+/// [`Held::hold_range`].
+///
+/// Its bytes are read, never referenced: [`HeldRange::read_chunks`] (the ICRC),
+/// [`HeldRange::read`] (a packet materialized for a capture or the fault injector), and
+/// [`HeldRange::ptr`], the address the kernel copies from — while the application, or a
+/// peer's WRITE on the progress thread, may be writing the same memory. A packet whose
+/// bytes change between its ICRC and the kernel's copy fails the receiver's ICRC check and
+/// is dropped there (RC retransmits it): the race a NIC reading host memory by DMA has.
+#[derive(Debug)]
+pub struct HeldRange {
+    held: Held,
+    /// Offset in the key's region.
+    at: usize,
+    len: usize,
+}
+
+impl HeldRange {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Reads the bytes in chunks, in order (see `MemoryBuffer::read_chunks`).
+    pub fn read_chunks(&self, f: impl FnMut(&[u8])) -> Result<(), MemError> {
+        self.held.grant.key.region.read_chunks(self.at, self.len, f)
+    }
+
+    /// Copies the bytes into `dst` (exactly [`HeldRange::len`] bytes long).
+    pub fn read(&self, dst: &mut [u8]) -> Result<(), MemError> {
+        if dst.len() != self.len {
+            return Err(MemError::OutOfBounds {
+                offset: 0,
+                len: dst.len() as u64,
+                size: self.len as u64,
+            });
+        }
+        self.held.grant.key.region.read(self.at, dst)
+    }
+
+    /// The address of the first byte, valid for reads of [`HeldRange::len`] bytes while
+    /// this lives (it holds the buffer and the access), for a copy outside Rust's memory
+    /// model only — see `MemoryBuffer::ptr_at`.
+    /// (The range was checked when this was made, so the error cannot happen.)
+    pub fn ptr(&self) -> Result<*const u8, MemError> {
+        self.held.grant.key.region.ptr_at(self.at, self.len)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -388,5 +475,52 @@ mod tests {
             len: 8,
         };
         assert!(g.hold().is_none(), "a revoked key cannot be held");
+    }
+
+    #[test]
+    fn held_ranges_read_their_bytes_and_delay_revocation() {
+        let (buf, k) = key(4096 + 16);
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 1) as u8).collect();
+        buf.write(16, &data).unwrap();
+        let g = k.grant(k.region().addr() + 100, 3000).unwrap();
+        let r = g.hold_range(7, 2500).unwrap();
+        assert_eq!(r.len(), 2500);
+        let mut got = Vec::new();
+        r.read_chunks(|c| got.extend_from_slice(c)).unwrap();
+        assert_eq!(got, &data[107..2607]);
+        let mut copy = vec![0; 2500];
+        r.read(&mut copy).unwrap();
+        assert_eq!(copy, got);
+        assert!(r.read(&mut [0; 3]).is_err(), "exactly its length");
+        assert_eq!(r.ptr().unwrap() as u64, buf.addr() + 16 + 107);
+        assert!(matches!(g.hold_range(1, 3000), Err(AccessError::Mem(_))));
+        // From a held grant (a READ response's region): nested in its access.
+        let held = k.grant_all().unwrap().hold().unwrap();
+        let r2 = held.hold_range(4000, 96).unwrap();
+        assert!(held.hold_range(4000, 97).is_err());
+        drop(held);
+        // The ranges alone keep revocation waiting.
+        let revoker = {
+            let k = k.clone();
+            std::thread::spawn(move || k.revoke())
+        };
+        while !k.is_revoked() {
+            std::hint::spin_loop();
+        }
+        let mut tail = [0u8; 96];
+        r2.read(&mut tail).unwrap();
+        assert_eq!(&tail[..], &data[4000..]);
+        assert!(
+            !revoker.is_finished(),
+            "revoke returned while a range was held"
+        );
+        assert!(matches!(g.hold_range(0, 1), Err(AccessError::Revoked)));
+        drop(r);
+        assert!(
+            !revoker.is_finished(),
+            "revoke returned while a range was held"
+        );
+        drop(r2);
+        revoker.join().unwrap();
     }
 }
