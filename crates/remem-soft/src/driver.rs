@@ -3,15 +3,41 @@
 //! Packets go out in UDP GSO batches where the kernel offers GSO (one `sendmsg` carries up to
 //! 64 packets of one size to one destination; the kernel, or the NIC, cuts them apart) and
 //! come in through `recvmmsg` with UDP GRO (one receive returns up to 16 datagrams, each of
-//! which may hold many coalesced packets). The socket work is done by `quinn-udp`, which
-//! falls back to one datagram per call where GSO or GRO is missing.
+//! which may hold many coalesced packets). The receive side and the socket's setup are
+//! `quinn-udp`'s, which falls back to one datagram per call where GSO or GRO is missing.
+//!
+//! Sends are scatter/gather ([`crate::sys::send_gso`]): a batch is a list of pieces — each
+//! packet's headers, its payload where it lies in registered memory, its pad and ICRC — and
+//! one `sendmsg` hands the kernel an iovec per piece (adjacent pieces of the batch's own
+//! buffer merged). The payload is never copied into a packet buffer: its ICRC is computed
+//! over the pieces (the headers from the buffer, the payload read from registered memory
+//! in chunks, `remem_wire::icrc::IcrcHasher`), and the kernel copies it into its socket
+//! buffer once, during the call. Each payload piece is a
+//! [`HeldRange`](crate::transport::grant::HeldRange): an access to its memory key entered
+//! when the packet is built and left when the batch has been sent, so a deregistration
+//! waits for the send (at most one batch) and no deregistered region is read, as before.
+//!
+//! The payload may change while it waits: the application writes its memory, or a peer's
+//! WRITE lands in it. A packet whose bytes change between its ICRC and the kernel's copy
+//! fails the receiver's ICRC check and is dropped there; RC retransmits it. A NIC reading
+//! host memory by DMA has the same race. What is copied instead: payloads of at most
+//! `COPY_MAX` bytes (an iovec costs more than the copy), UC and UD payloads (they complete
+//! when handed to the driver, with no acknowledgement to wait for, so the application may
+//! reuse the buffer at once), and every packet while packets are captured (pcap) or faults
+//! injected (both need each packet's bytes).
 //!
 //! A [`Nic`] is driven either by a [`Progress`] thread or, in inline mode, by the caller
 //! ([`Inline`]).
 
-use crate::engine::Engine;
+use crate::engine::{Engine, TxBuild};
 use crate::faults::{FaultConfig, FaultInjector};
+use crate::sys::{self, MAX_IOV, Piece};
+use crate::transport::glue::{CopySink, PayloadSink};
+use crate::transport::grant::HeldRange;
+use crate::transport::{AccessError, Grant, Held, TxPacket};
 use quinn_udp::{RecvMeta, Transmit, UdpSockRef, UdpSocketState};
+use remem_verbs::MemError;
+use remem_wire::icrc::IcrcHasher;
 use std::io::{self, IoSliceMut};
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
@@ -42,17 +68,275 @@ const RX_BUF: usize = 1 << 16;
 /// Socket buffer size asked for (the kernel caps it at `net.core.[rw]mem_max`).
 const SOCKET_BUFFER: usize = 4 << 20;
 
+/// Payloads of at most this many bytes are copied into the packet: below it an iovec of
+/// its own costs the kernel more than the copy saves.
+const COPY_MAX: usize = 512;
+
 /// Packets waiting to leave in one GSO send: all to one destination, all of one size but
-/// the last, which may be shorter.
+/// the last, which may be shorter. Their bytes are pieces: ranges of `buf` (headers, copied
+/// payloads, pads, ICRCs) and payload references held until the send returns.
 #[derive(Debug)]
 struct TxBatch {
+    /// The batch's own bytes, `buf[..own]`; the packet being built is staged after them.
     buf: Vec<u8>,
+    own: usize,
+    /// The batch's pieces in order; `mem` holds the references its `Mem` pieces stand for.
+    pieces: Vec<Piece>,
+    mem: Vec<HeldRange>,
+    /// UDP payload bytes of the batch's packets.
     len: usize,
     segment: usize,
     count: usize,
     dst: SocketAddr,
     /// The last packet was shorter than `segment`: nothing more may join.
     closed: bool,
+    /// The packet being built (see [`Stage`]).
+    stage: Stage,
+}
+
+impl TxBatch {
+    /// Empties the batch (its payload references are released: their accesses end).
+    fn clear(&mut self) {
+        self.own = 0;
+        self.len = 0;
+        self.count = 0;
+        self.closed = false;
+        self.pieces.clear();
+        self.mem.clear();
+    }
+}
+
+/// The packet being built, staged at `buf[own..]`: its pieces (`Own` offsets relative to
+/// `own`), its payload references, and — when its payload is referenced — where its header
+/// ends, its payload length and the end of its own bytes.
+#[derive(Debug, Default)]
+struct Stage {
+    pieces: Vec<Piece>,
+    mem: Vec<HeldRange>,
+    scattered: Option<Scattered>,
+    /// Reference payloads rather than copy them (off while capturing or injecting faults).
+    scatter: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Scattered {
+    hdr: usize,
+    payload: usize,
+    /// End of the staged own bytes (header, then any inline bytes of the payload).
+    end: usize,
+}
+
+/// What the engine builds a packet through: the staging area of the batch.
+struct Stager<'a> {
+    buf: &'a mut [u8],
+    stage: &'a mut Stage,
+}
+
+impl TxBuild for Stager<'_> {
+    fn buf(&mut self) -> &mut [u8] {
+        // A new packet (or a new attempt after one that failed): nothing staged.
+        self.stage.pieces.clear();
+        self.stage.mem.clear();
+        self.stage.scattered = None;
+        self.buf
+    }
+
+    fn payload(
+        &mut self,
+        tx: &TxPacket,
+        hdr: usize,
+        fill: &mut crate::qp::Fill<'_>,
+    ) -> Result<(), AccessError> {
+        let n = tx.payload_len as usize;
+        let Some(place) = self.buf.get_mut(hdr..hdr + n) else {
+            return Err(AccessError::Mem(MemError::OutOfBounds {
+                offset: hdr as u64,
+                len: n as u64,
+                size: self.buf.len() as u64,
+            }));
+        };
+        // UC and UD complete a send when its packet is handed over (nothing acknowledges
+        // it): their payloads are copied, so the application may reuse the memory at once.
+        if !self.stage.scatter || n <= COPY_MAX || tx.uc || tx.deth.is_some() {
+            return fill(&mut CopySink(place));
+        }
+        self.stage.pieces.push(Piece::Own { start: 0, len: hdr });
+        let mut sink = ScatterSink {
+            buf: self.buf,
+            end: hdr,
+            next: 0,
+            len: n,
+            stage: self.stage,
+        };
+        fill(&mut sink)?;
+        if sink.next != n {
+            return Err(AccessError::Mem(MemError::OutOfBounds {
+                offset: sink.next as u64,
+                len: n as u64,
+                size: n as u64,
+            }));
+        }
+        let end = sink.end;
+        self.stage.scattered = Some(Scattered {
+            hdr,
+            payload: n,
+            end,
+        });
+        Ok(())
+    }
+}
+
+/// A [`PayloadSink`] that references registered memory where it lies (a [`HeldRange`]
+/// per piece) and copies inline bytes after the staged header.
+struct ScatterSink<'a> {
+    buf: &'a mut [u8],
+    /// End of the staged own bytes.
+    end: usize,
+    /// Payload bytes put so far (pieces come in order).
+    next: usize,
+    len: usize,
+    stage: &'a mut Stage,
+}
+
+impl ScatterSink<'_> {
+    /// Checks that payload bytes `at..at + n` come next and fit.
+    fn next_is(&self, at: usize, n: usize) -> Result<(), AccessError> {
+        if at == self.next && n <= self.len - at {
+            Ok(())
+        } else {
+            Err(AccessError::Mem(MemError::OutOfBounds {
+                offset: at as u64,
+                len: n as u64,
+                size: self.len as u64,
+            }))
+        }
+    }
+
+    fn push_mem(&mut self, r: HeldRange) {
+        self.next += r.len();
+        self.stage.mem.push(r);
+        self.stage.pieces.push(Piece::Mem);
+    }
+}
+
+impl PayloadSink for ScatterSink<'_> {
+    fn payload_len(&self) -> usize {
+        self.len
+    }
+
+    fn put_bytes(&mut self, at: usize, bytes: &[u8]) -> Result<(), AccessError> {
+        self.next_is(at, bytes.len())?;
+        // The staged own bytes end before the payload's place (`end <= hdr + at`), so
+        // there is room, and the pad and ICRC (written after the payload) stay clear.
+        let start = self.end;
+        self.buf[start..start + bytes.len()].copy_from_slice(bytes);
+        match self.stage.pieces.last_mut() {
+            Some(Piece::Own { start: s, len }) if *s + *len == start => *len += bytes.len(),
+            _ => self.stage.pieces.push(Piece::Own {
+                start,
+                len: bytes.len(),
+            }),
+        }
+        self.end += bytes.len();
+        self.next += bytes.len();
+        Ok(())
+    }
+
+    fn put_grant(
+        &mut self,
+        at: usize,
+        grant: &Grant,
+        offset: usize,
+        n: usize,
+    ) -> Result<(), AccessError> {
+        self.next_is(at, n)?;
+        if n > 0 {
+            let r = grant.hold_range(offset, n)?;
+            self.push_mem(r);
+        }
+        Ok(())
+    }
+
+    fn put_held(
+        &mut self,
+        at: usize,
+        held: &Held,
+        offset: usize,
+        n: usize,
+    ) -> Result<(), AccessError> {
+        self.next_is(at, n)?;
+        if n > 0 {
+            let r = held.hold_range(offset, n).map_err(AccessError::Mem)?;
+            self.push_mem(r);
+        }
+        Ok(())
+    }
+}
+
+impl Stage {
+    /// Turns the staged packet of `total` bytes into its final pieces: a copied packet is
+    /// one piece; a scattered one's pad and ICRC field (zeros) move right after its staged
+    /// own bytes. Returns how many own bytes it uses.
+    fn finish(&mut self, buf: &mut [u8], total: usize) -> usize {
+        let Some(s) = self.scattered else {
+            self.pieces.clear();
+            self.pieces.push(Piece::Own {
+                start: 0,
+                len: total,
+            });
+            return total;
+        };
+        let tail = total - s.hdr - s.payload;
+        buf[s.end..s.end + tail].fill(0);
+        match self.pieces.last_mut() {
+            Some(Piece::Own { start, len }) if *start + *len == s.end => *len += tail,
+            _ => self.pieces.push(Piece::Own {
+                start: s.end,
+                len: tail,
+            }),
+        }
+        s.end + tail
+    }
+
+    /// Computes the ICRC of the finished staged packet of `total` bytes (own bytes in
+    /// `buf`) over its pieces and writes it into its last four bytes.
+    fn seal(
+        &self,
+        buf: &mut [u8],
+        total: usize,
+        ip: &remem_wire::icrc::IpFields,
+        ports: remem_wire::icrc::UdpPorts,
+    ) -> Option<()> {
+        let covered = total.checked_sub(remem_wire::ICRC_LEN)?;
+        let mut refs = self.mem.iter();
+        let mut hasher: Option<IcrcHasher> = None;
+        let mut at = 0usize;
+        let mut last_own_end = 0;
+        for piece in &self.pieces {
+            match *piece {
+                Piece::Own { start, len } => {
+                    let take = len.min(covered.saturating_sub(at));
+                    let bytes = &buf[start..start + take];
+                    match &mut hasher {
+                        Some(h) => h.update(bytes),
+                        None => hasher = Some(IcrcHasher::new(ip, ports, total, bytes).ok()?),
+                    }
+                    at += len;
+                    last_own_end = start + len;
+                }
+                Piece::Mem => {
+                    let r = refs.next()?;
+                    let h = hasher.as_mut()?;
+                    r.read_chunks(|c| h.update(c)).ok()?;
+                    at += r.len();
+                }
+            }
+        }
+        let crc = hasher?.finalize();
+        buf.get_mut(last_own_end.checked_sub(4)?..last_own_end)?
+            .copy_from_slice(&crc.to_le_bytes());
+        Some(())
+    }
 }
 
 /// A UDP socket set up for RoCEv2 and the buffers to drive it.
@@ -63,6 +347,10 @@ pub struct Nic {
     rx: Vec<u8>,
     meta: Vec<RecvMeta>,
     tx: TxBatch,
+    /// The socket is IPv6 (IPv4 destinations are given IPv4-mapped).
+    v6: bool,
+    /// GSO failed on this socket (a device without the offloads): one packet per send.
+    gso_failed: bool,
     /// Faults injected into what this NIC sends (testing).
     faults: Option<Box<FaultInjector>>,
 }
@@ -88,13 +376,19 @@ impl Nic {
             rx: vec![0; RX_BATCH * RX_BUF],
             meta: vec![RecvMeta::default(); RX_BATCH],
             tx: TxBatch {
-                buf: vec![0; TX_BATCH_BYTES],
+                buf: vec![0; TX_BATCH_BYTES + MAX_PACKET],
+                own: 0,
+                pieces: Vec::with_capacity(MAX_IOV),
+                mem: Vec::new(),
                 len: 0,
                 segment: 0,
                 count: 0,
                 dst: local,
                 closed: false,
+                stage: Stage::default(),
             },
+            v6: local.is_ipv6(),
+            gso_failed: false,
             faults: None,
         })
     }
@@ -184,43 +478,77 @@ impl Nic {
     }
 
     fn transmit(&mut self, engine: &Engine, now: Instant) -> usize {
-        let max_segments = if self.faults.is_some() {
+        let max_segments = if self.faults.is_some() || self.gso_failed {
             1
         } else {
             self.state.max_gso_segments().clamp(1, 64)
         };
+        // Packets are materialized (payloads copied) while something needs their bytes.
+        self.tx.stage.scatter = self.faults.is_none() && !engine.captures();
         let mut sent = 0;
         while sent < TX_BUDGET {
             let b = &self.tx;
             if b.count > 0
-                && (b.count >= max_segments || b.closed || b.len + MAX_PACKET > b.buf.len())
+                && (b.count >= max_segments || b.closed || b.len + MAX_PACKET > TX_BATCH_BYTES)
             {
-                self.flush(engine, self.tx.len);
+                self.flush(engine);
             }
             let b = &mut self.tx;
-            let start = b.len;
-            let Some((dst, len)) =
-                engine.poll_transmit_unsealed(now, &mut b.buf[start..start + MAX_PACKET])
-            else {
+            let own = b.own;
+            let mut stager = Stager {
+                buf: &mut b.buf[own..own + MAX_PACKET],
+                stage: &mut b.stage,
+            };
+            let Some((dst, len)) = engine.poll_transmit_into(now, &mut stager) else {
+                // A packet whose building failed may have left references staged: their
+                // accesses end now, not at the next pass (a deregistration waits for them).
+                b.stage.pieces.clear();
+                b.stage.mem.clear();
                 break;
             };
             sent += 1;
-            let mut at = start;
-            if b.count > 0 && (dst != b.dst || len > b.segment) {
+            let staged = b.stage.finish(&mut b.buf[own..own + MAX_PACKET], len);
+            if b.count > 0
+                && (dst != b.dst
+                    || len > b.segment
+                    || b.pieces.len() + b.stage.pieces.len() > MAX_IOV)
+            {
                 // It cannot join this batch: send the batch, and start the next with it.
-                self.flush(engine, start);
-                self.tx.buf.copy_within(start..start + len, 0);
-                at = 0;
+                self.flush(engine);
+                self.tx.buf.copy_within(own..own + staged, 0);
             }
             // Its ICRC covers the IPv4 identification the kernel gives it: its index in
             // the batch.
             let b = &mut self.tx;
-            if engine
-                .fill_icrc(dst, &mut b.buf[at..at + len], b.count as u16)
+            let (ip, ports) = engine.icrc_fields(dst, b.count as u16);
+            let at = b.own;
+            if b.stage
+                .seal(&mut b.buf[at..at + staged], len, &ip, ports)
                 .is_none()
             {
+                b.stage.mem.clear();
                 continue;
             }
+            for piece in b.stage.pieces.drain(..) {
+                let piece = match piece {
+                    Piece::Own { start, len } => Piece::Own {
+                        start: start + at,
+                        len,
+                    },
+                    Piece::Mem => Piece::Mem,
+                };
+                match (b.pieces.last_mut(), piece) {
+                    (
+                        Some(Piece::Own { start, len }),
+                        Piece::Own {
+                            start: next,
+                            len: more,
+                        },
+                    ) if *start + *len == next => *len += more,
+                    (_, piece) => b.pieces.push(piece),
+                }
+            }
+            b.mem.append(&mut b.stage.mem);
             if b.count == 0 {
                 b.dst = dst;
                 b.segment = len;
@@ -228,18 +556,20 @@ impl Nic {
             b.closed = len < b.segment;
             b.count += 1;
             b.len += len;
+            b.own += staged;
         }
         if self.tx.count > 0 {
-            self.flush(engine, self.tx.len);
+            self.flush(engine);
         }
         sent
     }
 
-    /// Sends the batch in `tx.buf[..end]` and empties it.
-    fn flush(&mut self, engine: &Engine, end: usize) {
+    /// Sends the batch and empties it.
+    fn flush(&mut self, engine: &Engine) {
+        let b = &mut self.tx;
+        let end = b.own;
         if let Some(f) = self.faults.as_mut() {
-            // One packet (no batches with faults): its fate first.
-            let b = &mut self.tx;
+            // One packet (no batches with faults), copied whole: its fate first.
             let mut out = Vec::new();
             f.on_send(Instant::now(), b.dst, &b.buf[..end], &mut out);
             engine.transmitted(b.dst, &b.buf[..end], 0);
@@ -249,23 +579,23 @@ impl Nic {
             s.fault_corrupted.store(c.corrupted, Ordering::Relaxed);
             s.fault_duplicated.store(c.duplicated, Ordering::Relaxed);
             s.fault_reordered.store(c.reordered, Ordering::Relaxed);
-            b.len = 0;
-            b.count = 0;
-            b.closed = false;
+            b.clear();
             self.send_faulted(engine, out);
             return;
         }
-        let b = &mut self.tx;
-        let contents = &b.buf[..end];
-        let transmit = Transmit {
-            destination: b.dst,
-            ecn: None,
-            contents,
-            segment_size: (b.count > 1).then_some(b.segment),
-            src_ip: None,
+        let segment = (b.count > 1).then_some(b.segment as u16);
+        let send = |b: &TxBatch| {
+            sys::send_gso(
+                &self.socket,
+                self.v6,
+                b.dst,
+                segment,
+                &b.buf[..end],
+                &b.pieces,
+                &b.mem,
+            )
         };
-        let sock = UdpSockRef::from(&*self.socket);
-        let mut result = self.state.try_send(sock, &transmit);
+        let mut result = send(b);
         for _ in 0..3 {
             match &result {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -278,22 +608,35 @@ impl Nic {
                         tv_nsec: 1_000_000,
                     };
                     let _ = rustix::event::poll(&mut fds, Some(&ts));
-                    result = self
-                        .state
-                        .try_send(UdpSockRef::from(&*self.socket), &transmit);
+                    result = send(b);
                 }
                 _ => break,
             }
         }
+        if let Err(e) = &result
+            && segment.is_some()
+            && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL))
+        {
+            // The kernel cannot segment for this socket's device (as quinn-udp, from then
+            // on one packet per send); these packets are lost, RC retransmits them.
+            self.gso_failed = true;
+        }
         engine.stats.tx_datagrams.fetch_add(1, Ordering::Relaxed);
         // A packet the socket refused is lost on the wire as far as the transport knows:
         // RC retransmits it, UD is unreliable anyway.
-        for (i, pkt) in contents.chunks(b.segment.max(1)).enumerate() {
-            engine.transmitted(b.dst, pkt, i as u16);
+        let b = &mut self.tx;
+        if engine.captures() {
+            // Captured packets were copied whole: the batch's bytes are the packets.
+            for (i, pkt) in b.buf[..end].chunks(b.segment.max(1)).enumerate() {
+                engine.transmitted(b.dst, pkt, i as u16);
+            }
+        } else {
+            engine
+                .stats
+                .sent_pkts
+                .fetch_add(b.count as u64, Ordering::Relaxed);
         }
-        b.len = 0;
-        b.count = 0;
-        b.closed = false;
+        b.clear();
     }
 
     fn receive(&mut self, engine: &Engine) -> usize {

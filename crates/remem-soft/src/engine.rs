@@ -37,6 +37,52 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Instant;
 
+/// Where [`Engine::poll_transmit_into`] builds a packet: a buffer for its headers (and its
+/// payload, where that is copied), and how its payload is taken.
+pub trait TxBuild {
+    /// The buffer the packet is built in (room for the largest packet: MTU 4096 plus
+    /// headers).
+    fn buf(&mut self) -> &mut [u8];
+
+    /// Takes the payload of transport packet `tx`, whose headers are in `buf()[..hdr]` and
+    /// whose payload's place is `buf()[hdr..hdr + tx.payload_len]` (pad and ICRC field,
+    /// zeroed, follow it), by calling `fill` with a sink. An error drops the packet.
+    fn payload(
+        &mut self,
+        tx: &crate::transport::TxPacket,
+        hdr: usize,
+        fill: &mut crate::qp::Fill<'_>,
+    ) -> Result<(), crate::transport::AccessError>;
+}
+
+/// Builds whole packets into a slice (payload copied).
+struct CopyBuild<'a>(&'a mut [u8]);
+
+impl TxBuild for CopyBuild<'_> {
+    fn buf(&mut self) -> &mut [u8] {
+        self.0
+    }
+
+    fn payload(
+        &mut self,
+        tx: &crate::transport::TxPacket,
+        hdr: usize,
+        fill: &mut crate::qp::Fill<'_>,
+    ) -> Result<(), crate::transport::AccessError> {
+        let end = hdr + tx.payload_len as usize;
+        let Some(dst) = self.0.get_mut(hdr..end) else {
+            return Err(crate::transport::AccessError::Mem(
+                remem_verbs::MemError::OutOfBounds {
+                    offset: hdr as u64,
+                    len: u64::from(tx.payload_len),
+                    size: self.0.len() as u64,
+                },
+            ));
+        };
+        fill(&mut glue::CopySink(dst))
+    }
+}
+
 /// Why a received datagram was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DropCause {
@@ -520,6 +566,18 @@ impl Engine {
         now: Instant,
         buf: &mut [u8],
     ) -> Option<(SocketAddr, usize)> {
+        self.poll_transmit_into(now, &mut CopyBuild(buf))
+    }
+
+    /// As [`Engine::poll_transmit_unsealed`], building the packet through `out`: its
+    /// headers (pad and ICRC field zeroed) into `out.buf()`, its payload as
+    /// [`TxBuild::payload`] decides — copied there, or referenced where it lies (the
+    /// driver's scatter/gather send). Returns the destination and the packet's whole length.
+    pub fn poll_transmit_into(
+        &self,
+        now: Instant,
+        out: &mut dyn TxBuild,
+    ) -> Option<(SocketAddr, usize)> {
         loop {
             let (qpn, held) = {
                 let mut r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
@@ -532,7 +590,7 @@ impl Engine {
                 (qpn, held)
             };
             if qpn == crate::cm::GSI_QPN {
-                match self.gsi_transmit(buf) {
+                match self.gsi_transmit(out.buf()) {
                     Some(out) => {
                         self.mark_ready(qpn);
                         return Some(out);
@@ -552,8 +610,8 @@ impl Engine {
             let built = qp.poll_transmit(now, |tx, dgid, fill| {
                 dst = self.peer_addr(dgid.to_ip());
                 let h = glue::headers(tx);
-                let (hdr, total) = h.write(tx.payload_len as usize, buf).ok()?;
-                fill(&mut buf[hdr..hdr + tx.payload_len as usize]).ok()?;
+                let (hdr, total) = h.write(tx.payload_len as usize, out.buf()).ok()?;
+                out.payload(tx, hdr, fill).ok()?;
                 Some(total)
             });
             self.mark_timed(qpn);
@@ -583,6 +641,23 @@ impl Engine {
             dst: dst.port(),
         };
         icrc::fill(&ip, ports, pkt).ok()
+    }
+
+    /// The IP and UDP fields a packet to `dst` with IPv4 identification `ip_id` has, as its
+    /// ICRC covers them (for a driver computing the ICRC over a packet in pieces).
+    pub fn icrc_fields(&self, dst: SocketAddr, ip_id: u16) -> (IpFields, UdpPorts) {
+        let ip = ip_fields(self.local.ip(), dst.ip(), ip_id);
+        let ports = UdpPorts {
+            src: self.local.port(),
+            dst: dst.port(),
+        };
+        (ip, ports)
+    }
+
+    /// Whether packets are captured ([`Engine::transmitted`] must then see each packet's
+    /// bytes).
+    pub fn captures(&self) -> bool {
+        self.pcap.is_some()
     }
 
     /// Counts (and captures) a packet handed to the socket with IPv4 identification `ip_id`.

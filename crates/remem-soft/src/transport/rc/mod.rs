@@ -12,6 +12,7 @@ mod responder;
 #[cfg(test)]
 mod tests;
 
+use super::glue::PayloadSink;
 use super::{AccessError, Env, RxPacket, TxPacket};
 use crate::wqe::SendWqe;
 use remem_verbs::qp::local_ack_timeout_ns;
@@ -236,7 +237,10 @@ impl RcTransport {
         &mut self,
         now: Instant,
         env: &mut dyn Env,
-        emit: impl FnOnce(&TxPacket, &mut dyn FnMut(&mut [u8]) -> Result<(), AccessError>) -> R,
+        emit: impl FnOnce(
+            &TxPacket,
+            &mut dyn FnMut(&mut dyn PayloadSink) -> Result<(), AccessError>,
+        ) -> R,
     ) -> Option<R> {
         let sending = matches!(self.state, QpState::Rts | QpState::Sqd);
         // What the responder owes (ACKs, READ and atomic responses) goes before this side's
@@ -260,18 +264,18 @@ impl RcTransport {
             return self.poll_transmit(now, env, emit);
         }
         let sq = &self.req.sq;
-        let mut fill = |dst: &mut [u8]| match &src {
+        let mut fill = |dst: &mut dyn PayloadSink| match &src {
             PayloadSrc::None => Ok(()),
             PayloadSrc::Wqe { index, offset } => match sq.get(*index) {
-                Some(e) => e.wqe.gather(*offset, dst),
+                Some(e) => e.wqe.gather_into(*offset, dst),
                 None => Err(AccessError::Mem(MemError::OutOfBounds {
                     offset: *offset,
-                    len: dst.len() as u64,
+                    len: dst.payload_len() as u64,
                     size: 0,
                 })),
             },
             PayloadSrc::Region { held, offset } => {
-                held.read(*offset, dst).map_err(AccessError::Mem)
+                dst.put_held(0, held, *offset, dst.payload_len())
             }
         };
         Some(emit(&pkt, &mut fill))
