@@ -174,3 +174,131 @@ fn sockaddr(dst: SocketAddr, v6_socket: bool) -> (libc::sockaddr_storage, libc::
     };
     (storage, len as libc::socklen_t)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::KeyedRegion;
+    use remem_verbs::{MemRegion, MemoryBuffer};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn pair(ip: &str) -> (UdpSocket, UdpSocket) {
+        let rx = UdpSocket::bind(format!("{ip}:0")).unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let tx = UdpSocket::bind(format!("{ip}:0")).unwrap();
+        (tx, rx)
+    }
+
+    fn held(data: &[u8], offset: usize, len: usize) -> HeldRange {
+        let buf = Arc::new(MemoryBuffer::from_vec(data.to_vec()));
+        let key = KeyedRegion::new(MemRegion::whole(buf));
+        key.grant_all().unwrap().hold_range(offset, len).unwrap()
+    }
+
+    #[test]
+    fn pieces_arrive_as_one_datagram_in_order() {
+        let (tx, rx) = pair("127.0.0.1");
+        let own: Vec<u8> = (0..64u8).collect();
+        let data: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 1) as u8).collect();
+        let mem = [held(&data, 10, 3000), held(&data, 4000, 5)];
+        let pieces = [
+            Piece::Own { start: 0, len: 12 },
+            Piece::Mem,
+            Piece::Own { start: 40, len: 0 },
+            Piece::Mem,
+            Piece::Own { start: 12, len: 8 },
+        ];
+        let dst = rx.local_addr().unwrap();
+        let n = send_gso(&tx, false, dst, None, &own, &pieces, &mem).unwrap();
+        assert_eq!(n, 12 + 3000 + 5 + 8);
+        let mut got = vec![0u8; 65536];
+        let (len, from) = rx.recv_from(&mut got).unwrap();
+        assert_eq!(from, tx.local_addr().unwrap());
+        let want = [&own[..12], &data[10..3010], &data[4000..4005], &own[12..20]].concat();
+        assert_eq!(&got[..len], &want[..]);
+    }
+
+    #[test]
+    fn a_gso_batch_is_cut_at_the_segment_size_across_pieces() {
+        let (tx, rx) = pair("127.0.0.1");
+        let own: Vec<u8> = (0..100u8).collect();
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 5) as u8).collect();
+        // Three datagrams of 1000 bytes and one of 500, cut through the middle of pieces.
+        let mem = [held(&data, 0, 1500), held(&data, 2000, 1960)];
+        let pieces = [
+            Piece::Own { start: 0, len: 40 },
+            Piece::Mem,
+            Piece::Own { start: 40, len: 0 },
+            Piece::Mem,
+        ];
+        let stream = [&own[..40], &data[..1500], &data[2000..3960]].concat();
+        assert_eq!(stream.len(), 3500);
+        let dst = rx.local_addr().unwrap();
+        match send_gso(&tx, false, dst, Some(1000), &own, &pieces, &mem) {
+            Ok(n) => assert_eq!(n, 3500),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => {
+                eprintln!("skipped: no UDP GSO here ({e})");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        }
+        let mut got = vec![0u8; 65536];
+        for want in stream.chunks(1000) {
+            let (len, _) = rx.recv_from(&mut got).unwrap();
+            assert_eq!(&got[..len], want);
+        }
+    }
+
+    #[test]
+    fn an_ipv4_destination_from_an_ipv6_socket_is_mapped() {
+        let Ok(tx) = UdpSocket::bind("[::]:0") else {
+            eprintln!("skipped: no IPv6 here");
+            return;
+        };
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let own = [9u8; 20];
+        let pieces = [Piece::Own { start: 0, len: 20 }];
+        let dst = rx.local_addr().unwrap();
+        match send_gso(&tx, true, dst, None, &own, &pieces, &[]) {
+            Ok(n) => assert_eq!(n, 20),
+            Err(e) => {
+                eprintln!("skipped: dual-stack sockets unavailable ({e})");
+                return;
+            }
+        }
+        let mut got = [0u8; 64];
+        let (len, _) = rx.recv_from(&mut got).unwrap();
+        assert_eq!(&got[..len], &own);
+    }
+
+    #[test]
+    fn bad_descriptions_send_nothing() {
+        let (tx, rx) = pair("127.0.0.1");
+        rx.set_nonblocking(true).unwrap();
+        let dst = rx.local_addr().unwrap();
+        let own = [1u8; 16];
+        let err = |pieces: &[Piece], mem: &[HeldRange]| {
+            send_gso(&tx, false, dst, None, &own, pieces, mem)
+                .unwrap_err()
+                .kind()
+        };
+        let invalid = io::ErrorKind::InvalidInput;
+        assert_eq!(err(&[Piece::Own { start: 10, len: 7 }], &[]), invalid);
+        assert_eq!(
+            err(
+                &[Piece::Own {
+                    start: usize::MAX,
+                    len: 2
+                }],
+                &[]
+            ),
+            invalid
+        );
+        assert_eq!(err(&[Piece::Mem], &[]), invalid);
+        let many = vec![Piece::Own { start: 0, len: 1 }; MAX_IOV + 1];
+        assert_eq!(err(&many, &[]), invalid);
+        assert!(rx.recv_from(&mut [0u8; 64]).is_err(), "nothing was sent");
+    }
+}
