@@ -6,16 +6,17 @@
 //! which may hold many coalesced packets). The receive side and the socket's setup are
 //! `quinn-udp`'s, which falls back to one datagram per call where GSO or GRO is missing.
 //!
-//! Sends are scatter/gather ([`crate::sys::send_gso`]): a batch is a list of pieces — each
+//! Sends are scatter/gather (`sys::send_gso`): a batch is a list of pieces — each
 //! packet's headers, its payload where it lies in registered memory, its pad and ICRC — and
 //! one `sendmsg` hands the kernel an iovec per piece (adjacent pieces of the batch's own
 //! buffer merged). The payload is never copied into a packet buffer: its ICRC is computed
 //! over the pieces (the headers from the buffer, the payload read from registered memory
 //! in chunks, `remem_wire::icrc::IcrcHasher`), and the kernel copies it into its socket
-//! buffer once, during the call. Each payload piece is a
-//! [`HeldRange`](crate::transport::grant::HeldRange): an access to its memory key entered
-//! when the packet is built and left when the batch has been sent, so a deregistration
-//! waits for the send (at most one batch) and no deregistered region is read, as before.
+//! buffer once, during the call. Each payload piece is a [`HeldRange`]: an access to its
+//! memory key entered when the packet is built and left when the batch has been sent, so a
+//! deregistration waits for the send (at most one batch) and no deregistered region is
+//! read, as before. (The progress thread never deregisters; in inline mode every batch is
+//! sent before `progress` returns, so a deregistration never waits for its own thread.)
 //!
 //! The payload may change while it waits: the application writes its memory, or a peer's
 //! WRITE lands in it. A packet whose bytes change between its ICRC and the kernel's copy
@@ -87,6 +88,8 @@ struct TxBatch {
     len: usize,
     segment: usize,
     count: usize,
+    /// Packets of the batch whose payload is referenced, not copied.
+    zero_copy: usize,
     dst: SocketAddr,
     /// The last packet was shorter than `segment`: nothing more may join.
     closed: bool,
@@ -100,6 +103,7 @@ impl TxBatch {
         self.own = 0;
         self.len = 0;
         self.count = 0;
+        self.zero_copy = 0;
         self.closed = false;
         self.pieces.clear();
         self.mem.clear();
@@ -346,7 +350,8 @@ pub struct Nic {
     state: UdpSocketState,
     rx: Vec<u8>,
     meta: Vec<RecvMeta>,
-    tx: TxBatch,
+    /// (Boxed: it is large, and a `Nic` is moved into its thread or held inline.)
+    tx: Box<TxBatch>,
     /// The socket is IPv6 (IPv4 destinations are given IPv4-mapped).
     v6: bool,
     /// GSO failed on this socket (a device without the offloads): one packet per send.
@@ -375,7 +380,7 @@ impl Nic {
             state,
             rx: vec![0; RX_BATCH * RX_BUF],
             meta: vec![RecvMeta::default(); RX_BATCH],
-            tx: TxBatch {
+            tx: Box::new(TxBatch {
                 buf: vec![0; TX_BATCH_BYTES + MAX_PACKET],
                 own: 0,
                 pieces: Vec::with_capacity(MAX_IOV),
@@ -383,10 +388,11 @@ impl Nic {
                 len: 0,
                 segment: 0,
                 count: 0,
+                zero_copy: 0,
                 dst: local,
                 closed: false,
                 stage: Stage::default(),
-            },
+            }),
             v6: local.is_ipv6(),
             gso_failed: false,
             faults: None,
@@ -554,6 +560,7 @@ impl Nic {
                 b.segment = len;
             }
             b.closed = len < b.segment;
+            b.zero_copy += usize::from(b.stage.scattered.is_some());
             b.count += 1;
             b.len += len;
             b.own += staged;
@@ -636,6 +643,10 @@ impl Nic {
                 .sent_pkts
                 .fetch_add(b.count as u64, Ordering::Relaxed);
         }
+        engine
+            .stats
+            .tx_zero_copy_pkts
+            .fetch_add(b.zero_copy as u64, Ordering::Relaxed);
         b.clear();
     }
 

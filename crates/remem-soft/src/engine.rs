@@ -148,6 +148,9 @@ pub struct EngineStats {
     pub icrc_id_recovered: AtomicU64,
     /// UDP sends (each may carry a GSO batch of packets).
     pub tx_datagrams: AtomicU64,
+    /// Packets sent with their payload referenced where it lies in registered memory, not
+    /// copied into the packet (the driver's scatter/gather send).
+    pub tx_zero_copy_pkts: AtomicU64,
     /// Fault injection: packets lost.
     pub fault_dropped: AtomicU64,
     /// Fault injection: packets corrupted.

@@ -223,6 +223,7 @@ impl DeviceShared {
             counter("icrc_id_recovered", &e.icrc_id_recovered),
             counter("tx_datagrams", &e.tx_datagrams),
             counter("rx_datagrams", &e.rx_datagrams),
+            counter("tx_zero_copy_pkts", &e.tx_zero_copy_pkts),
             counter("fault_dropped", &e.fault_dropped),
             counter("fault_corrupted", &e.fault_corrupted),
             counter("fault_duplicated", &e.fault_duplicated),

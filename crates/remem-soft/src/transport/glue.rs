@@ -51,7 +51,7 @@ fn out_of(dst: &[u8], at: usize, n: usize) -> AccessError {
     })
 }
 
-fn copy_at<'d>(dst: &'d mut [u8], at: usize, n: usize) -> Result<&'d mut [u8], AccessError> {
+fn copy_at(dst: &mut [u8], at: usize, n: usize) -> Result<&mut [u8], AccessError> {
     let size = dst.len();
     match at.checked_add(n) {
         Some(end) if end <= size => Ok(&mut dst[at..end]),
