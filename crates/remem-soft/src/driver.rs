@@ -311,6 +311,11 @@ impl Stage {
         ip: &remem_wire::icrc::IpFields,
         ports: remem_wire::icrc::UdpPorts,
     ) -> Option<()> {
+        if let [Piece::Own { start, len }] = self.pieces[..] {
+            // A whole packet (copied payload): as `icrc::fill`.
+            let pkt = buf.get_mut(start..start + len)?;
+            return remem_wire::icrc::fill(ip, ports, pkt).ok();
+        }
         let covered = total.checked_sub(remem_wire::ICRC_LEN)?;
         let mut refs = self.mem.iter();
         let mut hasher: Option<IcrcHasher> = None;
