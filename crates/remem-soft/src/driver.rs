@@ -95,6 +95,8 @@ struct TxBatch {
     closed: bool,
     /// The packet being built (see [`Stage`]).
     stage: Stage,
+    /// Where payloads are read, a chunk at a time, for their ICRC.
+    scratch: Vec<u8>,
 }
 
 impl TxBatch {
@@ -307,6 +309,7 @@ impl Stage {
     fn seal(
         &self,
         buf: &mut [u8],
+        scratch: &mut [u8],
         total: usize,
         ip: &remem_wire::icrc::IpFields,
         ports: remem_wire::icrc::UdpPorts,
@@ -336,7 +339,7 @@ impl Stage {
                 Piece::Mem => {
                     let r = refs.next()?;
                     let h = hasher.as_mut()?;
-                    r.read_chunks(|c| h.update(c)).ok()?;
+                    r.read_chunks(scratch, |c| h.update(c)).ok()?;
                     at += r.len();
                 }
             }
@@ -397,6 +400,7 @@ impl Nic {
                 dst: local,
                 closed: false,
                 stage: Stage::default(),
+                scratch: vec![0; remem_verbs::mem::READ_CHUNK],
             }),
             v6: local.is_ipv6(),
             gso_failed: false,
@@ -534,7 +538,7 @@ impl Nic {
             let (ip, ports) = engine.icrc_fields(dst, b.count as u16);
             let at = b.own;
             if b.stage
-                .seal(&mut b.buf[at..at + staged], len, &ip, ports)
+                .seal(&mut b.buf[at..at + staged], &mut b.scratch, len, &ip, ports)
                 .is_none()
             {
                 b.stage.mem.clear();

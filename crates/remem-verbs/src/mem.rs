@@ -44,9 +44,9 @@ pub const ALLOC_ALIGN: usize = 4096;
 
 const WORD: usize = 8;
 
-/// Bytes [`MemoryBuffer::read_chunks`] reads per chunk: a whole 4096-byte packet payload, so
-/// that a CRC over it is one call (`crc32fast`'s widest kernel pays a set-up per call), and
-/// still within the L1 cache.
+/// The chunk size [`MemoryBuffer::read_chunks`] is meant for: a whole 4096-byte packet
+/// payload, so that a CRC over it is one call (`crc32fast`'s widest kernel pays a set-up per
+/// call), and still within the L1 cache.
 pub const READ_CHUNK: usize = 4096;
 
 enum Owner {
@@ -351,27 +351,35 @@ impl MemoryBuffer {
         Ok(())
     }
 
-    /// Reads `[offset, offset + len)` in order, a chunk of at most [`READ_CHUNK`] bytes at a
-    /// time, and hands each chunk to `f`: to compute something over memory — the ICRC of a
+    /// Reads `[offset, offset + len)` in order, a chunk of at most `scratch.len()` bytes at a
+    /// time (the caller's buffer, [`READ_CHUNK`] bytes recommended: nothing to zero per
+    /// call), and hands each chunk to `f`: to compute something over memory — the ICRC of a
     /// packet's payload — without copying it out whole. Each chunk is read with this
-    /// module's atomic loads into a buffer on the stack (the same accesses as
-    /// [`MemoryBuffer::read`]), so `f` sees bytes, never a reference into the buffer, and a
-    /// concurrent writer is a race on values, never undefined behaviour. Nothing is read if
-    /// the range is out of bounds.
+    /// module's atomic loads into `scratch` (the same accesses as [`MemoryBuffer::read`]),
+    /// so `f` sees bytes, never a reference into the buffer, and a concurrent writer is a
+    /// race on values, never undefined behaviour. Nothing is read if the range is out of
+    /// bounds, or if `scratch` is empty and `len` is not.
     pub fn read_chunks(
         &self,
         offset: usize,
         len: usize,
+        scratch: &mut [u8],
         mut f: impl FnMut(&[u8]),
     ) -> Result<(), MemError> {
         self.check(offset, len)?;
-        let mut chunk = [0u8; READ_CHUNK];
+        if scratch.is_empty() && len > 0 {
+            return Err(MemError::OutOfBounds {
+                offset: 0,
+                len: len as u64,
+                size: 0,
+            });
+        }
         let mut at = offset;
         let end = offset + len;
         while at < end {
-            let n = (end - at).min(READ_CHUNK);
-            self.read(at, &mut chunk[..n])?;
-            f(&chunk[..n]);
+            let n = (end - at).min(scratch.len());
+            self.read(at, &mut scratch[..n])?;
+            f(&scratch[..n]);
             at += n;
         }
         Ok(())
@@ -732,10 +740,11 @@ impl MemRegion {
         &self,
         offset: usize,
         len: usize,
+        scratch: &mut [u8],
         f: impl FnMut(&[u8]),
     ) -> Result<(), MemError> {
         let at = self.check(offset, len)?;
-        self.buf.read_chunks(at, len, f)
+        self.buf.read_chunks(at, len, scratch, f)
     }
 
     /// The address of byte `offset` of the region, `[offset, offset + len)` checked to lie
@@ -902,7 +911,7 @@ mod tests {
             ] {
                 let mut got = Vec::new();
                 let mut chunks = 0;
-                b.read_chunks(off, len, |c| {
+                b.read_chunks(off, len, &mut [0; READ_CHUNK], |c| {
                     assert!(!c.is_empty() && c.len() <= READ_CHUNK);
                     got.extend_from_slice(c);
                     chunks += 1;
@@ -916,17 +925,34 @@ mod tests {
                 assert_eq!(chunks, len.div_ceil(READ_CHUNK));
             }
             let mut called = false;
-            assert!(b.read_chunks(size - 1, 2, |_| called = true).is_err());
-            assert!(b.read_chunks(usize::MAX, 1, |_| called = true).is_err());
+            let scratch = &mut [0; READ_CHUNK];
+            assert!(
+                b.read_chunks(size - 1, 2, scratch, |_| called = true)
+                    .is_err()
+            );
+            assert!(
+                b.read_chunks(usize::MAX, 1, scratch, |_| called = true)
+                    .is_err()
+            );
+            assert!(b.read_chunks(0, 1, &mut [], |_| called = true).is_err());
+            // A small scratch buffer: small chunks, same bytes.
+            let mut got = Vec::new();
+            b.read_chunks(3, 100, &mut [0; 7], |c| {
+                assert!(c.len() <= 7);
+                got.extend_from_slice(c);
+            })
+            .unwrap();
+            assert_eq!(got, &want[3..103]);
             assert!(!called, "nothing read out of bounds");
         }
         // Through a region: relative to the region, bounded by it.
         let buf = Arc::new(MemoryBuffer::from_vec(pattern(100)));
         let r = MemRegion::new(buf, 10..20).unwrap();
         let mut got = Vec::new();
-        r.read_chunks(2, 8, |c| got.extend_from_slice(c)).unwrap();
+        r.read_chunks(2, 8, &mut [0; 16], |c| got.extend_from_slice(c))
+            .unwrap();
         assert_eq!(got, &pattern(100)[12..20]);
-        assert!(r.read_chunks(2, 9, |_| ()).is_err());
+        assert!(r.read_chunks(2, 9, &mut [0; 16], |_| ()).is_err());
     }
 
     #[test]

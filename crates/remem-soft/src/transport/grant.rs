@@ -330,9 +330,14 @@ impl HeldRange {
         self.len == 0
     }
 
-    /// Reads the bytes in chunks, in order (see `MemoryBuffer::read_chunks`).
-    pub fn read_chunks(&self, f: impl FnMut(&[u8])) -> Result<(), MemError> {
-        self.held.grant.key.region.read_chunks(self.at, self.len, f)
+    /// Reads the bytes in chunks of at most `scratch.len()`, in order (see
+    /// `MemoryBuffer::read_chunks`).
+    pub fn read_chunks(&self, scratch: &mut [u8], f: impl FnMut(&[u8])) -> Result<(), MemError> {
+        self.held
+            .grant
+            .key
+            .region
+            .read_chunks(self.at, self.len, scratch, f)
     }
 
     /// Copies the bytes into `dst` (exactly [`HeldRange::len`] bytes long).
@@ -486,7 +491,8 @@ mod tests {
         let r = g.hold_range(7, 2500).unwrap();
         assert_eq!(r.len(), 2500);
         let mut got = Vec::new();
-        r.read_chunks(|c| got.extend_from_slice(c)).unwrap();
+        r.read_chunks(&mut [0; 4096], |c| got.extend_from_slice(c))
+            .unwrap();
         assert_eq!(got, &data[107..2607]);
         let mut copy = vec![0; 2500];
         r.read(&mut copy).unwrap();
