@@ -12,10 +12,10 @@
 //! buffer merged). The payload is never copied into a packet buffer: its ICRC is computed
 //! over the pieces (the headers from the buffer, the payload read from registered memory
 //! in chunks, `remem_wire::icrc::IcrcHasher`), and the kernel copies it into its socket
-//! buffer once, during the call. Each payload piece is a [`HeldRange`]: an access to its
-//! memory key entered when the packet is built and left when the batch has been sent, so a
-//! deregistration waits for the send (at most one batch) and no deregistered region is
-//! read, as before. (The progress thread never deregisters; in inline mode every batch is
+//! buffer once, during the call. The payload pieces are [`HeldRanges`]: an access to their
+//! memory key (one per run of pieces of a key) entered when the packet is built and left
+//! when the batch has been sent, so a deregistration waits for the send (at most one batch)
+//! and no deregistered region is read, as before. (The progress thread never deregisters; in inline mode every batch is
 //! sent before `progress` returns, so a deregistration never waits for its own thread.)
 //!
 //! The payload may change while it waits: the application writes its memory, or a peer's
@@ -34,7 +34,7 @@ use crate::engine::{Engine, TxBuild};
 use crate::faults::{FaultConfig, FaultInjector};
 use crate::sys::{self, MAX_IOV, Piece};
 use crate::transport::glue::{CopySink, PayloadSink};
-use crate::transport::grant::HeldRange;
+use crate::transport::grant::{HeldRanges, Mark};
 use crate::transport::{AccessError, Grant, Held, TxPacket};
 use quinn_udp::{RecvMeta, Transmit, UdpSockRef, UdpSocketState};
 use remem_verbs::MemError;
@@ -81,9 +81,10 @@ struct TxBatch {
     /// The batch's own bytes, `buf[..own]`; the packet being built is staged after them.
     buf: Vec<u8>,
     own: usize,
-    /// The batch's pieces in order; `mem` holds the references its `Mem` pieces stand for.
+    /// The batch's pieces in order; `mem` holds the references its `Mem` pieces stand for
+    /// (and, after them, the staged packet's).
     pieces: Vec<Piece>,
-    mem: Vec<HeldRange>,
+    mem: HeldRanges,
     /// UDP payload bytes of the batch's packets.
     len: usize,
     segment: usize,
@@ -113,12 +114,13 @@ impl TxBatch {
 }
 
 /// The packet being built, staged at `buf[own..]`: its pieces (`Own` offsets relative to
-/// `own`), its payload references, and — when its payload is referenced — where its header
-/// ends, its payload length and the end of its own bytes.
+/// `own`; its payload references are the batch's `mem` after `mark`), and — when its
+/// payload is referenced — where its header ends, its payload length and the end of its
+/// own bytes.
 #[derive(Debug, Default)]
 struct Stage {
     pieces: Vec<Piece>,
-    mem: Vec<HeldRange>,
+    mark: Mark,
     scattered: Option<Scattered>,
     /// Reference payloads rather than copy them (off while capturing or injecting faults).
     scatter: bool,
@@ -136,13 +138,14 @@ struct Scattered {
 struct Stager<'a> {
     buf: &'a mut [u8],
     stage: &'a mut Stage,
+    mem: &'a mut HeldRanges,
 }
 
 impl TxBuild for Stager<'_> {
     fn buf(&mut self) -> &mut [u8] {
         // A new packet (or a new attempt after one that failed): nothing staged.
         self.stage.pieces.clear();
-        self.stage.mem.clear();
+        self.mem.truncate(self.stage.mark);
         self.stage.scattered = None;
         self.buf
     }
@@ -172,7 +175,8 @@ impl TxBuild for Stager<'_> {
             end: hdr,
             next: 0,
             len: n,
-            stage: self.stage,
+            pieces: &mut self.stage.pieces,
+            mem: self.mem,
         };
         fill(&mut sink)?;
         if sink.next != n {
@@ -192,8 +196,8 @@ impl TxBuild for Stager<'_> {
     }
 }
 
-/// A [`PayloadSink`] that references registered memory where it lies (a [`HeldRange`]
-/// per piece) and copies inline bytes after the staged header.
+/// A [`PayloadSink`] that references registered memory where it lies (a range of the
+/// batch's [`HeldRanges`] per piece) and copies inline bytes after the staged header.
 struct ScatterSink<'a> {
     buf: &'a mut [u8],
     /// End of the staged own bytes.
@@ -201,7 +205,8 @@ struct ScatterSink<'a> {
     /// Payload bytes put so far (pieces come in order).
     next: usize,
     len: usize,
-    stage: &'a mut Stage,
+    pieces: &'a mut Vec<Piece>,
+    mem: &'a mut HeldRanges,
 }
 
 impl ScatterSink<'_> {
@@ -218,10 +223,9 @@ impl ScatterSink<'_> {
         }
     }
 
-    fn push_mem(&mut self, r: HeldRange) {
-        self.next += r.len();
-        self.stage.mem.push(r);
-        self.stage.pieces.push(Piece::Mem);
+    fn pushed_mem(&mut self, n: usize) {
+        self.next += n;
+        self.pieces.push(Piece::Mem);
     }
 }
 
@@ -236,9 +240,9 @@ impl PayloadSink for ScatterSink<'_> {
         // there is room, and the pad and ICRC (written after the payload) stay clear.
         let start = self.end;
         self.buf[start..start + bytes.len()].copy_from_slice(bytes);
-        match self.stage.pieces.last_mut() {
+        match self.pieces.last_mut() {
             Some(Piece::Own { start: s, len }) if *s + *len == start => *len += bytes.len(),
-            _ => self.stage.pieces.push(Piece::Own {
+            _ => self.pieces.push(Piece::Own {
                 start,
                 len: bytes.len(),
             }),
@@ -257,8 +261,8 @@ impl PayloadSink for ScatterSink<'_> {
     ) -> Result<(), AccessError> {
         self.next_is(at, n)?;
         if n > 0 {
-            let r = grant.hold_range(offset, n)?;
-            self.push_mem(r);
+            self.mem.push_grant(grant, offset, n)?;
+            self.pushed_mem(n);
         }
         Ok(())
     }
@@ -272,8 +276,10 @@ impl PayloadSink for ScatterSink<'_> {
     ) -> Result<(), AccessError> {
         self.next_is(at, n)?;
         if n > 0 {
-            let r = held.hold_range(offset, n).map_err(AccessError::Mem)?;
-            self.push_mem(r);
+            self.mem
+                .push_held(held, offset, n)
+                .map_err(AccessError::Mem)?;
+            self.pushed_mem(n);
         }
         Ok(())
     }
@@ -310,6 +316,7 @@ impl Stage {
         &self,
         buf: &mut [u8],
         scratch: &mut [u8],
+        mem: &HeldRanges,
         total: usize,
         ip: &remem_wire::icrc::IpFields,
         ports: remem_wire::icrc::UdpPorts,
@@ -320,7 +327,7 @@ impl Stage {
             return remem_wire::icrc::fill(ip, ports, pkt).ok();
         }
         let covered = total.checked_sub(remem_wire::ICRC_LEN)?;
-        let mut refs = self.mem.iter();
+        let mut refs = self.mark.ranges()..;
         let mut hasher: Option<IcrcHasher> = None;
         let mut at = 0usize;
         let mut last_own_end = 0;
@@ -337,10 +344,10 @@ impl Stage {
                     last_own_end = start + len;
                 }
                 Piece::Mem => {
-                    let r = refs.next()?;
+                    let i = refs.next()?;
                     let h = hasher.as_mut()?;
-                    r.read_chunks(scratch, |c| h.update(c)).ok()?;
-                    at += r.len();
+                    mem.read_chunks(i, scratch, |c| h.update(c)).ok()?;
+                    at += mem.range_len(i)?;
                 }
             }
         }
@@ -392,7 +399,7 @@ impl Nic {
                 buf: vec![0; TX_BATCH_BYTES + MAX_PACKET],
                 own: 0,
                 pieces: Vec::with_capacity(MAX_IOV),
-                mem: Vec::new(),
+                mem: HeldRanges::default(),
                 len: 0,
                 segment: 0,
                 count: 0,
@@ -510,15 +517,17 @@ impl Nic {
             }
             let b = &mut self.tx;
             let own = b.own;
+            b.stage.mark = b.mem.mark();
             let mut stager = Stager {
                 buf: &mut b.buf[own..own + MAX_PACKET],
                 stage: &mut b.stage,
+                mem: &mut b.mem,
             };
             let Some((dst, len)) = engine.poll_transmit_into(now, &mut stager) else {
                 // A packet whose building failed may have left references staged: their
                 // accesses end now, not at the next pass (a deregistration waits for them).
                 b.stage.pieces.clear();
-                b.stage.mem.clear();
+                b.mem.truncate(b.stage.mark);
                 break;
             };
             sent += 1;
@@ -529,8 +538,12 @@ impl Nic {
                     || b.pieces.len() + b.stage.pieces.len() > MAX_IOV)
             {
                 // It cannot join this batch: send the batch, and start the next with it.
+                let staged_mem = b.mem.split_off(b.stage.mark);
                 self.flush(engine);
-                self.tx.buf.copy_within(own..own + staged, 0);
+                let b = &mut self.tx;
+                b.mem = staged_mem;
+                b.stage.mark = Mark::default();
+                b.buf.copy_within(own..own + staged, 0);
             }
             // Its ICRC covers the IPv4 identification the kernel gives it: its index in
             // the batch.
@@ -538,10 +551,17 @@ impl Nic {
             let (ip, ports) = engine.icrc_fields(dst, b.count as u16);
             let at = b.own;
             if b.stage
-                .seal(&mut b.buf[at..at + staged], &mut b.scratch, len, &ip, ports)
+                .seal(
+                    &mut b.buf[at..at + staged],
+                    &mut b.scratch,
+                    &b.mem,
+                    len,
+                    &ip,
+                    ports,
+                )
                 .is_none()
             {
-                b.stage.mem.clear();
+                b.mem.truncate(b.stage.mark);
                 continue;
             }
             for piece in b.stage.pieces.drain(..) {
@@ -563,7 +583,6 @@ impl Nic {
                     (_, piece) => b.pieces.push(piece),
                 }
             }
-            b.mem.append(&mut b.stage.mem);
             if b.count == 0 {
                 b.dst = dst;
                 b.segment = len;

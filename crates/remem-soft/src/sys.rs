@@ -11,7 +11,7 @@
 
 #![allow(unsafe_code)]
 
-use crate::transport::grant::HeldRange;
+use crate::transport::grant::HeldRanges;
 use std::io;
 use std::mem::MaybeUninit;
 use std::net::{SocketAddr, UdpSocket};
@@ -21,7 +21,7 @@ use std::os::fd::AsRawFd;
 pub const MAX_IOV: usize = 1024;
 
 /// A piece of a batch: `len` bytes at `start` of the batch's own buffer, or the next of its
-/// payload references ([`HeldRange`]s, in order).
+/// payload references (the ranges of a [`HeldRanges`], in order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Piece {
     /// Bytes of the batch's buffer (headers, copied payloads, pads, ICRCs).
@@ -36,16 +36,16 @@ pub enum Piece {
 }
 
 /// Sends the concatenation of `pieces` — [`Piece::Own`] ranges of `own`, [`Piece::Mem`]
-/// the ranges of `mem` in order — as one UDP datagram to `dst`, or with `segment` as a GSO
+/// the ranges of `mem`, from its first, in order — as one UDP datagram to `dst`, or with `segment` as a GSO
 /// batch of datagrams of `segment` bytes each (the last may be shorter), in one
 /// `sendmsg` call. `v6_socket`: the socket is IPv6 (an IPv4 destination is then given
 /// IPv4-mapped). Fails with `InvalidInput` (nothing sent) if a piece is out of bounds,
 /// there are more than [`MAX_IOV`] pieces or more `Mem` pieces than `mem` has; otherwise
 /// with `sendmsg`'s error (`WouldBlock` when the socket buffer is full).
 ///
-/// The kernel copies the payload references' bytes during the call; `mem` borrows them,
-/// so each stays alive — its buffer allocated, its key's access entered (no revocation
-/// completes) — until the call has returned.
+/// The kernel copies the payload references' bytes during the call; `mem` is borrowed for
+/// it, so each range stays alive — its buffer allocated, its key's access entered (no
+/// revocation completes) — until the call has returned.
 pub fn send_gso(
     socket: &UdpSocket,
     v6_socket: bool,
@@ -53,14 +53,14 @@ pub fn send_gso(
     segment: Option<u16>,
     own: &[u8],
     pieces: &[Piece],
-    mem: &[HeldRange],
+    mem: &HeldRanges,
 ) -> io::Result<usize> {
     let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_string());
     if pieces.len() > MAX_IOV {
         return Err(invalid("too many pieces for one sendmsg"));
     }
     let mut iov = [const { MaybeUninit::<libc::iovec>::uninit() }; MAX_IOV];
-    let mut refs = mem.iter();
+    let mut refs = 0..mem.len();
     let mut total = 0usize;
     for (slot, piece) in iov.iter_mut().zip(pieces) {
         let (base, len) = match *piece {
@@ -72,11 +72,13 @@ pub fn send_gso(
                 (bytes.as_ptr(), len)
             }
             Piece::Mem => {
-                let r = refs
+                let i = refs
                     .next()
                     .ok_or_else(|| invalid("more references than held ranges"))?;
-                let ptr = r.ptr().map_err(|_| invalid("held range out of bounds"))?;
-                (ptr, r.len())
+                let ptr = mem
+                    .ptr(i)
+                    .map_err(|_| invalid("held range out of bounds"))?;
+                (ptr, mem.range_len(i).unwrap_or(0))
             }
         };
         total += len;
@@ -117,7 +119,7 @@ pub fn send_gso(
         // SAFETY: `msg` points to live, initialised data for the whole call: the address
         // and control buffer on this stack frame, the first `pieces.len()` iovecs (each
         // written above) and, through them, `own`'s bytes (borrowed for the call) and each
-        // held range's bytes (in bounds of its buffer, which the borrowed `HeldRange`
+        // held range's bytes (in bounds of its buffer, which the borrowed `HeldRanges`
         // keeps allocated and unrevoked). The kernel only reads through them. Bytes of a
         // held range that another thread writes meanwhile are copied torn, never unsafely:
         // no Rust reference to them exists.
@@ -190,10 +192,15 @@ mod tests {
         (tx, rx)
     }
 
-    fn held(data: &[u8], offset: usize, len: usize) -> HeldRange {
+    fn held(data: &[u8], ranges: &[(usize, usize)]) -> HeldRanges {
         let buf = Arc::new(MemoryBuffer::from_vec(data.to_vec()));
         let key = KeyedRegion::new(MemRegion::whole(buf));
-        key.grant_all().unwrap().hold_range(offset, len).unwrap()
+        let grant = key.grant_all().unwrap();
+        let mut out = HeldRanges::default();
+        for &(offset, len) in ranges {
+            out.push_grant(&grant, offset, len).unwrap();
+        }
+        out
     }
 
     #[test]
@@ -201,7 +208,7 @@ mod tests {
         let (tx, rx) = pair("127.0.0.1");
         let own: Vec<u8> = (0..64u8).collect();
         let data: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 1) as u8).collect();
-        let mem = [held(&data, 10, 3000), held(&data, 4000, 5)];
+        let mem = held(&data, &[(10, 3000), (4000, 5)]);
         let pieces = [
             Piece::Own { start: 0, len: 12 },
             Piece::Mem,
@@ -225,7 +232,7 @@ mod tests {
         let own: Vec<u8> = (0..100u8).collect();
         let data: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 5) as u8).collect();
         // Three datagrams of 1000 bytes and one of 500, cut through the middle of pieces.
-        let mem = [held(&data, 0, 1500), held(&data, 2000, 1960)];
+        let mem = held(&data, &[(0, 1500), (2000, 1960)]);
         let pieces = [
             Piece::Own { start: 0, len: 40 },
             Piece::Mem,
@@ -261,7 +268,7 @@ mod tests {
         let own = [9u8; 20];
         let pieces = [Piece::Own { start: 0, len: 20 }];
         let dst = rx.local_addr().unwrap();
-        match send_gso(&tx, true, dst, None, &own, &pieces, &[]) {
+        match send_gso(&tx, true, dst, None, &own, &pieces, &HeldRanges::default()) {
             Ok(n) => assert_eq!(n, 20),
             Err(e) => {
                 eprintln!("skipped: dual-stack sockets unavailable ({e})");
@@ -279,26 +286,29 @@ mod tests {
         rx.set_nonblocking(true).unwrap();
         let dst = rx.local_addr().unwrap();
         let own = [1u8; 16];
-        let err = |pieces: &[Piece], mem: &[HeldRange]| {
+        let err = |pieces: &[Piece], mem: &HeldRanges| {
             send_gso(&tx, false, dst, None, &own, pieces, mem)
                 .unwrap_err()
                 .kind()
         };
         let invalid = io::ErrorKind::InvalidInput;
-        assert_eq!(err(&[Piece::Own { start: 10, len: 7 }], &[]), invalid);
+        assert_eq!(
+            err(&[Piece::Own { start: 10, len: 7 }], &HeldRanges::default()),
+            invalid
+        );
         assert_eq!(
             err(
                 &[Piece::Own {
                     start: usize::MAX,
                     len: 2
                 }],
-                &[]
+                &HeldRanges::default()
             ),
             invalid
         );
-        assert_eq!(err(&[Piece::Mem], &[]), invalid);
+        assert_eq!(err(&[Piece::Mem], &HeldRanges::default()), invalid);
         let many = vec![Piece::Own { start: 0, len: 1 }; MAX_IOV + 1];
-        assert_eq!(err(&many, &[]), invalid);
+        assert_eq!(err(&many, &HeldRanges::default()), invalid);
         assert!(rx.recv_from(&mut [0u8; 64]).is_err(), "nothing was sent");
     }
 }
