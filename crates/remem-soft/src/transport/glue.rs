@@ -10,7 +10,8 @@ use remem_wire::{Aeth, Bth, Deth, Headers, Opcode, Packet, Psn};
 /// piece in order (`at` is the position in the payload), from inline data or from
 /// registered memory. A sink copies ([`CopySink`], and `Vec<u8>` for tests: the vector's
 /// length is the payload's), or — the driver's scatter/gather send — keeps each piece of
-/// registered memory as a [`super::grant::HeldRange`] for the kernel to copy from where it lies.
+/// registered memory as a range of [`super::grant::HeldRanges`] for the kernel to copy from
+/// where it lies.
 pub trait PayloadSink {
     /// Payload bytes the packet carries.
     fn payload_len(&self) -> usize;

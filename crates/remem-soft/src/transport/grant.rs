@@ -55,7 +55,8 @@ impl KeyedRegion {
     }
 
     /// Revokes the key: once this returns, no grant resolved from it reads or writes the
-    /// memory (accesses already in progress — at most one packet's copy each — are waited
+    /// memory (accesses already in progress — at most one packet's copy, or the send of the
+    /// batch of packets that references the memory ([`HeldRanges`]), each — are waited
     /// for). Idempotent.
     pub fn revoke(&self) {
         self.state.fetch_or(REVOKED, Ordering::AcqRel);
