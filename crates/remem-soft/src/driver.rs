@@ -22,7 +22,8 @@
 //! WRITE lands in it. A packet whose bytes change between its ICRC and the kernel's copy
 //! fails the receiver's ICRC check and is dropped there; RC retransmits it. A NIC reading
 //! host memory by DMA has the same race. What is copied instead: payloads of at most
-//! `COPY_MAX` bytes (an iovec costs more than the copy), UC and UD payloads (they complete
+//! `COPY_MAX` bytes (an iovec costs more than the copy; `REMEM_SOFT_COPY_MAX` sets it, and
+//! 4096 or more copies every payload as before), UC and UD payloads (they complete
 //! when handed to the driver, with no acknowledgement to wait for, so the application may
 //! reuse the buffer at once), and every packet while packets are captured (pcap) or faults
 //! injected (both need each packet's bytes).
@@ -70,8 +71,12 @@ const RX_BUF: usize = 1 << 16;
 const SOCKET_BUFFER: usize = 4 << 20;
 
 /// Payloads of at most this many bytes are copied into the packet: below it an iovec of
-/// its own costs the kernel more than the copy saves.
+/// its own costs the kernel more than the copy saves. `REMEM_SOFT_COPY_MAX` overrides it
+/// (bytes; 4096 or more copies every payload, as before the scatter/gather send).
 const COPY_MAX: usize = 512;
+
+/// The environment variable that sets the largest payload copied into its packet.
+pub const COPY_MAX_ENV: &str = "REMEM_SOFT_COPY_MAX";
 
 /// Packets waiting to leave in one GSO send: all to one destination, all of one size but
 /// the last, which may be shorter. Their bytes are pieces: ranges of `buf` (headers, copied
@@ -124,6 +129,8 @@ struct Stage {
     scattered: Option<Scattered>,
     /// Reference payloads rather than copy them (off while capturing or injecting faults).
     scatter: bool,
+    /// Payloads of at most this many bytes are copied all the same.
+    copy_max: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -166,7 +173,7 @@ impl TxBuild for Stager<'_> {
         };
         // UC and UD complete a send when its packet is handed over (nothing acknowledges
         // it): their payloads are copied, so the application may reuse the memory at once.
-        if !self.stage.scatter || n <= COPY_MAX || tx.uc || tx.deth.is_some() {
+        if !self.stage.scatter || n <= self.stage.copy_max || tx.uc || tx.deth.is_some() {
             return fill(&mut CopySink(place));
         }
         self.stage.pieces.push(Piece::Own { start: 0, len: hdr });
@@ -406,7 +413,13 @@ impl Nic {
                 zero_copy: 0,
                 dst: local,
                 closed: false,
-                stage: Stage::default(),
+                stage: Stage {
+                    copy_max: std::env::var(COPY_MAX_ENV)
+                        .ok()
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(COPY_MAX),
+                    ..Stage::default()
+                },
                 scratch: vec![0; remem_verbs::mem::READ_CHUNK],
             }),
             v6: local.is_ipv6(),
