@@ -26,8 +26,8 @@ const DEV: Ipv4Addr = Ipv4Addr::new(127, 0, 60, 1);
 const PEER: Ipv4Addr = Ipv4Addr::new(127, 0, 60, 2);
 const PEER_QPN: u32 = 0x4242;
 /// Packets longer than this carry more than 512 bytes of payload (the copy threshold), and
-/// every packet with more is longer: no payload of the test's lies within 32 bytes above
-/// 512 (headers, pad and ICRC take at most 32 more).
+/// every packet with more is longer: no payload of the test's lies between 512 and 544
+/// bytes.
 const LARGE: usize = 512 + 32;
 
 /// The packets the device sends for the test's work requests, in order, the ports they
