@@ -12,13 +12,13 @@
 //! in the GSO batch), and the ICRC a Linux rxe peer checks is right.
 //!
 //! On receive, an IPv6 packet's ICRC is always verified (every covered header field is known
-//! from the socket); a mismatch drops it. An IPv4 packet is verified assuming identification
-//! 0, then its index in the GRO batch it arrived in (a remem sender's GSO segment); if neither
-//! matches — always the case for kernel rxe, whose identifications are unpredictable — the
-//! identification is recovered from the ICRC itself ([`icrc::recover_ipv4_id`]: a CRC is
-//! affine, so 16 unknown bits against 32 check bits leave a 16-bit check): a packet some
-//! identification fits is counted as `icrc_id_recovered` and accepted, any other is dropped
-//! as a bad ICRC.
+//! from the socket); a mismatch drops it. An IPv4 packet's identification is fitted with one
+//! CRC pass ([`icrc::fit_ipv4_id`]): identification 0, then its index in the GRO batch it
+//! arrived in (a remem sender's GSO segment); if neither fits — always the case for kernel
+//! rxe, whose identifications are unpredictable — the identification is solved for from the
+//! ICRC itself (a CRC is affine, so 16 unknown bits against 32 check bits leave a 16-bit
+//! check): a packet some identification fits is counted as `icrc_id_recovered` and
+//! accepted, any other is dropped as a bad ICRC.
 
 use crate::qp::SoftQp;
 use crate::transport::glue;
@@ -414,25 +414,22 @@ impl Engine {
             src: from.port(),
             dst: self.local.port(),
         };
-        let verify = |id| icrc::verify(&ip_fields(from.ip(), to, id), ports, payload);
-        // A GSO segment's ICRC was computed for its index in the batch, which GRO hands
-        // back: try that first, so a batch costs one CRC per packet.
-        let verified = if gro_index != 0 && verify(gro_index) {
-            Some(gro_index)
-        } else if verify(0) {
-            Some(0)
-        } else {
-            None
+        // One CRC pass per packet: an IPv6 packet's ICRC is checked as it is; an IPv4 one's
+        // identification is fitted — 0 (an unconnected sender's single datagram), then its
+        // index in the GRO batch (a remem sender's GSO segment, whose ICRC was computed for
+        // its index in the batch), then solved for (kernel rxe's unpredictable ones).
+        let fitted = match ip_fields(from.ip(), to, 0) {
+            ip @ IpFields::V4 { .. } => icrc::fit_ipv4_id(&ip, ports, payload, gro_index),
+            ip => icrc::verify(&ip, ports, payload).then_some(0),
         };
-        self.capture(from, to_port, payload, verified.unwrap_or(0));
-        if verified.is_none() {
-            let recovered = !(from.is_ipv6() || to.is_ipv6())
-                && icrc::recover_ipv4_id(&ip_fields(from.ip(), to, 0), ports, payload).is_some();
-            if !recovered {
+        self.capture(from, to_port, payload, fitted.unwrap_or(0));
+        match fitted {
+            None => {
                 count(&self.stats.drop_bad_icrc);
                 return Err(DropCause::BadIcrc);
             }
-            count(&self.stats.icrc_id_recovered);
+            Some(id) if id != 0 && id != gro_index => count(&self.stats.icrc_id_recovered),
+            Some(_) => {}
         }
         // The default partition only (full or limited membership), as rxe checks it.
         if pkt.headers.bth.pkey & 0x7fff != 0x7fff {

@@ -252,6 +252,18 @@ pub fn verify(ip: &IpFields, ports: UdpPorts, udp_payload: &[u8]) -> bool {
 /// 2^-16 rather than always. `ip` must be [`IpFields::V4`] (its `id` is ignored); `None` for
 /// IPv6, short packets and packets no identification fits.
 pub fn recover_ipv4_id(ip: &IpFields, ports: UdpPorts, udp_payload: &[u8]) -> Option<u16> {
+    fit_ipv4_id(ip, ports, udp_payload, 0)
+}
+
+/// [`recover_ipv4_id`] with a guess: the identification that makes the ICRC of an IPv4
+/// packet right, trying 0 and then `hint` (a remem sender's GSO segment carries its index in
+/// the batch, which GRO hands back) before solving for any other. One CRC pass over the
+/// packet whatever the outcome: each identification bit's effect on the ICRC depends only
+/// on the packet's length (the 14 bytes before the field, then a shift over the rest: a
+/// multiplication by a power of x modulo the CRC polynomial), so it is computed once per
+/// length and thread and cached, never by hashing the packet again. `None` for IPv6, short packets
+/// and packets no identification fits.
+pub fn fit_ipv4_id(ip: &IpFields, ports: UdpPorts, udp_payload: &[u8], hint: u16) -> Option<u16> {
     let IpFields::V4 {
         src,
         dst,
@@ -262,68 +274,155 @@ pub fn recover_ipv4_id(ip: &IpFields, ports: UdpPorts, udp_payload: &[u8]) -> Op
         return None;
     };
     let n = udp_payload.len();
-    let with_id = |id| IpFields::V4 {
-        src,
-        dst,
-        id,
-        flags_frag,
-    };
-    let c0 = compute(&with_id(0), ports, udp_payload).ok()?;
+    let c0 = compute(
+        &IpFields::V4 {
+            src,
+            dst,
+            id: 0,
+            flags_frag,
+        },
+        ports,
+        udp_payload,
+    )
+    .ok()?;
     let got = u32::from_le_bytes(udp_payload[n - ICRC_LEN..].try_into().ok()?);
     let target = c0 ^ got;
     if target == 0 {
         return Some(0);
     }
-    // The CRC of the whole pre-image has this many bytes after the identification field
-    // (at offset 12: 8 bytes of LRH, 4 of the IPv4 header before it, then the ID itself).
-    const ID_END: usize = 8 + 6;
-    let total = 8 + 20 + 8 + 12 + (n - 12 - ICRC_LEN);
-    let mut tail = crc32fast::Hasher::new();
-    const ZEROS: [u8; 256] = [0; 256];
-    let mut left = total - ID_END;
-    while left > 0 {
-        let k = left.min(ZEROS.len());
-        tail.update(&ZEROS[..k]);
-        left -= k;
-    }
-    let crc_with = |id: u16| {
-        let mut head = [0u8; ID_END];
-        head[12..14].copy_from_slice(&id.to_be_bytes());
-        let mut h = crc32fast::Hasher::new();
-        h.update(&head);
-        h.combine(&tail);
-        h.finalize()
-    };
-    let zero = crc_with(0);
-    // Each identification bit's effect on the CRC, reduced to a basis by elimination;
-    // `combo[k]` records which identification bits make up `basis[k]`. (On the stack: a
-    // flood of corrupted packets costs no allocation.)
-    let mut basis = [(0u32, 0u16); 16];
-    let mut len = 0;
-    for bit in 0..16 {
-        let mut v = crc_with(1 << bit) ^ zero;
-        let mut combo = 1u16 << bit;
-        for &(b, c) in &basis[..len] {
-            if v ^ b < v {
-                v ^= b;
-                combo ^= c;
+    // The pre-image has this many bytes after the identification field (at offset 12: 8
+    // bytes of LRH, 4 of the IPv4 header before it, then the 2-byte ID itself).
+    let after = (8 + 20 + 8 + 12 + (n - 12 - ICRC_LEN) - ID_END) as u64;
+    IdEffects::with(after, |fx| {
+        if hint != 0 && fx.of(hint) == target {
+            Some(hint)
+        } else {
+            fx.solve(target)
+        }
+    })
+}
+
+/// Bytes of the ICRC pre-image up to the end of the IPv4 identification field.
+const ID_END: usize = 8 + 6;
+
+/// What each bit of the IPv4 identification changes in the ICRC of a packet with `after`
+/// bytes of pre-image after the identification field, and those effects reduced to a basis
+/// for solving. Computed once per length and thread (a receiver sees few lengths: full MTU
+/// packets and the last of each message) and kept in a small cache.
+#[derive(Debug, Clone, Copy)]
+struct IdEffects {
+    after: u64,
+    bit: [u32; 16],
+    /// `(effect, identification bits that make it up)`, by decreasing effect.
+    basis: [(u32, u16); 16],
+    rank: usize,
+}
+
+impl IdEffects {
+    fn new(after: u64) -> IdEffects {
+        let shift = x_pow_8n(after);
+        let zero = crc32fast::hash(&[0u8; ID_END]);
+        let mut bit = [0u32; 16];
+        for (i, e) in bit.iter_mut().enumerate() {
+            let mut head = [0u8; ID_END];
+            head[12..14].copy_from_slice(&(1u16 << i).to_be_bytes());
+            // The difference of two finalized CRCs over equal lengths is the raw CRC of
+            // their XOR (the initial value and final XOR cancel), carried over the rest.
+            *e = mul_mod_p(crc32fast::hash(&head) ^ zero, shift);
+        }
+        let mut basis = [(0u32, 0u16); 16];
+        let mut rank = 0;
+        for (i, &e) in bit.iter().enumerate() {
+            let mut v = e;
+            let mut combo = 1u16 << i;
+            for &(b, c) in &basis[..rank] {
+                if v ^ b < v {
+                    v ^= b;
+                    combo ^= c;
+                }
+            }
+            if v != 0 {
+                basis[rank] = (v, combo);
+                rank += 1;
+                basis[..rank].sort_unstable_by_key(|b| std::cmp::Reverse(b.0));
             }
         }
-        if v != 0 {
-            basis[len] = (v, combo);
-            len += 1;
-            basis[..len].sort_unstable_by_key(|b| std::cmp::Reverse(b.0));
+        IdEffects {
+            after,
+            bit,
+            basis,
+            rank,
         }
     }
-    let mut rest = target;
-    let mut id = 0u16;
-    for &(b, c) in &basis[..len] {
-        if rest ^ b < rest {
-            rest ^= b;
-            id ^= c;
+
+    /// Runs `f` with the effects for `after`, from this thread's cache (8 lengths, the
+    /// oldest replaced).
+    fn with<R>(after: u64, f: impl FnOnce(&IdEffects) -> R) -> R {
+        thread_local! {
+            static CACHE: std::cell::RefCell<(usize, [Option<IdEffects>; 8])> =
+                const { std::cell::RefCell::new((0, [None; 8])) };
         }
+        CACHE.with_borrow_mut(|(next, slots)| {
+            if let Some(fx) = slots.iter().flatten().find(|fx| fx.after == after) {
+                return f(fx);
+            }
+            let fx = IdEffects::new(after);
+            slots[*next] = Some(fx);
+            *next = (*next + 1) % slots.len();
+            f(&fx)
+        })
     }
-    (rest == 0 && verify(&with_id(id), ports, udp_payload)).then_some(id)
+
+    /// The change identification `id` makes to the ICRC (against identification 0).
+    fn of(&self, id: u16) -> u32 {
+        (0..16)
+            .filter(|i| id & (1 << i) != 0)
+            .fold(0, |acc, i| acc ^ self.bit[i])
+    }
+
+    /// The identification whose change is `target`, if one is.
+    fn solve(&self, target: u32) -> Option<u16> {
+        let mut rest = target;
+        let mut id = 0u16;
+        for &(b, c) in &self.basis[..self.rank] {
+            if rest ^ b < rest {
+                rest ^= b;
+                id ^= c;
+            }
+        }
+        (rest == 0).then_some(id)
+    }
+}
+
+/// The reflected CRC-32 polynomial (IEEE 802.3, as the ICRC uses it).
+const POLY_REFLECTED: u32 = 0xEDB8_8320;
+
+/// `a * b` modulo the CRC polynomial, both in the reflected bit order of a CRC-32 register
+/// (bit 31 is the coefficient of x^0).
+fn mul_mod_p(a: u32, mut b: u32) -> u32 {
+    let mut product = 0;
+    for bit in (0..32).rev() {
+        product ^= b & 0u32.wrapping_sub((a >> bit) & 1);
+        b = (b >> 1) ^ (POLY_REFLECTED & 0u32.wrapping_sub(b & 1));
+    }
+    product
+}
+
+/// x^(8 * `bytes`) modulo the CRC polynomial (reflected): what shifting a CRC register over
+/// `bytes` zero bytes multiplies it by.
+fn x_pow_8n(bytes: u64) -> u32 {
+    // x^(2^k), starting at x^8 (k = 3) and squared as the exponent's bits are walked.
+    let mut square = 1u32 << (31 - 8);
+    let mut result = 1u32 << 31; // x^0
+    let mut e = bytes;
+    while e != 0 {
+        if e & 1 != 0 {
+            result = mul_mod_p(result, square);
+        }
+        square = mul_mod_p(square, square);
+        e >>= 1;
+    }
+    result
 }
 
 /// The internet checksum of an IPv4 header (checksum field treated as zero).
@@ -535,5 +634,45 @@ mod tests {
             dst: "fe80::2".parse().unwrap(),
         };
         assert_eq!(recover_ipv4_id(&v6, ports, &[0; 40]), None);
+    }
+
+    #[test]
+    fn shifting_by_a_power_of_x_is_appending_zero_bytes() {
+        // The raw CRC register (no initial value, no final XOR) of `v` followed by `n` zero
+        // bytes is `v` times x^(8n): checked against crc32fast through the linearity of
+        // finalized CRCs (their difference over equal lengths is the raw CRC of the XOR).
+        for n in [0usize, 1, 2, 7, 100, 4100] {
+            let a: Vec<u8> = (0..4).chain(std::iter::repeat_n(0, n)).collect();
+            let b: Vec<u8> = std::iter::repeat_n(0, 4 + n).collect();
+            let head = crc32fast::hash(&a[..4]) ^ crc32fast::hash(&b[..4]);
+            let whole = crc32fast::hash(&a) ^ crc32fast::hash(&b);
+            assert_eq!(mul_mod_p(head, x_pow_8n(n as u64)), whole, "n {n}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_fitted_identification_is_the_senders(
+            len in 16usize..5000,
+            seed in proptest::prelude::any::<u8>(),
+            id in proptest::prelude::any::<u16>(),
+            hint in proptest::prelude::any::<u16>(),
+        ) {
+            let ports = UdpPorts { src: 49152, dst: 4791 };
+            let ip = |id| IpFields::V4 {
+                src: "192.0.2.1".parse().unwrap(),
+                dst: "192.0.2.77".parse().unwrap(),
+                id,
+                flags_frag: IPV4_DF,
+            };
+            let mut payload: Vec<u8> =
+                (0..len).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect();
+            fill(&ip(id), ports, &mut payload).unwrap();
+            // Whatever the hint, the one identification that fits is the sender's; a right
+            // hint is what it returns.
+            proptest::prop_assert_eq!(fit_ipv4_id(&ip(0), ports, &payload, hint), Some(id));
+            proptest::prop_assert_eq!(fit_ipv4_id(&ip(0), ports, &payload, id), Some(id));
+            proptest::prop_assert!(verify(&ip(id), ports, &payload));
+        }
     }
 }
