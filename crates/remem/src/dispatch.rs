@@ -238,7 +238,10 @@ impl Dispatcher {
                 }
             }
             if handled == 0 {
-                std::hint::spin_loop();
+                // Nothing came: let another thread that is ready have the CPU (a device's
+                // progress thread, the peer), as a busy-polling NIC driver would not need
+                // to; on an idle machine this returns at once.
+                std::thread::yield_now();
             }
         }
     }
