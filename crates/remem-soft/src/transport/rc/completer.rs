@@ -42,13 +42,9 @@ impl RcTransport {
             }
         }
         let progressed = diff(new_una, r.una) > 0;
-        if progressed {
-            r.una = new_una;
-            r.retry_left = self.cfg.retry_cnt;
-            r.rnr_left = self.cfg.rnr_retry;
-        }
+        self.advance_una(now, new_una);
         if let Some(p) = lost_read {
-            self.rerequest(p);
+            self.rerequest_lost(now, p, env);
         }
         self.retire(now, env);
         progressed
@@ -76,12 +72,15 @@ impl RcTransport {
             let una = r.una;
             self.rewind_to(una);
         }
+        // The timers run while something is unacknowledged; forward progress restarted
+        // them (`on_progress`), anything else leaves them running.
         let r = &mut self.req;
-        r.timer = if r.una == r.max_sent {
-            None
-        } else {
-            self.cfg.ack_timeout().map(|t| now + t)
-        };
+        if r.una == r.max_sent {
+            r.timer = None;
+            r.rto_at = None;
+        } else if r.timer.is_none() {
+            r.timer = self.cfg.ack_timeout().map(|t| now + t);
+        }
     }
 
     /// Fails the entry holding `psn` (or the head) with `status`: the QP goes to ERR.
@@ -186,8 +185,7 @@ impl RcTransport {
                     Err(_) => WcStatus::LocProtErr,
                 };
                 e.status = Some(status);
-                self.req.una = add(pkt.psn, 1);
-                self.req.retry_left = self.cfg.retry_cnt;
+                self.advance_una(now, add(pkt.psn, 1));
                 if status == WcStatus::Success {
                     self.retire(now, env);
                 } else {
@@ -228,8 +226,9 @@ impl RcTransport {
             return; // duplicate
         }
         if d > 0 {
-            // Earlier responses were lost: ask again from the first missing one.
-            self.rerequest(expected);
+            // Earlier responses were lost: ask again from the first missing one (once: the
+            // responses the peer sent before it saw the re-request are no new loss).
+            self.rerequest_lost(now, expected, env);
             return;
         }
         // Responses acknowledge every earlier request.
@@ -249,9 +248,7 @@ impl RcTransport {
             }
             e.resp_pkts = 1;
             e.status = Some(WcStatus::Success);
-            self.req.una = add(pkt.psn, 1);
-            self.req.retry_left = self.cfg.retry_cnt;
-            self.req.rnr_left = self.cfg.rnr_retry;
+            self.advance_una(now, add(pkt.psn, 1));
             self.retire(now, env);
             return;
         }
@@ -268,14 +265,12 @@ impl RcTransport {
             return;
         }
         e.resp_pkts += 1;
-        self.req.una = add(pkt.psn, 1);
-        self.req.retry_left = self.cfg.retry_cnt;
-        self.req.rnr_left = self.cfg.rnr_retry;
         if last {
             e.status = Some(WcStatus::Success);
+        }
+        self.advance_una(now, add(pkt.psn, 1));
+        if last {
             self.retire(now, env);
-        } else {
-            self.req.timer = self.cfg.ack_timeout().map(|t| now + t);
         }
     }
 
@@ -285,7 +280,8 @@ impl RcTransport {
         if diff(psn, r.una) < 0 || diff(psn, r.max_sent) >= 0 {
             return;
         }
-        if diff(psn, r.una) > 0 {
+        let progressed = diff(psn, r.una) > 0;
+        if progressed {
             self.ack_through(now, add(psn, super::psn::PSN_MASK), env);
         }
         if self.req.una != psn {
@@ -294,14 +290,19 @@ impl RcTransport {
         match nak {
             Syndrome::NakPsnSeqErr => {
                 env.count(Stat::RcvdSeqNak);
-                if self.req.retry_left == 0 {
-                    env.count(Stat::RetryExceeded);
-                    tracing::warn!(psn, "sequence NAK after every retry: RETRY_EXC_ERR");
-                    self.fail(now, Some(psn), WcStatus::RetryExcErr, env);
+                // A responder NAKs a sequence gap once; the same NAK again without
+                // progress in between is a copy (or arrived after the go-back-N it asked
+                // for): going back again would only resend the same packets twice. The
+                // timers cover a resend that is lost.
+                if !progressed && self.req.last_seq_nak == Some(psn) {
                     return;
                 }
-                self.req.retry_left -= 1;
-                env.count(Stat::CompleterRetry);
+                self.req.last_seq_nak = Some(psn);
+                // Everything before `psn` is acknowledged: resend from it, paced by the
+                // (cut) congestion window. No retry is spent: `retry_cnt` counts the local
+                // ACK timeouts without forward progress (`handle_timeout`), and a peer
+                // that NAKs is alive.
+                self.on_loss(now, psn, env);
                 tracing::debug!(psn, "sequence NAK: retransmitting from its PSN");
                 self.rewind_to(psn);
             }
@@ -317,6 +318,9 @@ impl RcTransport {
                 }
                 self.req.rnr_until =
                     Some(now + Duration::from_micros(u64::from(rnr_timer_us(code))));
+                // Waiting for the peer's receive is no loss: no early retransmission
+                // meanwhile (the timer starts again with the next packet).
+                self.req.rto_at = None;
                 self.rewind_to(psn);
             }
             Syndrome::NakInvalidRequest => self.fail(now, Some(psn), WcStatus::RemInvReqErr, env),

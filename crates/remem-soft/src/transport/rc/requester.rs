@@ -1,7 +1,15 @@
 //! The requester of an RC queue pair: the send queue, the packets of its work requests
 //! (new and retransmitted), the retransmit and RNR timers.
+//!
+//! Two timers watch what is unacknowledged. The QP's local ACK timeout (`timer`) is IBTA's:
+//! when it passes without forward progress a retry is spent (and `RETRY_EXC_ERR` raised
+//! when none is left), so a dead peer fails after `(retry_cnt + 1) × timeout` as before. The
+//! adaptive retransmission timeout (`rto_at`, from the measured round trip, see
+//! [`super::pacing`]) fires earlier: it resends from the first unacknowledged PSN, paced by
+//! the congestion window, and spends no retry.
 
 use super::Env;
+use super::pacing::Pacing;
 use super::psn::{add, diff};
 use super::{
     AtomicEth, Feth, Kind, PLACEMENT_GLOBAL, PLACEMENT_PERSISTENT, PayloadSrc, Pos, RcTransport,
@@ -61,9 +69,22 @@ pub(super) struct Requester {
     pub(super) rd_outstanding: u32,
     pub(super) retry_left: u8,
     pub(super) rnr_left: u8,
+    /// The QP's local ACK timeout: when it passes without forward progress, a retry is
+    /// spent.
     pub(super) timer: Option<Instant>,
     pub(super) rnr_until: Option<Instant>,
     pub(super) since_ackreq: u32,
+    /// Congestion window and adaptive retransmission timeout.
+    pub(super) pacing: Pacing,
+    /// When to retransmit early (the adaptive RTO), spending no retry.
+    pub(super) rto_at: Option<Instant>,
+    /// The PSN timed for an RTT sample and when it was sent (a packet sent once: Karn).
+    pub(super) timed: Option<(u32, Instant)>,
+    /// Until then an out-of-order READ response is no new loss: responses the peer sent
+    /// before it saw the last re-request may still be arriving.
+    pub(super) hold_until: Option<Instant>,
+    /// The PSN of the last sequence NAK acted on, until forward progress.
+    pub(super) last_seq_nak: Option<u32>,
 }
 
 impl Requester {
@@ -81,6 +102,11 @@ impl Requester {
             timer: None,
             rnr_until: None,
             since_ackreq: 0,
+            pacing: Pacing::new(u32::MAX, None),
+            rto_at: None,
+            timed: None,
+            hold_until: None,
+            last_seq_nak: None,
         }
     }
 }
@@ -109,7 +135,11 @@ impl RcTransport {
         self.req.sq.len()
     }
 
-    pub(super) fn poll_request(&mut self, now: Instant) -> Option<(TxPacket, PayloadSrc)> {
+    pub(super) fn poll_request(
+        &mut self,
+        now: Instant,
+        env: &mut dyn Env,
+    ) -> Option<(TxPacket, PayloadSrc)> {
         let cfg = self.cfg;
         let r = &mut self.req;
         if r.rnr_until.is_some_and(|t| t > now) {
@@ -119,8 +149,10 @@ impl RcTransport {
         let entry = r.sq.get_mut(r.cur)?;
         // The window bounds the PSNs in flight packet by packet, inside a message too: a
         // peer that stops acknowledging gets at most a window per attempt, however long
-        // the message (rxe bounds unacknowledged PSNs the same way).
-        if diff(r.next_psn, r.una) >= cfg.window as i32 {
+        // the message (rxe bounds unacknowledged PSNs the same way). The congestion
+        // window narrows it after losses.
+        let limit = r.pacing.limit().min(cfg.window.max(1));
+        if diff(r.next_psn, r.una) >= limit as i32 {
             return None;
         }
         if !entry.started {
@@ -275,7 +307,7 @@ impl RcTransport {
                 // An ACK is asked for at the end of a message, every ACKREQ_EVERY packets,
                 // and on the packet that fills the window (else a window smaller than
                 // ACKREQ_EVERY would wait for an ACK nobody asked for).
-                let fills_window = diff(add(psn, 1), r.una) >= cfg.window as i32;
+                let fills_window = diff(add(psn, 1), r.una) >= limit as i32;
                 pkt.ack_req = pkt.pos.ends() || r.since_ackreq >= ACKREQ_EVERY || fills_window;
                 payload_off = Some(offset);
             }
@@ -292,12 +324,20 @@ impl RcTransport {
             r.cur += 1;
             r.cur_pkt = 0;
         }
+        if diff(psn, r.max_sent) < 0 {
+            env.count(Stat::Retransmitted);
+        } else if r.timed.is_none() {
+            r.timed = Some((psn, now));
+        }
         r.next_psn = add(psn, consumed);
         if diff(r.next_psn, r.max_sent) > 0 {
             r.max_sent = r.next_psn;
         }
         if r.timer.is_none() {
             r.timer = cfg.ack_timeout().map(|t| now + t);
+        }
+        if r.rto_at.is_none() {
+            r.rto_at = Some(now + r.pacing.rto());
         }
         let src = match payload_off {
             Some(offset) => PayloadSrc::Wqe { index, offset },
@@ -309,6 +349,10 @@ impl RcTransport {
     /// Moves the transmit cursor back to `psn` (go-back-N).
     pub(super) fn rewind_to(&mut self, psn: u32) {
         let r = &mut self.req;
+        // A timed packet that will be sent again gives no RTT sample (Karn).
+        if r.timed.is_some_and(|(t, _)| diff(t, psn) >= 0) {
+            r.timed = None;
+        }
         for (i, e) in r.sq.iter().enumerate() {
             if !e.started {
                 break;
@@ -326,25 +370,89 @@ impl RcTransport {
         r.next_psn = r.max_sent;
     }
 
+    /// A response of the READ (or atomic) expecting `expected` was lost: re-requests it
+    /// from there (go-back-N, paced), and cuts the congestion window. For about a round
+    /// trip afterwards, more signs of the same loss (the responses the peer sent before the
+    /// re-request reached it) are ignored.
+    pub(super) fn rerequest_lost(&mut self, now: Instant, expected: u32, env: &mut dyn Env) {
+        if self.req.hold_until.is_some_and(|t| t > now) {
+            return;
+        }
+        if self.rerequest(expected) {
+            self.on_loss(now, expected, env);
+            let hold = self.req.pacing.srtt().unwrap_or(super::pacing::MIN_RTO);
+            self.req.hold_until = Some(now + hold);
+        }
+    }
+
     /// Re-requests a READ (or resends an atomic) from its expected response PSN, once per
-    /// expected PSN.
-    pub(super) fn rerequest(&mut self, expected: u32) {
+    /// expected PSN. Returns whether the cursor went back.
+    pub(super) fn rerequest(&mut self, expected: u32) -> bool {
         let Some(e) = self
             .req
             .sq
             .iter_mut()
             .find(|e| e.started && e.holds(expected))
         else {
-            return;
+            return false;
         };
         if e.rerequested == Some(expected) {
-            return;
+            return false;
         }
         e.rerequested = Some(expected);
         // Only go back if the cursor is past it.
         let cursor_past = diff(self.req.next_psn, expected) > 0;
         if cursor_past {
             self.rewind_to(expected);
+        }
+        cursor_past
+    }
+
+    /// The first unacknowledged PSN moved forward by `n` PSNs: the retry budgets are
+    /// restored, the congestion window grows, an RTT sample may be taken, and both
+    /// retransmission timers start again (or stop, with nothing left unacknowledged).
+    pub(super) fn on_progress(&mut self, now: Instant, n: u32) {
+        let cfg = self.cfg;
+        let r = &mut self.req;
+        r.retry_left = cfg.retry_cnt;
+        r.rnr_left = cfg.rnr_retry;
+        r.last_seq_nak = None;
+        r.pacing.on_ack(n, now);
+        if let Some((psn, at)) = r.timed
+            && diff(r.una, psn) > 0
+        {
+            r.pacing.on_rtt(now.saturating_duration_since(at));
+            r.timed = None;
+        }
+        if r.una == r.max_sent {
+            r.timer = None;
+            r.rto_at = None;
+        } else {
+            r.timer = cfg.ack_timeout().map(|t| now + t);
+            r.rto_at = Some(now + r.pacing.rto());
+        }
+    }
+
+    /// Moves the first unacknowledged PSN to `una` (forward progress, see
+    /// [`Self::on_progress`]); nothing if it is not ahead.
+    pub(super) fn advance_una(&mut self, now: Instant, una: u32) {
+        let n = diff(una, self.req.una);
+        if n > 0 {
+            self.req.una = una;
+            self.on_progress(now, n as u32);
+        }
+    }
+
+    /// A loss was detected at `psn` (a sequence NAK, a missing READ response, an early
+    /// retransmission): the congestion window is cut, once per loss event.
+    pub(super) fn on_loss(&mut self, now: Instant, psn: u32, env: &mut dyn Env) {
+        if self.req.pacing.on_loss(now) {
+            env.count(Stat::CwndReduced);
+            tracing::trace!(
+                psn,
+                cwnd = self.req.pacing.cwnd(),
+                "loss: congestion window cut"
+            );
         }
     }
 
@@ -353,35 +461,54 @@ impl RcTransport {
         if self.req.rnr_until.is_some_and(|t| t <= now) {
             self.req.rnr_until = None;
         }
-        let Some(t) = self.req.timer else { return };
-        if t > now {
+        let stalled = self.req.timer.is_some_and(|t| t <= now);
+        let early = self.req.rto_at.is_some_and(|t| t <= now);
+        if !stalled && !early {
             return;
         }
-        self.req.timer = None;
+        self.req.rto_at = None;
+        if stalled {
+            self.req.timer = None;
+        }
         if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.req.una == self.req.max_sent {
             return;
         }
-        if self.req.retry_left == 0 {
-            env.count(Stat::RetryExceeded);
-            let una = self.req.una;
-            tracing::warn!(
-                psn = una,
-                "no ACK after every retry: RETRY_EXC_ERR, QP to ERR"
-            );
-            self.fail(now, Some(una), WcStatus::RetryExcErr, env);
-            return;
-        }
-        self.req.retry_left -= 1;
-        env.count(Stat::CompleterRetry);
         let una = self.req.una;
-        tracing::debug!(
-            psn = una,
-            retries_left = self.req.retry_left,
-            "ACK timeout: retransmitting from the first unacknowledged PSN"
-        );
+        if stalled {
+            // IBTA's local ACK timeout: no forward progress for the QP's `timeout`.
+            if self.req.retry_left == 0 {
+                env.count(Stat::RetryExceeded);
+                tracing::warn!(
+                    psn = una,
+                    "no ACK after every retry: RETRY_EXC_ERR, QP to ERR"
+                );
+                self.fail(now, Some(una), WcStatus::RetryExcErr, env);
+                return;
+            }
+            self.req.retry_left -= 1;
+            env.count(Stat::CompleterRetry);
+            self.req.pacing.on_stall(now);
+            env.count(Stat::CwndReduced);
+            tracing::debug!(
+                psn = una,
+                retries_left = self.req.retry_left,
+                "ACK timeout: retransmitting from the first unacknowledged PSN"
+            );
+        } else {
+            // The adaptive RTO: resend from the first unacknowledged PSN, paced by the
+            // (cut) congestion window; no retry spent.
+            env.count(Stat::EarlyRetransmit);
+            self.req.pacing.on_rto();
+            self.on_loss(now, una, env);
+            tracing::trace!(
+                psn = una,
+                "retransmission timeout: resending from the first unacknowledged PSN"
+            );
+        }
         for e in self.req.sq.iter_mut() {
             e.rerequested = None;
         }
+        self.req.hold_until = None;
         self.rewind_to(una);
     }
 }
