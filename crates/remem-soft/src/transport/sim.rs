@@ -1500,3 +1500,23 @@ fn a_slow_peer_sees_no_spurious_retry_exhaustion() {
         );
     }
 }
+
+/// Prints what the streams cost (`cargo test -p remem-soft --lib stream_costs -- --ignored
+/// --nocapture`), for tuning the requester's pacing.
+#[test]
+#[ignore]
+fn stream_costs() {
+    for read in [false, true] {
+        for drop in [0.0, 0.01, 0.05] {
+            for seed in 0..3 {
+                let out = stream(read, stream_link(drop), seed);
+                let (per_pkt, per_loss, elapsed) = stream_cost(read, &out);
+                eprintln!(
+                    "read {read} drop {drop} seed {seed}: {per_pkt:.2} sent per needed, \
+                     {per_loss:.1} resent per lost, {elapsed:?}; lost {:?}; stats {:?}",
+                    out.dropped_by, out.nodes[0].stats
+                );
+            }
+        }
+    }
+}

@@ -28,9 +28,9 @@ use std::time::{Duration, Instant};
 /// The smallest congestion window, in packets.
 pub(super) const CWND_FLOOR: u32 = 8;
 
-/// The smallest retransmission timeout: well above a loopback or LAN round trip, so that a
-/// scheduler hiccup on a busy host rarely causes a spurious retransmission.
-pub(super) const MIN_RTO: Duration = Duration::from_millis(1);
+/// The smallest retransmission timeout: several round trips of a loopback or LAN path under
+/// load (50–150 µs measured on loopback), so that jitter rarely causes a spurious one.
+pub(super) const MIN_RTO: Duration = Duration::from_micros(250);
 
 /// The RTO before the first RTT sample, when the QP has no ACK timeout (RFC 6298's 1 s).
 /// With one, the ACK timeout itself: until the path is measured, the requester retransmits
@@ -57,6 +57,9 @@ pub(super) struct Pacing {
     backoff: u32,
     /// The QP's local ACK timeout (the RTO's ceiling); `None`: no timeout.
     max_rto: Option<Duration>,
+    /// The window (cwnd, ssthresh) before the last early retransmission cut it, until
+    /// the next forward progress shows whether that retransmission was needed.
+    undo: Option<(u32, u32)>,
 }
 
 impl Pacing {
@@ -74,6 +77,7 @@ impl Pacing {
             rttvar: Duration::ZERO,
             backoff: 0,
             max_rto: ack_timeout,
+            undo: None,
         }
     }
 
@@ -130,6 +134,7 @@ impl Pacing {
     /// A loss was detected at `now`. Cuts the window in half unless the loss belongs to
     /// the event in progress (a cut less than a round trip ago). Returns whether it cut.
     pub(super) fn on_loss(&mut self, now: Instant) -> bool {
+        self.undo = None;
         if self.recover.is_some_and(|r| now < r) {
             return false;
         }
@@ -170,9 +175,36 @@ impl Pacing {
         self.backoff = 0;
     }
 
-    /// The retransmit timer expired: the next RTO is twice as long (until a sample).
-    pub(super) fn on_rto(&mut self) {
+    /// The retransmit timer expired at `now`: the next RTO is twice as long (until
+    /// progress or a sample), and the window is cut as for a loss — undone by
+    /// [`Self::spurious`] if the retransmission turns out not to have been needed.
+    pub(super) fn on_rto(&mut self, now: Instant) -> bool {
         self.backoff = (self.backoff + 1).min(16);
+        let before = (self.cwnd, self.ssthresh);
+        let cut = self.on_loss(now);
+        if cut {
+            self.undo = Some(before);
+        }
+        cut
+    }
+
+    /// Whether an early retransmission's cut is still waiting to be judged.
+    pub(super) fn undo_pending(&self) -> bool {
+        self.undo.is_some()
+    }
+
+    /// The forward progress after an early retransmission showed it was needed (`false`)
+    /// or spurious (`true`: the peer acknowledged packets of the first transmission that
+    /// were not sent again yet — the path was only slow, as a descheduled peer is): a
+    /// spurious one's cut is undone (as Eifel, RFC 3522, does with timestamps).
+    pub(super) fn judge_rto(&mut self, spurious: bool) {
+        if let Some((cwnd, ssthresh)) = self.undo.take()
+            && spurious
+        {
+            self.cwnd = cwnd;
+            self.ssthresh = ssthresh;
+            self.recover = None;
+        }
     }
 
     /// The retransmission timeout now.
@@ -275,10 +307,11 @@ mod tests {
         }
         assert_eq!(q.rto(), MIN_RTO);
         // Backoff doubles, capped by the ACK timeout; a sample resets it.
-        q.on_rto();
+        let t0 = Instant::now();
+        q.on_rto(t0);
         assert_eq!(q.rto(), MIN_RTO * 2);
         for _ in 0..20 {
-            q.on_rto();
+            q.on_rto(t0);
         }
         assert_eq!(q.rto(), T.unwrap());
         q.on_rtt(Duration::from_micros(10));
@@ -286,9 +319,30 @@ mod tests {
         // No ACK timeout: no cap.
         let mut n = Pacing::new(128, None);
         for _ in 0..20 {
-            n.on_rto();
+            n.on_rto(t0);
         }
         assert!(n.rto() > T.unwrap());
+    }
+
+    #[test]
+    fn a_spurious_early_retransmission_is_undone() {
+        let t0 = Instant::now();
+        let mut p = Pacing::new(128, T);
+        p.on_rtt(MS);
+        assert!(p.on_rto(t0));
+        assert_eq!(p.cwnd(), 64);
+        assert!(p.undo_pending());
+        p.judge_rto(true);
+        assert_eq!(p.cwnd(), 128);
+        assert!(!p.undo_pending());
+        // A needed one stays cut; so does one a real loss followed.
+        assert!(p.on_rto(t0 + 10 * MS));
+        p.judge_rto(false);
+        assert_eq!(p.cwnd(), 64);
+        assert!(p.on_rto(t0 + 20 * MS));
+        p.on_loss(t0 + 20 * MS);
+        p.judge_rto(true);
+        assert_eq!(p.cwnd(), 32);
     }
 
     #[derive(Debug, Clone)]
@@ -298,6 +352,7 @@ mod tests {
         Stall,
         Rtt(u64),
         Rto,
+        Judge(bool),
         /// Time passes (µs).
         Wait(u64),
     }
@@ -309,6 +364,7 @@ mod tests {
             Just(Ev::Stall),
             (0u64..1_000_000).prop_map(Ev::Rtt),
             Just(Ev::Rto),
+            any::<bool>().prop_map(Ev::Judge),
             (0u64..100_000).prop_map(Ev::Wait),
         ]
     }
@@ -326,7 +382,8 @@ mod tests {
                     Ev::Loss => { p.on_loss(now); }
                     Ev::Stall => p.on_stall(now),
                     Ev::Rtt(us) => p.on_rtt(Duration::from_micros(us)),
-                    Ev::Rto => p.on_rto(),
+                    Ev::Rto => { p.on_rto(now); }
+                    Ev::Judge(spurious) => p.judge_rto(spurious),
                     Ev::Wait(us) => now += Duration::from_micros(us),
                 }
                 prop_assert!(p.limit() >= 1 && p.limit() <= window);

@@ -417,6 +417,15 @@ impl RcTransport {
         r.retry_left = cfg.retry_cnt;
         r.rnr_left = cfg.rnr_retry;
         r.last_seq_nak = None;
+        // An early retransmission is judged by the first progress after it: an ACK of
+        // PSNs the go-back-N has not sent again yet acknowledges the first transmission.
+        if r.pacing.undo_pending() {
+            let spurious = diff(r.una, r.next_psn) > 0;
+            if spurious {
+                tracing::trace!(psn = r.una, "the early retransmission was spurious");
+            }
+            r.pacing.judge_rto(spurious);
+        }
         r.pacing.on_ack(n, now);
         if let Some((psn, at)) = r.timed
             && diff(r.una, psn) > 0
@@ -498,8 +507,9 @@ impl RcTransport {
             // The adaptive RTO: resend from the first unacknowledged PSN, paced by the
             // (cut) congestion window; no retry spent.
             env.count(Stat::EarlyRetransmit);
-            self.req.pacing.on_rto();
-            self.on_loss(now, una, env);
+            if self.req.pacing.on_rto(now) {
+                env.count(Stat::CwndReduced);
+            }
             tracing::trace!(
                 psn = una,
                 "retransmission timeout: resending from the first unacknowledged PSN"
