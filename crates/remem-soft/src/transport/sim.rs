@@ -1398,12 +1398,12 @@ fn a_write_stream_under_five_percent_loss_is_paced() {
 
 #[test]
 fn a_read_stream_under_one_percent_loss_is_paced() {
-    stream_within(true, 0.01, 2.5, Duration::from_millis(40));
+    stream_within(true, 0.01, 2.2, Duration::from_millis(40));
 }
 
 #[test]
 fn a_read_stream_under_five_percent_loss_is_paced() {
-    stream_within(true, 0.05, 4.0, Duration::from_millis(100));
+    stream_within(true, 0.05, 3.0, Duration::from_millis(100));
 }
 
 /// A WRITE stream to a peer that dies after the first message: early retransmissions

@@ -58,6 +58,11 @@ impl RcTransport {
             if e.is_rd() && e.started && status == WcStatus::Success {
                 self.req.rd_outstanding = self.req.rd_outstanding.saturating_sub(1);
             }
+            // A READ that completed ahead (its responses came while an earlier one waited)
+            // is acknowledged through its last PSN once it is retired in order.
+            if e.started && status == WcStatus::Success {
+                self.advance_una(now, add(e.first_psn, e.npkts));
+            }
             if e.wqe.signaled || status != WcStatus::Success {
                 env.send_completion(self.wc(&e.wqe, status));
             }
@@ -195,6 +200,104 @@ impl RcTransport {
             Kind::ReadResponse => self.handle_read_response(now, pkt, env),
             _ => {}
         }
+        self.settle_ahead(now, env);
+    }
+
+    /// A response for a READ after `first` (the first READ/atomic still waiting), the next
+    /// one that READ expects: its data is placed now and counted, so that the go-back-N
+    /// after the loss before it re-requests only what is still missing (the READ completes
+    /// in order, once everything before it has). Anything else is ignored: it is asked for
+    /// again and checked when its READ is the first waiting.
+    fn accept_ahead(&mut self, pkt: &RxPacket<'_>, first: usize) {
+        let mtu = u64::from(self.cfg.mtu);
+        let Some(e) = self
+            .req
+            .sq
+            .iter_mut()
+            .skip(first + 1)
+            .find(|e| e.started && e.holds(pkt.psn))
+        else {
+            return;
+        };
+        if e.status.is_some()
+            || !matches!(e.wqe.op, SendOp::RdmaRead { .. })
+            || add(e.first_psn, e.resp_pkts) != pkt.psn
+        {
+            return;
+        }
+        let offset = u64::from(e.resp_pkts) * mtu;
+        let last = e.resp_pkts + 1 == e.npkts;
+        let want = if last {
+            e.wqe.len.saturating_sub(offset)
+        } else {
+            mtu
+        };
+        if pkt.pos.ends() != last
+            || pkt.payload.len() as u64 != want
+            || e.wqe.scatter(offset, pkt.payload).is_err()
+        {
+            return;
+        }
+        e.resp_pkts += 1;
+        if last {
+            e.status = Some(WcStatus::Success);
+        }
+    }
+
+    /// Responses received ahead acknowledge what was requested before them once nothing
+    /// before is missing: moves the first unacknowledged PSN over them (a READ's responses
+    /// acknowledge every earlier request, IBTA's implicit acknowledgement).
+    pub(super) fn settle_ahead(&mut self, now: Instant, env: &mut dyn Env) {
+        for _ in 0..=self.req.sq.len() {
+            if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+                return;
+            }
+            let r = &self.req;
+            let Some(i) = r.sq.iter().position(|e| e.status.is_none()) else {
+                return;
+            };
+            let e = &r.sq[i];
+            if !e.started {
+                // Everything sent is finished.
+                if diff(r.max_sent, r.una) <= 0 {
+                    return;
+                }
+                let max_sent = r.max_sent;
+                self.advance_una(now, max_sent);
+                self.retire(now, env);
+                continue;
+            }
+            let is_read = matches!(e.wqe.op, SendOp::RdmaRead { .. });
+            if is_read {
+                // Everything before the first unfinished READ is finished, and the
+                // responses it has came in order from its first.
+                let expected = add(e.first_psn, e.resp_pkts);
+                if diff(expected, r.una) <= 0 {
+                    return;
+                }
+                self.advance_una(now, expected);
+                self.retire(now, env);
+                continue;
+            }
+            if e.is_rd() {
+                return;
+            }
+            // SENDs/WRITEs not acknowledged yet, before a READ answered ahead: its
+            // responses acknowledge them.
+            let Some(rd) = r.sq.iter().skip(i + 1).find(|e| e.is_rd()) else {
+                return;
+            };
+            let answered = rd.started
+                && matches!(rd.wqe.op, SendOp::RdmaRead { .. })
+                && (rd.resp_pkts > 0 || rd.status.is_some());
+            if !answered {
+                return;
+            }
+            let before = add(rd.first_psn, super::psn::PSN_MASK);
+            if !self.ack_through(now, before, env) {
+                return;
+            }
+        }
     }
 
     /// Index of the first READ/atomic entry awaiting its response.
@@ -227,7 +330,10 @@ impl RcTransport {
         }
         if d > 0 {
             // Earlier responses were lost: ask again from the first missing one (once: the
-            // responses the peer sent before it saw the re-request are no new loss).
+            // responses the peer sent before it saw the re-request are no new loss). A
+            // response of a later READ is kept if it is the next one that READ expects:
+            // its request needs no answer twice.
+            self.accept_ahead(pkt, i);
             self.rerequest_lost(now, expected, env);
             return;
         }

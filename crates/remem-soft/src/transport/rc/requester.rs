@@ -146,6 +146,23 @@ impl RcTransport {
             return None;
         }
         r.rnr_until = None;
+        // A READ whose responses partly came ahead (while an earlier one waited for a lost
+        // response) is asked again only from its first missing response; one that came
+        // whole is not asked again.
+        while let Some(e) = r.sq.get(r.cur)
+            && e.started
+            && matches!(e.wqe.op, SendOp::RdmaRead { .. })
+            && e.resp_pkts > r.cur_pkt
+        {
+            if e.resp_pkts >= e.npkts {
+                r.next_psn = add(e.first_psn, e.npkts);
+                r.cur += 1;
+                r.cur_pkt = 0;
+            } else {
+                r.cur_pkt = e.resp_pkts;
+                r.next_psn = add(e.first_psn, e.resp_pkts);
+            }
+        }
         let entry = r.sq.get_mut(r.cur)?;
         // The window bounds the PSNs in flight packet by packet, inside a message too: a
         // peer that stops acknowledging gets at most a window per attempt, however long
