@@ -410,6 +410,7 @@ impl RcTransport {
                 // that NAKs is alive.
                 self.on_loss(now, psn, env);
                 tracing::debug!(psn, "sequence NAK: retransmitting from its PSN");
+                self.req.probe = false;
                 self.rewind_to(psn);
             }
             Syndrome::RnrNak { timer: code } => {
@@ -427,6 +428,7 @@ impl RcTransport {
                 // Waiting for the peer's receive is no loss: no early retransmission
                 // meanwhile (the timer starts again with the next packet).
                 self.req.rto_at = None;
+                self.req.probe = false;
                 self.rewind_to(psn);
             }
             Syndrome::NakInvalidRequest => self.fail(now, Some(psn), WcStatus::RemInvReqErr, env),

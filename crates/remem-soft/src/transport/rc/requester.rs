@@ -85,6 +85,11 @@ pub(super) struct Requester {
     pub(super) hold_until: Option<Instant>,
     /// The PSN of the last sequence NAK acted on, until forward progress.
     pub(super) last_seq_nak: Option<u32>,
+    /// After an early retransmission, only the first unacknowledged packet goes again
+    /// (asking for an ACK) until the next forward progress shows whether the rest is
+    /// needed: an ACK beyond it means the first transmission arrived and the timeout was
+    /// spurious (F-RTO's idea, RFC 5682).
+    pub(super) probe: bool,
 }
 
 impl Requester {
@@ -107,6 +112,7 @@ impl Requester {
             timed: None,
             hold_until: None,
             last_seq_nak: None,
+            probe: false,
         }
     }
 }
@@ -169,7 +175,7 @@ impl RcTransport {
         // the message (rxe bounds unacknowledged PSNs the same way). The congestion
         // window narrows it after losses.
         let limit = r.pacing.limit().min(cfg.window.max(1));
-        if diff(r.next_psn, r.una) >= limit as i32 {
+        if diff(r.next_psn, r.una) >= limit as i32 || (r.probe && r.next_psn != r.una) {
             return None;
         }
         if !entry.started {
@@ -329,6 +335,9 @@ impl RcTransport {
                 payload_off = Some(offset);
             }
         }
+        if r.probe {
+            pkt.ack_req = true;
+        }
         if pkt.ack_req {
             r.since_ackreq = 0;
         }
@@ -434,6 +443,7 @@ impl RcTransport {
         r.retry_left = cfg.retry_cnt;
         r.rnr_left = cfg.rnr_retry;
         r.last_seq_nak = None;
+        r.probe = false;
         // An early retransmission is judged by the first progress after it: an ACK of
         // PSNs the go-back-N has not sent again yet acknowledges the first transmission.
         if r.pacing.undo_pending() {
@@ -536,6 +546,7 @@ impl RcTransport {
             e.rerequested = None;
         }
         self.req.hold_until = None;
+        self.req.probe = !stalled;
         self.rewind_to(una);
     }
 }
