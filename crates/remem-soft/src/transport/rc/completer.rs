@@ -242,12 +242,19 @@ impl RcTransport {
         if last {
             e.status = Some(WcStatus::Success);
         }
+        self.req.ahead = true;
     }
 
     /// Responses received ahead acknowledge what was requested before them once nothing
     /// before is missing: moves the first unacknowledged PSN over them (a READ's responses
     /// acknowledge every earlier request, IBTA's implicit acknowledgement).
     pub(super) fn settle_ahead(&mut self, now: Instant, env: &mut dyn Env) {
+        if self.req.sq.is_empty() {
+            self.req.ahead = false;
+        }
+        if !self.req.ahead {
+            return;
+        }
         for _ in 0..=self.req.sq.len() {
             if !matches!(self.state, QpState::Rts | QpState::Sqd) {
                 return;

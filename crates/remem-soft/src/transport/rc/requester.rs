@@ -90,6 +90,9 @@ pub(super) struct Requester {
     /// needed: an ACK beyond it means the first transmission arrived and the timeout was
     /// spurious (F-RTO's idea, RFC 5682).
     pub(super) probe: bool,
+    /// Some READ's responses were kept ahead of an earlier one's (see `accept_ahead`):
+    /// `settle_ahead` has work until the send queue drains.
+    pub(super) ahead: bool,
 }
 
 impl Requester {
@@ -113,6 +116,7 @@ impl Requester {
             hold_until: None,
             last_seq_nak: None,
             probe: false,
+            ahead: false,
         }
     }
 }
