@@ -42,13 +42,9 @@ impl RcTransport {
             }
         }
         let progressed = diff(new_una, r.una) > 0;
-        if progressed {
-            r.una = new_una;
-            r.retry_left = self.cfg.retry_cnt;
-            r.rnr_left = self.cfg.rnr_retry;
-        }
+        self.advance_una(now, new_una);
         if let Some(p) = lost_read {
-            self.rerequest(p);
+            self.rerequest_lost(now, p, env);
         }
         self.retire(now, env);
         progressed
@@ -61,6 +57,11 @@ impl RcTransport {
             let e = self.req.sq.pop_front().expect("front exists");
             if e.is_rd() && e.started && status == WcStatus::Success {
                 self.req.rd_outstanding = self.req.rd_outstanding.saturating_sub(1);
+            }
+            // A READ that completed ahead (its responses came while an earlier one waited)
+            // is acknowledged through its last PSN once it is retired in order.
+            if e.started && status == WcStatus::Success {
+                self.advance_una(now, add(e.first_psn, e.npkts));
             }
             if e.wqe.signaled || status != WcStatus::Success {
                 env.send_completion(self.wc(&e.wqe, status));
@@ -76,12 +77,15 @@ impl RcTransport {
             let una = r.una;
             self.rewind_to(una);
         }
+        // The timers run while something is unacknowledged; forward progress restarted
+        // them (`on_progress`), anything else leaves them running.
         let r = &mut self.req;
-        r.timer = if r.una == r.max_sent {
-            None
-        } else {
-            self.cfg.ack_timeout().map(|t| now + t)
-        };
+        if r.una == r.max_sent {
+            r.timer = None;
+            r.rto_at = None;
+        } else if r.timer.is_none() {
+            r.timer = self.cfg.ack_timeout().map(|t| now + t);
+        }
     }
 
     /// Fails the entry holding `psn` (or the head) with `status`: the QP goes to ERR.
@@ -186,8 +190,7 @@ impl RcTransport {
                     Err(_) => WcStatus::LocProtErr,
                 };
                 e.status = Some(status);
-                self.req.una = add(pkt.psn, 1);
-                self.req.retry_left = self.cfg.retry_cnt;
+                self.advance_una(now, add(pkt.psn, 1));
                 if status == WcStatus::Success {
                     self.retire(now, env);
                 } else {
@@ -196,6 +199,111 @@ impl RcTransport {
             }
             Kind::ReadResponse => self.handle_read_response(now, pkt, env),
             _ => {}
+        }
+        self.settle_ahead(now, env);
+    }
+
+    /// A response for a READ after `first` (the first READ/atomic still waiting), the next
+    /// one that READ expects: its data is placed now and counted, so that the go-back-N
+    /// after the loss before it re-requests only what is still missing (the READ completes
+    /// in order, once everything before it has). Anything else is ignored: it is asked for
+    /// again and checked when its READ is the first waiting.
+    fn accept_ahead(&mut self, pkt: &RxPacket<'_>, first: usize) {
+        let mtu = u64::from(self.cfg.mtu);
+        let Some(e) = self
+            .req
+            .sq
+            .iter_mut()
+            .skip(first + 1)
+            .find(|e| e.started && e.holds(pkt.psn))
+        else {
+            return;
+        };
+        if e.status.is_some()
+            || !matches!(e.wqe.op, SendOp::RdmaRead { .. })
+            || add(e.first_psn, e.resp_pkts) != pkt.psn
+        {
+            return;
+        }
+        let offset = u64::from(e.resp_pkts) * mtu;
+        let last = e.resp_pkts + 1 == e.npkts;
+        let want = if last {
+            e.wqe.len.saturating_sub(offset)
+        } else {
+            mtu
+        };
+        if pkt.pos.ends() != last
+            || pkt.payload.len() as u64 != want
+            || e.wqe.scatter(offset, pkt.payload).is_err()
+        {
+            return;
+        }
+        e.resp_pkts += 1;
+        if last {
+            e.status = Some(WcStatus::Success);
+        }
+        self.req.ahead = true;
+    }
+
+    /// Responses received ahead acknowledge what was requested before them once nothing
+    /// before is missing: moves the first unacknowledged PSN over them (a READ's responses
+    /// acknowledge every earlier request, IBTA's implicit acknowledgement).
+    pub(super) fn settle_ahead(&mut self, now: Instant, env: &mut dyn Env) {
+        if self.req.sq.is_empty() {
+            self.req.ahead = false;
+        }
+        if !self.req.ahead {
+            return;
+        }
+        for _ in 0..=self.req.sq.len() {
+            if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+                return;
+            }
+            let r = &self.req;
+            let Some(i) = r.sq.iter().position(|e| e.status.is_none()) else {
+                return;
+            };
+            let e = &r.sq[i];
+            if !e.started {
+                // Everything sent is finished.
+                if diff(r.max_sent, r.una) <= 0 {
+                    return;
+                }
+                let max_sent = r.max_sent;
+                self.advance_una(now, max_sent);
+                self.retire(now, env);
+                continue;
+            }
+            let is_read = matches!(e.wqe.op, SendOp::RdmaRead { .. });
+            if is_read {
+                // Everything before the first unfinished READ is finished, and the
+                // responses it has came in order from its first.
+                let expected = add(e.first_psn, e.resp_pkts);
+                if diff(expected, r.una) <= 0 {
+                    return;
+                }
+                self.advance_una(now, expected);
+                self.retire(now, env);
+                continue;
+            }
+            if e.is_rd() {
+                return;
+            }
+            // SENDs/WRITEs not acknowledged yet, before a READ answered ahead: its
+            // responses acknowledge them.
+            let Some(rd) = r.sq.iter().skip(i + 1).find(|e| e.is_rd()) else {
+                return;
+            };
+            let answered = rd.started
+                && matches!(rd.wqe.op, SendOp::RdmaRead { .. })
+                && (rd.resp_pkts > 0 || rd.status.is_some());
+            if !answered {
+                return;
+            }
+            let before = add(rd.first_psn, super::psn::PSN_MASK);
+            if !self.ack_through(now, before, env) {
+                return;
+            }
         }
     }
 
@@ -228,8 +336,12 @@ impl RcTransport {
             return; // duplicate
         }
         if d > 0 {
-            // Earlier responses were lost: ask again from the first missing one.
-            self.rerequest(expected);
+            // Earlier responses were lost: ask again from the first missing one (once: the
+            // responses the peer sent before it saw the re-request are no new loss). A
+            // response of a later READ is kept if it is the next one that READ expects:
+            // its request needs no answer twice.
+            self.accept_ahead(pkt, i);
+            self.rerequest_lost(now, expected, env);
             return;
         }
         // Responses acknowledge every earlier request.
@@ -249,9 +361,7 @@ impl RcTransport {
             }
             e.resp_pkts = 1;
             e.status = Some(WcStatus::Success);
-            self.req.una = add(pkt.psn, 1);
-            self.req.retry_left = self.cfg.retry_cnt;
-            self.req.rnr_left = self.cfg.rnr_retry;
+            self.advance_una(now, add(pkt.psn, 1));
             self.retire(now, env);
             return;
         }
@@ -268,14 +378,12 @@ impl RcTransport {
             return;
         }
         e.resp_pkts += 1;
-        self.req.una = add(pkt.psn, 1);
-        self.req.retry_left = self.cfg.retry_cnt;
-        self.req.rnr_left = self.cfg.rnr_retry;
         if last {
             e.status = Some(WcStatus::Success);
+        }
+        self.advance_una(now, add(pkt.psn, 1));
+        if last {
             self.retire(now, env);
-        } else {
-            self.req.timer = self.cfg.ack_timeout().map(|t| now + t);
         }
     }
 
@@ -285,7 +393,8 @@ impl RcTransport {
         if diff(psn, r.una) < 0 || diff(psn, r.max_sent) >= 0 {
             return;
         }
-        if diff(psn, r.una) > 0 {
+        let progressed = diff(psn, r.una) > 0;
+        if progressed {
             self.ack_through(now, add(psn, super::psn::PSN_MASK), env);
         }
         if self.req.una != psn {
@@ -294,15 +403,21 @@ impl RcTransport {
         match nak {
             Syndrome::NakPsnSeqErr => {
                 env.count(Stat::RcvdSeqNak);
-                if self.req.retry_left == 0 {
-                    env.count(Stat::RetryExceeded);
-                    tracing::warn!(psn, "sequence NAK after every retry: RETRY_EXC_ERR");
-                    self.fail(now, Some(psn), WcStatus::RetryExcErr, env);
+                // A responder NAKs a sequence gap once; the same NAK again without
+                // progress in between is a copy (or arrived after the go-back-N it asked
+                // for): going back again would only resend the same packets twice. The
+                // timers cover a resend that is lost.
+                if !progressed && self.req.last_seq_nak == Some(psn) {
                     return;
                 }
-                self.req.retry_left -= 1;
-                env.count(Stat::CompleterRetry);
+                self.req.last_seq_nak = Some(psn);
+                // Everything before `psn` is acknowledged: resend from it, paced by the
+                // (cut) congestion window. No retry is spent: `retry_cnt` counts the local
+                // ACK timeouts without forward progress (`handle_timeout`), and a peer
+                // that NAKs is alive.
+                self.on_loss(now, psn, env);
                 tracing::debug!(psn, "sequence NAK: retransmitting from its PSN");
+                self.req.probe = false;
                 self.rewind_to(psn);
             }
             Syndrome::RnrNak { timer: code } => {
@@ -317,6 +432,10 @@ impl RcTransport {
                 }
                 self.req.rnr_until =
                     Some(now + Duration::from_micros(u64::from(rnr_timer_us(code))));
+                // Waiting for the peer's receive is no loss: no early retransmission
+                // meanwhile (the timer starts again with the next packet).
+                self.req.rto_at = None;
+                self.req.probe = false;
                 self.rewind_to(psn);
             }
             Syndrome::NakInvalidRequest => self.fail(now, Some(psn), WcStatus::RemInvReqErr, env),

@@ -7,6 +7,7 @@
 //! configuration, the QP state, transmission and the dispatch of received packets.
 
 mod completer;
+mod pacing;
 mod requester;
 mod responder;
 #[cfg(test)]
@@ -155,9 +156,11 @@ impl RcTransport {
         let old = self.state;
         self.cfg = cfg;
         self.state = state;
+        self.req.pacing.configure(cfg.window, cfg.ack_timeout());
         match state {
             QpState::Reset => {
                 self.req = Requester::new();
+                self.req.pacing.configure(cfg.window, cfg.ack_timeout());
                 self.resp = Responder::new();
             }
             QpState::Rtr if old != QpState::Rtr => {
@@ -211,10 +214,10 @@ impl RcTransport {
 
     /// The earliest time `handle_timeout` must be called.
     pub fn next_timeout(&self) -> Option<Instant> {
-        match (self.req.timer, self.req.rnr_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.req.timer, self.req.rto_at, self.req.rnr_until]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     fn wc(&self, wqe: &SendWqe, status: WcStatus) -> WorkCompletion {
@@ -249,7 +252,7 @@ impl RcTransport {
         // in one GSO batch when the driver sends them together.)
         let (pkt, src) = match self.poll_response(env) {
             Some(p) => p,
-            None if sending => self.poll_request(now)?,
+            None if sending => self.poll_request(now, env)?,
             None => return None,
         };
         // A region of the work request was deregistered since it was posted: none of it is

@@ -1,7 +1,15 @@
 //! The requester of an RC queue pair: the send queue, the packets of its work requests
 //! (new and retransmitted), the retransmit and RNR timers.
+//!
+//! Two timers watch what is unacknowledged. The QP's local ACK timeout (`timer`) is IBTA's:
+//! when it passes without forward progress a retry is spent (and `RETRY_EXC_ERR` raised
+//! when none is left), so a dead peer fails after `(retry_cnt + 1) × timeout` as before. The
+//! adaptive retransmission timeout (`rto_at`, from the measured round trip, see
+//! [`super::pacing`]) fires earlier: it resends from the first unacknowledged PSN, paced by
+//! the congestion window, and spends no retry.
 
 use super::Env;
+use super::pacing::Pacing;
 use super::psn::{add, diff};
 use super::{
     AtomicEth, Feth, Kind, PLACEMENT_GLOBAL, PLACEMENT_PERSISTENT, PayloadSrc, Pos, RcTransport,
@@ -61,9 +69,30 @@ pub(super) struct Requester {
     pub(super) rd_outstanding: u32,
     pub(super) retry_left: u8,
     pub(super) rnr_left: u8,
+    /// The QP's local ACK timeout: when it passes without forward progress, a retry is
+    /// spent.
     pub(super) timer: Option<Instant>,
     pub(super) rnr_until: Option<Instant>,
     pub(super) since_ackreq: u32,
+    /// Congestion window and adaptive retransmission timeout.
+    pub(super) pacing: Pacing,
+    /// When to retransmit early (the adaptive RTO), spending no retry.
+    pub(super) rto_at: Option<Instant>,
+    /// The PSN timed for an RTT sample and when it was sent (a packet sent once: Karn).
+    pub(super) timed: Option<(u32, Instant)>,
+    /// Until then an out-of-order READ response is no new loss: responses the peer sent
+    /// before it saw the last re-request may still be arriving.
+    pub(super) hold_until: Option<Instant>,
+    /// The PSN of the last sequence NAK acted on, until forward progress.
+    pub(super) last_seq_nak: Option<u32>,
+    /// After an early retransmission, only the first unacknowledged packet goes again
+    /// (asking for an ACK) until the next forward progress shows whether the rest is
+    /// needed: an ACK beyond it means the first transmission arrived and the timeout was
+    /// spurious (F-RTO's idea, RFC 5682).
+    pub(super) probe: bool,
+    /// Some READ's responses were kept ahead of an earlier one's (see `accept_ahead`):
+    /// `settle_ahead` has work until the send queue drains.
+    pub(super) ahead: bool,
 }
 
 impl Requester {
@@ -81,6 +110,13 @@ impl Requester {
             timer: None,
             rnr_until: None,
             since_ackreq: 0,
+            pacing: Pacing::new(u32::MAX, None),
+            rto_at: None,
+            timed: None,
+            hold_until: None,
+            last_seq_nak: None,
+            probe: false,
+            ahead: false,
         }
     }
 }
@@ -109,18 +145,41 @@ impl RcTransport {
         self.req.sq.len()
     }
 
-    pub(super) fn poll_request(&mut self, now: Instant) -> Option<(TxPacket, PayloadSrc)> {
+    pub(super) fn poll_request(
+        &mut self,
+        now: Instant,
+        env: &mut dyn Env,
+    ) -> Option<(TxPacket, PayloadSrc)> {
         let cfg = self.cfg;
         let r = &mut self.req;
         if r.rnr_until.is_some_and(|t| t > now) {
             return None;
         }
         r.rnr_until = None;
+        // A READ whose responses partly came ahead (while an earlier one waited for a lost
+        // response) is asked again only from its first missing response; one that came
+        // whole is not asked again.
+        while let Some(e) = r.sq.get(r.cur)
+            && e.started
+            && matches!(e.wqe.op, SendOp::RdmaRead { .. })
+            && e.resp_pkts > r.cur_pkt
+        {
+            if e.resp_pkts >= e.npkts {
+                r.next_psn = add(e.first_psn, e.npkts);
+                r.cur += 1;
+                r.cur_pkt = 0;
+            } else {
+                r.cur_pkt = e.resp_pkts;
+                r.next_psn = add(e.first_psn, e.resp_pkts);
+            }
+        }
         let entry = r.sq.get_mut(r.cur)?;
         // The window bounds the PSNs in flight packet by packet, inside a message too: a
         // peer that stops acknowledging gets at most a window per attempt, however long
-        // the message (rxe bounds unacknowledged PSNs the same way).
-        if diff(r.next_psn, r.una) >= cfg.window as i32 {
+        // the message (rxe bounds unacknowledged PSNs the same way). The congestion
+        // window narrows it after losses.
+        let limit = r.pacing.limit().min(cfg.window.max(1));
+        if diff(r.next_psn, r.una) >= limit as i32 || (r.probe && r.next_psn != r.una) {
             return None;
         }
         if !entry.started {
@@ -275,10 +334,13 @@ impl RcTransport {
                 // An ACK is asked for at the end of a message, every ACKREQ_EVERY packets,
                 // and on the packet that fills the window (else a window smaller than
                 // ACKREQ_EVERY would wait for an ACK nobody asked for).
-                let fills_window = diff(add(psn, 1), r.una) >= cfg.window as i32;
+                let fills_window = diff(add(psn, 1), r.una) >= limit as i32;
                 pkt.ack_req = pkt.pos.ends() || r.since_ackreq >= ACKREQ_EVERY || fills_window;
                 payload_off = Some(offset);
             }
+        }
+        if r.probe {
+            pkt.ack_req = true;
         }
         if pkt.ack_req {
             r.since_ackreq = 0;
@@ -292,12 +354,20 @@ impl RcTransport {
             r.cur += 1;
             r.cur_pkt = 0;
         }
+        if diff(psn, r.max_sent) < 0 {
+            env.count(Stat::Retransmitted);
+        } else if r.timed.is_none() {
+            r.timed = Some((psn, now));
+        }
         r.next_psn = add(psn, consumed);
         if diff(r.next_psn, r.max_sent) > 0 {
             r.max_sent = r.next_psn;
         }
         if r.timer.is_none() {
             r.timer = cfg.ack_timeout().map(|t| now + t);
+        }
+        if r.rto_at.is_none() {
+            r.rto_at = Some(now + r.pacing.rto());
         }
         let src = match payload_off {
             Some(offset) => PayloadSrc::Wqe { index, offset },
@@ -309,6 +379,10 @@ impl RcTransport {
     /// Moves the transmit cursor back to `psn` (go-back-N).
     pub(super) fn rewind_to(&mut self, psn: u32) {
         let r = &mut self.req;
+        // A timed packet that will be sent again gives no RTT sample (Karn).
+        if r.timed.is_some_and(|(t, _)| diff(t, psn) >= 0) {
+            r.timed = None;
+        }
         for (i, e) in r.sq.iter().enumerate() {
             if !e.started {
                 break;
@@ -326,25 +400,99 @@ impl RcTransport {
         r.next_psn = r.max_sent;
     }
 
+    /// A response of the READ (or atomic) expecting `expected` was lost: re-requests it
+    /// from there (go-back-N, paced), and cuts the congestion window. For about a round
+    /// trip afterwards, more signs of the same loss (the responses the peer sent before the
+    /// re-request reached it) are ignored.
+    pub(super) fn rerequest_lost(&mut self, now: Instant, expected: u32, env: &mut dyn Env) {
+        if self.req.hold_until.is_some_and(|t| t > now) {
+            return;
+        }
+        if self.rerequest(expected) {
+            self.on_loss(now, expected, env);
+            let hold = self.req.pacing.srtt().unwrap_or(super::pacing::MIN_RTO);
+            self.req.hold_until = Some(now + hold);
+        }
+    }
+
     /// Re-requests a READ (or resends an atomic) from its expected response PSN, once per
-    /// expected PSN.
-    pub(super) fn rerequest(&mut self, expected: u32) {
+    /// expected PSN. Returns whether the cursor went back.
+    pub(super) fn rerequest(&mut self, expected: u32) -> bool {
         let Some(e) = self
             .req
             .sq
             .iter_mut()
             .find(|e| e.started && e.holds(expected))
         else {
-            return;
+            return false;
         };
         if e.rerequested == Some(expected) {
-            return;
+            return false;
         }
         e.rerequested = Some(expected);
         // Only go back if the cursor is past it.
         let cursor_past = diff(self.req.next_psn, expected) > 0;
         if cursor_past {
             self.rewind_to(expected);
+        }
+        cursor_past
+    }
+
+    /// The first unacknowledged PSN moved forward by `n` PSNs: the retry budgets are
+    /// restored, the congestion window grows, an RTT sample may be taken, and both
+    /// retransmission timers start again (or stop, with nothing left unacknowledged).
+    pub(super) fn on_progress(&mut self, now: Instant, n: u32) {
+        let cfg = self.cfg;
+        let r = &mut self.req;
+        r.retry_left = cfg.retry_cnt;
+        r.rnr_left = cfg.rnr_retry;
+        r.last_seq_nak = None;
+        r.probe = false;
+        // An early retransmission is judged by the first progress after it: an ACK of
+        // PSNs the go-back-N has not sent again yet acknowledges the first transmission.
+        if r.pacing.undo_pending() {
+            let spurious = diff(r.una, r.next_psn) > 0;
+            if spurious {
+                tracing::trace!(psn = r.una, "the early retransmission was spurious");
+            }
+            r.pacing.judge_rto(spurious);
+        }
+        r.pacing.on_ack(n, now);
+        if let Some((psn, at)) = r.timed
+            && diff(r.una, psn) > 0
+        {
+            r.pacing.on_rtt(now.saturating_duration_since(at));
+            r.timed = None;
+        }
+        if r.una == r.max_sent {
+            r.timer = None;
+            r.rto_at = None;
+        } else {
+            r.timer = cfg.ack_timeout().map(|t| now + t);
+            r.rto_at = Some(now + r.pacing.rto());
+        }
+    }
+
+    /// Moves the first unacknowledged PSN to `una` (forward progress, see
+    /// [`Self::on_progress`]); nothing if it is not ahead.
+    pub(super) fn advance_una(&mut self, now: Instant, una: u32) {
+        let n = diff(una, self.req.una);
+        if n > 0 {
+            self.req.una = una;
+            self.on_progress(now, n as u32);
+        }
+    }
+
+    /// A loss was detected at `psn` (a sequence NAK, a missing READ response, an early
+    /// retransmission): the congestion window is cut, once per loss event.
+    pub(super) fn on_loss(&mut self, now: Instant, psn: u32, env: &mut dyn Env) {
+        if self.req.pacing.on_loss(now) {
+            env.count(Stat::CwndReduced);
+            tracing::trace!(
+                psn,
+                cwnd = self.req.pacing.cwnd(),
+                "loss: congestion window cut"
+            );
         }
     }
 
@@ -353,35 +501,56 @@ impl RcTransport {
         if self.req.rnr_until.is_some_and(|t| t <= now) {
             self.req.rnr_until = None;
         }
-        let Some(t) = self.req.timer else { return };
-        if t > now {
+        let stalled = self.req.timer.is_some_and(|t| t <= now);
+        let early = self.req.rto_at.is_some_and(|t| t <= now);
+        if !stalled && !early {
             return;
         }
-        self.req.timer = None;
+        self.req.rto_at = None;
+        if stalled {
+            self.req.timer = None;
+        }
         if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.req.una == self.req.max_sent {
             return;
         }
-        if self.req.retry_left == 0 {
-            env.count(Stat::RetryExceeded);
-            let una = self.req.una;
-            tracing::warn!(
-                psn = una,
-                "no ACK after every retry: RETRY_EXC_ERR, QP to ERR"
-            );
-            self.fail(now, Some(una), WcStatus::RetryExcErr, env);
-            return;
-        }
-        self.req.retry_left -= 1;
-        env.count(Stat::CompleterRetry);
         let una = self.req.una;
-        tracing::debug!(
-            psn = una,
-            retries_left = self.req.retry_left,
-            "ACK timeout: retransmitting from the first unacknowledged PSN"
-        );
+        if stalled {
+            // IBTA's local ACK timeout: no forward progress for the QP's `timeout`.
+            if self.req.retry_left == 0 {
+                env.count(Stat::RetryExceeded);
+                tracing::warn!(
+                    psn = una,
+                    "no ACK after every retry: RETRY_EXC_ERR, QP to ERR"
+                );
+                self.fail(now, Some(una), WcStatus::RetryExcErr, env);
+                return;
+            }
+            self.req.retry_left -= 1;
+            env.count(Stat::CompleterRetry);
+            self.req.pacing.on_stall(now);
+            env.count(Stat::CwndReduced);
+            tracing::debug!(
+                psn = una,
+                retries_left = self.req.retry_left,
+                "ACK timeout: retransmitting from the first unacknowledged PSN"
+            );
+        } else {
+            // The adaptive RTO: resend from the first unacknowledged PSN, paced by the
+            // (cut) congestion window; no retry spent.
+            env.count(Stat::EarlyRetransmit);
+            if self.req.pacing.on_rto(now) {
+                env.count(Stat::CwndReduced);
+            }
+            tracing::trace!(
+                psn = una,
+                "retransmission timeout: resending from the first unacknowledged PSN"
+            );
+        }
         for e in self.req.sq.iter_mut() {
             e.rerequested = None;
         }
+        self.req.hold_until = None;
+        self.req.probe = !stalled;
         self.rewind_to(una);
     }
 }

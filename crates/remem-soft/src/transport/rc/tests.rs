@@ -483,3 +483,53 @@ fn refusals_raise_their_affiliated_events() {
     t.handle_packet(Instant::now(), &p, &mut env);
     assert_eq!(env.events.len(), 1);
 }
+
+#[test]
+fn the_responder_naks_a_sequence_gap_once_and_answers_duplicates() {
+    let (mut env, mut t, va) = setup(4);
+    let now = Instant::now();
+    let data = [7u8; 8];
+    let write = |psn| {
+        let mut p = write_pkt(Pos::Only, psn, &data, 8, va);
+        p.ack_req = true;
+        p
+    };
+    // EPSN is lost: ten packets after it, one sequence NAK naming it (IBTA: one NAK per
+    // gap, not one per out-of-order packet).
+    for i in 1..=10 {
+        t.handle_packet(now, &write(add(EPSN, i)), &mut env);
+    }
+    let naks: Vec<_> = transmit(&mut t, &mut env, 100)
+        .iter()
+        .filter_map(nak)
+        .collect();
+    assert_eq!(naks, [(EPSN, Syndrome::NakPsnSeqErr)]);
+    assert_eq!(env.stat("out_of_seq_request"), 10);
+    // The requester goes back: EPSN and the next are executed and acknowledged.
+    t.handle_packet(now, &write(EPSN), &mut env);
+    t.handle_packet(now, &write(add(EPSN, 1)), &mut env);
+    let sent = transmit(&mut t, &mut env, 100);
+    assert_eq!(sent.iter().filter_map(nak).count(), 0, "{sent:?}");
+    assert_eq!(
+        sent.last().map(|p| (p.0, p.2)),
+        Some((Kind::Ack, add(EPSN, 1)))
+    );
+    // A new gap (EPSN + 2 lost again) is a new sequence error: one more NAK.
+    t.handle_packet(now, &write(add(EPSN, 3)), &mut env);
+    t.handle_packet(now, &write(add(EPSN, 4)), &mut env);
+    let naks: Vec<_> = transmit(&mut t, &mut env, 100)
+        .iter()
+        .filter_map(nak)
+        .collect();
+    assert_eq!(naks, [(add(EPSN, 2), Syndrome::NakPsnSeqErr)]);
+    // A duplicate asking for an ACK is acknowledged with the last PSN executed (IBTA
+    // 9.7.5.1.2), not executed again.
+    t.handle_packet(now, &write(EPSN), &mut env);
+    let sent = transmit(&mut t, &mut env, 100);
+    assert_eq!(
+        sent.iter().map(|p| (p.0, p.2, p.3)).collect::<Vec<_>>(),
+        [(Kind::Ack, add(EPSN, 1), Some(ACK_UNLIMITED))]
+    );
+    assert_eq!(env.stat("duplicate_request"), 1);
+    assert_eq!(t.state(), QpState::Rts);
+}
