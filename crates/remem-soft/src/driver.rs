@@ -25,14 +25,23 @@
 //! `COPY_MAX` bytes (an iovec costs more than the copy; `REMEM_SOFT_COPY_MAX` sets it, and
 //! 4096 or more copies every payload as before), UC and UD payloads (they complete
 //! when handed to the driver, with no acknowledgement to wait for, so the application may
-//! reuse the buffer at once), and every packet while packets are captured (pcap) or faults
-//! injected (both need each packet's bytes).
+//! reuse the buffer at once), and every packet while packets are captured (pcap records
+//! each packet whole; a debugging aid).
+//!
+//! Between the driver and the socket sit two optional layers, outermost last: capture
+//! ([`Nic::with_pcap`], which records every packet built, as sent) and fault injection
+//! ([`Nic::with_faults`], which decides each packet's fate as it joins its batch, from its
+//! headers: a lost packet is left out of the batch — the others still leave together,
+//! byte for byte as without the injector — and only the rare corrupted, duplicated,
+//! reordered or delayed ones are copied whole and sent alone, after the batch before them).
+//! The [`Engine`] sees neither.
 //!
 //! A [`Nic`] is driven either by a [`Progress`] thread or, in inline mode, by the caller
 //! ([`Inline`]).
 
 use crate::engine::{Engine, TxBuild};
-use crate::faults::{FaultConfig, FaultInjector};
+use crate::faults::{Fate, FaultConfig, FaultInjector};
+use crate::pcap::PcapWriter;
 use crate::sys::{self, MAX_IOV, Piece};
 use crate::transport::glue::{CopySink, PayloadSink};
 use crate::transport::grant::{HeldRanges, Mark};
@@ -317,6 +326,24 @@ impl Stage {
         s.end + tail
     }
 
+    /// Copies the sealed staged packet (own bytes in `buf`, payload references in `mem`)
+    /// into `out`, whole.
+    fn gather(&self, buf: &[u8], scratch: &mut [u8], mem: &HeldRanges, out: &mut Vec<u8>) {
+        out.clear();
+        let mut refs = self.mark.ranges()..;
+        for piece in &self.pieces {
+            match *piece {
+                Piece::Own { start, len } => out.extend_from_slice(&buf[start..start + len]),
+                Piece::Mem => {
+                    if let Some(i) = refs.next() {
+                        // (Its ICRC was just computed over the same read: it cannot fail.)
+                        let _ = mem.read_chunks(i, scratch, |c| out.extend_from_slice(c));
+                    }
+                }
+            }
+        }
+    }
+
     /// Computes the ICRC of the finished staged packet of `total` bytes (own bytes in
     /// `buf`) over its pieces and writes it into its last four bytes.
     fn seal(
@@ -378,8 +405,13 @@ pub struct Nic {
     v6: bool,
     /// GSO failed on this socket (a device without the offloads): one packet per send.
     gso_failed: bool,
-    /// Faults injected into what this NIC sends (testing).
+    /// Faults injected into what this NIC sends (testing): the layer between the driver
+    /// and the socket that decides each packet's fate.
     faults: Option<Box<FaultInjector>>,
+    /// Where the packets this NIC sends are recorded (debugging), before their fate.
+    pcap: Option<Arc<PcapWriter>>,
+    /// A packet's bytes gathered from its pieces (for the capture or a faulted packet).
+    gathered: Vec<u8>,
 }
 
 impl Nic {
@@ -418,6 +450,7 @@ impl Nic {
                         .ok()
                         .and_then(|v| v.trim().parse().ok())
                         .unwrap_or(COPY_MAX),
+                    scatter: true,
                     ..Stage::default()
                 },
                 scratch: vec![0; remem_verbs::mem::READ_CHUNK],
@@ -425,13 +458,25 @@ impl Nic {
             v6: local.is_ipv6(),
             gso_failed: false,
             faults: None,
+            pcap: None,
+            gathered: Vec::with_capacity(MAX_PACKET),
         })
     }
 
-    /// Injects `cfg`'s faults into every packet this NIC sends (one packet per send then:
-    /// no GSO batches).
+    /// Injects `cfg`'s faults into every packet this NIC sends. Each packet's fate is
+    /// decided as it joins its batch: a lost one is left out (the rest of its GSO batch goes
+    /// as it would have); only a corrupted, duplicated, reordered or delayed one is copied
+    /// and sent alone.
     pub fn with_faults(mut self, cfg: FaultConfig) -> Self {
         self.faults = cfg.is_active().then(|| Box::new(FaultInjector::new(cfg)));
+        self
+    }
+
+    /// Records every packet this NIC sends in `pcap` (before fault injection: a lost packet
+    /// is recorded too). Payloads are then copied into their packets (no scatter/gather).
+    pub fn with_pcap(mut self, pcap: Option<Arc<PcapWriter>>) -> Self {
+        self.tx.stage.scatter = pcap.is_none();
+        self.pcap = pcap;
         self
     }
 
@@ -513,13 +558,11 @@ impl Nic {
     }
 
     fn transmit(&mut self, engine: &Engine, now: Instant) -> usize {
-        let max_segments = if self.faults.is_some() || self.gso_failed {
+        let max_segments = if self.gso_failed {
             1
         } else {
             self.state.max_gso_segments().clamp(1, 64)
         };
-        // Packets are materialized (payloads copied) while something needs their bytes.
-        self.tx.stage.scatter = self.faults.is_none() && !engine.captures();
         let mut sent = 0;
         while sent < TX_BUDGET {
             let b = &self.tx;
@@ -545,8 +588,26 @@ impl Nic {
             };
             sent += 1;
             let staged = b.stage.finish(&mut b.buf[own..own + MAX_PACKET], len);
+            // Its fate, from its headers (a UD packet, the only kind whose fate looks past
+            // them, is always copied whole).
+            let fate = match self.faults.as_mut() {
+                None => Fate::Go,
+                Some(f) => {
+                    let head = b.stage.scattered.map_or(staged, |s| s.hdr);
+                    f.fate(&b.buf[own..own + head], len)
+                }
+            };
+            if fate == Fate::Lost && self.pcap.is_none() {
+                // Left out of the batch: never sealed, never sent.
+                b.stage.pieces.clear();
+                b.mem.truncate(b.stage.mark);
+                engine.stats.sent_pkts.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let faulted = matches!(fate, Fate::Faulted(_));
             if b.count > 0
-                && (dst != b.dst
+                && (faulted
+                    || dst != b.dst
                     || len > b.segment
                     || b.pieces.len() + b.stage.pieces.len() > MAX_IOV)
             {
@@ -576,6 +637,29 @@ impl Nic {
             {
                 b.mem.truncate(b.stage.mark);
                 continue;
+            }
+            if fate != Fate::Go || self.pcap.is_some() {
+                b.stage
+                    .gather(&b.buf[at..at + staged], &mut b.scratch, &b.mem, &mut self.gathered);
+                if let Some(p) = &self.pcap {
+                    p.record(engine.local(), dst, &self.gathered, b.count as u16);
+                }
+            }
+            match fate {
+                Fate::Go => {}
+                Fate::Lost | Fate::Faulted(_) => {
+                    // Not part of the batch (a faulted packet, alone and copied, goes now:
+                    // the batch before it has been sent).
+                    b.stage.pieces.clear();
+                    b.mem.truncate(b.stage.mark);
+                    engine.stats.sent_pkts.fetch_add(1, Ordering::Relaxed);
+                    if let (Fate::Faulted(x), Some(f)) = (fate, self.faults.as_mut()) {
+                        let mut out = Vec::new();
+                        f.apply(now, dst, x, self.gathered.clone(), &mut out);
+                        self.send_faulted(engine, out);
+                    }
+                    continue;
+                }
             }
             for piece in b.stage.pieces.drain(..) {
                 let piece = match piece {
@@ -609,6 +693,13 @@ impl Nic {
         if self.tx.count > 0 {
             self.flush(engine);
         }
+        if let Some(f) = &self.faults {
+            let (c, s) = (f.counts, &engine.stats);
+            s.fault_dropped.store(c.dropped, Ordering::Relaxed);
+            s.fault_corrupted.store(c.corrupted, Ordering::Relaxed);
+            s.fault_duplicated.store(c.duplicated, Ordering::Relaxed);
+            s.fault_reordered.store(c.reordered, Ordering::Relaxed);
+        }
         sent
     }
 
@@ -616,21 +707,6 @@ impl Nic {
     fn flush(&mut self, engine: &Engine) {
         let b = &mut self.tx;
         let end = b.own;
-        if let Some(f) = self.faults.as_mut() {
-            // One packet (no batches with faults), copied whole: its fate first.
-            let mut out = Vec::new();
-            f.on_send(Instant::now(), b.dst, &b.buf[..end], &mut out);
-            engine.transmitted(b.dst, &b.buf[..end], 0);
-            let c = f.counts;
-            let s = &engine.stats;
-            s.fault_dropped.store(c.dropped, Ordering::Relaxed);
-            s.fault_corrupted.store(c.corrupted, Ordering::Relaxed);
-            s.fault_duplicated.store(c.duplicated, Ordering::Relaxed);
-            s.fault_reordered.store(c.reordered, Ordering::Relaxed);
-            b.clear();
-            self.send_faulted(engine, out);
-            return;
-        }
         let segment = (b.count > 1).then_some(b.segment as u16);
         let send = |b: &TxBatch| {
             sys::send_gso(
@@ -673,17 +749,10 @@ impl Nic {
         // A packet the socket refused is lost on the wire as far as the transport knows:
         // RC retransmits it, UD is unreliable anyway.
         let b = &mut self.tx;
-        if engine.captures() {
-            // Captured packets were copied whole: the batch's bytes are the packets.
-            for (i, pkt) in b.buf[..end].chunks(b.segment.max(1)).enumerate() {
-                engine.transmitted(b.dst, pkt, i as u16);
-            }
-        } else {
-            engine
-                .stats
-                .sent_pkts
-                .fetch_add(b.count as u64, Ordering::Relaxed);
-        }
+        engine
+            .stats
+            .sent_pkts
+            .fetch_add(b.count as u64, Ordering::Relaxed);
         engine
             .stats
             .tx_zero_copy_pkts

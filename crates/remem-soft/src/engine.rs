@@ -229,7 +229,8 @@ impl Engine {
         Self::with_pcap(local, peer_port, None)
     }
 
-    /// An engine capturing every packet to `pcap`.
+    /// An engine capturing every packet it receives to `pcap` (the driver's `Nic` records
+    /// the packets it sends: `Nic::with_pcap`).
     pub fn with_pcap(
         local: SocketAddr,
         peer_port: u16,
@@ -654,13 +655,13 @@ impl Engine {
         (ip, ports)
     }
 
-    /// Whether packets are captured ([`Engine::transmitted`] must then see each packet's
-    /// bytes).
+    /// Whether packets are captured.
     pub fn captures(&self) -> bool {
         self.pcap.is_some()
     }
 
-    /// Counts (and captures) a packet handed to the socket with IPv4 identification `ip_id`.
+    /// Counts (and captures) a packet handed to the socket with IPv4 identification `ip_id`
+    /// (for drivers other than `Nic`, which counts and captures its packets itself).
     pub fn transmitted(&self, dst: SocketAddr, pkt: &[u8], ip_id: u16) {
         self.capture(self.local, dst, pkt, ip_id);
         self.stats.sent_pkts.fetch_add(1, Ordering::Relaxed);

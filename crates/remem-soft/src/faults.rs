@@ -122,6 +122,28 @@ pub struct FaultCounts {
     pub reordered: u64,
 }
 
+/// The fate of one packet ([`FaultInjector::fate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// It goes as it is, now (in its batch).
+    Go,
+    /// It is lost.
+    Lost,
+    /// Something else happens to it: [`FaultInjector::apply`] needs its bytes.
+    Faulted(Faults),
+}
+
+/// What happens to a packet that is neither lost nor sent as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Faults {
+    /// This bit (of the packet, from its first byte's least significant) is flipped.
+    pub corrupt_bit: Option<usize>,
+    /// Sent twice.
+    pub duplicate: bool,
+    /// Held back until the next packet goes (or 1 ms passes).
+    pub reorder: bool,
+}
+
 /// The fates of one device's outgoing packets.
 #[derive(Debug)]
 pub struct FaultInjector {
@@ -168,45 +190,65 @@ impl FaultInjector {
         }
     }
 
-    /// Decides the fate of `pkt`, leaving for `dst` at `now`: what must go now is pushed
-    /// to `out` (nothing, the packet, the packet twice, or a held one after it).
-    pub fn on_send(
-        &mut self,
-        now: Instant,
-        dst: SocketAddr,
-        pkt: &[u8],
-        out: &mut Vec<(SocketAddr, Vec<u8>)>,
-    ) {
-        if let Some(bit) = cm_bit(pkt).filter(|b| self.cfg.drop_cm & b & !self.cm_lost != 0) {
+    /// Decides the fate of a packet of `len` bytes whose first bytes (its headers, at
+    /// least its BTH; the whole packet for a UD one) are `head`, without its bytes: most
+    /// packets [`Fate::Go`] as they are (they stay in their GSO batch, their payload where
+    /// it lies) or are [`Fate::Lost`] (left out of it); only the rare others need the
+    /// packet's bytes, given to [`FaultInjector::apply`]. The same seed and packets give
+    /// the same fates as [`FaultInjector::on_send`].
+    pub fn fate(&mut self, head: &[u8], len: usize) -> Fate {
+        if let Some(bit) = cm_bit(head).filter(|b| self.cfg.drop_cm & b & !self.cm_lost != 0) {
             self.cm_lost |= bit;
             self.counts.dropped += 1;
-            return;
+            return Fate::Lost;
         }
         if self.rng.random_bool(self.cfg.loss) {
             self.counts.dropped += 1;
-            return;
+            return Fate::Lost;
         }
-        let mut bytes = pkt.to_vec();
-        if !bytes.is_empty() && self.rng.random_bool(self.cfg.corrupt) {
-            let bit = self.rng.random_range(0..bytes.len() * 8);
-            bytes[bit / 8] ^= 1 << (bit % 8);
+        let corrupt_bit = (len > 0 && self.rng.random_bool(self.cfg.corrupt)).then(|| {
             self.counts.corrupted += 1;
-        }
-        let copies = if self.rng.random_bool(self.cfg.duplicate) {
-            self.counts.duplicated += 1;
-            2
-        } else {
-            1
+            self.rng.random_range(0..len * 8)
+        });
+        let duplicate = self.rng.random_bool(self.cfg.duplicate);
+        self.counts.duplicated += u64::from(duplicate);
+        let reorder = self.held.is_none() && self.rng.random_bool(self.cfg.reorder);
+        self.counts.reordered += u64::from(reorder);
+        let faults = Faults {
+            corrupt_bit,
+            duplicate,
+            reorder,
         };
-        if self.held.is_none() && self.rng.random_bool(self.cfg.reorder) {
-            self.counts.reordered += 1;
+        if faults == Faults::default() && self.held.is_none() && self.cfg.delay.is_zero() {
+            Fate::Go
+        } else {
+            Fate::Faulted(faults)
+        }
+    }
+
+    /// Applies `faults` (a [`Fate::Faulted`]) to the packet `bytes`, leaving for `dst` at
+    /// `now`: what must go now is pushed to `out` (nothing, the packet, the packet twice,
+    /// or a held one after it).
+    pub fn apply(
+        &mut self,
+        now: Instant,
+        dst: SocketAddr,
+        faults: Faults,
+        mut bytes: Vec<u8>,
+        out: &mut Vec<(SocketAddr, Vec<u8>)>,
+    ) {
+        if let Some(bit) = faults.corrupt_bit.filter(|b| b / 8 < bytes.len()) {
+            bytes[bit / 8] ^= 1 << (bit % 8);
+        }
+        if faults.reorder {
             self.held = Some((now + REORDER_WAIT, dst, bytes));
             return;
         }
         let mut ready = Vec::with_capacity(3);
-        for _ in 0..copies {
+        if faults.duplicate {
             ready.push((dst, bytes.clone()));
         }
+        ready.push((dst, bytes));
         if let Some((_, d, b)) = self.held.take() {
             ready.push((d, b)); // overtaken
         }
@@ -216,6 +258,22 @@ impl FaultInjector {
             let due = now + self.cfg.delay;
             self.delayed
                 .extend(ready.into_iter().map(|(d, b)| (due, d, b)));
+        }
+    }
+
+    /// Decides the fate of `pkt`, leaving for `dst` at `now`, and applies it: what must go
+    /// now is pushed to `out` ([`FaultInjector::fate`], then [`FaultInjector::apply`]).
+    pub fn on_send(
+        &mut self,
+        now: Instant,
+        dst: SocketAddr,
+        pkt: &[u8],
+        out: &mut Vec<(SocketAddr, Vec<u8>)>,
+    ) {
+        match self.fate(pkt, pkt.len()) {
+            Fate::Lost => {}
+            Fate::Go => out.push((dst, pkt.to_vec())),
+            Fate::Faulted(f) => self.apply(now, dst, f, pkt.to_vec(), out),
         }
     }
 

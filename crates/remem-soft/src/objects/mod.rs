@@ -117,11 +117,13 @@ impl DeviceShared {
             info.udp_addr = Some(local);
         }
         let faults = opts.faults.or_else(crate::faults::FaultConfig::from_env);
-        let nic = Nic::new(socket)?.with_faults(faults.unwrap_or_default());
         let pcap = match &opts.pcap {
             Some(path) => Some(crate::pcap::PcapWriter::open(path)?),
             None => None,
         };
+        let nic = Nic::new(socket)?
+            .with_pcap(pcap.clone())
+            .with_faults(faults.unwrap_or_default());
         let peer_port = opts.peer_port.unwrap_or(local.port());
         let engine = Arc::new(Engine::with_pcap(local, peer_port, pcap));
         engine.cm.set_config(
