@@ -639,8 +639,12 @@ impl Nic {
                 continue;
             }
             if fate != Fate::Go || self.pcap.is_some() {
-                b.stage
-                    .gather(&b.buf[at..at + staged], &mut b.scratch, &b.mem, &mut self.gathered);
+                b.stage.gather(
+                    &b.buf[at..at + staged],
+                    &mut b.scratch,
+                    &b.mem,
+                    &mut self.gathered,
+                );
                 if let Some(p) = &self.pcap {
                     p.record(engine.local(), dst, &self.gathered, b.count as u16);
                 }
