@@ -472,8 +472,9 @@ impl Nic {
         self
     }
 
-    /// Records every packet this NIC sends in `pcap` (before fault injection: a lost packet
-    /// is recorded too). Payloads are then copied into their packets (no scatter/gather).
+    /// Records every packet this NIC sends (before fault injection: a lost packet is
+    /// recorded too) and receives in `pcap`. Payloads are then copied into their packets
+    /// (no scatter/gather).
     pub fn with_pcap(mut self, pcap: Option<Arc<PcapWriter>>) -> Self {
         self.tx.stage.scatter = pcap.is_none();
         self.pcap = pcap;
@@ -765,7 +766,7 @@ impl Nic {
     }
 
     fn receive(&mut self, engine: &Engine) -> usize {
-        let local_ip = engine.local().ip();
+        let (local_ip, local_port) = (engine.local().ip(), engine.local().port());
         let mut moved = 0;
         for _ in 0..RX_CALLS {
             let mut chunks = self.rx.chunks_mut(RX_BUF);
@@ -789,6 +790,9 @@ impl Nic {
                 let to = meta.dst_ip.unwrap_or(local_ip);
                 let stride = meta.stride.max(1);
                 for (i, pkt) in buf[..meta.len].chunks(stride).enumerate() {
+                    if let Some(p) = &self.pcap {
+                        p.record_received(meta.addr, (to, local_port).into(), pkt, i as u16);
+                    }
                     let _ = engine.on_datagram(now, meta.addr, to, pkt, i as u16);
                 }
             }

@@ -183,7 +183,6 @@ pub struct Engine {
     qps: RwLock<QpnMap<Weak<SoftQp>>>,
     ready: Mutex<Ready>,
     timed: Mutex<QpnSet>,
-    pcap: Option<Arc<crate::pcap::PcapWriter>>,
     /// The next PSN of the GSI (QP 1), which sends the connection manager's MADs.
     gsi_psn: AtomicU64,
     /// The connection manager, behind QP 1.
@@ -225,17 +224,9 @@ fn ip_fields(src: IpAddr, dst: IpAddr, id: u16) -> IpFields {
 
 impl Engine {
     /// An engine for a device bound to `local`, sending to peers on `peer_port`.
+    /// (It does no IO: packet capture and fault injection are layers of the driver's
+    /// `Nic`, around its socket: `Nic::with_pcap`, `Nic::with_faults`.)
     pub fn new(local: SocketAddr, peer_port: u16) -> Self {
-        Self::with_pcap(local, peer_port, None)
-    }
-
-    /// An engine capturing every packet it receives to `pcap` (the driver's `Nic` records
-    /// the packets it sends: `Nic::with_pcap`).
-    pub fn with_pcap(
-        local: SocketAddr,
-        peer_port: u16,
-        pcap: Option<Arc<crate::pcap::PcapWriter>>,
-    ) -> Self {
         Engine {
             local,
             peer_port,
@@ -244,7 +235,6 @@ impl Engine {
             qps: RwLock::new(QpnMap::default()),
             ready: Mutex::new(Ready::default()),
             timed: Mutex::new(QpnSet::default()),
-            pcap,
             gsi_psn: AtomicU64::new(0),
             cm: crate::cm::CmDevice::new(crate::cm::CmConfig::default()),
             stats: EngineStats::default(),
@@ -405,9 +395,7 @@ impl Engine {
             SocketAddr::new(from.ip().to_canonical(), from.port()),
             to.to_canonical(),
         );
-        let to_port = SocketAddr::new(to, self.local.port());
         let Ok(pkt) = Packet::parse(payload) else {
-            self.capture(from, to_port, payload, 0);
             count(&self.stats.drop_malformed);
             return Err(DropCause::Malformed);
         };
@@ -423,7 +411,6 @@ impl Engine {
             ip @ IpFields::V4 { .. } => icrc::fit_ipv4_id(&ip, ports, payload, gro_index),
             ip => icrc::verify(&ip, ports, payload).then_some(0),
         };
-        self.capture(from, to_port, payload, fitted.unwrap_or(0));
         match fitted {
             None => {
                 count(&self.stats.drop_bad_icrc);
@@ -532,12 +519,6 @@ impl Engine {
             if let Ok(n) = h.build(&mad[..], buf) {
                 return Some((self.peer_addr(ip), n));
             }
-        }
-    }
-
-    fn capture(&self, src: SocketAddr, dst: SocketAddr, payload: &[u8], ip_id: u16) {
-        if let Some(p) = &self.pcap {
-            p.record(src, dst, payload, ip_id);
         }
     }
 
@@ -655,15 +636,9 @@ impl Engine {
         (ip, ports)
     }
 
-    /// Whether packets are captured.
-    pub fn captures(&self) -> bool {
-        self.pcap.is_some()
-    }
-
-    /// Counts (and captures) a packet handed to the socket with IPv4 identification `ip_id`
-    /// (for drivers other than `Nic`, which counts and captures its packets itself).
-    pub fn transmitted(&self, dst: SocketAddr, pkt: &[u8], ip_id: u16) {
-        self.capture(self.local, dst, pkt, ip_id);
+    /// Counts a packet handed to the socket (for drivers other than `Nic`, which counts its
+    /// packets itself).
+    pub fn transmitted(&self, _dst: SocketAddr, _pkt: &[u8], _ip_id: u16) {
         self.stats.sent_pkts.fetch_add(1, Ordering::Relaxed);
     }
 

@@ -61,6 +61,37 @@ impl PcapWriter {
         Ok(w)
     }
 
+    /// Records a received UDP datagram from `src` to `dst` that was packet `gro_index` of
+    /// its GRO batch, with the IPv4 identification its ICRC was computed for (fitted as the
+    /// engine fits it; 0 if none fits). IPv4-mapped addresses are recorded as IPv4.
+    pub fn record_received(
+        &self,
+        src: SocketAddr,
+        dst: SocketAddr,
+        udp_payload: &[u8],
+        gro_index: u16,
+    ) {
+        let canonical = |a: SocketAddr| SocketAddr::new(a.ip().to_canonical(), a.port());
+        let (src, dst) = (canonical(src), canonical(dst));
+        let ip_id = match (src.ip(), dst.ip()) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                let ip = remem_wire::icrc::IpFields::V4 {
+                    src: s,
+                    dst: d,
+                    id: 0,
+                    flags_frag: remem_wire::icrc::IPV4_DF,
+                };
+                let ports = remem_wire::icrc::UdpPorts {
+                    src: src.port(),
+                    dst: dst.port(),
+                };
+                remem_wire::icrc::fit_ipv4_id(&ip, ports, udp_payload, gro_index).unwrap_or(0)
+            }
+            _ => 0,
+        };
+        self.record(src, dst, udp_payload, ip_id);
+    }
+
     /// Records one UDP datagram from `src` to `dst`, in an IPv4 packet with identification
     /// `ip_id` (the one its ICRC was computed for).
     pub fn record(&self, src: SocketAddr, dst: SocketAddr, udp_payload: &[u8], ip_id: u16) {

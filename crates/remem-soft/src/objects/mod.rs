@@ -122,10 +122,10 @@ impl DeviceShared {
             None => None,
         };
         let nic = Nic::new(socket)?
-            .with_pcap(pcap.clone())
+            .with_pcap(pcap)
             .with_faults(faults.unwrap_or_default());
         let peer_port = opts.peer_port.unwrap_or(local.port());
-        let engine = Arc::new(Engine::with_pcap(local, peer_port, pcap));
+        let engine = Arc::new(Engine::new(local, peer_port));
         engine.cm.set_config(
             opts.cm
                 .clone()
