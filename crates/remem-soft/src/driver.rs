@@ -25,8 +25,7 @@
 //! `COPY_MAX` bytes (an iovec costs more than the copy; `REMEM_SOFT_COPY_MAX` sets it, and
 //! 4096 or more copies every payload as before), UC and UD payloads (they complete
 //! when handed to the driver, with no acknowledgement to wait for, so the application may
-//! reuse the buffer at once), and every packet while packets are captured (pcap records
-//! each packet whole; a debugging aid).
+//! reuse the buffer at once). Capture and fault injection do not force the copy (below).
 //!
 //! Between the driver and the socket sit two optional layers, outermost last: capture
 //! ([`Nic::with_pcap`], which records every packet built, as sent) and fault injection
@@ -136,8 +135,6 @@ struct Stage {
     pieces: Vec<Piece>,
     mark: Mark,
     scattered: Option<Scattered>,
-    /// Reference payloads rather than copy them (off while capturing or injecting faults).
-    scatter: bool,
     /// Payloads of at most this many bytes are copied all the same.
     copy_max: usize,
 }
@@ -182,7 +179,7 @@ impl TxBuild for Stager<'_> {
         };
         // UC and UD complete a send when its packet is handed over (nothing acknowledges
         // it): their payloads are copied, so the application may reuse the memory at once.
-        if !self.stage.scatter || n <= self.stage.copy_max || tx.uc || tx.deth.is_some() {
+        if n <= self.stage.copy_max || tx.uc || tx.deth.is_some() {
             return fill(&mut CopySink(place));
         }
         self.stage.pieces.push(Piece::Own { start: 0, len: hdr });
@@ -450,7 +447,6 @@ impl Nic {
                         .ok()
                         .and_then(|v| v.trim().parse().ok())
                         .unwrap_or(COPY_MAX),
-                    scatter: true,
                     ..Stage::default()
                 },
                 scratch: vec![0; remem_verbs::mem::READ_CHUNK],
@@ -473,10 +469,9 @@ impl Nic {
     }
 
     /// Records every packet this NIC sends (before fault injection: a lost packet is
-    /// recorded too) and receives in `pcap`. Payloads are then copied into their packets
-    /// (no scatter/gather).
+    /// recorded too) and receives in `pcap`. A sent packet is gathered from its pieces for
+    /// the record; the socket still gets its payload from registered memory.
     pub fn with_pcap(mut self, pcap: Option<Arc<PcapWriter>>) -> Self {
-        self.tx.stage.scatter = pcap.is_none();
         self.pcap = pcap;
         self
     }
