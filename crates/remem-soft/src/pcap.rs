@@ -3,8 +3,10 @@
 //!
 //! Enabled with the environment variable `REMEM_PCAP=path.pcap` (or programmatically).
 //! Devices of one process that name the same path share one file. IPv4 headers carry DF
-//! and identification 0 — what remem's sockets put on the wire, so the ICRC of remem's own
-//! packets verifies against the capture; UDP checksums are left 0, as rxe sends them.
+//! and the identification the packet's ICRC was computed for (a sent packet's index in its
+//! GSO batch, which the kernel gives it; a received one's fitted to its ICRC), so every
+//! ICRC verifies against the capture; UDP checksums are left 0, as rxe sends them. The
+//! driver's `Nic` is the one that records (`Nic::with_pcap`, a layer around its socket).
 
 use std::collections::HashMap;
 use std::fs::File;
