@@ -101,8 +101,8 @@ fn run(dev: Ipv4Addr, peer_ip: Ipv4Addr, faults: Option<FaultConfig>, want: usiz
 }
 
 /// Every packet parses and its ICRC verifies for an IPv4 identification below 64 (its
-/// index in its GSO batch).
-fn check_icrcs(r: &Run, dev: Ipv4Addr, peer: Ipv4Addr) {
+/// index in its GSO batch): returns them.
+fn check_icrcs(r: &Run, dev: Ipv4Addr, peer: Ipv4Addr) -> Vec<u16> {
     let ip = IpFields::V4 {
         src: dev,
         dst: peer,
@@ -113,6 +113,7 @@ fn check_icrcs(r: &Run, dev: Ipv4Addr, peer: Ipv4Addr) {
         src: r.port,
         dst: r.port,
     };
+    let mut ids = Vec::new();
     for (i, p) in r.pkts.iter().enumerate() {
         Packet::parse(p).unwrap_or_else(|e| panic!("packet {i}: {e}"));
         let id = icrc::recover_ipv4_id(&ip, ports, p);
@@ -120,14 +121,16 @@ fn check_icrcs(r: &Run, dev: Ipv4Addr, peer: Ipv4Addr) {
             id.is_some_and(|id| id < 64),
             "packet {i}: ICRC verifies for no GSO index ({id:?})"
         );
+        ids.extend(id);
     }
+    ids
 }
 
 fn faulted_run_keeps_batches(spec: &str, dev: u8) {
     let dev_ip = Ipv4Addr::new(127, 0, 61, dev);
     let peer_ip = Ipv4Addr::new(127, 0, 61, dev + 1);
     let reference = run(dev_ip, peer_ip, None, PACKETS);
-    check_icrcs(&reference, dev_ip, peer_ip);
+    let _ = check_icrcs(&reference, dev_ip, peer_ip);
     // The same seed decides the same fates for the same packets.
     let cfg = FaultConfig::parse(spec).unwrap();
     let mut f = FaultInjector::new(cfg);
@@ -148,7 +151,20 @@ fn faulted_run_keeps_batches(spec: &str, dev: u8) {
         );
     }
     let faulted = run(dev_ip, peer_ip, Some(cfg), go.len());
-    check_icrcs(&faulted, dev_ip, peer_ip);
+    let ids = check_icrcs(&faulted, dev_ip, peer_ip);
+    // Each batch numbers its packets 0, 1, 2, … (a lost packet leaves no hole: it was never
+    // part of the batch), and each `sendmsg` starts a batch at 0.
+    for (i, w) in ids.windows(2).enumerate() {
+        assert!(
+            w[1] == 0 || w[1] == w[0] + 1,
+            "{spec}: packet {} has index {} after {}",
+            i + 1,
+            w[1],
+            w[0]
+        );
+    }
+    let batches = ids.iter().filter(|id| **id == 0).count() as u64;
+    assert_eq!(batches, faulted.datagrams, "{spec}: batches");
     assert_eq!(faulted.dropped, (PACKETS - go.len()) as u64);
     for (i, (want, got)) in go.iter().zip(&faulted.pkts).enumerate() {
         assert_eq!(
