@@ -10,7 +10,8 @@
 //! in order, with its data and immediate.
 
 use super::{
-    Env, Grant, KeyedRegion, Kind, RcConfig, RcTransport, RemoteKeyError, RxPacket, Stat, TxPacket,
+    Env, Grant, KeyedRegion, Kind, Psn, RcConfig, RcTransport, RemoteKeyError, RxPacket, Stat,
+    TxPacket,
 };
 use crate::wqe::{RecvWqe, SendData, SendWqe};
 use rand::rngs::StdRng;
@@ -353,8 +354,8 @@ fn cfg(qpn: u32, dest: u32, mtu: u32, sq_psn: u32, rq_psn: u32) -> RcConfig {
         qpn,
         dest_qpn: dest,
         mtu,
-        sq_psn,
-        rq_psn,
+        sq_psn: Psn::new(sq_psn),
+        rq_psn: Psn::new(rq_psn),
         timeout: 8, // ~1 ms
         retry_cnt: 7,
         rnr_retry: 7,
