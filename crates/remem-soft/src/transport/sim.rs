@@ -1556,63 +1556,76 @@ fn stream_costs() {
     }
 }
 
-/// A stream whose PSNs wrap (from 0xff_ff00, 1024 packets), with its losses placed at the
-/// wrap: the requester's go-back-N, early retransmission and READ re-requests all run with
-/// the first unacknowledged PSN on one side of 2^24 and the highest sent on the other.
-/// Every byte arrives, every message completes once and in order, and the wrap changes
-/// nothing: the same stream and losses moved half the circle away (no wrap) sends exactly
-/// the same packets, counts the same and takes the same virtual time.
+/// A stream whose PSNs wrap (1024 packets, 256 of them before the wrap), with its losses
+/// placed at the wrap: the requester's go-back-N, early retransmission and READ re-requests
+/// all run with the first unacknowledged PSN on one side of 2^24 and the highest sent on
+/// the other — once with the messages (16 PSNs each) meeting the wrap at a boundary, once
+/// with one straddling it. Every byte arrives, every message completes once and in order,
+/// and the wrap changes nothing: the same stream and losses moved half the circle away
+/// sends exactly the same packets, counts the same and takes the same virtual time.
 #[test]
 fn a_stream_whose_psns_wrap_recovers_losses_at_the_wrap() {
-    // WRITE: node 0 sends the data. The last PSN before the wrap lost twice (its first
-    // resend too: only a timeout recovers it), the first after the wrap once, two packets
-    // further on once; and node 1's ACKs right after the wrap.
-    const WRITE_LOSSES: &[(usize, u32, u32)] = &[
-        (0, 0xff_ffff, 2),
-        (0, 0x00_0000, 1),
-        (0, 0x00_0002, 1),
-        (0, 0x00_0100, 1),
-        (1, 0x00_000f, 1),
-        (1, 0x00_001f, 1),
+    // Losses as (sender, PSN relative to the wrap, packets, whether the PSN moves with the
+    // messages rather than stays at the wrap). WRITE: node 0 sends the data. The last PSN
+    // before the wrap lost twice (its first resend too: only a timeout recovers it), the
+    // first after the wrap once, two packets further on once, and later one more; and
+    // node 1's ACKs of the two messages after the one that ends at or across the wrap.
+    const WRITE_LOSSES: &[(usize, i32, u32, bool)] = &[
+        (0, -1, 2, false),
+        (0, 0, 1, false),
+        (0, 2, 1, false),
+        (0, 256, 1, false),
+        (1, 15, 1, true),
+        (1, 31, 1, true),
     ];
-    // READ: node 0 sends the requests (each 16 PSNs: READ 16 starts at PSN 0), node 1 the
-    // responses. The responses around the wrap lost (the last before it twice), the
-    // request that starts at the wrap and the next one.
-    const READ_LOSSES: &[(usize, u32, u32)] = &[
-        (1, 0xff_fffe, 1),
-        (1, 0xff_ffff, 2),
-        (1, 0x00_0001, 1),
-        (0, 0x00_0000, 1),
-        (0, 0x00_0010, 1),
-        (1, 0x00_0020, 1),
+    // READ: node 0 sends the requests (one per 16 PSNs), node 1 the responses: the
+    // responses around the wrap lost (the last before it twice), and two requests after it.
+    const READ_LOSSES: &[(usize, i32, u32, bool)] = &[
+        (1, -2, 1, false),
+        (1, -1, 2, false),
+        (1, 1, 1, false),
+        (0, 16, 1, true),
+        (0, 32, 1, true),
+        (1, 40, 1, false),
     ];
     for (read, losses) in [(false, WRITE_LOSSES), (true, READ_LOSSES)] {
-        let faults = Faults {
-            drop_psn: losses,
-            ..stream_link(0.0)
-        };
-        let out = stream(read, faults, 7);
-        let away = stream_moved(read, faults, 7, 1 << 23);
-        let lost: u32 = losses.iter().map(|l| l.2).sum();
-        let what = format!(
-            "read {read}: lost {:?}, sent {:?}, requester stats {:?}, {:?}",
-            out.dropped_by, out.sent_by, out.nodes[0].stats, out.elapsed
-        );
-        // Every targeted loss happened (the stream went through the wrap and its
-        // retransmissions too).
-        assert_eq!(out.net_dropped, u64::from(lost), "{what}");
-        let n = &out.nodes[0];
-        assert_eq!(n.stats.get("retry_exceeded_err"), None, "{what}");
-        assert!(n.stats.contains_key("cwnd_reductions"), "{what}");
-        assert_eq!(
-            (out.sent_by, out.dropped_by, out.elapsed),
-            (away.sent_by, away.dropped_by, away.elapsed),
-            "{what}: moved away from the wrap"
-        );
-        assert_eq!(
-            n.stats, away.nodes[0].stats,
-            "{what}: moved away from the wrap"
-        );
-        assert_eq!(out.nodes[1].stats, away.nodes[1].stats, "{what}");
+        // `stream` starts its requester 256 PSNs before the wrap; moved by `m`, its
+        // messages straddle the wrap unless `m` is a multiple of 16.
+        for m in [0u32, 8] {
+            let targeted: Vec<(usize, u32, u32)> = losses
+                .iter()
+                .map(|&(from, k, n, moves)| {
+                    let at = Psn::new(0).add(k as u32);
+                    (from, if moves { at } else { at.sub(m) }.value(), n)
+                })
+                .collect();
+            let faults = Faults {
+                drop_psn: Vec::leak(targeted),
+                ..stream_link(0.0)
+            };
+            let out = stream_moved(read, faults, 7, m);
+            let away = stream_moved(read, faults, 7, m + (1 << 23));
+            let lost: u32 = losses.iter().map(|l| l.2).sum();
+            let what = format!(
+                "read {read} moved {m}: lost {:?}, sent {:?}, requester stats {:?}, {:?}",
+                out.dropped_by, out.sent_by, out.nodes[0].stats, out.elapsed
+            );
+            // Every targeted loss happened (the stream went through the wrap and its
+            // retransmissions too).
+            assert_eq!(out.net_dropped, u64::from(lost), "{what}");
+            let n = &out.nodes[0];
+            assert_eq!(n.stats.get("retry_exceeded_err"), None, "{what}");
+            assert!(n.stats.contains_key("cwnd_reductions"), "{what}");
+            assert_eq!(
+                (out.sent_by, out.dropped_by, out.elapsed),
+                (away.sent_by, away.dropped_by, away.elapsed),
+                "{what}: moved away from the wrap"
+            );
+            assert_eq!(n.stats, away.nodes[0].stats, "{what}: moved away");
+            assert_eq!(
+                out.nodes[1].stats, away.nodes[1].stats,
+                "{what}: moved away"
+            );
+        }
     }
 }
