@@ -1578,6 +1578,10 @@ fn a_stream_whose_psns_wrap_recovers_losses_at_the_wrap() {
         (1, 15, 1, true),
         (1, 31, 1, true),
     ];
+    // The same after the wrap only (a loss shadows the first transmissions after it: the
+    // peer discards them): the third packet after it lost three times (the sequence NAK's
+    // go-back-N and the early retransmission's probe too), a later one twice.
+    const WRITE_AFTER: &[(usize, i32, u32, bool)] = &[(0, 2, 3, false), (0, 40, 2, false)];
     // READ: node 0 sends the requests (one per 16 PSNs), node 1 the responses: the
     // responses around the wrap lost (the last before it twice), and two requests after it.
     const READ_LOSSES: &[(usize, i32, u32, bool)] = &[
@@ -1588,7 +1592,14 @@ fn a_stream_whose_psns_wrap_recovers_losses_at_the_wrap() {
         (0, 32, 1, true),
         (1, 40, 1, false),
     ];
-    for (read, losses) in [(false, WRITE_LOSSES), (true, READ_LOSSES)] {
+    const READ_AFTER: &[(usize, i32, u32, bool)] =
+        &[(1, 1, 2, false), (1, 3, 1, false), (1, 60, 2, false)];
+    for (read, losses) in [
+        (false, WRITE_LOSSES),
+        (false, WRITE_AFTER),
+        (true, READ_LOSSES),
+        (true, READ_AFTER),
+    ] {
         // `stream` starts its requester 256 PSNs before the wrap; moved by `m`, its
         // messages straddle the wrap unless `m` is a multiple of 16.
         for m in [0u32, 8] {
