@@ -163,8 +163,8 @@ pub fn rc_config(qpn: u32, attr: &QpAttr, window: u32) -> RcConfig {
         qpn,
         dest_qpn: attr.dest_qp_num,
         mtu: attr.path_mtu.bytes(),
-        sq_psn: attr.sq_psn,
-        rq_psn: attr.rq_psn,
+        sq_psn: remem_wire::Psn::new(attr.sq_psn),
+        rq_psn: remem_wire::Psn::new(attr.rq_psn),
         timeout: attr.timeout,
         retry_cnt: attr.retry_cnt,
         rnr_retry: attr.rnr_retry,
@@ -371,7 +371,9 @@ impl Transport {
         match self {
             Transport::Rc(t) => t.set_state(cfg, next, env),
             Transport::Uc(t) => t.set_state(cfg, next, env),
-            Transport::Ud(t) => t.set_state(next, attr.qkey, attr.sq_psn, env),
+            Transport::Ud(t) => {
+                t.set_state(next, attr.qkey, remem_wire::Psn::new(attr.sq_psn), env)
+            }
         }
     }
 
