@@ -133,7 +133,17 @@ pub struct Engine {
     any_peer_port: AtomicBool,
     qps: RwLock<QpnMap<Weak<SoftQp>>>,
     ready: Mutex<Ready>,
+    /// Whether `ready`'s queue is non-empty, as of its lock's last release: an idle pump
+    /// reads this instead of taking the lock the application's posts take.
+    ready_hint: AtomicBool,
     timed: Mutex<QpnSet>,
+    /// No timer of a QP in `timed` is due before this ([`deadline_ns`]); lowered as QPs arm
+    /// timers, recomputed by a full scan. An idle pump compares the time against it instead
+    /// of locking every QP with a timer.
+    deadline: AtomicU64,
+    /// When `on_timeout` last scanned every timer ([`deadline_ns`]): it scans at least
+    /// every [`FULL_SCAN_NS`] (the connection manager's timers are found that way).
+    scanned: AtomicU64,
     pcap: Option<Arc<crate::pcap::PcapWriter>>,
     /// The next PSN of the GSI (QP 1), which sends the connection manager's MADs.
     gsi_psn: AtomicU64,
@@ -151,6 +161,26 @@ struct Ready {
     /// application has already seen completed must leave even if it destroys the QP at
     /// once (else the peer retries into a void and fails with RETRY_EXC_ERR).
     held: QpnMap<Arc<SoftQp>>,
+}
+
+/// How often (nanoseconds) [`Engine::on_timeout`] scans every timer even when the cached
+/// deadline says none is due: the connection manager arms timers from application threads
+/// without telling the engine (its timeouts are milliseconds and more).
+const FULL_SCAN_NS: u64 = 1_000_000;
+
+/// The instant timer deadlines are counted from, so that one fits an atomic.
+fn epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// A deadline as nanoseconds since [`epoch`] (`u64::MAX`: none; one before the epoch: 0).
+pub(crate) fn deadline_ns(t: Option<Instant>) -> u64 {
+    t.map_or(u64::MAX, |t| {
+        t.saturating_duration_since(epoch())
+            .as_nanos()
+            .min(u128::from(u64::MAX - 1)) as u64
+    })
 }
 
 fn ip_fields(src: IpAddr, dst: IpAddr, id: u16) -> IpFields {
@@ -193,7 +223,10 @@ impl Engine {
             any_peer_port: AtomicBool::new(false),
             qps: RwLock::new(QpnMap::default()),
             ready: Mutex::new(Ready::default()),
+            ready_hint: AtomicBool::new(false),
             timed: Mutex::new(QpnSet::default()),
+            deadline: AtomicU64::new(u64::MAX),
+            scanned: AtomicU64::new(0),
             pcap,
             gsi_psn: AtomicU64::new(0),
             cm: crate::cm::CmDevice::new(crate::cm::CmConfig::default()),
@@ -316,6 +349,7 @@ impl Engine {
         if r.set.insert(qpn) {
             r.queue.push_back(qpn);
         }
+        self.ready_hint.store(true, Ordering::SeqCst);
     }
 
     /// Marks a QP as having packets to send, keeping it alive until they are sent.
@@ -325,15 +359,27 @@ impl Engine {
         if r.set.insert(qpn) {
             r.queue.push_back(qpn);
         }
+        self.ready_hint.store(true, Ordering::SeqCst);
         qp.set_held(true);
         r.held.insert(qpn, qp);
     }
 
-    fn mark_timed(&self, qpn: u32) {
-        self.timed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(qpn);
+    /// Notes that `qp` may have a timer running: it joins the timed set (a lock only the
+    /// first time: the QP remembers that it is in), and the engine's cached deadline
+    /// comes down to the QP's (read without the QP's lock).
+    fn mark_timed(&self, qp: &SoftQp) {
+        let next = qp.deadline_ns();
+        if next == u64::MAX {
+            // No timer: the set forgets it at the next scan if it is in.
+            return;
+        }
+        if !qp.is_timed() {
+            let qpn = remem_verbs::QueuePair::qp_num(qp);
+            let mut timed = self.timed.lock().unwrap_or_else(|p| p.into_inner());
+            timed.insert(qpn);
+            qp.set_timed(true);
+        }
+        self.deadline.fetch_min(next, Ordering::Relaxed);
     }
 
     /// Handles a received UDP payload from `from` to local address `to`; `gro_index` is its
@@ -436,8 +482,8 @@ impl Engine {
             return Err(cause);
         }
         count(&self.stats.rcvd_pkts);
+        self.mark_timed(&qp);
         self.mark_ready_held(qp);
-        self.mark_timed(qpn);
         Ok(())
     }
 
@@ -461,6 +507,7 @@ impl Engine {
         }
         count(&self.stats.rcvd_pkts);
         self.cm.on_mad(now, from, pkt.payload);
+        self.note_cm_deadline();
         self.mark_ready(crate::cm::GSI_QPN);
         Ok(())
     }
@@ -521,9 +568,19 @@ impl Engine {
         buf: &mut [u8],
     ) -> Option<(SocketAddr, usize)> {
         loop {
+            if !self.ready_hint.load(Ordering::SeqCst) {
+                // Nothing queued (as of the last release of the lock): no lock taken.
+                return None;
+            }
             let (qpn, held) = {
                 let mut r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
-                let qpn = r.queue.pop_front()?;
+                let Some(qpn) = r.queue.pop_front() else {
+                    self.ready_hint.store(false, Ordering::SeqCst);
+                    return None;
+                };
+                if r.queue.is_empty() {
+                    self.ready_hint.store(false, Ordering::SeqCst);
+                }
                 r.set.remove(&qpn);
                 let held = r.held.remove(&qpn);
                 if let Some(qp) = &held {
@@ -532,7 +589,10 @@ impl Engine {
                 (qpn, held)
             };
             if qpn == crate::cm::GSI_QPN {
-                match self.gsi_transmit(buf) {
+                let out = self.gsi_transmit(buf);
+                // A MAD sent arms its retry timer.
+                self.note_cm_deadline();
+                match out {
                     Some(out) => {
                         self.mark_ready(qpn);
                         return Some(out);
@@ -556,7 +616,7 @@ impl Engine {
                 fill(&mut buf[hdr..hdr + tx.payload_len as usize]).ok()?;
                 Some(total)
             });
-            self.mark_timed(qpn);
+            self.mark_timed(&qp);
             match built {
                 Some(Some(len)) => {
                     // It may have more: keep it in the rotation (and alive, if it was
@@ -591,26 +651,49 @@ impl Engine {
         self.stats.sent_pkts.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The earliest timer deadline of any QP.
+    /// The earliest timer deadline of any QP or of the connection manager (a full scan,
+    /// which also refreshes the cached deadline idle pumps compare against).
     pub fn next_timeout(&self) -> Option<Instant> {
         let mut timed = self.timed.lock().unwrap_or_else(|p| p.into_inner());
         let mut next: Option<Instant> = None;
         timed.retain(|qpn| {
-            let Some(t) = self.qp(*qpn).and_then(|qp| qp.next_timeout()) else {
+            let Some(qp) = self.qp(*qpn) else {
+                return false;
+            };
+            let Some(t) = qp.next_timeout() else {
+                qp.set_timed(false);
                 return false;
             };
             next = Some(next.map_or(t, |n| n.min(t)));
             true
         });
         drop(timed);
-        match (next, self.cm.next_timeout()) {
+        let next = match (next, self.cm.next_timeout()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
-        }
+        };
+        self.deadline.store(deadline_ns(next), Ordering::Relaxed);
+        next
     }
 
-    /// Runs expired timers.
+    /// Lowers the cached deadline to the connection manager's next timer (after it
+    /// handled a MAD or sent one, which may arm one).
+    fn note_cm_deadline(&self) {
+        let t = deadline_ns(self.cm.next_timeout());
+        self.deadline.fetch_min(t, Ordering::Relaxed);
+    }
+
+    /// Runs expired timers. Cheap when none is due: the time is compared against a
+    /// cached deadline, and every timer is scanned only when that passed or
+    /// [`FULL_SCAN_NS`] after the last scan.
     pub fn on_timeout(&self, now: Instant) {
+        let at = deadline_ns(Some(now));
+        if at < self.deadline.load(Ordering::Relaxed)
+            && at.saturating_sub(self.scanned.load(Ordering::Relaxed)) < FULL_SCAN_NS
+        {
+            return;
+        }
+        self.scanned.store(at, Ordering::Relaxed);
         if self.cm.next_timeout().is_some_and(|t| t <= now) {
             self.cm.on_timeout(now);
             self.mark_ready(crate::cm::GSI_QPN);
@@ -631,16 +714,14 @@ impl Engine {
                 self.mark_ready(qpn);
             }
         }
+        // The scan refreshes the cached deadline (QPs and the connection manager).
+        self.next_timeout();
     }
 
-    /// Whether some QP may have something to send.
+    /// Whether some QP may have something to send (no lock: the queue's state as of the
+    /// last release of its lock).
     pub fn has_ready(&self) -> bool {
-        !self
-            .ready
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .queue
-            .is_empty()
+        self.ready_hint.load(Ordering::SeqCst)
     }
 
     /// Whether packets are still owed: a QP is marked ready, or a destroyed QP is kept until
@@ -733,13 +814,16 @@ mod tests {
     }
 
     fn side(ip: &str, port: u16, qpn: u32) -> Side {
+        side_polling(ip, port, qpn, Duration::ZERO)
+    }
+
+    fn side_polling(ip: &str, port: u16, qpn: u32, busy_poll: Duration) -> Side {
         let local: SocketAddr = format!("{ip}:{port}").parse().unwrap();
         let socket = UdpSocket::bind(local).unwrap();
         let engine = Arc::new(Engine::new(socket.local_addr().unwrap(), port));
         let nic = crate::driver::Nic::new(socket).unwrap();
         let offloads = (nic.max_gso_segments(), nic.gro_segments());
-        let progress =
-            Arc::new(Progress::start(nic, engine.clone(), None, Duration::ZERO).unwrap());
+        let progress = Arc::new(Progress::start(nic, engine.clone(), None, busy_poll).unwrap());
         let buf = Arc::new(MemoryBuffer::zeroed(1 << 20).unwrap());
         let around = Arc::new(Around {
             key: KeyedRegion::new(MemRegion::whole(buf.clone())),
@@ -966,6 +1050,57 @@ mod tests {
         assert_eq!(a.buf.to_vec(50_000, 10_000).unwrap(), data);
         assert_eq!(a.buf.load_u64(80_000).unwrap(), 37);
         assert_eq!(b.buf.load_u64(300_000).unwrap(), 42);
+    }
+
+    /// SEND ping-pongs between two devices whose threads poll as `busy_poll` says;
+    /// returns the wake-ups the posting threads wrote (eventfd writes).
+    fn ping_pong(ips: [&str; 2], port: u16, busy_poll: Duration) -> u64 {
+        let a = side_polling(ips[0], port, 0x111, busy_poll);
+        let b = side_polling(ips[1], port, 0x222, busy_poll);
+        connect(&a, ips[1], 0x222);
+        connect(&b, ips[0], 0x111);
+        let sge = |s: &Side, off: u64| Sge {
+            addr: s.buf.addr() + off,
+            length: 8,
+            lkey: 7,
+        };
+        for round in 0..20u64 {
+            for (me, peer) in [(&a, &b), (&b, &a)] {
+                peer.qp
+                    .post_recv(&[RecvWr {
+                        wr_id: round,
+                        sg_list: &[sge(peer, 4096)],
+                    }])
+                    .unwrap();
+                me.qp
+                    .post_send(&[SendWr::new(round, SendOp::Send, &[sge(me, 0)])])
+                    .unwrap();
+                // Each post finds this side's thread waiting (when it sleeps): the post
+                // must wake it to send.
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    let wcs = peer.around.wcs.lock().unwrap().clone();
+                    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+                    if wcs
+                        .iter()
+                        .any(|w| w.opcode == WcOpcode::Recv && w.wr_id == round)
+                    {
+                        break;
+                    }
+                    assert!(Instant::now() < deadline, "round {round}: {wcs:?}");
+                    std::thread::yield_now();
+                }
+            }
+        }
+        a._progress.wakeups() + b._progress.wakeups()
+    }
+
+    #[test]
+    fn sleeping_threads_are_woken_by_posts() {
+        // (Busy-polling threads: tests/busy_poll.rs, alone in its binary, since two
+        // spinning threads would starve the other tests' devices on a small machine.)
+        let woken = ping_pong(["127.0.1.7", "127.0.1.8"], 4794, Duration::ZERO);
+        assert!(woken > 0, "sleeping threads woken by posts: {woken}");
     }
 
     #[test]
