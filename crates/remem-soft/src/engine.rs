@@ -131,6 +131,12 @@ pub struct Engine {
     /// Whether `peer_ports` has ever held an entry: until then the transmit path takes no
     /// lock to pick a port.
     any_peer_port: AtomicBool,
+    /// The last IPv4 peer `peer_addr` resolved through `peer_ports`, packed (address,
+    /// port, the table's generation): a connection's packets skip the table's lock and
+    /// hash. Valid while its generation is `peer_ports_gen`'s.
+    last_peer: AtomicU64,
+    /// Bumped by every change of `peer_ports` (invalidates `last_peer`).
+    peer_ports_gen: AtomicU64,
     qps: RwLock<QpnMap<Weak<SoftQp>>>,
     ready: Mutex<Ready>,
     /// Whether `ready`'s queue is non-empty, as of its lock's last release: an idle pump
@@ -221,6 +227,8 @@ impl Engine {
             peer_port,
             peer_ports: RwLock::new(std::collections::HashMap::new()),
             any_peer_port: AtomicBool::new(false),
+            last_peer: AtomicU64::new(0),
+            peer_ports_gen: AtomicU64::new(1),
             qps: RwLock::new(QpnMap::default()),
             ready: Mutex::new(Ready::default()),
             ready_hint: AtomicBool::new(false),
@@ -269,6 +277,11 @@ impl Engine {
             ));
         }
         table.insert(ip, port);
+        // (16 bits of the generation are cached: an entry stored before a change and
+        // checked 65,536 changes later would be taken; clearing the cache here closes
+        // even that for every lookup that starts after this.)
+        self.peer_ports_gen.fetch_add(1, Ordering::AcqRel);
+        self.last_peer.store(0, Ordering::Release);
         self.any_peer_port.store(true, Ordering::Release);
         Ok(())
     }
@@ -276,15 +289,32 @@ impl Engine {
     /// The UDP address packets to the peer at `ip` go to: its port from
     /// [`Engine::set_peer_port`], else the device's default peer port.
     pub fn peer_addr(&self, ip: IpAddr) -> SocketAddr {
-        let mut port = self.peer_port;
-        if self.any_peer_port.load(Ordering::Acquire)
-            && let Some(p) = self
-                .peer_ports
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&ip.to_canonical())
-        {
-            port = *p;
+        if !self.any_peer_port.load(Ordering::Acquire) {
+            return SocketAddr::new(ip, self.peer_port);
+        }
+        // The generation is read before the table: a change after this read makes what is
+        // cached below stale at once (its generation is older than the table's).
+        let generation = self.peer_ports_gen.load(Ordering::Acquire) & 0xffff;
+        let v4 = match ip.to_canonical() {
+            IpAddr::V4(v4) => Some(u32::from(v4)),
+            IpAddr::V6(_) => None,
+        };
+        if let Some(v4) = v4 {
+            let last = self.last_peer.load(Ordering::Acquire);
+            if last >> 32 == u64::from(v4) && last & 0xffff == generation {
+                return SocketAddr::new(ip, ((last >> 16) & 0xffff) as u16);
+            }
+        }
+        let port = self
+            .peer_ports
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&ip.to_canonical())
+            .copied()
+            .unwrap_or(self.peer_port);
+        if let Some(v4) = v4 {
+            let packed = (u64::from(v4) << 32) | (u64::from(port) << 16) | generation;
+            self.last_peer.store(packed, Ordering::Release);
         }
         SocketAddr::new(ip, port)
     }
@@ -943,6 +973,25 @@ mod tests {
             s.drop_malformed.load(Ordering::Relaxed) + s.drop_bad_icrc.load(Ordering::Relaxed);
         assert_eq!(dropped, bytes.len() as u64 + 1);
         assert_eq!(s.rcvd_pkts.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn peer_ports_are_looked_up_again_after_a_change() {
+        let engine = Engine::new("127.0.1.9:4791".parse().unwrap(), 4791);
+        let (p, q): (IpAddr, IpAddr) = ("127.0.1.10".parse().unwrap(), "::2".parse().unwrap());
+        assert_eq!(engine.peer_addr(p).port(), 4791);
+        engine.set_peer_port(p, 5000).unwrap();
+        for _ in 0..3 {
+            assert_eq!(engine.peer_addr(p).port(), 5000, "cached or not");
+        }
+        assert_eq!(engine.peer_addr(q).port(), 4791);
+        engine.set_peer_port(p, 5001).unwrap();
+        assert_eq!(engine.peer_addr(p).port(), 5001);
+        engine.set_peer_port(q, 6000).unwrap();
+        assert_eq!(engine.peer_addr(q).port(), 6000);
+        assert_eq!(engine.peer_addr(p).port(), 5001);
+        let mapped = IpAddr::V6(std::net::Ipv4Addr::new(127, 0, 1, 10).to_ipv6_mapped());
+        assert_eq!(engine.peer_addr(mapped).port(), 5001);
     }
 
     #[test]
