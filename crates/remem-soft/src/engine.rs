@@ -639,7 +639,7 @@ impl Engine {
                 qp.release();
             }
             let mut dst = self.local;
-            let built = qp.poll_transmit(now, |tx, dgid, fill| {
+            let (built, more) = qp.poll_transmit_more(now, |tx, dgid, fill| {
                 dst = self.peer_addr(dgid.to_ip());
                 let h = glue::headers(tx);
                 let (hdr, total) = h.write(tx.payload_len as usize, buf).ok()?;
@@ -650,11 +650,16 @@ impl Engine {
             match built {
                 Some(Some(len)) => {
                     // It may have more: keep it in the rotation (and alive, if it was
-                    // held: what it queued before it was destroyed still leaves).
-                    if held_alive {
-                        self.mark_ready_held(qp);
-                    } else {
-                        self.mark_ready(qpn);
+                    // held: what it queued before it was destroyed still leaves). A QP
+                    // that says it has nothing more is left out: polling it again would
+                    // cost a lock of the ready queue twice and one of the QP for nothing;
+                    // whatever gives it more (a post, a packet, a timer) marks it again.
+                    if more {
+                        if held_alive {
+                            self.mark_ready_held(qp);
+                        } else {
+                            self.mark_ready(qpn);
+                        }
                     }
                     return Some((dst, len));
                 }

@@ -782,18 +782,35 @@ impl SoftQp {
         now: std::time::Instant,
         emit: impl FnOnce(&crate::transport::TxPacket, remem_verbs::Gid, &mut Fill<'_>) -> R,
     ) -> Option<R> {
+        self.poll_transmit_more(now, emit).0
+    }
+
+    /// [`SoftQp::poll_transmit`], and whether the QP may have more to send now, told under
+    /// the same lock: `false` only when the transport knows it has nothing (an RC QP with
+    /// no response owed and no request it may send: `RcTransport::wants_transmit`, which
+    /// must stay conservative); UC and UD always say `true`. The engine then leaves the
+    /// QP out of its ready queue until something marks it again (a post, a packet, a
+    /// timer), instead of polling it once more for nothing.
+    pub fn poll_transmit_more<R>(
+        &self,
+        now: std::time::Instant,
+        emit: impl FnOnce(&crate::transport::TxPacket, remem_verbs::Gid, &mut Fill<'_>) -> R,
+    ) -> (Option<R>, bool) {
         self.with_env(|t, env| match t {
             Transport::Rc(rc) => {
                 let dgid = env.around_dgid;
-                rc.poll_transmit(now, env, |tx, fill| emit(tx, dgid, fill))
+                let built = rc.poll_transmit(now, env, |tx, fill| emit(tx, dgid, fill));
+                let more = rc.wants_transmit(now);
+                (built, more)
             }
             Transport::Uc(uc) => {
                 let dgid = env.around_dgid;
-                uc.poll_transmit(env, |tx, fill| emit(tx, dgid, fill))
+                (uc.poll_transmit(env, |tx, fill| emit(tx, dgid, fill)), true)
             }
-            Transport::Ud(ud) => {
-                ud.poll_transmit(env, |tx, target, fill| emit(tx, target.av.dgid, fill))
-            }
+            Transport::Ud(ud) => (
+                ud.poll_transmit(env, |tx, target, fill| emit(tx, target.av.dgid, fill)),
+                true,
+            ),
         })
     }
 }
