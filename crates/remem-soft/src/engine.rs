@@ -720,7 +720,7 @@ impl Engine {
 
     /// Runs expired timers. Cheap when none is due: the time is compared against a
     /// cached deadline, and every timer is scanned only when that passed or
-    /// [`FULL_SCAN_NS`] after the last scan.
+    /// a millisecond after the last scan.
     pub fn on_timeout(&self, now: Instant) {
         let at = deadline_ns(Some(now));
         if at < self.deadline.load(Ordering::Relaxed)
