@@ -916,6 +916,10 @@ mod tests {
     }
 
     fn connect(me: &Side, peer_ip: &str, peer_qpn: u32) {
+        connect_qp(&me.qp, peer_ip, peer_qpn);
+    }
+
+    fn connect_qp(qp: &SoftQp, peer_ip: &str, peer_qpn: u32) {
         use remem_verbs::rc::{self, RcOptions, RcPeer};
         let ip: IpAddr = peer_ip.parse().unwrap();
         let o = RcOptions {
@@ -936,7 +940,99 @@ mod tests {
             gid: Gid::from(ip),
             mtu: Mtu::Mtu1024,
         };
-        rc::connect(&*me.qp, &peer, &o).unwrap();
+        rc::connect(qp, &peer, &o).unwrap();
+    }
+
+    /// An engine with one RC QP (number `qpn`) over a 64 KiB buffer (lkey = rkey = 7),
+    /// driven by hand: no socket, no thread; a post marks the QP ready.
+    fn in_memory(ip: &str, qpn: u32) -> (Arc<Engine>, Arc<SoftQp>, Arc<MemoryBuffer>) {
+        let engine = Arc::new(Engine::new(format!("{ip}:4791").parse().unwrap(), 4791));
+        let buf = Arc::new(MemoryBuffer::zeroed(1 << 16).unwrap());
+        let around = Arc::new(Around {
+            key: KeyedRegion::new(MemRegion::whole(buf.clone())),
+            wcs: Mutex::new(Vec::new()),
+        });
+        let wake = {
+            let engine = engine.clone();
+            Arc::new(move |qpn: u32| engine.mark_ready(qpn))
+        };
+        let cap = QpCap {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let limits = QpLimits {
+            max_wr: 16,
+            max_sge: 1,
+            max_inline: 0,
+            max_rd_atomic: 16,
+            max_dest_rd_atomic: 16,
+            active_mtu: 1024,
+            max_msg: 1 << 20,
+            placement: false,
+        };
+        let qp = Arc::new(
+            SoftQp::new(SoftQpParts {
+                qpn,
+                qp_type: QpType::Rc,
+                cap,
+                sq_sig_all: false,
+                has_srq: false,
+                pd: PdId(1),
+                limits,
+                window: 64,
+                around: around.clone(),
+                mem: around,
+                wake,
+            })
+            .unwrap(),
+        );
+        engine.register(&qp);
+        (engine, qp, buf)
+    }
+
+    #[test]
+    fn a_qp_with_nothing_more_to_send_leaves_the_ready_queue() {
+        let (a, a_qp, a_buf) = in_memory("127.0.1.11", 0x311);
+        let (b, b_qp, b_buf) = in_memory("127.0.1.12", 0x312);
+        connect_qp(&a_qp, "127.0.1.12", 0x312);
+        connect_qp(&b_qp, "127.0.1.11", 0x311);
+        let now = Instant::now();
+        let mut pkt = vec![0u8; 2048];
+        let write = SendOp::RdmaWrite {
+            remote_addr: b_buf.addr() + 512,
+            rkey: 7,
+        };
+        let sge = Sge {
+            addr: a_buf.addr(),
+            length: 64,
+            lkey: 7,
+        };
+        a_qp.post_send(&[SendWr::new(1, write, &[sge])]).unwrap();
+        assert!(a.has_ready());
+        let (dst, len) = a.poll_transmit(now, &mut pkt, 0).unwrap();
+        assert_eq!(dst, "127.0.1.12:4791".parse().unwrap());
+        // The requester's one packet is out: nothing more, so the QP left the queue.
+        assert!(!a.has_ready(), "requester polled again for nothing");
+        let from: SocketAddr = "127.0.1.11:4791".parse().unwrap();
+        let to: IpAddr = "127.0.1.12".parse().unwrap();
+        b.on_datagram(now, from, to, &pkt[..len], 0).unwrap();
+        let (_, ack) = b.poll_transmit(now, &mut pkt, 0).unwrap();
+        // The ACK is out and the responder owes nothing more.
+        assert!(!b.has_ready(), "responder polled again for nothing");
+        assert!(b.poll_transmit(now, &mut pkt, 0).is_none());
+        // The ACK completes the WRITE, and a new post marks the QP again.
+        let from: SocketAddr = "127.0.1.12:4791".parse().unwrap();
+        let to: IpAddr = "127.0.1.11".parse().unwrap();
+        a.on_datagram(now, from, to, &pkt[..ack], 0).unwrap();
+        assert!(a.poll_transmit(now, &mut pkt, 0).is_none());
+        a_qp.post_send(&[SendWr::new(2, write, &[sge])]).unwrap();
+        assert!(
+            a.poll_transmit(now, &mut pkt, 0).is_some(),
+            "a post marks it again"
+        );
     }
 
     fn wait_wcs(s: &Side, n: usize) -> Vec<WorkCompletion> {
