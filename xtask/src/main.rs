@@ -75,6 +75,24 @@ enum Rxe {
     /// rdma-core on rxe in the guest, each side once as A (the driver) — at path MTU 1024
     /// and 4096. Builds `remem-ibverbs`' `conformance` example (needs cmake and libclang).
     Conformance,
+    /// Loss and repetition against kernel rxe (remem perf --verify, the CLI built with
+    /// the rdma-core provider for the guest): write_bw and read_bw 64 KiB between the soft
+    /// provider (host) and kernel rxe (guest), each side once as server, with netem loss on
+    /// the guest's interface and the host's soft device losing as much (its injector);
+    /// then, without loss, `-q 4` write_bw and read_bw from the host against rxe servers,
+    /// `--repeat` times each. Every run must complete with its data verified.
+    Loss {
+        /// Loss per packet in each direction, percent (netem in the guest; the host
+        /// soft device's injector).
+        #[arg(long, default_value_t = 1.0)]
+        loss: f64,
+        /// Iterations (64 KiB messages per QP) of each run.
+        #[arg(long, default_value_t = 200)]
+        iters: u32,
+        /// How many times each `-q 4` run against rxe servers is repeated.
+        #[arg(long, default_value_t = 5)]
+        repeat: u32,
+    },
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -190,6 +208,11 @@ fn main() -> ExitCode {
         Rxe::Selftest => image(&cache).and_then(|img| selftest(&img)),
         Rxe::Interop { iters } => image(&cache).and_then(|img| interop(&img, iters)),
         Rxe::Conformance => image(&cache).and_then(|img| conformance(&img)),
+        Rxe::Loss {
+            loss: pct,
+            iters,
+            repeat,
+        } => image(&cache).and_then(|img| loss(&img, pct, iters, repeat)),
     };
     match result {
         Ok(0) => ExitCode::SUCCESS,
@@ -712,13 +735,16 @@ fn run(
         }
     }
     // The host side starts first, in the namespace, so that its server listens when the
-    // guest's command starts.
+    // guest's command starts. It finds the file RXE_GUEST_DONE names once the guest has
+    // ended (so that it can stop waiting for it).
+    let guest_done = run_dir.join("guest-done");
     let host = match (host_cmd, &tap) {
         (Some(cmd), Some(t)) => {
             let mut c = Command::new("ip")
                 .args(["netns", "exec", &t.ns, "sh", "-c", cmd])
                 .env("RXE_HOST_IP", TAP_HOST)
                 .env("RXE_GUEST_IP", TAP_GUEST)
+                .env("RXE_GUEST_DONE", &guest_done)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
@@ -758,6 +784,7 @@ fn run(
         let _ = writeln!(out, "guest| {line}");
     }
     let _ = child.wait();
+    let _ = std::fs::write(&guest_done, b"");
     let host_status = match host {
         Some((mut c, printer)) => {
             let pid = c.id();
@@ -998,6 +1025,152 @@ fn conformance(img: &Image) -> Res<i32> {
     println!(
         "conformance on kernel rxe and against it: {}",
         if code == 0 { "ok" } else { "FAILED" }
+    );
+    Ok(code)
+}
+
+/// The workspace's target directory (`CARGO_TARGET_DIR` when set, relative to the
+/// workspace root, else `target`).
+fn target_dir(root: &Path) -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(d) if !d.is_empty() => root.join(d),
+        _ => root.join("target"),
+    }
+}
+
+/// Shell functions for both sides of `loss`: `serve LABEL CMD...` runs a server;
+/// `connect LABEL CMD...` runs a client, again while it cannot connect yet (the other
+/// side's server is not listening: the guest still booting, or its previous step still
+/// running), for at most 300 s. Each prints `@@PASS LABEL` or `@@FAIL LABEL` and counts
+/// failures in `fails`.
+const LOSS_SH: &str = r#"fails=0
+log=/tmp/remem-loss.$$
+# The other side is gone (the host's view of a guest that has ended).
+gone() { [ -n "${RXE_GUEST_DONE:-}" ] && [ -e "$RXE_GUEST_DONE" ]; }
+fail() { echo "@@FAIL $1"; fails=$((fails + 1)); }
+serve() {
+  label=$1; shift
+  if gone; then fail "$label (the guest has ended)"; return; fi
+  "$@" > $log 2>&1 &
+  pid=$!
+  # Waits for the server; stops it if the guest ends meanwhile.
+  while kill -0 $pid 2>/dev/null; do
+    if gone; then kill $pid 2>/dev/null; fi
+    sleep 0.2
+  done
+  if wait $pid; then echo "@@PASS $label"; else cat $log; fail "$label"; fi
+}
+connect() {
+  label=$1; shift
+  end=$(( $(date +%s) + 300 ))
+  while :; do
+    if "$@" > $log 2>&1; then cat $log; echo "@@PASS $label"; return; fi
+    if grep -q 'cannot connect' $log && ! gone && [ "$(date +%s)" -lt "$end" ]; then sleep 0.2; continue; fi
+    cat $log; fail "$label"; return
+  done
+}
+"#;
+
+/// `cargo xtask rxe loss`: see [`Rxe::Loss`]. One boot; the host and guest scripts run
+/// the same sequence of steps, each on a TCP port of its own (so a client can only meet
+/// its step's server), the client side retrying until that server listens.
+fn loss(img: &Image, pct: f64, iters: u32, repeat: u32) -> Res<i32> {
+    if !(0.0..=50.0).contains(&pct) {
+        return Err(format!("--loss {pct}: a percentage between 0 and 50"));
+    }
+    let root = workspace_root();
+    cargo_release(&root, &["-p", "remem-cli", "--features", "ibverbs"])?;
+    let cli = target_dir(&root).join("release/remem");
+    let host_cli = cli.display();
+    let soft = format!("soft@{TAP_HOST}:4791");
+    let rxe = "-d rxe0 -x \"$RXE_GID_INDEX\"";
+    let mut guest = format!("{LOSS_SH}export RUST_BACKTRACE=1\n");
+    let mut host = LOSS_SH.to_string();
+    let mut port = 18600;
+    let faults = format!("REMEM_SOFT_FAULTS=loss={},seed=7", pct / 100.0);
+    // (label, the guest serves, test, extra flags, under loss)
+    let mut steps: Vec<(String, bool, &str, String, bool)> = Vec::new();
+    for (guest_serves, who) in [
+        (true, "soft (host) requester, kernel rxe (guest) responder"),
+        (false, "kernel rxe (guest) requester, soft (host) responder"),
+    ] {
+        for test in ["write_bw", "read_bw"] {
+            steps.push((
+                format!("{test} 64 KiB at {pct}% loss: {who}"),
+                guest_serves,
+                test,
+                format!("-n {iters}"),
+                true,
+            ));
+        }
+    }
+    for r in 1..=repeat {
+        for test in ["write_bw", "read_bw"] {
+            steps.push((
+                format!("{test} 64 KiB -q 4, run {r} of {repeat}: soft (host) requester, kernel rxe (guest) servers"),
+                true,
+                test,
+                format!("-q 4 -n {iters}"),
+                false,
+            ));
+        }
+    }
+    guest.push_str(&format!(
+        "echo \"== netem: loss {pct}% on $RXE_NETDEV (the guest's sends); the host's soft device loses {pct}% of its own\"\n\
+         /sbin/tc qdisc add dev \"$RXE_NETDEV\" root netem loss {pct}% || {{ echo '@@FAIL netem (sch_netem)'; exit 1; }}\n\
+         /sbin/tc qdisc show dev \"$RXE_NETDEV\"\n"
+    ));
+    let mut netem_on = true;
+    for (label, guest_serves, test, extra, lossy) in &steps {
+        port += 1;
+        if netem_on && !lossy {
+            guest
+                .push_str("/sbin/tc qdisc del dev \"$RXE_NETDEV\" root\necho '== netem removed'\n");
+            netem_on = false;
+        }
+        let env = if *lossy { faults.as_str() } else { "" };
+        let client_flags = format!("-s 65536 {extra} --verify --json -p {port}");
+        guest.push_str(&format!("echo \"== {label}\"\n"));
+        if *guest_serves {
+            guest.push_str(&format!(
+                "serve \"{label}\" timeout 400 ./remem perf {test} {rxe} -p {port}\n"
+            ));
+            host.push_str(&format!(
+                "connect \"{label}\" env {env} timeout 120 {host_cli} perf {test} {TAP_GUEST} -d {soft} {client_flags} --ctrl-timeout 5\n"
+            ));
+        } else {
+            host.push_str(&format!(
+                "serve \"{label}\" env {env} timeout 400 {host_cli} perf {test} -d {soft} -p {port}\n"
+            ));
+            guest.push_str(&format!(
+                "connect \"{label}\" timeout 120 ./remem perf {test} {TAP_HOST} {rxe} {client_flags} --ctrl-timeout 5\n"
+            ));
+        }
+    }
+    if netem_on {
+        guest.push_str("/sbin/tc qdisc del dev \"$RXE_NETDEV\" root\n");
+    }
+    guest.push_str("echo \"@@GUEST-FAILS $fails\"\n[ $fails -eq 0 ]\n");
+    host.push_str("echo \"@@HOST-FAILS $fails\"\n[ $fails -eq 0 ]\n");
+    let limit = Duration::from_secs(300 + 150 * steps.len() as u64);
+    let started = Instant::now();
+    let code = run(
+        img,
+        std::slice::from_ref(&cli),
+        Net::Tap,
+        Some(&host),
+        limit,
+        &guest,
+    )?;
+    println!(
+        "loss against kernel rxe ({} steps, {:.0} s): {}",
+        steps.len(),
+        started.elapsed().as_secs_f64(),
+        if code == 0 {
+            "ok"
+        } else {
+            "FAILED (see the @@FAIL lines)"
+        }
     );
     Ok(code)
 }

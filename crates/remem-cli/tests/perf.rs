@@ -275,6 +275,43 @@ fn all_sizes_and_a_plot() {
 }
 
 #[test]
+fn verified_bandwidth_runs_under_injected_loss() {
+    // Both soft devices drop 2% of the packets they send: go-back-N resends, and every
+    // READ, and the last WRITE of every slot, is checked byte for byte.
+    for (test, size, qps) in [
+        ("write_bw", "4100", "2"),
+        ("read_bw", "4100", "2"),
+        ("write_bw", "64", "1"),
+    ] {
+        let out = remem_perf(&[
+            "--loopback",
+            test,
+            "-s",
+            size,
+            "-q",
+            qps,
+            "-n",
+            "300",
+            "-t",
+            "16",
+            "--verify",
+            "--json",
+        ])
+        .env("REMEM_SOFT_FAULTS", "loss=0.02,seed=5")
+        .output()
+        .expect("run remem perf");
+        let row = the_row(outcome(out));
+        assert_eq!(row["verified"], true, "{row}");
+        check_bw(
+            &row,
+            test,
+            size.parse().unwrap(),
+            300 * qps.parse::<u64>().unwrap(),
+        );
+    }
+}
+
+#[test]
 fn bad_arguments_fail_with_a_message() {
     for args in [
         &["--loopback", "write_bw", "-s", "0"][..],
@@ -296,6 +333,15 @@ fn bad_arguments_fail_with_a_message() {
         // -R is for the raw provider's RC QPs.
         &["--loopback", "write_bw", "-R", "-c", "UC"],
         &["--loopback", "write_bw", "-R", "--api"],
+        // --verify checks write_bw and read_bw of one size of 8 bytes or more, raw RC.
+        &["--loopback", "write_lat", "--verify"],
+        &["--loopback", "send_bw", "--verify"],
+        &["--loopback", "write_bw", "--verify", "-s", "4"],
+        &["--loopback", "write_bw", "--verify", "-a"],
+        &["--loopback", "write_bw", "--verify", "--api"],
+        &["--loopback", "write_bw", "--verify", "-b"],
+        &["--loopback", "write_bw", "--verify", "-c", "UC"],
+        &["--loopback", "--perftest", "write_bw", "--verify"],
     ] {
         let (ok, _, stderr) = perf(args);
         assert!(!ok, "{args:?} succeeded");

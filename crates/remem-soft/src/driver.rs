@@ -3,15 +3,43 @@
 //! Packets go out in UDP GSO batches where the kernel offers GSO (one `sendmsg` carries up to
 //! 64 packets of one size to one destination; the kernel, or the NIC, cuts them apart) and
 //! come in through `recvmmsg` with UDP GRO (one receive returns up to 16 datagrams, each of
-//! which may hold many coalesced packets). The socket work is done by `quinn-udp`, which
-//! falls back to one datagram per call where GSO or GRO is missing.
+//! which may hold many coalesced packets). The receive side and the socket's setup are
+//! `quinn-udp`'s, which falls back to one datagram per call where GSO or GRO is missing.
+//!
+//! Sends are scatter/gather (`sys::send_gso`): a batch is a list of pieces — each
+//! packet's headers, its payload where it lies in registered memory, its pad and ICRC — and
+//! one `sendmsg` hands the kernel an iovec per piece (adjacent pieces of the batch's own
+//! buffer merged). The payload is never copied into a packet buffer: its ICRC is computed
+//! over the pieces (the headers from the buffer, the payload read from registered memory
+//! in chunks, `remem_wire::icrc::IcrcHasher`), and the kernel copies it into its socket
+//! buffer once, during the call. The payload pieces are [`HeldRanges`]: an access to their
+//! memory key (one per run of pieces of a key) entered when the packet is built and left
+//! when the batch has been sent, so a deregistration waits for the send (at most one batch)
+//! and no deregistered region is read, as before. (The progress thread never deregisters; in inline mode every batch is
+//! sent before `progress` returns, so a deregistration never waits for its own thread.)
+//!
+//! The payload may change while it waits: the application writes its memory, or a peer's
+//! WRITE lands in it. A packet whose bytes change between its ICRC and the kernel's copy
+//! fails the receiver's ICRC check and is dropped there; RC retransmits it. A NIC reading
+//! host memory by DMA has the same race. What is copied instead: payloads of at most
+//! `COPY_MAX` bytes (an iovec costs more than the copy; `REMEM_SOFT_COPY_MAX` sets it, and
+//! 4096 or more copies every payload as before), UC and UD payloads (they complete
+//! when handed to the driver, with no acknowledgement to wait for, so the application may
+//! reuse the buffer at once), and every packet while packets are captured (pcap) or faults
+//! injected (both need each packet's bytes).
 //!
 //! A [`Nic`] is driven either by a [`Progress`] thread or, in inline mode, by the caller
 //! ([`Inline`]).
 
-use crate::engine::Engine;
+use crate::engine::{Engine, TxBuild};
 use crate::faults::{FaultConfig, FaultInjector};
+use crate::sys::{self, MAX_IOV, Piece};
+use crate::transport::glue::{CopySink, PayloadSink};
+use crate::transport::grant::{HeldRanges, Mark};
+use crate::transport::{AccessError, Grant, Held, TxPacket};
 use quinn_udp::{RecvMeta, Transmit, UdpSockRef, UdpSocketState};
+use remem_verbs::MemError;
+use remem_wire::icrc::IcrcHasher;
 use std::io::{self, IoSliceMut};
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
@@ -42,17 +70,299 @@ const RX_BUF: usize = 1 << 16;
 /// Socket buffer size asked for (the kernel caps it at `net.core.[rw]mem_max`).
 const SOCKET_BUFFER: usize = 4 << 20;
 
+/// Payloads of at most this many bytes are copied into the packet: below it an iovec of
+/// its own costs the kernel more than the copy saves. `REMEM_SOFT_COPY_MAX` overrides it
+/// (bytes; 4096 or more copies every payload, as before the scatter/gather send).
+const COPY_MAX: usize = 512;
+
+/// The environment variable that sets the largest payload copied into its packet.
+pub const COPY_MAX_ENV: &str = "REMEM_SOFT_COPY_MAX";
+
 /// Packets waiting to leave in one GSO send: all to one destination, all of one size but
-/// the last, which may be shorter.
+/// the last, which may be shorter. Their bytes are pieces: ranges of `buf` (headers, copied
+/// payloads, pads, ICRCs) and payload references held until the send returns.
 #[derive(Debug)]
 struct TxBatch {
+    /// The batch's own bytes, `buf[..own]`; the packet being built is staged after them.
     buf: Vec<u8>,
+    own: usize,
+    /// The batch's pieces in order; `mem` holds the references its `Mem` pieces stand for
+    /// (and, after them, the staged packet's).
+    pieces: Vec<Piece>,
+    mem: HeldRanges,
+    /// UDP payload bytes of the batch's packets.
     len: usize,
     segment: usize,
     count: usize,
+    /// Packets of the batch whose payload is referenced, not copied.
+    zero_copy: usize,
     dst: SocketAddr,
     /// The last packet was shorter than `segment`: nothing more may join.
     closed: bool,
+    /// The packet being built (see [`Stage`]).
+    stage: Stage,
+    /// Where payloads are read, a chunk at a time, for their ICRC.
+    scratch: Vec<u8>,
+}
+
+impl TxBatch {
+    /// Empties the batch (its payload references are released: their accesses end).
+    fn clear(&mut self) {
+        self.own = 0;
+        self.len = 0;
+        self.count = 0;
+        self.zero_copy = 0;
+        self.closed = false;
+        self.pieces.clear();
+        self.mem.clear();
+    }
+}
+
+/// The packet being built, staged at `buf[own..]`: its pieces (`Own` offsets relative to
+/// `own`; its payload references are the batch's `mem` after `mark`), and — when its
+/// payload is referenced — where its header ends, its payload length and the end of its
+/// own bytes.
+#[derive(Debug, Default)]
+struct Stage {
+    pieces: Vec<Piece>,
+    mark: Mark,
+    scattered: Option<Scattered>,
+    /// Reference payloads rather than copy them (off while capturing or injecting faults).
+    scatter: bool,
+    /// Payloads of at most this many bytes are copied all the same.
+    copy_max: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Scattered {
+    hdr: usize,
+    payload: usize,
+    /// End of the staged own bytes (header, then any inline bytes of the payload).
+    end: usize,
+}
+
+/// What the engine builds a packet through: the staging area of the batch.
+struct Stager<'a> {
+    buf: &'a mut [u8],
+    stage: &'a mut Stage,
+    mem: &'a mut HeldRanges,
+}
+
+impl TxBuild for Stager<'_> {
+    fn buf(&mut self) -> &mut [u8] {
+        // A new packet (or a new attempt after one that failed): nothing staged.
+        self.stage.pieces.clear();
+        self.mem.truncate(self.stage.mark);
+        self.stage.scattered = None;
+        self.buf
+    }
+
+    fn payload(
+        &mut self,
+        tx: &TxPacket,
+        hdr: usize,
+        fill: &mut crate::qp::Fill<'_>,
+    ) -> Result<(), AccessError> {
+        let n = tx.payload_len as usize;
+        let Some(place) = self.buf.get_mut(hdr..hdr + n) else {
+            return Err(AccessError::Mem(MemError::OutOfBounds {
+                offset: hdr as u64,
+                len: n as u64,
+                size: self.buf.len() as u64,
+            }));
+        };
+        // UC and UD complete a send when its packet is handed over (nothing acknowledges
+        // it): their payloads are copied, so the application may reuse the memory at once.
+        if !self.stage.scatter || n <= self.stage.copy_max || tx.uc || tx.deth.is_some() {
+            return fill(&mut CopySink(place));
+        }
+        self.stage.pieces.push(Piece::Own { start: 0, len: hdr });
+        let mut sink = ScatterSink {
+            buf: self.buf,
+            end: hdr,
+            next: 0,
+            len: n,
+            pieces: &mut self.stage.pieces,
+            mem: self.mem,
+        };
+        fill(&mut sink)?;
+        if sink.next != n {
+            return Err(AccessError::Mem(MemError::OutOfBounds {
+                offset: sink.next as u64,
+                len: n as u64,
+                size: n as u64,
+            }));
+        }
+        let end = sink.end;
+        self.stage.scattered = Some(Scattered {
+            hdr,
+            payload: n,
+            end,
+        });
+        Ok(())
+    }
+}
+
+/// A [`PayloadSink`] that references registered memory where it lies (a range of the
+/// batch's [`HeldRanges`] per piece) and copies inline bytes after the staged header.
+struct ScatterSink<'a> {
+    buf: &'a mut [u8],
+    /// End of the staged own bytes.
+    end: usize,
+    /// Payload bytes put so far (pieces come in order).
+    next: usize,
+    len: usize,
+    pieces: &'a mut Vec<Piece>,
+    mem: &'a mut HeldRanges,
+}
+
+impl ScatterSink<'_> {
+    /// Checks that payload bytes `at..at + n` come next and fit.
+    fn next_is(&self, at: usize, n: usize) -> Result<(), AccessError> {
+        if at == self.next && n <= self.len - at {
+            Ok(())
+        } else {
+            Err(AccessError::Mem(MemError::OutOfBounds {
+                offset: at as u64,
+                len: n as u64,
+                size: self.len as u64,
+            }))
+        }
+    }
+
+    fn pushed_mem(&mut self, n: usize) {
+        self.next += n;
+        self.pieces.push(Piece::Mem);
+    }
+}
+
+impl PayloadSink for ScatterSink<'_> {
+    fn payload_len(&self) -> usize {
+        self.len
+    }
+
+    fn put_bytes(&mut self, at: usize, bytes: &[u8]) -> Result<(), AccessError> {
+        self.next_is(at, bytes.len())?;
+        // The staged own bytes end before the payload's place (`end <= hdr + at`), so
+        // there is room, and the pad and ICRC (written after the payload) stay clear.
+        let start = self.end;
+        self.buf[start..start + bytes.len()].copy_from_slice(bytes);
+        match self.pieces.last_mut() {
+            Some(Piece::Own { start: s, len }) if *s + *len == start => *len += bytes.len(),
+            _ => self.pieces.push(Piece::Own {
+                start,
+                len: bytes.len(),
+            }),
+        }
+        self.end += bytes.len();
+        self.next += bytes.len();
+        Ok(())
+    }
+
+    fn put_grant(
+        &mut self,
+        at: usize,
+        grant: &Grant,
+        offset: usize,
+        n: usize,
+    ) -> Result<(), AccessError> {
+        self.next_is(at, n)?;
+        if n > 0 {
+            self.mem.push_grant(grant, offset, n)?;
+            self.pushed_mem(n);
+        }
+        Ok(())
+    }
+
+    fn put_held(
+        &mut self,
+        at: usize,
+        held: &Held,
+        offset: usize,
+        n: usize,
+    ) -> Result<(), AccessError> {
+        self.next_is(at, n)?;
+        if n > 0 {
+            self.mem
+                .push_held(held, offset, n)
+                .map_err(AccessError::Mem)?;
+            self.pushed_mem(n);
+        }
+        Ok(())
+    }
+}
+
+impl Stage {
+    /// Turns the staged packet of `total` bytes into its final pieces: a copied packet is
+    /// one piece; a scattered one's pad and ICRC field (zeros) move right after its staged
+    /// own bytes. Returns how many own bytes it uses.
+    fn finish(&mut self, buf: &mut [u8], total: usize) -> usize {
+        let Some(s) = self.scattered else {
+            self.pieces.clear();
+            self.pieces.push(Piece::Own {
+                start: 0,
+                len: total,
+            });
+            return total;
+        };
+        let tail = total - s.hdr - s.payload;
+        buf[s.end..s.end + tail].fill(0);
+        match self.pieces.last_mut() {
+            Some(Piece::Own { start, len }) if *start + *len == s.end => *len += tail,
+            _ => self.pieces.push(Piece::Own {
+                start: s.end,
+                len: tail,
+            }),
+        }
+        s.end + tail
+    }
+
+    /// Computes the ICRC of the finished staged packet of `total` bytes (own bytes in
+    /// `buf`) over its pieces and writes it into its last four bytes.
+    fn seal(
+        &self,
+        buf: &mut [u8],
+        scratch: &mut [u8],
+        mem: &HeldRanges,
+        total: usize,
+        ip: &remem_wire::icrc::IpFields,
+        ports: remem_wire::icrc::UdpPorts,
+    ) -> Option<()> {
+        if let [Piece::Own { start, len }] = self.pieces[..] {
+            // A whole packet (copied payload): as `icrc::fill`.
+            let pkt = buf.get_mut(start..start + len)?;
+            return remem_wire::icrc::fill(ip, ports, pkt).ok();
+        }
+        let covered = total.checked_sub(remem_wire::ICRC_LEN)?;
+        let mut refs = self.mark.ranges()..;
+        let mut hasher: Option<IcrcHasher> = None;
+        let mut at = 0usize;
+        let mut last_own_end = 0;
+        for piece in &self.pieces {
+            match *piece {
+                Piece::Own { start, len } => {
+                    let take = len.min(covered.saturating_sub(at));
+                    let bytes = &buf[start..start + take];
+                    match &mut hasher {
+                        Some(h) => h.update(bytes),
+                        None => hasher = Some(IcrcHasher::new(ip, ports, total, bytes).ok()?),
+                    }
+                    at += len;
+                    last_own_end = start + len;
+                }
+                Piece::Mem => {
+                    let i = refs.next()?;
+                    let h = hasher.as_mut()?;
+                    mem.read_chunks(i, scratch, |c| h.update(c)).ok()?;
+                    at += mem.range_len(i)?;
+                }
+            }
+        }
+        let crc = hasher?.finalize();
+        buf.get_mut(last_own_end.checked_sub(4)?..last_own_end)?
+            .copy_from_slice(&crc.to_le_bytes());
+        Some(())
+    }
 }
 
 /// A UDP socket set up for RoCEv2 and the buffers to drive it.
@@ -62,7 +372,12 @@ pub struct Nic {
     state: UdpSocketState,
     rx: Vec<u8>,
     meta: Vec<RecvMeta>,
-    tx: TxBatch,
+    /// (Boxed: it is large, and a `Nic` is moved into its thread or held inline.)
+    tx: Box<TxBatch>,
+    /// The socket is IPv6 (IPv4 destinations are given IPv4-mapped).
+    v6: bool,
+    /// GSO failed on this socket (a device without the offloads): one packet per send.
+    gso_failed: bool,
     /// Faults injected into what this NIC sends (testing).
     faults: Option<Box<FaultInjector>>,
 }
@@ -87,14 +402,28 @@ impl Nic {
             state,
             rx: vec![0; RX_BATCH * RX_BUF],
             meta: vec![RecvMeta::default(); RX_BATCH],
-            tx: TxBatch {
-                buf: vec![0; TX_BATCH_BYTES],
+            tx: Box::new(TxBatch {
+                buf: vec![0; TX_BATCH_BYTES + MAX_PACKET],
+                own: 0,
+                pieces: Vec::with_capacity(MAX_IOV),
+                mem: HeldRanges::default(),
                 len: 0,
                 segment: 0,
                 count: 0,
+                zero_copy: 0,
                 dst: local,
                 closed: false,
-            },
+                stage: Stage {
+                    copy_max: std::env::var(COPY_MAX_ENV)
+                        .ok()
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(COPY_MAX),
+                    ..Stage::default()
+                },
+                scratch: vec![0; remem_verbs::mem::READ_CHUNK],
+            }),
+            v6: local.is_ipv6(),
+            gso_failed: false,
             faults: None,
         })
     }
@@ -200,62 +529,111 @@ impl Nic {
     }
 
     fn transmit(&mut self, engine: &Engine, now: Instant) -> usize {
-        let max_segments = if self.faults.is_some() {
+        let max_segments = if self.faults.is_some() || self.gso_failed {
             1
         } else {
             self.state.max_gso_segments().clamp(1, 64)
         };
+        // Packets are materialized (payloads copied) while something needs their bytes.
+        self.tx.stage.scatter = self.faults.is_none() && !engine.captures();
         let mut sent = 0;
         while sent < TX_BUDGET {
             let b = &self.tx;
             if b.count > 0
-                && (b.count >= max_segments || b.closed || b.len + MAX_PACKET > b.buf.len())
+                && (b.count >= max_segments || b.closed || b.len + MAX_PACKET > TX_BATCH_BYTES)
             {
-                self.flush(engine, self.tx.len);
+                self.flush(engine);
             }
             let b = &mut self.tx;
-            let start = b.len;
-            let Some((dst, len)) =
-                engine.poll_transmit_unsealed(now, &mut b.buf[start..start + MAX_PACKET])
-            else {
+            let own = b.own;
+            b.stage.mark = b.mem.mark();
+            let mut stager = Stager {
+                buf: &mut b.buf[own..own + MAX_PACKET],
+                stage: &mut b.stage,
+                mem: &mut b.mem,
+            };
+            let Some((dst, len)) = engine.poll_transmit_into(now, &mut stager) else {
+                // A packet whose building failed may have left references staged: their
+                // accesses end now, not at the next pass (a deregistration waits for them).
+                b.stage.pieces.clear();
+                b.mem.truncate(b.stage.mark);
                 break;
             };
             sent += 1;
-            let mut at = start;
-            if b.count > 0 && (dst != b.dst || len > b.segment) {
+            let staged = b.stage.finish(&mut b.buf[own..own + MAX_PACKET], len);
+            if b.count > 0
+                && (dst != b.dst
+                    || len > b.segment
+                    || b.pieces.len() + b.stage.pieces.len() > MAX_IOV)
+            {
                 // It cannot join this batch: send the batch, and start the next with it.
-                self.flush(engine, start);
-                self.tx.buf.copy_within(start..start + len, 0);
-                at = 0;
+                let staged_mem = b.mem.split_off(b.stage.mark);
+                self.flush(engine);
+                let b = &mut self.tx;
+                b.mem = staged_mem;
+                b.stage.mark = Mark::default();
+                b.buf.copy_within(own..own + staged, 0);
             }
             // Its ICRC covers the IPv4 identification the kernel gives it: its index in
             // the batch.
             let b = &mut self.tx;
-            if engine
-                .fill_icrc(dst, &mut b.buf[at..at + len], b.count as u16)
+            let (ip, ports) = engine.icrc_fields(dst, b.count as u16);
+            let at = b.own;
+            if b.stage
+                .seal(
+                    &mut b.buf[at..at + staged],
+                    &mut b.scratch,
+                    &b.mem,
+                    len,
+                    &ip,
+                    ports,
+                )
                 .is_none()
             {
+                b.mem.truncate(b.stage.mark);
                 continue;
+            }
+            for piece in b.stage.pieces.drain(..) {
+                let piece = match piece {
+                    Piece::Own { start, len } => Piece::Own {
+                        start: start + at,
+                        len,
+                    },
+                    Piece::Mem => Piece::Mem,
+                };
+                match (b.pieces.last_mut(), piece) {
+                    (
+                        Some(Piece::Own { start, len }),
+                        Piece::Own {
+                            start: next,
+                            len: more,
+                        },
+                    ) if *start + *len == next => *len += more,
+                    (_, piece) => b.pieces.push(piece),
+                }
             }
             if b.count == 0 {
                 b.dst = dst;
                 b.segment = len;
             }
             b.closed = len < b.segment;
+            b.zero_copy += usize::from(b.stage.scattered.is_some());
             b.count += 1;
             b.len += len;
+            b.own += staged;
         }
         if self.tx.count > 0 {
-            self.flush(engine, self.tx.len);
+            self.flush(engine);
         }
         sent
     }
 
-    /// Sends the batch in `tx.buf[..end]` and empties it.
-    fn flush(&mut self, engine: &Engine, end: usize) {
+    /// Sends the batch and empties it.
+    fn flush(&mut self, engine: &Engine) {
+        let b = &mut self.tx;
+        let end = b.own;
         if let Some(f) = self.faults.as_mut() {
-            // One packet (no batches with faults): its fate first.
-            let b = &mut self.tx;
+            // One packet (no batches with faults), copied whole: its fate first.
             let mut out = Vec::new();
             f.on_send(Instant::now(), b.dst, &b.buf[..end], &mut out);
             engine.transmitted(b.dst, &b.buf[..end], 0);
@@ -265,23 +643,23 @@ impl Nic {
             s.fault_corrupted.store(c.corrupted, Ordering::Relaxed);
             s.fault_duplicated.store(c.duplicated, Ordering::Relaxed);
             s.fault_reordered.store(c.reordered, Ordering::Relaxed);
-            b.len = 0;
-            b.count = 0;
-            b.closed = false;
+            b.clear();
             self.send_faulted(engine, out);
             return;
         }
-        let b = &mut self.tx;
-        let contents = &b.buf[..end];
-        let transmit = Transmit {
-            destination: b.dst,
-            ecn: None,
-            contents,
-            segment_size: (b.count > 1).then_some(b.segment),
-            src_ip: None,
+        let segment = (b.count > 1).then_some(b.segment as u16);
+        let send = |b: &TxBatch| {
+            sys::send_gso(
+                &self.socket,
+                self.v6,
+                b.dst,
+                segment,
+                &b.buf[..end],
+                &b.pieces,
+                &b.mem,
+            )
         };
-        let sock = UdpSockRef::from(&*self.socket);
-        let mut result = self.state.try_send(sock, &transmit);
+        let mut result = send(b);
         for _ in 0..3 {
             match &result {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -294,22 +672,39 @@ impl Nic {
                         tv_nsec: 1_000_000,
                     };
                     let _ = rustix::event::poll(&mut fds, Some(&ts));
-                    result = self
-                        .state
-                        .try_send(UdpSockRef::from(&*self.socket), &transmit);
+                    result = send(b);
                 }
                 _ => break,
             }
         }
+        if let Err(e) = &result
+            && segment.is_some()
+            && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL))
+        {
+            // The kernel cannot segment for this socket's device (as quinn-udp, from then
+            // on one packet per send); these packets are lost, RC retransmits them.
+            self.gso_failed = true;
+        }
         engine.stats.tx_datagrams.fetch_add(1, Ordering::Relaxed);
         // A packet the socket refused is lost on the wire as far as the transport knows:
         // RC retransmits it, UD is unreliable anyway.
-        for (i, pkt) in contents.chunks(b.segment.max(1)).enumerate() {
-            engine.transmitted(b.dst, pkt, i as u16);
+        let b = &mut self.tx;
+        if engine.captures() {
+            // Captured packets were copied whole: the batch's bytes are the packets.
+            for (i, pkt) in b.buf[..end].chunks(b.segment.max(1)).enumerate() {
+                engine.transmitted(b.dst, pkt, i as u16);
+            }
+        } else {
+            engine
+                .stats
+                .sent_pkts
+                .fetch_add(b.count as u64, Ordering::Relaxed);
         }
-        b.len = 0;
-        b.count = 0;
-        b.closed = false;
+        engine
+            .stats
+            .tx_zero_copy_pkts
+            .fetch_add(b.zero_copy as u64, Ordering::Relaxed);
+        b.clear();
     }
 
     fn receive(&mut self, engine: &Engine) -> usize {

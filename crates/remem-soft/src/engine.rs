@@ -12,13 +12,13 @@
 //! in the GSO batch), and the ICRC a Linux rxe peer checks is right.
 //!
 //! On receive, an IPv6 packet's ICRC is always verified (every covered header field is known
-//! from the socket); a mismatch drops it. An IPv4 packet is verified assuming identification
-//! 0, then its index in the GRO batch it arrived in (a remem sender's GSO segment); if neither
-//! matches — always the case for kernel rxe, whose identifications are unpredictable — the
-//! identification is recovered from the ICRC itself ([`icrc::recover_ipv4_id`]: a CRC is
-//! affine, so 16 unknown bits against 32 check bits leave a 16-bit check): a packet some
-//! identification fits is counted as `icrc_id_recovered` and accepted, any other is dropped
-//! as a bad ICRC.
+//! from the socket); a mismatch drops it. An IPv4 packet's identification is fitted with one
+//! CRC pass ([`icrc::fit_ipv4_id`]): identification 0, then its index in the GRO batch it
+//! arrived in (a remem sender's GSO segment); if neither fits — always the case for kernel
+//! rxe, whose identifications are unpredictable — the identification is solved for from the
+//! ICRC itself (a CRC is affine, so 16 unknown bits against 32 check bits leave a 16-bit
+//! check): a packet some identification fits is counted as `icrc_id_recovered` and
+//! accepted, any other is dropped as a bad ICRC.
 
 use crate::qp::SoftQp;
 use crate::transport::glue;
@@ -36,6 +36,52 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Instant;
+
+/// Where [`Engine::poll_transmit_into`] builds a packet: a buffer for its headers (and its
+/// payload, where that is copied), and how its payload is taken.
+pub trait TxBuild {
+    /// The buffer the packet is built in (room for the largest packet: MTU 4096 plus
+    /// headers).
+    fn buf(&mut self) -> &mut [u8];
+
+    /// Takes the payload of transport packet `tx`, whose headers are in `buf()[..hdr]` and
+    /// whose payload's place is `buf()[hdr..hdr + tx.payload_len]` (pad and ICRC field,
+    /// zeroed, follow it), by calling `fill` with a sink. An error drops the packet.
+    fn payload(
+        &mut self,
+        tx: &crate::transport::TxPacket,
+        hdr: usize,
+        fill: &mut crate::qp::Fill<'_>,
+    ) -> Result<(), crate::transport::AccessError>;
+}
+
+/// Builds whole packets into a slice (payload copied).
+struct CopyBuild<'a>(&'a mut [u8]);
+
+impl TxBuild for CopyBuild<'_> {
+    fn buf(&mut self) -> &mut [u8] {
+        self.0
+    }
+
+    fn payload(
+        &mut self,
+        tx: &crate::transport::TxPacket,
+        hdr: usize,
+        fill: &mut crate::qp::Fill<'_>,
+    ) -> Result<(), crate::transport::AccessError> {
+        let end = hdr + tx.payload_len as usize;
+        let Some(dst) = self.0.get_mut(hdr..end) else {
+            return Err(crate::transport::AccessError::Mem(
+                remem_verbs::MemError::OutOfBounds {
+                    offset: hdr as u64,
+                    len: u64::from(tx.payload_len),
+                    size: self.0.len() as u64,
+                },
+            ));
+        };
+        fill(&mut glue::CopySink(dst))
+    }
+}
 
 /// Why a received datagram was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +148,9 @@ pub struct EngineStats {
     pub icrc_id_recovered: AtomicU64,
     /// UDP sends (each may carry a GSO batch of packets).
     pub tx_datagrams: AtomicU64,
+    /// Packets sent with their payload referenced where it lies in registered memory, not
+    /// copied into the packet (the driver's scatter/gather send).
+    pub tx_zero_copy_pkts: AtomicU64,
     /// Fault injection: packets lost.
     pub fault_dropped: AtomicU64,
     /// Fault injection: packets corrupted.
@@ -441,25 +490,22 @@ impl Engine {
             src: from.port(),
             dst: self.local.port(),
         };
-        let verify = |id| icrc::verify(&ip_fields(from.ip(), to, id), ports, payload);
-        // A GSO segment's ICRC was computed for its index in the batch, which GRO hands
-        // back: try that first, so a batch costs one CRC per packet.
-        let verified = if gro_index != 0 && verify(gro_index) {
-            Some(gro_index)
-        } else if verify(0) {
-            Some(0)
-        } else {
-            None
+        // One CRC pass per packet: an IPv6 packet's ICRC is checked as it is; an IPv4 one's
+        // identification is fitted — 0 (an unconnected sender's single datagram), then its
+        // index in the GRO batch (a remem sender's GSO segment, whose ICRC was computed for
+        // its index in the batch), then solved for (kernel rxe's unpredictable ones).
+        let fitted = match ip_fields(from.ip(), to, 0) {
+            ip @ IpFields::V4 { .. } => icrc::fit_ipv4_id(&ip, ports, payload, gro_index),
+            ip => icrc::verify(&ip, ports, payload).then_some(0),
         };
-        self.capture(from, to_port, payload, verified.unwrap_or(0));
-        if verified.is_none() {
-            let recovered = !(from.is_ipv6() || to.is_ipv6())
-                && icrc::recover_ipv4_id(&ip_fields(from.ip(), to, 0), ports, payload).is_some();
-            if !recovered {
+        self.capture(from, to_port, payload, fitted.unwrap_or(0));
+        match fitted {
+            None => {
                 count(&self.stats.drop_bad_icrc);
                 return Err(DropCause::BadIcrc);
             }
-            count(&self.stats.icrc_id_recovered);
+            Some(id) if id != 0 && id != gro_index => count(&self.stats.icrc_id_recovered),
+            Some(_) => {}
         }
         // The default partition only (full or limited membership), as rxe checks it.
         if pkt.headers.bth.pkey & 0x7fff != 0x7fff {
@@ -597,6 +643,18 @@ impl Engine {
         now: Instant,
         buf: &mut [u8],
     ) -> Option<(SocketAddr, usize)> {
+        self.poll_transmit_into(now, &mut CopyBuild(buf))
+    }
+
+    /// As [`Engine::poll_transmit_unsealed`], building the packet through `out`: its
+    /// headers (pad and ICRC field zeroed) into `out.buf()`, its payload as
+    /// [`TxBuild::payload`] decides — copied there, or referenced where it lies (the
+    /// driver's scatter/gather send). Returns the destination and the packet's whole length.
+    pub fn poll_transmit_into(
+        &self,
+        now: Instant,
+        out: &mut dyn TxBuild,
+    ) -> Option<(SocketAddr, usize)> {
         loop {
             if !self.ready_hint.load(Ordering::SeqCst) {
                 // Nothing queued (as of the last release of the lock): no lock taken.
@@ -619,7 +677,7 @@ impl Engine {
                 (qpn, held)
             };
             if qpn == crate::cm::GSI_QPN {
-                let out = self.gsi_transmit(buf);
+                let out = self.gsi_transmit(out.buf());
                 // A MAD sent arms its retry timer.
                 self.note_cm_deadline();
                 match out {
@@ -642,8 +700,8 @@ impl Engine {
             let (built, more) = qp.poll_transmit_more(now, |tx, dgid, fill| {
                 dst = self.peer_addr(dgid.to_ip());
                 let h = glue::headers(tx);
-                let (hdr, total) = h.write(tx.payload_len as usize, buf).ok()?;
-                fill(&mut buf[hdr..hdr + tx.payload_len as usize]).ok()?;
+                let (hdr, total) = h.write(tx.payload_len as usize, out.buf()).ok()?;
+                out.payload(tx, hdr, fill).ok()?;
                 Some(total)
             });
             self.mark_timed(&qp);
@@ -678,6 +736,23 @@ impl Engine {
             dst: dst.port(),
         };
         icrc::fill(&ip, ports, pkt).ok()
+    }
+
+    /// The IP and UDP fields a packet to `dst` with IPv4 identification `ip_id` has, as its
+    /// ICRC covers them (for a driver computing the ICRC over a packet in pieces).
+    pub fn icrc_fields(&self, dst: SocketAddr, ip_id: u16) -> (IpFields, UdpPorts) {
+        let ip = ip_fields(self.local.ip(), dst.ip(), ip_id);
+        let ports = UdpPorts {
+            src: self.local.port(),
+            dst: dst.port(),
+        };
+        (ip, ports)
+    }
+
+    /// Whether packets are captured ([`Engine::transmitted`] must then see each packet's
+    /// bytes).
+    pub fn captures(&self) -> bool {
+        self.pcap.is_some()
     }
 
     /// Counts (and captures) a packet handed to the socket with IPv4 identification `ip_id`.

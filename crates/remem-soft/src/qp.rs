@@ -354,7 +354,8 @@ pub enum Transport {
 }
 
 /// A packet's payload writer, as the transports hand it out.
-pub type Fill<'a> = dyn FnMut(&mut [u8]) -> std::result::Result<(), AccessError> + 'a;
+pub type Fill<'a> = dyn FnMut(&mut dyn crate::transport::glue::PayloadSink) -> std::result::Result<(), AccessError>
+    + 'a;
 
 impl Transport {
     /// The QP state.

@@ -6,6 +6,7 @@
 //! through work requests posted before (a receive still waiting for its SEND, a SEND whose
 //! packets are still to be built), as rxe looks the lkey up again for every packet.
 
+use crate::transport::glue::{CopySink, PayloadSink};
 use crate::transport::{AccessError, Grant};
 use remem_verbs::MemError;
 
@@ -71,30 +72,39 @@ pub struct SendWqe {
 impl SendWqe {
     /// Copies `dst.len()` bytes of the message starting at `offset` into `dst` (gather).
     /// [`AccessError::Revoked`] if a region it reads was deregistered since it was posted.
-    pub fn gather(&self, mut offset: u64, dst: &mut [u8]) -> Result<(), AccessError> {
-        let want = dst.len() as u64;
+    pub fn gather(&self, offset: u64, dst: &mut [u8]) -> Result<(), AccessError> {
+        self.gather_into(offset, &mut CopySink(dst))
+    }
+
+    /// Puts `out.payload_len()` bytes of the message starting at `offset` into `out`, piece
+    /// by piece: inline data as bytes, each scatter/gather entry's part as a range of its
+    /// grant (copied or referenced, as the sink does). [`AccessError::Revoked`] if a region
+    /// it reads was deregistered since it was posted.
+    pub fn gather_into(
+        &self,
+        mut offset: u64,
+        out: &mut dyn PayloadSink,
+    ) -> Result<(), AccessError> {
+        let want = out.payload_len();
         let out_of_bounds = |offset: u64, size: u64| {
             AccessError::Mem(MemError::OutOfBounds {
                 offset,
-                len: want,
+                len: want as u64,
                 size,
             })
         };
         match &self.data {
             SendData::Inline(bytes) => {
                 let start = usize::try_from(offset).unwrap_or(usize::MAX);
-                match bytes.get(start..).and_then(|b| b.get(..dst.len())) {
-                    Some(src) => {
-                        dst.copy_from_slice(src);
-                        Ok(())
-                    }
+                match bytes.get(start..).and_then(|b| b.get(..want)) {
+                    Some(src) => out.put_bytes(0, src),
                     None => Err(out_of_bounds(offset, bytes.len() as u64)),
                 }
             }
             SendData::Sges(sges) => {
                 let mut done = 0usize;
                 for sge in sges {
-                    if done == dst.len() {
+                    if done == want {
                         break;
                     }
                     let len = sge.len() as u64;
@@ -102,12 +112,12 @@ impl SendWqe {
                         offset -= len;
                         continue;
                     }
-                    let n = ((len - offset) as usize).min(dst.len() - done);
-                    sge.read(offset as usize, &mut dst[done..done + n])?;
+                    let n = ((len - offset) as usize).min(want - done);
+                    out.put_grant(done, sge, offset as usize, n)?;
                     done += n;
                     offset = 0;
                 }
-                if done == dst.len() {
+                if done == want {
                     Ok(())
                 } else {
                     Err(out_of_bounds(offset, self.len))

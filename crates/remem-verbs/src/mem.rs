@@ -44,6 +44,11 @@ pub const ALLOC_ALIGN: usize = 4096;
 
 const WORD: usize = 8;
 
+/// The chunk size [`MemoryBuffer::read_chunks`] is meant for: a whole 4096-byte packet
+/// payload, so that a CRC over it is one call (`crc32fast`'s widest kernel pays a set-up per
+/// call), and still within the L1 cache.
+pub const READ_CHUNK: usize = 4096;
+
 enum Owner {
     /// Allocated by `zeroed` with this layout (not used for zero-length buffers).
     Alloc(Layout),
@@ -344,6 +349,56 @@ impl MemoryBuffer {
             i += n;
         }
         Ok(())
+    }
+
+    /// Reads `[offset, offset + len)` in order, a chunk of at most `scratch.len()` bytes at a
+    /// time (the caller's buffer, [`READ_CHUNK`] bytes recommended: nothing to zero per
+    /// call), and hands each chunk to `f`: to compute something over memory — the ICRC of a
+    /// packet's payload — without copying it out whole. Each chunk is read with this
+    /// module's atomic loads into `scratch` (the same accesses as [`MemoryBuffer::read`]),
+    /// so `f` sees bytes, never a reference into the buffer, and a concurrent writer is a
+    /// race on values, never undefined behaviour. Nothing is read if the range is out of
+    /// bounds, or if `scratch` is empty and `len` is not.
+    pub fn read_chunks(
+        &self,
+        offset: usize,
+        len: usize,
+        scratch: &mut [u8],
+        mut f: impl FnMut(&[u8]),
+    ) -> Result<(), MemError> {
+        self.check(offset, len)?;
+        if scratch.is_empty() && len > 0 {
+            return Err(MemError::OutOfBounds {
+                offset: 0,
+                len: len as u64,
+                size: 0,
+            });
+        }
+        let mut at = offset;
+        let end = offset + len;
+        while at < end {
+            let n = (end - at).min(scratch.len());
+            self.read(at, &mut scratch[..n])?;
+            f(&scratch[..n]);
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// The address of byte `offset`, once `[offset, offset + len)` is checked to lie inside
+    /// the buffer: for a copy made outside Rust's memory model, as a NIC's DMA is — the
+    /// soft NIC hands it to the kernel in a `sendmsg` iovec, and the kernel copies the
+    /// bytes into its socket buffer.
+    ///
+    /// Making the pointer is safe; using it is not, and must follow the access model in the
+    /// module docs: never turn it into a reference (the memory may change at any time), and
+    /// keep the buffer alive (hold its `Arc`) until the copy is done. Bytes that change while
+    /// the kernel copies them arrive torn, as they would from a NIC reading memory the
+    /// application is writing.
+    pub fn ptr_at(&self, offset: usize, len: usize) -> Result<*const u8, MemError> {
+        self.check(offset, len)?;
+        // In bounds (checked above): the result points into the allocation or one past it.
+        Ok(self.ptr.as_ptr().wrapping_add(offset).cast_const())
     }
 
     /// Copies `src` into the buffer starting at `offset`.
@@ -679,6 +734,26 @@ impl MemRegion {
         self.buf.write(at, src)
     }
 
+    /// Reads `len` bytes at `offset` (relative to the region) in chunks, see
+    /// [`MemoryBuffer::read_chunks`].
+    pub fn read_chunks(
+        &self,
+        offset: usize,
+        len: usize,
+        scratch: &mut [u8],
+        f: impl FnMut(&[u8]),
+    ) -> Result<(), MemError> {
+        let at = self.check(offset, len)?;
+        self.buf.read_chunks(at, len, scratch, f)
+    }
+
+    /// The address of byte `offset` of the region, `[offset, offset + len)` checked to lie
+    /// inside it: see [`MemoryBuffer::ptr_at`] for what it may be used for.
+    pub fn ptr_at(&self, offset: usize, len: usize) -> Result<*const u8, MemError> {
+        let at = self.check(offset, len)?;
+        self.buf.ptr_at(at, len)
+    }
+
     /// Copies `len` bytes at `offset` into a new vector.
     pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>, MemError> {
         let at = self.check(offset, len)?;
@@ -816,6 +891,80 @@ mod tests {
             assert_eq!(b.to_vec(0, b.len()).unwrap(), *reference.borrow());
             assert_eq!(b.into_vec(), *reference.borrow());
         }
+    }
+
+    #[test]
+    fn chunked_reads_see_exactly_the_range_in_order() {
+        let size = 3 * READ_CHUNK + 100;
+        for misalign in [0, 3, 7] {
+            let mut v = pattern(size + misalign);
+            v.drain(..misalign);
+            let want = v.clone();
+            let b = MemoryBuffer::from_vec(v);
+            for (off, len) in [
+                (0, 0),
+                (0, size),
+                (1, READ_CHUNK),
+                (5, READ_CHUNK + 1),
+                (size - 9, 9),
+                (READ_CHUNK - 1, 2 * READ_CHUNK + 3),
+            ] {
+                let mut got = Vec::new();
+                let mut chunks = 0;
+                b.read_chunks(off, len, &mut [0; READ_CHUNK], |c| {
+                    assert!(!c.is_empty() && c.len() <= READ_CHUNK);
+                    got.extend_from_slice(c);
+                    chunks += 1;
+                })
+                .unwrap();
+                assert_eq!(
+                    got,
+                    &want[off..off + len],
+                    "misalign {misalign} {off}+{len}"
+                );
+                assert_eq!(chunks, len.div_ceil(READ_CHUNK));
+            }
+            let mut called = false;
+            let scratch = &mut [0; READ_CHUNK];
+            assert!(
+                b.read_chunks(size - 1, 2, scratch, |_| called = true)
+                    .is_err()
+            );
+            assert!(
+                b.read_chunks(usize::MAX, 1, scratch, |_| called = true)
+                    .is_err()
+            );
+            assert!(b.read_chunks(0, 1, &mut [], |_| called = true).is_err());
+            // A small scratch buffer: small chunks, same bytes.
+            let mut got = Vec::new();
+            b.read_chunks(3, 100, &mut [0; 7], |c| {
+                assert!(c.len() <= 7);
+                got.extend_from_slice(c);
+            })
+            .unwrap();
+            assert_eq!(got, &want[3..103]);
+            assert!(!called, "nothing read out of bounds");
+        }
+        // Through a region: relative to the region, bounded by it.
+        let buf = Arc::new(MemoryBuffer::from_vec(pattern(100)));
+        let r = MemRegion::new(buf, 10..20).unwrap();
+        let mut got = Vec::new();
+        r.read_chunks(2, 8, &mut [0; 16], |c| got.extend_from_slice(c))
+            .unwrap();
+        assert_eq!(got, &pattern(100)[12..20]);
+        assert!(r.read_chunks(2, 9, &mut [0; 16], |_| ()).is_err());
+    }
+
+    #[test]
+    fn raw_addresses_are_bounds_checked() {
+        let buf = Arc::new(MemoryBuffer::zeroed(64).unwrap());
+        assert_eq!(buf.ptr_at(0, 64).unwrap() as u64, buf.addr());
+        assert_eq!(buf.ptr_at(64, 0).unwrap() as u64, buf.addr() + 64);
+        assert!(buf.ptr_at(60, 5).is_err());
+        assert!(buf.ptr_at(usize::MAX, 2).is_err());
+        let r = MemRegion::new(buf.clone(), 8..24).unwrap();
+        assert_eq!(r.ptr_at(4, 12).unwrap() as u64, buf.addr() + 12);
+        assert!(r.ptr_at(4, 13).is_err());
     }
 
     #[test]

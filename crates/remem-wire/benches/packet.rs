@@ -7,6 +7,10 @@
 //! * `wire_parse`: `Packet::parse` plus `icrc::verify`, what the engine does with every
 //!   datagram it receives; `parse_no_icrc` is the parse alone.
 //!
+//! * `wire_fit_ipv4_id`: the ICRC check of an IPv4 packet whose identification the receiver
+//!   does not know (`icrc::fit_ipv4_id`), right on the hint (a GSO segment's index) and
+//!   solved for (kernel rxe's identifications).
+//!
 //! IPv4 with identification 0 and DF, as the soft provider sends.
 //!
 //! `cargo bench -p remem-wire --bench packet`
@@ -124,5 +128,32 @@ fn parse(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, build, parse);
+/// The receiver's ICRC check of an IPv4 packet whose identification it does not know:
+/// `fit_ipv4_id` with the identification a remem sender's GSO segment carries (its index, the
+/// hint) and with one kernel rxe picked (solved for).
+fn fit_id(c: &mut Criterion) {
+    let mut group = c.benchmark_group("wire_fit_ipv4_id");
+    for (name, h, payload) in cases() {
+        let mut bytes = packet(&h, &payload);
+        let sent = IpFields::V4 {
+            src: Ipv4Addr::new(10, 0, 0, 1),
+            dst: Ipv4Addr::new(10, 0, 0, 2),
+            id: 0x2345,
+            flags_frag: IPV4_DF,
+        };
+        icrc::fill(&sent, PORTS, &mut bytes).unwrap();
+        group.throughput(Throughput::Bytes(bytes.len() as u64));
+        for (what, hint) in [("hinted", 0x2345), ("solved", 7)] {
+            group.bench_with_input(BenchmarkId::new(what, &name), &bytes, |b, p| {
+                b.iter(|| {
+                    let id = icrc::fit_ipv4_id(&ip(), PORTS, black_box(p.as_slice()), hint);
+                    assert_eq!(id, Some(0x2345));
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, build, parse, fit_id);
 criterion_main!(benches);

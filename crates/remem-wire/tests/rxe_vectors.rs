@@ -244,6 +244,20 @@ fn check_file(pcap: &Path) -> usize {
         let f = dissect(frame);
         let p = Packet::parse(&f.roce).unwrap_or_else(|e| panic!("{ctx}: {e}"));
         assert!(icrc::verify(&f.ip, f.ports, &f.roce), "{ctx}: ICRC");
+        // Over slices, as the scatter/gather send path computes it: the headers, then the
+        // payload in pieces, whatever the cut.
+        let wire = u32::from_le_bytes(f.roce[f.roce.len() - 4..].try_into().unwrap());
+        let covered = &f.roce[..f.roce.len() - 4];
+        let hdr = covered.len() - p.payload.len() - usize::from(p.headers.bth.pad);
+        for cut in [12, hdr, hdr + p.payload.len() / 2, covered.len()] {
+            let (a, b) = covered.split_at(cut.min(covered.len()));
+            let (b1, b2) = b.split_at(b.len() / 3);
+            assert_eq!(
+                icrc::compute_slices(&f.ip, f.ports, &[a, b1, &[], b2]),
+                Ok(wire),
+                "{ctx}: ICRC over slices cut at {cut}"
+            );
+        }
         // What a receiver that cannot see the IP header does: recover the kernel's
         // identification from the ICRC alone.
         if let IpFields::V4 { id, .. } = f.ip {

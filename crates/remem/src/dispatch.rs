@@ -36,7 +36,9 @@ pub enum Polling {
         spin: Duration,
     },
     /// One thread polls every connection's CQ without ever sleeping: the lowest latency,
-    /// one CPU.
+    /// one CPU. After a round that found nothing it yields the CPU (`sched_yield`) to any
+    /// other thread that is ready (a soft device's progress thread, say), and goes on at
+    /// once when none is.
     Busy,
     /// Nothing polls: the application calls
     /// [`Connection::poll_completions`](crate::Connection::poll_completions).
@@ -238,7 +240,10 @@ impl Dispatcher {
                 }
             }
             if handled == 0 {
-                std::hint::spin_loop();
+                // Nothing came: let another thread that is ready have the CPU (a device's
+                // progress thread, the peer), as a busy-polling NIC driver would not need
+                // to; on an idle machine this returns at once.
+                std::thread::yield_now();
             }
         }
     }

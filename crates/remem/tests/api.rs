@@ -862,3 +862,108 @@ async fn a_device_without_a_progress_thread_is_driven_by_its_user() {
         .expect("the driven device made no progress");
     assert_eq!(target.to_vec(), vec![0x5a; 4096]);
 }
+
+/// Two connections on devices their user drives, all served by one task that polls every
+/// connection between polls of the work (as `remem perf --api -q 2` does): the two make
+/// progress together — neither waits for the other to finish — and every write lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_manual_driver_moves_two_connections_together() {
+    use remem_soft::{SoftContext, SoftOptions};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const SIZE: usize = 16 << 10;
+    const PER_BATCH: usize = 8;
+    const BATCHES: u64 = 32;
+    let inline = SoftOptions {
+        inline: true,
+        ..SoftOptions::default()
+    };
+    let build = |addr| {
+        let ctx: Arc<dyn remem::verbs::Context> =
+            Arc::new(SoftContext::bind_with(addr, &inline).unwrap());
+        RdmaBuilder::new()
+            .context(ctx)
+            .polling(Polling::Manual)
+            .keepalive(None)
+            .build()
+            .unwrap()
+    };
+    let a = build(common::first_addr());
+    let b = build(common::peer_addr());
+    let mut conns = Vec::new();
+    for _ in 0..2 {
+        let (pa, pb) = (a.prepare().unwrap(), b.prepare().unwrap());
+        let (ia, ib) = (pa.local_info(), pb.local_info());
+        conns.push((pa.connect(ib).unwrap(), pb.connect(ia).unwrap()));
+    }
+    let all: Vec<&Connection> = conns.iter().flat_map(|(x, y)| [x, y]).collect();
+    let targets: Vec<_> = (0..2)
+        .map(|_| b.alloc_local_mr(layout(SIZE)).unwrap())
+        .collect();
+    let src_mr = a.alloc_local_mr(layout(SIZE)).unwrap();
+    src_mr.write(0, &[0x77; SIZE]).unwrap();
+    let src = src_mr.get(0..SIZE).unwrap();
+    let done = [AtomicU64::new(0), AtomicU64::new(0)];
+    // What the other connection had completed when one completed all its batches.
+    let other_at_finish = [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)];
+    let work = async {
+        for ((_, cb), t) in conns.iter().zip(&targets) {
+            cb.share_local_mr(t).await.unwrap();
+        }
+        let mut remotes = Vec::new();
+        for (ca, _) in &conns {
+            remotes.push(ca.receive_shared_mr().await.unwrap());
+        }
+        let lane = |i: usize| {
+            let (ca, dst) = (&conns[i].0, remotes[i].get(0..SIZE).unwrap());
+            let (src, done, other_at_finish) = (&src, &done, &other_at_finish);
+            async move {
+                for _ in 0..BATCHES / 2 {
+                    let mut batch = ca.batch();
+                    for _ in 0..PER_BATCH {
+                        batch.write(src, &dst).unwrap();
+                    }
+                    batch.submit().await.unwrap();
+                    if done[i].fetch_add(1, Ordering::AcqRel) + 1 == BATCHES {
+                        let other = done[1 - i].load(Ordering::Acquire);
+                        other_at_finish[i].store(other, Ordering::Release);
+                    }
+                }
+            }
+        };
+        tokio::join!(lane(0), lane(0), lane(1), lane(1));
+    };
+    // One task drives everything: each round polls every connection (which drives their
+    // devices), then the work.
+    let driven = async {
+        let mut work = std::pin::pin!(work);
+        std::future::poll_fn(|cx| {
+            for c in &all {
+                c.poll_completions();
+            }
+            match work.as_mut().poll(cx) {
+                std::task::Poll::Ready(()) => std::task::Poll::Ready(()),
+                std::task::Poll::Pending => {
+                    cx.waker().wake_by_ref();
+                    std::task::Poll::Pending
+                }
+            }
+        })
+        .await
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(60), driven)
+        .await
+        .expect("two connections under one manual driver made no progress");
+    for i in 0..2 {
+        assert_eq!(done[i].load(Ordering::Acquire), BATCHES);
+        assert_eq!(targets[i].to_vec(), vec![0x77; SIZE]);
+    }
+    // Whichever finished first (it saw the other short of its batches; the second saw
+    // all of them), the other had made progress by then.
+    let seen = other_at_finish.map(|o| o.into_inner());
+    let first = usize::from(seen[1] < seen[0]);
+    assert!(
+        seen[first] > 0,
+        "connection {first} finished its {BATCHES} batches before the other completed one"
+    );
+}

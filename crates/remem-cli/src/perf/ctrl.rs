@@ -357,6 +357,10 @@ pub(crate) fn encode_settings(s: &Settings) -> Vec<u8> {
         b.push(1);
         b.extend_from_slice(&port.to_be_bytes());
     }
+    // Since --verify: a section of its own (absent: not verified).
+    if s.verify {
+        b.push(2);
+    }
     b
 }
 
@@ -426,13 +430,20 @@ pub(crate) fn decode_settings(b: &[u8]) -> Option<Settings> {
         }
         sizes.push(s);
     }
-    let cm = match c.u8() {
-        None => None,
-        Some(1) => Some(u16::from_be_bytes(c.bytes(2)?.try_into().ok()?)),
-        Some(_) => return None,
-    };
-    if !c.0.is_empty() {
-        return None;
+    // Optional sections, each at most once, in this order: 1 (the CM port), 2 (verify).
+    let mut cm = None;
+    let mut verify = false;
+    let mut last = 0;
+    while let Some(tag) = c.u8() {
+        if tag <= last {
+            return None;
+        }
+        last = tag;
+        match tag {
+            1 => cm = Some(u16::from_be_bytes(c.bytes(2)?.try_into().ok()?)),
+            2 => verify = true,
+            _ => return None,
+        }
     }
     Some(Settings {
         test,
@@ -447,6 +458,7 @@ pub(crate) fn decode_settings(b: &[u8]) -> Option<Settings> {
         bidir,
         conn,
         cm,
+        verify,
     })
 }
 
@@ -469,6 +481,7 @@ mod tests {
             bidir: true,
             conn: Conn::Rc,
             cm: None,
+            verify: false,
         }
     }
 
@@ -488,8 +501,32 @@ mod tests {
             ..s.clone()
         };
         let with_cm = encode_settings(&cm);
-        assert_eq!(decode_settings(&with_cm), Some(cm));
+        assert_eq!(decode_settings(&with_cm), Some(cm.clone()));
         assert_eq!(decode_settings(&with_cm[..with_cm.len() - 1]), None);
+        let verified = Settings {
+            verify: true,
+            ..cm.clone()
+        };
+        let with_verify = encode_settings(&verified);
+        assert_eq!(decode_settings(&with_verify), Some(verified.clone()));
+        let only_verify = Settings {
+            verify: true,
+            ..s.clone()
+        };
+        assert_eq!(
+            decode_settings(&encode_settings(&only_verify)),
+            Some(only_verify)
+        );
+        // A section twice, or out of order, is garbage.
+        let mut twice = with_verify.clone();
+        twice.push(2);
+        assert_eq!(decode_settings(&twice), None);
+        let mut swapped = encode_settings(&Settings {
+            cm: None,
+            ..verified
+        });
+        swapped.extend_from_slice(&[1, 0x48, 0x53]);
+        assert_eq!(decode_settings(&swapped), None);
         for cut in 0..b.len() {
             assert_eq!(decode_settings(&b[..cut]), None);
         }

@@ -25,6 +25,7 @@ mod api;
 mod ctrl;
 mod perftest;
 mod raw;
+mod verify;
 
 use remem::verbs::{Context, Gid, GidType};
 use remem_soft::{SoftContext, SoftOptions};
@@ -288,6 +289,16 @@ pub struct PerfArgs {
     /// answer it owes before and between runs).
     #[arg(long = "ctrl-timeout", default_value_t = 10.0)]
     pub ctrl_timeout: f64,
+    /// Check the data (write_bw, read_bw; RC, raw provider, one size of at least 8 bytes):
+    /// each QP uses `-t` slots of message size on both sides, message `i` going from slot
+    /// `i % t` to slot `i % t`, and its bytes are a pattern derived from the QP, `i` and
+    /// the offset. A READ's bytes are checked as it completes (every byte of every
+    /// message); a WRITE's destination slots are checked by the server at the end (every
+    /// byte of each slot's last message, and that the last messages are the last ones
+    /// posted). A mismatch fails the run. Costs bandwidth (the pattern is written or
+    /// checked per message): compare verified runs with verified runs.
+    #[arg(long)]
+    pub verify: bool,
 }
 
 /// What the client tells the server: the test and its parameters.
@@ -309,6 +320,8 @@ pub(crate) struct Settings {
     /// `-R`: connect the QPs through the RDMA connection manager, on this CM port (TCP
     /// port space) of the server's device address.
     pub cm: Option<u16>,
+    /// `--verify`: patterned slots, the data checked (see [`PerfArgs::verify`]).
+    pub verify: bool,
 }
 
 /// Most message sizes a run may ask for (`-a` goes to 8 MiB).
@@ -353,6 +366,7 @@ impl Settings {
             bidir: a.bidir,
             conn: a.conn,
             cm: a.rdma_cm.then_some(a.port),
+            verify: a.verify,
         };
         if a.rdma_cm && (a.conn != Conn::Rc || a.api || a.perftest) {
             return Err(
@@ -427,9 +441,22 @@ impl Settings {
         if self.qps == 0 || self.qps > 1024 {
             return Err(format!("-q {} outside 1..=1024", self.qps));
         }
+        if self.verify {
+            if !matches!(test, Test::WriteBw | Test::ReadBw) || self.conn != Conn::Rc {
+                return Err("--verify checks write_bw and read_bw on RC".into());
+            }
+            if self.api || self.bidir {
+                return Err("--verify runs on the raw provider, one way: no --api or -b".into());
+            }
+            if self.sizes.len() != 1 || self.sizes[0] < 8 {
+                return Err(
+                    "--verify runs one message size of at least 8 bytes (-s, no -a)".into(),
+                );
+            }
+        }
         // Each side allocates two areas of the largest message per QP: a client's settings
         // cannot make a server allocate without bound.
-        let buffers = 2 * self.max_size() * u64::from(self.qps);
+        let buffers = 2 * self.area_bytes() * u64::from(self.qps);
         if buffers > MAX_BUFFERS {
             return Err(format!(
                 "-q {} with {}-byte messages needs {buffers} bytes of buffers per side, more \
@@ -455,6 +482,16 @@ impl Settings {
 
     pub(crate) fn max_size(&self) -> u64 {
         self.sizes.iter().copied().max().unwrap_or(8).max(8)
+    }
+
+    /// Bytes of one of a QP's two areas: the largest message, or with `--verify` one slot
+    /// of it per operation in flight.
+    pub(crate) fn area_bytes(&self) -> u64 {
+        if self.verify {
+            self.max_size() * u64::from(self.tx_depth)
+        } else {
+            self.max_size()
+        }
     }
 
     /// The settings to run over a path MTU of `mtu` bytes: a UD message is at most one

@@ -390,6 +390,9 @@ pub(crate) fn check(s: &Settings) -> Result<(), PerfError> {
     if s.duration.is_some() {
         return Err("--perftest runs a number of iterations: use -n, not -D".into());
     }
+    if s.verify {
+        return Err("--verify needs remem perf on both sides: not with --perftest".into());
+    }
     Ok(())
 }
 

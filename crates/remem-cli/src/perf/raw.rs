@@ -146,7 +146,8 @@ impl Side {
         let msg = if ud {
             s.max_size().min(u64::from(mtu.bytes())) as usize + GRH
         } else {
-            s.max_size() as usize
+            // With --verify: one slot per operation in flight.
+            s.area_bytes() as usize
         };
         let area = msg.max(min_area).div_ceil(64) * 64;
         let qps_n = s.qps as usize;
@@ -865,6 +866,9 @@ fn serve_sizes(ctrl: &mut Ctrl, s: &Settings, dev: &Device) -> Result<(), PerfEr
             }
         };
         let size = Cursor(&payload).u64().ok_or("malformed START")?;
+        if s.verify {
+            super::verify::prepare_server(&side, s.test == Test::WriteBw, size, s.tx_depth)?;
+        }
         ctrl.send(ctrl::READY, &[])?;
         let mut tally = Tally {
             received: 0,
@@ -898,6 +902,9 @@ fn serve_sizes(ctrl: &mut Ctrl, s: &Settings, dev: &Device) -> Result<(), PerfEr
             )?
         };
         let expected = Cursor(&p).u64().ok_or("malformed DONE")?;
+        if s.verify && s.test == Test::WriteBw {
+            super::verify::check_writes(&side, size, s.tx_depth, expected)?;
+        }
         if receives && s.test.is_bw() {
             // Every SEND the client saw complete has arrived here (RC), or will not (UD).
             side.receive_rest(&mut got, expected, ctrl.timeout())?;
@@ -1125,6 +1132,8 @@ pub(super) fn bandwidth(
     let flags = side.flags(s, size);
     let mut posted = vec![0u64; nq];
     let mut outstanding = vec![0u64; nq];
+    // --verify: operations completed per QP (the READs to check).
+    let mut completed = vec![0u64; nq];
     let mut done = 0u64;
     let mut marks: Vec<(f64, u64)> = Vec::with_capacity(4096);
     let mut wcs = [WorkCompletion::default(); 64];
@@ -1146,6 +1155,13 @@ pub(super) fn bandwidth(
                 let left = per_qp - posted[q];
                 let k = cq_mod.min(left);
                 if k == 0 || room < k {
+                    continue;
+                }
+                if s.verify {
+                    post_verified(side, s, q, ops[q], posted[q], k, size, flags)?;
+                    posted[q] += k;
+                    outstanding[q] += k;
+                    busy = true;
                     continue;
                 }
                 batch.clear();
@@ -1181,6 +1197,15 @@ pub(super) fn bandwidth(
                 if let Some(o) = outstanding.get_mut(q) {
                     *o = o.saturating_sub(k);
                 }
+                if s.verify && s.test == Test::ReadBw {
+                    let first = completed[q];
+                    for i in first..first + k {
+                        super::verify::check_read(side, q, i, size, s.tx_depth)?;
+                    }
+                }
+                if let Some(c) = completed.get_mut(q) {
+                    *c += k;
+                }
                 done += k;
             }
             busy = true;
@@ -1206,6 +1231,58 @@ pub(super) fn bandwidth(
         })?;
     }
     Ok((report::bw_row(size, &marks), done))
+}
+
+/// `--verify`: posts operations `first..first + k` of QP `q`, each from and to its own
+/// slot (a WRITE's pattern written first); the last one signaled, as in [`bandwidth`].
+#[allow(clippy::too_many_arguments)]
+fn post_verified(
+    side: &Side,
+    s: &Settings,
+    q: usize,
+    op: SendOp,
+    first: u64,
+    k: u64,
+    size: u64,
+    flags: SendFlags,
+) -> Result<(), PerfError> {
+    use super::verify::{fill_source, slot_offset};
+    let mut sges = Vec::with_capacity(k as usize);
+    let mut ops = Vec::with_capacity(k as usize);
+    for i in first..first + k {
+        let off = slot_offset(i, size, s.tx_depth);
+        let (local, op) = match op {
+            SendOp::RdmaWrite { remote_addr, rkey } => {
+                fill_source(side, q, i, size, s.tx_depth)?;
+                let remote_addr = remote_addr + off;
+                (side.src_area(q), SendOp::RdmaWrite { remote_addr, rkey })
+            }
+            SendOp::RdmaRead { remote_addr, rkey } => {
+                let remote_addr = remote_addr + off;
+                (side.recv_area(q), SendOp::RdmaRead { remote_addr, rkey })
+            }
+            _ => return Err("--verify checks WRITEs and READs".into()),
+        };
+        sges.push([side.sge(local + off as usize, size)]);
+        ops.push(op);
+    }
+    let batch: Vec<SendWr<'_>> = sges
+        .iter()
+        .zip(&ops)
+        .enumerate()
+        .map(|(j, (sge, &op))| {
+            let mut wr = side.wr(q, 0, op, sge);
+            wr.flags = flags;
+            if j as u64 == k - 1 {
+                wr.flags |= SendFlags::SIGNALED;
+                wr.wr_id = ((q as u64) << 32) | k;
+            }
+            wr
+        })
+        .collect();
+    side.qps[q]
+        .post_send(&batch)
+        .map_err(|e| format!("post_send: {}", e.error))
 }
 
 /// A latency run: ping-pong (WRITE, SEND; half the round trip) or one operation at a

@@ -195,6 +195,12 @@ pub(crate) fn json(test: Test, api: bool, s: &Settings, row: &Row) -> String {
         s.qps,
         s.tx_depth
     );
+    // Only verified runs say so (the other rows keep their fields).
+    let common = if s.verify {
+        format!("{common},\"verified\":true")
+    } else {
+        common
+    };
     let num = |v: f64| {
         if v.is_finite() {
             format!("{v:?}")
@@ -393,6 +399,7 @@ mod tests {
             bidir: false,
             conn: super::super::Conn::Rc,
             cm: None,
+            verify: false,
         }
     }
 

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 /// ran out of retries (RETRY_EXC_ERR).
 pub const MAX_UNACKED_PSNS: u32 = 128;
 /// Transport statistics in counter order, with their rxe names.
-pub const STAT_NAMES: [(Stat, &str); 12] = [
+pub const STAT_NAMES: [(Stat, &str); 15] = [
     (Stat::DuplicateRequest, "duplicate_request"),
     (Stat::OutOfSeqRequest, "out_of_seq_request"),
     (Stat::RcvdRnrNak, "rcvd_rnr_err"),
@@ -48,6 +48,9 @@ pub const STAT_NAMES: [(Stat, &str); 12] = [
     (Stat::DuplicateReadDropped, "drop_duplicate_read"),
     (Stat::ReadOverflowDropped, "drop_read_overflow"),
     (Stat::ResponseQueueFull, "drop_resp_queue_full"),
+    (Stat::Retransmitted, "retransmitted_pkts"),
+    (Stat::CwndReduced, "cwnd_reductions"),
+    (Stat::EarlyRetransmit, "early_retransmits"),
 ];
 
 static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
@@ -223,6 +226,7 @@ impl DeviceShared {
             counter("icrc_id_recovered", &e.icrc_id_recovered),
             counter("tx_datagrams", &e.tx_datagrams),
             counter("rx_datagrams", &e.rx_datagrams),
+            counter("tx_zero_copy_pkts", &e.tx_zero_copy_pkts),
             counter("fault_dropped", &e.fault_dropped),
             counter("fault_corrupted", &e.fault_corrupted),
             counter("fault_duplicated", &e.fault_duplicated),

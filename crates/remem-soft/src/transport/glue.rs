@@ -1,7 +1,156 @@
-//! Between the transport's packet model ([`TxPacket`], [`RxPacket`]) and `remem-wire`.
+//! Between the transport's packet model ([`TxPacket`], [`RxPacket`]) and `remem-wire`, and
+//! where a packet's payload goes ([`PayloadSink`]).
 
-use super::{Kind, Pos, RxPacket, TxPacket};
+use super::{AccessError, Grant, Held, Kind, Pos, RxPacket, TxPacket};
+use remem_verbs::MemError;
 use remem_wire::{Aeth, Bth, Deth, Headers, Opcode, Packet, Psn};
+
+/// Where a packet's payload goes while the transport builds it: the transport's
+/// `poll_transmit` hands its caller a function that puts the payload into a sink, piece by
+/// piece in order (`at` is the position in the payload), from inline data or from
+/// registered memory. A sink copies ([`CopySink`], and `Vec<u8>` for tests: the vector's
+/// length is the payload's), or — the driver's scatter/gather send — keeps each piece of
+/// registered memory as a range of [`super::grant::HeldRanges`] for the kernel to copy from
+/// where it lies.
+pub trait PayloadSink {
+    /// Payload bytes the packet carries.
+    fn payload_len(&self) -> usize;
+
+    /// Payload bytes `at..at + bytes.len()` are `bytes` (inline data).
+    fn put_bytes(&mut self, at: usize, bytes: &[u8]) -> Result<(), AccessError>;
+
+    /// Payload bytes `at..at + n` are bytes `offset..offset + n` of `grant`'s range (a
+    /// work request's scatter/gather entry): fails if the key was revoked.
+    fn put_grant(
+        &mut self,
+        at: usize,
+        grant: &Grant,
+        offset: usize,
+        n: usize,
+    ) -> Result<(), AccessError>;
+
+    /// Payload bytes `at..at + n` are bytes `offset..offset + n` of a held grant's range (a
+    /// READ response's region, in an access since the response was decided).
+    fn put_held(
+        &mut self,
+        at: usize,
+        held: &Held,
+        offset: usize,
+        n: usize,
+    ) -> Result<(), AccessError>;
+}
+
+/// A [`PayloadSink`] that copies the payload into a slice (exactly the payload's length).
+#[derive(Debug)]
+pub struct CopySink<'a>(pub &'a mut [u8]);
+
+fn out_of(dst: &[u8], at: usize, n: usize) -> AccessError {
+    AccessError::Mem(MemError::OutOfBounds {
+        offset: at as u64,
+        len: n as u64,
+        size: dst.len() as u64,
+    })
+}
+
+fn copy_at(dst: &mut [u8], at: usize, n: usize) -> Result<&mut [u8], AccessError> {
+    let size = dst.len();
+    match at.checked_add(n) {
+        Some(end) if end <= size => Ok(&mut dst[at..end]),
+        _ => Err(out_of(dst, at, n)),
+    }
+}
+
+impl PayloadSink for [u8] {
+    fn payload_len(&self) -> usize {
+        self.len()
+    }
+
+    fn put_bytes(&mut self, at: usize, bytes: &[u8]) -> Result<(), AccessError> {
+        copy_at(self, at, bytes.len())?.copy_from_slice(bytes);
+        Ok(())
+    }
+
+    fn put_grant(
+        &mut self,
+        at: usize,
+        grant: &Grant,
+        offset: usize,
+        n: usize,
+    ) -> Result<(), AccessError> {
+        grant.read(offset, copy_at(self, at, n)?)
+    }
+
+    fn put_held(
+        &mut self,
+        at: usize,
+        held: &Held,
+        offset: usize,
+        n: usize,
+    ) -> Result<(), AccessError> {
+        held.read(offset, copy_at(self, at, n)?)
+            .map_err(AccessError::Mem)
+    }
+}
+
+impl PayloadSink for CopySink<'_> {
+    fn payload_len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn put_bytes(&mut self, at: usize, bytes: &[u8]) -> Result<(), AccessError> {
+        self.0.put_bytes(at, bytes)
+    }
+
+    fn put_grant(
+        &mut self,
+        at: usize,
+        grant: &Grant,
+        offset: usize,
+        n: usize,
+    ) -> Result<(), AccessError> {
+        self.0.put_grant(at, grant, offset, n)
+    }
+
+    fn put_held(
+        &mut self,
+        at: usize,
+        held: &Held,
+        offset: usize,
+        n: usize,
+    ) -> Result<(), AccessError> {
+        self.0.put_held(at, held, offset, n)
+    }
+}
+
+impl PayloadSink for Vec<u8> {
+    fn payload_len(&self) -> usize {
+        self.len()
+    }
+
+    fn put_bytes(&mut self, at: usize, bytes: &[u8]) -> Result<(), AccessError> {
+        self.as_mut_slice().put_bytes(at, bytes)
+    }
+
+    fn put_grant(
+        &mut self,
+        at: usize,
+        grant: &Grant,
+        offset: usize,
+        n: usize,
+    ) -> Result<(), AccessError> {
+        self.as_mut_slice().put_grant(at, grant, offset, n)
+    }
+
+    fn put_held(
+        &mut self,
+        at: usize,
+        held: &Held,
+        offset: usize,
+        n: usize,
+    ) -> Result<(), AccessError> {
+        self.as_mut_slice().put_held(at, held, offset, n)
+    }
+}
 
 /// The wire opcode of a transport packet (`ud`: it carries a DETH).
 pub fn opcode(kind: Kind, pos: Pos, ud: bool) -> Opcode {

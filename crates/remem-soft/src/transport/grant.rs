@@ -55,7 +55,8 @@ impl KeyedRegion {
     }
 
     /// Revokes the key: once this returns, no grant resolved from it reads or writes the
-    /// memory (accesses already in progress — at most one packet's copy each — are waited
+    /// memory (accesses already in progress — at most one packet's copy, or the send of the
+    /// batch of packets that references the memory ([`HeldRanges`]), each — are waited
     /// for). Idempotent.
     pub fn revoke(&self) {
         self.state.fetch_or(REVOKED, Ordering::AcqRel);
@@ -269,6 +270,214 @@ impl Drop for Held {
     }
 }
 
+/// Ranges of keys' memory in accesses that last until they are dropped (their keys cannot be
+/// revoked meanwhile, and their buffers stay allocated): a batch's packet payloads as the
+/// driver's scatter/gather send references them, from the moment each packet is built
+/// until the kernel has copied the batch.
+///
+/// Consecutive ranges of one key share one access (a [`Held`]: the key's `Arc` and an
+/// entered access): a 64 KiB WRITE's sixteen packets cost one reference count and one
+/// access for the batch, not one each. Adding a range of a key already held checks its
+/// revoked bit instead (a load), so a deregistration that has begun stops new packets as
+/// [`Grant::read`] would, and waits only for what was already built.
+///
+/// Its bytes are read, never referenced: [`HeldRanges::read_chunks`] (the ICRC),
+/// [`HeldRanges::read`] (a packet materialized), and [`HeldRanges::ptr`], the address the
+/// kernel copies from — while the application, or a peer's WRITE on the progress thread,
+/// may be writing the same memory. A packet whose bytes change between its ICRC and the
+/// kernel's copy fails the receiver's ICRC check and is dropped there (RC retransmits
+/// it): the race a NIC reading host memory by DMA has.
+#[derive(Debug, Default)]
+pub struct HeldRanges {
+    holds: Vec<Held>,
+    /// (index in `holds`, offset in the key's region, length).
+    ranges: Vec<(usize, usize, usize)>,
+}
+
+/// How far a [`HeldRanges`] was filled (see [`HeldRanges::mark`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Mark {
+    holds: usize,
+    ranges: usize,
+}
+
+impl Mark {
+    /// Index of the first range added after the mark.
+    pub fn ranges(&self) -> usize {
+        self.ranges
+    }
+}
+
+impl HeldRanges {
+    /// Number of ranges.
+    pub fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    /// Number of accesses held (at most one per run of ranges of one key).
+    pub fn holds(&self) -> usize {
+        self.holds.len()
+    }
+
+    /// The last hold, if it is of `key`.
+    fn last_of(&self, key: &Arc<KeyedRegion>) -> Option<usize> {
+        let i = self.holds.len().checked_sub(1)?;
+        Arc::ptr_eq(&self.holds[i].grant.key, key).then_some(i)
+    }
+
+    /// Adds `[offset, offset + n)` of `grant`'s range: [`AccessError::Revoked`] if its key
+    /// is revoked (or being revoked), [`AccessError::Mem`] outside the range.
+    pub fn push_grant(
+        &mut self,
+        grant: &Grant,
+        offset: usize,
+        n: usize,
+    ) -> Result<(), AccessError> {
+        let at = grant.at(offset, n).map_err(AccessError::Mem)?;
+        let owner = match self.last_of(&grant.key) {
+            Some(i) if !grant.key.is_revoked() => i,
+            Some(_) => return Err(AccessError::Revoked),
+            None => {
+                let held = grant.clone().hold().ok_or(AccessError::Revoked)?;
+                self.holds.push(held);
+                self.holds.len() - 1
+            }
+        };
+        self.ranges.push((owner, at, n));
+        Ok(())
+    }
+
+    /// Adds `[offset, offset + n)` of a held grant's range (a READ response's region): it
+    /// is within an access in progress, so only the bounds can fail.
+    pub fn push_held(&mut self, held: &Held, offset: usize, n: usize) -> Result<(), MemError> {
+        let at = held.grant.at(offset, n)?;
+        let owner = match self.last_of(&held.grant.key) {
+            Some(i) => i,
+            None => {
+                self.holds.push(held.share());
+                self.holds.len() - 1
+            }
+        };
+        self.ranges.push((owner, at, n));
+        Ok(())
+    }
+
+    /// How far it is filled now.
+    pub fn mark(&self) -> Mark {
+        Mark {
+            holds: self.holds.len(),
+            ranges: self.ranges.len(),
+        }
+    }
+
+    /// Drops what was added after `mark` (a packet that was not built).
+    pub fn truncate(&mut self, mark: Mark) {
+        self.ranges.truncate(mark.ranges);
+        self.holds.truncate(mark.holds);
+    }
+
+    /// Moves the ranges added after `mark` into a new list (a packet that starts the next
+    /// batch), with the holds they need: those added after `mark` move, one they share
+    /// with the ranges before it is entered again (nested in the access it shares).
+    pub fn split_off(&mut self, mark: Mark) -> HeldRanges {
+        let moved = self.holds.split_off(mark.holds);
+        let after = self.ranges.split_off(mark.ranges);
+        // A range added after the mark reuses a hold from before it only while no hold was
+        // added after it, and only the last one: at most one hold is shared.
+        let mut out = HeldRanges::default();
+        let shared = after.iter().any(|r| r.0 < mark.holds);
+        if shared && let Some(last) = self.holds.last() {
+            out.holds.push(last.share());
+        }
+        let base = usize::from(shared);
+        out.ranges = after
+            .into_iter()
+            .map(|(owner, at, n)| {
+                let owner = if owner < mark.holds {
+                    0
+                } else {
+                    owner - mark.holds + base
+                };
+                (owner, at, n)
+            })
+            .collect();
+        out.holds.extend(moved);
+        out
+    }
+
+    /// Drops every range and hold (their accesses end).
+    pub fn clear(&mut self) {
+        self.ranges.clear();
+        self.holds.clear();
+    }
+
+    /// Length of range `i`.
+    pub fn range_len(&self, i: usize) -> Option<usize> {
+        self.ranges.get(i).map(|r| r.2)
+    }
+
+    fn region(&self, i: usize) -> Result<(&MemRegion, usize, usize), MemError> {
+        let out = |size| MemError::OutOfBounds {
+            offset: i as u64,
+            len: 1,
+            size,
+        };
+        let &(owner, at, n) = self.ranges.get(i).ok_or(out(self.ranges.len() as u64))?;
+        let held = self.holds.get(owner).ok_or(out(self.holds.len() as u64))?;
+        Ok((&held.grant.key.region, at, n))
+    }
+
+    /// Reads range `i` in chunks of at most `scratch.len()`, in order (see
+    /// `MemoryBuffer::read_chunks`).
+    pub fn read_chunks(
+        &self,
+        i: usize,
+        scratch: &mut [u8],
+        f: impl FnMut(&[u8]),
+    ) -> Result<(), MemError> {
+        let (region, at, n) = self.region(i)?;
+        region.read_chunks(at, n, scratch, f)
+    }
+
+    /// Copies range `i` into `dst` (exactly its length).
+    pub fn read(&self, i: usize, dst: &mut [u8]) -> Result<(), MemError> {
+        let (region, at, n) = self.region(i)?;
+        if dst.len() != n {
+            return Err(MemError::OutOfBounds {
+                offset: 0,
+                len: dst.len() as u64,
+                size: n as u64,
+            });
+        }
+        region.read(at, dst)
+    }
+
+    /// The address of range `i`'s first byte, valid for reads of its length while this
+    /// holds it, for a copy outside Rust's memory model only — see `MemoryBuffer::ptr_at`.
+    pub fn ptr(&self, i: usize) -> Result<*const u8, MemError> {
+        let (region, at, n) = self.region(i)?;
+        region.ptr_at(at, n)
+    }
+}
+
+impl Held {
+    /// Another access to the same range, entered inside this one (which keeps the key from
+    /// being revoked meanwhile, so it cannot fail).
+    pub fn share(&self) -> Held {
+        // Not `try_enter`: this access is part of one in progress (ours), so `revoke` is
+        // still waiting for it if it has been called; the new count keeps it waiting.
+        self.grant.key.state.fetch_add(1, Ordering::Acquire);
+        Held {
+            grant: self.grant.clone(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -388,5 +597,104 @@ mod tests {
             len: 8,
         };
         assert!(g.hold().is_none(), "a revoked key cannot be held");
+    }
+
+    #[test]
+    fn held_ranges_read_their_bytes_and_delay_revocation() {
+        let (buf, k) = key(4096 + 16);
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 1) as u8).collect();
+        buf.write(16, &data).unwrap();
+        let g = k.grant(k.region().addr() + 100, 3000).unwrap();
+        let mut r = HeldRanges::default();
+        r.push_grant(&g, 7, 2500).unwrap();
+        r.push_grant(&g, 0, 10).unwrap();
+        assert_eq!((r.len(), r.holds()), (2, 1), "one key, one access");
+        assert_eq!(r.range_len(0), Some(2500));
+        let mut got = Vec::new();
+        r.read_chunks(0, &mut [0; 1000], |c| got.extend_from_slice(c))
+            .unwrap();
+        assert_eq!(got, &data[107..2607]);
+        let mut copy = vec![0; 2500];
+        r.read(0, &mut copy).unwrap();
+        assert_eq!(copy, got);
+        assert!(r.read(0, &mut [0; 3]).is_err(), "exactly its length");
+        assert!(r.read(2, &mut [0; 3]).is_err(), "no such range");
+        assert_eq!(r.ptr(1).unwrap() as u64, buf.addr() + 16 + 100);
+        assert!(matches!(
+            r.push_grant(&g, 1, 3000),
+            Err(AccessError::Mem(_))
+        ));
+        // Another key: an access of its own.
+        let (_buf2, k2) = key(64);
+        r.push_grant(&k2.grant_all().unwrap(), 0, 8).unwrap();
+        assert_eq!((r.len(), r.holds()), (3, 2));
+        // A packet that was not built leaves nothing behind.
+        let mark = r.mark();
+        r.push_grant(&k2.grant_all().unwrap(), 8, 8).unwrap();
+        r.push_grant(&g, 0, 1).unwrap();
+        r.truncate(mark);
+        assert_eq!((r.len(), r.holds()), (3, 2));
+        // From a held grant (a READ response's region): nested in its access.
+        let held = k.grant_all().unwrap().hold().unwrap();
+        let mark = r.mark();
+        r.push_held(&held, 4000, 96).unwrap();
+        assert!(r.push_held(&held, 4000, 97).is_err());
+        r.push_grant(&g, 2990, 10).unwrap();
+        assert_eq!((r.len(), r.holds()), (5, 3));
+        drop(held);
+        // The ranges after the mark start a batch of their own, holding what they need.
+        let mut next = r.split_off(mark);
+        assert_eq!((r.len(), next.len(), next.holds()), (3, 2, 1));
+        let mut tail = [0u8; 96];
+        next.read(0, &mut tail).unwrap();
+        assert_eq!(&tail[..], &data[4000..]);
+        r.clear();
+        // The ranges alone keep revocation waiting.
+        let revoker = {
+            let k = k.clone();
+            std::thread::spawn(move || k.revoke())
+        };
+        while !k.is_revoked() {
+            std::hint::spin_loop();
+        }
+        next.read(1, &mut [0; 10]).unwrap();
+        assert!(
+            !revoker.is_finished(),
+            "revoke returned while a range was held"
+        );
+        assert!(
+            matches!(next.push_grant(&g, 0, 1), Err(AccessError::Revoked)),
+            "a key being revoked takes no new range"
+        );
+        assert!(matches!(
+            HeldRanges::default().push_grant(&g, 0, 1),
+            Err(AccessError::Revoked)
+        ));
+        next.clear();
+        revoker.join().unwrap();
+    }
+
+    #[test]
+    fn a_split_shares_the_hold_before_the_mark() {
+        let (_buf, k) = key(1024);
+        let g = k.grant_all().unwrap();
+        let mut r = HeldRanges::default();
+        r.push_grant(&g, 0, 100).unwrap();
+        let mark = r.mark();
+        r.push_grant(&g, 100, 100).unwrap(); // shares the hold before the mark
+        let (_buf2, k2) = key(64);
+        r.push_grant(&k2.grant_all().unwrap(), 0, 8).unwrap();
+        r.push_grant(&g, 200, 8).unwrap(); // a new hold of the first key
+        let next = r.split_off(mark);
+        assert_eq!((r.len(), r.holds()), (1, 1));
+        assert_eq!((next.len(), next.holds()), (3, 3));
+        assert_eq!(next.ptr(0).unwrap(), r.ptr(0).unwrap().wrapping_add(100));
+        assert_eq!(next.range_len(1), Some(8));
+        assert_eq!(next.ptr(2).unwrap(), r.ptr(0).unwrap().wrapping_add(200));
+        drop(r);
+        // Every access ends with the lists.
+        drop(next);
+        k.revoke();
+        k2.revoke();
     }
 }

@@ -280,6 +280,15 @@ pub enum Stat {
     /// QP's queue of responses to send was full (`drop_resp_queue_full`): a peer cannot
     /// make the responder queue more than a bounded number of ACKs, NAKs and answers.
     ResponseQueueFull,
+    /// A request packet was sent again (go-back-N after a NAK, a timeout or a missing READ
+    /// response; `retransmitted_pkts`).
+    Retransmitted,
+    /// The requester's congestion window was cut: a loss event or a stall
+    /// (`cwnd_reductions`).
+    CwndReduced,
+    /// The adaptive retransmission timeout expired: the requester resent from the first
+    /// unacknowledged PSN without spending a retry (`early_retransmits`).
+    EarlyRetransmit,
 }
 
 /// What the transport needs from its surroundings: memory, receive queues, completion

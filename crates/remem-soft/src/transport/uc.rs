@@ -27,6 +27,7 @@
 //!   deregistered after it was posted completes with `LOC_PROT_ERR` and the QP goes to
 //!   ERR, as on RC and UD.
 
+use super::glue::PayloadSink;
 use super::psn::add;
 use super::rc::MAX_MSG;
 use super::{AccessError, Env, Grant, Kind, Pos, RcConfig, Reth, RxPacket, Stat, TxPacket};
@@ -247,7 +248,10 @@ impl UcTransport {
     pub fn poll_transmit<R>(
         &mut self,
         env: &mut dyn Env,
-        emit: impl FnOnce(&TxPacket, &mut dyn FnMut(&mut [u8]) -> Result<(), AccessError>) -> R,
+        emit: impl FnOnce(
+            &TxPacket,
+            &mut dyn FnMut(&mut dyn PayloadSink) -> Result<(), AccessError>,
+        ) -> R,
     ) -> Option<R> {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             return None;
@@ -309,7 +313,7 @@ impl UcTransport {
         pkt.payload_len = (wqe.len - offset).min(mtu) as u32;
         let mut revoked = false;
         let r = emit(&pkt, &mut |dst| {
-            let res = wqe.gather(offset, dst);
+            let res = wqe.gather_into(offset, dst);
             revoked |= res == Err(AccessError::Revoked);
             res
         });

@@ -1,5 +1,6 @@
 //! The UD transport: unreliable datagrams, one SEND ONLY packet per message.
 
+use super::glue::PayloadSink;
 use super::{AccessError, Env, Kind, Pos, RxPacket, TxPacket};
 use crate::wqe::{SendWqe, UdTarget, scatter_into};
 use remem_verbs::{QpState, SendOp, WcFlags, WcOpcode, WcStatus, WorkCompletion};
@@ -126,7 +127,7 @@ impl UdTransport {
         emit: impl FnOnce(
             &TxPacket,
             &UdTarget,
-            &mut dyn FnMut(&mut [u8]) -> Result<(), AccessError>,
+            &mut dyn FnMut(&mut dyn PayloadSink) -> Result<(), AccessError>,
         ) -> R,
     ) -> Option<R> {
         if self.state != QpState::Rts {
@@ -155,7 +156,7 @@ impl UdTransport {
         };
         pkt.deth = Some((qkey, self.qpn));
         pkt.payload_len = wqe.len as u32;
-        let r = emit(&pkt, &target, &mut |dst| wqe.gather(0, dst));
+        let r = emit(&pkt, &target, &mut |dst| wqe.gather_into(0, dst));
         if wqe.signaled {
             env.send_completion(self.wc(&wqe, WcStatus::Success));
         }

@@ -1,0 +1,413 @@
+//! How fast the requester sends: a congestion window in packets and an adaptive retransmit
+//! timer. Pure state, no I/O and no packets: the requester asks it how many PSNs it may
+//! have unacknowledged ([`Pacing::limit`]) and when to retransmit early
+//! ([`Pacing::rto`]), and tells it what happened (ACKs, losses, RTT samples, timeouts).
+//!
+//! Nothing here changes what goes on the wire, only when: the requester still speaks
+//! IBTA go-back-N (it resends from the first PSN the peer has not acknowledged, or from
+//! the PSN a sequence NAK names), so any responder — kernel rxe, a RoCE NIC — sees nothing
+//! but requests, in order, some of them duplicates.
+//!
+//! - **Congestion window** (as TCP Reno, RFC 5681, counted in packets): it starts at the
+//!   QP's window (a loss-free link is not slowed at all), grows by one packet per packet
+//!   acknowledged below `ssthresh` and by one packet per window above it, and halves on a
+//!   loss event (a sequence NAK, an out-of-order READ response, an early retransmission) —
+//!   once per round trip: the losses of one window of packets show within a round trip of
+//!   the first, and go-back-N makes every loss after a retransmission a loss of the new
+//!   window, so PSNs cannot tell the events apart (TCP's `recover` point can: it keeps
+//!   what it sent beyond a loss). No growth while the cut is less than a round trip old.
+//!   Never below [`CWND_FLOOR`].
+//! - **Retransmit timer** (RFC 6298): SRTT and RTTVAR from RTT samples of packets sent
+//!   once (Karn: a retransmitted packet's ACK is ambiguous, so it gives no sample); the
+//!   RTO is `SRTT + 4·RTTVAR`, doubled per early retransmission until forward progress or
+//!   a new sample, and clamped to [[`MIN_RTO`], the QP's local ACK timeout]; before the
+//!   first sample it is the ACK timeout.
+
+use std::time::{Duration, Instant};
+
+/// The smallest congestion window, in packets.
+pub(super) const CWND_FLOOR: u32 = 8;
+
+/// The smallest retransmission timeout: several round trips of a loopback or LAN path under
+/// load (50–150 µs measured on loopback), so that jitter rarely causes a spurious one.
+pub(super) const MIN_RTO: Duration = Duration::from_micros(250);
+
+/// The RTO before the first RTT sample, when the QP has no ACK timeout (RFC 6298's 1 s).
+/// With one, the ACK timeout itself: until the path is measured, the requester retransmits
+/// no earlier than IBTA's timer says.
+const INITIAL_RTO: Duration = Duration::from_secs(1);
+
+/// Congestion window and retransmit timer of one requester.
+#[derive(Debug, Clone)]
+pub(super) struct Pacing {
+    /// The most the window may grow to (the QP's window).
+    max: u32,
+    /// Congestion window, packets.
+    cwnd: u32,
+    /// Slow-start threshold, packets.
+    ssthresh: u32,
+    /// Packets acknowledged towards the next additive increase.
+    acked: u32,
+    /// The loss event in progress: losses until then belong to it and do not cut the
+    /// window again.
+    recover: Option<Instant>,
+    srtt: Option<Duration>,
+    rttvar: Duration,
+    /// Doublings of the RTO since the last sample.
+    backoff: u32,
+    /// The QP's local ACK timeout (the RTO's ceiling); `None`: no timeout.
+    max_rto: Option<Duration>,
+    /// The window (cwnd, ssthresh) before the last early retransmission cut it, until
+    /// the next forward progress shows whether that retransmission was needed.
+    undo: Option<(u32, u32)>,
+}
+
+impl Pacing {
+    /// Pacing for a QP whose window is `window` PSNs and whose local ACK timeout is
+    /// `ack_timeout`.
+    pub(super) fn new(window: u32, ack_timeout: Option<Duration>) -> Pacing {
+        let max = window.max(1);
+        Pacing {
+            max,
+            cwnd: max,
+            ssthresh: u32::MAX,
+            acked: 0,
+            recover: None,
+            srtt: None,
+            rttvar: Duration::ZERO,
+            backoff: 0,
+            max_rto: ack_timeout,
+            undo: None,
+        }
+    }
+
+    /// Applies the QP's window and local ACK timeout (on every state change: a QP in RTS
+    /// may be given a new timeout).
+    pub(super) fn configure(&mut self, window: u32, ack_timeout: Option<Duration>) {
+        self.max = window.max(1);
+        self.cwnd = self.cwnd.min(self.max);
+        self.max_rto = ack_timeout;
+    }
+
+    /// The congestion window, packets.
+    pub(super) fn cwnd(&self) -> u32 {
+        self.cwnd
+    }
+
+    /// The most PSNs the requester may have unacknowledged now.
+    pub(super) fn limit(&self) -> u32 {
+        self.cwnd.min(self.max).max(1)
+    }
+
+    /// The smoothed RTT, once there is a sample.
+    pub(super) fn srtt(&self) -> Option<Duration> {
+        self.srtt
+    }
+
+    /// `n` packets were newly acknowledged at `now`. Grows the window (not while a loss
+    /// event is being recovered from).
+    pub(super) fn on_ack(&mut self, n: u32, now: Instant) {
+        // The path delivers again: the RTO backoff ends with forward progress, not only
+        // with an RTT sample (during go-back-N every packet is a retransmission and gives
+        // none).
+        if n > 0 {
+            self.backoff = 0;
+        }
+        if let Some(r) = self.recover {
+            if now < r {
+                return;
+            }
+            self.recover = None;
+        }
+        if self.cwnd < self.ssthresh {
+            self.cwnd = self.cwnd.saturating_add(n);
+        } else {
+            self.acked = self.acked.saturating_add(n);
+            while self.acked >= self.cwnd {
+                self.acked -= self.cwnd;
+                self.cwnd += 1;
+            }
+        }
+        self.cwnd = self.cwnd.min(self.max);
+    }
+
+    /// A loss was detected at `now`. Cuts the window in half unless the loss belongs to
+    /// the event in progress (a cut less than a round trip ago). Returns whether it cut.
+    pub(super) fn on_loss(&mut self, now: Instant) -> bool {
+        self.undo = None;
+        if self.recover.is_some_and(|r| now < r) {
+            return false;
+        }
+        self.ssthresh = (self.cwnd / 2).max(CWND_FLOOR);
+        self.cwnd = self.ssthresh;
+        self.acked = 0;
+        self.recover = Some(now + self.round_trip());
+        true
+    }
+
+    /// The QP's ACK timeout passed without progress at `now`: the path may be gone; start
+    /// again from the smallest window.
+    pub(super) fn on_stall(&mut self, now: Instant) {
+        self.ssthresh = (self.cwnd / 2).max(CWND_FLOOR);
+        self.cwnd = CWND_FLOOR;
+        self.acked = 0;
+        self.recover = Some(now + self.round_trip());
+    }
+
+    /// A round trip: the smoothed RTT, or before any sample the RTO.
+    fn round_trip(&self) -> Duration {
+        self.srtt.unwrap_or_else(|| self.rto())
+    }
+
+    /// An RTT sample of a packet sent once.
+    pub(super) fn on_rtt(&mut self, rtt: Duration) {
+        match self.srtt {
+            None => {
+                self.srtt = Some(rtt);
+                self.rttvar = rtt / 2;
+            }
+            Some(srtt) => {
+                let err = srtt.abs_diff(rtt);
+                self.rttvar = (self.rttvar * 3 + err) / 4;
+                self.srtt = Some((srtt * 7 + rtt) / 8);
+            }
+        }
+        self.backoff = 0;
+    }
+
+    /// The retransmit timer expired at `now`: the next RTO is twice as long (until
+    /// progress or a sample), and the window is cut as for a loss — undone by
+    /// [`Self::spurious`] if the retransmission turns out not to have been needed.
+    pub(super) fn on_rto(&mut self, now: Instant) -> bool {
+        self.backoff = (self.backoff + 1).min(16);
+        let before = (self.cwnd, self.ssthresh);
+        let cut = self.on_loss(now);
+        if cut {
+            self.undo = Some(before);
+        }
+        cut
+    }
+
+    /// Whether an early retransmission's cut is still waiting to be judged.
+    pub(super) fn undo_pending(&self) -> bool {
+        self.undo.is_some()
+    }
+
+    /// The forward progress after an early retransmission showed it was needed (`false`)
+    /// or spurious (`true`: the peer acknowledged packets of the first transmission that
+    /// were not sent again yet — the path was only slow, as a descheduled peer is): a
+    /// spurious one's cut is undone (as Eifel, RFC 3522, does with timestamps).
+    pub(super) fn judge_rto(&mut self, spurious: bool) {
+        if let Some((cwnd, ssthresh)) = self.undo.take()
+            && spurious
+        {
+            self.cwnd = cwnd;
+            self.ssthresh = ssthresh;
+            self.recover = None;
+        }
+    }
+
+    /// The retransmission timeout now.
+    pub(super) fn rto(&self) -> Duration {
+        let base = match self.srtt {
+            Some(srtt) => srtt + (self.rttvar * 4).max(Duration::from_micros(1)),
+            None => self.max_rto.unwrap_or(INITIAL_RTO),
+        };
+        let rto = base.max(MIN_RTO).saturating_mul(1 << self.backoff.min(16));
+        match self.max_rto {
+            Some(max) => rto.min(max),
+            None => rto,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const T: Option<Duration> = Some(Duration::from_millis(268));
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn starts_at_the_window_and_does_not_slow_a_clean_link() {
+        let mut p = Pacing::new(128, T);
+        assert_eq!(p.limit(), 128);
+        p.on_ack(1000, Instant::now());
+        assert_eq!(p.limit(), 128, "capped by the QP's window");
+    }
+
+    #[test]
+    fn halves_once_per_round_trip_of_losses() {
+        let t0 = Instant::now();
+        let mut p = Pacing::new(128, T);
+        p.on_rtt(10 * MS);
+        assert!(p.on_loss(t0));
+        assert_eq!(p.cwnd(), 64);
+        // More losses within the round trip: the same event.
+        assert!(!p.on_loss(t0 + MS));
+        assert!(!p.on_loss(t0 + 9 * MS));
+        assert_eq!(p.cwnd(), 64);
+        // No growth while recovering.
+        p.on_ack(20, t0 + 5 * MS);
+        assert_eq!(p.cwnd(), 64);
+        // A loss a round trip later is a new event.
+        assert!(p.on_loss(t0 + 10 * MS));
+        assert_eq!(p.cwnd(), 32);
+    }
+
+    #[test]
+    fn grows_additively_above_ssthresh() {
+        let t0 = Instant::now();
+        let mut p = Pacing::new(128, T);
+        p.on_rtt(MS);
+        p.on_loss(t0);
+        assert_eq!(p.cwnd(), 64);
+        let later = t0 + 2 * MS;
+        p.on_ack(10, later); // recovery over; additive: 10 of 64 towards one more
+        assert_eq!(p.cwnd(), 64);
+        p.on_ack(54, later);
+        assert_eq!(p.cwnd(), 65);
+    }
+
+    #[test]
+    fn never_below_the_floor_and_a_stall_starts_from_it() {
+        let t0 = Instant::now();
+        let mut p = Pacing::new(128, T);
+        p.on_rtt(MS);
+        for i in 0..20u32 {
+            p.on_loss(t0 + i * 2 * MS);
+        }
+        assert_eq!(p.cwnd(), CWND_FLOOR);
+        let mut p = Pacing::new(128, T);
+        p.on_rtt(MS);
+        p.on_stall(t0);
+        assert_eq!(p.cwnd(), CWND_FLOOR);
+        // Slow start back up to ssthresh (64).
+        p.on_ack(8, t0 + 2 * MS);
+        assert_eq!(p.cwnd(), 16);
+    }
+
+    #[test]
+    fn rto_follows_rfc_6298_within_its_clamps() {
+        let mut p = Pacing::new(128, T);
+        assert_eq!(p.rto(), T.unwrap(), "no sample: the ACK timeout");
+        assert_eq!(Pacing::new(128, None).rto(), INITIAL_RTO);
+        p.on_rtt(4 * MS);
+        // SRTT 4 ms, RTTVAR 2 ms: 4 + 8 = 12 ms.
+        assert_eq!(p.rto(), 12 * MS);
+        for _ in 0..100 {
+            p.on_rtt(4 * MS);
+        }
+        assert!(p.rto() < 5 * MS);
+        // A tiny RTT: the floor.
+        let mut q = Pacing::new(128, T);
+        for _ in 0..100 {
+            q.on_rtt(Duration::from_micros(10));
+        }
+        assert_eq!(q.rto(), MIN_RTO);
+        // Backoff doubles, capped by the ACK timeout; a sample resets it.
+        let t0 = Instant::now();
+        q.on_rto(t0);
+        assert_eq!(q.rto(), MIN_RTO * 2);
+        for _ in 0..20 {
+            q.on_rto(t0);
+        }
+        assert_eq!(q.rto(), T.unwrap());
+        q.on_rtt(Duration::from_micros(10));
+        assert_eq!(q.rto(), MIN_RTO);
+        // No ACK timeout: no cap.
+        let mut n = Pacing::new(128, None);
+        for _ in 0..20 {
+            n.on_rto(t0);
+        }
+        assert!(n.rto() > T.unwrap());
+    }
+
+    #[test]
+    fn a_spurious_early_retransmission_is_undone() {
+        let t0 = Instant::now();
+        let mut p = Pacing::new(128, T);
+        p.on_rtt(MS);
+        assert!(p.on_rto(t0));
+        assert_eq!(p.cwnd(), 64);
+        assert!(p.undo_pending());
+        p.judge_rto(true);
+        assert_eq!(p.cwnd(), 128);
+        assert!(!p.undo_pending());
+        // A needed one stays cut; so does one a real loss followed.
+        assert!(p.on_rto(t0 + 10 * MS));
+        p.judge_rto(false);
+        assert_eq!(p.cwnd(), 64);
+        assert!(p.on_rto(t0 + 20 * MS));
+        p.on_loss(t0 + 20 * MS);
+        p.judge_rto(true);
+        assert_eq!(p.cwnd(), 32);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Ev {
+        Ack(u32),
+        Loss,
+        Stall,
+        Rtt(u64),
+        Rto,
+        Judge(bool),
+        /// Time passes (µs).
+        Wait(u64),
+    }
+
+    fn ev() -> impl Strategy<Value = Ev> {
+        prop_oneof![
+            (0u32..300).prop_map(Ev::Ack),
+            Just(Ev::Loss),
+            Just(Ev::Stall),
+            (0u64..1_000_000).prop_map(Ev::Rtt),
+            Just(Ev::Rto),
+            any::<bool>().prop_map(Ev::Judge),
+            (0u64..100_000).prop_map(Ev::Wait),
+        ]
+    }
+
+    proptest! {
+        /// Whatever happens, the window stays within [1, the QP's window] (and at least
+        /// the floor when the QP's window allows it), and the RTO within its clamps.
+        #[test]
+        fn bounds_hold(window in 1u32..2048, evs in proptest::collection::vec(ev(), 0..200)) {
+            let mut p = Pacing::new(window, T);
+            let mut now = Instant::now();
+            for e in evs {
+                match e {
+                    Ev::Ack(n) => p.on_ack(n, now),
+                    Ev::Loss => { p.on_loss(now); }
+                    Ev::Stall => p.on_stall(now),
+                    Ev::Rtt(us) => p.on_rtt(Duration::from_micros(us)),
+                    Ev::Rto => { p.on_rto(now); }
+                    Ev::Judge(spurious) => p.judge_rto(spurious),
+                    Ev::Wait(us) => now += Duration::from_micros(us),
+                }
+                prop_assert!(p.limit() >= 1 && p.limit() <= window);
+                prop_assert!(p.limit() >= CWND_FLOOR.min(window));
+                prop_assert!(p.rto() >= MIN_RTO.min(T.unwrap()));
+                prop_assert!(p.rto() <= T.unwrap());
+            }
+        }
+
+        /// Losses within a round trip of the first cut the window once, however many.
+        #[test]
+        fn one_cut_per_round_trip(
+            rtt_us in 1u64..100_000,
+            at in proptest::collection::vec(0.0f64..1.0, 1..50),
+        ) {
+            let rtt = Duration::from_micros(rtt_us);
+            let mut p = Pacing::new(1024, T);
+            p.on_rtt(rtt);
+            let t0 = Instant::now();
+            let before = p.cwnd();
+            prop_assert!(p.on_loss(t0));
+            let cuts = at.iter().filter(|&&f| p.on_loss(t0 + rtt.mul_f64(f))).count();
+            prop_assert_eq!(cuts, 0);
+            prop_assert_eq!(p.cwnd(), before / 2);
+        }
+    }
+}
