@@ -23,7 +23,10 @@ pub struct SoftOptions {
     pub inline: bool,
     /// How long the progress thread keeps polling its socket before it sleeps
     /// (`REMEM_SOFT_BUSY_POLL_US`, microseconds; default 0). Spinning trades a CPU for
-    /// latency: a sleeping thread needs a wake-up per packet.
+    /// latency: a sleeping thread needs a wake-up per packet. [`Duration::MAX`]
+    /// (`REMEM_SOFT_BUSY_POLL_US=always`) is busy polling: the thread never sleeps (a
+    /// nonblocking receive per pass, no timer syscalls, and posts from other threads cost
+    /// no wake-up). A sleeping thread is woken by a post at once (an eventfd write).
     pub busy_poll: Duration,
     /// The UDP port this device sends to by default (default: its own). RoCEv2 devices all
     /// use 4791, so peers share a port; a peer on another port is named per peer with
@@ -49,6 +52,16 @@ pub const CPU_ENV: &str = "REMEM_SOFT_CPU";
 /// The environment variable that sets [`SoftOptions::busy_poll`] (microseconds).
 pub const BUSY_POLL_ENV: &str = "REMEM_SOFT_BUSY_POLL_US";
 
+/// [`SoftOptions::busy_poll`] from the value of [`BUSY_POLL_ENV`]: microseconds, or
+/// `always` (never sleep: [`Duration::MAX`]); unset or unreadable: 0.
+fn busy_poll_from(value: Option<&str>) -> Duration {
+    match value.map(str::trim) {
+        Some("always") => Duration::MAX,
+        Some(us) => Duration::from_micros(us.parse().unwrap_or(0)),
+        None => Duration::ZERO,
+    }
+}
+
 impl SoftOptions {
     /// Options from the environment: `REMEM_PCAP`, `REMEM_SOFT_CPU`,
     /// `REMEM_SOFT_BUSY_POLL_US`.
@@ -60,7 +73,7 @@ impl SoftOptions {
             pcap: std::env::var_os(crate::pcap::PCAP_ENV).map(Into::into),
             cpu: num(CPU_ENV),
             inline: false,
-            busy_poll: Duration::from_micros(num(BUSY_POLL_ENV).unwrap_or(0)),
+            busy_poll: busy_poll_from(std::env::var(BUSY_POLL_ENV).ok().as_deref()),
             peer_port: None,
             no_placement: false,
             faults: None,
@@ -382,6 +395,14 @@ mod tests {
         assert!(counters.iter().any(|c| c.name == "rcvd_seq_err"));
         assert!(counters.iter().all(|c| c.value == 0));
         assert!(ctx.get_async_event().is_none());
+    }
+
+    #[test]
+    fn busy_poll_reads_microseconds_or_always() {
+        assert_eq!(busy_poll_from(Some("50")), Duration::from_micros(50));
+        assert_eq!(busy_poll_from(Some(" always ")), Duration::MAX);
+        assert_eq!(busy_poll_from(Some("soon")), Duration::ZERO);
+        assert_eq!(busy_poll_from(None), Duration::ZERO);
     }
 
     #[test]

@@ -539,6 +539,22 @@ impl Nic {
         moved + received + self.transmit(engine, Instant::now())
     }
 
+    /// Waits until the socket or `wake` is readable, or `timeout` has passed; returns
+    /// whether `wake` is readable.
+    fn wait_or_wake(&self, timeout: Duration, wake: &impl std::os::fd::AsFd) -> bool {
+        let ts = rustix::time::Timespec {
+            tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        let mut fds = [
+            rustix::event::PollFd::new(&*self.socket, rustix::event::PollFlags::IN),
+            rustix::event::PollFd::new(wake, rustix::event::PollFlags::IN),
+        ];
+        // An error (EINTR) just ends the wait early.
+        let _ = rustix::event::poll(&mut fds, Some(&ts));
+        !fds[1].revents().is_empty()
+    }
+
     /// Waits until the socket is readable or `timeout` has passed.
     pub fn wait(&self, timeout: Duration) {
         let ts = rustix::time::Timespec {
@@ -798,35 +814,81 @@ impl Nic {
 
 /// A progress thread driving a [`Nic`] for an [`Engine`].
 ///
-/// It sleeps in `poll` until a datagram arrives or the next timer is due (after spinning for
-/// `busy_poll`, if set); a post from another thread wakes it with a zero-length datagram to
-/// its own socket ([`Progress::wake`]), sent only while the thread is waiting.
+/// Three ways to wait, by `busy_poll` ([`crate::SoftOptions::busy_poll`]):
+/// * zero (the default): when a pump moved nothing, the thread sleeps in `poll` on its
+///   socket and an eventfd until a datagram arrives, the next timer is due, or a post from
+///   another thread wakes it ([`Progress::wake`]: one eventfd write, made only while the
+///   thread is waiting or about to);
+/// * a duration: it keeps pumping for that long before it sleeps;
+/// * [`Duration::MAX`]: it never sleeps — every pass is a nonblocking receive, the
+///   timers are compared against a cached deadline, and posts wake nothing (no syscall
+///   on the posting thread). This spends a CPU for the lowest latency.
 #[derive(Debug)]
 pub struct Progress {
-    socket: Arc<UdpSocket>,
-    waiting: Arc<AtomicBool>,
+    waker: Arc<Waker>,
     stop: Arc<AtomicBool>,
     /// Passes of the loop completed (each one pump: receive, then send what that produced).
     passes: Arc<std::sync::atomic::AtomicU64>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// How other threads wake a sleeping progress thread: a flag it sets before it sleeps,
+/// and an eventfd it sleeps on besides its socket.
+#[derive(Debug)]
+struct Waker {
+    /// The thread is waiting, or about to (it checks for work after setting this).
+    waiting: AtomicBool,
+    /// Readable while a wake-up is pending.
+    fd: std::os::fd::OwnedFd,
+    /// Wake-ups written (for tests: how many syscalls posts cost the posting threads).
+    writes: std::sync::atomic::AtomicU64,
+}
+
+impl Waker {
+    fn new() -> io::Result<Self> {
+        let fd = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::NONBLOCK | rustix::event::EventfdFlags::CLOEXEC,
+        )?;
+        Ok(Waker {
+            waiting: AtomicBool::new(false),
+            fd,
+            writes: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// Wakes the thread if it is waiting (or about to): one eventfd write.
+    fn wake(&self) {
+        if self.waiting.swap(false, Ordering::SeqCst) {
+            self.writes.fetch_add(1, Ordering::Relaxed);
+            // The counter cannot overflow in practice; a failed write leaves the thread
+            // to its timer.
+            let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
+        }
+    }
+
+    /// Takes a pending wake-up (nonblocking).
+    fn clear(&self) {
+        let mut b = [0u8; 8];
+        let _ = rustix::io::read(&self.fd, &mut b);
+    }
+}
+
 impl Progress {
     /// Starts the thread for `engine` on `nic`, pinned to CPU `cpu` if given, spinning for
-    /// `busy_poll` before it sleeps.
+    /// `busy_poll` before it sleeps ([`Duration::MAX`]: never sleeping).
     pub fn start(
         mut nic: Nic,
         engine: Arc<Engine>,
         cpu: Option<usize>,
         busy_poll: Duration,
     ) -> io::Result<Self> {
-        let socket = nic.socket.clone();
-        let local = socket.local_addr()?;
-        let waiting = Arc::new(AtomicBool::new(false));
+        let local = nic.socket.local_addr()?;
+        let waker = Arc::new(Waker::new()?);
         let stop = Arc::new(AtomicBool::new(false));
         let passes = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let thread = {
-            let (waiting, stop, passes) = (waiting.clone(), stop.clone(), passes.clone());
+            let (waker, stop, passes) = (waker.clone(), stop.clone(), passes.clone());
             std::thread::Builder::new()
                 .name(format!("remem-soft {local}"))
                 .spawn(move || {
@@ -839,12 +901,11 @@ impl Progress {
                             );
                         }
                     }
-                    run(&mut nic, &engine, &waiting, &stop, &passes, busy_poll)
+                    run(&mut nic, &engine, &waker, &stop, &passes, busy_poll)
                 })?
         };
         Ok(Progress {
-            socket,
-            waiting,
+            waker,
             stop,
             passes,
             thread: Some(thread),
@@ -858,7 +919,7 @@ impl Progress {
     pub fn flush(&self, engine: &Engine, limit: Duration) {
         let deadline = Instant::now() + limit;
         let start = self.passes.load(Ordering::Acquire);
-        self.waiting.store(true, Ordering::Release);
+        self.waker.waiting.store(true, Ordering::SeqCst);
         self.wake();
         while (self.passes.load(Ordering::Acquire) < start + 2 || engine.owes_packets())
             && Instant::now() < deadline
@@ -869,20 +930,23 @@ impl Progress {
         }
     }
 
-    /// Wakes the thread if it is waiting.
+    /// Wakes the thread if it is waiting (an eventfd write; nothing when it is not
+    /// waiting, as a busy-polling thread never is).
     pub fn wake(&self) {
-        if self.waiting.swap(false, Ordering::AcqRel)
-            && let Ok(me) = self.socket.local_addr()
-        {
-            let _ = self.socket.send_to(&[], me);
-        }
+        self.waker.wake();
+    }
+
+    /// How many wake-ups other threads have written so far (each one a syscall on the
+    /// posting thread): zero for a busy-polling thread.
+    pub fn wakeups(&self) -> u64 {
+        self.waker.writes.load(Ordering::Relaxed)
     }
 }
 
 impl Drop for Progress {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        self.waiting.store(true, Ordering::Release);
+        self.stop.store(true, Ordering::SeqCst);
+        self.waker.waiting.store(true, Ordering::SeqCst);
         self.wake();
         if let Some(t) = self.thread.take() {
             // The last handle may be dropped on the progress thread itself (while it handles
@@ -897,11 +961,18 @@ impl Drop for Progress {
 fn run(
     nic: &mut Nic,
     engine: &Engine,
-    waiting: &AtomicBool,
+    waker: &Waker,
     stop: &AtomicBool,
     passes: &std::sync::atomic::AtomicU64,
     spin: Duration,
 ) {
+    if spin == Duration::MAX {
+        // Busy polling: nonblocking passes until stopped, nothing else.
+        while !stop.load(Ordering::Acquire) {
+            nic.pump(engine);
+            passes.fetch_add(1, Ordering::AcqRel);
+        }
+    }
     while !stop.load(Ordering::Acquire) {
         let moved = nic.pump(engine);
         passes.fetch_add(1, Ordering::AcqRel);
@@ -919,13 +990,23 @@ fn run(
                 continue;
             }
         }
-        waiting.store(true, Ordering::Release);
-        if engine.has_ready() || stop.load(Ordering::Acquire) {
-            waiting.store(false, Ordering::Release);
+        // Announce the wait, then look for work once more: a post that marked its QP
+        // before this store is seen here, one after it finds the flag set and wakes us.
+        waker.waiting.store(true, Ordering::SeqCst);
+        if engine.has_ready() || stop.load(Ordering::SeqCst) {
+            waker.waiting.store(false, Ordering::SeqCst);
             continue;
         }
-        nic.wait(time_to_next_timer(engine, nic, Duration::from_millis(100)));
-        waiting.store(false, Ordering::Release);
+        let woken = nic.wait_or_wake(
+            time_to_next_timer(engine, nic, Duration::from_millis(100)),
+            &waker.fd,
+        );
+        waker.waiting.store(false, Ordering::SeqCst);
+        if woken {
+            // A wake-up written after this thread stopped waiting stays pending and ends
+            // a later wait early: harmless (one extra pass).
+            waker.clear();
+        }
     }
     // Stopping: send what is owed first. A receiver may see a completion, destroy its QP
     // and close the device before this thread has sent the ACK for that message (a NIC

@@ -180,9 +180,25 @@ pub struct Engine {
     /// Whether `peer_ports` has ever held an entry: until then the transmit path takes no
     /// lock to pick a port.
     any_peer_port: AtomicBool,
+    /// The last IPv4 peer `peer_addr` resolved through `peer_ports`, packed (address,
+    /// port, the table's generation): a connection's packets skip the table's lock and
+    /// hash. Valid while its generation is `peer_ports_gen`'s.
+    last_peer: AtomicU64,
+    /// Bumped by every change of `peer_ports` (invalidates `last_peer`).
+    peer_ports_gen: AtomicU64,
     qps: RwLock<QpnMap<Weak<SoftQp>>>,
     ready: Mutex<Ready>,
+    /// Whether `ready`'s queue is non-empty, as of its lock's last release: an idle pump
+    /// reads this instead of taking the lock the application's posts take.
+    ready_hint: AtomicBool,
     timed: Mutex<QpnSet>,
+    /// No timer of a QP in `timed` is due before this ([`deadline_ns`]); lowered as QPs arm
+    /// timers, recomputed by a full scan. An idle pump compares the time against it instead
+    /// of locking every QP with a timer.
+    deadline: AtomicU64,
+    /// When `on_timeout` last scanned every timer ([`deadline_ns`]): it scans at least
+    /// every [`FULL_SCAN_NS`] (the connection manager's timers are found that way).
+    scanned: AtomicU64,
     /// The next PSN of the GSI (QP 1), which sends the connection manager's MADs.
     gsi_psn: AtomicU64,
     /// The connection manager, behind QP 1.
@@ -199,6 +215,26 @@ struct Ready {
     /// application has already seen completed must leave even if it destroys the QP at
     /// once (else the peer retries into a void and fails with RETRY_EXC_ERR).
     held: QpnMap<Arc<SoftQp>>,
+}
+
+/// How often (nanoseconds) [`Engine::on_timeout`] scans every timer even when the cached
+/// deadline says none is due: the connection manager arms timers from application threads
+/// without telling the engine (its timeouts are milliseconds and more).
+const FULL_SCAN_NS: u64 = 1_000_000;
+
+/// The instant timer deadlines are counted from, so that one fits an atomic.
+fn epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// A deadline as nanoseconds since [`epoch`] (`u64::MAX`: none; one before the epoch: 0).
+pub(crate) fn deadline_ns(t: Option<Instant>) -> u64 {
+    t.map_or(u64::MAX, |t| {
+        t.saturating_duration_since(epoch())
+            .as_nanos()
+            .min(u128::from(u64::MAX - 1)) as u64
+    })
 }
 
 fn ip_fields(src: IpAddr, dst: IpAddr, id: u16) -> IpFields {
@@ -232,9 +268,14 @@ impl Engine {
             peer_port,
             peer_ports: RwLock::new(std::collections::HashMap::new()),
             any_peer_port: AtomicBool::new(false),
+            last_peer: AtomicU64::new(0),
+            peer_ports_gen: AtomicU64::new(1),
             qps: RwLock::new(QpnMap::default()),
             ready: Mutex::new(Ready::default()),
+            ready_hint: AtomicBool::new(false),
             timed: Mutex::new(QpnSet::default()),
+            deadline: AtomicU64::new(u64::MAX),
+            scanned: AtomicU64::new(0),
             gsi_psn: AtomicU64::new(0),
             cm: crate::cm::CmDevice::new(crate::cm::CmConfig::default()),
             stats: EngineStats::default(),
@@ -276,6 +317,11 @@ impl Engine {
             ));
         }
         table.insert(ip, port);
+        // (16 bits of the generation are cached: an entry stored before a change and
+        // checked 65,536 changes later would be taken; clearing the cache here closes
+        // even that for every lookup that starts after this.)
+        self.peer_ports_gen.fetch_add(1, Ordering::AcqRel);
+        self.last_peer.store(0, Ordering::Release);
         self.any_peer_port.store(true, Ordering::Release);
         Ok(())
     }
@@ -283,15 +329,32 @@ impl Engine {
     /// The UDP address packets to the peer at `ip` go to: its port from
     /// [`Engine::set_peer_port`], else the device's default peer port.
     pub fn peer_addr(&self, ip: IpAddr) -> SocketAddr {
-        let mut port = self.peer_port;
-        if self.any_peer_port.load(Ordering::Acquire)
-            && let Some(p) = self
-                .peer_ports
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&ip.to_canonical())
-        {
-            port = *p;
+        if !self.any_peer_port.load(Ordering::Acquire) {
+            return SocketAddr::new(ip, self.peer_port);
+        }
+        // The generation is read before the table: a change after this read makes what is
+        // cached below stale at once (its generation is older than the table's).
+        let generation = self.peer_ports_gen.load(Ordering::Acquire) & 0xffff;
+        let v4 = match ip.to_canonical() {
+            IpAddr::V4(v4) => Some(u32::from(v4)),
+            IpAddr::V6(_) => None,
+        };
+        if let Some(v4) = v4 {
+            let last = self.last_peer.load(Ordering::Acquire);
+            if last >> 32 == u64::from(v4) && last & 0xffff == generation {
+                return SocketAddr::new(ip, ((last >> 16) & 0xffff) as u16);
+            }
+        }
+        let port = self
+            .peer_ports
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&ip.to_canonical())
+            .copied()
+            .unwrap_or(self.peer_port);
+        if let Some(v4) = v4 {
+            let packed = (u64::from(v4) << 32) | (u64::from(port) << 16) | generation;
+            self.last_peer.store(packed, Ordering::Release);
         }
         SocketAddr::new(ip, port)
     }
@@ -356,6 +419,7 @@ impl Engine {
         if r.set.insert(qpn) {
             r.queue.push_back(qpn);
         }
+        self.ready_hint.store(true, Ordering::SeqCst);
     }
 
     /// Marks a QP as having packets to send, keeping it alive until they are sent.
@@ -365,15 +429,27 @@ impl Engine {
         if r.set.insert(qpn) {
             r.queue.push_back(qpn);
         }
+        self.ready_hint.store(true, Ordering::SeqCst);
         qp.set_held(true);
         r.held.insert(qpn, qp);
     }
 
-    fn mark_timed(&self, qpn: u32) {
-        self.timed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(qpn);
+    /// Notes that `qp` may have a timer running: it joins the timed set (a lock only the
+    /// first time: the QP remembers that it is in), and the engine's cached deadline
+    /// comes down to the QP's (read without the QP's lock).
+    fn mark_timed(&self, qp: &SoftQp) {
+        let next = qp.deadline_ns();
+        if next == u64::MAX {
+            // No timer: the set forgets it at the next scan if it is in.
+            return;
+        }
+        if !qp.is_timed() {
+            let qpn = remem_verbs::QueuePair::qp_num(qp);
+            let mut timed = self.timed.lock().unwrap_or_else(|p| p.into_inner());
+            timed.insert(qpn);
+            qp.set_timed(true);
+        }
+        self.deadline.fetch_min(next, Ordering::Relaxed);
     }
 
     /// Handles a received UDP payload from `from` to local address `to`; `gro_index` is its
@@ -470,8 +546,8 @@ impl Engine {
             return Err(cause);
         }
         count(&self.stats.rcvd_pkts);
+        self.mark_timed(&qp);
         self.mark_ready_held(qp);
-        self.mark_timed(qpn);
         Ok(())
     }
 
@@ -495,6 +571,7 @@ impl Engine {
         }
         count(&self.stats.rcvd_pkts);
         self.cm.on_mad(now, from, pkt.payload);
+        self.note_cm_deadline();
         self.mark_ready(crate::cm::GSI_QPN);
         Ok(())
     }
@@ -561,9 +638,19 @@ impl Engine {
         out: &mut dyn TxBuild,
     ) -> Option<(SocketAddr, usize)> {
         loop {
+            if !self.ready_hint.load(Ordering::SeqCst) {
+                // Nothing queued (as of the last release of the lock): no lock taken.
+                return None;
+            }
             let (qpn, held) = {
                 let mut r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
-                let qpn = r.queue.pop_front()?;
+                let Some(qpn) = r.queue.pop_front() else {
+                    self.ready_hint.store(false, Ordering::SeqCst);
+                    return None;
+                };
+                if r.queue.is_empty() {
+                    self.ready_hint.store(false, Ordering::SeqCst);
+                }
                 r.set.remove(&qpn);
                 let held = r.held.remove(&qpn);
                 if let Some(qp) = &held {
@@ -572,7 +659,10 @@ impl Engine {
                 (qpn, held)
             };
             if qpn == crate::cm::GSI_QPN {
-                match self.gsi_transmit(out.buf()) {
+                let out = self.gsi_transmit(out.buf());
+                // A MAD sent arms its retry timer.
+                self.note_cm_deadline();
+                match out {
                     Some(out) => {
                         self.mark_ready(qpn);
                         return Some(out);
@@ -589,22 +679,27 @@ impl Engine {
                 qp.release();
             }
             let mut dst = self.local;
-            let built = qp.poll_transmit(now, |tx, dgid, fill| {
+            let (built, more) = qp.poll_transmit_more(now, |tx, dgid, fill| {
                 dst = self.peer_addr(dgid.to_ip());
                 let h = glue::headers(tx);
                 let (hdr, total) = h.write(tx.payload_len as usize, out.buf()).ok()?;
                 out.payload(tx, hdr, fill).ok()?;
                 Some(total)
             });
-            self.mark_timed(qpn);
+            self.mark_timed(&qp);
             match built {
                 Some(Some(len)) => {
                     // It may have more: keep it in the rotation (and alive, if it was
-                    // held: what it queued before it was destroyed still leaves).
-                    if held_alive {
-                        self.mark_ready_held(qp);
-                    } else {
-                        self.mark_ready(qpn);
+                    // held: what it queued before it was destroyed still leaves). A QP
+                    // that says it has nothing more is left out: polling it again would
+                    // cost a lock of the ready queue twice and one of the QP for nothing;
+                    // whatever gives it more (a post, a packet, a timer) marks it again.
+                    if more {
+                        if held_alive {
+                            self.mark_ready_held(qp);
+                        } else {
+                            self.mark_ready(qpn);
+                        }
                     }
                     return Some((dst, len));
                 }
@@ -642,26 +737,49 @@ impl Engine {
         self.stats.sent_pkts.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The earliest timer deadline of any QP.
+    /// The earliest timer deadline of any QP or of the connection manager (a full scan,
+    /// which also refreshes the cached deadline idle pumps compare against).
     pub fn next_timeout(&self) -> Option<Instant> {
         let mut timed = self.timed.lock().unwrap_or_else(|p| p.into_inner());
         let mut next: Option<Instant> = None;
         timed.retain(|qpn| {
-            let Some(t) = self.qp(*qpn).and_then(|qp| qp.next_timeout()) else {
+            let Some(qp) = self.qp(*qpn) else {
+                return false;
+            };
+            let Some(t) = qp.next_timeout() else {
+                qp.set_timed(false);
                 return false;
             };
             next = Some(next.map_or(t, |n| n.min(t)));
             true
         });
         drop(timed);
-        match (next, self.cm.next_timeout()) {
+        let next = match (next, self.cm.next_timeout()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
-        }
+        };
+        self.deadline.store(deadline_ns(next), Ordering::Relaxed);
+        next
     }
 
-    /// Runs expired timers.
+    /// Lowers the cached deadline to the connection manager's next timer (after it
+    /// handled a MAD or sent one, which may arm one).
+    fn note_cm_deadline(&self) {
+        let t = deadline_ns(self.cm.next_timeout());
+        self.deadline.fetch_min(t, Ordering::Relaxed);
+    }
+
+    /// Runs expired timers. Cheap when none is due: the time is compared against a
+    /// cached deadline, and every timer is scanned only when that passed or
+    /// a millisecond after the last scan.
     pub fn on_timeout(&self, now: Instant) {
+        let at = deadline_ns(Some(now));
+        if at < self.deadline.load(Ordering::Relaxed)
+            && at.saturating_sub(self.scanned.load(Ordering::Relaxed)) < FULL_SCAN_NS
+        {
+            return;
+        }
+        self.scanned.store(at, Ordering::Relaxed);
         if self.cm.next_timeout().is_some_and(|t| t <= now) {
             self.cm.on_timeout(now);
             self.mark_ready(crate::cm::GSI_QPN);
@@ -682,16 +800,14 @@ impl Engine {
                 self.mark_ready(qpn);
             }
         }
+        // The scan refreshes the cached deadline (QPs and the connection manager).
+        self.next_timeout();
     }
 
-    /// Whether some QP may have something to send.
+    /// Whether some QP may have something to send (no lock: the queue's state as of the
+    /// last release of its lock).
     pub fn has_ready(&self) -> bool {
-        !self
-            .ready
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .queue
-            .is_empty()
+        self.ready_hint.load(Ordering::SeqCst)
     }
 
     /// Whether packets are still owed: a QP is marked ready, or a destroyed QP is kept until
@@ -784,13 +900,16 @@ mod tests {
     }
 
     fn side(ip: &str, port: u16, qpn: u32) -> Side {
+        side_polling(ip, port, qpn, Duration::ZERO)
+    }
+
+    fn side_polling(ip: &str, port: u16, qpn: u32, busy_poll: Duration) -> Side {
         let local: SocketAddr = format!("{ip}:{port}").parse().unwrap();
         let socket = UdpSocket::bind(local).unwrap();
         let engine = Arc::new(Engine::new(socket.local_addr().unwrap(), port));
         let nic = crate::driver::Nic::new(socket).unwrap();
         let offloads = (nic.max_gso_segments(), nic.gro_segments());
-        let progress =
-            Arc::new(Progress::start(nic, engine.clone(), None, Duration::ZERO).unwrap());
+        let progress = Arc::new(Progress::start(nic, engine.clone(), None, busy_poll).unwrap());
         let buf = Arc::new(MemoryBuffer::zeroed(1 << 20).unwrap());
         let around = Arc::new(Around {
             key: KeyedRegion::new(MemRegion::whole(buf.clone())),
@@ -848,6 +967,10 @@ mod tests {
     }
 
     fn connect(me: &Side, peer_ip: &str, peer_qpn: u32) {
+        connect_qp(&me.qp, peer_ip, peer_qpn);
+    }
+
+    fn connect_qp(qp: &SoftQp, peer_ip: &str, peer_qpn: u32) {
         use remem_verbs::rc::{self, RcOptions, RcPeer};
         let ip: IpAddr = peer_ip.parse().unwrap();
         let o = RcOptions {
@@ -868,7 +991,99 @@ mod tests {
             gid: Gid::from(ip),
             mtu: Mtu::Mtu1024,
         };
-        rc::connect(&*me.qp, &peer, &o).unwrap();
+        rc::connect(qp, &peer, &o).unwrap();
+    }
+
+    /// An engine with one RC QP (number `qpn`) over a 64 KiB buffer (lkey = rkey = 7),
+    /// driven by hand: no socket, no thread; a post marks the QP ready.
+    fn in_memory(ip: &str, qpn: u32) -> (Arc<Engine>, Arc<SoftQp>, Arc<MemoryBuffer>) {
+        let engine = Arc::new(Engine::new(format!("{ip}:4791").parse().unwrap(), 4791));
+        let buf = Arc::new(MemoryBuffer::zeroed(1 << 16).unwrap());
+        let around = Arc::new(Around {
+            key: KeyedRegion::new(MemRegion::whole(buf.clone())),
+            wcs: Mutex::new(Vec::new()),
+        });
+        let wake = {
+            let engine = engine.clone();
+            Arc::new(move |qpn: u32| engine.mark_ready(qpn))
+        };
+        let cap = QpCap {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let limits = QpLimits {
+            max_wr: 16,
+            max_sge: 1,
+            max_inline: 0,
+            max_rd_atomic: 16,
+            max_dest_rd_atomic: 16,
+            active_mtu: 1024,
+            max_msg: 1 << 20,
+            placement: false,
+        };
+        let qp = Arc::new(
+            SoftQp::new(SoftQpParts {
+                qpn,
+                qp_type: QpType::Rc,
+                cap,
+                sq_sig_all: false,
+                has_srq: false,
+                pd: PdId(1),
+                limits,
+                window: 64,
+                around: around.clone(),
+                mem: around,
+                wake,
+            })
+            .unwrap(),
+        );
+        engine.register(&qp);
+        (engine, qp, buf)
+    }
+
+    #[test]
+    fn a_qp_with_nothing_more_to_send_leaves_the_ready_queue() {
+        let (a, a_qp, a_buf) = in_memory("127.0.1.11", 0x311);
+        let (b, b_qp, b_buf) = in_memory("127.0.1.12", 0x312);
+        connect_qp(&a_qp, "127.0.1.12", 0x312);
+        connect_qp(&b_qp, "127.0.1.11", 0x311);
+        let now = Instant::now();
+        let mut pkt = vec![0u8; 2048];
+        let write = SendOp::RdmaWrite {
+            remote_addr: b_buf.addr() + 512,
+            rkey: 7,
+        };
+        let sge = Sge {
+            addr: a_buf.addr(),
+            length: 64,
+            lkey: 7,
+        };
+        a_qp.post_send(&[SendWr::new(1, write, &[sge])]).unwrap();
+        assert!(a.has_ready());
+        let (dst, len) = a.poll_transmit(now, &mut pkt, 0).unwrap();
+        assert_eq!(dst, "127.0.1.12:4791".parse().unwrap());
+        // The requester's one packet is out: nothing more, so the QP left the queue.
+        assert!(!a.has_ready(), "requester polled again for nothing");
+        let from: SocketAddr = "127.0.1.11:4791".parse().unwrap();
+        let to: IpAddr = "127.0.1.12".parse().unwrap();
+        b.on_datagram(now, from, to, &pkt[..len], 0).unwrap();
+        let (_, ack) = b.poll_transmit(now, &mut pkt, 0).unwrap();
+        // The ACK is out and the responder owes nothing more.
+        assert!(!b.has_ready(), "responder polled again for nothing");
+        assert!(b.poll_transmit(now, &mut pkt, 0).is_none());
+        // The ACK completes the WRITE, and a new post marks the QP again.
+        let from: SocketAddr = "127.0.1.12:4791".parse().unwrap();
+        let to: IpAddr = "127.0.1.11".parse().unwrap();
+        a.on_datagram(now, from, to, &pkt[..ack], 0).unwrap();
+        assert!(a.poll_transmit(now, &mut pkt, 0).is_none());
+        a_qp.post_send(&[SendWr::new(2, write, &[sge])]).unwrap();
+        assert!(
+            a.poll_transmit(now, &mut pkt, 0).is_some(),
+            "a post marks it again"
+        );
     }
 
     fn wait_wcs(s: &Side, n: usize) -> Vec<WorkCompletion> {
@@ -910,6 +1125,25 @@ mod tests {
             s.drop_malformed.load(Ordering::Relaxed) + s.drop_bad_icrc.load(Ordering::Relaxed);
         assert_eq!(dropped, bytes.len() as u64 + 1);
         assert_eq!(s.rcvd_pkts.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn peer_ports_are_looked_up_again_after_a_change() {
+        let engine = Engine::new("127.0.1.9:4791".parse().unwrap(), 4791);
+        let (p, q): (IpAddr, IpAddr) = ("127.0.1.10".parse().unwrap(), "::2".parse().unwrap());
+        assert_eq!(engine.peer_addr(p).port(), 4791);
+        engine.set_peer_port(p, 5000).unwrap();
+        for _ in 0..3 {
+            assert_eq!(engine.peer_addr(p).port(), 5000, "cached or not");
+        }
+        assert_eq!(engine.peer_addr(q).port(), 4791);
+        engine.set_peer_port(p, 5001).unwrap();
+        assert_eq!(engine.peer_addr(p).port(), 5001);
+        engine.set_peer_port(q, 6000).unwrap();
+        assert_eq!(engine.peer_addr(q).port(), 6000);
+        assert_eq!(engine.peer_addr(p).port(), 5001);
+        let mapped = IpAddr::V6(std::net::Ipv4Addr::new(127, 0, 1, 10).to_ipv6_mapped());
+        assert_eq!(engine.peer_addr(mapped).port(), 5001);
     }
 
     #[test]
@@ -1017,6 +1251,57 @@ mod tests {
         assert_eq!(a.buf.to_vec(50_000, 10_000).unwrap(), data);
         assert_eq!(a.buf.load_u64(80_000).unwrap(), 37);
         assert_eq!(b.buf.load_u64(300_000).unwrap(), 42);
+    }
+
+    /// SEND ping-pongs between two devices whose threads poll as `busy_poll` says;
+    /// returns the wake-ups the posting threads wrote (eventfd writes).
+    fn ping_pong(ips: [&str; 2], port: u16, busy_poll: Duration) -> u64 {
+        let a = side_polling(ips[0], port, 0x111, busy_poll);
+        let b = side_polling(ips[1], port, 0x222, busy_poll);
+        connect(&a, ips[1], 0x222);
+        connect(&b, ips[0], 0x111);
+        let sge = |s: &Side, off: u64| Sge {
+            addr: s.buf.addr() + off,
+            length: 8,
+            lkey: 7,
+        };
+        for round in 0..20u64 {
+            for (me, peer) in [(&a, &b), (&b, &a)] {
+                peer.qp
+                    .post_recv(&[RecvWr {
+                        wr_id: round,
+                        sg_list: &[sge(peer, 4096)],
+                    }])
+                    .unwrap();
+                me.qp
+                    .post_send(&[SendWr::new(round, SendOp::Send, &[sge(me, 0)])])
+                    .unwrap();
+                // Each post finds this side's thread waiting (when it sleeps): the post
+                // must wake it to send.
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    let wcs = peer.around.wcs.lock().unwrap().clone();
+                    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+                    if wcs
+                        .iter()
+                        .any(|w| w.opcode == WcOpcode::Recv && w.wr_id == round)
+                    {
+                        break;
+                    }
+                    assert!(Instant::now() < deadline, "round {round}: {wcs:?}");
+                    std::thread::yield_now();
+                }
+            }
+        }
+        a._progress.wakeups() + b._progress.wakeups()
+    }
+
+    #[test]
+    fn sleeping_threads_are_woken_by_posts() {
+        // (Busy-polling threads: tests/busy_poll.rs, alone in its binary, since two
+        // spinning threads would starve the other tests' devices on a small machine.)
+        let woken = ping_pong(["127.0.1.7", "127.0.1.8"], 4794, Duration::ZERO);
+        assert!(woken > 0, "sleeping threads woken by posts: {woken}");
     }
 
     #[test]

@@ -163,8 +163,8 @@ pub fn rc_config(qpn: u32, attr: &QpAttr, window: u32) -> RcConfig {
         qpn,
         dest_qpn: attr.dest_qp_num,
         mtu: attr.path_mtu.bytes(),
-        sq_psn: attr.sq_psn,
-        rq_psn: attr.rq_psn,
+        sq_psn: remem_wire::Psn::new(attr.sq_psn),
+        rq_psn: remem_wire::Psn::new(attr.rq_psn),
         timeout: attr.timeout,
         retry_cnt: attr.retry_cnt,
         rnr_retry: attr.rnr_retry,
@@ -371,7 +371,9 @@ impl Transport {
         match self {
             Transport::Rc(t) => t.set_state(cfg, next, env),
             Transport::Uc(t) => t.set_state(cfg, next, env),
-            Transport::Ud(t) => t.set_state(next, attr.qkey, attr.sq_psn, env),
+            Transport::Ud(t) => {
+                t.set_state(next, attr.qkey, remem_wire::Psn::new(attr.sq_psn), env)
+            }
         }
     }
 
@@ -562,6 +564,13 @@ pub struct SoftQp {
     /// Whether the engine's transmit queue holds a strong reference (kept with that
     /// reference, under the engine's lock).
     held: std::sync::atomic::AtomicBool,
+    /// The transport's next timer deadline as of the last call into it
+    /// ([`crate::engine::deadline_ns`]; `u64::MAX`: none): the engine reads it without
+    /// the QP's lock.
+    deadline: std::sync::atomic::AtomicU64,
+    /// Whether the engine's set of QPs with timers holds this QP (set and cleared by the
+    /// engine under that set's lock).
+    timed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for SoftQp {
@@ -638,6 +647,8 @@ impl SoftQp {
                 t,
             }),
             held: std::sync::atomic::AtomicBool::new(false),
+            deadline: std::sync::atomic::AtomicU64::new(u64::MAX),
+            timed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -650,6 +661,31 @@ impl SoftQp {
     /// Whether the engine's transmit queue holds a strong reference to this QP.
     pub(crate) fn is_held(&self) -> bool {
         self.held.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The transport's next timer deadline as of the last call into it
+    /// ([`crate::engine::deadline_ns`]), read without the QP's lock.
+    pub(crate) fn deadline_ns(&self) -> u64 {
+        self.deadline.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the engine's timed set holds this QP.
+    pub(crate) fn is_timed(&self) -> bool {
+        self.timed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Records whether the engine's timed set holds this QP (under that set's lock).
+    pub(crate) fn set_timed(&self, timed: bool) {
+        self.timed
+            .store(timed, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Publishes the transport's next deadline (with the QP's lock held).
+    fn publish_deadline(&self, t: &Transport) {
+        self.deadline.store(
+            crate::engine::deadline_ns(t.next_timeout()),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, QpInner> {
@@ -672,6 +708,7 @@ impl SoftQp {
         if inner.t.state() == QpState::Err {
             self.flush_rq(&mut inner.rq);
         }
+        self.publish_deadline(&inner.t);
         r
     }
 
@@ -748,18 +785,35 @@ impl SoftQp {
         now: std::time::Instant,
         emit: impl FnOnce(&crate::transport::TxPacket, remem_verbs::Gid, &mut Fill<'_>) -> R,
     ) -> Option<R> {
+        self.poll_transmit_more(now, emit).0
+    }
+
+    /// [`SoftQp::poll_transmit`], and whether the QP may have more to send now, told under
+    /// the same lock: `false` only when the transport knows it has nothing (an RC QP with
+    /// no response owed and no request it may send: `RcTransport::wants_transmit`, which
+    /// must stay conservative); UC and UD always say `true`. The engine then leaves the
+    /// QP out of its ready queue until something marks it again (a post, a packet, a
+    /// timer), instead of polling it once more for nothing.
+    pub fn poll_transmit_more<R>(
+        &self,
+        now: std::time::Instant,
+        emit: impl FnOnce(&crate::transport::TxPacket, remem_verbs::Gid, &mut Fill<'_>) -> R,
+    ) -> (Option<R>, bool) {
         self.with_env(|t, env| match t {
             Transport::Rc(rc) => {
                 let dgid = env.around_dgid;
-                rc.poll_transmit(now, env, |tx, fill| emit(tx, dgid, fill))
+                let built = rc.poll_transmit(now, env, |tx, fill| emit(tx, dgid, fill));
+                let more = rc.wants_transmit(now);
+                (built, more)
             }
             Transport::Uc(uc) => {
                 let dgid = env.around_dgid;
-                uc.poll_transmit(env, |tx, fill| emit(tx, dgid, fill))
+                (uc.poll_transmit(env, |tx, fill| emit(tx, dgid, fill)), true)
             }
-            Transport::Ud(ud) => {
-                ud.poll_transmit(env, |tx, target, fill| emit(tx, target.av.dgid, fill))
-            }
+            Transport::Ud(ud) => (
+                ud.poll_transmit(env, |tx, target, fill| emit(tx, target.av.dgid, fill)),
+                true,
+            ),
         })
     }
 }
@@ -800,6 +854,7 @@ impl remem_verbs::QueuePair for SoftQp {
                 around_dgid: inner.attr.ah_attr.dgid,
             };
             inner.t.set_state(cfg, &inner.attr, next, &mut env);
+            self.publish_deadline(&inner.t);
             match next {
                 QpState::Err => self.flush_rq(&mut inner.rq),
                 QpState::Reset => inner.rq.clear(),

@@ -23,7 +23,7 @@ use remem_soft::transport::{
 };
 use remem_soft::wqe::RecvWqe;
 use remem_verbs::{AccessFlags, AsyncEvent, MemRegion, MemoryBuffer, QpState, WorkCompletion};
-use remem_wire::{AtomicEth, Feth, Packet, Reth};
+use remem_wire::{AtomicEth, Feth, Packet, Psn, Reth};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -276,8 +276,8 @@ fn one_sequence(seed: u64, t: &Target, counts: &mut Counts) {
         qpn: 0x11,
         dest_qpn: 0x22,
         mtu: [256, 1024, 4096][rng.random_range(0..3)],
-        rq_psn: rng.random_range(0..1 << 24),
-        sq_psn: 0,
+        rq_psn: Psn::new(rng.random_range(0..1 << 24)),
+        sq_psn: Psn::new(0),
         max_dest_rd_atomic: rng.random_range(0..5),
         access: if rng.random_bool(0.8) {
             AccessFlags::REMOTE
@@ -327,7 +327,7 @@ fn one_sequence(seed: u64, t: &Target, counts: &mut Counts) {
                 let mut rx = RxPacket::new(Kind::ReadRequest, Pos::Only, epsn);
                 rx.reth = reth;
                 qp.handle_packet(now, &rx, &mut env);
-                epsn = (epsn + npkts as u32) & 0xff_ffff;
+                epsn = epsn.add(npkts as u32);
             } else {
                 let payload: Vec<u8> = (0..len).map(|_| rng.random()).collect();
                 for (i, chunk) in payload.chunks(mtu).enumerate() {
@@ -336,7 +336,7 @@ fn one_sequence(seed: u64, t: &Target, counts: &mut Counts) {
                     rx.ack_req = i + 1 == npkts;
                     rx.payload = chunk;
                     qp.handle_packet(now, &rx, &mut env);
-                    epsn = (epsn + 1) & 0xff_ffff;
+                    epsn = epsn.next();
                     if rng.random_bool(0.2) {
                         maybe_revoke(&mut env, &mut revoked, counts);
                     }
@@ -361,9 +361,9 @@ fn one_sequence(seed: u64, t: &Target, counts: &mut Counts) {
             let kind = KINDS[rng.random_range(0..KINDS.len())];
             let pos = POSITIONS[rng.random_range(0..4)];
             let psn = match rng.random_range(0..8) {
-                0 => rng.random_range(0..1 << 24),
-                1 => epsn.wrapping_sub(rng.random_range(1..8)) & 0xff_ffff,
-                2 => (epsn + rng.random_range(1..8)) & 0xff_ffff,
+                0 => Psn::new(rng.random_range(0..1 << 24)),
+                1 => epsn.sub(rng.random_range(1..8)),
+                2 => epsn.add(rng.random_range(1..8)),
                 _ => epsn,
             };
             let mut rx = RxPacket::new(kind, pos, psn);
@@ -409,7 +409,7 @@ fn one_sequence(seed: u64, t: &Target, counts: &mut Counts) {
             rx.payload = &payload;
             qp.handle_packet(now, &rx, &mut env);
             if psn == epsn && rng.random_bool(0.7) {
-                epsn = (epsn + 1) & 0xff_ffff;
+                epsn = epsn.next();
             }
         }
         if rng.random_bool(0.05) {

@@ -270,6 +270,11 @@ pub struct PerfArgs {
     /// benchmark's thread.
     #[arg(long = "soft-thread")]
     pub soft_thread: bool,
+    /// Soft devices with `--soft-thread`: the progress threads busy-poll (never sleep; a
+    /// CPU each), as `REMEM_SOFT_BUSY_POLL_US=always` — the lowest latency when there are
+    /// cores to spare.
+    #[arg(long = "soft-busy-poll", requires = "soft_thread")]
+    pub soft_busy_poll: bool,
     /// Connect the queue pairs through the RDMA connection manager (CM REQ/REP/RTU on the
     /// devices, on the server's device address and the port of `-p`), as perftest's `-R`;
     /// the control connection still carries the settings and the memory keys. RC only.
@@ -628,6 +633,8 @@ pub(crate) struct DeviceChoice {
     pub gid_index: Option<u8>,
     /// Soft devices: driven by the benchmark thread (no progress thread).
     pub soft_inline: bool,
+    /// Soft devices with a progress thread: it busy-polls.
+    pub soft_busy_poll: bool,
 }
 
 /// The port of every device.
@@ -659,10 +666,13 @@ pub(crate) fn open_device(choice: &DeviceChoice) -> Result<Device, PerfError> {
         Some(addr) => {
             let addr = addr?;
             let name = choice.name.as_deref().unwrap_or("soft");
-            let opts = SoftOptions {
+            let mut opts = SoftOptions {
                 inline: choice.soft_inline,
                 ..SoftOptions::from_env()
             };
+            if choice.soft_busy_poll {
+                opts.busy_poll = Duration::MAX;
+            }
             let soft =
                 Arc::new(SoftContext::bind_with(addr, &opts).map_err(|e| format!("{name}: {e}"))?);
             (soft.clone(), choice.soft_inline.then_some(soft))
@@ -793,6 +803,7 @@ fn device_of(args: &PerfArgs) -> DeviceChoice {
         name: args.ib_dev.clone(),
         gid_index: args.gid_index,
         soft_inline: !args.soft_thread,
+        soft_busy_poll: args.soft_busy_poll,
     }
 }
 
@@ -1009,6 +1020,7 @@ fn loopback(
             name: Some(format!("soft@{ip}:0")),
             gid_index: None,
             soft_inline,
+            soft_busy_poll: args.soft_busy_poll,
         })
     };
     let server_dev = open("127.0.0.1")?;

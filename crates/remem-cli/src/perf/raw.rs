@@ -30,6 +30,9 @@ use std::time::{Duration, Instant};
 
 /// Receive work requests carry this bit in their id.
 pub(super) const RECV: u64 = 1 << 63;
+/// Device passes between looks at the control connection while a latency test's passive
+/// side spins ([`Side::spin_until_ctrl`]).
+const CTRL_EVERY: u32 = 256;
 /// Receives posted per QP for SEND tests.
 const RX_DEPTH: u32 = 512;
 /// Outstanding RDMA READs and atomics per QP (perftest's `-o` default is 16 too).
@@ -656,6 +659,32 @@ impl Side {
         }
     }
 
+    /// Waits for the control frame `tag` (at most `limit`) while moving packets without
+    /// ever sleeping: the control connection is looked at only every [`CTRL_EVERY`]
+    /// passes (each look is a few syscalls), the device is pumped in between.
+    fn spin_until_ctrl(
+        &self,
+        ctrl: &mut Ctrl,
+        tag: u8,
+        limit: Option<Duration>,
+    ) -> Result<Vec<u8>, PerfError> {
+        let deadline = limit.map(|l| Instant::now() + l);
+        let mut spins = 0u32;
+        loop {
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(CTRL_EVERY) {
+                if let Some((t, payload)) = ctrl.try_recv()? {
+                    ctrl::check_tag(t, tag)?;
+                    return Ok(payload);
+                }
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Err(ctrl.silent(limit.unwrap_or_default()));
+                }
+            }
+            self.drive(Duration::ZERO)?;
+        }
+    }
+
     fn wait_ctrl_expect(
         &self,
         ctrl: &mut Ctrl,
@@ -855,16 +884,23 @@ fn serve_sizes(ctrl: &mut Ctrl, s: &Settings, dev: &Device) -> Result<(), PerfEr
             tally.row = Some(row);
         }
         // The client's end of this size (receiving meanwhile on SEND tests).
-        let p = side.wait_ctrl_expect(
-            ctrl,
-            ctrl::DONE,
-            if matches!(s.test, Test::WriteLat | Test::SendLat) {
-                Some(ctrl.timeout())
-            } else {
-                run_limit(s, ctrl)
-            },
-            receives.then_some(&mut got),
-        )?;
+        let p = if matches!(s.test, Test::ReadLat | Test::AtomicLat) && side.drives() {
+            // The client's READs and atomics are answered by this side's device, which
+            // this thread drives: it must keep polling, not sleep in `poll` between
+            // requests (a sleeping thread's wake-up would be most of the latency).
+            side.spin_until_ctrl(ctrl, ctrl::DONE, run_limit(s, ctrl))?
+        } else {
+            side.wait_ctrl_expect(
+                ctrl,
+                ctrl::DONE,
+                if matches!(s.test, Test::WriteLat | Test::SendLat) {
+                    Some(ctrl.timeout())
+                } else {
+                    run_limit(s, ctrl)
+                },
+                receives.then_some(&mut got),
+            )?
+        };
         let expected = Cursor(&p).u64().ok_or("malformed DONE")?;
         if s.verify && s.test == Test::WriteBw {
             super::verify::check_writes(&side, size, s.tx_depth, expected)?;
@@ -893,11 +929,18 @@ fn pong(
 ) -> Result<(), PerfError> {
     // Nothing comes on the control connection during a ping-pong but news that the client
     // gave up (or vanished): look now and then, so a lost ping cannot hang the server.
+    // (Every 4096 spins and at most every millisecond: a look costs a few syscalls, and a
+    // spin without a soft device to drive is quick.)
     let mut spins = 0u32;
+    let mut looked = Instant::now();
     let mut check = move || -> Result<(), PerfError> {
         spins = spins.wrapping_add(1);
         if spins.is_multiple_of(4096)
-            && let Some((tag, _)) = ctrl.try_recv()?
+            && looked.elapsed() >= Duration::from_millis(1)
+            && let Some((tag, _)) = {
+                looked = Instant::now();
+                ctrl.try_recv()?
+            }
         {
             return Err(format!(
                 "control: unexpected frame {tag} during a ping-pong"

@@ -234,6 +234,7 @@ mod tests {
             name: Some("soft@127.0.0.1:0".into()),
             gid_index: None,
             soft_inline: true,
+            soft_busy_poll: false,
         })
         .unwrap();
         let s = super::super::Settings {

@@ -234,6 +234,15 @@ impl DeviceShared {
             counter("fault_duplicated", &e.fault_duplicated),
             counter("fault_reordered", &e.fault_reordered),
         ]);
+        // Wake-ups other threads wrote to a sleeping progress thread (an eventfd write
+        // each, on the posting thread): none with busy polling or inline progress.
+        out.push(Counter {
+            name: "progress_wakeups",
+            value: match &self.driver {
+                Driver::Thread(p) => p.wakeups(),
+                Driver::Inline(_) => 0,
+            },
+        });
         out.extend(
             self.engine
                 .cm

@@ -3,7 +3,7 @@
 
 use super::{AccessError, Grant, Held, Kind, Pos, RxPacket, TxPacket};
 use remem_verbs::MemError;
-use remem_wire::{Aeth, Bth, Deth, Headers, Opcode, Packet, Psn};
+use remem_wire::{Aeth, Bth, Deth, Headers, Opcode, Packet};
 
 /// Where a packet's payload goes while the transport builds it: the transport's
 /// `poll_transmit` hands its caller a function that puts the payload into a sink, piece by
@@ -251,7 +251,7 @@ pub fn headers(tx: &TxPacket) -> Headers {
         rc_or_ud()
     };
     let layout = op.layout();
-    let mut bth = Bth::new(op, tx.dest_qpn, Psn::new(tx.psn));
+    let mut bth = Bth::new(op, tx.dest_qpn, tx.psn);
     bth.ack_req = tx.ack_req;
     bth.se = tx.solicited;
     let mut h = Headers::new(bth);
@@ -279,7 +279,7 @@ pub fn rx<'a>(p: &Packet<'a>) -> Option<RxPacket<'a>> {
     Some(RxPacket {
         kind,
         pos,
-        psn: h.bth.psn.value(),
+        psn: h.bth.psn,
         ack_req: h.bth.ack_req,
         solicited: h.bth.se,
         reth: h.reth,
@@ -322,7 +322,7 @@ mod tests {
         for op in uc {
             let (kind, pos) = kind_pos(op).unwrap_or_else(|| panic!("{op} not handled"));
             assert_eq!(uc_opcode(kind, pos), Some(op), "{op}");
-            let mut tx = TxPacket::new(kind, pos, 1, 2);
+            let mut tx = TxPacket::new(kind, pos, 1, remem_wire::Psn::new(2));
             tx.uc = true;
             assert_eq!(headers(&tx).bth.opcode, op);
         }
@@ -334,7 +334,7 @@ mod tests {
 
     #[test]
     fn uc_headers_carry_no_ack_request_and_parse_back() {
-        let mut tx = TxPacket::new(Kind::WriteImm, Pos::Only, 7, 9);
+        let mut tx = TxPacket::new(Kind::WriteImm, Pos::Only, 7, remem_wire::Psn::new(9));
         tx.uc = true;
         tx.imm = Some(0xabcd);
         tx.reth = Some(remem_wire::Reth {
@@ -357,7 +357,7 @@ mod tests {
 
     #[test]
     fn headers_follow_the_layout() {
-        let mut tx = TxPacket::new(Kind::WriteImm, Pos::First, 7, 9);
+        let mut tx = TxPacket::new(Kind::WriteImm, Pos::First, 7, remem_wire::Psn::new(9));
         tx.imm = Some(5); // not carried on FIRST
         tx.reth = Some(remem_wire::Reth {
             va: 1,

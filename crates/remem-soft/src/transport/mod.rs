@@ -17,7 +17,6 @@
 
 pub mod glue;
 pub mod grant;
-pub mod psn;
 mod rc;
 #[cfg(test)]
 mod sim;
@@ -107,7 +106,7 @@ impl Pos {
     }
 }
 
-pub use remem_wire::{AtomicEth, Feth, Reth, Syndrome};
+pub use remem_wire::{AtomicEth, Feth, Psn, Reth, Syndrome};
 
 /// The unlimited-credit ACK syndrome rxe sends.
 pub const ACK_UNLIMITED: Syndrome = Syndrome::Ack { credits: 31 };
@@ -123,7 +122,7 @@ pub struct TxPacket {
     /// Destination QP.
     pub dest_qpn: u32,
     /// PSN.
-    pub psn: u32,
+    pub psn: Psn,
     /// AckReq.
     pub ack_req: bool,
     /// Solicited event.
@@ -153,7 +152,7 @@ pub struct TxPacket {
 
 impl TxPacket {
     /// A packet of `kind`/`pos` with every optional field empty.
-    pub fn new(kind: Kind, pos: Pos, dest_qpn: u32, psn: u32) -> Self {
+    pub fn new(kind: Kind, pos: Pos, dest_qpn: u32, psn: Psn) -> Self {
         TxPacket {
             kind,
             pos,
@@ -183,7 +182,7 @@ pub struct RxPacket<'a> {
     /// Where in its message.
     pub pos: Pos,
     /// PSN.
-    pub psn: u32,
+    pub psn: Psn,
     /// AckReq.
     pub ack_req: bool,
     /// Solicited event.
@@ -210,7 +209,7 @@ pub struct RxPacket<'a> {
 
 impl<'a> RxPacket<'a> {
     /// A packet of `kind`/`pos` with every optional field empty and no payload.
-    pub fn new(kind: Kind, pos: Pos, psn: u32) -> Self {
+    pub fn new(kind: Kind, pos: Pos, psn: Psn) -> Self {
         RxPacket {
             kind,
             pos,

@@ -10,7 +10,8 @@
 //! in order, with its data and immediate.
 
 use super::{
-    Env, Grant, KeyedRegion, Kind, RcConfig, RcTransport, RemoteKeyError, RxPacket, Stat, TxPacket,
+    Env, Grant, KeyedRegion, Kind, Psn, RcConfig, RcTransport, RemoteKeyError, RxPacket, Stat,
+    TxPacket,
 };
 use crate::wqe::{RecvWqe, SendData, SendWqe};
 use rand::rngs::StdRng;
@@ -44,6 +45,9 @@ struct Faults {
     /// send): a packet waits for the ones before it on its link, so what a requester has
     /// in flight queues up and the round trip grows with it, as on a real link.
     rate: Option<u64>,
+    /// Targeted losses: `(sender, PSN, n)` drops the first `n` packets node `sender` sends
+    /// with that PSN (before the random faults apply).
+    drop_psn: &'static [(usize, u32, u32)],
 }
 
 impl Faults {
@@ -57,6 +61,7 @@ impl Faults {
         delay_max: None,
         dead_after: None,
         rate: None,
+        drop_psn: &[],
     };
 }
 
@@ -261,6 +266,8 @@ struct Net {
     sent_by: [u64; 2],
     dropped_by: [u64; 2],
     link_free: [Instant; 2],
+    /// Targeted losses still to come (`Faults::drop_psn`): (sender, PSN, packets).
+    drop_psn: Vec<(usize, Psn, u32)>,
 }
 
 impl Net {
@@ -278,6 +285,11 @@ impl Net {
             sent_by: [0; 2],
             dropped_by: [0; 2],
             link_free: [now; 2],
+            drop_psn: faults
+                .drop_psn
+                .iter()
+                .map(|&(from, psn, n)| (from, Psn::new(psn), n))
+                .collect(),
         }
     }
 
@@ -292,6 +304,16 @@ impl Net {
             let start = self.link_free[from].max(self.now);
             leaves = start + Duration::from_nanos(bytes * 1_000_000_000 / rate);
             self.link_free[from] = leaves;
+        }
+        if let Some(t) = self
+            .drop_psn
+            .iter_mut()
+            .find(|t| t.0 == from && t.1 == pkt.hdr.psn && t.2 > 0)
+        {
+            t.2 -= 1;
+            self.dropped += 1;
+            self.dropped_by[from] += 1;
+            return;
         }
         let dead = self
             .faults
@@ -353,8 +375,8 @@ fn cfg(qpn: u32, dest: u32, mtu: u32, sq_psn: u32, rq_psn: u32) -> RcConfig {
         qpn,
         dest_qpn: dest,
         mtu,
-        sq_psn,
-        rq_psn,
+        sq_psn: Psn::new(sq_psn),
+        rq_psn: Psn::new(rq_psn),
         timeout: 8, // ~1 ms
         retry_cnt: 7,
         rnr_retry: 7,
@@ -1237,6 +1259,11 @@ fn stream_link(drop: f64) -> Faults {
 /// local ACK timeout 16 (268 ms) with 7 retries, 16 READs in flight; node 0's local buffer
 /// and node 1's target hold the whole stream, in random bytes.
 fn stream_pair(seed: u64) -> [Node; 2] {
+    stream_pair_moved(seed, 0)
+}
+
+/// [`stream_pair`] with both PSNs moved `shift` along the circle.
+fn stream_pair_moved(seed: u64, shift: u32) -> [Node; 2] {
     let tweak = |mut c: RcConfig| {
         c.window = 1024;
         c.timeout = 16;
@@ -1245,7 +1272,10 @@ fn stream_pair(seed: u64) -> [Node; 2] {
         c.max_dest_rd_atomic = 16;
         c
     };
-    let (pa, pb) = (0xff_ff00, 0xff_fff0);
+    let (pa, pb) = (
+        Psn::new(0xff_ff00).add(shift).value(),
+        Psn::new(0xff_fff0).add(shift).value(),
+    );
     let mut nodes = [
         Node::sized(
             tweak(cfg(0x11, 0x22, STREAM_MTU, pa, pb)),
@@ -1281,7 +1311,13 @@ fn stream_pair(seed: u64) -> [Node; 2] {
 /// target into node 0's local buffer) over `faults`, and checks that every message
 /// completed, in order, and that every byte arrived.
 fn stream(read: bool, faults: Faults, seed: u64) -> Outcome {
-    let mut nodes = stream_pair(seed);
+    stream_moved(read, faults, seed, 0)
+}
+
+/// [`stream`] with every PSN (the pair's and the targeted losses') moved `shift` along the
+/// circle.
+fn stream_moved(read: bool, faults: Faults, seed: u64, shift: u32) -> Outcome {
+    let mut nodes = stream_pair_moved(seed, shift);
     let va = nodes[1].target.addr();
     for i in 0..STREAM_MSGS {
         let off = i * STREAM_LEN;
@@ -1311,12 +1347,11 @@ fn stream(read: bool, faults: Faults, seed: u64) -> Outcome {
         let (rc, mut env) = nodes[0].env();
         rc.post_send(wqe, &mut env);
     }
-    let out = run(
-        nodes,
-        Net::new(seed, faults),
-        Duration::from_secs(600),
-        |_, _| {},
-    );
+    let mut net = Net::new(seed, faults);
+    for t in net.drop_psn.iter_mut() {
+        t.1 = t.1.add(shift);
+    }
+    let out = run(nodes, net, Duration::from_secs(600), |_, _| {});
     let n = &out.nodes[0];
     let ctx = format!("read {read} seed {seed} drop {}", faults.drop);
     assert_eq!(n.rc.state(), QpState::Rts, "{ctx}: stats {:?}", n.stats);
@@ -1517,6 +1552,91 @@ fn stream_costs() {
                     out.dropped_by, out.nodes[0].stats
                 );
             }
+        }
+    }
+}
+
+/// A stream whose PSNs wrap (1024 packets, 256 of them before the wrap), with its losses
+/// placed at the wrap: the requester's go-back-N, early retransmission and READ re-requests
+/// all run with the first unacknowledged PSN on one side of 2^24 and the highest sent on
+/// the other — once with the messages (16 PSNs each) meeting the wrap at a boundary, once
+/// with one straddling it. Every byte arrives, every message completes once and in order,
+/// and the wrap changes nothing: the same stream and losses moved half the circle away
+/// sends exactly the same packets, counts the same and takes the same virtual time.
+#[test]
+fn a_stream_whose_psns_wrap_recovers_losses_at_the_wrap() {
+    // Losses as (sender, PSN relative to the wrap, packets, whether the PSN moves with the
+    // messages rather than stays at the wrap). WRITE: node 0 sends the data. The last PSN
+    // before the wrap lost twice (its first resend too: only a timeout recovers it), the
+    // first after the wrap once, two packets further on once, and later one more; and
+    // node 1's ACKs of the two messages after the one that ends at or across the wrap.
+    const WRITE_LOSSES: &[(usize, i32, u32, bool)] = &[
+        (0, -1, 2, false),
+        (0, 0, 1, false),
+        (0, 2, 1, false),
+        (0, 256, 1, false),
+        (1, 15, 1, true),
+        (1, 31, 1, true),
+    ];
+    // The same after the wrap only (a loss shadows the first transmissions after it: the
+    // peer discards them): the third packet after it lost three times (the sequence NAK's
+    // go-back-N and the early retransmission's probe too), a later one twice.
+    const WRITE_AFTER: &[(usize, i32, u32, bool)] = &[(0, 2, 3, false), (0, 40, 2, false)];
+    // READ: node 0 sends the requests (one per 16 PSNs), node 1 the responses: the
+    // responses around the wrap lost (the last before it twice), and two requests after it.
+    const READ_LOSSES: &[(usize, i32, u32, bool)] = &[
+        (1, -2, 1, false),
+        (1, -1, 2, false),
+        (1, 1, 1, false),
+        (0, 16, 1, true),
+        (0, 32, 1, true),
+        (1, 40, 1, false),
+    ];
+    const READ_AFTER: &[(usize, i32, u32, bool)] =
+        &[(1, 1, 2, false), (1, 3, 1, false), (1, 60, 2, false)];
+    for (read, losses) in [
+        (false, WRITE_LOSSES),
+        (false, WRITE_AFTER),
+        (true, READ_LOSSES),
+        (true, READ_AFTER),
+    ] {
+        // `stream` starts its requester 256 PSNs before the wrap; moved by `m`, its
+        // messages straddle the wrap unless `m` is a multiple of 16.
+        for m in [0u32, 8] {
+            let targeted: Vec<(usize, u32, u32)> = losses
+                .iter()
+                .map(|&(from, k, n, moves)| {
+                    let at = Psn::new(0).add(k as u32);
+                    (from, if moves { at } else { at.sub(m) }.value(), n)
+                })
+                .collect();
+            let faults = Faults {
+                drop_psn: Vec::leak(targeted),
+                ..stream_link(0.0)
+            };
+            let out = stream_moved(read, faults, 7, m);
+            let away = stream_moved(read, faults, 7, m + (1 << 23));
+            let lost: u32 = losses.iter().map(|l| l.2).sum();
+            let what = format!(
+                "read {read} moved {m}: lost {:?}, sent {:?}, requester stats {:?}, {:?}",
+                out.dropped_by, out.sent_by, out.nodes[0].stats, out.elapsed
+            );
+            // Every targeted loss happened (the stream went through the wrap and its
+            // retransmissions too).
+            assert_eq!(out.net_dropped, u64::from(lost), "{what}");
+            let n = &out.nodes[0];
+            assert_eq!(n.stats.get("retry_exceeded_err"), None, "{what}");
+            assert!(n.stats.contains_key("cwnd_reductions"), "{what}");
+            assert_eq!(
+                (out.sent_by, out.dropped_by, out.elapsed),
+                (away.sent_by, away.dropped_by, away.elapsed),
+                "{what}: moved away from the wrap"
+            );
+            assert_eq!(n.stats, away.nodes[0].stats, "{what}: moved away");
+            assert_eq!(
+                out.nodes[1].stats, away.nodes[1].stats,
+                "{what}: moved away"
+            );
         }
     }
 }

@@ -28,9 +28,8 @@
 //!   ERR, as on RC and UD.
 
 use super::glue::PayloadSink;
-use super::psn::add;
 use super::rc::MAX_MSG;
-use super::{AccessError, Env, Grant, Kind, Pos, RcConfig, Reth, RxPacket, Stat, TxPacket};
+use super::{AccessError, Env, Grant, Kind, Pos, Psn, RcConfig, Reth, RxPacket, Stat, TxPacket};
 use crate::wqe::{RecvWqe, SendWqe, scatter_into};
 use remem_verbs::{AccessFlags, QpState, SendOp, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use std::collections::VecDeque;
@@ -99,9 +98,9 @@ pub struct UcTransport {
     /// Work requests to send; the first is being sent from packet `cur_pkt`.
     sq: VecDeque<SendWqe>,
     cur_pkt: u32,
-    next_psn: u32,
+    next_psn: Psn,
     /// The PSN the responder expects.
-    epsn: u32,
+    epsn: Psn,
     progress: Progress,
     /// A receive the responder took and has not completed: the SEND in progress is placed
     /// in it, or a lost message left it for the next one.
@@ -127,8 +126,8 @@ impl UcTransport {
             state: QpState::Reset,
             sq: VecDeque::new(),
             cur_pkt: 0,
-            next_psn: 0,
-            epsn: 0,
+            next_psn: Psn::new(0),
+            epsn: Psn::new(0),
             progress: Progress::Idle,
             recv: None,
             lost: None,
@@ -324,7 +323,7 @@ impl UcTransport {
             self.fail_local(self.wc(&wqe, WcStatus::LocProtErr), true, env);
             return Some(r);
         }
-        self.next_psn = add(psn, 1);
+        self.next_psn = psn.next();
         self.cur_pkt += 1;
         if self.cur_pkt >= npkts {
             self.cur_pkt = 0;
@@ -365,7 +364,7 @@ impl UcTransport {
                 return Self::dropped(lost, env);
             }
         }
-        self.epsn = add(pkt.psn, 1);
+        self.epsn = pkt.psn.next();
         match self.execute(pkt, env) {
             Ok(()) => Ok(()),
             Err(why) => {
@@ -373,7 +372,7 @@ impl UcTransport {
                 self.lost = (!pkt.pos.ends()).then_some(Lost::Drop(why));
                 tracing::trace!(
                     qpn = self.cfg.qpn,
-                    psn = pkt.psn,
+                    psn = pkt.psn.value(),
                     ?why,
                     "UC message dropped"
                 );
@@ -547,7 +546,7 @@ mod tests {
     const MTU: u32 = 256;
     const RKEY: u32 = 0x77;
     /// The requester's first PSN: its messages cross the 24-bit PSN wrap.
-    const SPSN: u32 = 0x00ff_fffe;
+    const SPSN: Psn = Psn::new(0x00ff_fffe);
 
     /// One side: its receive queue, completions, counters and one region under `RKEY`.
     struct Side {
@@ -764,8 +763,8 @@ mod tests {
             ]
         );
         // UC: consecutive PSNs across the wrap, no ACK requested, nothing to wait for.
-        let psns: Vec<u32> = wire.iter().map(|p| p.hdr.psn).collect();
-        assert_eq!(psns, [SPSN, SPSN + 1, 0, 1, 2, 3, 4, 5]);
+        let psns: Vec<u32> = wire.iter().map(|p| p.hdr.psn.value()).collect();
+        assert_eq!(psns, [0x00ff_fffe, 0x00ff_ffff, 0, 1, 2, 3, 4, 5]);
         assert!(wire.iter().all(|p| p.hdr.uc && !p.hdr.ack_req));
         assert!(
             wire.iter()
@@ -986,11 +985,11 @@ mod tests {
         p.payload = &short;
         assert_eq!(b.handle_packet(&p, &mut eb), Err(UcDrop::Malformed));
         let full = [0u8; MTU as usize];
-        let mut p = RxPacket::new(Kind::Send, Pos::Last, add(SPSN, 1));
+        let mut p = RxPacket::new(Kind::Send, Pos::Last, SPSN.next());
         p.payload = &full;
         assert_eq!(b.handle_packet(&p, &mut eb), Err(UcDrop::Malformed));
         // A WRITE ONLY without its RETH; one longer than its RETH says.
-        let mut p = RxPacket::new(Kind::Write, Pos::Only, add(SPSN, 2));
+        let mut p = RxPacket::new(Kind::Write, Pos::Only, SPSN.add(2));
         p.payload = &short;
         assert_eq!(b.handle_packet(&p, &mut eb), Err(UcDrop::Malformed));
         p.reth = Some(Reth {
@@ -1000,13 +999,13 @@ mod tests {
         });
         assert_eq!(b.handle_packet(&p, &mut eb), Err(UcDrop::Malformed));
         // Then a good one.
-        let mut p = RxPacket::new(Kind::SendImm, Pos::Only, add(SPSN, 9));
+        let mut p = RxPacket::new(Kind::SendImm, Pos::Only, SPSN.add(9));
         p.payload = &short;
         p.imm = Some(3);
         assert_eq!(b.handle_packet(&p, &mut eb), Ok(()));
         assert_eq!(eb.recvd[0].byte_len, 100);
         // Responses and READs have no place at a UC QP; in INIT nothing is taken.
-        let p = RxPacket::new(Kind::ReadRequest, Pos::Only, add(SPSN, 10));
+        let p = RxPacket::new(Kind::ReadRequest, Pos::Only, SPSN.add(10));
         assert_eq!(b.handle_packet(&p, &mut eb), Err(UcDrop::Malformed));
         let mut c = UcTransport::new(cfg(0x20, 0x10));
         c.set_state(cfg(0x20, 0x10), QpState::Init, &mut eb);

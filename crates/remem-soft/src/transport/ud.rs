@@ -1,7 +1,7 @@
 //! The UD transport: unreliable datagrams, one SEND ONLY packet per message.
 
 use super::glue::PayloadSink;
-use super::{AccessError, Env, Kind, Pos, RxPacket, TxPacket};
+use super::{AccessError, Env, Kind, Pos, Psn, RxPacket, TxPacket};
 use crate::wqe::{SendWqe, UdTarget, scatter_into};
 use remem_verbs::{QpState, SendOp, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use std::collections::VecDeque;
@@ -42,7 +42,7 @@ pub struct UdTransport {
     qkey: u32,
     mtu: u32,
     state: QpState,
-    next_psn: u32,
+    next_psn: Psn,
     sq: VecDeque<SendWqe>,
 }
 
@@ -54,7 +54,7 @@ impl UdTransport {
             qkey: 0,
             mtu,
             state: QpState::Reset,
-            next_psn: 0,
+            next_psn: Psn::new(0),
             sq: VecDeque::new(),
         }
     }
@@ -65,9 +65,9 @@ impl UdTransport {
     }
 
     /// Applies attributes (Q_Key, SQ PSN) and moves to `state`; ERR flushes the send queue.
-    pub fn set_state(&mut self, state: QpState, qkey: u32, sq_psn: u32, env: &mut dyn Env) {
+    pub fn set_state(&mut self, state: QpState, qkey: u32, sq_psn: Psn, env: &mut dyn Env) {
         if state == QpState::Rts && self.state == QpState::Rtr {
-            self.next_psn = sq_psn & super::psn::PSN_MASK;
+            self.next_psn = sq_psn;
         }
         self.qkey = qkey;
         self.state = state;
@@ -136,7 +136,7 @@ impl UdTransport {
         let wqe = self.sq.pop_front()?;
         if wqe.is_revoked() {
             env.send_completion(self.wc(&wqe, WcStatus::LocProtErr));
-            self.set_state(QpState::Err, self.qkey, 0, env);
+            self.set_state(QpState::Err, self.qkey, Psn::new(0), env);
             return None;
         }
         let target = wqe.ud?;
@@ -145,7 +145,7 @@ impl UdTransport {
             _ => (Kind::Send, None),
         };
         let mut pkt = TxPacket::new(kind, Pos::Only, target.remote_qpn, self.next_psn);
-        self.next_psn = super::psn::add(self.next_psn, 1);
+        self.next_psn = self.next_psn.next();
         pkt.imm = imm;
         pkt.solicited = wqe.solicited;
         // A Q_Key with the high bit set means "use the QP's own Q_Key" (IBTA 10.2.5).
@@ -229,7 +229,7 @@ impl UdTransport {
         }
         env.recv_completion(wc, pkt.solicited);
         if status == WcStatus::LocProtErr {
-            self.set_state(QpState::Err, self.qkey, 0, env);
+            self.set_state(QpState::Err, self.qkey, Psn::new(0), env);
         }
         Ok(())
     }
@@ -320,7 +320,7 @@ mod tests {
     fn ready(qpn: u32, env: &mut E) -> UdTransport {
         let mut t = UdTransport::new(qpn, 1024);
         for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
-            t.set_state(s, 0x1111_1111, 5, env);
+            t.set_state(s, 0x1111_1111, Psn::new(5), env);
         }
         t
     }
@@ -361,7 +361,7 @@ mod tests {
             })
             .unwrap();
         assert_eq!(hdr.deth, Some((0x1111_1111, 0x20)));
-        assert_eq!(hdr.psn, 5);
+        assert_eq!(hdr.psn, Psn::new(5));
         assert_eq!(ea.sent.len(), 1);
         let mut rx = RxPacket::new(hdr.kind, hdr.pos, hdr.psn);
         rx.deth = hdr.deth;
@@ -402,7 +402,7 @@ mod tests {
             total_len: 100,
         });
         key.revoke();
-        let mut rx = RxPacket::new(Kind::Send, Pos::Only, 0);
+        let mut rx = RxPacket::new(Kind::Send, Pos::Only, Psn::new(0));
         rx.deth = Some((0x1111_1111, 0x20));
         rx.payload = b"data";
         let from = UdSource {
@@ -436,7 +436,7 @@ mod tests {
         };
         t.post_send(mk(1), &mut e);
         assert_eq!(e.sent[0].status, WcStatus::LocLenErr);
-        t.set_state(QpState::Err, 0, 0, &mut e);
+        t.set_state(QpState::Err, 0, Psn::new(0), &mut e);
         t.post_send(mk(2), &mut e);
         assert_eq!(e.sent[1].status, WcStatus::WrFlushErr);
     }

@@ -2,21 +2,20 @@
 //! acknowledgements, the completions they make (in order), failures and the flush of the
 //! send queue.
 
-use super::psn::{add, diff};
 use super::responder::{InProgress, Out};
-use super::{ACK_UNLIMITED, Env, Kind, Pos, RcTransport, RxPacket, Stat, Syndrome};
+use super::{ACK_UNLIMITED, Env, Kind, Pos, Psn, RcTransport, RxPacket, Stat, Syndrome};
 use remem_verbs::qp::rnr_timer_us;
 use remem_verbs::{QpState, RNR_RETRY_INFINITE, SendOp, WcOpcode, WcStatus, WorkCompletion};
 use std::time::{Duration, Instant};
 
 impl RcTransport {
     /// Acknowledges every PSN up to and including `psn`. Returns whether it made progress.
-    pub(super) fn ack_through(&mut self, now: Instant, psn: u32, env: &mut dyn Env) -> bool {
+    pub(super) fn ack_through(&mut self, now: Instant, psn: Psn, env: &mut dyn Env) -> bool {
         let r = &mut self.req;
-        if diff(psn, r.una) < 0 || diff(psn, r.max_sent) >= 0 {
+        if psn.is_before(r.una) || psn.diff(r.max_sent) >= 0 {
             return false; // stale or acknowledging what was never sent
         }
-        let mut new_una = add(psn, 1);
+        let mut new_una = psn.next();
         let mut lost_read = None;
         for e in r.sq.iter_mut() {
             if !e.started || e.status.is_some() {
@@ -28,20 +27,20 @@ impl RcTransport {
             if e.is_rd() {
                 // Responses carry READ/atomic completions; an ACK past the expected
                 // response means they were lost.
-                let expected = add(e.first_psn, e.resp_pkts);
-                if diff(psn, expected) >= 0 {
+                let expected = e.first_psn.add(e.resp_pkts);
+                if psn.diff(expected) >= 0 {
                     new_una = expected;
                     lost_read = Some(expected);
                 }
                 break;
             }
-            if diff(psn, e.last_psn()) >= 0 {
+            if psn.diff(e.last_psn()) >= 0 {
                 e.status = Some(WcStatus::Success);
             } else {
                 break;
             }
         }
-        let progressed = diff(new_una, r.una) > 0;
+        let progressed = new_una.is_after(r.una);
         self.advance_una(now, new_una);
         if let Some(p) = lost_read {
             self.rerequest_lost(now, p, env);
@@ -61,7 +60,7 @@ impl RcTransport {
             // A READ that completed ahead (its responses came while an earlier one waited)
             // is acknowledged through its last PSN once it is retired in order.
             if e.started && status == WcStatus::Success {
-                self.advance_una(now, add(e.first_psn, e.npkts));
+                self.advance_una(now, e.first_psn.add(e.npkts));
             }
             if e.wqe.signaled || status != WcStatus::Success {
                 env.send_completion(self.wc(&e.wqe, status));
@@ -73,7 +72,7 @@ impl RcTransport {
             }
         }
         let r = &mut self.req;
-        if diff(r.next_psn, r.una) < 0 {
+        if r.next_psn.is_before(r.una) {
             let una = r.una;
             self.rewind_to(una);
         }
@@ -92,7 +91,7 @@ impl RcTransport {
     pub(super) fn fail(
         &mut self,
         now: Instant,
-        psn: Option<u32>,
+        psn: Option<Psn>,
         status: WcStatus,
         env: &mut dyn Env,
     ) {
@@ -180,7 +179,7 @@ impl RcTransport {
                 if e.first_psn != pkt.psn || !is_atomic {
                     return; // duplicate or unexpected
                 }
-                self.ack_through(now, add(pkt.psn, super::psn::PSN_MASK), env);
+                self.ack_through(now, pkt.psn.prev(), env);
                 let Some(i) = self.first_pending_rd() else {
                     return;
                 };
@@ -190,7 +189,7 @@ impl RcTransport {
                     Err(_) => WcStatus::LocProtErr,
                 };
                 e.status = Some(status);
-                self.advance_una(now, add(pkt.psn, 1));
+                self.advance_una(now, pkt.psn.next());
                 if status == WcStatus::Success {
                     self.retire(now, env);
                 } else {
@@ -221,7 +220,7 @@ impl RcTransport {
         };
         if e.status.is_some()
             || !matches!(e.wqe.op, SendOp::RdmaRead { .. })
-            || add(e.first_psn, e.resp_pkts) != pkt.psn
+            || e.first_psn.add(e.resp_pkts) != pkt.psn
         {
             return;
         }
@@ -266,7 +265,7 @@ impl RcTransport {
             let e = &r.sq[i];
             if !e.started {
                 // Everything sent is finished.
-                if diff(r.max_sent, r.una) <= 0 {
+                if r.max_sent.diff(r.una) <= 0 {
                     return;
                 }
                 let max_sent = r.max_sent;
@@ -278,8 +277,8 @@ impl RcTransport {
             if is_read {
                 // Everything before the first unfinished READ is finished, and the
                 // responses it has came in order from its first.
-                let expected = add(e.first_psn, e.resp_pkts);
-                if diff(expected, r.una) <= 0 {
+                let expected = e.first_psn.add(e.resp_pkts);
+                if expected.diff(r.una) <= 0 {
                     return;
                 }
                 self.advance_una(now, expected);
@@ -300,7 +299,7 @@ impl RcTransport {
             if !answered {
                 return;
             }
-            let before = add(rd.first_psn, super::psn::PSN_MASK);
+            let before = rd.first_psn.prev();
             if !self.ack_through(now, before, env) {
                 return;
             }
@@ -330,8 +329,8 @@ impl RcTransport {
         if !matches!(e.wqe.op, SendOp::RdmaRead { .. }) && !answered_by_empty {
             return;
         }
-        let expected = add(e.first_psn, e.resp_pkts);
-        let d = diff(pkt.psn, expected);
+        let expected = e.first_psn.add(e.resp_pkts);
+        let d = pkt.psn.diff(expected);
         if d < 0 {
             return; // duplicate
         }
@@ -345,8 +344,8 @@ impl RcTransport {
             return;
         }
         // Responses acknowledge every earlier request.
-        if diff(expected, self.req.una) > 0 {
-            self.ack_through(now, add(expected, super::psn::PSN_MASK), env);
+        if expected.is_after(self.req.una) {
+            self.ack_through(now, expected.prev(), env);
         }
         let Some(i) = self.first_pending_rd() else {
             return;
@@ -361,7 +360,7 @@ impl RcTransport {
             }
             e.resp_pkts = 1;
             e.status = Some(WcStatus::Success);
-            self.advance_una(now, add(pkt.psn, 1));
+            self.advance_una(now, pkt.psn.next());
             self.retire(now, env);
             return;
         }
@@ -381,21 +380,21 @@ impl RcTransport {
         if last {
             e.status = Some(WcStatus::Success);
         }
-        self.advance_una(now, add(pkt.psn, 1));
+        self.advance_una(now, pkt.psn.next());
         if last {
             self.retire(now, env);
         }
     }
 
-    pub(super) fn handle_nak(&mut self, now: Instant, psn: u32, nak: Syndrome, env: &mut dyn Env) {
+    pub(super) fn handle_nak(&mut self, now: Instant, psn: Psn, nak: Syndrome, env: &mut dyn Env) {
         // A NAK acknowledges everything before its PSN.
         let r = &self.req;
-        if diff(psn, r.una) < 0 || diff(psn, r.max_sent) >= 0 {
+        if psn.is_before(r.una) || psn.diff(r.max_sent) >= 0 {
             return;
         }
-        let progressed = diff(psn, r.una) > 0;
+        let progressed = psn.is_after(r.una);
         if progressed {
-            self.ack_through(now, add(psn, super::psn::PSN_MASK), env);
+            self.ack_through(now, psn.prev(), env);
         }
         if self.req.una != psn {
             return; // the NAK names a PSN inside a READ still being answered; stale
@@ -416,7 +415,10 @@ impl RcTransport {
                 // ACK timeouts without forward progress (`handle_timeout`), and a peer
                 // that NAKs is alive.
                 self.on_loss(now, psn, env);
-                tracing::debug!(psn, "sequence NAK: retransmitting from its PSN");
+                tracing::debug!(
+                    psn = psn.value(),
+                    "sequence NAK: retransmitting from its PSN"
+                );
                 self.req.probe = false;
                 self.rewind_to(psn);
             }

@@ -24,9 +24,8 @@ use requester::Requester;
 use responder::{InProgress, Out, Responder};
 use std::time::{Duration, Instant};
 
-pub(super) use super::psn;
 pub(super) use super::{
-    ACK_UNLIMITED, AtomicEth, Feth, Grant, Kind, Pos, RemoteKeyError, Reth, Stat, Syndrome,
+    ACK_UNLIMITED, AtomicEth, Feth, Grant, Kind, Pos, Psn, RemoteKeyError, Reth, Stat, Syndrome,
 };
 
 /// The largest message: 2^31 bytes (IBTA).
@@ -42,9 +41,9 @@ pub struct RcConfig {
     /// Path MTU in bytes.
     pub mtu: u32,
     /// First PSN the requester sends.
-    pub sq_psn: u32,
+    pub sq_psn: Psn,
     /// First PSN the responder expects.
-    pub rq_psn: u32,
+    pub rq_psn: Psn,
     /// Local ACK timeout code (0 = no timeout).
     pub timeout: u8,
     /// Retries after timeouts and sequence NAKs.
@@ -69,8 +68,8 @@ impl Default for RcConfig {
             qpn: 0,
             dest_qpn: 0,
             mtu: 1024,
-            sq_psn: 0,
-            rq_psn: 0,
+            sq_psn: Psn::new(0),
+            rq_psn: Psn::new(0),
             timeout: 14,
             retry_cnt: 7,
             rnr_retry: RNR_RETRY_INFINITE,

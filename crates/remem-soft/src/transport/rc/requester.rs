@@ -10,10 +10,9 @@
 
 use super::Env;
 use super::pacing::Pacing;
-use super::psn::{add, diff};
 use super::{
-    AtomicEth, Feth, Kind, PLACEMENT_GLOBAL, PLACEMENT_PERSISTENT, PayloadSrc, Pos, RcTransport,
-    Reth, SELECT_RANGE, SELECT_REGION, Stat, TxPacket,
+    AtomicEth, Feth, Kind, PLACEMENT_GLOBAL, PLACEMENT_PERSISTENT, PayloadSrc, Pos, Psn,
+    RcTransport, Reth, SELECT_RANGE, SELECT_REGION, Stat, TxPacket,
 };
 use crate::wqe::SendWqe;
 use remem_verbs::{FlushLevel, FlushType, QpState, SendOp, WcStatus};
@@ -29,28 +28,27 @@ pub(super) struct SqEntry {
     pub(super) wqe: SendWqe,
     /// Whether PSNs were assigned (transmission started).
     pub(super) started: bool,
-    pub(super) first_psn: u32,
+    pub(super) first_psn: Psn,
     pub(super) npkts: u32,
     /// READ: response packets received.
     pub(super) resp_pkts: u32,
     /// READ: the expected response PSN a re-request was sent for (to avoid re-request
     /// storms on a burst of late responses).
-    pub(super) rerequested: Option<u32>,
+    pub(super) rerequested: Option<Psn>,
     /// Set when the work request is finished.
     pub(super) status: Option<WcStatus>,
 }
 
 impl SqEntry {
-    pub(super) fn last_psn(&self) -> u32 {
-        add(self.first_psn, self.npkts.saturating_sub(1))
+    pub(super) fn last_psn(&self) -> Psn {
+        self.first_psn.add(self.npkts.saturating_sub(1))
     }
     pub(super) fn is_rd(&self) -> bool {
         self.wqe.op.uses_rd_atomic()
     }
     /// Whether `psn` is one of this entry's PSNs.
-    pub(super) fn holds(&self, psn: u32) -> bool {
-        let d = diff(psn, self.first_psn);
-        d >= 0 && (d as u32) < self.npkts
+    pub(super) fn holds(&self, psn: Psn) -> bool {
+        psn.within(self.first_psn, self.npkts)
     }
 }
 
@@ -61,11 +59,11 @@ pub(super) struct Requester {
     pub(super) cur: usize,
     /// Next packet of it.
     pub(super) cur_pkt: u32,
-    pub(super) next_psn: u32,
+    pub(super) next_psn: Psn,
     /// One past the highest PSN ever sent.
-    pub(super) max_sent: u32,
+    pub(super) max_sent: Psn,
     /// Oldest unacknowledged PSN.
-    pub(super) una: u32,
+    pub(super) una: Psn,
     pub(super) rd_outstanding: u32,
     pub(super) retry_left: u8,
     pub(super) rnr_left: u8,
@@ -79,12 +77,12 @@ pub(super) struct Requester {
     /// When to retransmit early (the adaptive RTO), spending no retry.
     pub(super) rto_at: Option<Instant>,
     /// The PSN timed for an RTT sample and when it was sent (a packet sent once: Karn).
-    pub(super) timed: Option<(u32, Instant)>,
+    pub(super) timed: Option<(Psn, Instant)>,
     /// Until then an out-of-order READ response is no new loss: responses the peer sent
     /// before it saw the last re-request may still be arriving.
     pub(super) hold_until: Option<Instant>,
     /// The PSN of the last sequence NAK acted on, until forward progress.
-    pub(super) last_seq_nak: Option<u32>,
+    pub(super) last_seq_nak: Option<Psn>,
     /// After an early retransmission, only the first unacknowledged packet goes again
     /// (asking for an ACK) until the next forward progress shows whether the rest is
     /// needed: an ACK beyond it means the first transmission arrived and the timeout was
@@ -101,9 +99,9 @@ impl Requester {
             sq: VecDeque::new(),
             cur: 0,
             cur_pkt: 0,
-            next_psn: 0,
-            max_sent: 0,
-            una: 0,
+            next_psn: Psn::new(0),
+            max_sent: Psn::new(0),
+            una: Psn::new(0),
             rd_outstanding: 0,
             retry_left: 0,
             rnr_left: 0,
@@ -132,7 +130,7 @@ impl RcTransport {
         self.req.sq.push_back(SqEntry {
             wqe,
             started: false,
-            first_psn: 0,
+            first_psn: Psn::new(0),
             npkts: 0,
             resp_pkts: 0,
             rerequested: None,
@@ -165,12 +163,12 @@ impl RcTransport {
             && e.resp_pkts > r.cur_pkt
         {
             if e.resp_pkts >= e.npkts {
-                r.next_psn = add(e.first_psn, e.npkts);
+                r.next_psn = e.first_psn.add(e.npkts);
                 r.cur += 1;
                 r.cur_pkt = 0;
             } else {
                 r.cur_pkt = e.resp_pkts;
-                r.next_psn = add(e.first_psn, e.resp_pkts);
+                r.next_psn = e.first_psn.add(e.resp_pkts);
             }
         }
         let entry = r.sq.get_mut(r.cur)?;
@@ -179,7 +177,7 @@ impl RcTransport {
         // the message (rxe bounds unacknowledged PSNs the same way). The congestion
         // window narrows it after losses.
         let limit = r.pacing.limit().min(cfg.window.max(1));
-        if diff(r.next_psn, r.una) >= limit as i32 || (r.probe && r.next_psn != r.una) {
+        if r.next_psn.diff(r.una) >= limit as i32 || (r.probe && r.next_psn != r.una) {
             return None;
         }
         if !entry.started {
@@ -201,7 +199,7 @@ impl RcTransport {
         }
         let index = r.cur;
         let k = r.cur_pkt;
-        let psn = add(entry.first_psn, k);
+        let psn = entry.first_psn.add(k);
         let mtu = u64::from(cfg.mtu);
         let offset = u64::from(k) * mtu;
         let mut pkt = TxPacket::new(Kind::Send, Pos::Only, cfg.dest_qpn, psn);
@@ -334,7 +332,7 @@ impl RcTransport {
                 // An ACK is asked for at the end of a message, every ACKREQ_EVERY packets,
                 // and on the packet that fills the window (else a window smaller than
                 // ACKREQ_EVERY would wait for an ACK nobody asked for).
-                let fills_window = diff(add(psn, 1), r.una) >= limit as i32;
+                let fills_window = psn.next().diff(r.una) >= limit as i32;
                 pkt.ack_req = pkt.pos.ends() || r.since_ackreq >= ACKREQ_EVERY || fills_window;
                 payload_off = Some(offset);
             }
@@ -354,13 +352,13 @@ impl RcTransport {
             r.cur += 1;
             r.cur_pkt = 0;
         }
-        if diff(psn, r.max_sent) < 0 {
+        if psn.is_before(r.max_sent) {
             env.count(Stat::Retransmitted);
         } else if r.timed.is_none() {
             r.timed = Some((psn, now));
         }
-        r.next_psn = add(psn, consumed);
-        if diff(r.next_psn, r.max_sent) > 0 {
+        r.next_psn = psn.add(consumed);
+        if r.next_psn.is_after(r.max_sent) {
             r.max_sent = r.next_psn;
         }
         if r.timer.is_none() {
@@ -377,10 +375,10 @@ impl RcTransport {
     }
 
     /// Moves the transmit cursor back to `psn` (go-back-N).
-    pub(super) fn rewind_to(&mut self, psn: u32) {
+    pub(super) fn rewind_to(&mut self, psn: Psn) {
         let r = &mut self.req;
         // A timed packet that will be sent again gives no RTT sample (Karn).
-        if r.timed.is_some_and(|(t, _)| diff(t, psn) >= 0) {
+        if r.timed.is_some_and(|(t, _)| t.diff(psn) >= 0) {
             r.timed = None;
         }
         for (i, e) in r.sq.iter().enumerate() {
@@ -389,7 +387,7 @@ impl RcTransport {
             }
             if e.holds(psn) {
                 r.cur = i;
-                r.cur_pkt = diff(psn, e.first_psn) as u32;
+                r.cur_pkt = psn.diff(e.first_psn) as u32;
                 r.next_psn = psn;
                 return;
             }
@@ -404,7 +402,7 @@ impl RcTransport {
     /// from there (go-back-N, paced), and cuts the congestion window. For about a round
     /// trip afterwards, more signs of the same loss (the responses the peer sent before the
     /// re-request reached it) are ignored.
-    pub(super) fn rerequest_lost(&mut self, now: Instant, expected: u32, env: &mut dyn Env) {
+    pub(super) fn rerequest_lost(&mut self, now: Instant, expected: Psn, env: &mut dyn Env) {
         if self.req.hold_until.is_some_and(|t| t > now) {
             return;
         }
@@ -417,7 +415,7 @@ impl RcTransport {
 
     /// Re-requests a READ (or resends an atomic) from its expected response PSN, once per
     /// expected PSN. Returns whether the cursor went back.
-    pub(super) fn rerequest(&mut self, expected: u32) -> bool {
+    pub(super) fn rerequest(&mut self, expected: Psn) -> bool {
         let Some(e) = self
             .req
             .sq
@@ -431,7 +429,7 @@ impl RcTransport {
         }
         e.rerequested = Some(expected);
         // Only go back if the cursor is past it.
-        let cursor_past = diff(self.req.next_psn, expected) > 0;
+        let cursor_past = self.req.next_psn.is_after(expected);
         if cursor_past {
             self.rewind_to(expected);
         }
@@ -451,15 +449,15 @@ impl RcTransport {
         // An early retransmission is judged by the first progress after it: an ACK of
         // PSNs the go-back-N has not sent again yet acknowledges the first transmission.
         if r.pacing.undo_pending() {
-            let spurious = diff(r.una, r.next_psn) > 0;
+            let spurious = r.una.is_after(r.next_psn);
             if spurious {
-                tracing::trace!(psn = r.una, "the early retransmission was spurious");
+                tracing::trace!(psn = r.una.value(), "the early retransmission was spurious");
             }
             r.pacing.judge_rto(spurious);
         }
         r.pacing.on_ack(n, now);
         if let Some((psn, at)) = r.timed
-            && diff(r.una, psn) > 0
+            && r.una.is_after(psn)
         {
             r.pacing.on_rtt(now.saturating_duration_since(at));
             r.timed = None;
@@ -475,8 +473,8 @@ impl RcTransport {
 
     /// Moves the first unacknowledged PSN to `una` (forward progress, see
     /// [`Self::on_progress`]); nothing if it is not ahead.
-    pub(super) fn advance_una(&mut self, now: Instant, una: u32) {
-        let n = diff(una, self.req.una);
+    pub(super) fn advance_una(&mut self, now: Instant, una: Psn) {
+        let n = una.diff(self.req.una);
         if n > 0 {
             self.req.una = una;
             self.on_progress(now, n as u32);
@@ -485,11 +483,11 @@ impl RcTransport {
 
     /// A loss was detected at `psn` (a sequence NAK, a missing READ response, an early
     /// retransmission): the congestion window is cut, once per loss event.
-    pub(super) fn on_loss(&mut self, now: Instant, psn: u32, env: &mut dyn Env) {
+    pub(super) fn on_loss(&mut self, now: Instant, psn: Psn, env: &mut dyn Env) {
         if self.req.pacing.on_loss(now) {
             env.count(Stat::CwndReduced);
             tracing::trace!(
-                psn,
+                psn = psn.value(),
                 cwnd = self.req.pacing.cwnd(),
                 "loss: congestion window cut"
             );
@@ -519,7 +517,7 @@ impl RcTransport {
             if self.req.retry_left == 0 {
                 env.count(Stat::RetryExceeded);
                 tracing::warn!(
-                    psn = una,
+                    psn = una.value(),
                     "no ACK after every retry: RETRY_EXC_ERR, QP to ERR"
                 );
                 self.fail(now, Some(una), WcStatus::RetryExcErr, env);
@@ -530,7 +528,7 @@ impl RcTransport {
             self.req.pacing.on_stall(now);
             env.count(Stat::CwndReduced);
             tracing::debug!(
-                psn = una,
+                psn = una.value(),
                 retries_left = self.req.retry_left,
                 "ACK timeout: retransmitting from the first unacknowledged PSN"
             );
@@ -542,7 +540,7 @@ impl RcTransport {
                 env.count(Stat::CwndReduced);
             }
             tracing::trace!(
-                psn = una,
+                psn = una.value(),
                 "retransmission timeout: resending from the first unacknowledged PSN"
             );
         }

@@ -1,10 +1,9 @@
 //! The responder of an RC queue pair: executes requests in PSN order, answers duplicates,
 //! refuses what it must (NAK, QP to ERR, asynchronous event) and queues its responses.
 
-use super::psn::{add, diff};
 use super::{
     ACK_UNLIMITED, AccessError, Env, Grant, Kind, MAX_MSG, PLACEMENT_GLOBAL, PLACEMENT_PERSISTENT,
-    PayloadSrc, Pos, RcTransport, RemoteKeyError, RxPacket, SELECT_RANGE, SELECT_REGION, Stat,
+    PayloadSrc, Pos, Psn, RcTransport, RemoteKeyError, RxPacket, SELECT_RANGE, SELECT_REGION, Stat,
     Syndrome, TxPacket,
 };
 use crate::wqe::{RecvWqe, scatter_into};
@@ -18,6 +17,12 @@ use std::collections::VecDeque;
 /// before it): room for the ACKs and NAKs of one receive batch. A requester within its
 /// `max_rd_atomic` never needs more; what a peer sends beyond it is dropped unexecuted.
 const RESPONSE_SLACK: usize = 16;
+
+/// The message sequence number after `msn` (24 bits, as PSNs; it is no PSN: it counts
+/// messages, and the requester never compares it).
+fn next_msn(msn: u32) -> u32 {
+    msn.wrapping_add(1) & Psn::MAX
+}
 
 /// What the responder is in the middle of.
 #[derive(Debug)]
@@ -41,25 +46,25 @@ pub(super) enum InProgress {
 #[derive(Debug)]
 pub(super) enum Resource {
     Read {
-        psn: u32,
+        psn: Psn,
         npkts: u32,
         region: Option<Grant>,
         len: u64,
     },
     Atomic {
-        psn: u32,
+        psn: Psn,
         orig: u64,
     },
     /// An ATOMIC WRITE or FLUSH, executed once and answered by a zero-length READ
     /// response (a duplicate is answered again, not executed again).
     Done {
-        psn: u32,
+        psn: Psn,
     },
 }
 
 impl Out {
     /// The answer to an ATOMIC WRITE or FLUSH: an RDMA READ response (only) without data.
-    pub(super) fn empty_read_response(psn: u32) -> Out {
+    pub(super) fn empty_read_response(psn: Psn) -> Out {
         Out::Read {
             region: None,
             base_psn: psn,
@@ -76,11 +81,11 @@ impl Out {
 #[derive(Debug)]
 pub(super) enum Out {
     Ack {
-        psn: u32,
+        psn: Psn,
         syndrome: Syndrome,
     },
     AtomicAck {
-        psn: u32,
+        psn: Psn,
         orig: u64,
     },
     Read {
@@ -88,7 +93,7 @@ pub(super) enum Out {
         /// response with a NAK).
         region: Option<Grant>,
         /// PSN of packet index 0 of the READ.
-        base_psn: u32,
+        base_psn: Psn,
         /// Length of the whole READ.
         len: u64,
         /// Index of the first packet of this (re)transmission.
@@ -104,7 +109,7 @@ pub(super) enum Out {
 
 #[derive(Debug)]
 pub(super) struct Responder {
-    pub(super) epsn: u32,
+    pub(super) epsn: Psn,
     pub(super) msn: u32,
     pub(super) nak_sent: bool,
     pub(super) progress: InProgress,
@@ -115,7 +120,7 @@ pub(super) struct Responder {
 impl Responder {
     pub(super) fn new() -> Self {
         Responder {
-            epsn: 0,
+            epsn: Psn::new(0),
             msn: 0,
             nak_sent: false,
             progress: InProgress::Idle,
@@ -125,7 +130,7 @@ impl Responder {
     }
 
     /// Queues an ACK for `psn`, merging with an unsent ACK at the back of the queue.
-    pub(super) fn push_ack(&mut self, psn: u32) {
+    pub(super) fn push_ack(&mut self, psn: Psn) {
         if let Some(Out::Ack { psn: p, syndrome }) = self.out.back_mut()
             && *syndrome == ACK_UNLIMITED
         {
@@ -140,7 +145,7 @@ impl Responder {
 
     /// Queues a NAK, unless the same NAK is already the last response queued (a flood of
     /// SENDs without a receive gets one RNR NAK per burst, not one each).
-    pub(super) fn push_nak(&mut self, psn: u32, syndrome: Syndrome) {
+    pub(super) fn push_nak(&mut self, psn: Psn, syndrome: Syndrome) {
         if let Some(Out::Ack {
             psn: p,
             syndrome: s,
@@ -209,7 +214,7 @@ impl RcTransport {
                 replay,
             } => {
                 let idx = *next;
-                let psn = add(*base_psn, idx);
+                let psn = base_psn.add(idx);
                 let offset = u64::from(idx) * u64::from(mtu);
                 let payload_len = len.saturating_sub(offset).min(u64::from(mtu)) as u32;
                 // A READ response goes on only while its key stands (rxe re-checks the key
@@ -261,7 +266,7 @@ impl RcTransport {
         // What a peer can make the responder queue is bounded: with the queue of responses
         // full, a request is dropped unexecuted, as if lost (the requester retries it).
         let full = self.resp.out.len() >= self.response_cap();
-        let d = diff(pkt.psn, self.resp.epsn);
+        let d = pkt.psn.diff(self.resp.epsn);
         if d > 0 {
             env.count(Stat::OutOfSeqRequest);
             if !self.resp.nak_sent && !full {
@@ -293,7 +298,7 @@ impl RcTransport {
     /// Refuses the request at `psn`: queues its NAK, moves the QP to ERR (IBTA 9.9.3, as
     /// rxe does: the NAK stays queued and is still sent, everything else is flushed) and
     /// raises the affiliated asynchronous event of the refusal.
-    pub(super) fn refuse(&mut self, psn: u32, why: Refuse, env: &mut dyn Env) {
+    pub(super) fn refuse(&mut self, psn: Psn, why: Refuse, env: &mut dyn Env) {
         use AsyncEventType as E;
         let (syndrome, event) = match why {
             Refuse::Invalid => (Syndrome::NakInvalidRequest, Some(E::QpReqErr)),
@@ -303,7 +308,7 @@ impl RcTransport {
         };
         tracing::debug!(
             qpn = self.cfg.qpn,
-            psn,
+            psn = psn.value(),
             ?why,
             "responder refuses a request: NAK, QP to ERR"
         );
@@ -327,10 +332,10 @@ impl RcTransport {
     /// stale copy the network delivered late, after the application deregistered the
     /// region) ignores a NAK for a PSN it no longer has outstanding. Moving to ERR here, as
     /// kernel rxe does, would let a duplicated packet end a healthy connection.
-    pub(super) fn refuse_replay(&mut self, psn: u32, env: &mut dyn Env) {
+    pub(super) fn refuse_replay(&mut self, psn: Psn, env: &mut dyn Env) {
         tracing::debug!(
             qpn = self.cfg.qpn,
-            psn,
+            psn = psn.value(),
             "duplicate READ through a revoked key: NAK, no data"
         );
         env.count(Stat::SendErr);
@@ -363,7 +368,7 @@ impl RcTransport {
                         region,
                         len,
                     } => {
-                        let d = diff(psn, *base);
+                        let d = psn.diff(*base);
                         (d >= 0 && (d as u32) < *npkts)
                             .then(|| (*base, *npkts, region.clone(), *len, d as u32))
                     }
@@ -438,7 +443,7 @@ impl RcTransport {
             }
             _ => {
                 if pkt.ack_req || pkt.pos.ends() {
-                    let last = add(self.resp.epsn, super::psn::PSN_MASK);
+                    let last = self.resp.epsn.prev();
                     self.resp.push_ack(last);
                 }
             }
@@ -541,8 +546,8 @@ impl RcTransport {
                     npkts,
                     replay: false,
                 });
-                self.resp.msn = add(self.resp.msn, 1);
-                self.resp.epsn = add(pkt.psn, npkts);
+                self.resp.msn = next_msn(self.resp.msn);
+                self.resp.epsn = pkt.psn.add(npkts);
                 return Ok(());
             }
             Kind::CompareSwap | Kind::FetchAdd => {
@@ -564,8 +569,8 @@ impl RcTransport {
                 self.resp
                     .out
                     .push_back(Out::AtomicAck { psn: pkt.psn, orig });
-                self.resp.msn = add(self.resp.msn, 1);
-                self.resp.epsn = add(pkt.psn, 1);
+                self.resp.msn = next_msn(self.resp.msn);
+                self.resp.epsn = pkt.psn.next();
                 return Ok(());
             }
             Kind::AtomicWrite => {
@@ -635,7 +640,7 @@ impl RcTransport {
             }
             _ => return Err(Refuse::Invalid),
         }
-        self.resp.epsn = add(pkt.psn, 1);
+        self.resp.epsn = pkt.psn.next();
         if pkt.ack_req {
             self.resp.push_ack(pkt.psn);
         }
@@ -644,11 +649,11 @@ impl RcTransport {
 
     /// Finishes an ATOMIC WRITE or FLUSH at `psn`: a resource to answer duplicates, the
     /// zero-length READ response, the next expected PSN.
-    pub(super) fn answer_with_empty_read_response(&mut self, psn: u32) -> Result<(), Refuse> {
+    pub(super) fn answer_with_empty_read_response(&mut self, psn: Psn) -> Result<(), Refuse> {
         self.push_resource(Resource::Done { psn })?;
         self.resp.out.push_back(Out::empty_read_response(psn));
-        self.resp.msn = add(self.resp.msn, 1);
-        self.resp.epsn = add(psn, 1);
+        self.resp.msn = next_msn(self.resp.msn);
+        self.resp.epsn = psn.next();
         Ok(())
     }
 
@@ -667,7 +672,7 @@ impl RcTransport {
 
     /// Receiver not ready: queues an RNR NAK for `psn`. The requester retries from this PSN,
     /// so sequence NAKs for the packets that follow are pointless: they are suppressed.
-    pub(super) fn rnr_nak(&mut self, psn: u32, env: &mut dyn Env) {
+    pub(super) fn rnr_nak(&mut self, psn: Psn, env: &mut dyn Env) {
         env.count(Stat::SentRnrNak);
         let timer = self.cfg.min_rnr_timer;
         self.resp.push_nak(psn, Syndrome::RnrNak { timer });
@@ -751,7 +756,7 @@ impl RcTransport {
                 wc.imm_data = imm;
                 wc.wc_flags |= WcFlags::WITH_IMM;
             }
-            self.resp.msn = add(self.resp.msn, 1);
+            self.resp.msn = next_msn(self.resp.msn);
             env.recv_completion(wc, pkt.solicited);
         } else {
             self.resp.progress = InProgress::Send {
@@ -849,7 +854,7 @@ impl RcTransport {
             return Err(Refuse::Access(why));
         }
         if pkt.pos.ends() {
-            self.resp.msn = add(self.resp.msn, 1);
+            self.resp.msn = next_msn(self.resp.msn);
             if let Some(w) = recv {
                 let wc = WorkCompletion {
                     wr_id: w.wr_id,

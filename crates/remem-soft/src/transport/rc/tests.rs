@@ -2,7 +2,6 @@
 
 use super::*;
 use crate::transport::KeyedRegion;
-use crate::transport::psn::add;
 use crate::wqe::RecvWqe;
 use remem_verbs::{AsyncEvent, AsyncEventElement, AsyncEventType};
 use remem_verbs::{MemRegion, MemoryBuffer};
@@ -11,7 +10,7 @@ use std::sync::Arc;
 
 const RKEY: u32 = 0x77;
 const MTU: u32 = 256;
-const EPSN: u32 = 0x00ff_fffe; // the READs below wrap the 24-bit PSN space
+const EPSN: Psn = Psn::new(0x00ff_fffe); // the READs below wrap the 24-bit PSN space
 
 /// One revocable region under `RKEY`, and what the transport reports.
 struct TestEnv {
@@ -114,7 +113,7 @@ fn setup(max_dest_rd_atomic: u8) -> (TestEnv, RcTransport, u64) {
 }
 
 /// What the transport sends: (kind, pos, psn, syndrome, payload).
-type Sent = (Kind, Pos, u32, Option<Syndrome>, Vec<u8>);
+type Sent = (Kind, Pos, Psn, Option<Syndrome>, Vec<u8>);
 
 /// Takes up to `max` packets out of the transport.
 fn transmit(t: &mut RcTransport, env: &mut TestEnv, max: usize) -> Vec<Sent> {
@@ -132,7 +131,7 @@ fn transmit(t: &mut RcTransport, env: &mut TestEnv, max: usize) -> Vec<Sent> {
     out
 }
 
-fn write_pkt(pos: Pos, psn: u32, payload: &[u8], total: u32, va: u64) -> RxPacket<'_> {
+fn write_pkt(pos: Pos, psn: Psn, payload: &[u8], total: u32, va: u64) -> RxPacket<'_> {
     let mut p = RxPacket::new(Kind::Write, pos, psn);
     if pos.starts() {
         p.reth = Some(Reth {
@@ -146,7 +145,7 @@ fn write_pkt(pos: Pos, psn: u32, payload: &[u8], total: u32, va: u64) -> RxPacke
     p
 }
 
-fn read_pkt(psn: u32, va: u64, len: u32) -> RxPacket<'static> {
+fn read_pkt(psn: Psn, va: u64, len: u32) -> RxPacket<'static> {
     let mut p = RxPacket::new(Kind::ReadRequest, Pos::Only, psn);
     p.reth = Some(Reth {
         va,
@@ -163,7 +162,7 @@ fn qp_event(event_type: AsyncEventType) -> AsyncEvent {
     }
 }
 
-fn nak(kind_psn: &Sent) -> Option<(u32, Syndrome)> {
+fn nak(kind_psn: &Sent) -> Option<(Psn, Syndrome)> {
     match kind_psn {
         (Kind::Ack, _, psn, Some(s), _) if !matches!(s, Syndrome::Ack { .. }) => Some((*psn, *s)),
         _ => None,
@@ -173,7 +172,7 @@ fn nak(kind_psn: &Sent) -> Option<(u32, Syndrome)> {
 /// Checks how a refusal of a revoked key ended: the NAKs in `sent` are one remote access
 /// error, for `psn`; a `fatal` one left the QP in ERR with the access error event, any
 /// other (a stale duplicate's) left it in RTS with no event.
-fn refused_revoked(t: &RcTransport, env: &TestEnv, sent: &[Sent], psn: u32, fatal: bool) {
+fn refused_revoked(t: &RcTransport, env: &TestEnv, sent: &[Sent], psn: Psn, fatal: bool) {
     assert_eq!(
         sent.iter().filter_map(nak).collect::<Vec<_>>(),
         [(psn, Syndrome::NakRemoteAccessError)]
@@ -200,12 +199,12 @@ fn a_write_continued_after_deregistration_is_refused() {
     assert_eq!(env.buf.to_vec(0, 256).unwrap(), first, "FIRST lands");
     env.key.revoke(); // ibv_dereg_mr between FIRST and MIDDLE
     let middle = [0xbb; MTU as usize];
-    let psn = add(EPSN, 1);
+    let psn = EPSN.add(1);
     t.handle_packet(now, &write_pkt(Pos::Middle, psn, &middle, 0, 0), &mut env);
     let last = [0xcc; MTU as usize];
     t.handle_packet(
         now,
-        &write_pkt(Pos::Last, add(psn, 1), &last, 0, 0),
+        &write_pkt(Pos::Last, psn.add(1), &last, 0, 0),
         &mut env,
     );
     assert_eq!(
@@ -233,7 +232,7 @@ fn a_read_response_stops_at_deregistration() {
         "no response packet after the deregistration: {rest:?}"
     );
     // A NAK in place of the next response packet, with its PSN.
-    refused_revoked(&t, &env, &rest, add(EPSN, 1), true);
+    refused_revoked(&t, &env, &rest, EPSN.add(1), true);
 }
 
 #[test]
@@ -265,7 +264,7 @@ fn a_replay_revoked_before_it_is_sent_stops_without_ending_the_qp() {
     // A duplicate of the READ's second packet queues a replay; the key goes first.
     t.handle_packet(
         now,
-        &read_pkt(add(EPSN, 1), va + u64::from(MTU), 2 * MTU),
+        &read_pkt(EPSN.add(1), va + u64::from(MTU), 2 * MTU),
         &mut env,
     );
     env.key.revoke();
@@ -274,7 +273,7 @@ fn a_replay_revoked_before_it_is_sent_stops_without_ending_the_qp() {
         sent.iter().all(|p| p.4.is_empty()),
         "data replayed: {sent:?}"
     );
-    refused_revoked(&t, &env, &sent, add(EPSN, 1), false);
+    refused_revoked(&t, &env, &sent, EPSN.add(1), false);
 }
 
 #[test]
@@ -301,7 +300,7 @@ fn a_flood_of_duplicate_reads_is_bounded() {
     assert_eq!(env.stat("drop_duplicate_read"), 1000 + 999);
     // A duplicate from the middle (the requester's re-request) while a replay of the
     // READ is still queued from an earlier PSN: covered by it.
-    let mid = add(EPSN, 40);
+    let mid = EPSN.add(40);
     t.handle_packet(now, &read_pkt(EPSN, va, PKTS * MTU), &mut env);
     t.handle_packet(now, &read_pkt(mid, va + 40 * 256, 24 * MTU), &mut env);
     assert_eq!(transmit(&mut t, &mut env, 100_000).len(), PKTS as usize);
@@ -336,7 +335,7 @@ fn what_a_peer_makes_the_responder_queue_is_bounded() {
     let mut psn = EPSN;
     for _ in 0..1000 {
         t.handle_packet(now, &fa(psn), &mut env);
-        psn = add(psn, 1);
+        psn = psn.add(1);
     }
     assert_eq!(env.buf.load_u64(0).unwrap(), 24, "executed");
     // (The first one dropped keeps its PSN expected: those after it are out of
@@ -345,7 +344,7 @@ fn what_a_peer_makes_the_responder_queue_is_bounded() {
     assert_eq!(env.stat("out_of_seq_request"), 1000 - 25);
     assert_eq!(transmit(&mut t, &mut env, 100_000).len(), 24);
     // The requester's retransmission of the first one dropped is executed now.
-    let next = add(EPSN, 24);
+    let next = EPSN.add(24);
     t.handle_packet(now, &fa(next), &mut env);
     assert_eq!(env.buf.load_u64(0).unwrap(), 25);
     // Duplicates of it: answered from its resource, at most a queue's worth at a time.
@@ -427,8 +426,8 @@ fn the_window_bounds_the_packets_of_one_message_in_flight() {
     }
     assert_eq!(sent.len(), 16);
     assert_eq!(sent.iter().filter(|p| p.1).count(), 1, "{sent:?}");
-    assert_eq!(sent[15], (add(EPSN, 15), true));
-    let mut ack = RxPacket::new(Kind::Ack, Pos::Only, add(EPSN, 15));
+    assert_eq!(sent[15], (EPSN.add(15), true));
+    let mut ack = RxPacket::new(Kind::Ack, Pos::Only, EPSN.add(15));
     ack.aeth = Some((ACK_UNLIMITED, 1));
     t.handle_packet(now, &ack, &mut env);
     assert_eq!(
@@ -445,13 +444,13 @@ fn reads_beyond_the_responder_resources_are_dropped_as_lost() {
     let mut psn = EPSN;
     for _ in 0..3 {
         t.handle_packet(now, &read_pkt(psn, va, 4 * MTU), &mut env);
-        psn = add(psn, 4);
+        psn = psn.add(4);
     }
     assert_eq!(env.stat("drop_read_overflow"), 1, "the third is dropped");
     let sent = transmit(&mut t, &mut env, 100);
     assert_eq!(sent.len(), 8, "two READs answered");
     // Not executed: its PSN is still expected, and it is accepted once there is room.
-    let third = add(EPSN, 8);
+    let third = EPSN.add(8);
     t.handle_packet(now, &read_pkt(third, va, 4 * MTU), &mut env);
     let sent = transmit(&mut t, &mut env, 100);
     assert_eq!(sent.len(), 4);
@@ -497,7 +496,7 @@ fn the_responder_naks_a_sequence_gap_once_and_answers_duplicates() {
     // EPSN is lost: ten packets after it, one sequence NAK naming it (IBTA: one NAK per
     // gap, not one per out-of-order packet).
     for i in 1..=10 {
-        t.handle_packet(now, &write(add(EPSN, i)), &mut env);
+        t.handle_packet(now, &write(EPSN.add(i)), &mut env);
     }
     let naks: Vec<_> = transmit(&mut t, &mut env, 100)
         .iter()
@@ -507,28 +506,28 @@ fn the_responder_naks_a_sequence_gap_once_and_answers_duplicates() {
     assert_eq!(env.stat("out_of_seq_request"), 10);
     // The requester goes back: EPSN and the next are executed and acknowledged.
     t.handle_packet(now, &write(EPSN), &mut env);
-    t.handle_packet(now, &write(add(EPSN, 1)), &mut env);
+    t.handle_packet(now, &write(EPSN.add(1)), &mut env);
     let sent = transmit(&mut t, &mut env, 100);
     assert_eq!(sent.iter().filter_map(nak).count(), 0, "{sent:?}");
     assert_eq!(
         sent.last().map(|p| (p.0, p.2)),
-        Some((Kind::Ack, add(EPSN, 1)))
+        Some((Kind::Ack, EPSN.add(1)))
     );
     // A new gap (EPSN + 2 lost again) is a new sequence error: one more NAK.
-    t.handle_packet(now, &write(add(EPSN, 3)), &mut env);
-    t.handle_packet(now, &write(add(EPSN, 4)), &mut env);
+    t.handle_packet(now, &write(EPSN.add(3)), &mut env);
+    t.handle_packet(now, &write(EPSN.add(4)), &mut env);
     let naks: Vec<_> = transmit(&mut t, &mut env, 100)
         .iter()
         .filter_map(nak)
         .collect();
-    assert_eq!(naks, [(add(EPSN, 2), Syndrome::NakPsnSeqErr)]);
+    assert_eq!(naks, [(EPSN.add(2), Syndrome::NakPsnSeqErr)]);
     // A duplicate asking for an ACK is acknowledged with the last PSN executed (IBTA
     // 9.7.5.1.2), not executed again.
     t.handle_packet(now, &write(EPSN), &mut env);
     let sent = transmit(&mut t, &mut env, 100);
     assert_eq!(
         sent.iter().map(|p| (p.0, p.2, p.3)).collect::<Vec<_>>(),
-        [(Kind::Ack, add(EPSN, 1), Some(ACK_UNLIMITED))]
+        [(Kind::Ack, EPSN.add(1), Some(ACK_UNLIMITED))]
     );
     assert_eq!(env.stat("duplicate_request"), 1);
     assert_eq!(t.state(), QpState::Rts);
