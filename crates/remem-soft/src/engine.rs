@@ -978,8 +978,12 @@ mod tests {
             sq_psn: 0x00ff_fff0,
             mtu: Mtu::Mtu1024,
             min_rnr_timer: 1,
+            // 4.2 ms per attempt, 8 attempts: a lost ACK (or one never sent) still fails a
+            // test within ~34 ms, and a progress thread starved for a few milliseconds on
+            // a loaded host does not (with no retry, one 4 ms stall failed
+            // ack_leaves_even_if_the_receiver_destroys_its_qp_at_once).
             timeout: 10,
-            retry_cnt: 0,
+            retry_cnt: 7,
             rnr_retry: 0,
             is_global: false,
             hop_limit: 0,
