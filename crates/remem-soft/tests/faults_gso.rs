@@ -11,15 +11,13 @@
 
 mod common;
 
-use common::{connect_rc, device_and_peer, sge};
-use remem_conformance::QpOptions;
+use common::{device_and_peer, sge, unacked_sender};
 use remem_soft::SoftOptions;
 use remem_soft::faults::{Fate, FaultConfig, FaultInjector};
-use remem_verbs::{AccessFlags, MemRegion, MemoryBuffer, Mtu, SendOp, SendWr};
+use remem_verbs::{Mtu, SendOp, SendWr};
 use remem_wire::Packet;
 use remem_wire::icrc::{self, IPV4_DF, IpFields, UdpPorts};
 use std::net::Ipv4Addr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const PEER_QPN: u32 = 0x4343;
@@ -41,22 +39,8 @@ fn run(dev: Ipv4Addr, peer_ip: Ipv4Addr, faults: Option<FaultConfig>, want: usiz
         ..SoftOptions::default()
     };
     let (ctx, peer, port) = device_and_peer(dev, peer_ip, &opts);
-    let o = QpOptions {
-        mtu: Mtu::Mtu1024,
-        // No retransmission while the packets are read (nothing acknowledges them).
-        timeout: 20,
-        ..QpOptions::default()
-    };
-    let ep = connect_rc(&ctx, &o, (PEER_QPN, peer_ip), 0x00ff_fff0, 0);
-    let len = 64 * 1024;
-    let data: Vec<u8> = (0..len as u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
-        .collect();
-    let buf = Arc::new(MemoryBuffer::from_vec(data));
-    let mr = ep
-        .pd
-        .reg_mr(MemRegion::whole(buf), AccessFlags::LOCAL_WRITE)
-        .unwrap();
+    // A peer that acknowledges nothing: no retransmission while the packets are read.
+    let (ep, mr) = unacked_sender(&ctx, Mtu::Mtu1024, (PEER_QPN, peer_ip), 64 * 1024, 11);
     let write = |va: u64| SendOp::RdmaWrite {
         remote_addr: va,
         rkey: 0x77,

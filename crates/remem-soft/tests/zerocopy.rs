@@ -14,14 +14,12 @@
 
 mod common;
 
-use common::{connect_rc, device_and_peer, sge};
-use remem_conformance::QpOptions;
+use common::{device_and_peer, sge, unacked_sender};
 use remem_soft::SoftOptions;
-use remem_verbs::{AccessFlags, MemRegion, MemoryBuffer, Mtu, SendFlags, SendOp, SendWr};
+use remem_verbs::{Mtu, SendFlags, SendOp, SendWr};
 use remem_wire::Packet;
 use remem_wire::icrc::{self, IPV4_DF, IpFields, UdpPorts};
 use std::net::Ipv4Addr;
-use std::sync::Arc;
 use std::time::Duration;
 
 const DEV: Ipv4Addr = Ipv4Addr::new(127, 0, 60, 1);
@@ -40,22 +38,8 @@ fn sent_packets(capture: Option<std::path::PathBuf>, mtu: Mtu) -> (Vec<Vec<u8>>,
         ..SoftOptions::default()
     };
     let (ctx, peer, port) = device_and_peer(DEV, PEER, &opts);
-    let o = QpOptions {
-        mtu,
-        // No retransmission while the packets are read (nothing acknowledges them).
-        timeout: 20,
-        ..QpOptions::default()
-    };
-    let ep = connect_rc(&ctx, &o, (PEER_QPN, PEER), 0x00ff_fff0, 0);
-    let len = 256 * 1024;
-    let data: Vec<u8> = (0..len as u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect();
-    let buf = Arc::new(MemoryBuffer::from_vec(data));
-    let mr = ep
-        .pd
-        .reg_mr(MemRegion::whole(buf), AccessFlags::LOCAL_WRITE)
-        .unwrap();
+    // A peer that acknowledges nothing: no retransmission while the packets are read.
+    let (ep, mr) = unacked_sender(&ctx, mtu, (PEER_QPN, PEER), 256 * 1024, 13);
     let write = |va: u64| SendOp::RdmaWrite {
         remote_addr: va,
         rkey: 0x77,

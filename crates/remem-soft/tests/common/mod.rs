@@ -50,6 +50,33 @@ pub fn connect_rc(
     ep
 }
 
+/// [`connect_rc`] at `mtu` to a peer that acknowledges nothing (local ACK timeout 20: no
+/// retransmission while a test reads the packets), and `len` bytes of a pattern (`shift`
+/// varies it) registered for local access as the source of its sends.
+pub fn unacked_sender(
+    ctx: &Arc<dyn Context>,
+    mtu: remem_verbs::Mtu,
+    peer: (u32, Ipv4Addr),
+    len: usize,
+    shift: u32,
+) -> (Endpoint, Arc<dyn MemoryRegion>) {
+    let o = QpOptions {
+        mtu,
+        timeout: 20,
+        ..QpOptions::default()
+    };
+    let ep = connect_rc(ctx, &o, peer, 0x00ff_fff0, 0);
+    let data: Vec<u8> = (0..len as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> shift) as u8)
+        .collect();
+    let buf = Arc::new(MemoryBuffer::from_vec(data));
+    let mr = ep
+        .pd
+        .reg_mr(MemRegion::whole(buf), AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    (ep, mr)
+}
+
 /// [`connect_rc`], and a 4 KiB region filled with 0x3c registered with `mr_access`.
 pub fn connected_rc(
     ctx: &Arc<dyn Context>,
