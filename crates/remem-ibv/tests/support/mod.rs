@@ -161,7 +161,14 @@ pub fn cm_addrs() -> (std::net::Ipv4Addr, std::net::Ipv4Addr) {
 /// Runs an RDMA CM server and then its client on the drop-in, each on a soft device of
 /// its own: the client starts once the server's `rdma_listen` has returned (the library
 /// writes a line to the FIFO named by `REMEM_RDMACM_NOTIFY`) or the server has exited.
-pub fn run_cm_pair(d: &DropIn, server: &CmSide, client: &CmSide) -> (Ran, Ran) {
+/// When the client's run satisfies `abandon`, the server is not awaited but ended
+/// (SIGTERM through `timeout`, which passes it on) and collected.
+pub fn run_cm_pair(
+    d: &DropIn,
+    server: &CmSide,
+    client: &CmSide,
+    abandon: &dyn Fn(&Ran) -> bool,
+) -> (Ran, Ran) {
     use std::io::BufRead;
     let fifo = d.dir.join(format!("listening-{}", server.ip));
     let _ = std::fs::remove_file(&fifo);
@@ -207,6 +214,12 @@ pub fn run_cm_pair(d: &DropIn, server: &CmSide, client: &CmSide) -> (Ran, Ran) {
         .spawn()
         .unwrap();
     let client = Ran::collect(c);
+    if abandon(&client) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(s.id().to_string())
+            .status();
+    }
     let server = Ran::collect(s);
     (server, client)
 }
