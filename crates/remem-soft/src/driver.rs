@@ -1,20 +1,21 @@
 //! The soft NIC driver: moves datagrams between a UDP socket and an [`Engine`].
 //!
-//! Packets go out in UDP GSO batches where the kernel offers GSO (one `sendmsg` carries up to
-//! 64 packets of one size to one destination; the kernel, or the NIC, cuts them apart) and
-//! come in through `recvmmsg` with UDP GRO (one receive returns up to 16 datagrams, each of
+//! Packets go out in UDP GSO batches where the kernel offers GSO (one batch carries up to
+//! 64 packets of one size to one destination; the kernel, or the NIC, cuts them apart), up
+//! to 16 batches in one `sendmmsg` (in order: an ACK and the reply that follows it, which
+//! differ in size, leave in one call), and come in through `recvmmsg` with UDP GRO (one receive returns up to 16 datagrams, each of
 //! which may hold many coalesced packets). The receive side and the socket's setup are
 //! `quinn-udp`'s, which falls back to one datagram per call where GSO or GRO is missing.
 //!
-//! Sends are scatter/gather (`sys::send_gso`): a batch is a list of pieces — each
+//! Sends are scatter/gather (`sys::send_batches`): a batch is a list of pieces — each
 //! packet's headers, its payload where it lies in registered memory, its pad and ICRC — and
-//! one `sendmsg` hands the kernel an iovec per piece (adjacent pieces of the batch's own
+//! the send hands the kernel an iovec per piece (adjacent pieces of the batch's own
 //! buffer merged). The payload is never copied into a packet buffer: its ICRC is computed
 //! over the pieces (the headers from the buffer, the payload read from registered memory
 //! in chunks, `remem_wire::icrc::IcrcHasher`), and the kernel copies it into its socket
 //! buffer once, during the call. The payload pieces are [`HeldRanges`]: an access to their
 //! memory key (one per run of pieces of a key) entered when the packet is built and left
-//! when the batch has been sent, so a deregistration waits for the send (at most one batch)
+//! when the batch has been sent, so a deregistration waits for the send (at most one call)
 //! and no deregistered region is read, as before. (The progress thread never deregisters; in inline mode every batch is
 //! sent before `progress` returns, so a deregistration never waits for its own thread.)
 //!
@@ -41,7 +42,7 @@
 use crate::engine::{Engine, TxBuild};
 use crate::faults::{Fate, FaultConfig, FaultInjector};
 use crate::pcap::PcapWriter;
-use crate::sys::{self, MAX_IOV, Piece};
+use crate::sys::{self, Batch, MAX_BATCHES, MAX_IOV, Piece};
 use crate::transport::glue::{CopySink, PayloadSink};
 use crate::transport::grant::{HeldRanges, Mark};
 use crate::transport::{AccessError, Grant, Held, TxPacket};
@@ -58,6 +59,8 @@ use std::time::{Duration, Instant};
 const MAX_PACKET: usize = 4096 + 128;
 /// Payload bytes of one GSO batch: below IPv4's 65,507-byte UDP payload limit.
 const TX_BATCH_BYTES: usize = 65_000;
+/// Own bytes (headers, copied payloads, ICRCs) of the batches waiting for one `sendmmsg`.
+const TX_OWN_BYTES: usize = 2 * TX_BATCH_BYTES;
 /// Datagrams per `recvmmsg`.
 const RX_BATCH: usize = if quinn_udp::BATCH_SIZE < 16 {
     quinn_udp::BATCH_SIZE
@@ -86,26 +89,37 @@ const COPY_MAX: usize = 512;
 /// The environment variable that sets the largest payload copied into its packet.
 pub const COPY_MAX_ENV: &str = "REMEM_SOFT_COPY_MAX";
 
-/// Packets waiting to leave in one GSO send: all to one destination, all of one size but
-/// the last, which may be shorter. Their bytes are pieces: ranges of `buf` (headers, copied
+/// Packets waiting to leave in one `sendmmsg`: GSO batches, each all to one destination
+/// and all of one size but the last, which may be shorter — the `sealed` ones, then the
+/// open one that packets join. Their bytes are pieces: ranges of `buf` (headers, copied
 /// payloads, pads, ICRCs) and payload references held until the send returns.
+///
+/// One call for several batches keeps their order and saves a syscall for each: an ACK
+/// and the reply that follows it (they differ in size, so they cannot share a GSO batch)
+/// leave together.
 #[derive(Debug)]
 struct TxBatch {
-    /// The batch's own bytes, `buf[..own]`; the packet being built is staged after them.
+    /// The batches' own bytes, `buf[..own]`; the packet being built is staged after them.
     buf: Vec<u8>,
     own: usize,
-    /// The batch's pieces in order; `mem` holds the references its `Mem` pieces stand for
-    /// (and, after them, the staged packet's).
+    /// The batches' pieces in order; `mem` holds the references their `Mem` pieces stand
+    /// for (and, after them, the staged packet's).
     pieces: Vec<Piece>,
     mem: HeldRanges,
-    /// UDP payload bytes of the batch's packets.
+    /// The batches before the open one, complete.
+    sealed: Vec<Batch>,
+    /// Where the open batch's pieces start.
+    start: usize,
+    /// UDP payload bytes of the open batch's packets.
     len: usize,
     segment: usize,
+    /// Packets of the open batch.
     count: usize,
-    /// Packets of the batch whose payload is referenced, not copied.
+    /// Packets of all the batches, and those whose payload is referenced, not copied.
+    packets: usize,
     zero_copy: usize,
     dst: SocketAddr,
-    /// The last packet was shorter than `segment`: nothing more may join.
+    /// The open batch's last packet was shorter than `segment`: nothing more may join.
     closed: bool,
     /// The packet being built (see [`Stage`]).
     stage: Stage,
@@ -114,15 +128,43 @@ struct TxBatch {
 }
 
 impl TxBatch {
-    /// Empties the batch (its payload references are released: their accesses end).
+    /// Empties the batches (their payload references are released: their accesses end).
     fn clear(&mut self) {
         self.own = 0;
+        self.sealed.clear();
+        self.start = 0;
         self.len = 0;
         self.count = 0;
+        self.packets = 0;
         self.zero_copy = 0;
         self.closed = false;
         self.pieces.clear();
         self.mem.clear();
+    }
+
+    /// The open batch as the kernel gets it.
+    fn open(&self) -> Batch {
+        Batch {
+            dst: self.dst,
+            segment: (self.count > 1).then_some(self.segment as u16),
+            pieces: self.start..self.pieces.len(),
+        }
+    }
+
+    /// Closes the open batch (which has packets): the next packet starts another.
+    fn seal(&mut self) {
+        let open = self.open();
+        self.sealed.push(open);
+        self.start = self.pieces.len();
+        self.len = 0;
+        self.count = 0;
+        self.closed = false;
+    }
+
+    /// Whether the open batch may be sealed and another opened for a packet of `pieces`
+    /// pieces, rather than all of them sent first.
+    fn room_for_another(&self, pieces: usize) -> bool {
+        self.sealed.len() + 1 < MAX_BATCHES && self.pieces.len() + pieces <= MAX_IOV
     }
 }
 
@@ -432,13 +474,16 @@ impl Nic {
             rx: vec![0; RX_BATCH * RX_BUF],
             meta: vec![RecvMeta::default(); RX_BATCH],
             tx: Box::new(TxBatch {
-                buf: vec![0; TX_BATCH_BYTES + MAX_PACKET],
+                buf: vec![0; TX_OWN_BYTES + MAX_PACKET],
                 own: 0,
                 pieces: Vec::with_capacity(MAX_IOV),
                 mem: HeldRanges::default(),
+                sealed: Vec::with_capacity(MAX_BATCHES),
+                start: 0,
                 len: 0,
                 segment: 0,
                 count: 0,
+                packets: 0,
                 zero_copy: 0,
                 dst: local,
                 closed: false,
@@ -577,10 +622,17 @@ impl Nic {
         };
         let mut sent = 0;
         while sent < TX_BUDGET {
-            let b = &self.tx;
+            let b = &mut self.tx;
             if b.count > 0
                 && (b.count >= max_segments || b.closed || b.len + MAX_PACKET > TX_BATCH_BYTES)
             {
+                if b.room_for_another(1) {
+                    b.seal();
+                } else {
+                    self.flush(engine);
+                }
+            }
+            if self.tx.own + MAX_PACKET > TX_OWN_BYTES {
                 self.flush(engine);
             }
             let b = &mut self.tx;
@@ -618,12 +670,20 @@ impl Nic {
             }
             let faulted = matches!(fate, Fate::Faulted(_));
             if b.count > 0
+                && !faulted
+                && (dst != b.dst || len > b.segment)
+                && b.room_for_another(b.stage.pieces.len())
+            {
+                // It cannot join the open batch: it opens the next (sent in the same call).
+                b.seal();
+            }
+            if b.packets > 0
                 && (faulted
-                    || dst != b.dst
-                    || len > b.segment
+                    || (b.count > 0 && (dst != b.dst || len > b.segment))
                     || b.pieces.len() + b.stage.pieces.len() > MAX_IOV)
             {
-                // It cannot join this batch: send the batch, and start the next with it.
+                // It cannot join these batches (a faulted packet goes alone, after them):
+                // send them, and start the next with it.
                 let staged_mem = b.mem.split_off(b.stage.mark);
                 self.flush(engine);
                 let b = &mut self.tx;
@@ -685,7 +745,9 @@ impl Nic {
                     },
                     Piece::Mem => Piece::Mem,
                 };
-                match (b.pieces.last_mut(), piece) {
+                // (Merged with the open batch's last piece; never with a sealed batch's.)
+                let open = &mut b.pieces[b.start..];
+                match (open.last_mut(), piece) {
                     (
                         Some(Piece::Own { start, len }),
                         Piece::Own {
@@ -703,10 +765,11 @@ impl Nic {
             b.closed = len < b.segment;
             b.zero_copy += usize::from(b.stage.scattered.is_some());
             b.count += 1;
+            b.packets += 1;
             b.len += len;
             b.own += staged;
         }
-        if self.tx.count > 0 {
+        if self.tx.packets > 0 {
             self.flush(engine);
         }
         if let Some(f) = &self.faults {
@@ -719,26 +782,37 @@ impl Nic {
         sent
     }
 
-    /// Sends the batch and empties it.
+    /// Sends the batches, in order, in one `sendmmsg` (more when the socket takes only
+    /// some), and empties them.
     fn flush(&mut self, engine: &Engine) {
         let b = &mut self.tx;
-        let end = b.own;
-        let segment = (b.count > 1).then_some(b.segment as u16);
-        let send = |b: &TxBatch| {
-            sys::send_gso(
+        if b.count > 0 {
+            let open = b.open();
+            b.sealed.push(open);
+        }
+        let b = &self.tx;
+        let send = |first: usize| {
+            sys::send_batches(
                 &self.socket,
                 self.v6,
-                b.dst,
-                segment,
-                &b.buf[..end],
+                &b.buf[..b.own],
                 &b.pieces,
                 &b.mem,
+                first,
+                &b.sealed,
             )
         };
-        let mut result = send(b);
-        for _ in 0..3 {
-            match &result {
+        let mut first = 0;
+        let mut full = 0;
+        while first < b.sealed.len() {
+            match send(first) {
+                Ok(0) => break,
+                Ok(n) => first += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if full == 3 {
+                        break;
+                    }
+                    full += 1;
                     let mut fds = [rustix::event::PollFd::new(
                         &*self.socket,
                         rustix::event::PollFlags::OUT,
@@ -748,32 +822,30 @@ impl Nic {
                         tv_nsec: 1_000_000,
                     };
                     let _ = rustix::event::poll(&mut fds, Some(&ts));
-                    result = send(b);
                 }
-                _ => break,
+                Err(e) => {
+                    if b.sealed[first].segment.is_some()
+                        && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL))
+                    {
+                        // The kernel cannot segment for this socket's device (as
+                        // quinn-udp, from then on one packet per send); these packets
+                        // are lost, RC retransmits them.
+                        self.gso_failed = true;
+                    }
+                    // This batch is lost; the others still go.
+                    first += 1;
+                }
             }
         }
-        if let Err(e) = &result
-            && segment.is_some()
-            && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL))
-        {
-            // The kernel cannot segment for this socket's device (as quinn-udp, from then
-            // on one packet per send); these packets are lost, RC retransmits them.
-            self.gso_failed = true;
-        }
-        engine.stats.tx_datagrams.fetch_add(1, Ordering::Relaxed);
         // A packet the socket refused is lost on the wire as far as the transport knows:
         // RC retransmits it, UD is unreliable anyway.
-        let b = &mut self.tx;
-        engine
-            .stats
-            .sent_pkts
-            .fetch_add(b.count as u64, Ordering::Relaxed);
-        engine
-            .stats
-            .tx_zero_copy_pkts
+        let s = &engine.stats;
+        s.tx_datagrams
+            .fetch_add(b.sealed.len() as u64, Ordering::Relaxed);
+        s.sent_pkts.fetch_add(b.packets as u64, Ordering::Relaxed);
+        s.tx_zero_copy_pkts
             .fetch_add(b.zero_copy as u64, Ordering::Relaxed);
-        b.clear();
+        self.tx.clear();
     }
 
     fn receive(&mut self, engine: &Engine) -> usize {

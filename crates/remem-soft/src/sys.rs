@@ -1,5 +1,5 @@
-//! The one module of remem-soft that calls the C library: `sendmsg(2)` with an iovec per
-//! piece of a UDP GSO batch and a `UDP_SEGMENT` control message. `quinn-udp` (which does the
+//! The one module of remem-soft that calls the C library: `sendmmsg(2)` of UDP GSO
+//! batches, each with an iovec per piece and a `UDP_SEGMENT` control message. `quinn-udp` (which does the
 //! rest of the socket work) sends one contiguous buffer; the scatter/gather send needs an
 //! iovec per header, payload slice and ICRC, and the payload slices must be raw pointers:
 //! they point into registered memory, which the application, or a peer's WRITE on the
@@ -35,33 +35,79 @@ pub enum Piece {
     Mem,
 }
 
-/// Sends the concatenation of `pieces` — [`Piece::Own`] ranges of `own`, [`Piece::Mem`]
-/// the ranges of `mem`, from its first, in order — as one UDP datagram to `dst`, or with `segment` as a GSO
-/// batch of datagrams of `segment` bytes each (the last may be shorter), in one
-/// `sendmsg` call. `v6_socket`: the socket is IPv6 (an IPv4 destination is then given
-/// IPv4-mapped). Fails with `InvalidInput` (nothing sent) if a piece is out of bounds,
-/// there are more than [`MAX_IOV`] pieces or more `Mem` pieces than `mem` has; otherwise
-/// with `sendmsg`'s error (`WouldBlock` when the socket buffer is full).
+/// Most GSO batches one [`send_batches`] call takes (one `sendmmsg`).
+pub const MAX_BATCHES: usize = 16;
+
+/// One GSO batch of a [`send_batches`] call: the datagrams in `pieces` (a range of the
+/// call's pieces) for `dst`, cut at `segment` bytes (`None`: one datagram).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// Where its datagrams go.
+    pub dst: SocketAddr,
+    /// The GSO segment size (every datagram but the last has it), or `None`.
+    pub segment: Option<u16>,
+    /// Its pieces: a range of the call's `pieces`.
+    pub pieces: std::ops::Range<usize>,
+}
+
+/// Sends `batches[first..]` in one `sendmmsg` call, in order; returns how many of them
+/// were sent (fewer than asked when the socket refused one: the call is then made again
+/// from there, and returns the error when it refuses the first).
+///
+/// A batch is the concatenation of its range of `pieces` — [`Piece::Own`] ranges of
+/// `own`, [`Piece::Mem`] the ranges of `mem` — sent to its `dst` as one UDP datagram, or
+/// with a `segment` as a GSO batch of datagrams of `segment` bytes each (the last may be
+/// shorter). The `Mem` pieces of all the batches are `mem`'s ranges in order, from its
+/// first, so `pieces` is the whole list even when `first` skips batches sent before.
+/// `v6_socket`: the socket is IPv6 (an IPv4 destination is then given IPv4-mapped).
+/// Fails with `InvalidInput` (nothing sent) if a piece is out of bounds, there are more
+/// than [`MAX_IOV`] pieces, more `Mem` pieces than `mem` has, more than [`MAX_BATCHES`]
+/// batches or a batch's range outside `pieces`; otherwise with `sendmmsg`'s error
+/// (`WouldBlock` when the socket buffer is full).
+///
+/// `sendmmsg` keeps the order: the batches' datagrams arrive in the order given (an ACK
+/// queued before a reply still arrives first).
 ///
 /// The kernel copies the payload references' bytes during the call; `mem` is borrowed for
 /// it, so each range stays alive — its buffer allocated, its key's access entered (no
 /// revocation completes) — until the call has returned.
-pub fn send_gso(
+pub fn send_batches(
     socket: &UdpSocket,
     v6_socket: bool,
-    dst: SocketAddr,
-    segment: Option<u16>,
     own: &[u8],
     pieces: &[Piece],
     mem: &HeldRanges,
+    first: usize,
+    batches: &[Batch],
 ) -> io::Result<usize> {
+    send_many(socket, v6_socket, own, pieces, mem, first, batches).map(|(n, _)| n)
+}
+
+/// `sendmmsg` of `batches[first..]`: (messages sent, their bytes).
+fn send_many(
+    socket: &UdpSocket,
+    v6_socket: bool,
+    own: &[u8],
+    pieces: &[Piece],
+    mem: &HeldRanges,
+    first: usize,
+    batches: &[Batch],
+) -> io::Result<(usize, usize)> {
     let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_string());
     if pieces.len() > MAX_IOV {
         return Err(invalid("too many pieces for one sendmsg"));
     }
+    if batches.len() > MAX_BATCHES || first > batches.len() {
+        return Err(invalid("too many batches for one sendmmsg"));
+    }
+    if batches
+        .iter()
+        .any(|b| b.pieces.start > b.pieces.end || b.pieces.end > pieces.len())
+    {
+        return Err(invalid("a batch's pieces are out of the list"));
+    }
     let mut iov = [const { MaybeUninit::<libc::iovec>::uninit() }; MAX_IOV];
     let mut refs = 0..mem.len();
-    let mut total = 0usize;
     for (slot, piece) in iov.iter_mut().zip(pieces) {
         let (base, len) = match *piece {
             Piece::Own { start, len } => {
@@ -81,52 +127,66 @@ pub fn send_gso(
                 (ptr, mem.range_len(i).unwrap_or(0))
             }
         };
-        total += len;
         slot.write(libc::iovec {
             iov_base: base.cast_mut().cast(),
             iov_len: len,
         });
     }
-    let (mut addr, addr_len) = sockaddr(dst, v6_socket);
-    // One UDP_SEGMENT control message (a u16), in a buffer aligned for `cmsghdr`.
+    let todo = &batches[first..];
+    if todo.is_empty() {
+        return Ok((0, 0));
+    }
+    // One UDP_SEGMENT control message (a u16) per batch, in buffers aligned for `cmsghdr`.
     #[repr(C, align(8))]
+    #[derive(Clone, Copy)]
     struct Control([u8; 32]);
-    let mut control = Control([0; 32]);
     // SAFETY: CMSG_SPACE only computes a size.
     let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<u16>() as u32) } as usize;
-    debug_assert!(space <= control.0.len());
-    // SAFETY: an all-zero msghdr is a valid value (null pointers, zero lengths).
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_name = (&raw mut addr).cast();
-    msg.msg_namelen = addr_len;
-    msg.msg_iov = iov.as_mut_ptr().cast();
-    msg.msg_iovlen = pieces.len() as _;
-    if let Some(seg) = segment {
-        msg.msg_control = control.0.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        // SAFETY: `msg_control` points to `control`, `space` bytes long (at least
-        // CMSG_SPACE(2), checked above) and aligned for `cmsghdr`, so CMSG_FIRSTHDR is a
-        // valid, non-null pointer into it and CMSG_DATA leaves room for the u16 written.
-        unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_UDP;
-            (*cmsg).cmsg_type = libc::UDP_SEGMENT;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), seg);
+    debug_assert!(space <= std::mem::size_of::<Control>());
+    let mut controls = [Control([0; 32]); MAX_BATCHES];
+    let mut addrs = [const { MaybeUninit::<(libc::sockaddr_storage, libc::socklen_t)>::uninit() };
+        MAX_BATCHES];
+    // SAFETY: an all-zero mmsghdr is a valid value (null pointers, zero lengths).
+    let mut msgs: [libc::mmsghdr; MAX_BATCHES] = unsafe { std::mem::zeroed() };
+    for (k, b) in todo.iter().enumerate() {
+        let addr = addrs[k].write(sockaddr(b.dst, v6_socket));
+        let msg = &mut msgs[k].msg_hdr;
+        msg.msg_name = (&raw mut addr.0).cast();
+        msg.msg_namelen = addr.1;
+        // (In bounds of `iov`: the range was checked against `pieces`, at most MAX_IOV.)
+        msg.msg_iov = iov[b.pieces.start..].as_mut_ptr().cast();
+        msg.msg_iovlen = b.pieces.len() as _;
+        if let Some(seg) = b.segment {
+            msg.msg_control = controls[k].0.as_mut_ptr().cast();
+            msg.msg_controllen = space as _;
+            // SAFETY: `msg_control` points to `controls[k]`, `space` bytes long (at least
+            // CMSG_SPACE(2), checked above) and aligned for `cmsghdr`, so CMSG_FIRSTHDR is
+            // a valid, non-null pointer into it and CMSG_DATA leaves room for the u16.
+            unsafe {
+                let cmsg = libc::CMSG_FIRSTHDR(msg);
+                (*cmsg).cmsg_level = libc::SOL_UDP;
+                (*cmsg).cmsg_type = libc::UDP_SEGMENT;
+                (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) as _;
+                std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), seg);
+            }
         }
     }
     loop {
-        // SAFETY: `msg` points to live, initialised data for the whole call: the address
-        // and control buffer on this stack frame, the first `pieces.len()` iovecs (each
-        // written above) and, through them, `own`'s bytes (borrowed for the call) and each
-        // held range's bytes (in bounds of its buffer, which the borrowed `HeldRanges`
-        // keeps allocated and unrevoked). The kernel only reads through them. Bytes of a
-        // held range that another thread writes meanwhile are copied torn, never unsafely:
-        // no Rust reference to them exists.
-        let n = unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, 0) };
+        // SAFETY: the first `todo.len()` entries of `msgs` point to live, initialised data
+        // for the whole call: their addresses and control buffers on this stack frame, the
+        // iovecs of their ranges (every one of the first `pieces.len()` was written above)
+        // and, through them, `own`'s bytes (borrowed for the call) and each held range's
+        // bytes (in bounds of its buffer, which the borrowed `HeldRanges` keeps allocated
+        // and unrevoked). The kernel only reads through them and writes each entry's
+        // `msg_len`. Bytes of a held range that another thread writes meanwhile are copied
+        // torn, never unsafely: no Rust reference to them exists.
+        let n = unsafe {
+            libc::sendmmsg(socket.as_raw_fd(), msgs.as_mut_ptr(), todo.len() as _, 0)
+        };
         if n >= 0 {
-            debug_assert_eq!(n as usize, total);
-            return Ok(n as usize);
+            let n = n as usize;
+            let bytes = msgs[..n].iter().map(|m| m.msg_len as usize).sum();
+            return Ok((n, bytes));
         }
         let err = io::Error::last_os_error();
         if err.kind() != io::ErrorKind::Interrupted {
@@ -184,6 +244,24 @@ mod tests {
     use remem_verbs::{MemRegion, MemoryBuffer};
     use std::sync::Arc;
     use std::time::Duration;
+
+    /// One batch of `pieces`, sent alone; the bytes sent.
+    fn send_gso(
+        socket: &UdpSocket,
+        v6_socket: bool,
+        dst: SocketAddr,
+        segment: Option<u16>,
+        own: &[u8],
+        pieces: &[Piece],
+        mem: &HeldRanges,
+    ) -> io::Result<usize> {
+        let one = [Batch {
+            dst,
+            segment,
+            pieces: 0..pieces.len(),
+        }];
+        send_many(socket, v6_socket, own, pieces, mem, 0, &one).map(|(_, bytes)| bytes)
+    }
 
     fn pair(ip: &str) -> (UdpSocket, UdpSocket) {
         let rx = UdpSocket::bind(format!("{ip}:0")).unwrap();
