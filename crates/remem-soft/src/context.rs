@@ -45,12 +45,26 @@ pub struct SoftOptions {
     /// defaults with `REMEM_SOFT_CM_TIMEOUT` / `REMEM_SOFT_CM_RETRIES` applied
     /// ([`crate::cm::CmConfig::from_env`]).
     pub cm: Option<crate::cm::CmConfig>,
+    /// Inline devices driven in a spin (`progress(Duration::ZERO)` in a loop): what the
+    /// packets a call receives produce (ACKs, READ and atomic responses) leaves with the
+    /// next call's sends instead of in a send of its own before the call returns
+    /// (`REMEM_SOFT_DEFER_RESPONSES=1`). The application sees a WRITE land, posts its
+    /// reply, and the ACK and the reply leave in one `sendmmsg`, the ACK first: a ping-pong
+    /// saves a syscall per message on each side (on loopback the send also runs the
+    /// receiver's network stack). The price: until the next call the peer waits for its
+    /// ACK, like a NIC that coalesces ACKs, so a program that stops driving must call
+    /// `progress` once more (closing the device does: it sends what it owes). Calls that
+    /// may wait (`progress` with a timeout) still send at once; ignored with a progress
+    /// thread, which sends on its next pass anyway.
+    pub defer_responses: bool,
 }
 
 /// The environment variable that pins progress threads to a CPU.
 pub const CPU_ENV: &str = "REMEM_SOFT_CPU";
 /// The environment variable that sets [`SoftOptions::busy_poll`] (microseconds).
 pub const BUSY_POLL_ENV: &str = "REMEM_SOFT_BUSY_POLL_US";
+/// The environment variable that sets [`SoftOptions::defer_responses`] (`1`).
+pub const DEFER_RESPONSES_ENV: &str = "REMEM_SOFT_DEFER_RESPONSES";
 
 /// [`SoftOptions::busy_poll`] from the value of [`BUSY_POLL_ENV`]: microseconds, or
 /// `always` (never sleep: [`Duration::MAX`]); unset or unreadable: 0.
@@ -64,7 +78,7 @@ fn busy_poll_from(value: Option<&str>) -> Duration {
 
 impl SoftOptions {
     /// Options from the environment: `REMEM_PCAP`, `REMEM_SOFT_CPU`,
-    /// `REMEM_SOFT_BUSY_POLL_US`.
+    /// `REMEM_SOFT_BUSY_POLL_US`, `REMEM_SOFT_DEFER_RESPONSES`.
     pub fn from_env() -> Self {
         fn num<T: std::str::FromStr>(name: &str) -> Option<T> {
             std::env::var(name).ok().and_then(|s| s.trim().parse().ok())
@@ -78,6 +92,8 @@ impl SoftOptions {
             no_placement: false,
             faults: None,
             cm: None,
+            defer_responses: std::env::var(DEFER_RESPONSES_ENV)
+                .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes")),
         }
     }
 }

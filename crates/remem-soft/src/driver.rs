@@ -570,12 +570,18 @@ impl Nic {
     /// reads the rest next time), without blocking. Returns how many packets and datagrams
     /// moved.
     pub fn pump(&mut self, engine: &Engine) -> usize {
+        self.pump_with(engine, true)
+    }
+
+    /// [`Nic::pump`]; with `respond` false, what the received packets produced waits for
+    /// the next pump's sends (see [`crate::SoftOptions::defer_responses`]).
+    fn pump_with(&mut self, engine: &Engine, respond: bool) -> usize {
         let now = Instant::now();
         engine.on_timeout(now);
         let moved = self.release_faulted(engine, now) + self.transmit(engine, now);
         let received = self.receive(engine);
-        if received == 0 {
-            return moved;
+        if received == 0 || !respond {
+            return moved + received;
         }
         // What the received packets produced (ACKs, READ and atomic responses) leaves in
         // this same call, as a NIC answers without waiting for the application: a caller
@@ -864,24 +870,54 @@ impl Nic {
                     Err(_) => return moved, // WouldBlock, or an ICMP error with nothing to do
                 };
             let now = Instant::now();
-            for (meta, buf) in self.meta[..n].iter().zip(&bufs) {
+            let received = self.meta[..n].iter().zip(&bufs);
+            // Every packet of the call, with the address it came from and went to, and its
+            // index in its GRO batch (zero-length datagrams are wake-ups: no packets).
+            let pkts = || {
+                received.clone().flat_map(|(meta, buf)| {
+                    let to = meta.dst_ip.unwrap_or(local_ip);
+                    let stride = meta.stride.max(1);
+                    buf[..meta.len]
+                        .chunks(stride)
+                        .enumerate()
+                        .map(move |(i, pkt)| (meta.addr, to, pkt, i as u16))
+                })
+            };
+            for (meta, _) in received.clone() {
                 moved += 1;
                 if meta.len > 0 {
-                    // (zero-length datagrams are wake-ups)
                     engine.stats.rx_datagrams.fetch_add(1, Ordering::Relaxed);
                 }
-                let to = meta.dst_ip.unwrap_or(local_ip);
-                let stride = meta.stride.max(1);
-                for (i, pkt) in buf[..meta.len].chunks(stride).enumerate() {
-                    if let Some(p) = &self.pcap {
-                        p.record_received(meta.addr, (to, local_port).into(), pkt, i as u16);
+            }
+            if let Some(p) = &self.pcap {
+                for (from, to, pkt, i) in pkts() {
+                    p.record_received(from, (to, local_port).into(), pkt, i);
+                }
+            }
+            // The responses first (ACKs, READ and atomic responses), then the requests: a
+            // peer that sends its reply and the ACK of this side's request together (the
+            // reply first, the longer packet leading their GSO batch:
+            // `SoftOptions::defer_responses`) still has this side see its own request
+            // complete before the reply arrives, as the ACK-first order on the wire would.
+            // The two kinds go to different halves of a QP (completer, responder): each
+            // keeps its order.
+            for pass in [true, false] {
+                for (from, to, pkt, i) in pkts() {
+                    if is_response(pkt) == pass {
+                        let _ = engine.on_datagram(now, from, to, pkt, i);
                     }
-                    let _ = engine.on_datagram(now, meta.addr, to, pkt, i as u16);
                 }
             }
         }
         moved
     }
+}
+
+/// Whether a received packet is a response (by its BTH opcode; nothing else is looked at).
+fn is_response(pkt: &[u8]) -> bool {
+    pkt.first()
+        .and_then(|&b| remem_wire::Opcode::from_u8(b))
+        .is_some_and(remem_wire::Opcode::is_response)
 }
 
 /// A progress thread driving a [`Nic`] for an [`Engine`].
@@ -1112,19 +1148,32 @@ fn time_to_next_timer(engine: &Engine, nic: &Nic, at_most: Duration) -> Duration
 #[derive(Debug)]
 pub struct Inline {
     nic: Nic,
+    /// Spinning calls leave responses for the next call ([`Inline::defer_responses`]).
+    defer: bool,
 }
 
 impl Inline {
     /// Inline progress over `nic`.
     pub fn new(nic: Nic) -> Self {
-        Inline { nic }
+        Inline { nic, defer: false }
+    }
+
+    /// With `defer`, a call with no timeout leaves what its received packets produced
+    /// (ACKs, READ and atomic responses) for the next call's sends, where they leave in
+    /// one `sendmmsg` with what the application posted meanwhile (see
+    /// [`crate::SoftOptions::defer_responses`]).
+    pub fn defer_responses(mut self, defer: bool) -> Self {
+        self.defer = defer;
+        self
     }
 
     /// Runs due timers, sends what can be sent, and handles received packets; if nothing
     /// happened, waits up to `timeout` (bounded by the next timer) for a packet and handles
     /// it. Returns the number of packets sent and datagrams received.
     pub fn progress(&mut self, engine: &Engine, timeout: Duration) -> usize {
-        let moved = self.nic.pump(engine);
+        let moved = self
+            .nic
+            .pump_with(engine, !(self.defer && timeout.is_zero()));
         if moved > 0 || timeout.is_zero() || engine.has_ready() {
             return moved;
         }

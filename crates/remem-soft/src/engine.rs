@@ -172,6 +172,9 @@ pub const PEER_PORT_BUDGET: usize = 4096;
 #[derive(Debug)]
 pub struct Engine {
     local: SocketAddr,
+    /// RC QPs send their own requests before the responses they owe (a device that defers
+    /// its responses: [`Engine::set_requests_first`]).
+    requests_first: AtomicBool,
     /// Where packets go when the peer's address is not in `peer_ports`.
     peer_port: u16,
     /// The UDP ports of peers that receive elsewhere than `peer_port`, by (canonical) IP
@@ -265,6 +268,7 @@ impl Engine {
     pub fn new(local: SocketAddr, peer_port: u16) -> Self {
         Engine {
             local,
+            requests_first: AtomicBool::new(false),
             peer_port,
             peer_ports: RwLock::new(std::collections::HashMap::new()),
             any_peer_port: AtomicBool::new(false),
@@ -628,6 +632,14 @@ impl Engine {
         self.poll_transmit_into(now, &mut CopyBuild(buf))
     }
 
+    /// Whether RC QPs send their own requests before the responses (ACKs, READ and atomic
+    /// responses) they owe; by default responses go first. A device whose driver defers
+    /// its responses to the next pump turns it on (`SoftOptions::defer_responses`): a
+    /// reply posted meanwhile then leads its GSO batch and the shorter ACK ends it.
+    pub fn set_requests_first(&self, on: bool) {
+        self.requests_first.store(on, Ordering::Relaxed);
+    }
+
     /// As [`Engine::poll_transmit_unsealed`], building the packet through `out`: its
     /// headers (pad and ICRC field zeroed) into `out.buf()`, its payload as
     /// [`TxBuild::payload`] decides — copied there, or referenced where it lies (the
@@ -679,7 +691,8 @@ impl Engine {
                 qp.release();
             }
             let mut dst = self.local;
-            let (built, more) = qp.poll_transmit_more(now, |tx, dgid, fill| {
+            let first = self.requests_first.load(Ordering::Relaxed);
+            let (built, more) = qp.poll_transmit_more(now, first, |tx, dgid, fill| {
                 dst = self.peer_addr(dgid.to_ip());
                 let h = glue::headers(tx);
                 let (hdr, total) = h.write(tx.payload_len as usize, out.buf()).ok()?;

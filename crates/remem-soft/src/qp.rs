@@ -785,7 +785,7 @@ impl SoftQp {
         now: std::time::Instant,
         emit: impl FnOnce(&crate::transport::TxPacket, remem_verbs::Gid, &mut Fill<'_>) -> R,
     ) -> Option<R> {
-        self.poll_transmit_more(now, emit).0
+        self.poll_transmit_more(now, false, emit).0
     }
 
     /// [`SoftQp::poll_transmit`], and whether the QP may have more to send now, told under
@@ -793,16 +793,21 @@ impl SoftQp {
     /// no response owed and no request it may send: `RcTransport::wants_transmit`, which
     /// must stay conservative); UC and UD always say `true`. The engine then leaves the
     /// QP out of its ready queue until something marks it again (a post, a packet, a
-    /// timer), instead of polling it once more for nothing.
+    /// timer), instead of polling it once more for nothing. `requests_first`: an RC QP
+    /// sends its own requests before what its responder owes
+    /// (`RcTransport::poll_transmit_ordered`).
     pub fn poll_transmit_more<R>(
         &self,
         now: std::time::Instant,
+        requests_first: bool,
         emit: impl FnOnce(&crate::transport::TxPacket, remem_verbs::Gid, &mut Fill<'_>) -> R,
     ) -> (Option<R>, bool) {
         self.with_env(|t, env| match t {
             Transport::Rc(rc) => {
                 let dgid = env.around_dgid;
-                let built = rc.poll_transmit(now, env, |tx, fill| emit(tx, dgid, fill));
+                let built = rc.poll_transmit_ordered(now, env, requests_first, |tx, fill| {
+                    emit(tx, dgid, fill)
+                });
                 let more = rc.wants_transmit(now);
                 (built, more)
             }

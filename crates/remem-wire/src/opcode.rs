@@ -176,6 +176,13 @@ impl Opcode {
     pub const fn value(self) -> u8 {
         self as u8
     }
+
+    /// Whether this is a response, sent by a responder to a requester: an RC RDMA READ
+    /// response, ACKNOWLEDGE or ATOMIC ACKNOWLEDGE (every other opcode is a request).
+    pub const fn is_response(self) -> bool {
+        let v = self as u8;
+        v >= Opcode::RcReadResponseFirst as u8 && v <= Opcode::RcAtomicAck as u8
+    }
 }
 
 impl fmt::Display for Opcode {
@@ -187,6 +194,16 @@ impl fmt::Display for Opcode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn responses_are_the_read_responses_and_acknowledges() {
+        let responses: Vec<u8> = (0..=255u8)
+            .filter_map(Opcode::from_u8)
+            .filter(|o| o.is_response())
+            .map(Opcode::value)
+            .collect();
+        assert_eq!(responses, [0x0d, 0x0e, 0x0f, 0x10, 0x11, 0x12]);
+    }
 
     #[test]
     fn values_round_trip_and_unknown_values_are_none() {

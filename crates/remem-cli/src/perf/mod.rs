@@ -275,6 +275,12 @@ pub struct PerfArgs {
     /// cores to spare.
     #[arg(long = "soft-busy-poll", requires = "soft_thread")]
     pub soft_busy_poll: bool,
+    /// Soft devices driven by the benchmark thread: what a call of its spin receives is
+    /// answered (ACKs, READ and atomic responses) with the next call's sends, in one
+    /// `sendmmsg` with the reply it posts meanwhile, as `REMEM_SOFT_DEFER_RESPONSES=1`
+    /// (`SoftOptions::defer_responses`): a syscall less per ping-pong message.
+    #[arg(long = "soft-defer-responses", conflicts_with = "soft_thread")]
+    pub soft_defer_responses: bool,
     /// Connect the queue pairs through the RDMA connection manager (CM REQ/REP/RTU on the
     /// devices, on the server's device address and the port of `-p`), as perftest's `-R`;
     /// the control connection still carries the settings and the memory keys. RC only.
@@ -635,6 +641,8 @@ pub(crate) struct DeviceChoice {
     pub soft_inline: bool,
     /// Soft devices with a progress thread: it busy-polls.
     pub soft_busy_poll: bool,
+    /// Inline soft devices: responses leave with the next call's sends.
+    pub soft_defer_responses: bool,
 }
 
 /// The port of every device.
@@ -672,6 +680,9 @@ pub(crate) fn open_device(choice: &DeviceChoice) -> Result<Device, PerfError> {
             };
             if choice.soft_busy_poll {
                 opts.busy_poll = Duration::MAX;
+            }
+            if choice.soft_defer_responses {
+                opts.defer_responses = true;
             }
             let soft =
                 Arc::new(SoftContext::bind_with(addr, &opts).map_err(|e| format!("{name}: {e}"))?);
@@ -804,6 +815,7 @@ fn device_of(args: &PerfArgs) -> DeviceChoice {
         gid_index: args.gid_index,
         soft_inline: !args.soft_thread,
         soft_busy_poll: args.soft_busy_poll,
+        soft_defer_responses: args.soft_defer_responses,
     }
 }
 
@@ -1021,6 +1033,7 @@ fn loopback(
             gid_index: None,
             soft_inline,
             soft_busy_poll: args.soft_busy_poll,
+            soft_defer_responses: args.soft_defer_responses,
         })
     };
     let server_dev = open("127.0.0.1")?;

@@ -235,6 +235,7 @@ mod tests {
             gid_index: None,
             soft_inline: true,
             soft_busy_poll: false,
+            soft_defer_responses: false,
         })
         .unwrap();
         let s = super::super::Settings {

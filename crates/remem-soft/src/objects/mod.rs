@@ -131,8 +131,11 @@ impl DeviceShared {
                 .clone()
                 .unwrap_or_else(crate::cm::CmConfig::from_env),
         );
+        engine.set_requests_first(opts.inline && opts.defer_responses);
         let driver = if opts.inline {
-            Driver::Inline(Mutex::new(Inline::new(nic)))
+            Driver::Inline(Mutex::new(
+                Inline::new(nic).defer_responses(opts.defer_responses),
+            ))
         } else {
             Driver::Thread(Progress::start(
                 nic,

@@ -244,16 +244,41 @@ impl RcTransport {
             &mut dyn FnMut(&mut dyn PayloadSink) -> Result<(), AccessError>,
         ) -> R,
     ) -> Option<R> {
+        self.poll_transmit_ordered(now, env, false, emit)
+    }
+
+    /// [`RcTransport::poll_transmit`], with this side's own requests before what the
+    /// responder owes when `requests_first` (a device that defers its responses,
+    /// `SoftOptions::defer_responses`: the reply the application just posted and the ACK
+    /// owed then share one GSO batch, the longer packet first, as GSO requires).
+    pub fn poll_transmit_ordered<R>(
+        &mut self,
+        now: Instant,
+        env: &mut dyn Env,
+        requests_first: bool,
+        emit: impl FnOnce(
+            &TxPacket,
+            &mut dyn FnMut(&mut dyn PayloadSink) -> Result<(), AccessError>,
+        ) -> R,
+    ) -> Option<R> {
         let sending = matches!(self.state, QpState::Rts | QpState::Sqd);
         // What the responder owes (ACKs, READ and atomic responses) goes before this side's
         // own requests, as a NIC that acknowledges in hardware sends it: a peer sees its
-        // request acknowledged before this side's answer to it arrives. (Both still leave
-        // in one GSO batch when the driver sends them together.)
-        let (pkt, src) = match self.poll_response(env) {
-            Some(p) => p,
-            None if sending => self.poll_request(now, env)?,
-            None => return None,
+        // request acknowledged before this side's answer to it arrives (the driver sends
+        // both in one call).
+        let polled = if requests_first && sending {
+            match self.poll_request(now, env) {
+                Some(p) => Some(p),
+                None => self.poll_response(env),
+            }
+        } else {
+            match self.poll_response(env) {
+                Some(p) => Some(p),
+                None if sending => self.poll_request(now, env),
+                None => None,
+            }
         };
+        let (pkt, src) = polled?;
         // A region of the work request was deregistered since it was posted: none of it is
         // sent, the work request completes with a local protection error (rxe's
         // `copy_data` finds the lkey gone) and the QP goes to ERR. (A deregistration after
@@ -263,7 +288,7 @@ impl RcTransport {
             && self.req.sq.get(*index).is_some_and(|e| e.wqe.is_revoked())
         {
             self.fail(now, Some(pkt.psn), WcStatus::LocProtErr, env);
-            return self.poll_transmit(now, env, emit);
+            return self.poll_transmit_ordered(now, env, requests_first, emit);
         }
         let sq = &self.req.sq;
         let mut fill = |dst: &mut dyn PayloadSink| match &src {

@@ -117,9 +117,18 @@ type Sent = (Kind, Pos, Psn, Option<Syndrome>, Vec<u8>);
 
 /// Takes up to `max` packets out of the transport.
 fn transmit(t: &mut RcTransport, env: &mut TestEnv, max: usize) -> Vec<Sent> {
+    transmit_ordered(t, env, max, false)
+}
+
+fn transmit_ordered(
+    t: &mut RcTransport,
+    env: &mut TestEnv,
+    max: usize,
+    requests_first: bool,
+) -> Vec<Sent> {
     let mut out = Vec::new();
     while out.len() < max {
-        let Some(p) = t.poll_transmit(Instant::now(), env, |h, fill| {
+        let Some(p) = t.poll_transmit_ordered(Instant::now(), env, requests_first, |h, fill| {
             let mut payload = vec![0u8; h.payload_len as usize];
             fill(&mut payload).expect("payload gathered");
             (h.kind, h.pos, h.psn, h.aeth.map(|a| a.0), payload)
@@ -384,6 +393,41 @@ fn an_owed_ack_leaves_before_this_sides_next_request() {
     let sent = transmit(&mut t, &mut env, 10);
     let kinds: Vec<Kind> = sent.iter().map(|p| p.0).collect();
     assert_eq!(kinds, [Kind::Ack, Kind::Send], "{sent:?}");
+}
+
+#[test]
+fn with_requests_first_the_answer_leads_and_the_owed_ack_follows() {
+    // A device that defers its responses (`SoftOptions::defer_responses`): the answer and
+    // the ACK leave in one GSO batch, whose longer packet must come first.
+    let (mut env, mut t, va) = setup(4);
+    let now = Instant::now();
+    t.handle_packet(now, &write_pkt(Pos::Only, EPSN, &[1; 8], 8, va), &mut env);
+    t.post_send(
+        SendWqe {
+            wr_id: 1,
+            op: SendOp::Send,
+            data: crate::wqe::SendData::Sges(vec![
+                MemRegion::new(env.buf.clone(), 0..8).unwrap().into(),
+            ]),
+            len: 8,
+            signaled: true,
+            solicited: false,
+            fence: false,
+            ud: None,
+        },
+        &mut env,
+    );
+    let sent = transmit_ordered(&mut t, &mut env, 10, true);
+    let kinds: Vec<Kind> = sent.iter().map(|p| p.0).collect();
+    assert_eq!(kinds, [Kind::Send, Kind::Ack], "{sent:?}");
+    // Nothing to send of its own: what it owes still leaves.
+    t.handle_packet(
+        now,
+        &write_pkt(Pos::Only, EPSN.next(), &[2; 8], 8, va),
+        &mut env,
+    );
+    let sent = transmit_ordered(&mut t, &mut env, 10, true);
+    assert_eq!(sent.iter().map(|p| p.0).collect::<Vec<_>>(), [Kind::Ack]);
 }
 
 #[test]
