@@ -357,6 +357,7 @@ impl RcTransport {
         } else if r.timed.is_none() {
             r.timed = Some((psn, now));
         }
+        r.pacing.on_sent(consumed);
         r.next_psn = psn.add(consumed);
         if r.next_psn.is_after(r.max_sent) {
             r.max_sent = r.next_psn;
