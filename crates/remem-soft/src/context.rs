@@ -257,7 +257,8 @@ impl SoftContext {
 
     /// Drives an inline device (opened with [`SoftOptions::inline`]): runs due timers, sends
     /// what can be sent, handles received packets, and if nothing happened waits up to
-    /// `timeout` for a packet. Returns how many packets moved. An error for a device with a
+    /// `timeout` for a packet (polling for the first [`crate::driver::INLINE_SPIN`] of it,
+    /// then sleeping). Returns how many packets moved. An error for a device with a
     /// progress thread.
     pub fn progress(&self, timeout: Duration) -> Result<usize> {
         self.dev.progress(timeout)
