@@ -366,15 +366,15 @@ fn what_a_peer_makes_the_responder_queue_is_bounded() {
     assert!(env.events.is_empty());
 }
 
-#[test]
-fn an_owed_ack_leaves_before_this_sides_next_request() {
-    // A ping-pong: the peer's WRITE arrives and this side posts its answer at once. The
-    // ACK of the peer's WRITE goes first, as a NIC that acknowledges in hardware sends
-    // it: a peer waiting in an event loop sees its own WRITE complete before this
-    // side's answer arrives (perftest's `ib_send_lat -e` relies on it).
+/// A ping-pong's turn: the peer's WRITE has arrived (its ACK is owed) and this side has
+/// posted its 8-byte SEND answer; returns the QP, its environment and the WRITE's target.
+fn owed_ack_and_answer() -> (TestEnv, RcTransport, u64) {
     let (mut env, mut t, va) = setup(4);
-    let now = Instant::now();
-    t.handle_packet(now, &write_pkt(Pos::Only, EPSN, &[1; 8], 8, va), &mut env);
+    t.handle_packet(
+        Instant::now(),
+        &write_pkt(Pos::Only, EPSN, &[1; 8], 8, va),
+        &mut env,
+    );
     t.post_send(
         SendWqe {
             wr_id: 1,
@@ -390,6 +390,16 @@ fn an_owed_ack_leaves_before_this_sides_next_request() {
         },
         &mut env,
     );
+    (env, t, va)
+}
+
+#[test]
+fn an_owed_ack_leaves_before_this_sides_next_request() {
+    // A ping-pong: the peer's WRITE arrives and this side posts its answer at once. The
+    // ACK of the peer's WRITE goes first, as a NIC that acknowledges in hardware sends
+    // it: a peer waiting in an event loop sees its own WRITE complete before this
+    // side's answer arrives (perftest's `ib_send_lat -e` relies on it).
+    let (mut env, mut t, _) = owed_ack_and_answer();
     let sent = transmit(&mut t, &mut env, 10);
     let kinds: Vec<Kind> = sent.iter().map(|p| p.0).collect();
     assert_eq!(kinds, [Kind::Ack, Kind::Send], "{sent:?}");
@@ -399,24 +409,8 @@ fn an_owed_ack_leaves_before_this_sides_next_request() {
 fn with_requests_first_the_answer_leads_and_the_owed_ack_follows() {
     // A device that defers its responses (`SoftOptions::defer_responses`): the answer and
     // the ACK leave in one GSO batch, whose longer packet must come first.
-    let (mut env, mut t, va) = setup(4);
+    let (mut env, mut t, va) = owed_ack_and_answer();
     let now = Instant::now();
-    t.handle_packet(now, &write_pkt(Pos::Only, EPSN, &[1; 8], 8, va), &mut env);
-    t.post_send(
-        SendWqe {
-            wr_id: 1,
-            op: SendOp::Send,
-            data: crate::wqe::SendData::Sges(vec![
-                MemRegion::new(env.buf.clone(), 0..8).unwrap().into(),
-            ]),
-            len: 8,
-            signaled: true,
-            solicited: false,
-            fence: false,
-            ud: None,
-        },
-        &mut env,
-    );
     let sent = transmit_ordered(&mut t, &mut env, 10, true);
     let kinds: Vec<Kind> = sent.iter().map(|p| p.0).collect();
     assert_eq!(kinds, [Kind::Send, Kind::Ack], "{sent:?}");
