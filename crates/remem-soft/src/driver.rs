@@ -461,6 +461,9 @@ pub struct Nic {
     pcap: Option<Arc<PcapWriter>>,
     /// A packet's bytes gathered from its pieces (for the capture or a faulted packet).
     gathered: Vec<u8>,
+    /// Datagrams the next `recvmmsg` asks for: 1 after a call that found the socket empty,
+    /// `RX_BATCH` after one that found datagrams (see [`Nic::receive`]).
+    rx_room: usize,
 }
 
 impl Nic {
@@ -478,6 +481,10 @@ impl Nic {
         // Best effort: a larger receive buffer absorbs bursts, the kernel may cap it.
         let _ = state.set_recv_buffer_size(UdpSockRef::from(&socket), SOCKET_BUFFER);
         let _ = state.set_send_buffer_size(UdpSockRef::from(&socket), SOCKET_BUFFER);
+        if !local.ip().is_unspecified() {
+            // Bound to one address: no per-datagram destination address, TOS or timestamp.
+            sys::quiet_receive(&socket, local.is_ipv6())?;
+        }
         Ok(Nic {
             socket: Arc::new(socket),
             state,
@@ -512,6 +519,7 @@ impl Nic {
             faults: None,
             pcap: None,
             gathered: Vec::with_capacity(MAX_PACKET),
+            rx_room: RX_BATCH,
         })
     }
 
@@ -866,21 +874,38 @@ impl Nic {
         self.tx.clear();
     }
 
+    /// Handles what has arrived: up to `RX_CALLS` `recvmmsg` calls, each of up to
+    /// `RX_BATCH` datagrams (each datagram possibly a GRO batch of packets).
+    ///
+    /// On a latency-bound path (a ping-pong) every call is on the critical path, so the
+    /// calls are sized by what the last one found: after one that found the socket empty
+    /// the next asks for one datagram (the kernel then returns as soon as it has one instead
+    /// of looking for a second), after one that found datagrams for `RX_BATCH`; and a call
+    /// that returned fewer datagrams than it had room for (or just the one it asked for)
+    /// ends the pump's receiving, instead of one more call that would find the socket
+    /// empty. A pump that stops early reads the rest next time.
     fn receive(&mut self, engine: &Engine) -> usize {
         let (local_ip, local_port) = (engine.local().ip(), engine.local().port());
         let mut moved = 0;
         for _ in 0..RX_CALLS {
+            let room = self.rx_room.clamp(1, RX_BATCH);
             let mut chunks = self.rx.chunks_mut(RX_BUF);
             let mut bufs: [IoSliceMut<'_>; RX_BATCH] =
                 std::array::from_fn(|_| IoSliceMut::new(chunks.next().unwrap_or_default()));
-            let n =
-                match self
-                    .state
-                    .recv(UdpSockRef::from(&*self.socket), &mut bufs, &mut self.meta)
-                {
-                    Ok(n) => n,
-                    Err(_) => return moved, // WouldBlock, or an ICMP error with nothing to do
-                };
+            let n = match self.state.recv(
+                UdpSockRef::from(&*self.socket),
+                &mut bufs[..room],
+                &mut self.meta[..room],
+            ) {
+                Ok(n) => n,
+                Err(_) => {
+                    // WouldBlock, or an ICMP error with nothing to do.
+                    self.rx_room = 1;
+                    return moved;
+                }
+            };
+            self.rx_room = RX_BATCH;
+            let short = n < room || room == 1;
             let now = Instant::now();
             let received = self.meta[..n].iter().zip(&bufs);
             // Every packet of the call, with the address it came from and went to, and its
@@ -919,6 +944,9 @@ impl Nic {
                         let _ = engine.on_datagram(now, from, to, pkt, i);
                     }
                 }
+            }
+            if short {
+                break;
             }
         }
         moved
@@ -1214,5 +1242,92 @@ impl Inline {
         self.nic
             .wait(time_to_next_timer(engine, &self.nic, timeout));
         self.nic.pump(engine)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An engine and its NIC on 127.0.0.1, and a plain socket that sends to it.
+    fn nic() -> (Engine, Nic, UdpSocket) {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let local = socket.local_addr().unwrap();
+        let engine = Engine::new(local, local.port());
+        let nic = Nic::new(socket).unwrap();
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        peer.connect(local).unwrap();
+        (engine, nic, peer)
+    }
+
+    /// Sends `n` datagrams of different lengths (so none is coalesced with another) and
+    /// waits until the NIC's socket holds them all.
+    fn queue(peer: &UdpSocket, nic: &Nic, n: usize) {
+        for i in 0..n {
+            peer.send(&vec![0xee; 20 + i]).unwrap();
+        }
+        // Loopback delivers in the sending call; the wait only guards against a slow host.
+        nic.wait(Duration::from_secs(5));
+    }
+
+    fn received(engine: &Engine) -> u64 {
+        engine.stats.rx_datagrams.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn a_receive_after_an_empty_socket_asks_for_one_datagram_then_for_a_batch() {
+        let (engine, mut nic, peer) = nic();
+        // Nothing there: the next call is sized for one datagram.
+        assert_eq!(nic.pump(&engine), 0);
+        queue(&peer, &nic, 20);
+        nic.pump(&engine);
+        assert_eq!(
+            received(&engine),
+            1,
+            "one datagram asked for after an empty socket"
+        );
+        // That call found one: the next asks for a batch, and stops at a full one only
+        // after RX_CALLS calls.
+        nic.pump(&engine);
+        assert_eq!(received(&engine), 20, "the rest in one pump");
+        // The socket is empty again (a short call ended that pump without finding it so);
+        // a pump finds it empty, and the next receive is one datagram again.
+        assert_eq!(nic.pump(&engine), 0);
+        queue(&peer, &nic, 3);
+        nic.pump(&engine);
+        assert_eq!(received(&engine), 21);
+    }
+
+    #[test]
+    fn a_short_receive_ends_the_pump() {
+        let (engine, mut nic, peer) = nic();
+        // A fresh NIC asks for a batch; three datagrams come back, fewer than it had room
+        // for: the pump stops receiving there (its next call would find the socket empty).
+        queue(&peer, &nic, 3);
+        nic.pump(&engine);
+        assert_eq!(received(&engine), 3);
+        // A datagram that arrives now is not read by that pump, but by the next one, which
+        // asks for a batch (the last call found datagrams).
+        queue(&peer, &nic, 2);
+        nic.pump(&engine);
+        assert_eq!(received(&engine), 5);
+    }
+
+    #[test]
+    fn a_socket_bound_to_one_address_asks_for_no_ancillary_data() {
+        let on =
+            |socket: &UdpSocket, level, name| crate::sys::tests::int_option(socket, level, name);
+        let bound = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let probe = bound.try_clone().unwrap();
+        let _nic = Nic::new(bound).unwrap();
+        assert_eq!(on(&probe, libc::IPPROTO_IP, libc::IP_PKTINFO), 0);
+        assert_eq!(on(&probe, libc::IPPROTO_IP, libc::IP_RECVTOS), 0);
+        assert_eq!(on(&probe, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS), 0);
+        assert_ne!(on(&probe, libc::SOL_UDP, libc::UDP_GRO), 0, "GRO stays on");
+        // A wildcard socket needs each datagram's destination address.
+        let any = UdpSocket::bind("0.0.0.0:0").unwrap();
+        let probe = any.try_clone().unwrap();
+        let _nic = Nic::new(any).unwrap();
+        assert_ne!(on(&probe, libc::IPPROTO_IP, libc::IP_PKTINFO), 0);
     }
 }
