@@ -236,6 +236,46 @@ fn sockaddr(dst: SocketAddr, v6_socket: bool) -> (libc::sockaddr_storage, libc::
     (storage, len as libc::socklen_t)
 }
 
+/// Turns off the ancillary data `quinn-udp` asks for on every received datagram — its
+/// destination address (`IP_PKTINFO`, `IPV6_RECVPKTINFO`), its TOS/traffic class
+/// (`IP_RECVTOS`, `IPV6_RECVTCLASS`) and a receive timestamp (`SO_TIMESTAMPNS`) — on a
+/// socket bound to one address: there the destination is that address, and neither the
+/// traffic class nor the time is used. Each costs the kernel work on every receive (and a
+/// socket that asks for timestamps has the kernel stamp every packet it receives). UDP
+/// GRO's segment size, which the receive path needs, stays on.
+pub fn quiet_receive(socket: &UdpSocket, v6: bool) -> io::Result<()> {
+    let off = |level: libc::c_int, name: libc::c_int| -> io::Result<()> {
+        let zero: libc::c_int = 0;
+        // SAFETY: `zero` is a live `c_int` for the whole call and the length passed is its
+        // size; the descriptor is the socket's, open while `socket` is borrowed.
+        let rc = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                level,
+                name,
+                (&zero as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    };
+    off(libc::SOL_SOCKET, libc::SO_TIMESTAMPNS)?;
+    if v6 {
+        off(libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO)?;
+        off(libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS)?;
+        // (Set by quinn-udp on dual-stack sockets only; a v6-only one may refuse it.)
+        let _ = off(libc::IPPROTO_IP, libc::IP_RECVTOS);
+    } else {
+        off(libc::IPPROTO_IP, libc::IP_PKTINFO)?;
+        off(libc::IPPROTO_IP, libc::IP_RECVTOS)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -484,44 +524,4 @@ pub(crate) mod tests {
         assert_eq!(err(&many, &HeldRanges::default()), invalid);
         assert!(rx.recv_from(&mut [0u8; 64]).is_err(), "nothing was sent");
     }
-}
-
-/// Turns off the ancillary data `quinn-udp` asks for on every received datagram — its
-/// destination address (`IP_PKTINFO`, `IPV6_RECVPKTINFO`), its TOS/traffic class
-/// (`IP_RECVTOS`, `IPV6_RECVTCLASS`) and a receive timestamp (`SO_TIMESTAMPNS`) — on a
-/// socket bound to one address: there the destination is that address, and neither the
-/// traffic class nor the time is used. Each costs the kernel work on every receive (and a
-/// socket that asks for timestamps has the kernel stamp every packet it receives). UDP
-/// GRO's segment size, which the receive path needs, stays on.
-pub fn quiet_receive(socket: &UdpSocket, v6: bool) -> io::Result<()> {
-    let off = |level: libc::c_int, name: libc::c_int| -> io::Result<()> {
-        let zero: libc::c_int = 0;
-        // SAFETY: `zero` is a live `c_int` for the whole call and the length passed is its
-        // size; the descriptor is the socket's, open while `socket` is borrowed.
-        let rc = unsafe {
-            libc::setsockopt(
-                socket.as_raw_fd(),
-                level,
-                name,
-                (&zero as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    };
-    off(libc::SOL_SOCKET, libc::SO_TIMESTAMPNS)?;
-    if v6 {
-        off(libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO)?;
-        off(libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS)?;
-        // (Set by quinn-udp on dual-stack sockets only; a v6-only one may refuse it.)
-        let _ = off(libc::IPPROTO_IP, libc::IP_RECVTOS);
-    } else {
-        off(libc::IPPROTO_IP, libc::IP_PKTINFO)?;
-        off(libc::IPPROTO_IP, libc::IP_RECVTOS)?;
-    }
-    Ok(())
 }
