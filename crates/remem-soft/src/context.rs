@@ -269,9 +269,9 @@ impl SoftContext {
         self.dev.engine.local()
     }
 
-    /// What the device's objects share (key table, events, QP numbers).
-    #[cfg(test)]
-    pub(crate) fn shared(&self) -> &Arc<DeviceShared> {
+    /// What the device's objects share (key table, events, QP numbers, the packet engine):
+    /// for tests and benchmarks that drive the engine by hand.
+    pub fn shared(&self) -> &Arc<DeviceShared> {
         &self.dev
     }
 }

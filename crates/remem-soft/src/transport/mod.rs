@@ -291,8 +291,8 @@ pub enum Stat {
 }
 
 /// What the transport needs from its surroundings: memory, receive queues, completion
-/// queues, counters. Implemented by the soft QP over the device's tables, and by the
-/// simulation tests over models.
+/// queues, counters. Implemented by the soft QP's [`crate::qp::QpEnv`] over its device's
+/// tables, and by the simulation tests over models.
 pub trait Env {
     /// Resolves a remote access: a grant for `[va, va + len)` of the memory region `rkey`
     /// if it is in the QP's protection domain and grants `need`. The grant stops working
