@@ -56,8 +56,10 @@ pub trait TxBuild {
 }
 
 /// Builds whole packets into a slice (payload copied).
+#[cfg(any(test, feature = "internals"))]
 struct CopyBuild<'a>(&'a mut [u8]);
 
+#[cfg(any(test, feature = "internals"))]
 impl TxBuild for CopyBuild<'_> {
     fn buf(&mut self) -> &mut [u8] {
         self.0
@@ -163,7 +165,8 @@ pub struct EngineStats {
     pub rx_datagrams: AtomicU64,
 }
 
-/// How many peers' UDP ports one device remembers ([`Engine::set_peer_port`]): a peer
+/// How many peers' UDP ports one device remembers
+/// ([`Context::set_peer_udp_port`](remem_verbs::Context::set_peer_udp_port)): a peer
 /// beyond that is refused with [`remem_verbs::Error::Exhausted`] (16 bytes or so each, so
 /// the table stays under a few hundred KiB however many peers an application names).
 pub const PEER_PORT_BUDGET: usize = 4096;
@@ -606,6 +609,7 @@ impl Engine {
     /// Writes the next packet to send into `buf` (ICRC included, computed for IPv4
     /// identification `ip_id`) and returns its destination and length. The driver reports
     /// the packet with [`Engine::transmitted`] once it is handed to the socket.
+    #[cfg(any(test, feature = "internals"))]
     pub fn poll_transmit(
         &self,
         now: Instant,
@@ -624,6 +628,7 @@ impl Engine {
     /// ([`Engine::fill_icrc`]), for a driver that learns the packet's place in a GSO batch
     /// (its IPv4 identification) only after seeing its destination and length: each
     /// packet's CRC is then computed once.
+    #[cfg(any(test, feature = "internals"))]
     pub fn poll_transmit_unsealed(
         &self,
         now: Instant,
@@ -724,6 +729,7 @@ impl Engine {
 
     /// Computes the ICRC of a packet from [`Engine::poll_transmit_unsealed`] (or recomputes
     /// that of one from [`Engine::poll_transmit`]) for IPv4 identification `ip_id`.
+    #[cfg(any(test, feature = "internals"))]
     pub fn fill_icrc(&self, dst: SocketAddr, pkt: &mut [u8], ip_id: u16) -> Option<()> {
         let ip = ip_fields(self.local.ip(), dst.ip(), ip_id);
         let ports = UdpPorts {
@@ -746,6 +752,7 @@ impl Engine {
 
     /// Counts a packet handed to the socket (for drivers other than `Nic`, which counts its
     /// packets itself).
+    #[cfg(any(test, feature = "internals"))]
     pub fn transmitted(&self, _dst: SocketAddr, _pkt: &[u8], _ip_id: u16) {
         self.stats.sent_pkts.fetch_add(1, Ordering::Relaxed);
     }

@@ -760,17 +760,8 @@ impl SoftQp {
         self.lock().t.next_timeout()
     }
 
-    /// Produces the next packet: `emit` gets its headers, the destination GID and a writer
-    /// for its payload.
-    pub fn poll_transmit<R>(
-        &self,
-        now: std::time::Instant,
-        emit: impl FnOnce(&crate::transport::TxPacket, remem_verbs::Gid, &mut Fill<'_>) -> R,
-    ) -> Option<R> {
-        self.poll_transmit_more(now, false, emit).0
-    }
-
-    /// [`SoftQp::poll_transmit`], and whether the QP may have more to send now, told under
+    /// Produces the next packet (`emit` gets its headers, the destination GID and a writer
+    /// for its payload), and whether the QP may have more to send now, told under
     /// the same lock: `false` only when the transport knows it has nothing (an RC QP with
     /// no response owed and no request it may send: `RcTransport::wants_transmit`, which
     /// must stay conservative); UC and UD always say `true`. The engine then leaves the

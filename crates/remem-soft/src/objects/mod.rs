@@ -124,6 +124,12 @@ impl DeviceShared {
         let nic = Nic::new(socket)?
             .with_pcap(pcap)
             .with_faults(faults.unwrap_or_default());
+        tracing::debug!(
+            device = %info.name,
+            gso_segments = nic.max_gso_segments(),
+            gro_segments = nic.gro_segments(),
+            "socket offloads (1: none)"
+        );
         let peer_port = opts.peer_port.unwrap_or(local.port());
         let engine = Arc::new(Engine::new(local, peer_port));
         engine.cm.set_config(
@@ -426,13 +432,9 @@ pub struct SoftPd {
 
 impl SoftPd {
     /// The PD's identifier within its device.
+    #[cfg(any(test, feature = "internals"))]
     pub fn id(&self) -> PdId {
         self.id
-    }
-
-    /// The device.
-    pub fn device(&self) -> &Arc<DeviceShared> {
-        &self.dev
     }
 }
 

@@ -148,6 +148,7 @@ impl MrTable {
     }
 
     /// Number of registrations.
+    #[cfg(any(test, feature = "internals"))]
     pub fn len(&self) -> usize {
         self.tables
             .read()
@@ -157,6 +158,7 @@ impl MrTable {
     }
 
     /// Whether there are none.
+    #[cfg(any(test, feature = "internals"))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
