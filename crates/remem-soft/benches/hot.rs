@@ -1,4 +1,4 @@
-//! Hot paths of the soft provider, without sockets.
+//! Hot paths of the soft provider, without network IO.
 //!
 //! * `mr_lookup`: resolving a key through the device's key table ([`MrTable`]) with its
 //!   PD, access and bounds checks: `remote` (an rkey, once per request packet at the
@@ -6,16 +6,18 @@
 //!   table of 1 and of 4096 registrations.
 //! * `cq`: pushing 1024 completions into a soft CQ, and polling them in batches of 16 and
 //!   64 through `CompletionQueue::poll`.
-//! * `transport_step`: two packet engines with one RC QP each, connected in memory.
+//! * `transport_step`: two inline soft devices with one RC QP each, connected in memory
+//!   (their engines driven by hand; nothing crosses the sockets).
 //!   `responder_write` feeds the responder's engine an RDMA WRITE ONLY datagram
 //!   (`Engine::on_datagram`: parse, ICRC check, QP lookup, transport, memory write) and
 //!   takes its ACK out (`Engine::poll_transmit` until it has nothing more: ACK built,
 //!   ICRC filled). The datagrams are built beforehand, outside the measurement.
 //!   `write_round_trip` is a whole signaled RDMA WRITE between the two engines: post,
 //!   requester builds the packet, responder handles it and builds the ACK, completer
-//!   handles the ACK and completes the work request. `responder_write_4_packets` and
-//!   `responder_read_4_packets` are per packet of a 4-packet WRITE (FIRST, MIDDLE, MIDDLE,
-//!   LAST, then the ACK out) and of a 4-packet READ (request in, 4 responses out).
+//!   handles the ACK and completes the work request, polled off the CQ.
+//!   `responder_write_4_packets` and `responder_read_4_packets` are per packet of a
+//!   4-packet WRITE (FIRST, MIDDLE, MIDDLE, LAST, then the ACK out) and of a 4-packet READ
+//!   (request in, 4 responses out).
 //!
 //! `cargo bench -p remem-soft --bench hot`
 
@@ -25,21 +27,19 @@ use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, 
 use remem_soft::engine::Engine;
 use remem_soft::objects::cq::SoftCq;
 use remem_soft::objects::mr::MrTable;
-use remem_soft::qp::{LocalMemory, QpLimits, QpSurroundings, SoftQp, SoftQpParts};
-use remem_soft::transport::{Grant, RemoteKeyError, Stat};
-use remem_soft::wqe::{PdId, RecvWqe};
+use remem_soft::wqe::PdId;
 use remem_soft::{SoftContext, SoftOptions};
 use remem_verbs::rc::{self, RcOptions, RcPeer};
 use remem_verbs::{
-    AccessFlags, AhAttr, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, Mtu, QpCap,
-    QpType, QueuePair, SendOp, SendWr, Sge, WcStatus, WorkCompletion,
+    AccessFlags, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, MemoryRegion, Mtu,
+    ProtectionDomain, QpCap, QpInitAttr, QpType, QueuePair, SendOp, SendWr, Sge, WcStatus,
+    WorkCompletion,
 };
 use remem_wire::{Bth, Headers, Opcode, Packet, Psn, Reth};
 use std::any::Any;
 use std::hint::black_box;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const PD: PdId = PdId(1);
@@ -177,86 +177,29 @@ fn cq(c: &mut Criterion) {
 
 // ---------------------------------------------------------------------------- transport
 
-/// What surrounds a QP on a device: its key table; completions are counted and dropped.
-struct Around {
-    mrs: MrTable,
-    completions: AtomicU64,
-}
-
-impl QpSurroundings for Around {
-    fn remote(
-        &self,
-        pd: PdId,
-        rkey: u32,
-        va: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Result<Grant, RemoteKeyError> {
-        self.mrs.remote(pd, rkey, va, len, need)
-    }
-    fn remote_region(
-        &self,
-        pd: PdId,
-        rkey: u32,
-        need: AccessFlags,
-    ) -> Result<Grant, RemoteKeyError> {
-        self.mrs.remote_region(pd, rkey, need)
-    }
-    fn srq_pop(&self) -> Option<Option<RecvWqe>> {
-        None
-    }
-    fn send_cq(&self, wc: WorkCompletion) {
-        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
-        self.completions.fetch_add(1, Ordering::Relaxed);
-    }
-    fn recv_cq(&self, _wc: WorkCompletion, _solicited: bool) {
-        self.completions.fetch_add(1, Ordering::Relaxed);
-    }
-    fn count(&self, _stat: Stat) {}
-    fn async_event(&self, _event: remem_verbs::AsyncEvent) {}
-    fn check_av(&self, _av: &AhAttr) -> remem_verbs::Result<()> {
-        Ok(())
-    }
-}
-
-impl LocalMemory for Around {
-    fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> remem_verbs::Result<Grant> {
-        self.mrs.local(pd, sge, need_write)
-    }
-}
-
-/// One device (an engine, no socket) with one RC QP and one 1 MiB registered buffer.
+/// One inline soft device, driven by hand (nothing calls `progress`: no packet crosses
+/// its socket), with one RC QP, one CQ for both its queues, and one 1 MiB registered buffer.
 struct Side {
-    engine: Arc<Engine>,
-    qp: Arc<SoftQp>,
-    around: Arc<Around>,
+    ctx: SoftContext,
+    _pd: Arc<dyn ProtectionDomain>,
+    qp: Arc<dyn QueuePair>,
+    cq: Arc<dyn CompletionQueue>,
+    _mr: Arc<dyn MemoryRegion>,
     buf: Arc<MemoryBuffer>,
     lkey: u32,
     rkey: u32,
 }
 
-const PORT: u16 = remem_wire::ROCEV2_PORT;
-
 impl Side {
-    fn new(ip: Ipv4Addr, qpn: u32) -> Side {
-        let engine = Arc::new(Engine::new(SocketAddr::new(ip.into(), PORT), PORT));
-        let buf = Arc::new(MemoryBuffer::zeroed(1 << 20).unwrap());
-        let around = Arc::new(Around {
-            mrs: MrTable::new(u32::MAX),
-            completions: AtomicU64::new(0),
-        });
-        let mr = around
-            .mrs
-            .insert(PD, MemRegion::whole(buf.clone()), ACCESS)
-            .unwrap();
-        let wake = {
-            let engine = engine.clone();
-            Arc::new(move |qpn: u32| engine.mark_ready(qpn))
-        };
-        let qp = Arc::new(
-            SoftQp::new(SoftQpParts {
-                qpn,
+    fn new(ctx: SoftContext) -> Side {
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(1024, None).unwrap();
+        let qp = pd
+            .create_qp(&QpInitAttr {
                 qp_type: QpType::Rc,
+                send_cq: cq.clone(),
+                recv_cq: cq.clone(),
+                srq: None,
                 cap: QpCap {
                     max_send_wr: 256,
                     max_recv_wr: 256,
@@ -265,52 +208,44 @@ impl Side {
                     max_inline_data: 0,
                 },
                 sq_sig_all: false,
-                has_srq: false,
-                pd: PD,
-                limits: QpLimits {
-                    max_wr: 4096,
-                    max_sge: 8,
-                    max_inline: 64,
-                    max_rd_atomic: 16,
-                    max_dest_rd_atomic: 16,
-                    active_mtu: 4096,
-                    max_msg: 1 << 31,
-                    placement: true,
-                },
-                window: 256,
-                around: around.clone(),
-                mem: around.clone(),
-                wake,
             })
-            .unwrap(),
-        );
-        engine.register(&qp);
+            .unwrap();
+        let buf = Arc::new(MemoryBuffer::zeroed(1 << 20).unwrap());
+        let mr = pd.reg_mr(MemRegion::whole(buf.clone()), ACCESS).unwrap();
         Side {
-            engine,
+            lkey: mr.lkey(),
+            rkey: mr.rkey(),
+            ctx,
+            _pd: pd,
             qp,
-            around,
+            cq,
+            _mr: mr,
             buf,
-            lkey: mr.lkey,
-            rkey: mr.rkey,
         }
+    }
+
+    fn engine(&self) -> &Engine {
+        &self.ctx.shared().engine
+    }
+
+    fn local(&self) -> SocketAddr {
+        self.ctx.local_addr()
     }
 
     /// RESET → INIT → RTR → RTS towards `peer`, path MTU 4096, both PSNs starting at 0.
     fn connect(&self, peer: &Side) {
         let o = RcOptions {
+            sgid_index: rc::roce_v2_gid(&self.ctx, 1).unwrap().index as u8,
             access: AccessFlags::REMOTE,
             mtu: Mtu::Mtu4096,
             min_rnr_timer: 1,
-            // No GRH attributes: the engine routes by the destination GID alone.
-            is_global: false,
-            hop_limit: 0,
             rnr_retry: 0,
             ..RcOptions::default()
         };
         let peer = RcPeer {
             qpn: peer.qp.qp_num(),
             psn: 0,
-            gid: Gid::from(peer.engine.local().ip()),
+            gid: Gid::from(peer.local().ip()),
             mtu: Mtu::Mtu4096,
         };
         rc::connect(&*self.qp, &peer, &o).unwrap();
@@ -319,30 +254,37 @@ impl Side {
     /// Takes one packet out of the engine (what the driver does until `None`), reporting
     /// it as sent.
     fn transmit(&self, now: Instant, buf: &mut [u8]) -> Option<(SocketAddr, usize)> {
-        let (dst, len) = self.engine.poll_transmit(now, buf, 0)?;
-        self.engine.transmitted(dst, &buf[..len], 0);
+        let (dst, len) = self.engine().poll_transmit(now, buf, 0)?;
+        self.engine().transmitted(dst, &buf[..len], 0);
         Some((dst, len))
     }
 
     fn receive(&self, now: Instant, from: &Side, datagram: &[u8]) {
-        self.engine
-            .on_datagram(
-                now,
-                from.engine.local(),
-                self.engine.local().ip(),
-                datagram,
-                0,
-            )
+        self.engine()
+            .on_datagram(now, from.local(), self.local().ip(), datagram, 0)
             .expect("accepted");
     }
 }
 
+/// Two connected sides on 127.0.0.1 and 127.0.0.2 and one UDP port (a device sends to its
+/// own port by default: the other's), found by binding the first to port 0.
 fn pair() -> (Side, Side) {
-    let a = Side::new(Ipv4Addr::new(10, 0, 0, 1), 0x101);
-    let b = Side::new(Ipv4Addr::new(10, 0, 0, 2), 0x202);
-    a.connect(&b);
-    b.connect(&a);
-    (a, b)
+    let opts = SoftOptions {
+        inline: true,
+        ..SoftOptions::default()
+    };
+    let ip = |last| IpAddr::V4(Ipv4Addr::new(127, 0, 0, last));
+    for _ in 0..100 {
+        let a = SoftContext::bind_with(SocketAddr::new(ip(1), 0), &opts).unwrap();
+        let port = a.local_addr().port();
+        if let Ok(b) = SoftContext::bind_with(SocketAddr::new(ip(2), port), &opts) {
+            let (a, b) = (Side::new(a), Side::new(b));
+            a.connect(&b);
+            b.connect(&a);
+            return (a, b);
+        }
+    }
+    panic!("no UDP port free on both 127.0.0.1 and 127.0.0.2");
 }
 
 /// An RDMA WRITE ONLY datagram from `from` to `to` with PSN `psn`, as `from`'s engine
@@ -405,8 +347,8 @@ fn read_datagram(from: &Side, to: &Side, psn: u32, len: u32) -> Vec<u8> {
 fn datagram(from: &Side, to: &Side, h: &Headers, payload: &[u8]) -> Vec<u8> {
     let mut out = vec![0u8; h.packet_len(payload.len())];
     let len = h.build(payload, &mut out).unwrap();
-    from.engine
-        .fill_icrc(to.engine.local(), &mut out[..len], 0)
+    from.engine()
+        .fill_icrc(to.local(), &mut out[..len], 0)
         .unwrap();
     out
 }
@@ -467,6 +409,7 @@ fn transport_step(c: &mut Criterion) {
             rkey: b.rkey,
         };
         let mut wr_id = 0;
+        let mut wc = [WorkCompletion::default(); 2];
         let mut round_trip = |out: &mut [u8]| {
             wr_id += 1;
             a.qp.post_send(&[SendWr::new(wr_id, op, &sge)]).unwrap();
@@ -475,10 +418,11 @@ fn transport_step(c: &mut Criterion) {
             let ack_len = responder_step(&a, &b, now, request, ack);
             a.receive(now, &b, &ack[..ack_len]);
             assert!(a.transmit(now, out).is_none());
+            // The completion, taken off the CQ (which would otherwise overflow).
+            assert_eq!(a.cq.poll(&mut wc).unwrap(), 1);
+            assert_eq!((wc[0].wr_id, wc[0].status), (wr_id, WcStatus::Success));
         };
-        let before = a.around.completions.load(Ordering::Relaxed);
         round_trip(&mut out);
-        assert_eq!(a.around.completions.load(Ordering::Relaxed), before + 1);
         assert_eq!(b.buf.to_vec(8192, size).unwrap(), payload);
         group.bench_function(BenchmarkId::new("write_round_trip", size), |bench| {
             bench.iter(|| round_trip(&mut out))

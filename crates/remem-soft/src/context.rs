@@ -43,7 +43,7 @@ pub struct SoftOptions {
     pub faults: Option<crate::faults::FaultConfig>,
     /// The connection manager's settings (timeouts, retries, budgets); `None`: the
     /// defaults with `REMEM_SOFT_CM_TIMEOUT` / `REMEM_SOFT_CM_RETRIES` applied
-    /// ([`crate::cm::CmConfig::from_env`]).
+    /// ([`crate::CmConfig::from_env`]).
     pub cm: Option<crate::cm::CmConfig>,
     /// Inline devices driven in a spin (`progress(Duration::ZERO)` in a loop): what the
     /// packets a call receives produce (ACKs, READ and atomic responses) leaves with the
@@ -257,7 +257,7 @@ impl SoftContext {
 
     /// Drives an inline device (opened with [`SoftOptions::inline`]): runs due timers, sends
     /// what can be sent, handles received packets, and if nothing happened waits up to
-    /// `timeout` for a packet (polling for the first [`crate::driver::INLINE_SPIN`] of it,
+    /// `timeout` for a packet (polling for the first 50 µs of it, `driver::INLINE_SPIN`,
     /// then sleeping). Returns how many packets moved. An error for a device with a
     /// progress thread.
     pub fn progress(&self, timeout: Duration) -> Result<usize> {
@@ -269,9 +269,10 @@ impl SoftContext {
         self.dev.engine.local()
     }
 
-    /// What the device's objects share (key table, events, QP numbers).
-    #[cfg(test)]
-    pub(crate) fn shared(&self) -> &Arc<DeviceShared> {
+    /// What the device's objects share (key table, events, QP numbers, the packet engine):
+    /// for tests and benchmarks that drive the engine by hand (the `internals` feature).
+    #[cfg(any(test, feature = "internals"))]
+    pub fn shared(&self) -> &Arc<DeviceShared> {
         &self.dev
     }
 }
@@ -355,7 +356,7 @@ impl Context for SoftContext {
     }
 
     /// Soft devices send to any UDP port: the peer's port goes into a per-device table
-    /// ([`crate::engine::PEER_PORT_BUDGET`] peers; [`Error::Exhausted`] beyond), consulted
+    /// ([`crate::PEER_PORT_BUDGET`] peers; [`Error::Exhausted`] beyond), consulted
     /// for every packet to that GID's address (QPs, address handles, CM MADs).
     fn set_peer_udp_port(&self, gid: remem_verbs::Gid, port: u16) -> Result<()> {
         self.dev.engine.set_peer_port(gid.to_ip(), port)

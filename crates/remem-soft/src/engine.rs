@@ -56,8 +56,10 @@ pub trait TxBuild {
 }
 
 /// Builds whole packets into a slice (payload copied).
+#[cfg(any(test, feature = "internals"))]
 struct CopyBuild<'a>(&'a mut [u8]);
 
+#[cfg(any(test, feature = "internals"))]
 impl TxBuild for CopyBuild<'_> {
     fn buf(&mut self) -> &mut [u8] {
         self.0
@@ -163,7 +165,8 @@ pub struct EngineStats {
     pub rx_datagrams: AtomicU64,
 }
 
-/// How many peers' UDP ports one device remembers ([`Engine::set_peer_port`]): a peer
+/// How many peers' UDP ports one device remembers
+/// ([`Context::set_peer_udp_port`](remem_verbs::Context::set_peer_udp_port)): a peer
 /// beyond that is refused with [`remem_verbs::Error::Exhausted`] (16 bytes or so each, so
 /// the table stays under a few hundred KiB however many peers an application names).
 pub const PEER_PORT_BUDGET: usize = 4096;
@@ -606,6 +609,7 @@ impl Engine {
     /// Writes the next packet to send into `buf` (ICRC included, computed for IPv4
     /// identification `ip_id`) and returns its destination and length. The driver reports
     /// the packet with [`Engine::transmitted`] once it is handed to the socket.
+    #[cfg(any(test, feature = "internals"))]
     pub fn poll_transmit(
         &self,
         now: Instant,
@@ -624,6 +628,7 @@ impl Engine {
     /// ([`Engine::fill_icrc`]), for a driver that learns the packet's place in a GSO batch
     /// (its IPv4 identification) only after seeing its destination and length: each
     /// packet's CRC is then computed once.
+    #[cfg(any(test, feature = "internals"))]
     pub fn poll_transmit_unsealed(
         &self,
         now: Instant,
@@ -724,6 +729,7 @@ impl Engine {
 
     /// Computes the ICRC of a packet from [`Engine::poll_transmit_unsealed`] (or recomputes
     /// that of one from [`Engine::poll_transmit`]) for IPv4 identification `ip_id`.
+    #[cfg(any(test, feature = "internals"))]
     pub fn fill_icrc(&self, dst: SocketAddr, pkt: &mut [u8], ip_id: u16) -> Option<()> {
         let ip = ip_fields(self.local.ip(), dst.ip(), ip_id);
         let ports = UdpPorts {
@@ -746,6 +752,7 @@ impl Engine {
 
     /// Counts a packet handed to the socket (for drivers other than `Nic`, which counts its
     /// packets itself).
+    #[cfg(any(test, feature = "internals"))]
     pub fn transmitted(&self, _dst: SocketAddr, _pkt: &[u8], _ip_id: u16) {
         self.stats.sent_pkts.fetch_add(1, Ordering::Relaxed);
     }
@@ -834,159 +841,145 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::driver::Progress;
-    use crate::qp::{LocalMemory, QpLimits, QpSurroundings, SoftQpParts};
-    use crate::transport::{Grant, KeyedRegion, RemoteKeyError, Stat};
-    use crate::wqe::{PdId, RecvWqe};
+    use crate::context::{SoftContext, SoftOptions};
+    use remem_verbs::rc::{self, RcOptions, RcPeer};
     use remem_verbs::{
-        AccessFlags, AhAttr, Error, Gid, MemRegion, MemoryBuffer, Mtu, QpCap, QpType, QueuePair,
-        RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+        AccessFlags, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, MemoryRegion, Mtu,
+        ProtectionDomain, QpCap, QpInitAttr, QpType, QueuePair, RecvWr, SendOp, SendWr, Sge,
+        WcOpcode, WcStatus, WorkCompletion,
     };
-    use std::net::UdpSocket;
+    use std::cell::RefCell;
     use std::time::Duration;
 
-    /// One registered buffer (lkey = rkey = 7) and a completion list.
-    struct Around {
-        key: Arc<KeyedRegion>,
-        wcs: Mutex<Vec<WorkCompletion>>,
-    }
-
-    impl QpSurroundings for Around {
-        fn remote(
-            &self,
-            _pd: PdId,
-            rkey: u32,
-            va: u64,
-            len: u64,
-            _need: AccessFlags,
-        ) -> Result<Grant, RemoteKeyError> {
-            if rkey != 7 {
-                return Err(RemoteKeyError::UnknownKey);
-            }
-            self.key.grant(va, len)
-        }
-        fn remote_region(
-            &self,
-            _pd: PdId,
-            rkey: u32,
-            _need: AccessFlags,
-        ) -> Result<Grant, RemoteKeyError> {
-            if rkey != 7 {
-                return Err(RemoteKeyError::UnknownKey);
-            }
-            self.key.grant_all()
-        }
-        fn srq_pop(&self) -> Option<Option<RecvWqe>> {
-            None
-        }
-        fn send_cq(&self, wc: WorkCompletion) {
-            self.wcs.lock().unwrap().push(wc);
-        }
-        fn recv_cq(&self, wc: WorkCompletion, _solicited: bool) {
-            self.wcs.lock().unwrap().push(wc);
-        }
-        fn count(&self, _stat: Stat) {}
-        fn async_event(&self, _event: remem_verbs::AsyncEvent) {}
-        fn check_av(&self, _av: &AhAttr) -> remem_verbs::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl LocalMemory for Around {
-        fn local(&self, _pd: PdId, sge: &Sge, _w: bool) -> remem_verbs::Result<Grant> {
-            if sge.lkey != 7 {
-                return Err(Error::InvalidLkey { lkey: sge.lkey });
-            }
-            self.key
-                .grant(sge.addr, u64::from(sge.length))
-                .map_err(|_| Error::InvalidLkey { lkey: sge.lkey })
-        }
-    }
-
+    /// A soft device with one RC QP, one CQ for both its queues, and one registered buffer.
     struct Side {
-        _progress: Arc<Progress>,
-        engine: Arc<Engine>,
-        offloads: (usize, usize),
-        qp: Arc<SoftQp>,
-        around: Arc<Around>,
+        ctx: SoftContext,
+        _pd: Arc<dyn ProtectionDomain>,
+        qp: Arc<dyn QueuePair>,
+        cq: Arc<dyn CompletionQueue>,
+        mr: Arc<dyn MemoryRegion>,
         buf: Arc<MemoryBuffer>,
+        /// Every completion polled from `cq` so far, in order.
+        wcs: RefCell<Vec<WorkCompletion>>,
     }
 
-    fn side(ip: &str, port: u16, qpn: u32) -> Side {
-        side_polling(ip, port, qpn, Duration::ZERO)
-    }
+    impl Side {
+        /// An RC QP with `cap` on `ctx`, over a zeroed buffer of `len` bytes registered for
+        /// local writes and remote READ, WRITE and atomics.
+        fn on(ctx: SoftContext, cap: QpCap, len: usize) -> Side {
+            let pd = ctx.alloc_pd().unwrap();
+            let cq = ctx.create_cq(1024, None).unwrap();
+            let qp = pd
+                .create_qp(&QpInitAttr {
+                    qp_type: QpType::Rc,
+                    send_cq: cq.clone(),
+                    recv_cq: cq.clone(),
+                    srq: None,
+                    cap,
+                    sq_sig_all: false,
+                })
+                .unwrap();
+            let buf = Arc::new(MemoryBuffer::zeroed(len).unwrap());
+            let access = AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC;
+            let mr = pd.reg_mr(MemRegion::whole(buf.clone()), access).unwrap();
+            Side {
+                ctx,
+                _pd: pd,
+                qp,
+                cq,
+                mr,
+                buf,
+                wcs: RefCell::new(Vec::new()),
+            }
+        }
 
-    fn side_polling(ip: &str, port: u16, qpn: u32, busy_poll: Duration) -> Side {
-        let local: SocketAddr = format!("{ip}:{port}").parse().unwrap();
-        let socket = UdpSocket::bind(local).unwrap();
-        let engine = Arc::new(Engine::new(socket.local_addr().unwrap(), port));
-        let nic = crate::driver::Nic::new(socket).unwrap();
-        let offloads = (nic.max_gso_segments(), nic.gro_segments());
-        let progress = Arc::new(Progress::start(nic, engine.clone(), None, busy_poll).unwrap());
-        let buf = Arc::new(MemoryBuffer::zeroed(1 << 20).unwrap());
-        let around = Arc::new(Around {
-            key: KeyedRegion::new(MemRegion::whole(buf.clone())),
-            wcs: Mutex::new(Vec::new()),
-        });
-        let wake = {
-            let (engine, progress) = (engine.clone(), Arc::downgrade(&progress));
-            Arc::new(move |qpn: u32| {
-                engine.mark_ready(qpn);
-                if let Some(p) = progress.upgrade() {
-                    p.wake();
+        fn engine(&self) -> &Engine {
+            &self.ctx.shared().engine
+        }
+
+        /// `length` bytes of the buffer from `off`.
+        fn sge(&self, off: u64, length: u32) -> Sge {
+            Sge {
+                addr: self.buf.addr() + off,
+                length,
+                lkey: self.mr.lkey(),
+            }
+        }
+
+        fn rkey(&self) -> u32 {
+            self.mr.rkey()
+        }
+
+        /// Polls the CQ empty; returns every completion polled so far.
+        fn poll(&self) -> Vec<WorkCompletion> {
+            let mut out = [WorkCompletion::default(); 16];
+            let mut wcs = self.wcs.borrow_mut();
+            loop {
+                let n = self.cq.poll(&mut out).unwrap();
+                if n == 0 {
+                    return wcs.clone();
                 }
-            })
-        };
-        let qp = Arc::new(
-            SoftQp::new(SoftQpParts {
-                qpn,
-                qp_type: QpType::Rc,
-                cap: QpCap {
-                    max_send_wr: 256,
-                    max_recv_wr: 256,
-                    max_send_sge: 2,
-                    max_recv_sge: 2,
-                    max_inline_data: 64,
-                },
-                sq_sig_all: false,
-                has_srq: false,
-                pd: PdId(1),
-                limits: QpLimits {
-                    max_wr: 4096,
-                    max_sge: 8,
-                    max_inline: 64,
-                    max_rd_atomic: 16,
-                    max_dest_rd_atomic: 16,
-                    active_mtu: 4096,
-                    max_msg: 1 << 31,
-                    placement: true,
-                },
-                window: 256,
-                around: around.clone(),
-                mem: around.clone(),
-                wake,
-            })
-            .unwrap(),
-        );
-        engine.register(&qp);
-        Side {
-            _progress: progress,
-            engine,
-            offloads,
-            qp,
-            around,
-            buf,
+                wcs.extend_from_slice(&out[..n]);
+            }
+        }
+
+        /// A device counter.
+        fn counter(&self, name: &str) -> u64 {
+            let counters = self.ctx.counters();
+            counters.iter().find(|c| c.name == name).unwrap().value
         }
     }
 
-    fn connect(me: &Side, peer_ip: &str, peer_qpn: u32) {
-        connect_qp(&me.qp, peer_ip, peer_qpn);
+    /// Two soft devices with `opts` on addresses `ips` and one UDP port (a device sends to
+    /// its own port by default: the other's), each with an RC QP with `cap` over `len`
+    /// bytes. The port is a free one, found by binding the first device to port 0.
+    fn pair(ips: [&str; 2], opts: &SoftOptions, cap: QpCap, len: usize) -> (Side, Side) {
+        let ip = |i: usize| ips[i].parse::<IpAddr>().unwrap();
+        for _ in 0..100 {
+            let a = SoftContext::bind_with(SocketAddr::new(ip(0), 0), opts).unwrap();
+            let port = a.local_addr().port();
+            if let Ok(b) = SoftContext::bind_with(SocketAddr::new(ip(1), port), opts) {
+                return (Side::on(a, cap, len), Side::on(b, cap, len));
+            }
+        }
+        panic!("no UDP port free on both {ips:?}");
     }
 
-    fn connect_qp(qp: &SoftQp, peer_ip: &str, peer_qpn: u32) {
-        use remem_verbs::rc::{self, RcOptions, RcPeer};
-        let ip: IpAddr = peer_ip.parse().unwrap();
+    /// Two devices with progress threads that poll as `busy_poll` says, 1 MiB each.
+    fn threaded_pair(ips: [&str; 2], busy_poll: Duration) -> (Side, Side) {
+        let opts = SoftOptions {
+            busy_poll,
+            ..SoftOptions::default()
+        };
+        let cap = QpCap {
+            max_send_wr: 256,
+            max_recv_wr: 256,
+            max_send_sge: 2,
+            max_recv_sge: 2,
+            max_inline_data: 64,
+        };
+        let (a, b) = pair(ips, &opts, cap, 1 << 20);
+        connect(&a, &b);
+        connect(&b, &a);
+        (a, b)
+    }
+
+    /// How many packets one send and one receive may carry on a UDP socket of `ip` (GSO,
+    /// GRO), as a device's driver finds them.
+    fn offloads(ip: &str) -> (usize, usize) {
+        let socket = std::net::UdpSocket::bind(format!("{ip}:0")).unwrap();
+        let nic = crate::driver::Nic::new(socket).unwrap();
+        (nic.max_gso_segments(), nic.gro_segments())
+    }
+
+    /// Takes `me`'s QP to RTS towards `peer`'s, path MTU 1024, both PSNs near the wrap.
+    fn connect(me: &Side, peer: &Side) {
+        let sgid = rc::roce_v2_gid(&me.ctx, 1).unwrap();
         let o = RcOptions {
+            sgid_index: sgid.index as u8,
             access: AccessFlags::REMOTE,
             sq_psn: 0x00ff_fff0,
             mtu: Mtu::Mtu1024,
@@ -998,31 +991,23 @@ mod tests {
             timeout: 10,
             retry_cnt: 7,
             rnr_retry: 0,
-            is_global: false,
-            hop_limit: 0,
             ..RcOptions::default()
         };
         let peer = RcPeer {
-            qpn: peer_qpn,
+            qpn: peer.qp.qp_num(),
             psn: 0x00ff_fff0,
-            gid: Gid::from(ip),
+            gid: Gid::from(peer.ctx.local_addr().ip()),
             mtu: Mtu::Mtu1024,
         };
-        rc::connect(qp, &peer, &o).unwrap();
+        rc::connect(&*me.qp, &peer, &o).unwrap();
     }
 
-    /// An engine with one RC QP (number `qpn`) over a 64 KiB buffer (lkey = rkey = 7),
-    /// driven by hand: no socket, no thread; a post marks the QP ready.
-    fn in_memory(ip: &str, qpn: u32) -> (Arc<Engine>, Arc<SoftQp>, Arc<MemoryBuffer>) {
-        let engine = Arc::new(Engine::new(format!("{ip}:4791").parse().unwrap(), 4791));
-        let buf = Arc::new(MemoryBuffer::zeroed(1 << 16).unwrap());
-        let around = Arc::new(Around {
-            key: KeyedRegion::new(MemRegion::whole(buf.clone())),
-            wcs: Mutex::new(Vec::new()),
-        });
-        let wake = {
-            let engine = engine.clone();
-            Arc::new(move |qpn: u32| engine.mark_ready(qpn))
+    /// Two inline devices with one connected RC QP each over 64 KiB, driven by hand:
+    /// nothing calls `progress`, so the engines see only the datagrams a test hands them.
+    fn in_memory(ips: [&str; 2]) -> (Side, Side) {
+        let opts = SoftOptions {
+            inline: true,
+            ..SoftOptions::default()
         };
         let cap = QpCap {
             max_send_wr: 16,
@@ -1031,82 +1016,66 @@ mod tests {
             max_recv_sge: 1,
             max_inline_data: 0,
         };
-        let limits = QpLimits {
-            max_wr: 16,
-            max_sge: 1,
-            max_inline: 0,
-            max_rd_atomic: 16,
-            max_dest_rd_atomic: 16,
-            active_mtu: 1024,
-            max_msg: 1 << 20,
-            placement: false,
-        };
-        let qp = Arc::new(
-            SoftQp::new(SoftQpParts {
-                qpn,
-                qp_type: QpType::Rc,
-                cap,
-                sq_sig_all: false,
-                has_srq: false,
-                pd: PdId(1),
-                limits,
-                window: 64,
-                around: around.clone(),
-                mem: around,
-                wake,
-            })
-            .unwrap(),
-        );
-        engine.register(&qp);
-        (engine, qp, buf)
+        let (a, b) = pair(ips, &opts, cap, 1 << 16);
+        connect(&a, &b);
+        connect(&b, &a);
+        (a, b)
     }
 
     #[test]
     fn a_qp_with_nothing_more_to_send_leaves_the_ready_queue() {
-        let (a, a_qp, a_buf) = in_memory("127.0.1.11", 0x311);
-        let (b, b_qp, b_buf) = in_memory("127.0.1.12", 0x312);
-        connect_qp(&a_qp, "127.0.1.12", 0x312);
-        connect_qp(&b_qp, "127.0.1.11", 0x311);
+        let (a_side, b_side) = in_memory(["127.0.1.11", "127.0.1.12"]);
+        let (a, b) = (a_side.engine(), b_side.engine());
         let now = Instant::now();
         let mut pkt = vec![0u8; 2048];
         let write = SendOp::RdmaWrite {
-            remote_addr: b_buf.addr() + 512,
-            rkey: 7,
+            remote_addr: b_side.buf.addr() + 512,
+            rkey: b_side.rkey(),
         };
-        let sge = Sge {
-            addr: a_buf.addr(),
-            length: 64,
-            lkey: 7,
-        };
-        a_qp.post_send(&[SendWr::new(1, write, &[sge])]).unwrap();
+        let sge = a_side.sge(0, 64);
+        a_side
+            .qp
+            .post_send(&[SendWr::new(1, write, &[sge])])
+            .unwrap();
         assert!(a.has_ready());
         let (dst, len) = a.poll_transmit(now, &mut pkt, 0).unwrap();
-        assert_eq!(dst, "127.0.1.12:4791".parse().unwrap());
+        assert_eq!(dst, b_side.ctx.local_addr());
         // The requester's one packet is out: nothing more, so the QP left the queue.
         assert!(!a.has_ready(), "requester polled again for nothing");
-        let from: SocketAddr = "127.0.1.11:4791".parse().unwrap();
-        let to: IpAddr = "127.0.1.12".parse().unwrap();
+        let from = a_side.ctx.local_addr();
+        let to = b_side.ctx.local_addr().ip();
         b.on_datagram(now, from, to, &pkt[..len], 0).unwrap();
         let (_, ack) = b.poll_transmit(now, &mut pkt, 0).unwrap();
         // The ACK is out and the responder owes nothing more.
         assert!(!b.has_ready(), "responder polled again for nothing");
         assert!(b.poll_transmit(now, &mut pkt, 0).is_none());
         // The ACK completes the WRITE, and a new post marks the QP again.
-        let from: SocketAddr = "127.0.1.12:4791".parse().unwrap();
-        let to: IpAddr = "127.0.1.11".parse().unwrap();
+        let from = b_side.ctx.local_addr();
+        let to = a_side.ctx.local_addr().ip();
         a.on_datagram(now, from, to, &pkt[..ack], 0).unwrap();
         assert!(a.poll_transmit(now, &mut pkt, 0).is_none());
-        a_qp.post_send(&[SendWr::new(2, write, &[sge])]).unwrap();
+        let wcs = a_side.poll();
+        assert_eq!(
+            wcs.iter()
+                .map(|w| (w.wr_id, w.opcode, w.status))
+                .collect::<Vec<_>>(),
+            [(1, WcOpcode::RdmaWrite, WcStatus::Success)]
+        );
+        a_side
+            .qp
+            .post_send(&[SendWr::new(2, write, &[sge])])
+            .unwrap();
         assert!(
             a.poll_transmit(now, &mut pkt, 0).is_some(),
             "a post marks it again"
         );
     }
 
+    /// Waits (at most 10 s) until `s` has polled `n` completions; returns them all.
     fn wait_wcs(s: &Side, n: usize) -> Vec<WorkCompletion> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let wcs = s.around.wcs.lock().unwrap().clone();
+            let wcs = s.poll();
             if wcs.len() >= n {
                 return wcs;
             }
@@ -1207,25 +1176,16 @@ mod tests {
 
     #[test]
     fn two_devices_over_udp_loopback() {
-        let port = 4791;
-        let a = side("127.0.1.1", port, 0x101);
-        let b = side("127.0.1.2", port, 0x202);
-        connect(&a, "127.0.1.2", 0x202);
-        connect(&b, "127.0.1.1", 0x101);
-        let sge = |s: &Side, off: u64, len: u32| Sge {
-            addr: s.buf.addr() + off,
-            length: len,
-            lkey: 7,
-        };
+        let (a, b) = threaded_pair(["127.0.1.1", "127.0.1.2"], Duration::ZERO);
         // SEND of 10 000 bytes (10 packets at MTU 1024).
         let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
         a.buf.write(0, &data).unwrap();
         b.qp.post_recv(&[RecvWr {
             wr_id: 1,
-            sg_list: &[sge(&b, 100_000, 20_000)],
+            sg_list: &[b.sge(100_000, 20_000)],
         }])
         .unwrap();
-        a.qp.post_send(&[SendWr::new(1, SendOp::Send, &[sge(&a, 0, 10_000)])])
+        a.qp.post_send(&[SendWr::new(1, SendOp::Send, &[a.sge(0, 10_000)])])
             .unwrap();
         let wcs = wait_wcs(&b, 1);
         assert_eq!(wcs[0].status, WcStatus::Success);
@@ -1234,22 +1194,22 @@ mod tests {
         // WRITE, READ, fetch-add.
         let write = SendOp::RdmaWrite {
             remote_addr: b.buf.addr() + 200_000,
-            rkey: 7,
+            rkey: b.rkey(),
         };
         let read = SendOp::RdmaRead {
             remote_addr: b.buf.addr() + 100_000,
-            rkey: 7,
+            rkey: b.rkey(),
         };
         let fa = SendOp::AtomicFetchAndAdd {
             remote_addr: b.buf.addr() + 300_000,
-            rkey: 7,
+            rkey: b.rkey(),
             add: 5,
         };
         b.buf.store_u64(300_000, 37).unwrap();
         a.qp.post_send(&[
-            SendWr::new(2, write, &[sge(&a, 0, 5000)]),
-            SendWr::new(3, read, &[sge(&a, 50_000, 10_000)]),
-            SendWr::new(4, fa, &[sge(&a, 80_000, 8)]),
+            SendWr::new(2, write, &[a.sge(0, 5000)]),
+            SendWr::new(3, read, &[a.sge(50_000, 10_000)]),
+            SendWr::new(4, fa, &[a.sge(80_000, 8)]),
         ])
         .unwrap();
         let wcs = wait_wcs(&a, 4);
@@ -1272,32 +1232,24 @@ mod tests {
 
     /// SEND ping-pongs between two devices whose threads poll as `busy_poll` says;
     /// returns the wake-ups the posting threads wrote (eventfd writes).
-    fn ping_pong(ips: [&str; 2], port: u16, busy_poll: Duration) -> u64 {
-        let a = side_polling(ips[0], port, 0x111, busy_poll);
-        let b = side_polling(ips[1], port, 0x222, busy_poll);
-        connect(&a, ips[1], 0x222);
-        connect(&b, ips[0], 0x111);
-        let sge = |s: &Side, off: u64| Sge {
-            addr: s.buf.addr() + off,
-            length: 8,
-            lkey: 7,
-        };
+    fn ping_pong(ips: [&str; 2], busy_poll: Duration) -> u64 {
+        let (a, b) = threaded_pair(ips, busy_poll);
         for round in 0..20u64 {
             for (me, peer) in [(&a, &b), (&b, &a)] {
                 peer.qp
                     .post_recv(&[RecvWr {
                         wr_id: round,
-                        sg_list: &[sge(peer, 4096)],
+                        sg_list: &[peer.sge(4096, 8)],
                     }])
                     .unwrap();
                 me.qp
-                    .post_send(&[SendWr::new(round, SendOp::Send, &[sge(me, 0)])])
+                    .post_send(&[SendWr::new(round, SendOp::Send, &[me.sge(0, 8)])])
                     .unwrap();
                 // Each post finds this side's thread waiting (when it sleeps): the post
                 // must wake it to send.
                 let deadline = Instant::now() + Duration::from_secs(10);
                 loop {
-                    let wcs = peer.around.wcs.lock().unwrap().clone();
+                    let wcs = peer.poll();
                     assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
                     if wcs
                         .iter()
@@ -1310,43 +1262,37 @@ mod tests {
                 }
             }
         }
-        a._progress.wakeups() + b._progress.wakeups()
+        a.counter("progress_wakeups") + b.counter("progress_wakeups")
     }
 
     #[test]
     fn sleeping_threads_are_woken_by_posts() {
         // (Busy-polling threads: tests/busy_poll.rs, alone in its binary, since two
         // spinning threads would starve the other tests' devices on a small machine.)
-        let woken = ping_pong(["127.0.1.7", "127.0.1.8"], 4794, Duration::ZERO);
+        let woken = ping_pong(["127.0.1.7", "127.0.1.8"], Duration::ZERO);
         assert!(woken > 0, "sleeping threads woken by posts: {woken}");
     }
 
     #[test]
     fn batches_carry_verifiable_icrcs() {
-        let port = 4792;
-        let a = side("127.0.1.3", port, 0x103);
-        let b = side("127.0.1.4", port, 0x204);
-        connect(&a, "127.0.1.4", 0x204);
-        connect(&b, "127.0.1.3", 0x103);
+        let ips = ["127.0.1.3", "127.0.1.4"];
+        let (a, b) = threaded_pair(ips, Duration::ZERO);
+        let (a_offloads, b_offloads) = (offloads(ips[0]), offloads(ips[1]));
         // 300 kB in 1 KiB packets: the requester has a window of packets ready at once.
         let len = 300_000;
         let data: Vec<u8> = (0..len).map(|i| (i * 13 + 5) as u8).collect();
         a.buf.write(0, &data).unwrap();
         let write = SendOp::RdmaWrite {
             remote_addr: b.buf.addr() + 400_000,
-            rkey: 7,
+            rkey: b.rkey(),
         };
-        let sge = Sge {
-            addr: a.buf.addr(),
-            length: len as u32,
-            lkey: 7,
-        };
-        a.qp.post_send(&[SendWr::new(1, write, &[sge])]).unwrap();
+        a.qp.post_send(&[SendWr::new(1, write, &[a.sge(0, len as u32)])])
+            .unwrap();
         let wcs = wait_wcs(&a, 1);
         assert_eq!(wcs[0].status, WcStatus::Success);
         assert_eq!(b.buf.to_vec(400_000, len).unwrap(), data);
         let get = |s: &Side, f: fn(&EngineStats) -> &AtomicU64| {
-            f(&s.engine.stats).load(Ordering::Relaxed)
+            f(&s.engine().stats).load(Ordering::Relaxed)
         };
         for s in [&a, &b] {
             // Every packet's ICRC verified: with identification 0, or its GRO index.
@@ -1355,11 +1301,11 @@ mod tests {
         }
         let (sent, sends) = (get(&a, |e| &e.sent_pkts), get(&a, |e| &e.tx_datagrams));
         assert!(sent >= (len / 1024) as u64, "sent {sent}");
-        if a.offloads.0 > 1 {
+        if a_offloads.0 > 1 {
             assert!(sends < sent / 2, "GSO: {sends} sends for {sent} packets");
         }
         let (rcvd, recvs) = (get(&b, |e| &e.rcvd_pkts), get(&b, |e| &e.rx_datagrams));
-        if a.offloads.0 > 1 && b.offloads.1 > 1 {
+        if a_offloads.0 > 1 && b_offloads.1 > 1 {
             assert!(
                 recvs < rcvd / 2,
                 "GRO: {recvs} datagrams for {rcvd} packets"
@@ -1373,33 +1319,21 @@ mod tests {
         // thread sent the ACK: the ACK must still leave, or the sender fails after its
         // retries. Repeated, since the window is a race.
         for round in 0..10u32 {
-            let port = 4793;
-            let a = side("127.0.1.5", port, 0x105 + round);
-            let b = side("127.0.1.6", port, 0x206 + round);
-            connect(&a, "127.0.1.6", 0x206 + round);
-            connect(&b, "127.0.1.5", 0x105 + round);
-            let sge = |s: &Side| Sge {
-                addr: s.buf.addr(),
-                length: 64,
-                lkey: 7,
-            };
+            let (a, b) = threaded_pair(["127.0.1.5", "127.0.1.6"], Duration::ZERO);
             b.qp.post_recv(&[RecvWr {
                 wr_id: 1,
-                sg_list: &[sge(&b)],
+                sg_list: &[b.sge(0, 64)],
             }])
             .unwrap();
-            a.qp.post_send(&[SendWr::new(1, SendOp::Send, &[sge(&a)])])
+            a.qp.post_send(&[SendWr::new(1, SendOp::Send, &[a.sge(0, 64)])])
                 .unwrap();
             wait_wcs(&b, 1);
-            let Side {
-                qp,
-                _progress: b_progress,
-                ..
-            } = b;
+            // The application's last handle of the QP; the device stays open.
+            let Side { qp, ctx: b_ctx, .. } = b;
             drop(qp);
             let wcs = wait_wcs(&a, 1);
             assert_eq!(wcs[0].status, WcStatus::Success, "round {round}");
-            drop(b_progress);
+            drop(b_ctx);
         }
     }
 }

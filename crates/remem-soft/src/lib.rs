@@ -12,30 +12,47 @@
 //! address at several UDP ports, each device told the others' ports with
 //! `Context::set_peer_udp_port`).
 //!
-//! Inside: [`transport`] is the RC/UC/UD transport as a sans-IO state machine, [`engine`] moves
-//! packets between it and a UDP socket, [`objects`] holds the verbs objects, [`qp`] the
-//! queue pair.
+//! Inside: `transport` is the RC/UC/UD transport as a sans-IO state machine, `engine` moves
+//! packets between it and a UDP socket (through `driver`'s batched socket IO), `objects`
+//! holds the verbs objects, `qp` the queue pair, `cm` the RDMA connection manager.
+//!
+//! # The `internals` feature
+//!
+//! Those modules (`cm`, `driver`, `engine`, `objects`, `qp`, `transport`, `wqe`) are
+//! private: a program uses the soft provider through [`SoftProvider`], [`SoftContext`] and
+//! the `remem-verbs` traits. The `internals` feature makes them public, for what drives the
+//! provider's insides by hand — this crate's integration tests, benchmarks and fuzzing
+//! (the crate is its own dev-dependency with the feature, so `cargo test` and `cargo bench`
+//! need no flag). They are not a stable API.
 
 // One module, `sys` (the scatter/gather `sendmsg`), allows unsafe code; the rest denies it.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod cm;
+/// Declares modules that are public with the `internals` feature and private without.
+macro_rules! internal_modules {
+    ($($name:ident),* $(,)?) => {$(
+        #[cfg(feature = "internals")]
+        pub mod $name;
+        #[cfg(not(feature = "internals"))]
+        mod $name;
+    )*};
+}
+
+internal_modules!(cm, driver, engine, objects, qp, transport, wqe);
+
 mod context;
-pub mod driver;
-pub mod engine;
 pub mod faults;
 mod netdev;
-pub mod objects;
 pub mod pcap;
-pub mod qp;
 mod sys;
-pub mod transport;
-pub mod wqe;
 
+pub use cm::CmConfig;
 pub use context::{SoftContext, SoftOptions};
+pub use engine::PEER_PORT_BUDGET;
 pub use faults::FaultConfig;
 pub use netdev::{Netdev, list_netdevs};
+pub use objects::MAX_UNACKED_PSNS;
 
 use remem_verbs::{Context, DeviceInfo, Error, Provider, Result};
 use std::net::{IpAddr, SocketAddr};

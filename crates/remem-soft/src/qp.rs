@@ -1,6 +1,11 @@
 //! The soft provider's queue pair: verbs validation around the RC, UC and UD transports.
 
 use crate::engine::DropCause;
+use crate::objects::DeviceShared;
+use crate::objects::cq::SoftCq;
+use crate::objects::mr::MrTable;
+use crate::objects::quota::Slot;
+use crate::objects::srq::SoftSrq;
 use crate::transport::{
     AccessError, Env, Grant, RcConfig, RcTransport, RemoteKeyError, Stat, UcDrop, UcTransport,
     UdDrop, UdSource, UdTransport,
@@ -8,9 +13,10 @@ use crate::transport::{
 use crate::wqe::{PdId, RecvWqe, SendData, SendWqe};
 use remem_verbs::{
     AccessFlags, Error, PostError, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, Result,
-    SendFlags, SendOp, SendWr, Sge, WorkCompletion, check_modify,
+    SendFlags, SendOp, SendWr, WorkCompletion, check_modify,
 };
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// Device limits a QP is checked against.
 #[derive(Debug, Clone, Copy)]
@@ -176,26 +182,9 @@ pub fn rc_config(qpn: u32, attr: &QpAttr, window: u32) -> RcConfig {
     }
 }
 
-/// Resolves scatter/gather entries to memory: `local(pd, sge, need_write)`.
-pub trait LocalMemory {
-    /// A grant exactly covering `sge` if its lkey names a memory region of `pd` that
-    /// contains it (and grants LOCAL_WRITE when `need_write`); it stops working when the
-    /// region is deregistered.
-    fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> Result<Grant>;
-
-    /// The address vector of a UD work request's address handle, which must belong to
-    /// `pd` (IBTA) and to this device.
-    fn address(
-        &self,
-        pd: PdId,
-        ah: &std::sync::Arc<dyn remem_verbs::AddressHandle>,
-    ) -> Result<remem_verbs::AhAttr> {
-        let _ = pd;
-        Ok(*ah.attr())
-    }
-}
-
-/// Validates one send work request and turns it into a WQE.
+/// Validates one send work request and turns it into a WQE: its scatter/gather entries are
+/// resolved through `dev`'s key table ([`MrTable::local`]) and a UD request's address
+/// handle must be one of `dev`'s, of protection domain `pd` ([`DeviceShared::own_ah`]).
 pub fn build_send_wqe(
     wr: &SendWr<'_>,
     qp_type: QpType,
@@ -203,7 +192,7 @@ pub fn build_send_wqe(
     sq_sig_all: bool,
     max_msg: u64,
     pd: PdId,
-    mem: &dyn LocalMemory,
+    dev: &DeviceShared,
 ) -> Result<SendWqe> {
     let op = wr.op;
     let valid = match qp_type {
@@ -261,7 +250,7 @@ pub fn build_send_wqe(
     }
     let mut sges = Vec::with_capacity(wr.sg_list.len());
     for sge in wr.sg_list {
-        sges.push(mem.local(pd, sge, need_write)?);
+        sges.push(dev.mrs.local(pd, sge, need_write)?);
     }
     let data = if inline {
         let mut bytes = vec![0u8; len as usize];
@@ -285,7 +274,7 @@ pub fn build_send_wqe(
             ));
         }
         (QpType::Ud, Some(d)) => Some(crate::wqe::UdTarget {
-            av: mem.address(pd, &d.ah)?,
+            av: dev.own_ah(&d.ah, pd)?.attr,
             remote_qpn: d.remote_qpn,
             remote_qkey: d.remote_qkey,
         }),
@@ -303,13 +292,9 @@ pub fn build_send_wqe(
     })
 }
 
-/// Validates one receive work request and turns it into a WQE.
-pub fn build_recv_wqe(
-    wr: &RecvWr<'_>,
-    max_sge: u32,
-    pd: PdId,
-    mem: &dyn LocalMemory,
-) -> Result<RecvWqe> {
+/// Validates one receive work request and turns it into a WQE, its scatter/gather entries
+/// resolved through the key table `mrs` (with LOCAL_WRITE).
+pub fn build_recv_wqe(wr: &RecvWr<'_>, max_sge: u32, pd: PdId, mrs: &MrTable) -> Result<RecvWqe> {
     if wr.sg_list.len() > max_sge as usize {
         return Err(Error::TooManySge {
             given: wr.sg_list.len(),
@@ -319,7 +304,7 @@ pub fn build_recv_wqe(
     let mut sges = Vec::with_capacity(wr.sg_list.len());
     let mut total = 0u64;
     for sge in wr.sg_list {
-        let r = mem.local(pd, sge, true)?;
+        let r = mrs.local(pd, sge, true)?;
         total += r.len() as u64;
         sges.push(r);
     }
@@ -445,63 +430,74 @@ impl Transport {
     }
 }
 
-/// The state of a QP behind its lock: attributes, its own receive queue, the transport.
+/// The state of a QP behind its lock: attributes, the transport and its environment.
 #[derive(Debug)]
-pub struct QpInner {
+struct QpInner {
     /// Current attributes.
-    pub attr: QpAttr,
-    /// Receive WQEs (unused when the QP has an SRQ).
-    pub rq: VecDeque<RecvWqe>,
+    attr: QpAttr,
+    /// What the transport reaches: the receive queue, the device, the CQs.
+    env: QpEnv,
     /// The transport.
-    pub t: Transport,
+    t: Transport,
 }
 
-/// Counters, completions and memory the transport reaches through a QP.
-pub trait QpSurroundings {
-    /// `remote` of the device's MR table.
-    fn remote(
-        &self,
-        pd: PdId,
-        rkey: u32,
-        va: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> std::result::Result<Grant, RemoteKeyError>;
-    /// `remote_region` of the device's MR table.
-    fn remote_region(
-        &self,
-        pd: PdId,
-        rkey: u32,
-        need: AccessFlags,
-    ) -> std::result::Result<Grant, RemoteKeyError>;
-    /// Takes a receive from the SRQ, if the QP has one.
-    fn srq_pop(&self) -> Option<Option<RecvWqe>>;
-    /// Pushes a send completion.
-    fn send_cq(&self, wc: WorkCompletion);
-    /// Pushes a receive completion.
-    fn recv_cq(&self, wc: WorkCompletion, solicited: bool);
-    /// Counts a transport statistic.
-    fn count(&self, stat: Stat);
-    /// Raises an affiliated asynchronous event (to the device's async event queue).
-    fn async_event(&self, event: remem_verbs::AsyncEvent);
-    /// Checks an address vector: its `sgid_index` must name a RoCE v2 GID of the device
-    /// and its `dgid` must be of the same IP family.
-    fn check_av(&self, av: &remem_verbs::AhAttr) -> Result<()>;
+/// The [`Env`] a QP's transport runs in, kept with the transport under the QP's lock: the
+/// QP's own receive queue, and the device around it — the key table an rkey is resolved in
+/// (one lookup, no indirection through a trait object), the counters and async event queue,
+/// the QP's CQs and SRQ.
+pub struct QpEnv {
+    /// The device: key table, counters, async events.
+    dev: Arc<DeviceShared>,
+    /// The QP's number (in flushed completions).
+    qpn: u32,
+    /// The QP's protection domain (rkeys resolve in it).
+    pd: PdId,
+    /// Where send completions go.
+    send_cq: Arc<SoftCq>,
+    /// Where receive completions go.
+    recv_cq: Arc<SoftCq>,
+    /// The shared receive queue, if receives come from one.
+    srq: Option<Arc<SoftSrq>>,
+    /// The QP's own receive queue (unused when the QP has an SRQ).
+    rq: VecDeque<RecvWqe>,
+    /// The destination GID of the QP's path (RC, UC): packets go to its address and come
+    /// only from it.
+    dgid: remem_verbs::Gid,
 }
 
-/// The [`Env`] of a QP: its receive queue plus the device around it.
-pub struct QpEnv<'a> {
-    /// The QP's protection domain.
-    pub pd: PdId,
-    /// The QP's own receive queue.
-    pub rq: &'a mut VecDeque<RecvWqe>,
-    /// Everything else.
-    pub around: &'a dyn QpSurroundings,
-    /// The destination GID of the QP's path (RC).
-    pub around_dgid: remem_verbs::Gid,
+impl std::fmt::Debug for QpEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QpEnv")
+            .field("qpn", &self.qpn)
+            .field("pd", &self.pd)
+            .field("srq", &self.srq.is_some())
+            .field("rq", &self.rq.len())
+            .field("dgid", &self.dgid)
+            .finish()
+    }
 }
 
-impl Env for QpEnv<'_> {
+impl QpEnv {
+    /// A flushed receive completion (`IBV_WC_WR_FLUSH_ERR`) of work request `wr_id`.
+    fn flushed_recv(&self, wr_id: u64) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status: remem_verbs::WcStatus::WrFlushErr,
+            opcode: remem_verbs::WcOpcode::Recv,
+            qp_num: self.qpn,
+            ..WorkCompletion::default()
+        }
+    }
+
+    /// Completes every receive of the QP's own queue as flushed.
+    fn flush_rq(&mut self) {
+        while let Some(w) = self.rq.pop_front() {
+            self.recv_cq.push(self.flushed_recv(w.wr_id), false);
+        }
+    }
+}
+
+impl Env for QpEnv {
     fn remote(
         &mut self,
         rkey: u32,
@@ -509,7 +505,7 @@ impl Env for QpEnv<'_> {
         len: u64,
         need: AccessFlags,
     ) -> std::result::Result<Grant, RemoteKeyError> {
-        self.around.remote(self.pd, rkey, va, len, need)
+        self.dev.mrs.remote(self.pd, rkey, va, len, need)
     }
 
     fn remote_region(
@@ -517,35 +513,32 @@ impl Env for QpEnv<'_> {
         rkey: u32,
         need: AccessFlags,
     ) -> std::result::Result<Grant, RemoteKeyError> {
-        self.around.remote_region(self.pd, rkey, need)
+        self.dev.mrs.remote_region(self.pd, rkey, need)
     }
 
     fn take_recv(&mut self) -> Option<RecvWqe> {
-        match self.around.srq_pop() {
-            Some(from_srq) => from_srq,
+        match &self.srq {
+            Some(srq) => srq.pop(),
             None => self.rq.pop_front(),
         }
     }
 
     fn send_completion(&mut self, wc: WorkCompletion) {
-        self.around.send_cq(wc);
+        self.send_cq.push(wc, false);
     }
 
     fn recv_completion(&mut self, wc: WorkCompletion, solicited: bool) {
-        self.around.recv_cq(wc, solicited);
+        self.recv_cq.push(wc, solicited);
     }
 
     fn count(&mut self, stat: Stat) {
-        self.around.count(stat);
+        self.dev.count(stat);
     }
 
     fn async_event(&mut self, event: remem_verbs::AsyncEvent) {
-        self.around.async_event(event);
+        self.dev.events.raise(event);
     }
 }
-
-/// Called when a QP may have packets to send (wakes the device's progress engine).
-pub type Wake = std::sync::Arc<dyn Fn(u32) + Send + Sync>;
 
 /// The soft provider's queue pair (`ibv_qp`).
 pub struct SoftQp {
@@ -555,11 +548,12 @@ pub struct SoftQp {
     sq_sig_all: bool,
     has_srq: bool,
     pd: PdId,
-    limits: QpLimits,
     window: u32,
-    around: std::sync::Arc<dyn QpSurroundings + Send + Sync>,
-    mem: std::sync::Arc<dyn LocalMemory + Send + Sync>,
-    wake: Wake,
+    /// The device (posting resolves lkeys and address handles in it, and wakes its engine);
+    /// the transport reaches it through [`QpEnv`].
+    dev: Arc<DeviceShared>,
+    /// The QP's share of the device's `max_qp`.
+    _slot: Slot,
     inner: std::sync::Mutex<QpInner>,
     /// Whether the engine's transmit queue holds a strong reference (kept with that
     /// reference, under the engine's lock).
@@ -582,8 +576,8 @@ impl std::fmt::Debug for SoftQp {
     }
 }
 
-/// Everything a [`SoftQp`] is made from.
-pub struct SoftQpParts {
+/// Everything a [`SoftQp`] is made from (by its device, [`crate::objects::SoftPd`]).
+pub(crate) struct SoftQpParts {
     /// QP number (allocated by the device).
     pub qpn: u32,
     /// Transport service.
@@ -592,32 +586,33 @@ pub struct SoftQpParts {
     pub cap: QpCap,
     /// `sq_sig_all`.
     pub sq_sig_all: bool,
-    /// Whether receives come from an SRQ.
-    pub has_srq: bool,
     /// The protection domain.
     pub pd: PdId,
-    /// Device limits.
-    pub limits: QpLimits,
     /// Most unacknowledged packets in flight.
     pub window: u32,
-    /// Memory, SRQ, CQs and counters.
-    pub around: std::sync::Arc<dyn QpSurroundings + Send + Sync>,
-    /// Local key resolution.
-    pub mem: std::sync::Arc<dyn LocalMemory + Send + Sync>,
-    /// Progress engine wake-up.
-    pub wake: Wake,
+    /// The device: limits, key table, counters, events, engine.
+    pub dev: Arc<DeviceShared>,
+    /// The QP's share of the device's `max_qp`.
+    pub slot: Slot,
+    /// Where send completions go.
+    pub send_cq: Arc<SoftCq>,
+    /// Where receive completions go.
+    pub recv_cq: Arc<SoftCq>,
+    /// The shared receive queue, if any.
+    pub srq: Option<Arc<SoftSrq>>,
 }
 
 impl SoftQp {
     /// Creates a QP in RESET, checking the requested caps against the device.
-    pub fn new(parts: SoftQpParts) -> Result<Self> {
-        let cap = grant_cap(parts.cap, &parts.limits)?;
+    pub(crate) fn new(parts: SoftQpParts) -> Result<Self> {
+        let limits = parts.dev.limits;
+        let cap = grant_cap(parts.cap, &limits)?;
         let attr = QpAttr {
             cap,
             ..QpAttr::default()
         };
         let t = match parts.qp_type {
-            QpType::Ud => Transport::Ud(UdTransport::new(parts.qpn, parts.limits.active_mtu)),
+            QpType::Ud => Transport::Ud(UdTransport::new(parts.qpn, limits.active_mtu)),
             QpType::Uc => Transport::Uc(Box::new(UcTransport::new(rc_config(
                 parts.qpn,
                 &attr,
@@ -629,23 +624,27 @@ impl SoftQp {
                 parts.window,
             )))),
         };
+        let env = QpEnv {
+            dev: parts.dev.clone(),
+            qpn: parts.qpn,
+            pd: parts.pd,
+            send_cq: parts.send_cq,
+            recv_cq: parts.recv_cq,
+            srq: parts.srq,
+            rq: VecDeque::new(),
+            dgid: attr.ah_attr.dgid,
+        };
         Ok(SoftQp {
             qpn: parts.qpn,
             qp_type: parts.qp_type,
             cap,
             sq_sig_all: parts.sq_sig_all,
-            has_srq: parts.has_srq,
+            has_srq: env.srq.is_some(),
             pd: parts.pd,
-            limits: parts.limits,
             window: parts.window,
-            around: parts.around,
-            mem: parts.mem,
-            wake: parts.wake,
-            inner: std::sync::Mutex::new(QpInner {
-                attr,
-                rq: VecDeque::new(),
-                t,
-            }),
+            dev: parts.dev,
+            _slot: parts.slot,
+            inner: std::sync::Mutex::new(QpInner { attr, env, t }),
             held: std::sync::atomic::AtomicBool::new(false),
             deadline: std::sync::atomic::AtomicU64::new(u64::MAX),
             timed: std::sync::atomic::AtomicBool::new(false),
@@ -695,37 +694,20 @@ impl SoftQp {
 
     /// Runs `f` on the transport with this QP's environment, then flushes the receive
     /// queue if the QP ended up in ERR.
-    fn with_env<R>(&self, f: impl FnOnce(&mut Transport, &mut QpEnv<'_>) -> R) -> R {
+    fn with_env<R>(&self, f: impl FnOnce(&mut Transport, &mut QpEnv) -> R) -> R {
         let mut guard = self.lock();
         let inner = &mut *guard;
-        let mut env = QpEnv {
-            pd: self.pd,
-            rq: &mut inner.rq,
-            around: &*self.around,
-            around_dgid: inner.attr.ah_attr.dgid,
-        };
-        let r = f(&mut inner.t, &mut env);
+        let r = f(&mut inner.t, &mut inner.env);
         if inner.t.state() == QpState::Err {
-            self.flush_rq(&mut inner.rq);
+            inner.env.flush_rq();
         }
         self.publish_deadline(&inner.t);
         r
     }
 
-    fn flush_rq(&self, rq: &mut VecDeque<RecvWqe>) {
-        for w in rq.drain(..) {
-            self.around.recv_cq(self.flushed_recv(w.wr_id), false);
-        }
-    }
-
-    fn flushed_recv(&self, wr_id: u64) -> WorkCompletion {
-        WorkCompletion {
-            wr_id,
-            status: remem_verbs::WcStatus::WrFlushErr,
-            opcode: remem_verbs::WcOpcode::Recv,
-            qp_num: self.qpn,
-            ..WorkCompletion::default()
-        }
+    /// Marks the QP as possibly having packets to send (wakes the device's engine).
+    fn wake(&self) {
+        self.dev.wake(self.qpn);
     }
 
     /// Handles a packet addressed to this QP, received from `src`. What the QP's state does
@@ -746,7 +728,7 @@ impl SoftQp {
         self.with_env(|t, env| {
             if matches!(t, Transport::Rc(_) | Transport::Uc(_))
                 && matches!(t.state(), QpState::Rtr | QpState::Rts | QpState::Sqd)
-                && remem_verbs::Gid::from(src.src.to_canonical()) != env.around_dgid
+                && remem_verbs::Gid::from(src.src.to_canonical()) != env.dgid
             {
                 return Err(DropCause::WrongSource);
             }
@@ -765,7 +747,7 @@ impl SoftQp {
             Transport::Uc(t) => t.release(),
             Transport::Ud(t) => t.release(),
         }
-        g.rq.clear();
+        g.env.rq.clear();
     }
 
     /// Handles expired timers.
@@ -778,17 +760,8 @@ impl SoftQp {
         self.lock().t.next_timeout()
     }
 
-    /// Produces the next packet: `emit` gets its headers, the destination GID and a writer
-    /// for its payload.
-    pub fn poll_transmit<R>(
-        &self,
-        now: std::time::Instant,
-        emit: impl FnOnce(&crate::transport::TxPacket, remem_verbs::Gid, &mut Fill<'_>) -> R,
-    ) -> Option<R> {
-        self.poll_transmit_more(now, false, emit).0
-    }
-
-    /// [`SoftQp::poll_transmit`], and whether the QP may have more to send now, told under
+    /// Produces the next packet (`emit` gets its headers, the destination GID and a writer
+    /// for its payload), and whether the QP may have more to send now, told under
     /// the same lock: `false` only when the transport knows it has nothing (an RC QP with
     /// no response owed and no request it may send: `RcTransport::wants_transmit`, which
     /// must stay conservative); UC and UD always say `true`. The engine then leaves the
@@ -804,7 +777,7 @@ impl SoftQp {
     ) -> (Option<R>, bool) {
         self.with_env(|t, env| match t {
             Transport::Rc(rc) => {
-                let dgid = env.around_dgid;
+                let dgid = env.dgid;
                 let built = rc.poll_transmit_ordered(now, env, requests_first, |tx, fill| {
                     emit(tx, dgid, fill)
                 });
@@ -812,7 +785,7 @@ impl SoftQp {
                 (built, more)
             }
             Transport::Uc(uc) => {
-                let dgid = env.around_dgid;
+                let dgid = env.dgid;
                 (uc.poll_transmit(env, |tx, fill| emit(tx, dgid, fill)), true)
             }
             Transport::Ud(ud) => (
@@ -845,28 +818,23 @@ impl remem_verbs::QueuePair for SoftQp {
             let mut guard = self.lock();
             let inner = &mut *guard;
             let current = inner.t.state();
-            let next = validate_modify(self.qp_type, current, attr, mask, &self.limits)?;
+            let next = validate_modify(self.qp_type, current, attr, mask, &self.dev.limits)?;
             if mask.contains(QpAttrMask::AV) {
-                self.around.check_av(&attr.ah_attr)?;
+                self.dev.check_av(&attr.ah_attr)?;
             }
             apply_attr(&mut inner.attr, attr, mask);
             inner.attr.qp_state = next;
+            inner.env.dgid = inner.attr.ah_attr.dgid;
             let cfg = rc_config(self.qpn, &inner.attr, self.window);
-            let mut env = QpEnv {
-                pd: self.pd,
-                rq: &mut inner.rq,
-                around: &*self.around,
-                around_dgid: inner.attr.ah_attr.dgid,
-            };
-            inner.t.set_state(cfg, &inner.attr, next, &mut env);
+            inner.t.set_state(cfg, &inner.attr, next, &mut inner.env);
             self.publish_deadline(&inner.t);
             match next {
-                QpState::Err => self.flush_rq(&mut inner.rq),
-                QpState::Reset => inner.rq.clear(),
+                QpState::Err => inner.env.flush_rq(),
+                QpState::Reset => inner.env.rq.clear(),
                 _ => {}
             }
         }
-        (self.wake)(self.qpn);
+        self.wake();
         Ok(())
     }
 
@@ -881,7 +849,7 @@ impl remem_verbs::QueuePair for SoftQp {
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
         let r = post_each(wrs, |wr| {
-            if !self.limits.placement
+            if !self.dev.limits.placement
                 && matches!(wr.op, SendOp::Flush { .. } | SendOp::AtomicWrite { .. })
             {
                 return Err(Error::Unsupported(
@@ -893,9 +861,9 @@ impl remem_verbs::QueuePair for SoftQp {
                 self.qp_type,
                 &self.cap,
                 self.sq_sig_all,
-                self.limits.max_msg,
+                self.dev.limits.max_msg,
                 self.pd,
-                &*self.mem,
+                &self.dev,
             )?;
             self.with_env(|t, env| {
                 let state = t.state();
@@ -911,7 +879,7 @@ impl remem_verbs::QueuePair for SoftQp {
             })
         });
         if !wrs.is_empty() {
-            (self.wake)(self.qpn);
+            self.wake();
         }
         r
     }
@@ -923,23 +891,23 @@ impl remem_verbs::QueuePair for SoftQp {
                     "this QP takes its receives from a shared receive queue".into(),
                 ));
             }
-            let wqe = build_recv_wqe(wr, self.cap.max_recv_sge, self.pd, &*self.mem)?;
+            let wqe = build_recv_wqe(wr, self.cap.max_recv_sge, self.pd, &self.dev.mrs)?;
             let mut g = self.lock();
             let state = g.t.state();
             if !state.can_post_recv() {
                 return Err(Error::InvalidQpState(state));
             }
+            let env = &mut g.env;
             if state == QpState::Err {
-                drop(g);
-                self.around.recv_cq(self.flushed_recv(wqe.wr_id), false);
+                env.recv_cq.push(env.flushed_recv(wqe.wr_id), false);
                 return Ok(());
             }
-            if g.rq.len() >= self.cap.max_recv_wr as usize {
+            if env.rq.len() >= self.cap.max_recv_wr as usize {
                 return Err(Error::QueueFull {
-                    outstanding: g.rq.len() as u32,
+                    outstanding: env.rq.len() as u32,
                 });
             }
-            g.rq.push_back(wqe);
+            env.rq.push_back(wqe);
             Ok(())
         })
     }
@@ -948,43 +916,48 @@ impl remem_verbs::QueuePair for SoftQp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use remem_verbs::{MemRegion, MemoryBuffer, Mtu};
-    use std::sync::Arc;
+    use remem_verbs::{MemRegion, MemoryBuffer, Mtu, Sge};
 
-    /// One region, lkey 1 in PD 1, LOCAL_WRITE only if `writable`.
+    /// One region of bytes 0..=255 registered in PD 1 of an inline soft device, with
+    /// LOCAL_WRITE only if `writable`.
     struct OneMr {
-        region: MemRegion,
-        writable: bool,
+        /// Keeps the device open.
+        _ctx: crate::SoftContext,
+        dev: Arc<DeviceShared>,
+        entry: Arc<crate::objects::mr::MrEntry>,
     }
 
-    impl LocalMemory for OneMr {
-        fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> Result<Grant> {
-            if sge.lkey != 1 || pd != PdId(1) {
-                return Err(Error::InvalidLkey { lkey: sge.lkey });
-            }
-            if need_write && !self.writable {
-                return Err(Error::LocalAccess { lkey: sge.lkey });
-            }
-            let off = self
-                .region
-                .offset_of(sge.addr, u64::from(sge.length))
-                .map_err(|_| Error::SgeOutOfBounds {
-                    addr: sge.addr,
-                    length: sge.length,
-                    lkey: sge.lkey,
-                })?;
-            Ok(
-                MemRegion::new(self.region.buffer().clone(), off..off + sge.length as usize)?
-                    .into(),
-            )
+    impl OneMr {
+        fn lkey(&self) -> u32 {
+            self.entry.lkey
+        }
+
+        fn addr(&self) -> u64 {
+            self.entry.region().addr()
         }
     }
 
     fn mr(writable: bool) -> OneMr {
+        let opts = crate::SoftOptions {
+            inline: true,
+            ..crate::SoftOptions::default()
+        };
+        let ctx = crate::SoftContext::bind_with("127.0.0.1:0".parse().unwrap(), &opts).unwrap();
+        let dev = ctx.shared().clone();
         let buf = Arc::new(MemoryBuffer::from_vec((0..=255u8).collect()));
+        let access = if writable {
+            AccessFlags::LOCAL_WRITE
+        } else {
+            AccessFlags::empty()
+        };
+        let entry = dev
+            .mrs
+            .insert(PdId(1), MemRegion::whole(buf), access)
+            .unwrap();
         OneMr {
-            region: MemRegion::whole(buf),
-            writable,
+            _ctx: ctx,
+            dev,
+            entry,
         }
     }
 
@@ -1068,14 +1041,14 @@ mod tests {
     #[test]
     fn send_wqe_validation() {
         let m = mr(true);
-        let base = m.region.addr();
+        let base = m.addr();
         let sge = [Sge {
             addr: base + 10,
             length: 8,
-            lkey: 1,
+            lkey: m.lkey(),
         }];
         let c = cap();
-        let build = |wr: &SendWr<'_>, t| build_send_wqe(wr, t, &c, false, 1 << 31, PdId(1), &m);
+        let build = |wr: &SendWr<'_>, t| build_send_wqe(wr, t, &c, false, 1 << 31, PdId(1), &m.dev);
         let w = build(&SendWr::new(1, SendOp::Send, &sge), QpType::Rc).unwrap();
         assert_eq!(w.len, 8);
         assert!(w.signaled);
@@ -1109,16 +1082,33 @@ mod tests {
         }];
         assert!(build(&SendWr::new(1, fa, &sge4), QpType::Rc).is_err());
         assert!(build(&SendWr::new(1, fa, &sge), QpType::Rc).is_ok());
-        // Bad lkey, out of bounds.
-        let bad = [Sge { lkey: 9, ..sge[0] }];
+        // Bad lkey (the region's rkey: the two namespaces are apart), another PD's lkey,
+        // out of bounds.
+        let rkey = m.entry.rkey;
+        let bad = [Sge {
+            lkey: rkey,
+            ..sge[0]
+        }];
         assert!(matches!(
             build(&SendWr::new(1, SendOp::Send, &bad), QpType::Rc),
-            Err(Error::InvalidLkey { lkey: 9 })
+            Err(Error::InvalidLkey { lkey }) if lkey == rkey
+        ));
+        assert!(matches!(
+            build_send_wqe(
+                &SendWr::new(1, SendOp::Send, &sge),
+                QpType::Rc,
+                &c,
+                false,
+                1 << 31,
+                PdId(2),
+                &m.dev
+            ),
+            Err(Error::InvalidLkey { .. })
         ));
         let oob = [Sge {
             addr: base + 250,
             length: 8,
-            lkey: 1,
+            lkey: m.lkey(),
         }];
         assert!(matches!(
             build(&SendWr::new(1, SendOp::Send, &oob), QpType::Rc),
@@ -1179,9 +1169,9 @@ mod tests {
     fn read_target_needs_local_write() {
         let m = mr(false);
         let sge = [Sge {
-            addr: m.region.addr(),
+            addr: m.addr(),
             length: 8,
-            lkey: 1,
+            lkey: m.lkey(),
         }];
         let read = SendOp::RdmaRead {
             remote_addr: 0,
@@ -1194,13 +1184,13 @@ mod tests {
             true,
             1 << 31,
             PdId(1),
-            &m,
+            &m.dev,
         );
         assert!(matches!(r, Err(Error::LocalAccess { .. })));
         // A plain send from read-only memory is fine; sq_sig_all signals it.
         let mut wr = SendWr::new(1, SendOp::Send, &sge);
         wr.flags = SendFlags::empty();
-        let w = build_send_wqe(&wr, QpType::Rc, &cap(), true, 1 << 31, PdId(1), &m).unwrap();
+        let w = build_send_wqe(&wr, QpType::Rc, &cap(), true, 1 << 31, PdId(1), &m.dev).unwrap();
         assert!(w.signaled);
         assert!(
             build_recv_wqe(
@@ -1210,7 +1200,7 @@ mod tests {
                 },
                 2,
                 PdId(1),
-                &m
+                &m.dev.mrs
             )
             .is_err()
         );

@@ -6,7 +6,7 @@
 //! through work requests posted before (a receive still waiting for its SEND, a SEND whose
 //! packets are still to be built), as rxe looks the lkey up again for every packet.
 
-use crate::transport::glue::{CopySink, PayloadSink};
+use crate::transport::glue::PayloadSink;
 use crate::transport::{AccessError, Grant};
 use remem_verbs::MemError;
 
@@ -72,8 +72,9 @@ pub struct SendWqe {
 impl SendWqe {
     /// Copies `dst.len()` bytes of the message starting at `offset` into `dst` (gather).
     /// [`AccessError::Revoked`] if a region it reads was deregistered since it was posted.
+    #[cfg(any(test, feature = "internals"))]
     pub fn gather(&self, offset: u64, dst: &mut [u8]) -> Result<(), AccessError> {
-        self.gather_into(offset, &mut CopySink(dst))
+        self.gather_into(offset, &mut crate::transport::glue::CopySink(dst))
     }
 
     /// Puts `out.payload_len()` bytes of the message starting at `offset` into `out`, piece

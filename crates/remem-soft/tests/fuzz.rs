@@ -395,9 +395,6 @@ fn one_sequence(seed: u64, t: &Target, counts: &mut Counts) {
             if rng.random_bool(0.3) {
                 rx.imm = Some(rng.random());
             }
-            if rng.random_bool(0.1) {
-                rx.ieth = Some(rkey(&mut rng));
-            }
             let plen = match rng.random_range(0..5) {
                 0 => 0,
                 1 => 8,

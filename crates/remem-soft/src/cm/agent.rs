@@ -107,7 +107,7 @@ pub const CM_RETRIES_ENV: &str = "REMEM_SOFT_CM_RETRIES";
 
 impl CmConfig {
     /// The defaults, with the response timeout and retries from the environment
-    /// ([`CM_TIMEOUT_ENV`], [`CM_RETRIES_ENV`]) where set and valid.
+    /// (`REMEM_SOFT_CM_TIMEOUT`, `REMEM_SOFT_CM_RETRIES`) where set and valid.
     pub fn from_env() -> Self {
         let num = |name: &str| {
             std::env::var(name)
@@ -458,11 +458,6 @@ impl Agent {
         }
     }
 
-    /// The settings.
-    pub fn config(&self) -> &CmConfig {
-        &self.cfg
-    }
-
     /// Replaces the settings (for connections made from now on).
     pub fn set_config(&mut self, cfg: CmConfig) {
         self.cfg = cfg;
@@ -474,16 +469,19 @@ impl Agent {
     }
 
     /// Connection records held (any state).
+    #[cfg(any(test, feature = "internals"))]
     pub fn conn_count(&self) -> usize {
         self.conns.len()
     }
 
     /// A connection's state.
+    #[cfg(any(test, feature = "internals"))]
     pub fn state(&self, conn: u32) -> Option<ConnState> {
         self.conns.get(&conn).map(|c| c.state)
     }
 
     /// MADs waiting for transmission.
+    #[cfg(any(test, feature = "internals"))]
     pub fn tx_len(&self) -> usize {
         self.tx.len()
     }

@@ -72,11 +72,6 @@ impl SoftCmChannel {
     fn push(&self, ev: CmEvent) {
         self.queue.push(ev);
     }
-
-    /// Events not yet taken.
-    pub fn pending(&self) -> usize {
-        self.queue.len()
-    }
 }
 
 impl CmChannel for SoftCmChannel {
@@ -188,19 +183,9 @@ impl CmDevice {
         self.lock().agent.set_config(cfg);
     }
 
-    /// The settings.
-    pub fn config(&self) -> CmConfig {
-        self.lock().agent.config().clone()
-    }
-
     /// The agent's counters.
     pub fn stats(&self) -> AgentStats {
         self.lock().agent.stats()
-    }
-
-    /// Connection records held.
-    pub fn conn_count(&self) -> usize {
-        self.lock().agent.conn_count()
     }
 
     /// Handles a MAD received from `from`.
@@ -216,11 +201,6 @@ impl CmDevice {
     /// The next MAD to send: its destination and bytes.
     pub fn poll_transmit(&self) -> Option<(IpAddr, Box<[u8; MAD_LEN]>)> {
         self.lock().agent.poll_transmit().map(|t| (t.dst, t.mad))
-    }
-
-    /// Whether MADs wait for transmission.
-    pub fn has_transmit(&self) -> bool {
-        self.lock().agent.tx_len() > 0
     }
 
     /// The next timer deadline.

@@ -13,13 +13,6 @@ pub struct SoftAh {
     pub(crate) _slot: super::quota::Slot,
 }
 
-impl SoftAh {
-    /// The protection domain it was created in.
-    pub fn pd(&self) -> PdId {
-        self.pd
-    }
-}
-
 impl remem_verbs::AddressHandle for SoftAh {
     fn attr(&self) -> &AhAttr {
         &self.attr

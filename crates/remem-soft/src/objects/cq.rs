@@ -119,11 +119,13 @@ impl SoftCq {
     }
 
     /// Completions lost to overrun.
+    #[cfg(any(test, feature = "internals"))]
     pub fn lost(&self) -> u64 {
         self.lost.load(Ordering::Relaxed)
     }
 
     /// Whether the CQ overran (and is in error).
+    #[cfg(any(test, feature = "internals"))]
     pub fn overflowed(&self) -> bool {
         self.inner
             .lock()
@@ -132,11 +134,13 @@ impl SoftCq {
     }
 
     /// Events acknowledged so far.
+    #[cfg(any(test, feature = "internals"))]
     pub fn acked(&self) -> u64 {
         self.acked.load(Ordering::Relaxed)
     }
 
     /// Events put on the channel and not (yet) acknowledged.
+    #[cfg(any(test, feature = "internals"))]
     pub fn unacked(&self) -> u64 {
         self.notified
             .load(Ordering::Relaxed)

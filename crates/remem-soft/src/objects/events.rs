@@ -87,6 +87,7 @@ impl<T> FdQueue<T> {
     }
 
     /// Items waiting.
+    #[cfg(any(test, feature = "internals"))]
     pub fn len(&self) -> usize {
         self.state
             .lock()
@@ -96,6 +97,7 @@ impl<T> FdQueue<T> {
     }
 
     /// Whether nothing is waiting.
+    #[cfg(any(test, feature = "internals"))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -166,6 +168,7 @@ impl SoftCompChannel {
     }
 
     /// Events not yet taken.
+    #[cfg(any(test, feature = "internals"))]
     pub fn pending(&self) -> usize {
         self.queue.len()
     }

@@ -1,5 +1,5 @@
-//! The verbs objects of a soft device: the state they share, protection domains, and the
-//! environment a QP's transport runs in.
+//! The verbs objects of a soft device: the state they share and protection domains (a
+//! QP's transport reaches this state through [`crate::qp::QpEnv`]).
 
 pub mod ah;
 pub mod cq;
@@ -11,9 +11,9 @@ pub mod srq;
 
 use crate::driver::{Inline, Nic, Progress};
 use crate::engine::Engine;
-use crate::qp::{LocalMemory, QpLimits, QpSurroundings, SoftQp, SoftQpParts};
-use crate::transport::{Grant, RemoteKeyError, Stat};
-use crate::wqe::{PdId, RecvWqe};
+use crate::qp::{QpLimits, SoftQp, SoftQpParts};
+use crate::transport::Stat;
+use crate::wqe::PdId;
 use ah::SoftAh;
 use cq::SoftCq;
 use events::{AsyncEvents, SoftCompChannel};
@@ -21,7 +21,7 @@ use mr::{MrTable, SoftMr};
 use remem_verbs::{
     AccessFlags, AddressHandle, AhAttr, CompletionChannel, CompletionQueue, Counter, DeviceAttr,
     DeviceInfo, Error, GidType, MemRegion, MemoryRegion, PortAttr, ProtectionDomain, QpInitAttr,
-    QueuePair, Result, Sge, SharedReceiveQueue, SrqAttr, WorkCompletion,
+    QueuePair, Result, SharedReceiveQueue, SrqAttr,
 };
 use srq::SoftSrq;
 use std::any::Any;
@@ -124,6 +124,12 @@ impl DeviceShared {
         let nic = Nic::new(socket)?
             .with_pcap(pcap)
             .with_faults(faults.unwrap_or_default());
+        tracing::debug!(
+            device = %info.name,
+            gso_segments = nic.max_gso_segments(),
+            gro_segments = nic.gro_segments(),
+            "socket offloads (1: none)"
+        );
         let peer_port = opts.peer_port.unwrap_or(local.port());
         let engine = Arc::new(Engine::new(local, peer_port));
         engine.cm.set_config(
@@ -416,71 +422,6 @@ impl DeviceShared {
     }
 }
 
-impl LocalMemory for DeviceShared {
-    fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> Result<Grant> {
-        self.mrs.local(pd, sge, need_write)
-    }
-
-    fn address(&self, pd: PdId, ah: &Arc<dyn AddressHandle>) -> Result<AhAttr> {
-        Ok(*self.own_ah(ah, pd)?.attr())
-    }
-}
-
-/// The surroundings of one QP's transport.
-struct QpAround {
-    _slot: quota::Slot,
-    dev: Arc<DeviceShared>,
-    send_cq: Arc<SoftCq>,
-    recv_cq: Arc<SoftCq>,
-    srq: Option<Arc<SoftSrq>>,
-}
-
-impl QpSurroundings for QpAround {
-    fn remote(
-        &self,
-        pd: PdId,
-        rkey: u32,
-        va: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> std::result::Result<Grant, RemoteKeyError> {
-        self.dev.mrs.remote(pd, rkey, va, len, need)
-    }
-
-    fn remote_region(
-        &self,
-        pd: PdId,
-        rkey: u32,
-        need: AccessFlags,
-    ) -> std::result::Result<Grant, RemoteKeyError> {
-        self.dev.mrs.remote_region(pd, rkey, need)
-    }
-
-    fn srq_pop(&self) -> Option<Option<RecvWqe>> {
-        self.srq.as_ref().map(|s| s.pop())
-    }
-
-    fn send_cq(&self, wc: WorkCompletion) {
-        self.send_cq.push(wc, false);
-    }
-
-    fn recv_cq(&self, wc: WorkCompletion, solicited: bool) {
-        self.recv_cq.push(wc, solicited);
-    }
-
-    fn count(&self, stat: Stat) {
-        self.dev.count(stat);
-    }
-
-    fn async_event(&self, event: remem_verbs::AsyncEvent) {
-        self.dev.events.raise(event);
-    }
-
-    fn check_av(&self, av: &AhAttr) -> Result<()> {
-        self.dev.check_av(av)
-    }
-}
-
 /// A protection domain (`ibv_pd`).
 #[derive(Debug)]
 pub struct SoftPd {
@@ -491,13 +432,9 @@ pub struct SoftPd {
 
 impl SoftPd {
     /// The PD's identifier within its device.
+    #[cfg(any(test, feature = "internals"))]
     pub fn id(&self) -> PdId {
         self.id
-    }
-
-    /// The device.
-    pub fn device(&self) -> &Arc<DeviceShared> {
-        &self.dev
     }
 }
 
@@ -530,31 +467,23 @@ impl ProtectionDomain for SoftPd {
 
     fn create_qp(&self, init: &QpInitAttr) -> Result<Arc<dyn QueuePair>> {
         let dev = &self.dev;
-        let around = Arc::new(QpAround {
-            _slot: dev.quotas.qp.take()?,
-            dev: dev.clone(),
-            send_cq: dev.own_cq(&init.send_cq)?,
-            recv_cq: dev.own_cq(&init.recv_cq)?,
-            srq: init.srq.as_ref().map(|s| dev.own_srq(s)).transpose()?,
-        });
+        let slot = dev.quotas.qp.take()?;
+        let send_cq = dev.own_cq(&init.send_cq)?;
+        let recv_cq = dev.own_cq(&init.recv_cq)?;
+        let srq = init.srq.as_ref().map(|s| dev.own_srq(s)).transpose()?;
         let qpn = dev.alloc_qpn()?;
-        let weak = Arc::downgrade(dev);
         let qp = Arc::new(SoftQp::new(SoftQpParts {
             qpn,
             qp_type: init.qp_type,
             cap: init.cap,
             sq_sig_all: init.sq_sig_all,
-            has_srq: init.srq.is_some(),
             pd: self.id,
-            limits: dev.limits,
             window: MAX_UNACKED_PSNS,
-            around,
-            mem: dev.clone(),
-            wake: Arc::new(move |qpn| {
-                if let Some(d) = weak.upgrade() {
-                    d.wake(qpn);
-                }
-            }),
+            dev: dev.clone(),
+            slot,
+            send_cq,
+            recv_cq,
+            srq,
         })?);
         dev.engine.register(&qp);
         Ok(qp)
@@ -584,9 +513,10 @@ mod tests {
     use super::*;
     use crate::context::{SoftContext, SoftOptions};
     use crate::objects::events::readable;
+    use crate::transport::RemoteKeyError;
     use remem_verbs::{
         AsyncEvent, AsyncEventElement, AsyncEventType, Context, Gid, MemoryBuffer, PostError,
-        QpCap, QpType, RecvWr,
+        QpCap, QpType, RecvWr, Sge, WorkCompletion,
     };
     use std::net::Ipv4Addr;
 

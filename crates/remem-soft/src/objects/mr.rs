@@ -14,7 +14,6 @@
 
 use super::DeviceShared;
 use super::keys::KeyGen;
-use crate::qp::LocalMemory;
 use crate::transport::{Grant, KeyedRegion, RemoteKeyError};
 use crate::wqe::PdId;
 use remem_verbs::{AccessFlags, Error, MemRegion, Result, Sge};
@@ -149,6 +148,7 @@ impl MrTable {
     }
 
     /// Number of registrations.
+    #[cfg(any(test, feature = "internals"))]
     pub fn len(&self) -> usize {
         self.tables
             .read()
@@ -158,6 +158,7 @@ impl MrTable {
     }
 
     /// Whether there are none.
+    #[cfg(any(test, feature = "internals"))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -190,31 +191,12 @@ impl MrTable {
         Self::granted(&t, pd, rkey, need)?.key.grant_all()
     }
 
-    /// The entry of `rkey` if it is in `pd` and grants `need` (rxe's order of checks).
-    fn granted(
-        t: &Tables,
-        pd: PdId,
-        rkey: u32,
-        need: AccessFlags,
-    ) -> std::result::Result<&MrEntry, RemoteKeyError> {
-        let e = t.by_rkey.get(&rkey).ok_or(RemoteKeyError::UnknownKey)?;
-        if e.pd != pd {
-            return Err(RemoteKeyError::OtherPd);
-        }
-        if !e.access.contains(need) {
-            return Err(RemoteKeyError::MissingAccess);
-        }
-        Ok(e)
-    }
-}
-
-impl LocalMemory for MrTable {
     /// Resolves an `ibv_sge`: unknown lkey or a region of another PD →
     /// [`Error::InvalidLkey`]; `need_write` without LOCAL_WRITE → [`Error::LocalAccess`];
     /// outside the region (or wrapping past 2^64) → [`Error::SgeOutOfBounds`]. A zero-length
     /// entry inside (or at the end of) its region is valid. The grant stops working when
     /// the region is deregistered (the lkey is revoked with the rkey).
-    fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> Result<Grant> {
+    pub fn local(&self, pd: PdId, sge: &Sge, need_write: bool) -> Result<Grant> {
         let t = self.tables.read().unwrap_or_else(|p| p.into_inner());
         let e = t
             .by_lkey
@@ -234,6 +216,23 @@ impl LocalMemory for MrTable {
                 },
                 _ => Error::InvalidLkey { lkey: sge.lkey },
             })
+    }
+
+    /// The entry of `rkey` if it is in `pd` and grants `need` (rxe's order of checks).
+    fn granted(
+        t: &Tables,
+        pd: PdId,
+        rkey: u32,
+        need: AccessFlags,
+    ) -> std::result::Result<&MrEntry, RemoteKeyError> {
+        let e = t.by_rkey.get(&rkey).ok_or(RemoteKeyError::UnknownKey)?;
+        if e.pd != pd {
+            return Err(RemoteKeyError::OtherPd);
+        }
+        if !e.access.contains(need) {
+            return Err(RemoteKeyError::MissingAccess);
+        }
+        Ok(e)
     }
 }
 

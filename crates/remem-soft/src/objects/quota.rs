@@ -38,6 +38,7 @@ impl Quota {
     }
 
     /// Live objects.
+    #[cfg(any(test, feature = "internals"))]
     pub fn used(&self) -> u32 {
         self.used.load(Ordering::Acquire)
     }

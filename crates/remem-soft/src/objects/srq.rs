@@ -66,12 +66,8 @@ impl SoftSrq {
         self
     }
 
-    /// The protection domain its receives' memory belongs to.
-    pub fn pd(&self) -> PdId {
-        self.pd
-    }
-
     /// Receives posted and not yet taken.
+    #[cfg(any(test, feature = "internals"))]
     pub fn len(&self) -> usize {
         self.inner
             .lock()
@@ -81,6 +77,7 @@ impl SoftSrq {
     }
 
     /// Whether no receive is posted.
+    #[cfg(any(test, feature = "internals"))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -166,11 +166,13 @@ impl Grant {
     }
 
     /// Whether the range is empty.
+    #[cfg(any(test, feature = "internals"))]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Virtual address of the range.
+    #[cfg(any(test, feature = "internals"))]
     pub fn addr(&self) -> u64 {
         self.key.region.addr() + self.offset as u64
     }
@@ -315,11 +317,13 @@ impl HeldRanges {
     }
 
     /// Whether there are none.
+    #[cfg(any(test, feature = "internals"))]
     pub fn is_empty(&self) -> bool {
         self.ranges.is_empty()
     }
 
     /// Number of accesses held (at most one per run of ranges of one key).
+    #[cfg(any(test, feature = "internals"))]
     pub fn holds(&self) -> usize {
         self.holds.len()
     }
@@ -445,6 +449,7 @@ impl HeldRanges {
     }
 
     /// Copies range `i` into `dst` (exactly its length).
+    #[cfg(any(test, feature = "internals"))]
     pub fn read(&self, i: usize, dst: &mut [u8]) -> Result<(), MemError> {
         let (region, at, n) = self.region(i)?;
         if dst.len() != n {

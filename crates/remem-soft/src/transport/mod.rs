@@ -199,8 +199,6 @@ pub struct RxPacket<'a> {
     pub feth: Option<Feth>,
     /// Immediate data.
     pub imm: Option<u32>,
-    /// IETH.
-    pub ieth: Option<u32>,
     /// DETH (Q_Key, source QP), UD only.
     pub deth: Option<(u32, u32)>,
     /// Payload (pad removed).
@@ -209,6 +207,7 @@ pub struct RxPacket<'a> {
 
 impl<'a> RxPacket<'a> {
     /// A packet of `kind`/`pos` with every optional field empty and no payload.
+    #[cfg(any(test, feature = "internals"))]
     pub fn new(kind: Kind, pos: Pos, psn: Psn) -> Self {
         RxPacket {
             kind,
@@ -222,7 +221,6 @@ impl<'a> RxPacket<'a> {
             atomic_ack: None,
             feth: None,
             imm: None,
-            ieth: None,
             deth: None,
             payload: &[],
         }
@@ -291,8 +289,8 @@ pub enum Stat {
 }
 
 /// What the transport needs from its surroundings: memory, receive queues, completion
-/// queues, counters. Implemented by the soft QP over the device's tables, and by the
-/// simulation tests over models.
+/// queues, counters. Implemented by the soft QP's [`crate::qp::QpEnv`] over its device's
+/// tables, and by the simulation tests over models.
 pub trait Env {
     /// Resolves a remote access: a grant for `[va, va + len)` of the memory region `rkey`
     /// if it is in the QP's protection domain and grants `need`. The grant stops working

@@ -144,6 +144,7 @@ impl RcTransport {
     }
 
     /// The configuration.
+    #[cfg(any(test, feature = "internals"))]
     pub fn config(&self) -> &RcConfig {
         &self.cfg
     }
@@ -235,6 +236,7 @@ impl RcTransport {
     /// `payload_len` bytes). Responses go first, then new or retransmitted requests. A READ
     /// response whose memory region was deregistered meanwhile is not sent: a NAK takes
     /// its place and the QP goes to ERR (completions and the event through `env`).
+    #[cfg(any(test, feature = "internals"))]
     pub fn poll_transmit<R>(
         &mut self,
         now: Instant,
