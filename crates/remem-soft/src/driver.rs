@@ -461,9 +461,9 @@ pub struct Nic {
     pcap: Option<Arc<PcapWriter>>,
     /// A packet's bytes gathered from its pieces (for the capture or a faulted packet).
     gathered: Vec<u8>,
-    /// Datagrams the next `recvmmsg` asks for: 1 after a call that found the socket empty,
-    /// `RX_BATCH` after one that found datagrams (see [`Nic::receive`]).
-    rx_room: usize,
+    /// The last `recvmmsg` found the socket empty: the next asks for one datagram, not
+    /// `RX_BATCH` (see [`Nic::receive`]).
+    rx_empty: bool,
 }
 
 impl Nic {
@@ -519,7 +519,7 @@ impl Nic {
             faults: None,
             pcap: None,
             gathered: Vec::with_capacity(MAX_PACKET),
-            rx_room: RX_BATCH,
+            rx_empty: false,
         })
     }
 
@@ -888,7 +888,7 @@ impl Nic {
         let (local_ip, local_port) = (engine.local().ip(), engine.local().port());
         let mut moved = 0;
         for _ in 0..RX_CALLS {
-            let room = self.rx_room.clamp(1, RX_BATCH);
+            let room = if self.rx_empty { 1 } else { RX_BATCH };
             let mut chunks = self.rx.chunks_mut(RX_BUF);
             let mut bufs: [IoSliceMut<'_>; RX_BATCH] =
                 std::array::from_fn(|_| IoSliceMut::new(chunks.next().unwrap_or_default()));
@@ -900,11 +900,11 @@ impl Nic {
                 Ok(n) => n,
                 Err(_) => {
                     // WouldBlock, or an ICMP error with nothing to do.
-                    self.rx_room = 1;
+                    self.rx_empty = true;
                     return moved;
                 }
             };
-            self.rx_room = RX_BATCH;
+            self.rx_empty = false;
             let short = n < room || room == 1;
             let now = Instant::now();
             let received = self.meta[..n].iter().zip(&bufs);
