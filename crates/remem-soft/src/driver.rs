@@ -464,6 +464,8 @@ pub struct Nic {
     /// The last `recvmmsg` found the socket empty: the next asks for one datagram, not
     /// `RX_BATCH` (see [`Nic::receive`]).
     rx_empty: bool,
+    /// `recvmmsg` calls made (those that found nothing included).
+    rx_calls: u64,
 }
 
 impl Nic {
@@ -520,6 +522,7 @@ impl Nic {
             pcap: None,
             gathered: Vec::with_capacity(MAX_PACKET),
             rx_empty: false,
+            rx_calls: 0,
         })
     }
 
@@ -889,6 +892,7 @@ impl Nic {
         let mut moved = 0;
         for _ in 0..RX_CALLS {
             let room = if self.rx_empty { 1 } else { RX_BATCH };
+            self.rx_calls += 1;
             let mut chunks = self.rx.chunks_mut(RX_BUF);
             let mut bufs: [IoSliceMut<'_>; RX_BATCH] =
                 std::array::from_fn(|_| IoSliceMut::new(chunks.next().unwrap_or_default()));
@@ -1279,6 +1283,7 @@ mod tests {
         let (engine, mut nic, peer) = nic();
         // Nothing there: the next call is sized for one datagram.
         assert_eq!(nic.pump(&engine), 0);
+        assert_eq!(nic.rx_calls, 1);
         queue(&peer, &nic, 20);
         nic.pump(&engine);
         assert_eq!(
@@ -1306,6 +1311,7 @@ mod tests {
         queue(&peer, &nic, 3);
         nic.pump(&engine);
         assert_eq!(received(&engine), 3);
+        assert_eq!(nic.rx_calls, 1, "no call after the short one");
         // A datagram that arrives now is not read by that pump, but by the next one, which
         // asks for a batch (the last call found datagrams).
         queue(&peer, &nic, 2);
