@@ -460,9 +460,6 @@ pub struct QpEnv {
     srq: Option<Arc<SoftSrq>>,
     /// The QP's own receive queue (unused when the QP has an SRQ).
     rq: VecDeque<RecvWqe>,
-    /// The destination GID of the QP's path (RC, UC): packets go to its address and come
-    /// only from it.
-    dgid: remem_verbs::Gid,
 }
 
 impl std::fmt::Debug for QpEnv {
@@ -472,7 +469,6 @@ impl std::fmt::Debug for QpEnv {
             .field("pd", &self.pd)
             .field("srq", &self.srq.is_some())
             .field("rq", &self.rq.len())
-            .field("dgid", &self.dgid)
             .finish()
     }
 }
@@ -632,7 +628,6 @@ impl SoftQp {
             recv_cq: parts.recv_cq,
             srq: parts.srq,
             rq: VecDeque::new(),
-            dgid: attr.ah_attr.dgid,
         };
         Ok(SoftQp {
             qpn: parts.qpn,
@@ -692,12 +687,16 @@ impl SoftQp {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `f` on the transport with this QP's environment, then flushes the receive
-    /// queue if the QP ended up in ERR.
-    fn with_env<R>(&self, f: impl FnOnce(&mut Transport, &mut QpEnv) -> R) -> R {
+    /// Runs `f` on the transport with this QP's environment and the destination GID of its
+    /// path (RC, UC: packets go to its address and come only from it), then flushes the
+    /// receive queue if the QP ended up in ERR.
+    fn with_env<R>(
+        &self,
+        f: impl FnOnce(&mut Transport, &mut QpEnv, remem_verbs::Gid) -> R,
+    ) -> R {
         let mut guard = self.lock();
         let inner = &mut *guard;
-        let r = f(&mut inner.t, &mut inner.env);
+        let r = f(&mut inner.t, &mut inner.env, inner.attr.ah_attr.dgid);
         if inner.t.state() == QpState::Err {
             inner.env.flush_rq();
         }
@@ -725,10 +724,10 @@ impl SoftQp {
         pkt: &crate::transport::RxPacket<'_>,
         src: &UdSource,
     ) -> std::result::Result<(), DropCause> {
-        self.with_env(|t, env| {
+        self.with_env(|t, env, dgid| {
             if matches!(t, Transport::Rc(_) | Transport::Uc(_))
                 && matches!(t.state(), QpState::Rtr | QpState::Rts | QpState::Sqd)
-                && remem_verbs::Gid::from(src.src.to_canonical()) != env.dgid
+                && remem_verbs::Gid::from(src.src.to_canonical()) != dgid
             {
                 return Err(DropCause::WrongSource);
             }
@@ -752,7 +751,7 @@ impl SoftQp {
 
     /// Handles expired timers.
     pub fn handle_timeout(&self, now: std::time::Instant) {
-        self.with_env(|t, env| t.handle_timeout(now, env));
+        self.with_env(|t, env, _| t.handle_timeout(now, env));
     }
 
     /// The next deadline of this QP's timers.
@@ -775,9 +774,8 @@ impl SoftQp {
         requests_first: bool,
         emit: impl FnOnce(&crate::transport::TxPacket, remem_verbs::Gid, &mut Fill<'_>) -> R,
     ) -> (Option<R>, bool) {
-        self.with_env(|t, env| match t {
+        self.with_env(|t, env, dgid| match t {
             Transport::Rc(rc) => {
-                let dgid = env.dgid;
                 let built = rc.poll_transmit_ordered(now, env, requests_first, |tx, fill| {
                     emit(tx, dgid, fill)
                 });
@@ -785,7 +783,6 @@ impl SoftQp {
                 (built, more)
             }
             Transport::Uc(uc) => {
-                let dgid = env.dgid;
                 (uc.poll_transmit(env, |tx, fill| emit(tx, dgid, fill)), true)
             }
             Transport::Ud(ud) => (
@@ -824,7 +821,6 @@ impl remem_verbs::QueuePair for SoftQp {
             }
             apply_attr(&mut inner.attr, attr, mask);
             inner.attr.qp_state = next;
-            inner.env.dgid = inner.attr.ah_attr.dgid;
             let cfg = rc_config(self.qpn, &inner.attr, self.window);
             inner.t.set_state(cfg, &inner.attr, next, &mut inner.env);
             self.publish_deadline(&inner.t);
@@ -865,7 +861,7 @@ impl remem_verbs::QueuePair for SoftQp {
                 self.pd,
                 &self.dev,
             )?;
-            self.with_env(|t, env| {
+            self.with_env(|t, env, _| {
                 let state = t.state();
                 if !state.can_post_send() {
                     return Err(Error::InvalidQpState(state));
