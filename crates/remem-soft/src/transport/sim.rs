@@ -48,6 +48,10 @@ struct Faults {
     /// Targeted losses: `(sender, PSN, n)` drops the first `n` packets node `sender` sends
     /// with that PSN (before the random faults apply).
     drop_psn: &'static [(usize, u32, u32)],
+    /// `(sender, from, length)`: node `sender` stops sending `from` after the start for
+    /// `length` (a descheduled peer, rxe's responder under load): what it sends meanwhile
+    /// leaves when the pause ends, in order, losing nothing.
+    pause: Option<(usize, Duration, Duration)>,
 }
 
 impl Faults {
@@ -62,6 +66,7 @@ impl Faults {
         dead_after: None,
         rate: None,
         drop_psn: &[],
+        pause: None,
     };
 }
 
@@ -302,6 +307,16 @@ impl Net {
             let bytes = 60 + u64::from(pkt.hdr.payload_len);
             let start = self.link_free[from].max(self.now);
             leaves = start + Duration::from_nanos(bytes * 1_000_000_000 / rate);
+        }
+        if let Some((sender, at, len)) = self.faults.pause
+            && sender == from
+        {
+            let (begin, end) = (self.start + at, self.start + at + len);
+            if leaves >= begin && leaves < end {
+                leaves = end;
+            }
+        }
+        if self.faults.rate.is_some() {
             self.link_free[from] = leaves;
         }
         if let Some(t) = self
@@ -1637,5 +1652,265 @@ fn a_stream_whose_psns_wrap_recovers_losses_at_the_wrap() {
                 "{what}: moved away"
             );
         }
+    }
+}
+
+/// Slow responders: a READ whose responses are still arriving is not lost.
+mod slow {
+    use super::*;
+
+    /// The largest READ of these tests.
+    const BIG: usize = 16 << 20;
+
+    /// A pair for slow-responder runs: node 0's local buffer and node 1's target hold
+    /// `len` random bytes each (node 1's target in random bytes); the QPs as perftest
+    /// and `remem perf` set them up (local ACK timeout 14 = 67 ms, 7 retries, 4 READs in
+    /// flight, a window of 1024 PSNs), at `mtu`.
+    fn pair(seed: u64, mtu: u32, len: usize) -> [Node; 2] {
+        let tweak = |mut c: RcConfig| {
+            c.timeout = 14;
+            c.retry_cnt = 7;
+            c.window = 1024;
+            c
+        };
+        let mut nodes = [
+            Node::sized(tweak(cfg(0x11, 0x22, mtu, 100, 9000)), 0xaaaa, 4096, len),
+            Node::sized(tweak(cfg(0x22, 0x11, mtu, 9000, 100)), 0xbbbb, len, 4096),
+        ];
+        let mut rng = StdRng::seed_from_u64(seed);
+        let bytes: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+        nodes[1].target.write(0, &bytes).unwrap();
+        for n in nodes.iter_mut() {
+            let c = *n.rc.config();
+            let (rc, mut env) = n.env();
+            for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
+                rc.set_state(c, s, &mut env);
+            }
+        }
+        nodes
+    }
+
+    /// What node 0 posts: READs of `reads` bytes each (node 1's target into node 0's
+    /// local buffer, from offset 0), each after `small` 64-byte SENDs and WRITEs (so
+    /// that the round trip the requester measures before a large READ is a small
+    /// message's).
+    fn post_mixed(nodes: &mut [Node; 2], reads: &[usize], small: usize) -> Vec<(u64, usize)> {
+        let va = nodes[1].target.addr();
+        let mut wr_id = 0;
+        let mut read_ids = Vec::new();
+        post_recvs(&mut nodes[1], reads.len() * small, 64);
+        for &len in reads {
+            for i in 0..small {
+                let op = if i % 2 == 0 {
+                    SendOp::Send
+                } else {
+                    SendOp::RdmaWrite {
+                        // Beyond the bytes the READs read back: the last 4 KiB.
+                        remote_addr: va + (nodes[1].target.len() - 4096) as u64,
+                        rkey: 0xbbbb,
+                    }
+                };
+                post_op(&mut nodes[0], wr_id, op, 64);
+                wr_id += 1;
+            }
+            let read = SendOp::RdmaRead {
+                remote_addr: va,
+                rkey: 0xbbbb,
+            };
+            post_op(&mut nodes[0], wr_id, read, len);
+            read_ids.push((wr_id, len));
+            wr_id += 1;
+        }
+        read_ids
+    }
+
+    /// Checks that every work request node 0 posted completed successfully, in order, and
+    /// that the last READ brought node 1's bytes.
+    fn all_done(out: &Outcome, posted: u64, last_read: usize, what: &str) {
+        let n = &out.nodes[0];
+        let st: Vec<(u64, WcStatus)> = n.send_wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+        let want: Vec<(u64, WcStatus)> = (0..posted).map(|i| (i, WcStatus::Success)).collect();
+        assert_eq!(st, want, "{what}: completions; stats {:?}", n.stats);
+        same_bytes(
+            &n.local.to_vec(0, last_read).unwrap(),
+            &out.nodes[1].target.to_vec(0, last_read).unwrap(),
+            &format!("{what}: the last READ's bytes"),
+        );
+    }
+
+    /// A slow, lossless responder: a link of 4 MB/s each way (a 4 KiB response every
+    /// millisecond), READs of 1–16 MiB between small SENDs and WRITEs whose round trip
+    /// (tens of µs) is all the requester measured before each READ. The responses come in
+    /// order, slowly: nothing is retransmitted, no window cut, no retry spent (before, the
+    /// RTO estimated on the small messages fired between two responses and re-requested
+    /// the READ, which made the responder send the rest again, behind which the next
+    /// request waited, and so on until RETRY_EXC_ERR).
+    #[test]
+    fn a_slow_lossless_responder_causes_no_retransmission() {
+        for mtu in [1024, 4096] {
+            let reads = [1 << 20, 64 << 10, BIG, 4 << 20, 1 << 20];
+            let mut nodes = pair(1, mtu, BIG);
+            let ids = post_mixed(&mut nodes, &reads, 8);
+            let faults = Faults {
+                rate: Some(4_000_000),
+                ..Faults::NONE
+            };
+            let out = run(nodes, Net::new(1, faults), Duration::from_secs(60), |_, _| {});
+            let what = format!("mtu {mtu}: {:?}", out.elapsed);
+            all_done(&out, ids.last().unwrap().0 + 1, 1 << 20, &what);
+            let n = &out.nodes[0];
+            assert!(n.stats.is_empty(), "{what}: requester stats {:?}", n.stats);
+            assert!(
+                out.nodes[1].stats.is_empty(),
+                "{what}: responder stats {:?}",
+                out.nodes[1].stats
+            );
+            // The link's time, not more: 22 MiB at 4 MB/s.
+            assert!(out.elapsed < Duration::from_secs(7), "{what}");
+        }
+    }
+
+    /// The same one READ at a time, as `ib_read_lat -a` runs it: sizes doubling from 2
+    /// bytes to 4 MiB, each READ posted when the one before completed.
+    #[test]
+    fn a_slow_responder_answers_a_read_sweep_without_retransmission() {
+        let mut nodes = pair(2, 4096, 4 << 20);
+        let va = nodes[1].target.addr();
+        let mut next = 1usize;
+        let read = SendOp::RdmaRead {
+            remote_addr: va,
+            rkey: 0xbbbb,
+        };
+        post_op(&mut nodes[0], 1, read, 2);
+        let faults = Faults {
+            rate: Some(4_000_000),
+            ..Faults::NONE
+        };
+        let out = run(
+            nodes,
+            Net::new(2, faults),
+            Duration::from_secs(60),
+            |nodes, _| {
+                if nodes[0].send_wcs.len() == next && next < 22 {
+                    next += 1;
+                    post_op(&mut nodes[0], next as u64, read, 1 << next);
+                }
+            },
+        );
+        let n = &out.nodes[0];
+        assert_eq!(n.send_wcs.len(), 22, "stats {:?}", n.stats);
+        assert!(n.send_wcs.iter().all(|w| w.status == WcStatus::Success));
+        assert!(n.stats.is_empty(), "requester stats {:?}", n.stats);
+    }
+
+    /// A responder that pauses mid-stream for 100–500 ms (rxe's responder descheduled
+    /// under load; nothing lost): READs of 4 MiB, and WRITEs of 4 MiB whose ACKs the pause
+    /// holds. The requester may probe during the silence, but the stream completes within
+    /// the default retry count, and what the probes made the responder send again does
+    /// not make the next requests time out.
+    #[test]
+    fn a_responder_pausing_mid_stream_completes_within_the_retry_count() {
+        for read in [true, false] {
+            for pause_ms in [100, 300, 500] {
+                let len = 4 << 20;
+                let mut nodes = pair(3, 4096, len);
+                let va = nodes[1].target.addr();
+                let n_ops = 4u64;
+                for wr_id in 0..n_ops {
+                    let op = if read {
+                        SendOp::RdmaRead {
+                            remote_addr: va,
+                            rkey: 0xbbbb,
+                        }
+                    } else {
+                        SendOp::RdmaWrite {
+                            remote_addr: va,
+                            rkey: 0xbbbb,
+                        }
+                    };
+                    post_op(&mut nodes[0], wr_id, op, len);
+                }
+                let faults = Faults {
+                    // 40 MB/s: 105 ms a message.
+                    rate: Some(40_000_000),
+                    pause: Some((
+                        1,
+                        Duration::from_millis(150),
+                        Duration::from_millis(pause_ms),
+                    )),
+                    ..Faults::NONE
+                };
+                let out = run(nodes, Net::new(3, faults), Duration::from_secs(60), |_, _| {});
+                let n = &out.nodes[0];
+                let what = format!(
+                    "read {read} pause {pause_ms} ms: {:?}, requester stats {:?}, responder stats {:?}",
+                    out.elapsed, n.stats, out.nodes[1].stats
+                );
+                let st: Vec<(u64, WcStatus)> =
+                    n.send_wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+                let want: Vec<(u64, WcStatus)> =
+                    (0..n_ops).map(|i| (i, WcStatus::Success)).collect();
+                assert_eq!(st, want, "{what}");
+                assert_eq!(n.stats.get("retry_exceeded_err"), None, "{what}");
+                // The link's time and the pause, and at most a message's time again for
+                // each retry the silence cost (what the responder sends again for it).
+                let stalls = pause_ms / 67 + 1;
+                let bound = Duration::from_millis(4 * 105 + pause_ms + stalls * 105 + 50);
+                assert!(out.elapsed < bound, "{what}");
+                eprintln!("{what}");
+            }
+        }
+    }
+
+    /// A peer that answers a READ only with responses of nothing new (made up: PSNs
+    /// before the READ's) cannot hold the requester's timers off for ever: they restart
+    /// the timers only within the budget of what the retransmissions asked for again, so
+    /// the READ still fails with RETRY_EXC_ERR after `retry_cnt + 1` ACK timeouts, each
+    /// lengthened by at most that budget of responses.
+    #[test]
+    fn made_up_duplicate_responses_do_not_keep_a_dead_read_alive() {
+        let (mut nodes, _) = connected_pair(4, 1024);
+        let va = nodes[1].target.addr();
+        let read = SendOp::RdmaRead {
+            remote_addr: va,
+            rkey: 0xbbbb,
+        };
+        // 4 response PSNs: each retransmission may be answered by 4 responses again.
+        post_op(&mut nodes[0], 9, read, 4096);
+        let start = Instant::now();
+        let mut now = start;
+        let request = transmit_one(&mut nodes[0], now).expect("the READ request");
+        let stale = SimPacket {
+            hdr: TxPacket::new(
+                Kind::ReadResponse,
+                super::super::Pos::Only,
+                0x11,
+                request.hdr.psn.sub(1),
+            ),
+            payload: vec![0; 1024],
+        };
+        let step = Duration::from_micros(100);
+        let mut injected = 0u32;
+        while nodes[0].rc.state() == QpState::Rts && now - start < Duration::from_secs(1) {
+            now += step;
+            let n = &mut nodes[0];
+            let (rc, mut env) = n.env();
+            rc.handle_packet(now, &stale.rx(), &mut env);
+            injected += 1;
+            if rc.next_timeout().is_some_and(|t| t <= now) {
+                rc.handle_timeout(now, &mut env);
+            }
+            // What it resends goes nowhere.
+            while transmit_one(&mut nodes[0], now).is_some() {}
+        }
+        let n = &nodes[0];
+        assert_eq!(n.rc.state(), QpState::Err, "{injected} injected, {:?}", n.stats);
+        assert_eq!(n.send_wcs[0].status, WcStatus::RetryExcErr);
+        let timeout = Duration::from_nanos(remem_verbs::qp::local_ack_timeout_ns(8).unwrap());
+        let elapsed = now - start;
+        // Eight ACK timeouts; the budget (4 responses per re-request, 7 re-requests) can
+        // add at most 28 steps.
+        assert!(elapsed >= timeout * 8, "{elapsed:?}");
+        assert!(elapsed <= timeout * 8 + step * (28 + 8), "{elapsed:?} {:?}", n.stats);
     }
 }

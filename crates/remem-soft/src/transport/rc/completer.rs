@@ -161,7 +161,10 @@ impl RcTransport {
                 };
                 match syndrome {
                     Syndrome::Ack { .. } => {
-                        self.ack_through(now, pkt.psn, env);
+                        let stale = pkt.psn.is_before(self.req.una);
+                        if !self.ack_through(now, pkt.psn, env) && stale {
+                            self.on_stale_response(now);
+                        }
                     }
                     nak => self.handle_nak(now, pkt.psn, nak, env),
                 }
@@ -169,6 +172,7 @@ impl RcTransport {
             Kind::AtomicAck => {
                 let Some(orig) = pkt.atomic_ack else { return };
                 let Some(i) = self.first_pending_rd() else {
+                    self.on_stale_response(now);
                     return;
                 };
                 let e = &self.req.sq[i];
@@ -177,7 +181,11 @@ impl RcTransport {
                     SendOp::AtomicCmpAndSwp { .. } | SendOp::AtomicFetchAndAdd { .. }
                 );
                 if e.first_psn != pkt.psn || !is_atomic {
-                    return; // duplicate or unexpected
+                    // A duplicate (a resent atomic answered again) or unexpected.
+                    if pkt.psn.is_before(e.first_psn) {
+                        self.on_stale_response(now);
+                    }
+                    return;
                 }
                 self.ack_through(now, pkt.psn.prev(), env);
                 let Some(i) = self.first_pending_rd() else {
@@ -321,18 +329,23 @@ impl RcTransport {
         env: &mut dyn Env,
     ) {
         let Some(i) = self.first_pending_rd() else {
+            // Responses of a READ already complete: the responder sending again what a
+            // retransmission asked for.
+            self.on_stale_response(now);
             return;
         };
         let e = &self.req.sq[i];
         let answered_by_empty =
             matches!(e.wqe.op, SendOp::AtomicWrite { .. } | SendOp::Flush { .. });
-        if !matches!(e.wqe.op, SendOp::RdmaRead { .. }) && !answered_by_empty {
-            return;
-        }
         let expected = e.first_psn.add(e.resp_pkts);
         let d = pkt.psn.diff(expected);
         if d < 0 {
-            return; // duplicate
+            // A duplicate, or a READ before it answered again.
+            self.on_stale_response(now);
+            return;
+        }
+        if !matches!(e.wqe.op, SendOp::RdmaRead { .. }) && !answered_by_empty {
+            return;
         }
         if d > 0 {
             // Earlier responses were lost: ask again from the first missing one (once: the
@@ -376,6 +389,16 @@ impl RcTransport {
             self.fail(now, Some(pkt.psn), WcStatus::LocProtErr, env);
             return;
         }
+        // Two responses of one READ in a row, nothing resent in between: the
+        // responder's pace.
+        if e.resp_pkts > 0
+            && let Some(at) = self.req.last_answer
+        {
+            let gap = now.saturating_duration_since(at);
+            self.req.pacing.on_answer_gap(gap, pkt.payload.len() as u32);
+        }
+        self.req.last_answer = Some(now);
+        let e = &mut self.req.sq[i];
         e.resp_pkts += 1;
         if last {
             e.status = Some(WcStatus::Success);

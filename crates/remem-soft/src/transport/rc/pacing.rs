@@ -40,6 +40,18 @@
 //!   RTO is `SRTT + 4·RTTVAR`, doubled per early retransmission until forward progress or
 //!   a new sample, and clamped to [[`MIN_RTO`], the QP's local ACK timeout]; before the
 //!   first sample it is the ACK timeout.
+//! - **The pace of READ responses.** A READ is answered by a stream of responses whose
+//!   length the round trip does not show: a responder on a slow link, or one that sends in
+//!   bursts (kernel rxe under load), may take far longer between two responses than a
+//!   small message's round trip, and a timer armed from that round trip would re-request a
+//!   READ whose responses are still coming (and a responder such as rxe then sends the
+//!   rest of it again, behind which every later request waits). So while the oldest
+//!   outstanding request is a READ the timer allows, besides the RTO, twice the time the
+//!   next response takes at the slowest pace the responder has answered at lately
+//!   ([`Pacing::on_answer_gap`]: time per byte between two responses of one READ, a
+//!   maximum that decays by 1/16 a sample); before any pace is measured, the ACK timeout
+//!   (as before the first RTT sample). A READ whose responses keep coming is never
+//!   retransmitted early; a lost response still shows at once as a gap in the PSNs.
 
 use std::time::{Duration, Instant};
 
@@ -69,6 +81,10 @@ pub(super) const MIN_RTO: Duration = Duration::from_micros(250);
 /// no earlier than IBTA's timer says.
 const INITIAL_RTO: Duration = Duration::from_secs(1);
 
+/// Header bytes counted with each READ response's payload when timing the responder's
+/// pace (Ethernet, IPv4, UDP, BTH, AETH, ICRC: what a link carries besides the payload).
+const RESPONSE_OVERHEAD: u32 = 14 + 20 + 8 + 12 + 4 + 4;
+
 /// Congestion window and retransmit timer of one requester.
 #[derive(Debug, Clone)]
 pub(super) struct Pacing {
@@ -95,6 +111,9 @@ pub(super) struct Pacing {
     /// Packets sent and losses detected, decayed together (the loss rate).
     sent: f64,
     losses: f64,
+    /// The slowest pace READ responses came at lately, nanoseconds per byte (a maximum
+    /// decaying by 1/16 a sample); `None` until a READ's responses were timed.
+    answer_pace: Option<f64>,
 }
 
 impl Pacing {
@@ -115,6 +134,7 @@ impl Pacing {
             undo: None,
             sent: 0.0,
             losses: 0.0,
+            answer_pace: None,
         }
     }
 
@@ -262,6 +282,35 @@ impl Pacing {
             self.cwnd = cwnd;
             self.ssthresh = ssthresh;
             self.recover = None;
+        }
+    }
+
+    /// Two READ responses of one READ came `gap` apart, the second carrying `bytes` of
+    /// payload: the responder's pace (see the module's documentation).
+    pub(super) fn on_answer_gap(&mut self, gap: Duration, bytes: u32) {
+        let pace = gap.as_nanos() as f64 / f64::from(bytes.saturating_add(RESPONSE_OVERHEAD));
+        self.answer_pace = Some(match self.answer_pace {
+            Some(p) => pace.max(p - p / 16.0),
+            None => pace,
+        });
+    }
+
+    /// The retransmission timeout while the next thing expected is a READ response of
+    /// `bytes` bytes of payload: the RTO and twice the time that response takes at the
+    /// responder's slowest recent pace (within the ACK timeout); before any pace was
+    /// measured, the ACK timeout (no early retransmission of a READ on a round trip
+    /// measured with small messages).
+    pub(super) fn answer_rto(&self, bytes: u32) -> Duration {
+        let rto = self.rto();
+        let Some(pace) = self.answer_pace else {
+            return self.max_rto.unwrap_or(INITIAL_RTO).max(rto);
+        };
+        let wire = f64::from(bytes.saturating_add(RESPONSE_OVERHEAD));
+        let allowance = Duration::from_nanos((2.0 * pace * wire).min(1e15) as u64);
+        let rto = rto.saturating_add(allowance);
+        match self.max_rto {
+            Some(max) => rto.min(max),
+            None => rto,
         }
     }
 
@@ -430,6 +479,36 @@ mod tests {
         p.on_loss(t0 + 20 * MS);
         p.judge_rto(true);
         assert_eq!(p.cwnd(), 32);
+    }
+
+    #[test]
+    fn a_read_is_timed_at_the_pace_of_its_responses() {
+        let mut p = Pacing::new(128, T);
+        // Small messages measured a 40 µs round trip: the RTO is its floor.
+        for _ in 0..50 {
+            p.on_rtt(Duration::from_micros(40));
+        }
+        assert_eq!(p.rto(), MIN_RTO);
+        // No response pace measured yet: a READ waits for the ACK timeout.
+        assert_eq!(p.answer_rto(4096), T.unwrap());
+        // Responses of 4096 bytes a millisecond apart (4 MB/s): the RTO and twice that.
+        p.on_answer_gap(MS, 4096);
+        let rto = p.answer_rto(4096);
+        assert!(rto >= MIN_RTO + 2 * MS - Duration::from_micros(1), "{rto:?}");
+        assert!(rto <= MIN_RTO + 2 * MS + Duration::from_micros(1), "{rto:?}");
+        // A smaller response is expected sooner.
+        assert!(p.answer_rto(64) < MIN_RTO + Duration::from_micros(70));
+        // Faster responses bring the pace down by 1/16 a sample, not at once.
+        p.on_answer_gap(Duration::from_micros(10), 4096);
+        let after_one = p.answer_rto(4096);
+        assert!(after_one < rto && after_one > MIN_RTO + MS, "{after_one:?}");
+        for _ in 0..200 {
+            p.on_answer_gap(Duration::from_micros(10), 4096);
+        }
+        assert!(p.answer_rto(4096) < MIN_RTO + Duration::from_micros(30));
+        // A pause raises it at once; the ACK timeout caps it.
+        p.on_answer_gap(Duration::from_secs(5), 64);
+        assert_eq!(p.answer_rto(4096), T.unwrap());
     }
 
     #[derive(Debug, Clone)]

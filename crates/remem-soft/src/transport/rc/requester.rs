@@ -7,6 +7,18 @@
 //! adaptive retransmission timeout (`rto_at`, from the measured round trip, see
 //! [`super::pacing`]) fires earlier: it resends from the first unacknowledged PSN, paced by
 //! the congestion window, and spends no retry.
+//!
+//! Both restart with forward progress, every READ response that arrives in order included
+//! (IBTA's requester restarts its transport timer on each valid response of the oldest
+//! outstanding request), and while the oldest outstanding request is a READ the early one
+//! allows for the pace its responses come at ([`super::pacing`]), so a READ whose responses
+//! keep coming, however slowly, is not retransmitted. A response that answers nothing new
+//! (the responder sending again what a retransmission asked for: kernel rxe restarts a
+//! READ's responses from a re-requested PSN once it has finished the ones in progress, and
+//! only then turns to later requests) shows the peer alive and working through what it was
+//! asked: it restarts both timers too, as rxe's completer restarts its retransmit timer on
+//! every response it processes — within a budget of the responses the retransmissions
+//! asked for again, so a peer cannot hold the timers off with duplicates it makes up.
 
 use super::Env;
 use super::pacing::Pacing;
@@ -91,6 +103,13 @@ pub(super) struct Requester {
     /// Some READ's responses were kept ahead of an earlier one's (see `accept_ahead`):
     /// `settle_ahead` has work until the send queue drains.
     pub(super) ahead: bool,
+    /// Responses that answer nothing new and may still restart the timers: the responses
+    /// the retransmissions asked for again (one per packet resent, a READ's re-request
+    /// counting each response PSN it asks for), less those that came.
+    pub(super) stale_budget: u32,
+    /// When the last READ response arrived in order, while no retransmission happened
+    /// since: the next one of the same READ times the responder's pace.
+    pub(super) last_answer: Option<Instant>,
 }
 
 impl Requester {
@@ -115,6 +134,8 @@ impl Requester {
             last_seq_nak: None,
             probe: false,
             ahead: false,
+            stale_budget: 0,
+            last_answer: None,
         }
     }
 }
@@ -354,6 +375,8 @@ impl RcTransport {
         }
         if psn.is_before(r.max_sent) {
             env.count(Stat::Retransmitted);
+            r.stale_budget = r.stale_budget.saturating_add(consumed);
+            r.last_answer = None;
         } else if r.timed.is_none() {
             r.timed = Some((psn, now));
         }
@@ -365,13 +388,14 @@ impl RcTransport {
         if r.timer.is_none() {
             r.timer = cfg.ack_timeout().map(|t| now + t);
         }
-        if r.rto_at.is_none() {
-            r.rto_at = Some(now + r.pacing.rto());
-        }
         let src = match payload_off {
             Some(offset) => PayloadSrc::Wqe { index, offset },
             None => PayloadSrc::None,
         };
+        if self.req.rto_at.is_none() {
+            let rto = self.early_rto();
+            self.req.rto_at = Some(now + rto);
+        }
         Some((pkt, src))
     }
 
@@ -466,9 +490,45 @@ impl RcTransport {
         if r.una == r.max_sent {
             r.timer = None;
             r.rto_at = None;
+            r.last_answer = None;
         } else {
             r.timer = cfg.ack_timeout().map(|t| now + t);
-            r.rto_at = Some(now + r.pacing.rto());
+            let rto = self.early_rto();
+            self.req.rto_at = Some(now + rto);
+        }
+    }
+
+    /// The adaptive retransmission timeout for what is unacknowledged now: the RTO, or,
+    /// while the oldest outstanding request is a READ, the RTO with the time its next
+    /// response takes at the responder's pace ([`Pacing::answer_rto`]).
+    pub(super) fn early_rto(&self) -> std::time::Duration {
+        let r = &self.req;
+        let head = r.sq.iter().find(|e| e.started && e.status.is_none());
+        match head {
+            Some(e) if matches!(e.wqe.op, SendOp::RdmaRead { .. }) => {
+                let offset = u64::from(e.resp_pkts) * u64::from(self.cfg.mtu);
+                let bytes = e.wqe.len.saturating_sub(offset).min(u64::from(self.cfg.mtu));
+                r.pacing.answer_rto(bytes as u32)
+            }
+            _ => r.pacing.rto(),
+        }
+    }
+
+    /// A response that answers nothing new arrived at `now` (a duplicate of one already
+    /// taken, or the responder sending again what a retransmission asked for): while the
+    /// budget of such responses lasts, the peer is alive and working through what it was
+    /// asked, and both timers start again (no retry is restored: only progress does that).
+    pub(super) fn on_stale_response(&mut self, now: Instant) {
+        let r = &mut self.req;
+        if r.una == r.max_sent || r.stale_budget == 0 {
+            return;
+        }
+        r.stale_budget -= 1;
+        if r.timer.is_some() {
+            r.timer = self.cfg.ack_timeout().map(|t| now + t);
+        }
+        if self.req.rto_at.is_some() {
+            self.req.rto_at = Some(now + self.early_rto());
         }
     }
 
