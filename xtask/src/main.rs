@@ -992,6 +992,12 @@ fn conformance(img: &Image) -> Res<i32> {
         &host_bin.to_string(),
         &cli.display().to_string(),
     );
+    perftest_sweep_steps(
+        &mut guest,
+        &mut host,
+        &host_bin.to_string(),
+        &cli.display().to_string(),
+    );
     dropin_steps(
         &mut guest,
         &mut host,
@@ -1019,7 +1025,7 @@ fn conformance(img: &Image) -> Res<i32> {
         &[vec![bin.clone(), cli, cm, peer.clone()], api_tests].concat(),
         Net::Tap,
         Some(&host),
-        Duration::from_secs(900),
+        Duration::from_secs(1200),
         &guest,
     )?;
     println!(
@@ -1239,23 +1245,48 @@ fn perftest_steps(guest: &mut String, host: &mut String, conformance: &str, cli:
 /// perftest SEND server waits for every message: the UC send_bw run uses small messages,
 /// fewer than perftest's posted receives, which the emulated guest takes without loss.
 fn perftest_flag_steps(guest: &mut String, host: &mut String, conformance: &str, cli: &str) {
-    let sync = format!("{TAP_HOST}:7472");
-    let soft = format!("soft@{TAP_HOST}:4791");
     // One run per line: the test and its flags (both sides take the same, as perftest's).
     let runs = "write_bw -b -n 100\nread_bw -b -q 2 -n 100\nsend_bw -b -n 100\n\
                 atomic_bw -b -n 100\nsend_bw -c UD -n 100\nsend_bw -c UD -b -n 100\n\
                 send_bw -c UD -a -n 20\nsend_lat -c UD -n 100\n\
                 write_bw -c UC -n 100\nsend_bw -c UC -s 1024 -n 100\n\
                 write_lat -c UC -n 100\nsend_lat -c UC -n 100";
+    perftest_runs(guest, host, conformance, cli, runs, 120);
+}
+
+/// perftest's size sweeps (`-a`: 2 bytes to 8 MiB) of READ and WRITE between perftest in
+/// the guest (kernel rxe) and `remem perf --perftest` on the host (soft provider), each
+/// side once as server. The emulated guest's rxe takes tens of milliseconds per 512 KiB
+/// READ: a requester that timed its READs by the small sizes' round trips re-requested the
+/// large ones while their responses were still coming, until RETRY_EXC_ERR (issue 33);
+/// and the host answers the guest's slow requester in the other direction.
+fn perftest_sweep_steps(guest: &mut String, host: &mut String, conformance: &str, cli: &str) {
+    let runs = "read_lat -a -n 5\nread_bw -a -n 5\nwrite_lat -a -n 5";
+    perftest_runs(guest, host, conformance, cli, runs, 300);
+}
+
+/// Runs each line of `runs` (a perftest test and its flags, `-F` added) between perftest
+/// in the guest and `remem perf --perftest` on the host, each side once as server, each
+/// run limited to `limit` seconds.
+fn perftest_runs(
+    guest: &mut String,
+    host: &mut String,
+    conformance: &str,
+    cli: &str,
+    runs: &str,
+    limit: u32,
+) {
+    let sync = format!("{TAP_HOST}:7472");
+    let soft = format!("soft@{TAP_HOST}:4791");
     let common = "-F";
     guest.push_str(&format!(
         "printf '{runs}\\n' > /tmp/flag-runs\n\
          while read -r t extra; do\n\
          \x20 echo \"== perftest's ib_$t $extra (rdma-core, kernel rxe, guest) against remem perf --perftest (soft, host)\"\n\
          \x20 ./conformance sync connect {sync} < /dev/null || rc=1\n\
-         \x20 timeout 120 ib_$t -d rxe0 -x \"$RXE_GID_INDEX\" {common} $extra {TAP_HOST} < /dev/null || {{ rc=1; echo \"ib_$t $extra (client) failed\"; }}\n\
+         \x20 timeout {limit} ib_$t -d rxe0 -x \"$RXE_GID_INDEX\" {common} $extra {TAP_HOST} < /dev/null || {{ rc=1; echo \"ib_$t $extra (client) failed\"; }}\n\
          \x20 echo \"== remem perf --perftest $t $extra (soft, host) against perftest's ib_$t (rdma-core, kernel rxe, guest)\"\n\
-         \x20 timeout 120 ib_$t -d rxe0 -x \"$RXE_GID_INDEX\" {common} $extra < /dev/null > /tmp/server.log 2>&1 &\n\
+         \x20 timeout {limit} ib_$t -d rxe0 -x \"$RXE_GID_INDEX\" {common} $extra < /dev/null > /tmp/server.log 2>&1 &\n\
          \x20 server=$!\n\
          \x20 for i in $(seq 100); do netstat -ltn 2>/dev/null | grep -q ':18515 ' && break; sleep 0.1; done\n\
          \x20 ./conformance sync connect {sync} < /dev/null || rc=1\n\
@@ -1266,13 +1297,13 @@ fn perftest_flag_steps(guest: &mut String, host: &mut String, conformance: &str,
     host.push_str(&format!(
         "printf '{runs}\\n' > /tmp/remem-flag-runs.$$\n\
          while read -r t extra; do\n\
-         \x20 timeout 120 {cli} perf --perftest $t {common} $extra -d {soft} < /dev/null &\n\
+         \x20 timeout {limit} {cli} perf --perftest $t {common} $extra -d {soft} < /dev/null &\n\
          \x20 server=$!\n\
          \x20 i=0; while [ $i -lt 100 ] && ! ss -ltn | grep -q ':18515 '; do sleep 0.1; i=$((i+1)); done\n\
          \x20 {conformance} sync listen {sync} < /dev/null || rc=1\n\
          \x20 wait $server || {{ rc=1; echo \"remem perf --perftest $t $extra (server) failed\"; }}\n\
          \x20 {conformance} sync listen {sync} < /dev/null || rc=1\n\
-         \x20 timeout 120 {cli} perf --perftest $t {common} $extra -d {soft} {TAP_GUEST} < /dev/null || {{ rc=1; echo \"remem perf --perftest $t $extra (client) failed\"; }}\n\
+         \x20 timeout {limit} {cli} perf --perftest $t {common} $extra -d {soft} {TAP_GUEST} < /dev/null || {{ rc=1; echo \"remem perf --perftest $t $extra (client) failed\"; }}\n\
          done < /tmp/remem-flag-runs.$$\n\
          rm -f /tmp/remem-flag-runs.$$\n"
     ));
