@@ -395,7 +395,7 @@ impl RcTransport {
             && let Some(at) = self.req.last_answer
         {
             let gap = now.saturating_duration_since(at);
-            self.req.pacing.on_answer_gap(gap, pkt.payload.len() as u32);
+            self.req.pacing.on_answer_gap(now, gap, pkt.payload.len() as u32);
         }
         self.req.last_answer = Some(now);
         let e = &mut self.req.sq[i];

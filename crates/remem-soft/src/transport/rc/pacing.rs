@@ -49,7 +49,10 @@
 //!   outstanding request is a READ the timer allows, besides the RTO, twice the time the
 //!   next response takes at the slowest pace the responder has answered at lately
 //!   ([`Pacing::on_answer_gap`]: time per byte between two responses of one READ, a
-//!   maximum that decays by 1/16 a sample); before any pace is measured, the ACK timeout
+//!   maximum that decays with a half-life of [`PACE_HALF_LIFE`]: a responder that sends in
+//!   bursts with pauses between them — rxe in an emulated guest pauses for milliseconds
+//!   after tens of back-to-back responses — is timed by its pauses, which a decay per
+//!   sample would forget within a burst); before any pace is measured, the ACK timeout
 //!   (as before the first RTT sample). A READ whose responses keep coming is never
 //!   retransmitted early; a lost response still shows at once as a gap in the PSNs.
 
@@ -80,6 +83,11 @@ pub(super) const MIN_RTO: Duration = Duration::from_micros(250);
 /// With one, the ACK timeout itself: until the path is measured, the requester retransmits
 /// no earlier than IBTA's timer says.
 const INITIAL_RTO: Duration = Duration::from_secs(1);
+
+/// The half-life of the slowest READ response pace (see the module's documentation): long
+/// enough to span the bursts of a responder that pauses between them, short enough that
+/// one hiccup does not slow loss detection for long.
+pub(super) const PACE_HALF_LIFE: Duration = Duration::from_millis(500);
 
 /// Header bytes counted with each READ response's payload when timing the responder's
 /// pace (Ethernet, IPv4, UDP, BTH, AETH, ICRC: what a link carries besides the payload).
@@ -112,8 +120,9 @@ pub(super) struct Pacing {
     sent: f64,
     losses: f64,
     /// The slowest pace READ responses came at lately, nanoseconds per byte (a maximum
-    /// decaying by 1/16 a sample); `None` until a READ's responses were timed.
-    answer_pace: Option<f64>,
+    /// decaying with a half-life of [`PACE_HALF_LIFE`]), and when it was last updated;
+    /// `None` until a READ's responses were timed.
+    answer_pace: Option<(f64, Instant)>,
 }
 
 impl Pacing {
@@ -285,14 +294,18 @@ impl Pacing {
         }
     }
 
-    /// Two READ responses of one READ came `gap` apart, the second carrying `bytes` of
-    /// payload: the responder's pace (see the module's documentation).
-    pub(super) fn on_answer_gap(&mut self, gap: Duration, bytes: u32) {
+    /// Two READ responses of one READ came `gap` apart, the second (at `now`) carrying
+    /// `bytes` of payload: the responder's pace (see the module's documentation).
+    pub(super) fn on_answer_gap(&mut self, now: Instant, gap: Duration, bytes: u32) {
         let pace = gap.as_nanos() as f64 / f64::from(bytes.saturating_add(RESPONSE_OVERHEAD));
-        self.answer_pace = Some(match self.answer_pace {
-            Some(p) => pace.max(p - p / 16.0),
+        let slowest = match self.answer_pace {
+            Some((p, at)) => {
+                let age = now.saturating_duration_since(at).as_secs_f64();
+                pace.max(p * 0.5f64.powf(age / PACE_HALF_LIFE.as_secs_f64()))
+            }
             None => pace,
-        });
+        };
+        self.answer_pace = Some((slowest, now));
     }
 
     /// The retransmission timeout while the next thing expected is a READ response of
@@ -302,7 +315,7 @@ impl Pacing {
     /// measured with small messages).
     pub(super) fn answer_rto(&self, bytes: u32) -> Duration {
         let rto = self.rto();
-        let Some(pace) = self.answer_pace else {
+        let Some((pace, _)) = self.answer_pace else {
             return self.max_rto.unwrap_or(INITIAL_RTO).max(rto);
         };
         let wire = f64::from(bytes.saturating_add(RESPONSE_OVERHEAD));
@@ -492,22 +505,24 @@ mod tests {
         // No response pace measured yet: a READ waits for the ACK timeout.
         assert_eq!(p.answer_rto(4096), T.unwrap());
         // Responses of 4096 bytes a millisecond apart (4 MB/s): the RTO and twice that.
-        p.on_answer_gap(MS, 4096);
+        let t0 = Instant::now();
+        p.on_answer_gap(t0, MS, 4096);
         let rto = p.answer_rto(4096);
         assert!(rto >= MIN_RTO + 2 * MS - Duration::from_micros(1), "{rto:?}");
         assert!(rto <= MIN_RTO + 2 * MS + Duration::from_micros(1), "{rto:?}");
         // A smaller response is expected sooner.
         assert!(p.answer_rto(64) < MIN_RTO + Duration::from_micros(70));
-        // Faster responses bring the pace down by 1/16 a sample, not at once.
-        p.on_answer_gap(Duration::from_micros(10), 4096);
-        let after_one = p.answer_rto(4096);
-        assert!(after_one < rto && after_one > MIN_RTO + MS, "{after_one:?}");
-        for _ in 0..200 {
-            p.on_answer_gap(Duration::from_micros(10), 4096);
+        // A burst of back-to-back responses right after does not forget the pause...
+        for i in 0..200u32 {
+            p.on_answer_gap(t0 + i * Duration::from_micros(10), Duration::from_micros(10), 4096);
         }
+        assert!(p.answer_rto(4096) > MIN_RTO + MS, "{:?}", p.answer_rto(4096));
+        // ...but fast responses for a few half-lives do.
+        let later = t0 + PACE_HALF_LIFE * 12;
+        p.on_answer_gap(later, Duration::from_micros(10), 4096);
         assert!(p.answer_rto(4096) < MIN_RTO + Duration::from_micros(30));
         // A pause raises it at once; the ACK timeout caps it.
-        p.on_answer_gap(Duration::from_secs(5), 64);
+        p.on_answer_gap(later, Duration::from_secs(5), 64);
         assert_eq!(p.answer_rto(4096), T.unwrap());
     }
 
