@@ -1311,6 +1311,12 @@ fn stream_pair_moved(seed: u64, shift: u32) -> [Node; 2] {
     };
     fill(&nodes[0].local);
     fill(&nodes[1].target);
+    bring_up(&mut nodes);
+    nodes
+}
+
+/// Moves both nodes' QPs through INIT and RTR to RTS with their configurations.
+fn bring_up(nodes: &mut [Node; 2]) {
     for n in nodes.iter_mut() {
         let c = *n.rc.config();
         let (rc, mut env) = n.env();
@@ -1318,7 +1324,6 @@ fn stream_pair_moved(seed: u64, shift: u32) -> [Node; 2] {
             rc.set_state(c, s, &mut env);
         }
     }
-    nodes
 }
 
 /// Runs a stream of WRITEs (node 0's local buffer to node 1's target) or READs (node 1's
@@ -1680,13 +1685,7 @@ mod slow {
         let mut rng = StdRng::seed_from_u64(seed);
         let bytes: Vec<u8> = (0..len).map(|_| rng.random()).collect();
         nodes[1].target.write(0, &bytes).unwrap();
-        for n in nodes.iter_mut() {
-            let c = *n.rc.config();
-            let (rc, mut env) = n.env();
-            for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
-                rc.set_state(c, s, &mut env);
-            }
-        }
+        bring_up(&mut nodes);
         nodes
     }
 
