@@ -355,9 +355,16 @@ impl Context for SoftContext {
         self.dev.counters()
     }
 
+    /// Soft devices send to any UDP port (but 0): an address vector may name one.
+    fn can_send_to_udp_port(&self, port: u16) -> bool {
+        port != 0
+    }
+
     /// Soft devices send to any UDP port: the peer's port goes into a per-device table
     /// ([`crate::PEER_PORT_BUDGET`] peers; [`Error::Exhausted`] beyond), consulted
-    /// for every packet to that GID's address (QPs, address handles, CM MADs).
+    /// for every packet to that GID's address (QPs and address handles whose address
+    /// vector names no port, CM MADs). The application's configuration: remem's handshake
+    /// never writes it (the port a peer claims goes into that connection's path).
     fn set_peer_udp_port(&self, gid: remem_verbs::Gid, port: u16) -> Result<()> {
         self.dev.engine.set_peer_port(gid.to_ip(), port)
     }
