@@ -29,9 +29,10 @@ pub struct SoftOptions {
     /// no wake-up). A sleeping thread is woken by a post at once (an eventfd write).
     pub busy_poll: Duration,
     /// The UDP port this device sends to by default (default: its own). RoCEv2 devices all
-    /// use 4791, so peers share a port; a peer on another port is named per peer with
-    /// [`Context::set_peer_udp_port`] (two soft devices on one address, e.g. `::1`, the only
-    /// IPv6 loopback address, need distinct ports).
+    /// use 4791, so peers share a port; a peer on another port is named per path in its
+    /// address vector (`AhAttr::udp_port`) or per peer with [`Context::set_peer_udp_port`]
+    /// (two soft devices on one address, e.g. `::1`, the only IPv6 loopback address, need
+    /// distinct ports).
     pub peer_port: Option<u16>,
     /// Leave out the RoCEv2 memory placement extensions (FLUSH, ATOMIC WRITE), as kernel
     /// Soft-RoCE before Linux 6.2 does: the device does not report them and refuses to

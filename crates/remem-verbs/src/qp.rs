@@ -178,7 +178,7 @@ pub struct AhAttr {
     /// [`Context::set_peer_udp_port`](crate::Context::set_peer_udp_port)). A device that
     /// sends only to 4791 refuses another port
     /// ([`Context::can_send_to_udp_port`](crate::Context::can_send_to_udp_port)) with
-    /// [`Error::Unsupported`](crate::Error::Unsupported). A connected QP whose path names
+    /// [`Error::Unsupported`]. A connected QP whose path names
     /// a port other than 4791 also takes packets only from that port (only soft devices
     /// receive elsewhere than 4791, and a soft device sends from the port it receives on;
     /// 4791 peers send from ports of their choosing).
