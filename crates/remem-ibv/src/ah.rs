@@ -81,6 +81,9 @@ pub(crate) fn ah_attr_from(a: &ibv_ah_attr) -> Result<AhAttr, c_int> {
         src_path_bits: a.src_path_bits,
         static_rate: a.static_rate,
         port_num: a.port_num,
+        // `struct ibv_ah_attr` has no port: the device's default (4791, or the soft
+        // device's peer port), as on every verbs device.
+        udp_port: 0,
     })
 }
 
@@ -385,6 +388,7 @@ mod tests {
             src_path_bits: 5,
             static_rate: 6,
             port_num: 1,
+            udp_port: 0,
         };
         let c = ah_attr_to(&av);
         assert_eq!(ah_attr_from(&c).unwrap(), av);

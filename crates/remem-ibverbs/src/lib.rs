@@ -583,6 +583,20 @@ fn from_ah_attr(r: &sys::ibv_ah_attr) -> AhAttr {
         src_path_bits: r.src_path_bits,
         static_rate: r.static_rate,
         port_num: r.port_num,
+        // rdma-core's address vector has no port: RoCEv2 goes to 4791.
+        udp_port: 0,
+    }
+}
+
+/// A path to a UDP port other than 4791: rdma-core devices (NICs, kernel rxe) cannot send
+/// there ([`Context::can_send_to_udp_port`]'s default says so).
+fn check_udp_port(a: &AhAttr) -> Result<()> {
+    if a.udp_port == 0 || a.udp_port == remem_verbs::ROCEV2_UDP_PORT {
+        Ok(())
+    } else {
+        Err(Error::Unsupported(
+            "sending RoCEv2 to a UDP port other than 4791",
+        ))
     }
 }
 
@@ -703,6 +717,7 @@ impl ProtectionDomain for IbPd {
     }
 
     fn create_ah(&self, attr: &AhAttr) -> Result<Arc<dyn AddressHandle>> {
+        check_udp_port(attr)?;
         let mut raw = ah_attr(attr);
         let ah =
             sys::Ah::create(&self.inner.pd, &mut raw).map_err(|e| io_err("ibv_create_ah", e))?;
@@ -1120,6 +1135,9 @@ impl QueuePair for IbQp {
 
     fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         remem_verbs::check_modify(self.qp_type, self.state(), attr, mask)?;
+        if mask.contains(QpAttrMask::AV) {
+            check_udp_port(&attr.ah_attr)?;
+        }
         let mut raw = raw_qp_attr(attr);
         self.qp
             .modify(&mut raw, mask.bits())

@@ -29,9 +29,10 @@ pub struct SoftOptions {
     /// no wake-up). A sleeping thread is woken by a post at once (an eventfd write).
     pub busy_poll: Duration,
     /// The UDP port this device sends to by default (default: its own). RoCEv2 devices all
-    /// use 4791, so peers share a port; a peer on another port is named per peer with
-    /// [`Context::set_peer_udp_port`] (two soft devices on one address, e.g. `::1`, the only
-    /// IPv6 loopback address, need distinct ports).
+    /// use 4791, so peers share a port; a peer on another port is named per path in its
+    /// address vector (`AhAttr::udp_port`) or per peer with [`Context::set_peer_udp_port`]
+    /// (two soft devices on one address, e.g. `::1`, the only IPv6 loopback address, need
+    /// distinct ports).
     pub peer_port: Option<u16>,
     /// Leave out the RoCEv2 memory placement extensions (FLUSH, ATOMIC WRITE), as kernel
     /// Soft-RoCE before Linux 6.2 does: the device does not report them and refuses to
@@ -355,9 +356,16 @@ impl Context for SoftContext {
         self.dev.counters()
     }
 
+    /// Soft devices send to any UDP port (but 0): an address vector may name one.
+    fn can_send_to_udp_port(&self, port: u16) -> bool {
+        port != 0
+    }
+
     /// Soft devices send to any UDP port: the peer's port goes into a per-device table
     /// ([`crate::PEER_PORT_BUDGET`] peers; [`Error::Exhausted`] beyond), consulted
-    /// for every packet to that GID's address (QPs, address handles, CM MADs).
+    /// for every packet to that GID's address (QPs and address handles whose address
+    /// vector names no port, CM MADs). The application's configuration: remem's handshake
+    /// never writes it (the port a peer claims goes into that connection's path).
     fn set_peer_udp_port(&self, gid: remem_verbs::Gid, port: u16) -> Result<()> {
         self.dev.engine.set_peer_port(gid.to_ip(), port)
     }

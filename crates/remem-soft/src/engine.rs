@@ -295,9 +295,14 @@ impl Engine {
     }
 
     /// Records that the peer at `ip` receives RoCEv2 on UDP `port`: every packet this
-    /// device sends to `ip` afterwards — QPs', address handles' and the connection
-    /// manager's, new or existing — goes to that port instead of the device's default peer
-    /// port. Setting a peer again overwrites its entry. Port 0 is
+    /// device sends to `ip` afterwards — those of QPs and address handles whose address
+    /// vector names no port of its own, and the connection manager's, new or existing —
+    /// goes to that port instead of the device's default peer port. The application's
+    /// device-wide configuration
+    /// ([`Context::set_peer_udp_port`](remem_verbs::Context::set_peer_udp_port)): nothing a
+    /// peer says writes it (a port learnt from a peer goes into that connection's path:
+    /// [`Engine::path_addr`]).
+    /// Setting a peer again overwrites its entry. Port 0 is
     /// [`remem_verbs::Error::InvalidArgument`]; a new peer beyond [`PEER_PORT_BUDGET`] is
     /// [`remem_verbs::Error::Exhausted`].
     ///
@@ -333,8 +338,29 @@ impl Engine {
         Ok(())
     }
 
-    /// The UDP address packets to the peer at `ip` go to: its port from
-    /// [`Engine::set_peer_port`], else the device's default peer port.
+    /// The UDP address packets of a path to `ip` whose address vector names UDP port
+    /// `port` go to: that port, a property of the path alone (a connection's, learnt from
+    /// its peer: nothing else's destination changes with it); for `port` 0, as
+    /// [`Engine::peer_addr`] says.
+    ///
+    /// ```
+    /// use remem_soft::engine::Engine;
+    /// let engine = Engine::new("127.0.0.1:4791".parse().unwrap(), 4791);
+    /// let peer = "127.0.0.2".parse().unwrap();
+    /// engine.set_peer_port(peer, 50_000).unwrap();
+    /// assert_eq!(engine.path_addr(peer, 6000), "127.0.0.2:6000".parse().unwrap());
+    /// assert_eq!(engine.path_addr(peer, 0), "127.0.0.2:50000".parse().unwrap());
+    /// ```
+    #[inline]
+    pub fn path_addr(&self, ip: IpAddr, port: u16) -> SocketAddr {
+        if port != 0 {
+            return SocketAddr::new(ip, port);
+        }
+        self.peer_addr(ip)
+    }
+
+    /// The UDP address packets to the peer at `ip` go to when their path names no port:
+    /// its port from [`Engine::set_peer_port`], else the device's default peer port.
     pub fn peer_addr(&self, ip: IpAddr) -> SocketAddr {
         if !self.any_peer_port.load(Ordering::Acquire) {
             return SocketAddr::new(ip, self.peer_port);
@@ -541,7 +567,7 @@ impl Engine {
             src: from.ip(),
             dst: to,
         };
-        if let Err(cause) = qp.handle_packet(now, &rx, &src) {
+        if let Err(cause) = qp.handle_packet(now, &rx, &src, from.port()) {
             count(match cause {
                 DropCause::WrongSource => &self.stats.drop_wrong_source,
                 DropCause::QpState => &self.stats.drop_qp_state,
@@ -697,8 +723,8 @@ impl Engine {
             }
             let mut dst = self.local;
             let first = self.requests_first.load(Ordering::Relaxed);
-            let (built, more) = qp.poll_transmit_more(now, first, |tx, dgid, fill| {
-                dst = self.peer_addr(dgid.to_ip());
+            let (built, more) = qp.poll_transmit_more(now, first, |tx, path, fill| {
+                dst = self.path_addr(path.dgid.to_ip(), path.udp_port);
                 let h = glue::headers(tx);
                 let (hdr, total) = h.write(tx.payload_len as usize, out.buf()).ok()?;
                 out.payload(tx, hdr, fill).ok()?;
@@ -1130,6 +1156,135 @@ mod tests {
         assert_eq!(engine.peer_addr(p).port(), 5001);
         let mapped = IpAddr::V6(std::net::Ipv4Addr::new(127, 0, 1, 10).to_ipv6_mapped());
         assert_eq!(engine.peer_addr(mapped).port(), 5001);
+    }
+
+    /// Another RC QP on `me`'s device (its PD and CQ), in RTS towards `peer_qpn` on `peer`'s
+    /// address, its path naming UDP port `udp_port` (0: none).
+    fn path_qp(me: &Side, peer: &Side, peer_qpn: u32, udp_port: u16) -> Arc<dyn QueuePair> {
+        let qp = me
+            ._pd
+            .create_qp(&QpInitAttr {
+                qp_type: QpType::Rc,
+                send_cq: me.cq.clone(),
+                recv_cq: me.cq.clone(),
+                srq: None,
+                cap: QpCap {
+                    max_send_wr: 4,
+                    max_recv_wr: 4,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                sq_sig_all: false,
+            })
+            .unwrap();
+        let o = RcOptions {
+            sgid_index: rc::roce_v2_gid(&me.ctx, 1).unwrap().index as u8,
+            access: AccessFlags::REMOTE,
+            mtu: Mtu::Mtu1024,
+            ..RcOptions::default()
+        };
+        let peer = RcPeer {
+            qpn: peer_qpn,
+            psn: 0,
+            gid: Gid::from(peer.ctx.local_addr().ip()),
+            mtu: Mtu::Mtu1024,
+        };
+        rc::to_init(&*qp, &o).unwrap();
+        let (mut rtr, mask) = o.rtr_attr(QpType::Rc, &peer).unwrap();
+        rtr.ah_attr.udp_port = udp_port;
+        qp.modify(&rtr, mask).unwrap();
+        rc::to_rts(&*qp, &o).unwrap();
+        qp
+    }
+
+    /// Posts a 64-byte WRITE on `qp` of `side` and returns where its packet goes.
+    fn write_goes_to(side: &Side, qp: &dyn QueuePair) -> SocketAddr {
+        let write = SendOp::RdmaWrite {
+            remote_addr: 0,
+            rkey: 1,
+        };
+        qp.post_send(&[SendWr::new(9, write, &[side.sge(0, 64)])])
+            .unwrap();
+        let mut pkt = vec![0u8; 2048];
+        side.engine()
+            .poll_transmit(Instant::now(), &mut pkt, 0)
+            .unwrap()
+            .0
+    }
+
+    #[test]
+    fn a_paths_udp_port_is_its_own() {
+        let (a, b) = in_memory(["127.0.1.31", "127.0.1.32"]);
+        let b_addr = b.ctx.local_addr();
+        let named = path_qp(&a, &b, b.qp.qp_num(), 40_000);
+        // The path that names no port goes to the device's default; the one that names a
+        // port, there — and nothing else changed with it.
+        assert_eq!(write_goes_to(&a, &*a.qp), b_addr);
+        assert_eq!(
+            write_goes_to(&a, &*named),
+            SocketAddr::new(b_addr.ip(), 40_000)
+        );
+        assert_eq!(write_goes_to(&a, &*a.qp), b_addr);
+        assert_eq!(a.engine().peer_addr(b_addr.ip()), b_addr);
+        // The application's table moves paths that name no port, and only those.
+        a.engine().set_peer_port(b_addr.ip(), 50_000).unwrap();
+        assert_eq!(write_goes_to(&a, &*a.qp).port(), 50_000);
+        assert_eq!(write_goes_to(&a, &*named).port(), 40_000);
+    }
+
+    #[test]
+    fn a_path_naming_a_port_takes_packets_only_from_there() {
+        let (a, b) = in_memory(["127.0.1.33", "127.0.1.34"]);
+        let (a_addr, b_addr) = (a.ctx.local_addr(), b.ctx.local_addr());
+        // B's QPs towards A's address: one naming port 40 000, one naming 4791, one none.
+        let b_named = path_qp(&b, &a, 0x100, 40_000);
+        let b_4791 = path_qp(&b, &a, 0x101, remem_verbs::ROCEV2_UDP_PORT);
+        let b_none = path_qp(&b, &a, 0x102, 0);
+        // A's QPs sending to each (to B's own port).
+        let senders = [&b_named, &b_4791, &b_none].map(|q| path_qp(&a, &b, q.qp_num(), 0));
+        // A WRITE request from A's address at `port` to `sender`'s peer, its ICRC computed
+        // for that port.
+        let from_port = |sender: &Arc<dyn QueuePair>, port: u16| {
+            let write = SendOp::RdmaWrite {
+                remote_addr: 0,
+                rkey: 1,
+            };
+            sender
+                .post_send(&[SendWr::new(9, write, &[a.sge(0, 64)])])
+                .unwrap();
+            let mut pkt = vec![0u8; 2048];
+            let (dst, len) = a
+                .engine()
+                .poll_transmit_unsealed(Instant::now(), &mut pkt)
+                .unwrap();
+            pkt.truncate(len);
+            let ip = ip_fields(a_addr.ip(), dst.ip(), 0);
+            let ports = UdpPorts {
+                src: port,
+                dst: dst.port(),
+            };
+            icrc::fill(&ip, ports, &mut pkt).unwrap();
+            b.engine().on_datagram(
+                Instant::now(),
+                SocketAddr::new(a_addr.ip(), port),
+                b_addr.ip(),
+                &pkt,
+                0,
+            )
+        };
+        let wrong = b.counter("drop_wrong_source");
+        // The path naming 40 000 takes packets from A's address at 40 000 only.
+        assert_eq!(
+            from_port(&senders[0], a_addr.port()),
+            Err(DropCause::WrongSource)
+        );
+        assert_eq!(b.counter("drop_wrong_source"), wrong + 1);
+        assert_eq!(from_port(&senders[0], 40_000), Ok(()));
+        // 4791 peers (NICs, kernel rxe) send from ports of their choosing: not checked.
+        assert_eq!(from_port(&senders[1], 51_234), Ok(()));
+        assert_eq!(from_port(&senders[2], 51_235), Ok(()));
+        assert_eq!(b.counter("drop_wrong_source"), wrong + 1);
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //!
 //! Besides the interface devices, `soft@<ip>[:<port>]` opens a device bound to any local
 //! address, so that several devices can live on one host (127.0.0.1, 127.0.0.2, …, or one
-//! address at several UDP ports, each device told the others' ports with
+//! address at several UDP ports: each path names its peer's port in its address vector,
+//! `AhAttr::udp_port`, or each device is told the others' ports with
 //! `Context::set_peer_udp_port`).
 //!
 //! Inside: `transport` is the RC/UC/UD transport as a sans-IO state machine, `engine` moves

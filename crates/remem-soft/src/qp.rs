@@ -430,6 +430,36 @@ impl Transport {
     }
 }
 
+/// Where a packet goes, as its QP's or address handle's address vector says: the
+/// destination GID's IP address, at `udp_port` when it names one (0: the device's default
+/// for that address, [`crate::engine::Engine::peer_addr`]). The port is the path's alone
+/// — a connection learns it from its peer — so no other path's destination changes with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Path {
+    /// The destination GID.
+    pub dgid: remem_verbs::Gid,
+    /// The destination UDP port; 0: the device's default.
+    pub udp_port: u16,
+}
+
+impl Path {
+    /// Whether the source UDP port of the path's packets is checked: when the path names a
+    /// port other than 4791. Only soft devices receive elsewhere than 4791, and a soft
+    /// device sends from the port it receives on; a 4791 peer (a NIC, kernel rxe) sends
+    /// from a port of its choosing (its flow entropy), which tells nothing.
+    pub fn checks_source_port(&self) -> bool {
+        self.udp_port != 0 && self.udp_port != remem_verbs::ROCEV2_UDP_PORT
+    }
+
+    /// Whether a packet from `ip`, UDP port `port`, comes from the path's peer: its
+    /// destination GID's address (an IPv4 source matches the IPv4-mapped GID), and its
+    /// port when [`Path::checks_source_port`].
+    pub fn is_source(&self, ip: std::net::IpAddr, port: u16) -> bool {
+        remem_verbs::Gid::from(ip.to_canonical()) == self.dgid
+            && (!self.checks_source_port() || port == self.udp_port)
+    }
+}
+
 /// The state of a QP behind its lock: attributes, the transport and its environment.
 #[derive(Debug)]
 struct QpInner {
@@ -687,16 +717,17 @@ impl SoftQp {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `f` on the transport with this QP's environment and the destination GID of its
-    /// path (RC, UC: packets go to its address and come only from it), then flushes the
-    /// receive queue if the QP ended up in ERR.
-    fn with_env<R>(
-        &self,
-        f: impl FnOnce(&mut Transport, &mut QpEnv, remem_verbs::Gid) -> R,
-    ) -> R {
+    /// Runs `f` on the transport with this QP's environment and its path (RC, UC: packets
+    /// go to its destination GID's address, at its UDP port if it names one, and come only
+    /// from there), then flushes the receive queue if the QP ended up in ERR.
+    fn with_env<R>(&self, f: impl FnOnce(&mut Transport, &mut QpEnv, Path) -> R) -> R {
         let mut guard = self.lock();
         let inner = &mut *guard;
-        let r = f(&mut inner.t, &mut inner.env, inner.attr.ah_attr.dgid);
+        let path = Path {
+            dgid: inner.attr.ah_attr.dgid,
+            udp_port: inner.attr.ah_attr.udp_port,
+        };
+        let r = f(&mut inner.t, &mut inner.env, path);
         if inner.t.state() == QpState::Err {
             inner.env.flush_rq();
         }
@@ -709,25 +740,29 @@ impl SoftQp {
         self.dev.wake(self.qpn);
     }
 
-    /// Handles a packet addressed to this QP, received from `src`. What the QP's state does
-    /// not take is dropped first ([`DropCause::QpState`]: anything in RESET, INIT or ERR,
-    /// an RC response before RTS). An RC or UC QP connected to a peer (RTR, RTS, SQD) takes
-    /// packets only from its destination GID's address, as rxe's `check_addr` does (an
-    /// IPv4 source matches the IPv4-mapped GID of its address): one from any other source
-    /// is dropped ([`DropCause::WrongSource`]) before it reaches the transport, so a third
-    /// party can neither write through the QP nor forge its ACKs, NAKs or READ responses
-    /// without spoofing the peer's address. UD datagrams may come from anywhere; their
-    /// Q_Key is checked ([`DropCause::BadQkey`]).
+    /// Handles a packet addressed to this QP, received from `src` (from UDP port
+    /// `src_port`). What the QP's state does not take is dropped first
+    /// ([`DropCause::QpState`]: anything in RESET, INIT or ERR, an RC response before RTS).
+    /// An RC or UC QP connected to a peer (RTR, RTS, SQD) takes packets only from its
+    /// destination GID's address, as rxe's `check_addr` does (an IPv4 source matches the
+    /// IPv4-mapped GID of its address), and — when its path names a UDP port other than
+    /// 4791 ([`Path::checks_source_port`]) — only from that port: one from any other
+    /// source is dropped ([`DropCause::WrongSource`]) before it reaches the transport, so
+    /// a third party can neither write through the QP nor forge its ACKs, NAKs or READ
+    /// responses without spoofing the peer's address, and a QP answers only packets from
+    /// where its answers go. UD datagrams may come from anywhere; their Q_Key is checked
+    /// ([`DropCause::BadQkey`]).
     pub fn handle_packet(
         &self,
         now: std::time::Instant,
         pkt: &crate::transport::RxPacket<'_>,
         src: &UdSource,
+        src_port: u16,
     ) -> std::result::Result<(), DropCause> {
-        self.with_env(|t, env, dgid| {
+        self.with_env(|t, env, path| {
             if matches!(t, Transport::Rc(_) | Transport::Uc(_))
                 && matches!(t.state(), QpState::Rtr | QpState::Rts | QpState::Sqd)
-                && remem_verbs::Gid::from(src.src.to_canonical()) != dgid
+                && !path.is_source(src.src, src_port)
             {
                 return Err(DropCause::WrongSource);
             }
@@ -772,21 +807,25 @@ impl SoftQp {
         &self,
         now: std::time::Instant,
         requests_first: bool,
-        emit: impl FnOnce(&crate::transport::TxPacket, remem_verbs::Gid, &mut Fill<'_>) -> R,
+        emit: impl FnOnce(&crate::transport::TxPacket, Path, &mut Fill<'_>) -> R,
     ) -> (Option<R>, bool) {
-        self.with_env(|t, env, dgid| match t {
+        self.with_env(|t, env, path| match t {
             Transport::Rc(rc) => {
                 let built = rc.poll_transmit_ordered(now, env, requests_first, |tx, fill| {
-                    emit(tx, dgid, fill)
+                    emit(tx, path, fill)
                 });
                 let more = rc.wants_transmit(now);
                 (built, more)
             }
-            Transport::Uc(uc) => {
-                (uc.poll_transmit(env, |tx, fill| emit(tx, dgid, fill)), true)
-            }
+            Transport::Uc(uc) => (uc.poll_transmit(env, |tx, fill| emit(tx, path, fill)), true),
             Transport::Ud(ud) => (
-                ud.poll_transmit(env, |tx, target, fill| emit(tx, target.av.dgid, fill)),
+                ud.poll_transmit(env, |tx, target, fill| {
+                    let path = Path {
+                        dgid: target.av.dgid,
+                        udp_port: target.av.udp_port,
+                    };
+                    emit(tx, path, fill)
+                }),
                 true,
             ),
         })

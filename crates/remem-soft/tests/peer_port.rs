@@ -1,7 +1,8 @@
 //! `Context::set_peer_udp_port` on the soft provider: two soft devices each on a UDP port
 //! of its own (both opened with port 0) talk — RC SEND/WRITE/READ/atomics, UD, the
 //! connection manager — once each side has told its device the other's port; without it
-//! a device sends to its default peer port (its own), which the raw-socket test shows.
+//! a device sends to its default peer port (its own), which the raw-socket test shows. An
+//! address vector that names a port (`AhAttr::udp_port`) goes there, and moves no other path.
 
 mod common;
 
@@ -113,10 +114,15 @@ impl UdSender {
     }
 
     fn send(&self) {
+        self.send_with(&self.ah);
+    }
+
+    /// Sends one datagram to QPN 0x42 through address handle `ah`.
+    fn send_with(&self, ah: &Arc<dyn remem_verbs::AddressHandle>) {
         let sg = [sge(&*self.mr, 0, 8)];
         let mut wr = SendWr::new(1, SendOp::Send, &sg);
         wr.ud = Some(UdDest {
-            ah: self.ah.clone(),
+            ah: ah.clone(),
             remote_qpn: 0x42,
             remote_qkey: 0x1234,
         });
@@ -164,6 +170,40 @@ fn packets_go_to_the_default_port_until_the_peer_port_is_set() {
     ctx.set_peer_udp_port(mapped, default_port).unwrap();
     ud.send();
     assert_eq!(recv_on(&default), Some(dev_addr));
+}
+
+/// An address vector that names a UDP port (`AhAttr::udp_port`) sends there, whatever
+/// the device's default or table says, and moves no other path: the port is the path's.
+#[test]
+fn an_address_handle_naming_a_port_sends_there_and_moves_nothing_else() {
+    let default = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let named = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let tabled = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = |s: &UdpSocket| s.local_addr().unwrap().port();
+    let opts = SoftOptions {
+        peer_port: Some(port(&default)),
+        ..SoftOptions::default()
+    };
+    let dev = SoftContext::bind_with("127.0.0.1:0".parse().unwrap(), &opts).unwrap();
+    let dev_addr = dev.local_addr();
+    let ctx: Arc<dyn Context> = Arc::new(dev);
+    assert!(ctx.can_send_to_udp_port(port(&named)));
+    let ud = UdSender::new(&ctx, "127.0.0.1".parse().unwrap());
+    let mut av = *ud.ah.attr();
+    av.udp_port = port(&named);
+    let ah_named = ud.pd.create_ah(&av).unwrap();
+    ud.send_with(&ah_named);
+    assert_eq!(recv_on(&named), Some(dev_addr));
+    // The other address handle to the same GID still goes to the default port.
+    ud.send();
+    assert_eq!(recv_on(&default), Some(dev_addr));
+    // The application's table moves the handle that names no port, not the other.
+    ctx.set_peer_udp_port(Gid::from(IpAddr::from([127, 0, 0, 1])), port(&tabled))
+        .unwrap();
+    ud.send();
+    assert_eq!(recv_on(&tabled), Some(dev_addr));
+    ud.send_with(&ah_named);
+    assert_eq!(recv_on(&named), Some(dev_addr));
 }
 
 #[test]

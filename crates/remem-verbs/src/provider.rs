@@ -117,13 +117,26 @@ pub trait Context: Any + Send + Sync {
         Ok(0)
     }
 
+    /// Whether the device can send RoCEv2 to UDP port `port`, as an address vector's
+    /// [`udp_port`](crate::AhAttr::udp_port) names it: RoCE NICs and kernel rxe send only
+    /// to [`ROCEV2_UDP_PORT`] (the default answers so); a soft device sends anywhere. A
+    /// pure question: it changes nothing.
+    fn can_send_to_udp_port(&self, port: u16) -> bool {
+        port == ROCEV2_UDP_PORT
+    }
+
     /// Tells the device that the RoCEv2 peer whose GID is `gid` receives on UDP port `port`
     /// (a soft device of another process may listen on any port; RoCE NICs and kernel rxe
     /// all use [`ROCEV2_UDP_PORT`]). Later packets to that GID — from QPs or address
-    /// handles, new or existing — go to that port. Devices that can only send to
-    /// [`ROCEV2_UDP_PORT`] accept that port and answer any other with
-    /// [`Error::Unsupported`](crate::Error::Unsupported); a device may bound how many peers
-    /// it remembers ([`Error::Exhausted`](crate::Error::Exhausted) beyond that).
+    /// handles, new or existing, whose address vector names no port of its own
+    /// ([`AhAttr::udp_port`](crate::AhAttr::udp_port) 0), and the connection manager's —
+    /// go to that port. It is the application's device-wide configuration (e.g. for raw
+    /// verbs or RDMA CM between soft devices on different ports): nothing a peer says
+    /// should reach it — a connection that learns its peer's port from the peer puts it in
+    /// its own path instead. Devices that can only send to [`ROCEV2_UDP_PORT`] accept that
+    /// port and answer any other with [`Error::Unsupported`](crate::Error::Unsupported); a
+    /// device may bound how many peers it remembers
+    /// ([`Error::Exhausted`](crate::Error::Exhausted) beyond that).
     fn set_peer_udp_port(&self, gid: crate::Gid, port: u16) -> Result<()> {
         let _ = gid;
         if port == ROCEV2_UDP_PORT {

@@ -169,6 +169,20 @@ pub struct AhAttr {
     pub static_rate: u8,
     /// Local port (1-based).
     pub port_num: u8,
+    /// The UDP port the destination takes RoCEv2 packets on, a property of this path
+    /// alone: packets of the QP or address handle go to the destination GID's IP address at
+    /// this port, whatever the device was told of other paths. 0 (the default): the
+    /// device's choice — [`ROCEV2_UDP_PORT`](crate::ROCEV2_UDP_PORT) on a NIC and kernel
+    /// rxe, a soft device's default peer port (or the port the application set for that
+    /// address with
+    /// [`Context::set_peer_udp_port`](crate::Context::set_peer_udp_port)). A device that
+    /// sends only to 4791 refuses another port
+    /// ([`Context::can_send_to_udp_port`](crate::Context::can_send_to_udp_port)) with
+    /// [`Error::Unsupported`]. A connected QP whose path names
+    /// a port other than 4791 also takes packets only from that port (only soft devices
+    /// receive elsewhere than 4791, and a soft device sends from the port it receives on;
+    /// 4791 peers send from ports of their choosing).
+    pub udp_port: u16,
 }
 
 impl Default for AhAttr {
@@ -185,6 +199,7 @@ impl Default for AhAttr {
             src_path_bits: 0,
             static_rate: 0,
             port_num: 1,
+            udp_port: 0,
         }
     }
 }

@@ -119,9 +119,9 @@ pub enum HandshakeError {
     #[error("unexpected answer {0:#04x} from the peer")]
     Unexpected(u8),
     /// The devices take RoCEv2 on different UDP ports and one of them can send only to the
-    /// standard port 4791 (an RDMA NIC or kernel rxe, whose
-    /// [`set_peer_udp_port`](remem_verbs::Context::set_peer_udp_port) refuses other
-    /// ports): it cannot reach the other. Soft devices tell each other their ports in the
+    /// standard port 4791 (an RDMA NIC or kernel rxe, which
+    /// [`can_send_to_udp_port`](remem_verbs::Context::can_send_to_udp_port) says of no
+    /// other port): it cannot reach the other. Soft devices tell each other their ports in the
     /// handshake and talk on any; open the soft device on port 4791 to talk to a NIC.
     #[error(
         "the devices take RoCEv2 on different UDP ports (this side {local}, the peer {peer}) \

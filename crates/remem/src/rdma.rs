@@ -435,25 +435,27 @@ impl Rdma {
             .map_or(remem_soft::ROCEV2_UDP_PORT, |a| a.port())
     }
 
-    /// Tells the device that the peer whose GID is `gid` takes RoCEv2 on UDP port `port`
-    /// (0: unknown, nothing to tell), as the peer said in the handshake. A peer on this
-    /// device's own port needs no telling (a device sends to its own port: 4791, or a soft
-    /// device's), so a device wrapped by the application without
-    /// `set_peer_udp_port` still talks to peers on its port. A device that can send only
-    /// to the standard port 4791 (an RDMA NIC, kernel rxe) cannot reach a peer on another:
-    /// that is [`HandshakeError::PortMismatch`], at connect time.
-    pub(crate) fn reach_peer(&self, gid: Gid, port: u16) -> Result<()> {
-        if port == 0 || port == self.roce_port() {
-            return Ok(());
+    /// The UDP port a connection's path names for a peer that said it takes RoCEv2 on
+    /// `port` (0: unknown): 0 — the device's default — for 0 and for this device's own port
+    /// (a device sends to its own port: 4791, or a soft device's), else `port`. The port
+    /// goes into that connection's QP alone ([`remem_verbs::AhAttr::udp_port`]): nothing
+    /// device-wide changes for what a peer claims. A device that can send only to the
+    /// standard port 4791 (an RDMA NIC, kernel rxe) cannot reach a peer on another: that is
+    /// [`HandshakeError::PortMismatch`], at connect time. A pure question: the device is
+    /// told nothing.
+    pub(crate) fn path_port(&self, port: u16) -> Result<u16> {
+        let own = self.roce_port();
+        if port == 0 || port == own {
+            return Ok(0);
         }
-        match self.context().set_peer_udp_port(gid, port) {
-            Ok(()) => Ok(()),
-            Err(remem_verbs::Error::Unsupported(_)) => Err(HandshakeError::PortMismatch {
-                local: self.roce_port(),
+        if self.context().can_send_to_udp_port(port) {
+            Ok(port)
+        } else {
+            Err(HandshakeError::PortMismatch {
+                local: own,
                 peer: port,
             }
-            .into()),
-            Err(e) => Err(e.into()),
+            .into())
         }
     }
 

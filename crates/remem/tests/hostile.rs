@@ -125,23 +125,9 @@ impl Attacker {
     /// The TCP handshake, as a well-behaved client does it, claiming `gid`; returns the
     /// stream, the listener's endpoint and the nonce it wants to see.
     async fn handshake(&self, addr: SocketAddr, gid: Gid) -> (TcpStream, EndpointInfo, u64) {
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        let mut hello = self.info(gid).to_bytes().to_vec();
-        hello.push(0);
-        s.write_all(&hello).await.unwrap();
-        let mut verdict = [0u8; 1];
-        s.read_exact(&mut verdict).await.unwrap();
-        assert_eq!(&verdict, b"A");
-        let mut info = vec![0u8; remem::ENDPOINT_INFO_LEN];
-        s.read_exact(&mut info).await.unwrap();
-        let remote = EndpointInfo::from_bytes(&info).unwrap();
-        let mut nonce = [0u8; 8];
-        s.read_exact(&mut nonce).await.unwrap();
-        let mut pd_len = [0u8; 1];
-        s.read_exact(&mut pd_len).await.unwrap();
-        let mut pd = vec![0u8; pd_len[0] as usize];
-        s.read_exact(&mut pd).await.unwrap();
-        (s, remote, u64::from_be_bytes(nonce))
+        let (s, accepted) = request(addr, &self.info(gid)).await;
+        let (remote, nonce) = accepted.expect("the listener did not accept");
+        (s, remote, nonce)
     }
 
     /// Brings the QP up to the victim's endpoint.
@@ -230,6 +216,33 @@ impl Attacker {
             .find(|c| c.name == name)
             .map_or(0, |c| c.value)
     }
+}
+
+/// A connection request claiming `info` (no private data) to the listener at `addr`: the
+/// stream, and the listener's endpoint and nonce if it accepted (`None`: it answered
+/// something else, or closed the stream).
+async fn request(
+    addr: SocketAddr,
+    info: &EndpointInfo,
+) -> (TcpStream, Option<(EndpointInfo, u64)>) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut hello = info.to_bytes().to_vec();
+    hello.push(0);
+    s.write_all(&hello).await.unwrap();
+    let mut verdict = [0u8; 1];
+    if s.read_exact(&mut verdict).await.is_err() || &verdict != b"A" {
+        return (s, None);
+    }
+    let mut info = vec![0u8; remem::ENDPOINT_INFO_LEN];
+    s.read_exact(&mut info).await.unwrap();
+    let remote = EndpointInfo::from_bytes(&info).unwrap();
+    let mut nonce = [0u8; 8];
+    s.read_exact(&mut nonce).await.unwrap();
+    let mut pd_len = [0u8; 1];
+    s.read_exact(&mut pd_len).await.unwrap();
+    let mut pd = vec![0u8; pd_len[0] as usize];
+    s.read_exact(&mut pd).await.unwrap();
+    (s, Some((remote, u64::from_be_bytes(nonce))))
 }
 
 /// The victim's connection ends within `within`, as `Lost` (why).
@@ -755,4 +768,225 @@ async fn a_hello_from_another_address_than_claimed_is_not_taken() {
     let (r, _s) = tokio::join!(serve, lie);
     assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
     nothing_reaches(&third, Duration::from_millis(500)).await;
+}
+
+/// What an attacker claims in a connection request: `gid`, its device at UDP port `port`,
+/// its QP `qpn`.
+fn claim(gid: Gid, port: u16, qpn: u32) -> EndpointInfo {
+    EndpointInfo {
+        qpn,
+        psn: 0x777,
+        gid,
+        mtu: Mtu::Mtu4096,
+        recv_credits: 64,
+        max_message: 1000,
+        max_large_message: 1000,
+        udp_port: port,
+    }
+}
+
+/// The destination QP of a RoCEv2 packet (the UDP payload: its BTH first).
+fn dest_qpn(pkt: &[u8]) -> u32 {
+    u32::from_be_bytes([0, pkt[5], pkt[6], pkt[7]])
+}
+
+/// `a` and `b` still talk: a message each way arrives within 5 s.
+async fn still_talk(a: &Connection, b: &Connection) {
+    for (from, to) in [(a, b), (b, a)] {
+        let r = tokio::time::timeout(Duration::from_secs(5), async {
+            from.send_bytes(b"still here").await?;
+            to.receive().await
+        })
+        .await
+        .expect("the established connection stopped carrying messages");
+        match r {
+            Ok(m) => assert_eq!(m.data, b"still here"),
+            Err(e) => panic!("the established connection failed: {e:?}"),
+        }
+    }
+}
+
+/// A connection request that names an established peer's GID and a UDP port of the
+/// attacker's (a socket on the peer's address) is answered — and changes nothing for the
+/// established connection: its packets, keepalives included, still go to the peer, and
+/// none reach the port named. `same_port`: both devices on one UDP port (the 4791
+/// deployment), else each on its own.
+async fn an_unproven_request_does_not_redirect(same_port: bool) {
+    let [v, c, _] = addrs();
+    let server = victim(&v, 0)
+        .keepalive(Some(Duration::from_millis(100)))
+        .build()
+        .unwrap();
+    let client_port = if same_port { port_of(&server) } else { 0 };
+    let client = victim(&c, client_port).build().unwrap();
+    let (listener, addr) = listen(&server).await;
+    let listener = Arc::new(listener);
+    let (cc, sc) = tokio::join!(client.connect(addr), accept_next(&listener));
+    let (cc, sc) = (cc.unwrap(), sc.unwrap());
+    still_talk(&cc, &sc).await;
+    // The attacker's socket, on the client's address, and its request naming the client's
+    // GID at that socket's port; it never proves the claim (it cannot send the hello from
+    // the client's device).
+    let trap = UdpSocket::bind((c.as_str(), 0)).await.unwrap();
+    let serving = listener.clone();
+    let pending = tokio::spawn(async move { accept_next(&serving).await.map(drop) });
+    let lie = claim(client.gid(), trap.local_addr().unwrap().port(), 0x4242);
+    let (stream, accepted) = request(addr, &lie).await;
+    // The listener has taken the request: it answered with its endpoint.
+    assert!(accepted.is_some(), "the request was not answered");
+    still_talk(&cc, &sc).await;
+    nothing_reaches(&trap, Duration::from_millis(500)).await;
+    still_talk(&cc, &sc).await;
+    // The unproven handshake fails when the attacker goes, and leaves the connection be.
+    drop(stream);
+    let r = tokio::time::timeout(Duration::from_secs(5), pending)
+        .await
+        .expect("the unproven handshake did not end")
+        .unwrap();
+    assert!(
+        matches!(r, Err(Error::Handshake(HandshakeError::Closed))),
+        "{r:?}"
+    );
+    still_talk(&cc, &sc).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unproven_request_does_not_redirect_a_peer_on_another_port() {
+    an_unproven_request_does_not_redirect(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unproven_request_does_not_redirect_a_peer_on_the_same_port() {
+    an_unproven_request_does_not_redirect(true).await;
+}
+
+/// The connecting side: a listener that answers with another peer's GID (the client's
+/// established peer) at the port of a socket of its own redirects only the connection
+/// made to it — whose hello goes where it said, to the QP it named — and nothing of the
+/// client's connection to that peer, which goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lying_listener_does_not_redirect_the_clients_other_connections() {
+    let [v, c, _] = addrs();
+    let server = victim(&v, 0).build().unwrap();
+    let client = victim(&c, 0)
+        .keepalive(Some(Duration::from_millis(100)))
+        .timeout(8)
+        .retry_cnt(3)
+        .build()
+        .unwrap();
+    let (listener, addr) = listen(&server).await;
+    let (cc, sc) = tokio::join!(client.connect(addr), accept_next(&listener));
+    let (cc, sc) = (cc.unwrap(), sc.unwrap());
+    still_talk(&cc, &sc).await;
+    // The liar: a socket on the server's address, and a TCP listener that accepts any
+    // request naming the server's GID at that socket's port.
+    const NAMED_QPN: u32 = 0x00ab_cdef;
+    let trap = UdpSocket::bind((v.as_str(), 0)).await.unwrap();
+    let liar = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let liar_addr = liar.local_addr().unwrap();
+    let lie = claim(server.gid(), trap.local_addr().unwrap().port(), NAMED_QPN);
+    let lying = tokio::spawn(async move {
+        let (mut s, _) = liar.accept().await.unwrap();
+        let mut req = vec![0u8; remem::ENDPOINT_INFO_LEN + 1];
+        s.read_exact(&mut req).await.unwrap();
+        let mut answer = vec![b'A'];
+        answer.extend_from_slice(&lie.to_bytes());
+        answer.extend_from_slice(&7u64.to_be_bytes());
+        answer.push(0);
+        s.write_all(&answer).await.unwrap();
+        s
+    });
+    let connecting = {
+        let client = client.clone();
+        tokio::spawn(async move { client.connect(liar_addr).await.map(drop) })
+    };
+    // The client's hello arrives at the trap, addressed to the QP the liar named: the
+    // client has taken the answer. Nothing else the trap gets is for another QP.
+    let mut buf = [0u8; 2048];
+    let only_the_liars = |n: usize, buf: &[u8]| {
+        assert_eq!(
+            dest_qpn(&buf[..n]),
+            NAMED_QPN,
+            "a packet of the client's other connection reached the liar's socket"
+        );
+    };
+    let (n, _) = tokio::time::timeout(Duration::from_secs(5), trap.recv_from(&mut buf))
+        .await
+        .expect("the client's hello did not come")
+        .unwrap();
+    only_the_liars(n, &buf);
+    still_talk(&cc, &sc).await;
+    let until = tokio::time::Instant::now() + Duration::from_millis(500);
+    while let Ok(got) = tokio::time::timeout_at(until, trap.recv_from(&mut buf)).await {
+        only_the_liars(got.unwrap().0, &buf);
+    }
+    still_talk(&cc, &sc).await;
+    // Its hello never acknowledged, the connection to the liar fails.
+    let r = tokio::time::timeout(Duration::from_secs(10), connecting)
+        .await
+        .expect("the connection to the liar did not end")
+        .unwrap();
+    assert!(
+        matches!(r, Err(Error::Handshake(HandshakeError::Unreachable(_)))),
+        "{r:?}"
+    );
+    drop(lying);
+}
+
+/// More connection requests than a soft device ever kept peers' ports for, each naming a
+/// GID of its own and a port other than the listener's, none proven (each client goes
+/// once answered): they leave nothing behind, and a later client on yet another port
+/// connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unproven_requests_do_not_exhaust_the_listener() {
+    let [v, c, _] = addrs();
+    let server = victim(&v, 0).build().unwrap();
+    let client = victim(&c, 0).build().unwrap();
+    assert_ne!(port_of(&server), port_of(&client));
+    let (listener, addr) = listen(&server).await;
+    let listener = Arc::new(listener);
+    let serving = listener.clone();
+    // The server's loop, carrying on past whatever `accept` reports.
+    let serve = tokio::spawn(async move {
+        loop {
+            if let Ok(conn) = serving.accept().await {
+                return conn;
+            }
+        }
+    });
+    const REQUESTS: usize = remem_soft::PEER_PORT_BUDGET + 100;
+    const CLIENTS: usize = 16;
+    let attackers: Vec<_> = (0..CLIENTS)
+        .map(|first| {
+            tokio::spawn(async move {
+                let mut accepted = 0;
+                for i in (first..REQUESTS).step_by(CLIENTS) {
+                    let ip = std::net::Ipv4Addr::from(0x0a00_0000 + i as u32);
+                    let lie = claim(Gid::from(std::net::IpAddr::from(ip)), 9, 0x4242);
+                    let (stream, answer) = request(addr, &lie).await;
+                    accepted += usize::from(answer.is_some());
+                    drop(stream);
+                }
+                accepted
+            })
+        })
+        .collect();
+    let mut accepted = 0;
+    for a in attackers {
+        accepted += a.await.unwrap();
+    }
+    println!("{accepted} of {REQUESTS} unproven requests answered");
+    let c = tokio::time::timeout(Duration::from_secs(10), client.connect(addr))
+        .await
+        .expect("the client's connect hung");
+    let c = match c {
+        Ok(c) => c,
+        Err(e) => panic!("a good client could not connect after the unproven requests: {e:?}"),
+    };
+    let s = tokio::time::timeout(Duration::from_secs(5), serve)
+        .await
+        .expect("the server's accept did not return the client's connection")
+        .unwrap();
+    still_talk(&c, &s).await;
+    assert_eq!(accepted, REQUESTS, "unproven requests were refused");
 }

@@ -334,6 +334,9 @@ mod small_device {
         fn counters(&self) -> Vec<Counter> {
             self.ctx.counters()
         }
+        fn can_send_to_udp_port(&self, port: u16) -> bool {
+            self.ctx.can_send_to_udp_port(port)
+        }
         fn set_peer_udp_port(&self, gid: Gid, port: u16) -> Result<()> {
             self.ctx.set_peer_udp_port(gid, port)
         }

@@ -49,10 +49,11 @@ pub struct EndpointInfo {
     /// Largest message it receives at all ([`crate::RdmaBuilder::max_large_message`]).
     pub max_large_message: u32,
     /// The UDP port its device takes RoCEv2 packets on: 4791 but for soft devices bound
-    /// elsewhere; 0 if unknown. Connecting tells this side's device to send to it
-    /// ([`Context::set_peer_udp_port`](remem_verbs::Context::set_peer_udp_port)), so soft
-    /// devices on any ports talk; a device that sends only to 4791 facing a peer on another
-    /// port fails to connect ([`HandshakeError::PortMismatch`]).
+    /// elsewhere; 0 if unknown. Connecting puts it in this connection's path (the QP's
+    /// address vector, [`remem_verbs::AhAttr::udp_port`]) and nowhere else, so soft
+    /// devices on any ports talk and no other connection's packets change destination; a
+    /// device that sends only to 4791 facing a peer on another port fails to connect
+    /// ([`HandshakeError::PortMismatch`]).
     pub udp_port: u16,
 }
 
@@ -344,12 +345,13 @@ impl PreparedConnection {
         self.info
     }
 
-    /// Connects to the peer described by `remote`: this side's device learns the peer's
-    /// UDP port, and the QP goes through RTR to RTS. A device that sends only to port 4791
-    /// facing a peer on another fails here ([`HandshakeError::PortMismatch`]).
+    /// Connects to the peer described by `remote`: the QP goes through RTR to RTS, its path
+    /// to the peer's GID at the peer's UDP port (that QP's alone: the device's other paths
+    /// do not change). A device that sends only to port 4791 facing a peer on another
+    /// fails here ([`HandshakeError::PortMismatch`]).
     pub fn connect(self, remote: EndpointInfo) -> Result<Connection> {
-        self.shared.rdma.reach_peer(remote.gid, remote.udp_port)?;
-        self.shared.to_rtr(&self.info, &remote)?;
+        let port = self.shared.rdma.path_port(remote.udp_port)?;
+        self.shared.to_rtr(&self.info, &remote, port)?;
         self.shared.to_rts(&self.info)?;
         let shared = self.shared;
         shared.attach(&remote)?;
@@ -359,12 +361,14 @@ impl PreparedConnection {
         Ok(Connection { shared })
     }
 
-    /// The listener's half: the QP goes to RTR only — it answers what arrives and sends
-    /// nothing of its own — until the peer's hello with `nonce` has arrived (the receiver
-    /// learns it), when [`ConnShared::confirm_up`] takes it to RTS.
+    /// The listener's half: the QP goes to RTR only, its path to `remote`'s GID at UDP
+    /// port `port` ([`Rdma::path_port`]) — it answers only what arrives from there
+    /// and sends nothing of its own — until the peer's hello with `nonce` has arrived (the
+    /// receiver learns it), when [`ConnShared::confirm_up`] takes it to RTS.
     fn connect_pending(
         self,
         remote: EndpointInfo,
+        port: u16,
         nonce: u64,
     ) -> Result<(Connection, oneshot::Receiver<Result<(), CloseReason>>)> {
         let (tx, rx) = oneshot::channel();
@@ -373,7 +377,7 @@ impl PreparedConnection {
             life.state.expect_hello(nonce);
             life.confirm_tx = Some(tx);
         }
-        self.shared.to_rtr(&self.info, &remote)?;
+        self.shared.to_rtr(&self.info, &remote, port)?;
         let conn = Connection {
             shared: self.shared,
         };
@@ -425,9 +429,9 @@ impl Rdma {
     /// answers with its own, its private data and a nonce; this side brings its QP up and
     /// sends the nonce as the connection's first RDMA message (proving to the listener
     /// that it sends from the address it claimed), and the listener confirms over TCP once
-    /// that message has arrived. Each side's device learns the UDP port the other takes
-    /// RoCEv2 on, so soft devices on any ports connect (two `soft@…:0` devices: no port
-    /// to name); a device that sends only to port 4791 (an RDMA NIC) facing a peer on
+    /// that message has arrived. Each side's QP is told the UDP port the other takes
+    /// RoCEv2 on (its own path's, nothing device-wide), so soft devices on any ports
+    /// connect (two `soft@…:0` devices: no port to name); a device that sends only to port 4791 (an RDMA NIC) facing a peer on
     /// another fails with [`HandshakeError::PortMismatch`]; a listener its RoCE packets
     /// cannot reach, with
     /// [`HandshakeError::Unreachable`]. Everything is bounded by
@@ -639,10 +643,13 @@ impl ConnRequest {
     async fn accept_exchange(&mut self, opts: &ConnectOptions) -> Result<Connection, AcceptError> {
         let timeout = self.rdma.config().handshake_timeout;
         let peer = AcceptError::Peer;
-        // This side's device must reach the client's port (told here, before anything is
-        // sent to it): if it cannot, the client learns why.
-        match self.rdma.reach_peer(self.remote.gid, self.remote.udp_port) {
-            Ok(()) => {}
+        // This side's device must reach the client's port: if it cannot, the client learns
+        // why. The port is only asked about here: it goes into this connection's path, and
+        // the device changes nothing for a client that has proven nothing (the QP answers
+        // only packets from that GID and port, and sends nothing of its own before the
+        // hello has come from there).
+        let port = match self.rdma.path_port(self.remote.udp_port) {
+            Ok(port) => port,
             Err(e @ Error::Handshake(HandshakeError::PortMismatch { .. })) => {
                 let answer = Reply::PortMismatch {
                     port: self.rdma.roce_port(),
@@ -651,11 +658,13 @@ impl ConnRequest {
                 return Err(peer(e));
             }
             Err(e) => return Err(AcceptError::Local(e)),
-        }
+        };
         let prepared = self.rdma.prepare_with(opts).map_err(AcceptError::Local)?;
         let info = prepared.local_info();
         let nonce: u64 = rand::random();
-        let (conn, confirmed) = prepared.connect_pending(self.remote, nonce).map_err(peer)?;
+        let (conn, confirmed) = prepared
+            .connect_pending(self.remote, port, nonce)
+            .map_err(peer)?;
         conn.set_peer_private_data(std::mem::take(&mut self.private_data));
         let stream = &mut self.stream;
         let exchange = async {
@@ -777,15 +786,20 @@ impl ConnShared {
         Ok(rc::to_init(&*self.qp, &self.rc_options(None))?)
     }
 
-    /// Moves the QP to RTR towards `remote`: it answers what arrives, sends nothing.
-    fn to_rtr(&self, local: &EndpointInfo, remote: &EndpointInfo) -> Result<()> {
+    /// Moves the QP to RTR towards `remote`, its path naming UDP port `port` (0: the
+    /// device's default; [`Rdma::path_port`]): it answers what arrives, sends nothing.
+    fn to_rtr(&self, local: &EndpointInfo, remote: &EndpointInfo, port: u16) -> Result<()> {
         let peer = rc::RcPeer {
             qpn: remote.qpn,
             psn: remote.psn,
             gid: remote.gid,
             mtu: remote.mtu,
         };
-        Ok(rc::to_rtr(&*self.qp, &peer, &self.rc_options(Some(local)))?)
+        let (mut attr, mask) = self
+            .rc_options(Some(local))
+            .rtr_attr(self.qp.qp_type(), &peer)?;
+        attr.ah_attr.udp_port = port;
+        Ok(self.qp.modify(&attr, mask)?)
     }
 
     /// Moves the QP from RTR to RTS: it may send.

@@ -17,8 +17,8 @@ fn port_of(rdma: &Rdma) -> u16 {
 }
 
 /// A soft device that, like an RDMA NIC or kernel rxe, sends RoCEv2 only to UDP port
-/// 4791: everything is the soft device's but `set_peer_udp_port`, which keeps the
-/// trait's default.
+/// 4791: everything is the soft device's but `can_send_to_udp_port` and
+/// `set_peer_udp_port`, which keep the trait's defaults.
 struct Only4791(Arc<dyn Context>);
 
 impl Context for Only4791 {
