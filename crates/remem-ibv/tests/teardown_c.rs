@@ -113,3 +113,21 @@ fn a_client_that_disconnects_and_exits_at_once_has_sent_its_dreq() {
         );
     }
 }
+
+#[test]
+fn a_server_that_exits_once_disconnected_has_sent_its_drep() {
+    let _serial = support::serial();
+    let d = DropIn::new("c-teardown-drep");
+    let Some(exe) = build(&d) else {
+        return;
+    };
+    for run in 0..RUNS {
+        let (server, client) = pair(&d, &exe, "drep");
+        check(
+            run,
+            &server,
+            &client,
+            &["event: RDMA_CM_EVENT_DISCONNECTED"],
+        );
+    }
+}

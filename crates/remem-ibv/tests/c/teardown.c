@@ -207,6 +207,16 @@ static int client(const char *ip, int port, const char *mode)
 	}
 	/* At once: no wait for the send's completion, nor for the DISCONNECTED event. */
 	CHECK(rdma_disconnect(id) == 0, "disconnect");
+	if (strcmp(mode, "drep") == 0) {
+		/* The server exits as soon as it sees the disconnection: its DREP must have
+		 * left anyway (else this side learns only when its DREQ's retries end). */
+		struct rdma_cm_event *ev = next_event(ch, 5000);
+		CHECK(ev && ev->event == RDMA_CM_EVENT_DISCONNECTED && ev->status == 0,
+		      "the DREP within 5 s: %s (status %d)", ev ? rdma_event_str(ev->event) : "none",
+		      ev ? ev->status : 0);
+		if (ev)
+			rdma_ack_cm_event(ev);
+	}
 	rdma_destroy_qp(id);
 	ibv_dereg_mr(mr);
 	CHECK(rdma_destroy_id(id) == 0, "destroy id");
