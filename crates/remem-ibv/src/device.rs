@@ -275,7 +275,7 @@ impl Device {
             return Ok(dev);
         }
         let opts = SoftOptions::from_env();
-        let dev: Arc<dyn remem_verbs::Context> = match &self.config.spec {
+        let soft: Arc<SoftContext> = match &self.config.spec {
             Spec::Netdev(_) => {
                 let netdev = st
                     .netdev
@@ -299,9 +299,56 @@ impl Device {
                 Arc::new(SoftContext::bind_with(addr, &opts)?)
             }
         };
+        flush_at_exit(&soft);
+        let dev: Arc<dyn remem_verbs::Context> = soft;
         st.open = Some(Arc::downgrade(&dev));
         Ok(dev)
     }
+}
+
+/// How long the process's exit waits for each open device to send what it owes.
+const EXIT_FLUSH_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Every soft device opened, for [`flush_open_devices`].
+static OPENED: Mutex<Vec<Weak<SoftContext>>> = Mutex::new(Vec::new());
+
+/// Has `dev` flushed when the process exits ([`flush_open_devices`], registered with
+/// `atexit` when the first device opens).
+fn flush_at_exit(dev: &Arc<SoftContext>) {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    let mut opened = OPENED.lock().unwrap_or_else(|e| e.into_inner());
+    opened.retain(|w| w.strong_count() > 0);
+    opened.push(Arc::downgrade(dev));
+    drop(opened);
+    REGISTERED.call_once(|| {
+        // SAFETY: registers a function of this library that takes no argument and does not
+        // unwind (it catches panics); the library is never unloaded while the process runs
+        // (its devices' threads live in it).
+        unsafe { libc::atexit(flush_open_devices) };
+    });
+}
+
+/// At exit: every device still open sends what it owes first — the ACKs of what the
+/// program saw complete, and what its connection manager owes (the DREP of a
+/// disconnection the program saw and answered by exiting, a REJ, a DREQ's retry). A NIC
+/// sends those whatever the process does next; the progress thread of a soft device dies
+/// with the process. As closing a device does (`SoftContext`'s drop), bounded by one
+/// second per device.
+extern "C" fn flush_open_devices() {
+    let _ = std::panic::catch_unwind(|| {
+        let opened: Vec<Arc<SoftContext>> = OPENED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for dev in &opened {
+            dev.flush(EXIT_FLUSH_LIMIT);
+        }
+        // Not dropped here: the last handle's drop would stop the device's thread while
+        // the program's exit may still use it (other `atexit` handlers, destructors).
+        std::mem::forget(opened);
+    });
 }
 
 /// Whether a UDP socket cannot bind `addr` because another one holds it.

@@ -265,6 +265,14 @@ impl SoftContext {
         self.dev.progress(timeout)
     }
 
+    /// Waits (at most `limit`) until what the device owes has been sent: the ACKs of what
+    /// it received, and its connection manager's MADs (a DREP, a REJ). What closing the
+    /// device does (see `Drop`), for a process that keeps its devices open until it exits:
+    /// the drop-in libibverbs calls it for every open device at exit.
+    pub fn flush(&self, limit: Duration) {
+        self.dev.flush(limit);
+    }
+
     /// The bound UDP address.
     pub fn local_addr(&self) -> SocketAddr {
         self.dev.engine.local()

@@ -1091,6 +1091,42 @@ impl Progress {
         }
     }
 
+    /// Waits (at most `limit`) until `done()` holds, then until the pass of the thread in
+    /// progress at that moment has ended: each pass hands what it built to the socket
+    /// before it ends, so the packets the thread took from the engine before `done()` held
+    /// have left. Returns whether `done()` held in time. On the thread itself nothing can
+    /// be waited for: it returns `done()` at once (the thread sends it on its next pass).
+    pub fn wait_sent(&self, limit: Duration, done: &dyn Fn() -> bool) -> bool {
+        if self.on_thread() {
+            return done();
+        }
+        let deadline = Instant::now() + limit;
+        loop {
+            let pass = self.passes.load(Ordering::Acquire);
+            if done() {
+                while self.passes.load(Ordering::Acquire) == pass && Instant::now() < deadline {
+                    self.wake();
+                    // A bounded wait inside a call that may block (as `rdma_disconnect`
+                    // does), as in `flush`.
+                    std::thread::sleep(Duration::from_micros(20));
+                }
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            self.wake();
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
+    /// Whether the caller is the progress thread itself.
+    fn on_thread(&self) -> bool {
+        self.thread
+            .as_ref()
+            .is_some_and(|t| t.thread().id() == std::thread::current().id())
+    }
+
     /// Wakes the thread if it is waiting (an eventfd write; nothing when it is not
     /// waiting, as a busy-polling thread never is).
     pub fn wake(&self) {

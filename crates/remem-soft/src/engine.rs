@@ -417,7 +417,7 @@ impl Engine {
             .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(qp)))
     }
 
-    fn qp(&self, qpn: u32) -> Option<Arc<SoftQp>> {
+    pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<SoftQp>> {
         let found = self
             .qps
             .read()

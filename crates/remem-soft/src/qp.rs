@@ -784,6 +784,19 @@ impl SoftQp {
         g.env.rq.clear();
     }
 
+    /// Whether the send queue holds work whose packets have not all left yet (RC: a
+    /// request the requester may send, or a response owed; UC, UD: a work request not yet
+    /// handed to the driver). A disconnection waits for this to clear before the QP goes
+    /// to ERR (`cm::SoftCmId::disconnect`).
+    pub(crate) fn has_unsent(&self) -> bool {
+        let g = self.lock();
+        match &g.t {
+            Transport::Rc(t) => t.wants_transmit(std::time::Instant::now()),
+            Transport::Uc(t) => t.send_queue_len() > 0,
+            Transport::Ud(t) => t.send_queue_len() > 0,
+        }
+    }
+
     /// Handles expired timers.
     pub fn handle_timeout(&self, now: std::time::Instant) {
         self.with_env(|t, env, _| t.handle_timeout(now, env));

@@ -97,6 +97,8 @@ pub(crate) struct Dispatcher {
     events: broadcast::Sender<AsyncEvent>,
     /// The task reading the device's events, once started; told to stop on `stop`.
     watcher: OnceLock<Arc<Notify>>,
+    /// Held while events are routed ([`Router::order`]).
+    route_order: Arc<Mutex<()>>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -128,6 +130,7 @@ impl Dispatcher {
             watched: Arc::default(),
             events: broadcast::channel(64).0,
             watcher: OnceLock::new(),
+            route_order: Arc::default(),
         }))
     }
 
@@ -354,26 +357,62 @@ impl Dispatcher {
         }
         // The task holds the device and the routing table, not the dispatcher: `stop`
         // (the device closing) ends it.
-        let ctx = self.ctx.clone();
-        let events = self.events.clone();
-        let watched = self.watched.clone();
+        let router = self.router();
         rt.spawn(async move {
             loop {
                 tokio::select! {
                     r = fd.readable() => if r.is_err() { return },
                     _ = stop.notified() => return,
                 }
-                while let Some(ev) = ctx.get_async_event() {
-                    tracing::debug!(event = %ev, "asynchronous event");
-                    let live: Vec<_> = lock(&watched).values().filter_map(Weak::upgrade).collect();
-                    for o in live {
-                        o.on_event(&ev);
-                    }
-                    let _ = events.send(ev);
-                }
+                router.route();
             }
         });
         Ok(())
+    }
+
+    fn router(&self) -> Router {
+        Router {
+            ctx: self.ctx.clone(),
+            events: self.events.clone(),
+            watched: self.watched.clone(),
+            order: self.route_order.clone(),
+        }
+    }
+
+    /// Routes the asynchronous events the device has queued now, on the caller's thread
+    /// (otherwise the watcher does, when it next runs): a connection that sees its QP
+    /// flushed without having moved it to the error state learns first the event that
+    /// says why (`ConnShared::mark_closed`).
+    pub(crate) fn route_events(&self) {
+        self.router().route();
+    }
+}
+
+/// What routing asynchronous events takes: the device, its subscribers and watchers.
+struct Router {
+    ctx: Arc<dyn Context>,
+    events: broadcast::Sender<AsyncEvent>,
+    watched: Arc<Mutex<HashMap<u32, Weak<dyn Served>>>>,
+    /// Held while routing: events reach everyone in the order the device queued them,
+    /// whichever thread routes them.
+    order: Arc<Mutex<()>>,
+}
+
+impl Router {
+    /// Takes every queued event and tells each watcher and subscriber of it.
+    fn route(&self) {
+        let _order = lock(&self.order);
+        while let Some(ev) = self.ctx.get_async_event() {
+            tracing::debug!(event = %ev, "asynchronous event");
+            let live: Vec<_> = lock(&self.watched)
+                .values()
+                .filter_map(Weak::upgrade)
+                .collect();
+            for o in live {
+                o.on_event(&ev);
+            }
+            let _ = self.events.send(ev);
+        }
     }
 }
 

@@ -1273,7 +1273,10 @@ pub unsafe extern "C" fn remem_ibv_rdma_reject_ece(
 }
 
 /// `rdma_disconnect`: disconnects (the QP moves to ERR, both sides get
-/// `RDMA_CM_EVENT_DISCONNECTED`); a synchronous id waits for its event.
+/// `RDMA_CM_EVENT_DISCONNECTED`); a synchronous id waits for its event. As on kernel
+/// rdma_cm, what the program posted before the call reaches the peer (the provider sends it
+/// before the QP moves to ERR), and the DREQ has left when the call returns, so a program
+/// may destroy everything and exit at once (`tests/teardown_c.rs`).
 ///
 /// # Safety
 ///

@@ -52,6 +52,13 @@ use std::time::{Duration, Instant};
 /// of requests not yet accepted); a request beyond it is rejected (REJ reason 3).
 pub const MAX_CM_IDS: usize = 4096;
 
+/// How long a consumer command waits for what it queued to leave (`disconnect`:
+/// the sends posted before it, then its DREQ; `reject`: the REJ; dropping a connected id:
+/// its DREQ). As `rdma_disconnect` on kernel rdma_cm, the call returns once the message has
+/// been handed to the network; the bound only matters when the device cannot send (a
+/// send queue held up by a peer that stops acknowledging).
+pub const SEND_WAIT_LIMIT: Duration = Duration::from_secs(1);
+
 static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
 
 /// An RDMA CM event channel of the soft provider (`rdma_event_channel`): events of ids of
@@ -140,6 +147,10 @@ struct CmState {
     ports: HashMap<(PortSpace, u16), u64>,
     /// Live ids.
     ids: usize,
+    /// MADs taken from the agent's transmit queue so far (it is first in, first out: a
+    /// MAD queued when the agent had queued `n` in all has been taken once this reaches
+    /// `n`).
+    taken: u64,
 }
 
 /// The connection manager of one soft device: its [`Agent`] and the ids on it.
@@ -170,6 +181,7 @@ impl CmDevice {
                 listeners: HashMap::new(),
                 ports: HashMap::new(),
                 ids: 0,
+                taken: 0,
             }),
         }
     }
@@ -200,7 +212,21 @@ impl CmDevice {
 
     /// The next MAD to send: its destination and bytes.
     pub fn poll_transmit(&self) -> Option<(IpAddr, Box<[u8; MAD_LEN]>)> {
-        self.lock().agent.poll_transmit().map(|t| (t.dst, t.mad))
+        let mut st = self.lock();
+        let t = st.agent.poll_transmit()?;
+        st.taken += 1;
+        Some((t.dst, t.mad))
+    }
+
+    /// How many MADs the agent has queued so far (see [`CmState::taken`]).
+    fn queued(st: &CmState) -> u64 {
+        st.agent.stats().tx_mads
+    }
+
+    /// Whether the MADs queued before the agent had queued `n` in all have been taken
+    /// for transmission.
+    fn taken(&self, n: u64) -> bool {
+        self.lock().taken >= n
     }
 
     /// The next timer deadline.
@@ -421,6 +447,35 @@ impl SoftCmId {
 
     fn wake(&self) {
         self.dev.wake(GSI_QPN);
+    }
+
+    /// Wakes the GSI and waits (at most [`SEND_WAIT_LIMIT`]) until the MADs the agent had
+    /// queued when it had queued `n` in all have been handed to the socket: a command
+    /// returns once what it sent has left, and a process that exits next loses nothing.
+    /// Called without the id's lock (the progress thread takes it to deliver events).
+    fn wake_and_send(&self, n: u64) {
+        self.wake();
+        let cm = &self.dev.engine.cm;
+        self.dev.drive_until(SEND_WAIT_LIMIT, &|| cm.taken(n));
+    }
+
+    /// Waits (at most [`SEND_WAIT_LIMIT`]) until what was posted to `qp`'s send queue has
+    /// left (every packet sent once; [`crate::qp::SoftQp::has_unsent`]), if `qp` is a QP of
+    /// this device: a NIC or kernel rxe sends what was posted before the QP moves to ERR
+    /// at a disconnection, so the peer receives it rather than a flush. Called without the
+    /// id's lock.
+    fn send_posted(&self, qp: &Arc<dyn QueuePair>) {
+        let Some(soft) = self.dev.engine.qp(qp.qp_num()) else {
+            return;
+        };
+        if !std::ptr::addr_eq(Arc::as_ptr(&soft), Arc::as_ptr(qp)) {
+            return; // a QP of another device with the same number
+        }
+        if soft.has_unsent() {
+            self.dev.wake(qp.qp_num());
+            self.dev
+                .drive_until(SEND_WAIT_LIMIT, &|| !soft.has_unsent());
+        }
     }
 
     fn event(&self, kind: CmEventKind, status: i32, private_data: Vec<u8>, param: CmEventParam) {
@@ -812,7 +867,8 @@ impl Drop for SoftCmId {
         let (conn, bound, qp, phase) = (st.conn, st.bound, st.qp.take(), st.phase);
         let now = Instant::now();
         let cm = &self.dev.engine.cm;
-        cm.with(|s| {
+        let (before, after) = cm.with(|s| {
+            let before = CmDevice::queued(s);
             s.ids = s.ids.saturating_sub(1);
             if let Some(b) = bound
                 && s.ports.get(&(self.ps, b.port())) == Some(&self.handle)
@@ -829,11 +885,18 @@ impl Drop for SoftCmId {
                 }
                 s.agent.release(now, c);
             }
+            (before, CmDevice::queued(s))
         });
         if matches!(phase, Phase::Connected | Phase::Accepted) {
             Self::qp_err(&qp);
         }
-        self.dev.wake(GSI_QPN);
+        if after > before {
+            // A destroyed connected id sends its DREQ (a pending one its REJ) before the
+            // destruction returns, as `rdma_destroy_id` does.
+            self.wake_and_send(after);
+        } else {
+            self.dev.wake(GSI_QPN);
+        }
     }
 }
 
@@ -1105,28 +1168,44 @@ impl CmId for SoftCmId {
             )));
         };
         let now = Instant::now();
-        self.cm().with(|cm| {
+        let queued = self.cm().with(|cm| {
             cm.agent
                 .reject(now, conn, rej_reason::CONSUMER_DEFINED, private_data)
+                .map(|()| CmDevice::queued(cm))
         })?;
         st.phase = Phase::Failed;
         drop(st);
-        self.wake();
+        self.wake_and_send(queued);
         Ok(())
     }
 
+    /// Sends what was posted to the id's QP first (see [`SoftCmId::send_posted`]), then
+    /// moves the QP to ERR and sends the DREQ; returns once the DREQ has been handed to the
+    /// socket (at most [`SEND_WAIT_LIMIT`] each), as kernel rdma_cm has sent it when
+    /// `rdma_disconnect` returns.
     fn disconnect(&self) -> Result<()> {
-        let mut st = self.lock();
-        match st.phase {
-            Phase::Connected | Phase::Accepted | Phase::ConnectResponse => {}
-            Phase::Disconnected => {
+        let check = |st: &IdState| match st.phase {
+            Phase::Connected | Phase::Accepted | Phase::ConnectResponse => Ok(true),
+            Phase::Disconnected => Ok(false),
+            p => Err(Error::InvalidArgument(format!(
+                "disconnect: the id is not connected ({p:?})"
+            ))),
+        };
+        let qp = {
+            let st = self.lock();
+            if !check(&st)? || st.conn.is_none() {
                 return Ok(());
             }
-            p => {
-                return Err(Error::InvalidArgument(format!(
-                    "disconnect: the id is not connected ({p:?})"
-                )));
-            }
+            st.qp.clone()
+        };
+        if let Some(qp) = &qp {
+            self.send_posted(qp);
+        }
+        // The peer may have disconnected meanwhile (its DREQ handled on the progress
+        // thread): look again.
+        let mut st = self.lock();
+        if !check(&st)? {
+            return Ok(());
         }
         let Some(conn) = st.conn else {
             return Ok(());
@@ -1137,13 +1216,25 @@ impl CmId for SoftCmId {
             return Ok(());
         }
         let now = Instant::now();
-        let r = self.cm().with(|cm| cm.agent.disconnect(now, conn, &[]));
+        let r = self.cm().with(|cm| {
+            cm.agent
+                .disconnect(now, conn, &[])
+                .map(|()| CmDevice::queued(cm))
+        });
         if r.is_ok() && st.phase == Phase::ConnectResponse {
             st.phase = Phase::Disconnected;
         }
         drop(st);
-        self.wake();
-        r
+        match r {
+            Ok(queued) => {
+                self.wake_and_send(queued);
+                Ok(())
+            }
+            Err(e) => {
+                self.wake();
+                Err(e)
+            }
+        }
     }
 
     fn establish(&self) -> Result<()> {

@@ -62,6 +62,13 @@ const MAX_QPN: u32 = 0x00ff_ffff;
 /// The multicast QPN (IBTA: a packet to it is for a multicast group's QPs): never a QP's.
 const MULTICAST_QPN: u32 = 0x00ff_ffff;
 
+std::thread_local! {
+    /// The device (its [`DeviceShared`]'s address) whose inline `progress` this thread is
+    /// running, 0 when none: [`DeviceShared::drive_until`] must not drive it again from
+    /// inside (its lock is held).
+    static INLINE_DRIVING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// How a device's packets are moved.
 #[derive(Debug)]
 enum Driver {
@@ -289,13 +296,49 @@ impl DeviceShared {
         }
     }
 
+    /// Drives the device (at most `limit`) until `done()` holds and the packets it had
+    /// taken from the engine by then have been handed to the socket: the progress thread
+    /// is woken and waited for ([`Progress::wait_sent`]; on that thread itself nothing
+    /// is waited for), an inline device is driven by the caller. Returns whether `done()`
+    /// held in time. What a consumer command queued (a CM's DREQ, the sends posted before
+    /// a disconnection) has left when it returns, as on a NIC.
+    pub(crate) fn drive_until(&self, limit: std::time::Duration, done: &dyn Fn() -> bool) -> bool {
+        match &self.driver {
+            Driver::Thread(p) => p.wait_sent(limit, done),
+            Driver::Inline(_) if INLINE_DRIVING.get() == std::ptr::from_ref(self).addr() => {
+                // Called from inside this device's own `progress` (an id dropped while its
+                // events are delivered): the caller sends it when the call goes on.
+                done()
+            }
+            Driver::Inline(_) => {
+                let deadline = std::time::Instant::now() + limit;
+                loop {
+                    if done() {
+                        // A call in progress on another thread may have built the packets
+                        // and not sent them yet: this call waits for it (one lock), and
+                        // sends what is left.
+                        let _ = self.progress(std::time::Duration::ZERO);
+                        return true;
+                    }
+                    if std::time::Instant::now() >= deadline {
+                        return false;
+                    }
+                    let _ = self.progress(std::time::Duration::ZERO);
+                }
+            }
+        }
+    }
+
     /// Moves packets in inline mode (see [`Inline::progress`]); an error in thread mode.
     pub fn progress(&self, timeout: std::time::Duration) -> Result<usize> {
         match &self.driver {
-            Driver::Inline(i) => Ok(i
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .progress(&self.engine, timeout)),
+            Driver::Inline(i) => {
+                let mut i = i.lock().unwrap_or_else(|p| p.into_inner());
+                let outer = INLINE_DRIVING.replace(std::ptr::from_ref(self).addr());
+                let moved = i.progress(&self.engine, timeout);
+                INLINE_DRIVING.set(outer);
+                Ok(moved)
+            }
             Driver::Thread(_) => Err(Error::InvalidArgument(
                 "progress() drives inline devices; this one has a progress thread".into(),
             )),

@@ -232,7 +232,27 @@ impl ConnShared {
 
     /// Marks the connection closed and moves the QP to ERR: every work request in flight
     /// completes with a flush error, and every waiter learns why.
+    ///
+    /// A flush is a symptom, never the reason: one that reaches an open connection means
+    /// the QP went to the error state without this side moving it there (its responder
+    /// refused the peer's request), and the device says why with an asynchronous event it
+    /// raises as the QP goes there. That event may not have been routed yet when the
+    /// flushed completion is polled, so it is routed now, before the flush is taken as the
+    /// reason: the connection closes with [`Error::Event`] every time, not with the flush
+    /// in some runs (`tests/close_reason.rs`). The flush is the reason only where no
+    /// event explains it.
     pub(crate) fn mark_closed(&self, reason: CloseReason) {
+        if let CloseReason::Completion {
+            status: remem_verbs::WcStatus::WrFlushErr,
+            ..
+        } = reason
+            && self.is_open()
+        {
+            // Querying the state waits for a transition in progress (a soft QP's lock),
+            // so the event it raises is queued by now.
+            let _ = self.qp.state();
+            self.rdma.dispatcher().route_events();
+        }
         if self.close_state(reason) {
             self.to_error();
         }
