@@ -87,7 +87,9 @@ async fn both_ways(max_send_wr: Option<u32>, recv_depth: Option<u32>, n: u32, la
         )
     };
     let (x, y) = tokio::time::timeout(BOUND, run).await.unwrap_or_else(|_| {
-        panic!("stalled: {n} sends each way, max_send_wr {max_send_wr:?}, recv_depth {recv_depth:?}")
+        panic!(
+            "stalled: {n} sends each way, max_send_wr {max_send_wr:?}, recv_depth {recv_depth:?}"
+        )
     });
     x.unwrap();
     y.unwrap();

@@ -472,6 +472,7 @@ async fn keepalive(weak: Weak<ConnShared>, every: Duration) {
         if !s.is_open() {
             return;
         }
+        s.retry_credits();
         let now = s.post.activity();
         if now == last {
             s.probe();
