@@ -358,3 +358,68 @@ fn a_malformed_request_is_a_protocol_violation() {
         );
     });
 }
+
+/// The event that ended `conn` (after `Established`).
+async fn last_event(conn: &Connection) -> remem::ConnectionEvent {
+    loop {
+        match conn.next_event().await {
+            remem::ConnectionEvent::Established => continue,
+            ev => return ev,
+        }
+    }
+}
+
+/// After a peer's RPC violation there is one reason, the same at both doors: the call's
+/// error, the connection's `closed()` and its last event (client and server side).
+#[test]
+fn an_rpc_violation_is_the_connections_reason_at_both_doors() {
+    run(async {
+        // The client finds a malformed reply.
+        let (a, ca, b, cb) = pair().await;
+        let rpc = RpcClient::new(&a, ca);
+        let call = tokio::spawn({
+            let rpc = rpc.clone();
+            async move { rpc.call(b"q").await }
+        });
+        cb.receive().await.unwrap();
+        send_raw(&b, &cb, &[1, 2, 3]).await;
+        let why = CloseReason::Protocol(ProtocolViolation::Rpc(RpcViolation::Frame(
+            FrameError::Short(3),
+        )));
+        match call.await.unwrap() {
+            Err(Error::Closed(r)) => assert_eq!(r, why),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(rpc.connection().closed(), Some(why.clone()));
+        assert_eq!(
+            last_event(rpc.connection()).await,
+            remem::ConnectionEvent::Lost(why)
+        );
+
+        // The server finds a reply where a request belongs.
+        let (a, ca, b, cb) = pair().await;
+        let server = RpcServer::new(&b, cb);
+        let reply = FrameHeader {
+            kind: FrameKind::Reply,
+            id: 0,
+        };
+        send_raw(&a, &ca, &reply.to_bytes()).await;
+        let why = CloseReason::Protocol(ProtocolViolation::Rpc(RpcViolation::NotARequest(
+            FrameKind::Reply,
+        )));
+        match server.next_request().await {
+            Err(Error::Closed(r)) => assert_eq!(r, why),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(server.connection().closed(), Some(why.clone()));
+        assert_eq!(
+            last_event(server.connection()).await,
+            remem::ConnectionEvent::Lost(why)
+        );
+        // The peer is told.
+        assert!(matches!(
+            ca.receive().await,
+            Err(Error::Closed(CloseReason::Peer))
+        ));
+    });
+}

@@ -427,6 +427,13 @@ impl Connection {
         sh.mark_closed(CloseReason::Local);
     }
 
+    /// Closes the connection because of what this side found wrong with the peer (a
+    /// layer above the messages, such as RPC): the peer is told, and `reason` is the
+    /// connection's reason ([`Connection::closed`], its events, its operations' errors).
+    pub(crate) fn end_with(&self, reason: CloseReason) {
+        self.shared.end(reason);
+    }
+
     /// The connection's next event (librpma's `rpma_conn_next_event`): first
     /// [`ConnectionEvent::Established`], then, once it ends, [`ConnectionEvent::Closed`]
     /// (in order, by either side) or [`ConnectionEvent::Lost`] (and that again on every

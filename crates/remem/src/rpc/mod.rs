@@ -287,10 +287,12 @@ async fn route(conn: Arc<Connection>, calls: Arc<Mutex<Calls>>) {
             let _ = waiter.send(answer);
         }
     };
-    lock(&calls).fail(reason.clone());
     if matches!(reason, CloseReason::Protocol(_)) {
-        conn.close().await;
+        // The connection closes with the violation as its reason (before any call learns
+        // it): one reason, the same at `Connection::closed` and in the calls' errors.
+        conn.end_with(reason.clone());
     }
+    lock(&calls).fail(reason);
 }
 
 /// The serving side of request/response over a connection: takes requests
@@ -373,7 +375,7 @@ impl RpcServer {
             Ok((header, _)) => violation(RpcViolation::NotARequest(header.kind)),
             Err(e) => violation(e),
         };
-        self.conn.close().await;
+        self.conn.end_with(reason.clone());
         Err(Error::Closed(reason))
     }
 
