@@ -423,3 +423,65 @@ fn an_rpc_violation_is_the_connections_reason_at_both_doors() {
         ));
     });
 }
+
+/// A caller that grants one credit and never takes an answer, while the server drops its
+/// requests unanswered: the refusals wait, one task per connection sends them (not one per
+/// request), and one beyond `MAX_UNSENT_REFUSALS` closes the connection as a protocol
+/// violation — the server holds a bounded amount for it.
+#[test]
+fn refusals_a_caller_never_takes_are_bounded() {
+    run(async {
+        use remem::rpc::MAX_UNSENT_REFUSALS;
+        let (a, b) = common::pair_with(|a| a.recv_depth(1), |b| b);
+        let (ca, cb) = connect(&a, &b).await;
+        let server = RpcServer::new(&b, cb);
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let tasks_before = metrics.num_alive_tasks();
+        let request = |id: u64| {
+            let mut frame = FrameHeader {
+                kind: FrameKind::Request,
+                id,
+            }
+            .to_bytes()
+            .to_vec();
+            frame.extend_from_slice(b"q");
+            frame
+        };
+        // Half the budget: the server drops each; its refusals wait (one went on the one
+        // credit), sent by one task.
+        let half = MAX_UNSENT_REFUSALS as u64 / 2;
+        for id in 0..half {
+            send_raw(&a, &ca, &request(id)).await;
+            let r = server.next_request().await.unwrap().expect("a request");
+            assert_eq!(r.id(), id);
+            drop(r);
+        }
+        let tasks = metrics.num_alive_tasks();
+        assert!(
+            tasks <= tasks_before + 1,
+            "{} tasks for {half} dropped requests",
+            tasks - tasks_before
+        );
+        assert_eq!(server.connection().closed(), None);
+        // Past the budget the connection closes, with why.
+        let why = CloseReason::Protocol(ProtocolViolation::Rpc(RpcViolation::UnsentRefusals {
+            max: MAX_UNSENT_REFUSALS,
+        }));
+        // (One refusal went on the credit, one waits for the next inside the task that
+        // sends them, `MAX_UNSENT_REFUSALS` wait their turn: dropping the next request is
+        // one too many.)
+        for id in half..=MAX_UNSENT_REFUSALS as u64 + 2 {
+            ca.send_bytes(request(id)).await.unwrap();
+            let r = server.next_request().await.unwrap().expect("a request");
+            assert_eq!(server.connection().closed(), None, "closed before {id}");
+            drop(r);
+        }
+        assert_eq!(server.connection().closed(), Some(why.clone()));
+        assert_eq!(
+            last_event(server.connection()).await,
+            remem::ConnectionEvent::Lost(why)
+        );
+        // The caller is told.
+        assert_eq!(last_event(&ca).await, remem::ConnectionEvent::Closed);
+    });
+}

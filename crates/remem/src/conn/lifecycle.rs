@@ -249,7 +249,7 @@ impl ConnShared {
             EndAction::Nothing => {}
             EndAction::CloseSilently => self.mark_closed(reason),
             EndAction::TellPeer => {
-                let told = self.post_control(Kind::Close, None).is_ok();
+                let told = self.post_close(reason.clone()).is_ok();
                 if self.close_state(reason) && !told {
                     self.to_error();
                 }
@@ -409,7 +409,7 @@ impl Connection {
         // The close message lands in a spare buffer; wait (bounded) for it to be
         // acknowledged so the peer learns before our QP stops: its completion closes the
         // connection.
-        if sh.post_control(Kind::Close, None).is_ok() {
+        if sh.post_close(CloseReason::Local).is_ok() {
             let closed = async {
                 loop {
                     let ended = sh.ended.notified();

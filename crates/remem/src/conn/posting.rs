@@ -215,6 +215,9 @@ pub(crate) struct Posting {
     activity: AtomicU64,
     /// The operation timeout in nanoseconds; 0: none.
     op_timeout: AtomicU64,
+    /// Why this side closes, for its close message: the connection's reason once the
+    /// message is out, even if that is before whoever sent it records the reason.
+    close_reason: Mutex<Option<CloseReason>>,
 }
 
 impl Posting {
@@ -226,6 +229,7 @@ impl Posting {
             next_wr: AtomicU64::new(1),
             activity: AtomicU64::new(0),
             op_timeout: AtomicU64::new(0),
+            close_reason: Mutex::new(None),
         };
         p.set_op_timeout(op_timeout);
         p
@@ -564,6 +568,12 @@ impl ConnShared {
         posted
     }
 
+    /// Posts the close message (once per connection), with why this side closes.
+    pub(crate) fn post_close(self: &Arc<Self>, reason: CloseReason) -> Result<()> {
+        lock(&self.post.close_reason).get_or_insert(reason);
+        self.post_control(Kind::Close, None)
+    }
+
     /// [`ConnShared::post_control`] on a send-queue entry already taken.
     pub(crate) fn post_control_with(
         self: &Arc<Self>,
@@ -661,7 +671,8 @@ impl ConnShared {
         if p.close_msg {
             // This side is closing (`close`, a drop, a violation): closed before the QP
             // goes to the error state, so that its flushed receives end nothing.
-            self.close_state(CloseReason::Local);
+            let reason = lock(&self.post.close_reason).clone();
+            self.close_state(reason.unwrap_or(CloseReason::Local));
             self.to_error();
         }
         if p.credit_msg {
