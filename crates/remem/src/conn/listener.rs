@@ -59,7 +59,7 @@ struct Reading {
 }
 
 impl Reading {
-    fn from_source(&self, ip: std::net::IpAddr) -> usize {
+    fn count_from(&self, ip: std::net::IpAddr) -> usize {
         self.by_id.values().filter(|(a, _)| a.ip() == ip).count()
     }
 }
@@ -98,7 +98,7 @@ async fn accept_loop(
             }
         };
         tracing::debug!(%peer, "connection request");
-        if lock(&reading).from_source(peer.ip()) >= MAX_HANDSHAKES_PER_SOURCE {
+        if lock(&reading).count_from(peer.ip()) >= MAX_HANDSHAKES_PER_SOURCE {
             drop(stream);
             failures.record(
                 peer,
