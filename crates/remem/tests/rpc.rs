@@ -358,3 +358,130 @@ fn a_malformed_request_is_a_protocol_violation() {
         );
     });
 }
+
+/// The event that ended `conn` (after `Established`).
+async fn last_event(conn: &Connection) -> remem::ConnectionEvent {
+    loop {
+        match conn.next_event().await {
+            remem::ConnectionEvent::Established => continue,
+            ev => return ev,
+        }
+    }
+}
+
+/// After a peer's RPC violation there is one reason, the same at both doors: the call's
+/// error, the connection's `closed()` and its last event (client and server side).
+#[test]
+fn an_rpc_violation_is_the_connections_reason_at_both_doors() {
+    run(async {
+        // The client finds a malformed reply.
+        let (a, ca, b, cb) = pair().await;
+        let rpc = RpcClient::new(&a, ca);
+        let call = tokio::spawn({
+            let rpc = rpc.clone();
+            async move { rpc.call(b"q").await }
+        });
+        cb.receive().await.unwrap();
+        send_raw(&b, &cb, &[1, 2, 3]).await;
+        let why = CloseReason::Protocol(ProtocolViolation::Rpc(RpcViolation::Frame(
+            FrameError::Short(3),
+        )));
+        match call.await.unwrap() {
+            Err(Error::Closed(r)) => assert_eq!(r, why),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(rpc.connection().closed(), Some(why.clone()));
+        assert_eq!(
+            last_event(rpc.connection()).await,
+            remem::ConnectionEvent::Lost(why)
+        );
+
+        // The server finds a reply where a request belongs.
+        let (a, ca, b, cb) = pair().await;
+        let server = RpcServer::new(&b, cb);
+        let reply = FrameHeader {
+            kind: FrameKind::Reply,
+            id: 0,
+        };
+        send_raw(&a, &ca, &reply.to_bytes()).await;
+        let why = CloseReason::Protocol(ProtocolViolation::Rpc(RpcViolation::NotARequest(
+            FrameKind::Reply,
+        )));
+        match server.next_request().await {
+            Err(Error::Closed(r)) => assert_eq!(r, why),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(server.connection().closed(), Some(why.clone()));
+        assert_eq!(
+            last_event(server.connection()).await,
+            remem::ConnectionEvent::Lost(why)
+        );
+        // The peer is told.
+        assert!(matches!(
+            ca.receive().await,
+            Err(Error::Closed(CloseReason::Peer))
+        ));
+    });
+}
+
+/// A caller that grants one credit and never takes an answer, while the server drops its
+/// requests unanswered: the refusals wait, one task per connection sends them (not one per
+/// request), and one beyond `MAX_UNSENT_REFUSALS` closes the connection as a protocol
+/// violation — the server holds a bounded amount for it.
+#[test]
+fn refusals_a_caller_never_takes_are_bounded() {
+    run(async {
+        use remem::rpc::MAX_UNSENT_REFUSALS;
+        let (a, b) = common::pair_with(|a| a.recv_depth(1), |b| b);
+        let (ca, cb) = connect(&a, &b).await;
+        let server = RpcServer::new(&b, cb);
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let tasks_before = metrics.num_alive_tasks();
+        let request = |id: u64| {
+            let mut frame = FrameHeader {
+                kind: FrameKind::Request,
+                id,
+            }
+            .to_bytes()
+            .to_vec();
+            frame.extend_from_slice(b"q");
+            frame
+        };
+        // Half the budget: the server drops each; its refusals wait (one went on the one
+        // credit), sent by one task.
+        let half = MAX_UNSENT_REFUSALS as u64 / 2;
+        for id in 0..half {
+            send_raw(&a, &ca, &request(id)).await;
+            let r = server.next_request().await.unwrap().expect("a request");
+            assert_eq!(r.id(), id);
+            drop(r);
+        }
+        let tasks = metrics.num_alive_tasks();
+        assert!(
+            tasks <= tasks_before + 1,
+            "{} tasks for {half} dropped requests",
+            tasks - tasks_before
+        );
+        assert_eq!(server.connection().closed(), None);
+        // Past the budget the connection closes, with why.
+        let why = CloseReason::Protocol(ProtocolViolation::Rpc(RpcViolation::UnsentRefusals {
+            max: MAX_UNSENT_REFUSALS,
+        }));
+        // (One refusal went on the credit, one waits for the next inside the task that
+        // sends them, `MAX_UNSENT_REFUSALS` wait their turn: dropping the next request is
+        // one too many.)
+        for id in half..=MAX_UNSENT_REFUSALS as u64 + 2 {
+            ca.send_bytes(request(id)).await.unwrap();
+            let r = server.next_request().await.unwrap().expect("a request");
+            assert_eq!(server.connection().closed(), None, "closed before {id}");
+            drop(r);
+        }
+        assert_eq!(server.connection().closed(), Some(why.clone()));
+        assert_eq!(
+            last_event(server.connection()).await,
+            remem::ConnectionEvent::Lost(why)
+        );
+        // The caller is told.
+        assert_eq!(last_event(&ca).await, remem::ConnectionEvent::Closed);
+    });
+}

@@ -224,4 +224,229 @@ mod tests {
         assert_eq!(c.take_owed(), u16::MAX);
         assert_eq!(c.take_owed(), (70_000 - 65_535) as u16);
     }
+
+    /// A model of two sides exchanging messages, each with the real [`CreditWindow`] and
+    /// a send queue of `depth` entries for operations, sends and credit messages posted
+    /// as the connection does (`ConnShared::credited_entry`, `post_control`,
+    /// `retry_credits`). `credit_first` and `reserve` are the design: today's takes the
+    /// credit before the entry and reserves `CONTROL_RESERVE` entries for control
+    /// messages; the design before issue 29 took the entry first, from one pool.
+    #[derive(Clone, Copy, Debug)]
+    struct Design {
+        credit_first: bool,
+        reserve: u32,
+    }
+
+    const NOW: Design = Design {
+        credit_first: true,
+        reserve: crate::conn::posting::CONTROL_RESERVE,
+    };
+    const BEFORE: Design = Design {
+        credit_first: false,
+        reserve: 0,
+    };
+
+    #[derive(Clone, Copy, Debug)]
+    enum Wire {
+        /// A message that consumes a credit, returning `n`.
+        Data(u16),
+        /// A credit message returning `n` (on a control entry in `NOW`).
+        Credit(u16),
+    }
+
+    struct Side {
+        credits: CreditWindow,
+        /// Entries for operations free; control entries free.
+        data_free: u32,
+        control_free: u32,
+        /// Sends not yet begun; holding an entry, waiting for a credit (`BEFORE`);
+        /// holding a credit, waiting for an entry (`NOW`).
+        to_start: u32,
+        with_entry: u32,
+        with_credit: u32,
+        /// On the wire to the other side, in order (RC).
+        wire: std::collections::VecDeque<Wire>,
+        /// Arrived, not yet taken by the application.
+        inbox: u32,
+        taken: u32,
+        retry: bool,
+    }
+
+    impl Side {
+        /// The application took a message, or a completion came: a credit message if
+        /// one is due (`maybe_return_credits`).
+        fn maybe_return(&mut self, d: Design) {
+            if !self.credits.want_credit_msg() {
+                return;
+            }
+            let free = if d.reserve > 0 {
+                &mut self.control_free
+            } else {
+                &mut self.data_free
+            };
+            if *free == 0 {
+                self.credits.credit_msg_done();
+                self.retry = true;
+                return;
+            }
+            *free -= 1;
+            let n = self.credits.take_owed();
+            self.wire.push_back(Wire::Credit(n));
+        }
+    }
+
+    /// Runs the model, choosing among the steps that can be taken with `choices`, until
+    /// every message has arrived and been taken (true) or nothing can move (false).
+    fn run(d: Design, depth: u32, windows: [u32; 2], n: u32, choices: &[u16]) -> bool {
+        let mut sides: Vec<Side> = (0..2)
+            .map(|s| {
+                let mut credits = CreditWindow::new(windows[s]);
+                credits.peer_window(windows[1 - s]);
+                Side {
+                    credits,
+                    data_free: depth,
+                    control_free: d.reserve,
+                    to_start: n,
+                    with_entry: 0,
+                    with_credit: 0,
+                    wire: Default::default(),
+                    inbox: 0,
+                    taken: 0,
+                    retry: false,
+                }
+            })
+            .collect();
+        let mut step = 0usize;
+        loop {
+            if sides.iter().all(|s| s.taken == n) {
+                return true;
+            }
+            // Every step that can be taken now: (side, what).
+            let mut can = Vec::new();
+            for (i, s) in sides.iter().enumerate() {
+                if s.to_start > 0 {
+                    can.push((i, 0));
+                }
+                if s.with_entry > 0 && s.credits.available > 0 {
+                    can.push((i, 1));
+                }
+                if s.with_credit > 0 && s.data_free > 0 {
+                    can.push((i, 2));
+                }
+                if !s.wire.is_empty() {
+                    can.push((i, 3));
+                }
+                if s.inbox > 0 {
+                    can.push((i, 4));
+                }
+            }
+            // A send begins once what it waits for first is there: a credit (`NOW`) or an
+            // entry (`BEFORE`).
+            can.retain(|&(i, what)| {
+                let s = &sides[i];
+                what != 0
+                    || if d.credit_first {
+                        s.credits.available > 0
+                    } else {
+                        s.data_free > 0
+                    }
+            });
+            if can.is_empty() {
+                return false;
+            }
+            let (i, what) = can[choices
+                .get(step % choices.len().max(1))
+                .copied()
+                .unwrap_or(0) as usize
+                % can.len()];
+            step += 1;
+            let (me, peer) = if i == 0 {
+                let (a, b) = sides.split_at_mut(1);
+                (&mut a[0], &mut b[0])
+            } else {
+                let (a, b) = sides.split_at_mut(1);
+                (&mut b[0], &mut a[0])
+            };
+            match what {
+                // A send begins: it waits for a credit first (`NOW`), or takes an entry.
+                0 => {
+                    me.to_start -= 1;
+                    if d.credit_first {
+                        assert!(me.credits.try_spend());
+                        me.with_credit += 1;
+                    } else {
+                        me.data_free -= 1;
+                        me.with_entry += 1;
+                    }
+                }
+                // `BEFORE`: a send holding an entry spends a credit, and goes.
+                1 => {
+                    assert!(me.credits.try_spend());
+                    me.with_entry -= 1;
+                    let h = me.credits.take_owed();
+                    me.wire.push_back(Wire::Data(h));
+                }
+                // `NOW`: a send holding a credit takes an entry, and goes.
+                2 => {
+                    me.with_credit -= 1;
+                    me.data_free -= 1;
+                    let h = me.credits.take_owed();
+                    me.wire.push_back(Wire::Data(h));
+                }
+                // The next message on the wire arrives; its completion frees its entry.
+                3 => {
+                    match me.wire.pop_front().unwrap() {
+                        Wire::Data(h) => {
+                            peer.credits.on_received().expect("within the grant");
+                            peer.credits.on_returned(h).expect("no more than spent");
+                            peer.inbox += 1;
+                            me.data_free += 1;
+                        }
+                        Wire::Credit(h) => {
+                            peer.credits.on_returned(h).expect("no more than spent");
+                            if d.reserve > 0 {
+                                me.control_free += 1;
+                            } else {
+                                me.data_free += 1;
+                            }
+                            me.credits.credit_msg_done();
+                            me.maybe_return(d);
+                        }
+                    }
+                    if std::mem::take(&mut me.retry) {
+                        me.maybe_return(d);
+                    }
+                }
+                // The application takes a message: its credit is owed.
+                _ => {
+                    me.inbox -= 1;
+                    me.taken += 1;
+                    me.credits.consumed();
+                    me.maybe_return(d);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_model_finds_the_stall_of_the_design_before() {
+        // Issue 29: more sends than entries each way, both receiving — stuck, as it was.
+        assert!(!run(BEFORE, 8, [4, 4], 40, &[0]));
+        assert!(run(NOW, 8, [4, 4], 40, &[0]));
+    }
+
+    proptest::proptest! {
+        /// Whatever the send queue's depth, both windows, the sends each way and the order
+        /// things happen in, every message arrives and is taken: nothing waits for ever.
+        #[test]
+        fn credits_always_return(
+            depth in 1u32..20,
+            w0 in 1u32..40,
+            w1 in 1u32..40,
+            n in 0u32..120,
+            choices in proptest::collection::vec(0u16..64, 1..64),
+        ) {
+            proptest::prop_assert!(run(NOW, depth, [w0, w1], n, &choices));
+        }
+    }
 }

@@ -270,6 +270,7 @@ impl ConnShared {
                 op,
                 vec![crate::mr::Local::span(&dst)],
                 Default::default(),
+                None,
             )
             .await
             .map_err(|e| reason_of(&e))?;

@@ -269,7 +269,7 @@ impl ConnShared {
             EndAction::Nothing => {}
             EndAction::CloseSilently => self.mark_closed(reason),
             EndAction::TellPeer => {
-                let told = self.post_control(Kind::Close, None).is_ok();
+                let told = self.post_close(reason.clone()).is_ok();
                 if self.close_state(reason) && !told {
                     self.to_error();
                 }
@@ -429,7 +429,7 @@ impl Connection {
         // The close message lands in a spare buffer; wait (bounded) for it to be
         // acknowledged so the peer learns before our QP stops: its completion closes the
         // connection.
-        if sh.post_control(Kind::Close, None).is_ok() {
+        if sh.post_close(CloseReason::Local).is_ok() {
             let closed = async {
                 loop {
                     let ended = sh.ended.notified();
@@ -445,6 +445,13 @@ impl Connection {
             let _ = super::driven(sh, bounded).await;
         }
         sh.mark_closed(CloseReason::Local);
+    }
+
+    /// Closes the connection because of what this side found wrong with the peer (a
+    /// layer above the messages, such as RPC): the peer is told, and `reason` is the
+    /// connection's reason ([`Connection::closed`], its events, its operations' errors).
+    pub(crate) fn end_with(&self, reason: CloseReason) {
+        self.shared.end(reason);
     }
 
     /// The connection's next event (librpma's `rpma_conn_next_event`): first
@@ -492,6 +499,7 @@ async fn keepalive(weak: Weak<ConnShared>, every: Duration) {
         if !s.is_open() {
             return;
         }
+        s.retry_credits();
         let now = s.post.activity();
         if now == last {
             s.probe();

@@ -19,7 +19,10 @@ impl Rdma {
     /// accepts TCP connections and runs each handshake on its own, with its own timeout
     /// ([`RdmaBuilder::handshake_timeout`](crate::RdmaBuilder::handshake_timeout)), at most [`RdmaBuilder::max_handshakes`](crate::RdmaBuilder::max_handshakes) at
     /// once; requests that arrive whole wait for [`Listener::next_request`] or
-    /// [`Listener::accept`]. Needs a tokio runtime.
+    /// [`Listener::accept`]. Idle connections cannot keep a client out: one source address
+    /// may have at most 8 handshakes whose request has not arrived yet (more are closed
+    /// at once), and when every place is taken the one that has waited longest for its
+    /// request gives its place to the newcomer. Needs a tokio runtime.
     pub async fn listen(&self, addr: impl ToSocketAddrs) -> Result<Listener> {
         let tcp = TcpListener::bind(addr).await?;
         let local = tcp.local_addr()?;
@@ -44,8 +47,29 @@ impl Rdma {
     }
 }
 
-/// Accepts TCP connections while a handshake place is free, and reads each request on a
-/// task of its own.
+/// Handshakes whose request has not arrived yet that one source address may have under
+/// way at once; a connection beyond it is closed as soon as it is accepted (and reported).
+pub(crate) const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
+
+/// The handshakes whose request has not arrived yet, by id: where each comes from, and
+/// how to end it.
+#[derive(Default)]
+struct Reading {
+    by_id: std::collections::BTreeMap<u64, (std::net::SocketAddr, tokio::task::AbortHandle)>,
+}
+
+impl Reading {
+    fn count_from(&self, ip: std::net::IpAddr) -> usize {
+        self.by_id.values().filter(|(a, _)| a.ip() == ip).count()
+    }
+}
+
+/// Accepts TCP connections and reads each request on a task of its own, at most
+/// `max_handshakes` at once. A source with [`MAX_HANDSHAKES_PER_SOURCE`] requests still to
+/// arrive gets no more places; when every place is taken, the handshake that has waited
+/// longest for its request gives its place up to the newcomer (a client sends its request
+/// as soon as it is connected: idle sockets, not clients, wait), so idle connections never
+/// keep a client in the backlog while its own handshake timeout runs.
 async fn accept_loop(
     rdma: Rdma,
     tcp: TcpListener,
@@ -55,19 +79,14 @@ async fn accept_loop(
 ) {
     // The handshakes under way: aborted with this task when the listener is dropped.
     let mut handshakes = tokio::task::JoinSet::new();
+    let reading = Arc::new(Mutex::new(Reading::default()));
+    let mut next_id = 0u64;
     loop {
         let accepted = tokio::select! {
             Some(_) = handshakes.join_next(), if !handshakes.is_empty() => continue,
-            place = places.clone().acquire_owned() => match place {
-                Ok(place) => tokio::select! {
-                    a = tcp.accept() => a.map(|a| (a, place)),
-                    // (Keep reaping finished handshakes while waiting for a client.)
-                    Some(_) = handshakes.join_next(), if !handshakes.is_empty() => continue,
-                },
-                Err(_) => return,
-            },
+            a = tcp.accept() => a,
         };
-        let ((stream, peer), place) = match accepted {
+        let (stream, peer) = match accepted {
             Ok(s) => s,
             Err(e) => {
                 // Out of file descriptors, a connection reset before it was taken: not
@@ -79,16 +98,56 @@ async fn accept_loop(
             }
         };
         tracing::debug!(%peer, "connection request");
+        if lock(&reading).count_from(peer.ip()) >= MAX_HANDSHAKES_PER_SOURCE {
+            drop(stream);
+            failures.record(
+                peer,
+                &Error::Io(std::io::Error::other(
+                    "too many handshakes under way from this address",
+                )),
+            );
+            continue;
+        }
+        let place = match places.clone().try_acquire_owned() {
+            Ok(place) => place,
+            Err(tokio::sync::TryAcquireError::Closed) => return,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                // The oldest handshake still waiting for its request gives its place up
+                // (its task is aborted; the place is free once it has stopped).
+                let oldest = lock(&reading).by_id.pop_first();
+                if let Some((_, (addr, abort))) = oldest {
+                    abort.abort();
+                    failures.record(
+                        addr,
+                        &Error::Timeout("connection request (its place went to a newer one)"),
+                    );
+                }
+                // (Otherwise every place holds a request waiting for the application:
+                // wait for it to take one.)
+                match places.clone().acquire_owned().await {
+                    Ok(place) => place,
+                    Err(_) => return,
+                }
+            }
+        };
+        let id = next_id;
+        next_id += 1;
         let (rdma, requests, failures) = (rdma.clone(), requests.clone(), failures.clone());
-        handshakes.spawn(async move {
-            match super::handshake::read_request(&rdma, stream, peer, place, failures.clone()).await
-            {
+        let done_reading = reading.clone();
+        // Spawned under the lock, so that the task cannot remove its entry before it is in.
+        let mut in_progress = lock(&reading);
+        let abort = handshakes.spawn(async move {
+            let read =
+                super::handshake::read_request(&rdma, stream, peer, place, failures.clone()).await;
+            lock(&done_reading).by_id.remove(&id);
+            match read {
                 // (If the listener is gone, the request is dropped: its TCP connection
                 // closes.)
                 Ok(req) => drop(requests.send(req).await),
                 Err(e) => failures.record(peer, &e),
             }
         });
+        in_progress.by_id.insert(id, (peer, abort));
     }
 }
 

@@ -27,6 +27,7 @@ use super::{ConnShared, Connection, lock};
 use crate::error::{Error, ProtocolViolation, Result};
 use crate::mr::{Local, LocalMr, RemoteMr, Span, register};
 use remem_verbs::{AccessFlags, MemoryBuffer, RecvWr, SendOp, WcOpcode, WcStatus, WorkCompletion};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use tokio::sync::Notify;
 
@@ -39,6 +40,9 @@ pub(crate) struct Messages {
     pub(crate) credits: Mutex<CreditWindow>,
     /// Woken when credits return (or the connection closes).
     pub(crate) credit_wait: Notify,
+    /// A credit message was due and could not be posted: it is tried again at the next
+    /// completion of this side's work (or keepalive tick).
+    pub(crate) credit_retry: AtomicBool,
     /// Messages in arrival order; a large one is a placeholder until it has been read.
     pub(crate) messages: Inbox<Place>,
     pub(crate) write_imms: Inbox<u32>,
@@ -52,6 +56,7 @@ impl Messages {
             srq,
             credits: Mutex::new(CreditWindow::new(window)),
             credit_wait: Notify::new(),
+            credit_retry: AtomicBool::new(false),
             messages: Inbox::new(true),
             write_imms: Inbox::new(true),
             tokens: Inbox::new(true),
@@ -209,19 +214,39 @@ impl ConnShared {
     }
 
     /// Sends a credit message when a quarter of the window is owed and none is in flight.
+    /// One that cannot be posted now is tried again ([`ConnShared::retry_credits`]).
     pub(crate) fn maybe_return_credits(self: &Arc<Self>) {
         if !self.is_open() || !lock(&self.msg.credits).want_credit_msg() {
             return;
         }
+        self.post_credit_msg();
+    }
+
+    /// Posts the credit message taken to be in flight; if it cannot go, it is not, and
+    /// it is tried again later.
+    fn post_credit_msg(self: &Arc<Self>) {
         if self.post_control(Kind::Credit, None).is_err() {
             lock(&self.msg.credits).credit_msg_done();
+            if self.is_open() {
+                self.msg.credit_retry.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    /// Tries again a credit message that could not be posted (called at each completion
+    /// of this side's work and each keepalive tick; cheap when there is none).
+    pub(crate) fn retry_credits(self: &Arc<Self>) {
+        if self.msg.credit_retry.load(Ordering::Acquire)
+            && self.msg.credit_retry.swap(false, Ordering::AcqRel)
+        {
+            self.maybe_return_credits();
         }
     }
 
     /// Probes the peer (the keepalive): a credit message, unless one is in flight.
     pub(crate) fn probe(self: &Arc<Self>) {
-        if lock(&self.msg.credits).want_probe() && self.post_control(Kind::Credit, None).is_err() {
-            lock(&self.msg.credits).credit_msg_done();
+        if lock(&self.msg.credits).want_probe() {
+            self.post_credit_msg();
         }
     }
 
@@ -246,14 +271,15 @@ impl ConnShared {
         kind: Kind,
         imm: Option<u32>,
     ) -> Result<()> {
-        let sq = self.entries(1).await?;
+        let (credit, sq) = self.credited_entry().await?;
         let spans = std::iter::once(sq.slot()).chain(src).collect();
         let opts = PostOpts {
-            credit: true,
             header: Some((kind, imm)),
             ..PostOpts::default()
         };
-        self.execute(sq, SendOp::Send, spans, opts).await.map(drop)
+        self.execute(sq, SendOp::Send, spans, opts, Some(credit))
+            .await
+            .map(drop)
     }
 
     /// Sends `bytes` as one message of `kind` (from a registered scratch region).

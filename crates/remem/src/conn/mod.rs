@@ -178,7 +178,10 @@ impl ConnShared {
         } else {
             cfg.recv_depth + SPARE
         };
+        // Operations take `max_send_wr` entries at most; control messages have their own.
+        let send_depth = cfg.cap.max_send_wr.max(1);
         let cap = remem_verbs::QpCap {
+            max_send_wr: send_depth + posting::CONTROL_RESERVE,
             max_recv_wr: cfg.cap.max_recv_wr.max(depth),
             max_send_sge: cfg.cap.max_send_sge.max(2),
             ..cfg.cap
@@ -207,7 +210,7 @@ impl ConnShared {
         } else {
             None
         };
-        let sq = SendQueue::new(rdma.pd(), cap.max_send_wr)?;
+        let sq = SendQueue::new(rdma.pd(), send_depth)?;
         let dev = ctx.query_device()?;
         let caps = Caps {
             flush_global: dev.flush_global,

@@ -110,21 +110,24 @@ impl Connection {
         let total = spans.iter().map(|s| s.len).sum();
         let op = kind.op(total, remote)?;
         // WRITE_WITH_IMM consumes a receive at the peer: it needs a credit.
-        let credit = matches!(kind, OneSided::WriteImm(_));
         let sh = &self.shared;
-        let sq = sh.entries(1).await?;
-        let opts = PostOpts {
-            credit,
-            ..PostOpts::default()
+        let (credit, sq) = if matches!(kind, OneSided::WriteImm(_)) {
+            let (credit, sq) = sh.credited_entry().await?;
+            (Some(credit), sq)
+        } else {
+            (None, sh.entries(1).await?)
         };
-        sh.execute(sq, op, spans, opts).await.map(drop)
+        sh.execute(sq, op, spans, PostOpts::default(), credit)
+            .await
+            .map(drop)
     }
 
     async fn atomic(&self, op: SendOp) -> Result<u64> {
         let sh = &self.shared;
         let sq = sh.entries(1).await?;
         let span = sq.slot();
-        sh.execute(sq, op, vec![span], PostOpts::default()).await
+        sh.execute(sq, op, vec![span], PostOpts::default(), None)
+            .await
     }
 
     /// Compares the peer's 8-byte word at `dst` with `compare` and, if equal, replaces it
@@ -190,7 +193,7 @@ impl Connection {
             };
             let sq = sh.entries(1).await?;
             return sh
-                .execute(sq, op, vec![], PostOpts::default())
+                .execute(sq, op, vec![], PostOpts::default(), None)
                 .await
                 .map(drop);
         }
@@ -214,7 +217,7 @@ impl Connection {
             remote_addr: dst.addr,
             rkey: dst.rkey,
         };
-        sh.execute(sq, op, vec![span], PostOpts::default())
+        sh.execute(sq, op, vec![span], PostOpts::default(), None)
             .await
             .map(drop)
     }
@@ -246,7 +249,7 @@ impl Connection {
             flags,
             ..PostOpts::default()
         };
-        sh.execute(sq, op, vec![span], opts).await.map(drop)
+        sh.execute(sq, op, vec![span], opts, None).await.map(drop)
     }
 
     /// Posts an RDMA WRITE of `src` into `dst` that completes silently ("completion on

@@ -21,8 +21,26 @@ const MAX_PER_POLL: usize = 64;
 /// `wr_id`s of receive buffers carry this bit; the rest is the buffer's index.
 pub(crate) const RECV_TAG: u64 = 1 << 63;
 
-/// The send queue: one permit per entry, and one registered 8-byte slot per entry.
+/// Send-queue entries reserved for control messages, beyond the entries operations use:
+/// one for the credit message (at most one is in flight; the keepalive's probe is one) and
+/// one for the close message (sent once). Operations never take them, so whatever
+/// operations hold — all of their entries, while messages wait for credits — a credit
+/// return, a probe and a close always find an entry.
+pub(crate) const CONTROL_RESERVE: u32 = 2;
+
+/// The send queue: one permit per entry, and one registered 8-byte slot per entry; the
+/// operations' entries and the control messages' ([`CONTROL_RESERVE`]) apart.
 pub(crate) struct SendQueue {
+    data: Pool,
+    control: Pool,
+    /// The entries operations may take (the QP has [`CONTROL_RESERVE`] more).
+    depth: u32,
+    /// A close message was posted (there is one per connection: its entry is reserved).
+    close_posted: std::sync::atomic::AtomicBool,
+}
+
+/// Entries of one kind: their permits and slots.
+struct Pool {
     permits: Arc<Semaphore>,
     slots: Arc<Slots>,
 }
@@ -82,20 +100,18 @@ impl SqEntries {
     }
 }
 
-impl SendQueue {
-    /// A send queue of `depth` entries.
-    pub(crate) fn new(pd: &Arc<dyn ProtectionDomain>, depth: u32) -> Result<Self> {
-        let depth = depth.max(1);
+impl Pool {
+    fn new(pd: &Arc<dyn ProtectionDomain>, n: u32) -> Result<Self> {
         let mr = register(
             pd,
-            MemoryBuffer::zeroed(8 * depth as usize)?,
+            MemoryBuffer::zeroed(8 * n as usize)?,
             AccessFlags::LOCAL_WRITE,
         )?;
-        Ok(SendQueue {
-            permits: Arc::new(Semaphore::new(depth as usize)),
+        Ok(Pool {
+            permits: Arc::new(Semaphore::new(n as usize)),
             slots: Arc::new(Slots {
                 mr,
-                free: Mutex::new((0..depth).rev().collect()),
+                free: Mutex::new((0..n).rev().collect()),
             }),
         })
     }
@@ -128,11 +144,35 @@ impl SendQueue {
     }
 }
 
+impl SendQueue {
+    /// A send queue of `depth` entries for operations (at least one), and
+    /// [`CONTROL_RESERVE`] for control messages: the QP's send queue must hold
+    /// `depth + CONTROL_RESERVE` work requests.
+    pub(crate) fn new(pd: &Arc<dyn ProtectionDomain>, depth: u32) -> Result<Self> {
+        let depth = depth.max(1);
+        Ok(SendQueue {
+            data: Pool::new(pd, depth)?,
+            control: Pool::new(pd, CONTROL_RESERVE)?,
+            depth,
+            close_posted: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// The entries operations may take.
+    pub(crate) fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// Takes all control entries that are free now (a test starves control messages).
+    #[cfg(test)]
+    pub(crate) fn take_control(&self) -> Vec<SqEntries> {
+        std::iter::from_fn(|| self.control.try_acquire()).collect()
+    }
+}
+
 /// How [`ConnShared::execute`] posts a work request.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct PostOpts {
-    /// It consumes a receive at the peer: it waits for a credit.
-    pub(crate) credit: bool,
     /// A message header of this kind (and immediate) goes in the entry's slot, with the
     /// credits owed to the peer.
     pub(crate) header: Option<(Kind, Option<u32>)>,
@@ -175,6 +215,9 @@ pub(crate) struct Posting {
     activity: AtomicU64,
     /// The operation timeout in nanoseconds; 0: none.
     op_timeout: AtomicU64,
+    /// Why this side closes, for its close message: the connection's reason once the
+    /// message is out, even if that is before whoever sent it records the reason.
+    close_reason: Mutex<Option<CloseReason>>,
 }
 
 impl Posting {
@@ -186,6 +229,7 @@ impl Posting {
             next_wr: AtomicU64::new(1),
             activity: AtomicU64::new(0),
             op_timeout: AtomicU64::new(0),
+            close_reason: Mutex::new(None),
         };
         p.set_op_timeout(op_timeout);
         p
@@ -215,7 +259,8 @@ impl Posting {
 
     /// The connection closed: waiters for entries fail.
     pub(crate) fn sq_close(&self) {
-        self.sq.permits.close();
+        self.sq.data.permits.close();
+        self.sq.control.permits.close();
     }
 
     /// No signaled work request is in flight.
@@ -247,42 +292,89 @@ impl Posting {
     }
 }
 
+/// A credit spent for a message about to be posted: given back if it is dropped before
+/// the message is posted ([`SpentCredit::posted`]).
+pub(crate) struct SpentCredit<'a> {
+    conn: &'a ConnShared,
+    /// When the operation that spent it must be done by (its wait for the credit counted).
+    deadline: Option<tokio::time::Instant>,
+    armed: bool,
+}
+
+impl SpentCredit<'_> {
+    /// The message is posted: the credit is spent for good.
+    fn posted(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for SpentCredit<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            lock(&self.conn.msg.credits).unspend();
+            self.conn.msg.credit_wait.notify_one();
+        }
+    }
+}
+
 impl ConnShared {
     /// Waits for `n` free send-queue entries (fails once the connection is closed).
     pub(crate) async fn entries(&self, n: u32) -> Result<SqEntries> {
         self.post
             .sq
+            .data
             .acquire(n)
             .await
             .ok_or_else(|| self.closed_error())
     }
 
+    /// Waits for a credit, then for a send-queue entry, for a message that consumes a
+    /// receive at the peer. The credit comes first: a message waiting for one holds no
+    /// entry, so messages waiting for credits never keep the entries from operations that
+    /// need none (nor, with [`CONTROL_RESERVE`], from the messages that return credits).
+    /// Dropped while it waits for the entry, the credit goes back.
+    pub(crate) async fn credited_entry(&self) -> Result<(SpentCredit<'_>, SqEntries)> {
+        self.check_open()?;
+        let deadline = self.post.deadline();
+        match deadline {
+            // Nothing is posted yet: a timeout here leaves the connection open.
+            Some(at) => tokio::time::timeout_at(at, self.spend_credit())
+                .await
+                .map_err(|_| Error::Timeout("waiting for a credit"))??,
+            None => self.spend_credit().await?,
+        }
+        let credit = SpentCredit {
+            conn: self,
+            deadline,
+            armed: true,
+        };
+        let sq = self.entries(1).await?;
+        Ok((credit, sq))
+    }
+
     /// Posts one signaled work request on `sq` and waits for its completion; returns the
     /// word in the entry's slot at completion (an atomic's result).
+    /// A message that consumes a receive at the peer comes with the credit it spent
+    /// ([`ConnShared::credited_entry`]).
     pub(crate) async fn execute(
         self: &Arc<Self>,
         sq: SqEntries,
         op: SendOp,
         spans: Vec<Span>,
         opts: PostOpts,
+        credit: Option<SpentCredit<'_>>,
     ) -> Result<u64> {
         self.check_open()?;
-        let deadline = self.post.deadline();
-        if opts.credit {
-            match deadline {
-                // Nothing is posted yet: a timeout here leaves the connection open.
-                Some(at) => tokio::time::timeout_at(at, self.spend_credit())
-                    .await
-                    .map_err(|_| Error::Timeout("waiting for a credit"))??,
-                None => self.spend_credit().await?,
-            }
-        }
+        let deadline = match &credit {
+            Some(c) => c.deadline,
+            None => self.post.deadline(),
+        };
         // From here to the post nothing awaits: a dropped future cannot lose the credit.
         let mut credits = 0;
         if let Some((kind, imm)) = opts.header {
             credits = lock(&self.msg.credits).take_owed();
             if let Err(e) = sq.write_header(&MsgHeader::new(kind, credits, imm)) {
-                self.unpost(credits, opts.credit);
+                self.unpost(credits);
                 return Err(e);
             }
         }
@@ -311,25 +403,19 @@ impl ConnShared {
         };
         if let Err(e) = posted {
             lock(&self.post.pending).remove(&wr_id);
-            self.unpost(credits, opts.credit);
+            self.unpost(credits);
             return Err(Error::Verbs(e.error));
+        }
+        if let Some(c) = credit {
+            c.posted();
         }
         self.outcome(rx, deadline).await
     }
 
-    /// A message that was not posted after all: its credit and the credits it was to
-    /// return go back.
-    fn unpost(&self, returned: u16, spent: bool) {
-        {
-            let mut c = lock(&self.msg.credits);
-            c.untake_owed(returned);
-            if spent {
-                c.unspend();
-            }
-        }
-        if spent {
-            self.msg.credit_wait.notify_one();
-        }
+    /// A message that was not posted after all: the credits it was to return go back
+    /// (the credit it spent goes back as its [`SpentCredit`] is dropped).
+    fn unpost(&self, returned: u16) {
+        lock(&self.msg.credits).untake_owed(returned);
     }
 
     /// Waits for a posted work request's completion: its slot's word on success, else
@@ -382,7 +468,7 @@ impl ConnShared {
             _spans: spans,
             sq,
         };
-        let depth = self.qp.cap().max_send_wr.max(2);
+        let depth = self.post.sq.depth().max(2);
         let every = u64::from(depth / 2);
         let mut unsignaled = lock(&self.post.unsignaled);
         let wr_id = self.post.next_wr.fetch_add(1, Ordering::Relaxed);
@@ -406,7 +492,7 @@ impl ConnShared {
         if n == 0 {
             return Ok(());
         }
-        let max = self.qp.cap().max_send_wr as usize;
+        let max = self.post.sq.depth() as usize;
         if n > max {
             return Err(Error::InvalidArgument(format!(
                 "a batch of {n} work requests exceeds the send queue ({max})"
@@ -455,22 +541,37 @@ impl ConnShared {
         self.outcome(rx, deadline).await.map(drop)
     }
 
-    /// Posts a message that needs no credit (it lands in a spare buffer) and no waiter,
-    /// if a send-queue entry is free now (and the connection may send at all).
+    /// Posts a control message (a credit message or a close: it needs no credit, it lands
+    /// in a spare buffer) with no waiter, on an entry reserved for control messages
+    /// ([`CONTROL_RESERVE`]), if the connection may send at all. There is one close
+    /// message per connection: a later one is taken as already posted.
     pub(crate) fn post_control(self: &Arc<Self>, kind: Kind, imm: Option<u32>) -> Result<()> {
         if !self.confirmed() {
             return Err(Error::InvalidArgument(
                 "the peer has not confirmed the connection".into(),
             ));
         }
-        let Some(sq) = self.post.sq.try_acquire() else {
-            return Err(if self.is_open() {
-                Error::InvalidArgument("the send queue is full".into())
-            } else {
-                self.closed_error()
-            });
+        let close = kind == Kind::Close;
+        if close && self.post.sq.close_posted.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let posted = match self.post.sq.control.try_acquire() {
+            Some(sq) => self.post_control_with(kind, imm, sq),
+            None if self.is_open() => Err(Error::InvalidArgument(
+                "the send queue's control entries are taken".into(),
+            )),
+            None => Err(self.closed_error()),
         };
-        self.post_control_with(kind, imm, sq)
+        if close && posted.is_err() {
+            self.post.sq.close_posted.store(false, Ordering::Release);
+        }
+        posted
+    }
+
+    /// Posts the close message (once per connection), with why this side closes.
+    pub(crate) fn post_close(self: &Arc<Self>, reason: CloseReason) -> Result<()> {
+        lock(&self.post.close_reason).get_or_insert(reason);
+        self.post_control(Kind::Close, None)
     }
 
     /// [`ConnShared::post_control`] on a send-queue entry already taken.
@@ -482,7 +583,7 @@ impl ConnShared {
     ) -> Result<()> {
         let credits = lock(&self.msg.credits).take_owed();
         if let Err(e) = sq.write_header(&MsgHeader::new(kind, credits, imm)) {
-            self.unpost(credits, false);
+            self.unpost(credits);
             return Err(e);
         }
         let hspan = sq.slot();
@@ -506,7 +607,7 @@ impl ConnShared {
             .post_send(&[SendWr::new(wr_id, SendOp::Send, &sges)])
         {
             lock(&self.post.pending).remove(&wr_id);
-            self.unpost(credits, false);
+            self.unpost(credits);
             return Err(Error::Verbs(e.error));
         }
         Ok(())
@@ -561,6 +662,7 @@ impl ConnShared {
             if self.post.release_unsignaled(wc.wr_id) && wc.status != WcStatus::Success {
                 self.on_error_completion(wc);
             }
+            self.retry_credits();
             return;
         };
         if let Some(upto) = p.release_upto {
@@ -569,7 +671,8 @@ impl ConnShared {
         if p.close_msg {
             // This side is closing (`close`, a drop, a violation): closed before the QP
             // goes to the error state, so that its flushed receives end nothing.
-            self.close_state(CloseReason::Local);
+            let reason = lock(&self.post.close_reason).clone();
+            self.close_state(reason.unwrap_or(CloseReason::Local));
             self.to_error();
         }
         if p.credit_msg {
@@ -586,6 +689,9 @@ impl ConnShared {
             // The slot's word (an atomic's result) is read before the slot is freed.
             let _ = tx.send((*wc, p.keep.sq.word()));
         }
+        drop(p.keep);
+        // Entries are free again: a credit message that found none goes now.
+        self.retry_credits();
     }
 
     /// A work request failed. While the connection is open that ends it — a flush error

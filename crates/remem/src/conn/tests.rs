@@ -364,3 +364,54 @@ async fn send_bytes_sends_from_unregistered_memory() {
     let m = cb.receive().await.unwrap();
     assert_eq!((&m.data[..], m.imm), (&large[..10], Some(9)));
 }
+
+/// A credit message that could not be posted (here: its reserved send-queue entries taken
+/// by the test) is posted again at the next completion of this side's work — one that
+/// carries no credits itself, a write — so the peer's send that waits for those credits
+/// goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credit_message_that_could_not_be_posted_is_retried() {
+    // A grants B 4 credits, and returns them one at a time (a quarter of 4). No keepalive:
+    // its probe would carry the credits too, later.
+    let (a, b) = crate::test_util::soft_pair_with(|a| a.recv_depth(4).keepalive(None), |b| b);
+    let (ca, cb) = connect(&a, &b).await;
+    let target = b.alloc_local_mr(layout(8)).unwrap();
+    cb.share_local_mr(&target).await.unwrap();
+    let remote = ca.receive_shared_mr().await.unwrap();
+    // (Its credit goes back now, with nothing else owed.)
+    let src = a.alloc_local_mr(layout(8)).unwrap();
+    ca.write(&src, &remote).await.unwrap();
+    for i in 0..3u8 {
+        cb.send_bytes([i]).await.unwrap();
+    }
+    let held = ca.shared().post.sq.take_control();
+    assert_eq!(held.len(), super::posting::CONTROL_RESERVE as usize);
+    for i in 0..3u8 {
+        assert_eq!(ca.receive().await.unwrap().data, [i]);
+    }
+    assert!(
+        ca.shared()
+            .msg
+            .credit_retry
+            .load(std::sync::atomic::Ordering::Acquire),
+        "the credit messages found no entry"
+    );
+    // B has one credit left (the token's came back); its next message after that waits
+    // for the three A owes.
+    cb.send_bytes([3]).await.unwrap();
+    let cb = Arc::new(cb);
+    let waiting = tokio::spawn({
+        let cb = cb.clone();
+        async move { cb.send_bytes([4]).await }
+    });
+    drop(held);
+    // A's write completes: the credit message goes with it.
+    ca.write(&src, &remote).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("B still waits for the credits A owes")
+        .unwrap()
+        .unwrap();
+    assert_eq!(ca.receive().await.unwrap().data, [3]);
+    assert_eq!(ca.receive().await.unwrap().data, [4]);
+}

@@ -137,4 +137,12 @@ pub enum RpcViolation {
     /// A reply or refusal sent to the serving side ([`RpcServer`](super::RpcServer) makes no calls).
     #[error("RPC: a {0:?} sent to the serving side")]
     NotARequest(FrameKind),
+    /// The calling side takes no answers (it returns no credits) while this many refusals
+    /// of requests dropped unanswered wait to be sent
+    /// ([`MAX_UNSENT_REFUSALS`](super::MAX_UNSENT_REFUSALS)), and one more was due.
+    #[error("RPC: {max} refusals wait to be sent and the caller takes none")]
+    UnsentRefusals {
+        /// The most refusals kept waiting for a caller.
+        max: usize,
+    },
 }

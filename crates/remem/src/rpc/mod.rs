@@ -42,6 +42,14 @@ use tokio::sync::{Semaphore, oneshot};
 /// ([`RpcClient::with_limit`]).
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
 
+/// Refusals of requests dropped unanswered ([`Request`]'s drop) that may wait to be sent
+/// on one connection (each waits for a credit, and the caller returns credits as it takes
+/// answers). One more closes the connection as a protocol violation
+/// ([`RpcViolation::UnsentRefusals`]): a caller that takes no answers cannot make the
+/// server hold more. They are sent in order by one task per connection, started when the
+/// first waits and ended when none does.
+pub const MAX_UNSENT_REFUSALS: usize = 1024;
+
 /// The error a protocol violation of the RPC layer gives its callers.
 fn violation(what: impl Into<RpcViolation>) -> CloseReason {
     CloseReason::Protocol(ProtocolViolation::Rpc(what.into()))
@@ -287,10 +295,12 @@ async fn route(conn: Arc<Connection>, calls: Arc<Mutex<Calls>>) {
             let _ = waiter.send(answer);
         }
     };
-    lock(&calls).fail(reason.clone());
     if matches!(reason, CloseReason::Protocol(_)) {
-        conn.close().await;
+        // The connection closes with the violation as its reason (before any call learns
+        // it): one reason, the same at `Connection::closed` and in the calls' errors.
+        conn.end_with(reason.clone());
     }
+    lock(&calls).fail(reason);
 }
 
 /// The serving side of request/response over a connection: takes requests
@@ -336,6 +346,81 @@ async fn route(conn: Arc<Connection>, calls: Arc<Mutex<Calls>>) {
 pub struct RpcServer {
     rdma: Rdma,
     conn: Arc<Connection>,
+    refusals: Arc<Refusals>,
+}
+
+/// The refusals of a server's dropped requests waiting to be sent (at most
+/// [`MAX_UNSENT_REFUSALS`]), and whether the task sending them runs.
+#[derive(Debug, Default)]
+struct Refusals {
+    state: Mutex<RefusalQueue>,
+}
+
+#[derive(Debug, Default)]
+struct RefusalQueue {
+    ids: std::collections::VecDeque<u64>,
+    sending: bool,
+}
+
+/// What a dropped request is refused with.
+const DROPPED: &[u8] = b"dropped without an answer";
+
+impl Refusals {
+    /// Request `id` was dropped unanswered: its refusal waits its turn. Beyond the budget
+    /// the connection closes instead.
+    fn refuse(self: &Arc<Self>, rdma: Rdma, conn: Arc<Connection>, id: u64) {
+        {
+            let mut q = lock(&self.state);
+            if q.ids.len() >= MAX_UNSENT_REFUSALS {
+                drop(q);
+                conn.end_with(violation(RpcViolation::UnsentRefusals {
+                    max: MAX_UNSENT_REFUSALS,
+                }));
+                return;
+            }
+            q.ids.push_back(id);
+            if std::mem::replace(&mut q.sending, true) {
+                return; // the sending task takes it
+            }
+        }
+        // Without a runtime (it is shutting down) nothing can be sent: the connection
+        // ends with it, and the caller learns that instead.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(self.clone().send_all(rdma, conn))),
+            Err(_) => {
+                let mut q = lock(&self.state);
+                q.ids.clear();
+                q.sending = false;
+            }
+        }
+    }
+
+    /// Sends the waiting refusals in order until none waits (or the connection ends).
+    async fn send_all(self: Arc<Self>, rdma: Rdma, conn: Arc<Connection>) {
+        loop {
+            let id = {
+                let mut q = lock(&self.state);
+                match q.ids.pop_front() {
+                    Some(id) => id,
+                    None => {
+                        q.sending = false;
+                        return;
+                    }
+                }
+            };
+            let header = FrameHeader {
+                kind: FrameKind::Refused,
+                id,
+            };
+            if send_frame(&rdma, &conn, header, DROPPED).await.is_err() {
+                // The connection ended: the callers learn that instead.
+                let mut q = lock(&self.state);
+                q.ids.clear();
+                q.sending = false;
+                return;
+            }
+        }
+    }
 }
 
 impl RpcServer {
@@ -345,6 +430,7 @@ impl RpcServer {
         RpcServer {
             rdma: rdma.clone(),
             conn: conn.into(),
+            refusals: Arc::default(),
         }
     }
 
@@ -368,12 +454,13 @@ impl RpcServer {
                     id: header.id,
                     data: payload.to_vec(),
                     server: Some((self.rdma.clone(), self.conn.clone())),
+                    refusals: self.refusals.clone(),
                 }));
             }
             Ok((header, _)) => violation(RpcViolation::NotARequest(header.kind)),
             Err(e) => violation(e),
         };
-        self.conn.close().await;
+        self.conn.end_with(reason.clone());
         Err(Error::Closed(reason))
     }
 
@@ -406,13 +493,16 @@ impl RpcServer {
 
 /// A request taken by [`RpcServer::next_request`]: its bytes, and the way to answer it
 /// (it may move to another task for that: [`RpcServer`]'s example). Dropped without an
-/// answer, it is refused (the caller gets [`Error::Refused`]).
+/// answer, it is refused (the caller gets [`Error::Refused`]): its refusal waits its turn
+/// among at most [`MAX_UNSENT_REFUSALS`] on the connection.
 #[derive(Debug)]
 pub struct Request {
     id: u64,
     data: Vec<u8>,
     /// Where the answer goes; taken when it is sent.
     server: Option<(Rdma, Arc<Connection>)>,
+    /// The connection's refusals waiting to be sent.
+    refusals: Arc<Refusals>,
 }
 
 impl Request {
@@ -448,19 +538,8 @@ impl Request {
 
 impl Drop for Request {
     fn drop(&mut self) {
-        let Some((rdma, conn)) = self.server.take() else {
-            return;
-        };
-        let header = FrameHeader {
-            kind: FrameKind::Refused,
-            id: self.id,
-        };
-        // Without a runtime (it is shutting down) nothing can be sent: the connection
-        // ends with it, and the caller learns that instead.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let _ = send_frame(&rdma, &conn, header, b"dropped without an answer").await;
-            });
+        if let Some((rdma, conn)) = self.server.take() {
+            self.refusals.refuse(rdma, conn, self.id);
         }
     }
 }
