@@ -956,7 +956,10 @@ async fn unproven_requests_do_not_exhaust_the_listener() {
         }
     });
     const REQUESTS: usize = remem_soft::PEER_PORT_BUDGET + 100;
-    const CLIENTS: usize = 16;
+    // As many at once as the listener lets one source address have waiting for their
+    // requests (more are closed at once, and then fewer than the old table's budget would
+    // be answered).
+    const CLIENTS: usize = 8;
     let attackers: Vec<_> = (0..CLIENTS)
         .map(|first| {
             tokio::spawn(async move {

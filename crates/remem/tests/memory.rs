@@ -274,9 +274,11 @@ mod small_device {
         pub ctx: Arc<dyn Context>,
         pub max_mr: u32,
         pub refuse: Arc<AtomicBool>,
+        /// The most work requests a queue of a QP may hold (`max_qp_wr`), enforced.
+        pub max_qp_wr: Option<u32>,
     }
 
-    struct Pd(Arc<dyn ProtectionDomain>, Arc<AtomicBool>);
+    struct Pd(Arc<dyn ProtectionDomain>, Arc<AtomicBool>, Option<u32>);
 
     impl ProtectionDomain for Pd {
         fn reg_mr(&self, region: MemRegion, access: AccessFlags) -> Result<Arc<dyn MemoryRegion>> {
@@ -286,6 +288,13 @@ mod small_device {
             self.0.reg_mr(region, access)
         }
         fn create_qp(&self, init: &QpInitAttr) -> Result<Arc<dyn QueuePair>> {
+            if let Some(max) = self.2
+                && init.cap.max_send_wr.max(init.cap.max_recv_wr) > max
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "more than {max} work requests"
+                )));
+            }
             self.0.create_qp(init)
         }
         fn create_srq(&self, attr: SrqAttr) -> Result<Arc<dyn SharedReceiveQueue>> {
@@ -301,9 +310,11 @@ mod small_device {
             self.ctx.info()
         }
         fn query_device(&self) -> Result<DeviceAttr> {
+            let attr = self.ctx.query_device()?;
             Ok(DeviceAttr {
                 max_mr: self.max_mr,
-                ..self.ctx.query_device()?
+                max_qp_wr: self.max_qp_wr.unwrap_or(attr.max_qp_wr),
+                ..attr
             })
         }
         fn query_port(&self, port_num: u8) -> Result<PortAttr> {
@@ -313,7 +324,11 @@ mod small_device {
             self.ctx.query_gid(port_num, index)
         }
         fn alloc_pd(&self) -> Result<Arc<dyn ProtectionDomain>> {
-            Ok(Arc::new(Pd(self.ctx.alloc_pd()?, self.refuse.clone())))
+            Ok(Arc::new(Pd(
+                self.ctx.alloc_pd()?,
+                self.refuse.clone(),
+                self.max_qp_wr,
+            )))
         }
         fn create_comp_channel(&self) -> Result<Arc<dyn CompletionChannel>> {
             self.ctx.create_comp_channel()
@@ -356,6 +371,7 @@ async fn the_devices_limit_bounds_leases_and_its_refusal_is_an_answer() {
             ctx: soft,
             max_mr: 1024,
             refuse: refuse.clone(),
+            max_qp_wr: None,
         }))
     });
     let (ca, _cb) = connect(&a, &b).await;
@@ -389,6 +405,49 @@ async fn the_devices_limit_bounds_leases_and_its_refusal_is_an_answer() {
         .unwrap();
     let src = a.alloc_local_mr(layout(64)).unwrap();
     ca.write(&src, lease.mr()).await.unwrap();
+}
+
+/// A connection whose `max_send_wr` is the device's most (`max_qp_wr`) still has its
+/// control messages' entries (issue 29: they come out of the configured depth there, not
+/// beyond it, where the device would refuse the QP), and its messages and credits flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_queue_at_the_devices_most_still_connects() {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    const MAX_QP_WR: u32 = 64;
+    let (a, b) = pair_on(|b, name| {
+        let soft = remem::open_device(Some(name)).unwrap();
+        b.qp_cap(remem::verbs::QpCap {
+            max_send_wr: MAX_QP_WR,
+            max_recv_wr: MAX_QP_WR,
+            max_send_sge: 2,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        })
+        .recv_depth(16)
+        .context(Arc::new(small_device::SmallDevice {
+            ctx: soft,
+            max_mr: 1 << 20,
+            refuse: Arc::new(AtomicBool::new(false)),
+            max_qp_wr: Some(MAX_QP_WR),
+        }))
+    });
+    let (ca, cb) = connect(&a, &b).await;
+    let sends = async {
+        for i in 0..200u32 {
+            ca.send_bytes(i.to_be_bytes()).await.unwrap();
+        }
+    };
+    let receives = async {
+        for i in 0..200u32 {
+            assert_eq!(cb.receive().await.unwrap().data, i.to_be_bytes());
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), async {
+        tokio::join!(sends, receives)
+    })
+    .await
+    .expect("200 messages within 30 s");
 }
 
 /// A fresh path in `dir`, removed when dropped.

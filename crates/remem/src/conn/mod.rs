@@ -178,8 +178,14 @@ impl ConnShared {
         } else {
             cfg.recv_depth + SPARE
         };
-        // Operations take `max_send_wr` entries at most; control messages have their own.
-        let send_depth = cfg.cap.max_send_wr.max(1);
+        // Operations take `max_send_wr` entries at most; control messages have their own,
+        // beyond them — or out of them, where `max_send_wr` is already the device's most.
+        let device_max = ctx.query_device().map_or(u32::MAX, |a| a.max_qp_wr);
+        let send_depth = cfg
+            .cap
+            .max_send_wr
+            .min(device_max.saturating_sub(posting::CONTROL_RESERVE))
+            .max(1);
         let cap = remem_verbs::QpCap {
             max_send_wr: send_depth + posting::CONTROL_RESERVE,
             max_recv_wr: cfg.cap.max_recv_wr.max(depth),
