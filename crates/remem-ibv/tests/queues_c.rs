@@ -5,37 +5,20 @@
 mod common;
 mod support;
 
-use common::{DropIn, tool};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use common::DropIn;
+use std::path::PathBuf;
 use support::{dropin_command, have_timeout};
 
 /// Compiles `tests/c/<name>.c` into the drop-in directory; `None` (skipped) when the
 /// toolchain or the headers are missing.
 fn compile(d: &DropIn, name: &str) -> Option<PathBuf> {
-    let cc = tool("cc", "gcc")?;
-    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
-        common::skip("/usr/include/infiniband/verbs.h is missing (libibverbs-dev)");
-        return None;
-    }
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/c")
-        .join(format!("{name}.c"));
-    let out = d.dir.join(name);
-    let r = Command::new(cc)
-        .args(["-O1", "-Wall", "-Werror", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .arg("-L")
-        .arg(&d.dir)
-        .args(["-libverbs", "-lpthread"])
-        .output()
-        .unwrap();
-    if !r.status.success() {
-        let err = String::from_utf8_lossy(&r.stderr);
-        panic!("cc {}: {err}", src.display());
-    }
-    Some(out)
+    common::compile_c(
+        d,
+        name,
+        "/usr/include/infiniband/verbs.h",
+        "libibverbs-dev",
+        &["-libverbs", "-lpthread"],
+    )
 }
 
 #[test]

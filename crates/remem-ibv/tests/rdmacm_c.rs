@@ -8,31 +8,20 @@ mod common;
 mod support;
 
 use common::{DropIn, run, text};
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 #[test]
 fn a_c_program_connects_its_own_qp_and_is_rejected_with_private_data() {
-    if !common::have_file(Path::new("/usr/include/rdma/rdma_cma.h"), "librdmacm-dev") {
-        return;
-    }
-    let Some(cc) = common::tool("cc", "gcc") else {
+    let d = DropIn::new("c-cm");
+    let Some(exe) = common::compile_c(
+        &d,
+        "cm",
+        "/usr/include/rdma/rdma_cma.h",
+        "librdmacm-dev",
+        &["-lrdmacm", "-libverbs"],
+    ) else {
         return;
     };
-    let d = DropIn::new("c-cm");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/cm.c");
-    let exe = d.dir.join("cm");
-    let out = Command::new(cc)
-        .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg(format!("-L{}", d.dir.display()))
-        .args(["-lrdmacm", "-libverbs"])
-        .arg(format!("-Wl,-rpath,{}", d.dir.display()))
-        .output()
-        .expect("cc");
-    assert!(out.status.success(), "cc: {}", text(&out.stderr));
     let (s, c) = support::cm_addrs();
     let out = run(
         d.command(&exe)

@@ -13,9 +13,8 @@
 mod common;
 mod support;
 
-use common::{DropIn, text};
+use common::DropIn;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use support::{CmSide, Ran};
 
 /// Runs per test: enough to catch a loss that happened one run in four.
@@ -25,26 +24,16 @@ const PORT: &str = "20081";
 
 /// Builds tests/c/teardown.c against rdma-core's headers, linked with the drop-in.
 fn build(d: &DropIn) -> Option<PathBuf> {
-    if !common::have_file(Path::new("/usr/include/rdma/rdma_cma.h"), "librdmacm-dev") {
-        return None;
-    }
-    let cc = common::tool("cc", "gcc")?;
     if !support::have_timeout() {
         return None;
     }
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/teardown.c");
-    let exe = d.dir.join("teardown");
-    let out = Command::new(cc)
-        .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg(format!("-L{}", d.dir.display()))
-        .args(["-lrdmacm", "-libverbs"])
-        .arg(format!("-Wl,-rpath,{}", d.dir.display()))
-        .output()
-        .expect("cc");
-    assert!(out.status.success(), "cc: {}", text(&out.stderr));
-    Some(exe)
+    common::compile_c(
+        d,
+        "teardown",
+        "/usr/include/rdma/rdma_cma.h",
+        "librdmacm-dev",
+        &["-lrdmacm", "-libverbs"],
+    )
 }
 
 /// One run of the pair with the client in `mode`: the server's and the client's output.

@@ -17,41 +17,9 @@
 #include <unistd.h>
 #include <rdma/rdma_cma.h>
 
-static int failures;
+#include "check.h"
 
-#define CHECK(cond, ...)                                                        \
-	do {                                                                    \
-		if (cond) {                                                     \
-			printf("ok   %s\n", #cond);                             \
-		} else {                                                        \
-			printf("FAIL %s (line %d, errno %d %s): ", #cond,       \
-			       __LINE__, errno, strerror(errno));               \
-			printf(__VA_ARGS__);                                    \
-			printf("\n");                                           \
-			failures++;                                             \
-		}                                                               \
-	} while (0)
-
-/* CHECK, and stop at a failure (`cond` is evaluated once). */
-#define REQUIRE(cond, ...)                                                      \
-	do {                                                                    \
-		int before_ = failures;                                         \
-		CHECK(cond, __VA_ARGS__);                                       \
-		if (failures != before_) {                                      \
-			printf("%d failures\n", failures);                      \
-			exit(1);                                                \
-		}                                                               \
-	} while (0)
-
-static struct sockaddr_in addr(const char *ip, int port)
-{
-	struct sockaddr_in a;
-	memset(&a, 0, sizeof a);
-	a.sin_family = AF_INET;
-	a.sin_port = htons(port);
-	inet_pton(AF_INET, ip, &a.sin_addr);
-	return a;
-}
+#include "inet.h"
 
 /* The next event of `ch`, within 10 s; it must be `want`. */
 static struct rdma_cm_event *expect(struct rdma_event_channel *ch,

@@ -12,20 +12,7 @@
 #include <unistd.h>
 #include <infiniband/verbs.h>
 
-static int failures;
-
-#define CHECK(cond, ...)                                                        \
-	do {                                                                    \
-		if (cond) {                                                     \
-			printf("ok   %s\n", #cond);                             \
-		} else {                                                        \
-			printf("FAIL %s (line %d, errno %d %s): ", #cond,       \
-			       __LINE__, errno, strerror(errno));               \
-			printf(__VA_ARGS__);                                    \
-			printf("\n");                                           \
-			failures++;                                             \
-		}                                                               \
-	} while (0)
+#include "check.h"
 
 /* ibv_reg_mr that must fail with `want`. */
 static void reg_fails(struct ibv_pd *pd, void *addr, size_t len, int access,

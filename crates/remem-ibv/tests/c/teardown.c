@@ -25,42 +25,11 @@
 #include <unistd.h>
 #include <rdma/rdma_cma.h>
 
-static int failures;
-
-#define CHECK(cond, ...)                                                        \
-	do {                                                                    \
-		if (cond) {                                                     \
-			printf("ok   %s\n", #cond);                             \
-		} else {                                                        \
-			printf("FAIL %s (line %d, errno %d %s): ", #cond,       \
-			       __LINE__, errno, strerror(errno));               \
-			printf(__VA_ARGS__);                                    \
-			printf("\n");                                           \
-			failures++;                                             \
-		}                                                               \
-	} while (0)
-
-#define REQUIRE(cond, ...)                                                      \
-	do {                                                                    \
-		int before_ = failures;                                         \
-		CHECK(cond, __VA_ARGS__);                                       \
-		if (failures != before_) {                                      \
-			printf("%d failures\n", failures);                      \
-			exit(1);                                                \
-		}                                                               \
-	} while (0)
+#include "check.h"
 
 static const char MESSAGE[] = "the last message before the disconnection";
 
-static struct sockaddr_in addr(const char *ip, int port)
-{
-	struct sockaddr_in a;
-	memset(&a, 0, sizeof a);
-	a.sin_family = AF_INET;
-	a.sin_port = htons(port);
-	inet_pton(AF_INET, ip, &a.sin_addr);
-	return a;
-}
+#include "inet.h"
 
 /* The next event of `ch` within `ms` milliseconds, or NULL. */
 static struct rdma_cm_event *next_event(struct rdma_event_channel *ch, int ms)

@@ -157,3 +157,38 @@ pub fn have_file(path: &Path, package: &str) -> bool {
     }
     ok
 }
+
+/// Compiles `tests/c/<name>.c` (gnu11, `-Wall -Werror`, the headers beside it) into the
+/// drop-in directory `d`, linked with `libs` from there (`-libverbs`, `-lrdmacm`: the
+/// drop-in) and run-path'd to it. `None`, after saying why the test skips, without a C
+/// compiler or without `header` (from Debian's `package`).
+pub fn compile_c(
+    d: &DropIn,
+    name: &str,
+    header: &str,
+    package: &str,
+    libs: &[&str],
+) -> Option<PathBuf> {
+    if !have_file(Path::new(header), package) {
+        return None;
+    }
+    let cc = tool("cc", "gcc")?;
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let exe = d.dir.join(name);
+    let out = Command::new(cc)
+        .args(["-std=gnu11", "-O1", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg(format!("-L{}", d.dir.display()))
+        .args(libs)
+        .arg(format!("-Wl,-rpath,{}", d.dir.display()))
+        .output()
+        .expect("cc");
+    assert!(
+        out.status.success(),
+        "cc {}: {}",
+        src.display(),
+        text(&out.stderr)
+    );
+    Some(exe)
+}
