@@ -272,15 +272,18 @@ fn a_malformed_reply_is_a_protocol_violation() {
         let (header, payload) = FrameHeader::parse(&request.data).unwrap();
         assert_eq!((header.kind, payload), (FrameKind::Request, &b"q"[..]));
         send_raw(&b, &cb, &[1, 2, 3]).await;
-        let r = call.await.unwrap();
-        assert!(
-            matches!(
-                r,
-                Err(Error::Closed(CloseReason::Protocol(
-                    ProtocolViolation::Rpc(RpcViolation::Frame(FrameError::Short(3)))
-                )))
-            ),
-            "{r:?}"
+        // One reason at both doors: the call's error, `closed()` and the last event.
+        let why = CloseReason::Protocol(ProtocolViolation::Rpc(RpcViolation::Frame(
+            FrameError::Short(3),
+        )));
+        match call.await.unwrap() {
+            Err(Error::Closed(r)) => assert_eq!(r, why),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(rpc.connection().closed(), Some(why.clone()));
+        assert_eq!(
+            last_event(rpc.connection()).await,
+            remem::ConnectionEvent::Lost(why)
         );
         assert!(matches!(
             rpc.call(b"again").await,
@@ -369,33 +372,12 @@ async fn last_event(conn: &Connection) -> remem::ConnectionEvent {
     }
 }
 
-/// After a peer's RPC violation there is one reason, the same at both doors: the call's
-/// error, the connection's `closed()` and its last event (client and server side).
+/// After a peer's RPC violation there is one reason, the same at both doors: the error of
+/// the server's `next_request`, the connection's `closed()` and its last event (the client
+/// side: `a_malformed_reply_is_a_protocol_violation`).
 #[test]
 fn an_rpc_violation_is_the_connections_reason_at_both_doors() {
     run(async {
-        // The client finds a malformed reply.
-        let (a, ca, b, cb) = pair().await;
-        let rpc = RpcClient::new(&a, ca);
-        let call = tokio::spawn({
-            let rpc = rpc.clone();
-            async move { rpc.call(b"q").await }
-        });
-        cb.receive().await.unwrap();
-        send_raw(&b, &cb, &[1, 2, 3]).await;
-        let why = CloseReason::Protocol(ProtocolViolation::Rpc(RpcViolation::Frame(
-            FrameError::Short(3),
-        )));
-        match call.await.unwrap() {
-            Err(Error::Closed(r)) => assert_eq!(r, why),
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(rpc.connection().closed(), Some(why.clone()));
-        assert_eq!(
-            last_event(rpc.connection()).await,
-            remem::ConnectionEvent::Lost(why)
-        );
-
         // The server finds a reply where a request belongs.
         let (a, ca, b, cb) = pair().await;
         let server = RpcServer::new(&b, cb);
