@@ -276,15 +276,7 @@ fn a_malformed_reply_is_a_protocol_violation() {
         let why = CloseReason::Protocol(ProtocolViolation::Rpc(RpcViolation::Frame(
             FrameError::Short(3),
         )));
-        match call.await.unwrap() {
-            Err(Error::Closed(r)) => assert_eq!(r, why),
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(rpc.connection().closed(), Some(why.clone()));
-        assert_eq!(
-            last_event(rpc.connection()).await,
-            remem::ConnectionEvent::Lost(why)
-        );
+        ended_for(call.await.unwrap(), rpc.connection(), why).await;
         assert!(matches!(
             rpc.call(b"again").await,
             Err(Error::Closed(CloseReason::Protocol(_)))
@@ -362,6 +354,17 @@ fn a_malformed_request_is_a_protocol_violation() {
     });
 }
 
+/// Checks that `conn` ended for `why` at both doors: the error `r` of the call that met
+/// it, its `closed()` and its last event.
+async fn ended_for<T: std::fmt::Debug>(r: Result<T, Error>, conn: &Connection, why: CloseReason) {
+    match r {
+        Err(Error::Closed(r)) => assert_eq!(r, why),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(conn.closed(), Some(why.clone()));
+    assert_eq!(last_event(conn).await, remem::ConnectionEvent::Lost(why));
+}
+
 /// The event that ended `conn` (after `Established`).
 async fn last_event(conn: &Connection) -> remem::ConnectionEvent {
     loop {
@@ -389,15 +392,7 @@ fn an_rpc_violation_is_the_connections_reason_at_both_doors() {
         let why = CloseReason::Protocol(ProtocolViolation::Rpc(RpcViolation::NotARequest(
             FrameKind::Reply,
         )));
-        match server.next_request().await {
-            Err(Error::Closed(r)) => assert_eq!(r, why),
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(server.connection().closed(), Some(why.clone()));
-        assert_eq!(
-            last_event(server.connection()).await,
-            remem::ConnectionEvent::Lost(why)
-        );
+        ended_for(server.next_request().await, server.connection(), why).await;
         // The peer is told.
         assert!(matches!(
             ca.receive().await,
