@@ -341,16 +341,16 @@ fn a_malformed_request_is_a_protocol_violation() {
             id: 0,
         };
         send_raw(&a, &ca, &reply.to_bytes()).await;
-        let r = server.next_request().await;
-        assert!(
-            matches!(
-                r,
-                Err(Error::Closed(CloseReason::Protocol(
-                    ProtocolViolation::Rpc(RpcViolation::NotARequest(FrameKind::Reply))
-                )))
-            ),
-            "{r:?}"
-        );
+        // One reason at both doors: the error of `next_request`, `closed()` and the last
+        // event; and the peer is told.
+        let why = CloseReason::Protocol(ProtocolViolation::Rpc(RpcViolation::NotARequest(
+            FrameKind::Reply,
+        )));
+        ended_for(server.next_request().await, server.connection(), why).await;
+        assert!(matches!(
+            ca.receive().await,
+            Err(Error::Closed(CloseReason::Peer))
+        ));
     });
 }
 
@@ -373,32 +373,6 @@ async fn last_event(conn: &Connection) -> remem::ConnectionEvent {
             ev => return ev,
         }
     }
-}
-
-/// After a peer's RPC violation there is one reason, the same at both doors: the error of
-/// the server's `next_request`, the connection's `closed()` and its last event (the client
-/// side: `a_malformed_reply_is_a_protocol_violation`).
-#[test]
-fn an_rpc_violation_is_the_connections_reason_at_both_doors() {
-    run(async {
-        // The server finds a reply where a request belongs.
-        let (a, ca, b, cb) = pair().await;
-        let server = RpcServer::new(&b, cb);
-        let reply = FrameHeader {
-            kind: FrameKind::Reply,
-            id: 0,
-        };
-        send_raw(&a, &ca, &reply.to_bytes()).await;
-        let why = CloseReason::Protocol(ProtocolViolation::Rpc(RpcViolation::NotARequest(
-            FrameKind::Reply,
-        )));
-        ended_for(server.next_request().await, server.connection(), why).await;
-        // The peer is told.
-        assert!(matches!(
-            ca.receive().await,
-            Err(Error::Closed(CloseReason::Peer))
-        ));
-    });
 }
 
 /// A caller that grants one credit and never takes an answer, while the server drops its
