@@ -64,59 +64,46 @@ fn check(run: usize, server: &Ran, client: &Ran, want: &[&str]) {
     );
 }
 
-#[test]
-fn a_send_posted_before_rdma_disconnect_reaches_the_peer() {
+/// `RUNS` runs of the pair with the client in `mode` (serially, in a drop-in directory
+/// named `dir`), each checked for `want` in the server's output.
+fn runs(dir: &str, mode: &str, want: &[&str]) {
     let _serial = support::serial();
-    let d = DropIn::new("c-teardown-send");
+    let d = DropIn::new(dir);
     let Some(exe) = build(&d) else {
         return;
     };
     for run in 0..RUNS {
-        let (server, client) = pair(&d, &exe, "send");
-        check(
-            run,
-            &server,
-            &client,
-            &[
-                "first receive: success, 42 bytes, \"the last message before the disconnection\"",
-                "event: RDMA_CM_EVENT_DISCONNECTED",
-            ],
-        );
+        let (server, client) = pair(&d, &exe, mode);
+        check(run, &server, &client, want);
     }
+}
+
+#[test]
+fn a_send_posted_before_rdma_disconnect_reaches_the_peer() {
+    runs(
+        "c-teardown-send",
+        "send",
+        &[
+            "first receive: success, 42 bytes, \"the last message before the disconnection\"",
+            "event: RDMA_CM_EVENT_DISCONNECTED",
+        ],
+    );
 }
 
 #[test]
 fn a_client_that_disconnects_and_exits_at_once_has_sent_its_dreq() {
-    let _serial = support::serial();
-    let d = DropIn::new("c-teardown-quiet");
-    let Some(exe) = build(&d) else {
-        return;
-    };
-    for run in 0..RUNS {
-        let (server, client) = pair(&d, &exe, "quiet");
-        check(
-            run,
-            &server,
-            &client,
-            &["event: RDMA_CM_EVENT_DISCONNECTED"],
-        );
-    }
+    runs(
+        "c-teardown-quiet",
+        "quiet",
+        &["event: RDMA_CM_EVENT_DISCONNECTED"],
+    );
 }
 
 #[test]
 fn a_server_that_exits_once_disconnected_has_sent_its_drep() {
-    let _serial = support::serial();
-    let d = DropIn::new("c-teardown-drep");
-    let Some(exe) = build(&d) else {
-        return;
-    };
-    for run in 0..RUNS {
-        let (server, client) = pair(&d, &exe, "drep");
-        check(
-            run,
-            &server,
-            &client,
-            &["event: RDMA_CM_EVENT_DISCONNECTED"],
-        );
-    }
+    runs(
+        "c-teardown-drep",
+        "drep",
+        &["event: RDMA_CM_EVENT_DISCONNECTED"],
+    );
 }
