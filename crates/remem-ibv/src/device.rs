@@ -300,6 +300,7 @@ impl Device {
             }
         };
         flush_at_exit(&soft);
+        crate::stats::track(&self.config.name, &soft);
         let dev: Arc<dyn remem_verbs::Context> = soft;
         st.open = Some(Arc::downgrade(&dev));
         Ok(dev)
@@ -333,7 +334,7 @@ fn flush_at_exit(dev: &Arc<SoftContext>) {
 /// disconnection the program saw and answered by exiting, a REJ, a DREQ's retry). A NIC
 /// sends those whatever the process does next; the progress thread of a soft device dies
 /// with the process. As closing a device does (`SoftContext`'s drop), bounded by one
-/// second per device.
+/// second per device. Then each device's counters go to `REMEM_IBV_STATS` ([`crate::stats`]).
 extern "C" fn flush_open_devices() {
     let _ = std::panic::catch_unwind(|| {
         let opened: Vec<Arc<SoftContext>> = OPENED
@@ -345,6 +346,7 @@ extern "C" fn flush_open_devices() {
         for dev in &opened {
             dev.flush(EXIT_FLUSH_LIMIT);
         }
+        crate::stats::write_at_exit();
         // Not dropped here: the last handle's drop would stop the device's thread while
         // the program's exit may still use it (other `atexit` handlers, destructors).
         std::mem::forget(opened);
@@ -557,6 +559,7 @@ pub unsafe extern "C" fn remem_ibv_ibv_close_device(context: *mut ibv_context) -
         if unsafe { crate::context::ctx_from(context) }.is_none() {
             return libc::EINVAL;
         }
+        crate::stats::snapshot();
         // SAFETY: a context this library made (checked above), not used afterwards.
         unsafe { Ctx::free(context) };
         0

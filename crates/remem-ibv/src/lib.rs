@@ -166,6 +166,7 @@ pub mod pd;
 pub mod private;
 pub mod query;
 pub mod rdmacm;
+pub mod stats;
 pub mod symbols;
 
 // The queue objects (helper B).
