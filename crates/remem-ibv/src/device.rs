@@ -20,7 +20,7 @@ use crate::context::Ctx;
 use crate::ffi::{guard_int, guard_ptr, null_with, set_errno};
 use core::ffi::{c_char, c_int};
 use remem_soft::{SoftContext, SoftOptions};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 symver!(
@@ -36,8 +36,7 @@ symver!(
 
 use remem_soft::dropin;
 pub use remem_soft::dropin::{
-    DEFAULT_NAME, DEVICES_ENV, DeviceConfig, Spec, guid_for_addr, loopback_candidate,
-    parse_devices,
+    DEFAULT_NAME, DEVICES_ENV, DeviceConfig, Spec, guid_for_addr, loopback_candidate, parse_devices,
 };
 
 /// The UDP port of RoCEv2.

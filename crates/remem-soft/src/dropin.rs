@@ -117,7 +117,6 @@ pub fn guid_for_addr(addr: SocketAddr) -> u64 {
     0x0200_0000_0000_0000 | u64::from(addr.port()) << 32 | low
 }
 
-
 /// `ibv_device.dev_name` of the device at `index` of the list: `uverbs<index>`, the
 /// character device a kernel provider opens, `/dev/infiniband/<dev_name>`.
 pub fn dev_name(index: usize) -> String {
@@ -143,7 +142,10 @@ pub fn program_gid_table(ip: IpAddr) -> Vec<GidEntry> {
     let netdev = crate::netdev::list_netdevs()
         .ok()
         .and_then(|l| l.into_iter().find(|n| n.addrs.contains(&ip)));
-    roce_v2_view(gid_table_for(Some(ip), netdev.as_ref().map(|n| n.name.as_str())))
+    roce_v2_view(gid_table_for(
+        Some(ip),
+        netdev.as_ref().map(|n| n.name.as_str()),
+    ))
 }
 
 /// The GID table the drop-in shows programs for the soft device on `netdev`.
