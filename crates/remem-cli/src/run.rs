@@ -330,6 +330,17 @@ mod tests {
     }
 
     #[test]
+    fn the_namespace_is_on_unless_turned_off() {
+        assert!(namespace_wanted(None));
+        for on in ["1", "yes", "", "on"] {
+            assert!(namespace_wanted(Some(OsStr::new(on))), "{on}");
+        }
+        for off in ["0", "no", "off", "false", "OFF", "False"] {
+            assert!(!namespace_wanted(Some(OsStr::new(off))), "{off}");
+        }
+    }
+
+    #[test]
     fn search_order() {
         let root = scratch("search");
         let bin = root.join("bin");

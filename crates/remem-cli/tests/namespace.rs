@@ -157,7 +157,12 @@ fn root_sees_the_devices_in_dev_and_sys() {
     let lab = Lab::new("root");
     let (k, expected) = two_devices_expected(0);
     let out = lab.run(&[], Some(TWO), &[], &two_devices_script(k));
-    assert_eq!(text(&out.stderr), "");
+    let err = text(&out.stderr);
+    if err.contains("(cannot make") {
+        eprintln!("skipped: root here cannot make a mount namespace (a container?): {err}");
+        return;
+    }
+    assert_eq!(err, "");
     assert!(
         out.status.success(),
         "{:?}: {}",
