@@ -1,12 +1,16 @@
 //! `remem`: list RDMA devices, run perftest-compatible benchmarks (`remem perf`), and run
 //! unmodified programs on remem's drop-in libibverbs (`remem run`).
 
-#![forbid(unsafe_code)]
+// One module, `namespace` (the `unshare` that makes `remem run`'s mount namespace),
+// allows unsafe code; the rest denies it.
+#![deny(unsafe_code)]
 
 use clap::{Parser, Subcommand};
 use remem::verbs::{DeviceInfo, GidType};
 use std::process::ExitCode;
 
+mod devtree;
+mod namespace;
 mod perf;
 mod run;
 

@@ -24,12 +24,17 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+use crate::{devtree, namespace};
+use remem_soft::dropin;
+
 /// The drop-in library's file name.
 pub const LIB_NAME: &str = "libremem_ibv.so";
 /// The names the drop-in directory gives the library: the libraries it replaces.
 pub const LINK_NAMES: [&str; 2] = ["libibverbs.so.1", "librdmacm.so.1"];
 /// The environment variable naming the library's path.
 pub const LIB_ENV: &str = "REMEM_IBV_LIB";
+/// The environment variable that turns the private mount namespace off (`0`).
+pub const NAMESPACE_ENV: &str = "REMEM_RUN_NAMESPACE";
 /// Exit status of `remem run` when it fails before running the program (as `env`'s).
 const EXIT_OWN_FAILURE: u8 = 125;
 
@@ -47,10 +52,28 @@ Examples:
 The library is looked for at $REMEM_IBV_LIB, beside the remem executable, then in
 <executable dir>/../lib; build it with `cargo build --release -p remem-ibv`.
 The library is both libibverbs.so.1 and librdmacm.so.1. Programs that ignore
-LD_LIBRARY_PATH (setuid programs, an RPATH naming libibverbs) do not load the drop-in. Exit status: the program's; 125 if remem run itself failed, 126 if the
+LD_LIBRARY_PATH (setuid programs, an RPATH naming libibverbs) do not load the drop-in.
+
+The program runs in a private mount namespace where /dev/infiniband/uverbsN and
+/sys/class/infiniband/DEV (node type and GUID, port state, GIDs with their types
+and interfaces) describe the soft devices, as for a kernel device (UCX lists a
+device only when /dev/infiniband has it); the rest of /dev and /sys/class stays.
+As root: a mount namespace. As another user, where the kernel allows unprivileged
+user namespaces: a user namespace mapping the user to themselves (the program
+keeps its uid and gid and has no privilege; root's files show as nobody's).
+Otherwise one line on stderr says so and the program runs without them. With the
+default device (REMEM_IBV_DEVICES unset) each process has its own address: its
+GID and the node GUID are left out; REMEM_IBV_DEVICES=rxe0=soft@127.0.0.2 names
+it. --no-namespace or REMEM_RUN_NAMESPACE=0 turns the namespace off.
+
+Exit status: the program's; 125 if remem run itself failed, 126 if the
 program could not be run, 127 if it was not found."
 )]
 pub struct RunArgs {
+    /// Run the program as it is, without the private mount namespace that shows the
+    /// soft devices in /dev/infiniband and /sys/class/infiniband (as REMEM_RUN_NAMESPACE=0).
+    #[arg(long)]
+    pub no_namespace: bool,
     /// Print the drop-in directory (made if needed) and exit, for
     /// `LD_LIBRARY_PATH=$(remem run --lib-dir) PROGRAM`.
     #[arg(long, conflicts_with = "program")]
@@ -92,6 +115,9 @@ pub fn run(args: &RunArgs) -> ExitCode {
         eprintln!("remem run: no program to run");
         return ExitCode::from(2);
     };
+    if !args.no_namespace && namespace_wanted(std::env::var_os(NAMESPACE_ENV).as_deref()) {
+        show_devices();
+    }
     let path = prepend_path(&dir, std::env::var_os("LD_LIBRARY_PATH").as_deref());
     let err = Command::new(program)
         .args(rest)
@@ -106,6 +132,49 @@ pub fn run(args: &RunArgs) -> ExitCode {
     } else {
         126
     })
+}
+
+/// Whether `REMEM_RUN_NAMESPACE`'s value asks for the namespace: anything but `0`, `no`,
+/// `off`, `false` (unset too).
+pub fn namespace_wanted(value: Option<&OsStr>) -> bool {
+    !value.is_some_and(|v| {
+        ["0", "no", "off", "false"]
+            .iter()
+            .any(|n| v.eq_ignore_ascii_case(n))
+    })
+}
+
+/// Moves this process into a private mount namespace showing the drop-in's devices in
+/// `/dev/infiniband` and `/sys/class` (see [`crate::devtree`], [`crate::namespace`]); says
+/// on stderr, in one line, what programs will not see if it cannot.
+fn show_devices() {
+    let value = std::env::var(dropin::DEVICES_ENV).ok();
+    let configs = match dropin::parse_devices(value.as_deref()) {
+        Ok(c) if c.is_empty() => return,
+        Ok(c) => c,
+        Err(why) => {
+            // The drop-in refuses the list too (EINVAL, and a line of its own).
+            eprintln!(
+                "remem run: {}: {why}; no device is shown in /dev/infiniband or /sys/class",
+                dropin::DEVICES_ENV
+            );
+            return;
+        }
+    };
+    let names: Vec<String> = configs.iter().map(|c| c.name.clone()).collect();
+    let unseen = |places: &str, why: &str| {
+        eprintln!("{}", namespace::unseen_message(places, why, &names));
+    };
+    let tree = match devtree::facts(&configs) {
+        Ok(facts) => devtree::tree(&facts),
+        Err(why) => return unseen(namespace::ALL_PLACES, &why),
+    };
+    if let Err(why) = namespace::enter() {
+        return unseen(namespace::ALL_PLACES, &why);
+    }
+    if let Err((places, why)) = namespace::show(&tree) {
+        unseen(&places, &why);
+    }
 }
 
 /// `dir` first, then the entries of `old` (no empty entry, which would mean the current
@@ -258,6 +327,17 @@ mod tests {
             prepend_path(d, Some(OsStr::new("/a:/b"))),
             "/x/remem-ibv:/a:/b"
         );
+    }
+
+    #[test]
+    fn the_namespace_is_on_unless_turned_off() {
+        assert!(namespace_wanted(None));
+        for on in ["1", "yes", "", "on"] {
+            assert!(namespace_wanted(Some(OsStr::new(on))), "{on}");
+        }
+        for off in ["0", "no", "off", "false", "OFF", "False"] {
+            assert!(!namespace_wanted(Some(OsStr::new(off))), "{off}");
+        }
     }
 
     #[test]

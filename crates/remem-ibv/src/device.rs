@@ -20,7 +20,7 @@ use crate::context::Ctx;
 use crate::ffi::{guard_int, guard_ptr, null_with, set_errno};
 use core::ffi::{c_char, c_int};
 use remem_soft::{SoftContext, SoftOptions};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 symver!(
@@ -34,117 +34,13 @@ symver!(
     "ibv_import_device" @ "IBVERBS_1.10",
 );
 
-/// The environment variable that configures the devices.
-pub const DEVICES_ENV: &str = "REMEM_IBV_DEVICES";
-
-/// The name of the default device.
-pub const DEFAULT_NAME: &str = "rxe0";
+use remem_soft::dropin;
+pub use remem_soft::dropin::{
+    DEFAULT_NAME, DEVICES_ENV, DeviceConfig, Spec, guid_for_addr, loopback_candidate, parse_devices,
+};
 
 /// The UDP port of RoCEv2.
 const ROCE_PORT: u16 = remem_soft::ROCEV2_UDP_PORT;
-
-// ----- configuration (pure) ------------------------------------------------------------------
-
-/// What a configured device is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Spec {
-    /// The default: a soft device on a loopback address of this process's own.
-    Loopback,
-    /// `soft@IP[:PORT]`: a soft device bound to that address.
-    Soft(SocketAddr),
-    /// An interface name: the soft device on that interface.
-    Netdev(String),
-}
-
-/// One configured device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceConfig {
-    /// The name programs see (`ibv_get_device_name`).
-    pub name: String,
-    /// What it is.
-    pub spec: Spec,
-}
-
-/// Parses the value of `REMEM_IBV_DEVICES` (`None`: unset, the default device).
-pub fn parse_devices(value: Option<&str>) -> Result<Vec<DeviceConfig>, String> {
-    let Some(value) = value else {
-        return Ok(vec![DeviceConfig {
-            name: DEFAULT_NAME.into(),
-            spec: Spec::Loopback,
-        }]);
-    };
-    let mut out: Vec<DeviceConfig> = Vec::new();
-    for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let (name, spec) = item
-            .split_once('=')
-            .ok_or_else(|| format!("`{item}` is not name=spec"))?;
-        let (name, spec) = (name.trim(), spec.trim());
-        if name.is_empty() || name.len() >= IBV_SYSFS_NAME_MAX {
-            return Err(format!("`{item}`: a device name has 1 to 63 bytes"));
-        }
-        if !name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
-        {
-            return Err(format!(
-                "`{name}`: a device name is letters, digits, `_`, `-`, `.`"
-            ));
-        }
-        if out.iter().any(|d| d.name == name) {
-            return Err(format!("device `{name}` named twice"));
-        }
-        let spec = match remem_soft::soft_device_addr(spec) {
-            Some(Ok(addr)) if addr.ip().is_unspecified() => {
-                return Err(format!("`{spec}`: a soft device needs a specific address"));
-            }
-            Some(Ok(addr)) => Spec::Soft(addr),
-            Some(Err(_)) => return Err(format!("`{spec}` is not soft@IP or soft@IP:PORT")),
-            None if spec.is_empty() || spec.contains(['@', '=', ' ', '/']) => {
-                return Err(format!(
-                    "`{spec}` is neither soft@IP[:PORT] nor an interface name"
-                ));
-            }
-            None => Spec::Netdev(spec.to_string()),
-        };
-        out.push(DeviceConfig {
-            name: name.to_string(),
-            spec,
-        });
-    }
-    Ok(out)
-}
-
-/// The `attempt`-th loopback address for process `pid`: `127.a.b.c` with `c` in 1..=254,
-/// never `127.0.0.1`; distinct for distinct `pid + attempt` below 2^24 - 2^17.
-pub fn loopback_candidate(pid: u32, attempt: u32) -> Ipv4Addr {
-    const SLOTS: u64 = 256 * 256 * 254;
-    let mut n = u64::from(pid) + u64::from(attempt);
-    loop {
-        let idx = n % SLOTS;
-        let (a, b, c) = (idx / (256 * 254), (idx / 254) % 256, idx % 254 + 1);
-        if (a, b, c) != (0, 0, 1) {
-            return Ipv4Addr::new(127, a as u8, b as u8, c as u8);
-        }
-        n += 1;
-    }
-}
-
-/// The node GUID of a soft device bound to `addr` (host order): `02` (locally
-/// administered) `00`, the port, then the IPv4 address (a hash of the IPv6 address).
-pub fn guid_for_addr(addr: SocketAddr) -> u64 {
-    let low = match addr.ip().to_canonical() {
-        IpAddr::V4(v4) => u64::from(u32::from(v4)),
-        IpAddr::V6(v6) => {
-            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-            for b in v6.octets() {
-                h ^= u64::from(b);
-                h = h.wrapping_mul(0x0100_0000_01b3);
-            }
-            h & 0xffff_ffff
-        }
-    };
-    0x0200_0000_0000_0000 | u64::from(addr.port()) << 32 | low
-}
 
 // ----- the device list --------------------------------------------------------------------
 
@@ -224,16 +120,11 @@ impl Device {
             dev_path: [0; IBV_SYSFS_PATH_MAX],
             ibdev_path: [0; IBV_SYSFS_PATH_MAX],
         };
+        // The names `remem run` gives the device under /dev and /sys (the same functions).
         copy_c_str(&mut abi.name, &config.name);
-        copy_c_str(&mut abi.dev_name, &format!("uverbs{index}"));
-        copy_c_str(
-            &mut abi.dev_path,
-            &format!("/sys/class/infiniband_verbs/uverbs{index}"),
-        );
-        copy_c_str(
-            &mut abi.ibdev_path,
-            &format!("/sys/class/infiniband/{}", config.name),
-        );
+        copy_c_str(&mut abi.dev_name, &dropin::dev_name(index));
+        copy_c_str(&mut abi.dev_path, &dropin::dev_path(index));
+        copy_c_str(&mut abi.ibdev_path, &dropin::ibdev_path(&config.name));
         Ok(Device {
             abi,
             _provider_ops: 0,
@@ -577,67 +468,18 @@ pub extern "C" fn remem_ibv_ibv_import_device(cmd_fd: c_int) -> *mut ibv_context
 mod tests {
     use super::*;
 
-    fn one(name: &str, spec: Spec) -> Vec<DeviceConfig> {
-        vec![DeviceConfig {
+    fn soft(name: &str, addr: &str) -> DeviceConfig {
+        DeviceConfig {
             name: name.into(),
-            spec,
-        }]
-    }
-
-    #[test]
-    fn unset_is_the_loopback_rxe0() {
-        assert_eq!(parse_devices(None).unwrap(), one("rxe0", Spec::Loopback));
-    }
-
-    #[test]
-    fn empty_is_no_devices() {
-        assert_eq!(parse_devices(Some("")).unwrap(), vec![]);
-        assert_eq!(parse_devices(Some(" , ")).unwrap(), vec![]);
-    }
-
-    #[test]
-    fn soft_and_interface_specs() {
-        let d =
-            parse_devices(Some("rxe0=soft@10.77.0.1, rxe1=eth0,x=soft@127.0.0.2:5000")).unwrap();
-        assert_eq!(d.len(), 3);
-        assert_eq!(d[0].spec, Spec::Soft("10.77.0.1:4791".parse().unwrap()));
-        assert_eq!(d[1], one("rxe1", Spec::Netdev("eth0".into()))[0]);
-        assert_eq!(d[2].spec, Spec::Soft("127.0.0.2:5000".parse().unwrap()));
-        let v6 = parse_devices(Some("r=soft@[::1]:4791")).unwrap();
-        assert_eq!(v6[0].spec, Spec::Soft("[::1]:4791".parse().unwrap()));
-    }
-
-    #[test]
-    fn bad_values_are_refused() {
-        for bad in [
-            "rxe0",
-            "=soft@1.2.3.4",
-            "rxe0=",
-            "rxe0=soft@nonsense",
-            "rxe0=soft@0.0.0.0",
-            "a=lo,a=lo",
-            "bad name=lo",
-            "x=a@b",
-            &format!("{}=lo", "n".repeat(64)),
-        ] {
-            assert!(parse_devices(Some(bad)).is_err(), "{bad:?} accepted");
+            spec: Spec::Soft(addr.parse().unwrap()),
         }
     }
 
-    #[test]
-    fn loopback_candidates_are_distinct_and_never_127_0_0_1() {
-        let mut seen = std::collections::HashSet::new();
-        for pid in 0..5000 {
-            let a = loopback_candidate(pid, 0);
-            assert_ne!(a, Ipv4Addr::new(127, 0, 0, 1));
-            assert!(a.is_loopback());
-            assert!(a.octets()[3] != 0 && a.octets()[3] != 255);
-            seen.insert(a);
-        }
-        assert_eq!(seen.len(), 4999, "pids 0 and 1 share 127.0.0.2");
-        // The largest pid Linux hands out (2^22) is still distinct from small ones.
-        assert_ne!(loopback_candidate(1 << 22, 0), loopback_candidate(100, 0));
-        assert_ne!(loopback_candidate(7, 1), loopback_candidate(7, 0));
+    fn c_str(s: &[c_char]) -> String {
+        s.iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8 as char)
+            .collect()
     }
 
     #[test]
@@ -647,20 +489,36 @@ mod tests {
             std::mem::offset_of!(Device, _provider_ops),
             size_of::<ibv_device>()
         );
-        let d = Device::new(
-            0,
-            one("x", Spec::Soft("127.0.0.1:1".parse().unwrap())).remove(0),
-        )
-        .unwrap();
+        let d = Device::new(0, soft("x", "127.0.0.1:1")).unwrap();
         assert_eq!(d._provider_ops, 0);
     }
 
     #[test]
-    fn guid_shows_port_and_address() {
-        let g = guid_for_addr("127.0.0.101:4791".parse().unwrap());
-        assert_eq!(g, 0x0200_12b7_7f00_0065);
-        let v6a = guid_for_addr("[fd00::1]:4791".parse().unwrap());
-        let v6b = guid_for_addr("[fd00::2]:4791".parse().unwrap());
-        assert_ne!(v6a, v6b);
+    fn device_names_are_the_ones_remem_run_shows() {
+        let d = Device::new(3, soft("dev3", "127.0.0.1:1")).unwrap();
+        assert_eq!(c_str(&d.abi.name), "dev3");
+        assert_eq!(c_str(&d.abi.dev_name), "uverbs3");
+        assert_eq!(c_str(&d.abi.dev_name), dropin::dev_name(3));
+        assert_eq!(
+            c_str(&d.abi.dev_path),
+            "/sys/class/infiniband_verbs/uverbs3"
+        );
+        assert_eq!(c_str(&d.abi.ibdev_path), "/sys/class/infiniband/dev3");
+    }
+
+    #[test]
+    fn programs_see_the_table_remem_run_describes() {
+        // `remem run` writes /sys/class/infiniband/<dev>/ports/1/gids from
+        // `dropin::program_gid_table`; an open device's table is the same.
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let d = Device::new(0, soft("t", "127.0.0.1:0")).unwrap();
+        let dev = d.open().unwrap();
+        let ctx = Ctx::create(dev, (&raw const d.abi).cast_mut());
+        // SAFETY: a live context just made.
+        let shared = unsafe { crate::context::ctx_from(ctx) }.unwrap().shared();
+        let seen = shared.gid_table(1).unwrap();
+        assert_eq!(seen, dropin::program_gid_table(addr.ip()));
+        // SAFETY: made by Ctx::create, not used afterwards.
+        unsafe { Ctx::free(ctx) };
     }
 }

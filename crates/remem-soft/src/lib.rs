@@ -43,6 +43,7 @@ macro_rules! internal_modules {
 internal_modules!(cm, driver, engine, objects, qp, transport, wqe);
 
 mod context;
+pub mod dropin;
 pub mod faults;
 mod netdev;
 pub mod pcap;
