@@ -38,8 +38,10 @@ pub struct CtxShared {
     cqs: Registry,
     srqs: Registry,
     /// The GID table programs see on port 1: the remem device's RoCE v2 entries, in order
-    /// (their remem indices). Soft devices speak RoCE v2 only; remem's table also holds a
-    /// RoCE v1 entry per address (rxe's layout), which programs must not pick.
+    /// (their remem indices). A soft device's table is all RoCE v2 in rxe's layout
+    /// (link-local, IPv4, other IPv6: `remem_soft::netdev`), so this is the identity
+    /// there; a device of another provider may list RoCE v1 entries, which programs must
+    /// not pick (the drop-in speaks RoCE v2 only).
     gid_map: Vec<u8>,
     /// Async events handed out and not yet acked, by object address.
     pending: Mutex<HashMap<usize, u32>>,
@@ -534,20 +536,37 @@ mod tests {
     }
 
     #[test]
-    fn programs_see_the_roce_v2_gids_from_index_0() {
+    fn programs_see_rxes_gid_table() {
         let ctx = Ctx::create(soft_device(), std::ptr::null_mut());
         // SAFETY: a live context just made.
         let shared = unsafe { ctx_from(ctx) }.unwrap().shared();
-        // remem's table: v1 at 0, v2 at 1; programs see the v2 entry at 0.
+        // A soft device's table is all RoCE v2 in rxe's layout: programs see it as is.
         let soft = shared.dev.gid_table(1).unwrap();
-        assert_eq!(soft[1].gid_type, remem_verbs::GidType::RoceV2);
-        assert_eq!(shared.soft_gid_index(0), Some(1));
-        assert_eq!(shared.soft_gid_index(1), None);
-        assert_eq!(shared.program_gid_index(1), Some(0));
-        assert_eq!(shared.program_gid_index(0), None);
         let seen = shared.gid_table(1).unwrap();
-        assert_eq!(seen.len(), 1);
-        assert_eq!((seen[0].index, seen[0].gid), (0, soft[1].gid));
+        assert_eq!(seen, soft);
+        assert!(seen.len() >= 2);
+        assert!(seen[0].gid.to_ipv6().is_unicast_link_local());
+        assert_eq!(
+            remem_verbs::first_roce_v2_ipv4(&seen).map(|e| e.index),
+            Some(1)
+        );
+        for i in 0..seen.len() as u8 {
+            assert_eq!(shared.soft_gid_index(i), Some(i));
+            assert_eq!(shared.program_gid_index(i), Some(i));
+        }
+        assert_eq!(shared.soft_gid_index(seen.len() as u8), None);
+        // A table with RoCE v1 entries (another provider's): programs see the v2 ones.
+        let mixed: Vec<remem_verbs::GidEntry> =
+            [remem_verbs::GidType::RoceV1, remem_verbs::GidType::RoceV2]
+                .into_iter()
+                .enumerate()
+                .map(|(i, gid_type)| remem_verbs::GidEntry {
+                    index: i as u32,
+                    gid_type,
+                    ..soft[1].clone()
+                })
+                .collect();
+        assert_eq!(program_gids(&mixed), vec![1]);
         // SAFETY: made by Ctx::create, not used afterwards.
         unsafe { Ctx::free(ctx) };
     }

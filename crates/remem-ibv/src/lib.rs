@@ -42,8 +42,11 @@
 //!   destroy verbs do. The registries also map a CQ id to its `*mut ibv_cq`
 //!   (`CtxShared::cq_ptr`) for `ibv_get_cq_event`.
 //! - GID indices: programs see the device's RoCE v2 GIDs only, from index 0
-//!   ([`context::CtxShared::gid_table`]); remem's own table also has a RoCE v1 entry per
-//!   address (at index 0 for a soft device), which remem refuses as a source GID. Every
+//!   ([`context::CtxShared::gid_table`]). A soft device's table is rxe's layout, all
+//!   RoCE v2 (`remem_soft::netdev`): 0 the link-local default GID, 1 the bound IPv4
+//!   address (`remem_verbs::first_roce_v2_ipv4` finds it), then the netdev's other IPv6
+//!   addresses; so the map is the identity there, and drops the entries of other
+//!   providers' types (`remem-ibverbs` over a NIC with RoCE v1 entries). Every
 //!   `sgid_index` a program passes (QP address vectors, `ibv_create_ah`,
 //!   `ibv_init_ah_from_wc`) must go through [`context::CtxShared::soft_gid_index`] before
 //!   remem sees it (NULL/EINVAL past the table), and every one remem reports back

@@ -50,12 +50,10 @@ impl Env {
         let ctx = Ctx::create(Arc::clone(&dev), null_mut());
         let shared = unsafe { ctx_from(ctx) }.unwrap().shared().clone();
         // The GID programs see (the context's table: RoCE v2 entries from index 0).
-        let v2 = shared
-            .gid_table(1)
-            .unwrap()
-            .into_iter()
-            .find(|g| g.gid_type == remem_verbs::GidType::RoceV2)
-            .expect("a RoCE v2 GID");
+        let table = shared.gid_table(1).unwrap();
+        let v2 = remem_verbs::first_roce_v2_ipv4(&table)
+            .cloned()
+            .expect("a RoCE v2 IPv4 GID");
         let (gid, sgid) = (v2.gid.0, v2.index as u8);
         let pd = Pd::create(&shared, dev.alloc_pd().unwrap());
         let buf = Arc::new(MemoryBuffer::zeroed(1 << 16).unwrap());

@@ -44,7 +44,7 @@ internal_modules!(cm, driver, engine, objects, qp, transport, wqe);
 
 mod context;
 pub mod faults;
-mod netdev;
+pub mod netdev;
 pub mod pcap;
 mod sys;
 

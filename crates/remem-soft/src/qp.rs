@@ -436,7 +436,8 @@ impl Transport {
 /// — a connection learns it from its peer — so no other path's destination changes with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Path {
-    /// The destination GID.
+    /// The destination GID, as on the wire: a loopback device's link-local GID mapped to
+    /// its address ([`crate::netdev::wire_gid`]).
     pub dgid: remem_verbs::Gid,
     /// The destination UDP port; 0: the device's default.
     pub udp_port: u16,
@@ -724,7 +725,7 @@ impl SoftQp {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let path = Path {
-            dgid: inner.attr.ah_attr.dgid,
+            dgid: crate::netdev::wire_gid(inner.attr.ah_attr.dgid),
             udp_port: inner.attr.ah_attr.udp_port,
         };
         let r = f(&mut inner.t, &mut inner.env, path);
@@ -834,7 +835,7 @@ impl SoftQp {
             Transport::Ud(ud) => (
                 ud.poll_transmit(env, |tx, target, fill| {
                     let path = Path {
-                        dgid: target.av.dgid,
+                        dgid: crate::netdev::wire_gid(target.av.dgid),
                         udp_port: target.av.udp_port,
                     };
                     emit(tx, path, fill)

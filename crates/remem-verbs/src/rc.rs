@@ -46,6 +46,7 @@ pub fn roce_v2_gid(ctx: &dyn Context, port_num: u8) -> Result<GidEntry> {
     ctx.gid_table(port_num)?
         .into_iter()
         .filter(|g| g.gid_type == GidType::RoceV2)
+        // The first IPv4 one (`first_roce_v2_ipv4`), else the first.
         .min_by_key(|g| (!g.gid.is_ipv4_mapped(), g.index))
         .ok_or_else(|| {
             Error::DeviceUnavailable(format!(
