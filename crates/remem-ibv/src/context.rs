@@ -24,6 +24,9 @@ pub struct Ctx {
     /// The function tables and the embedded `ibv_context` programs see.
     pub vctx: verbs_context,
     shared: Arc<CtxShared>,
+    /// `ibv_context.cmd_fd`: an open descriptor, as a kernel context's is (see
+    /// [`open_cmd_fd`]); closed with the context.
+    _cmd_fd: Option<std::os::fd::OwnedFd>,
 }
 
 /// The pointer-free, thread-safe part of a context that objects keep.
@@ -241,9 +244,14 @@ impl Ctx {
             all.retain(|w| w.strong_count() > 0);
             all.push(Arc::downgrade(&shared));
         }
+        let cmd_fd = open_cmd_fd(device);
+        let raw_cmd_fd = cmd_fd.as_ref().map_or(-1, |f| f.as_raw_fd());
+        let mut vctx = verbs_context_table(device, async_fd);
+        vctx.context.cmd_fd = raw_cmd_fd;
         let ctx = Box::new(Ctx {
-            vctx: verbs_context_table(device, async_fd),
+            vctx,
             shared,
+            _cmd_fd: cmd_fd,
         });
         let raw = Box::into_raw(ctx);
         // SAFETY: `raw` is the live allocation just made; taking a field's address
@@ -268,6 +276,41 @@ impl Ctx {
         // SAFETY: by the contract, `raw` is the Box made in `create`.
         drop(unsafe { Box::from_raw(raw) });
     }
+}
+
+/// The descriptor a context's `cmd_fd` holds: programs `fstat` it, pass it on, or close
+/// their own copies of it, and a kernel context's is the open uverbs character device.
+/// Here: `/dev/infiniband/<dev_name>` where it exists (what `remem run` provides), else
+/// `/dev/null`, opened read-write and close-on-exec as libibverbs opens uverbs; `None`
+/// (cmd_fd -1) only if neither opens. No command goes through it: the soft device's verbs
+/// are calls into this library.
+fn open_cmd_fd(device: *mut ibv_device) -> Option<std::os::fd::OwnedFd> {
+    let dev_name = if device.is_null() {
+        String::new()
+    } else {
+        // SAFETY: a non-NULL device pointer is one of this library's live device entries
+        // (the list is never freed while a context is open); `dev_name` is NUL-terminated
+        // within its array (the entry is built with `copy_c_str`).
+        let name = unsafe { &(*device).dev_name };
+        let bytes: Vec<u8> = name
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    let open = |path: &str| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .ok()
+            .map(std::os::fd::OwnedFd::from)
+    };
+    let uverbs = (!dev_name.is_empty() && !dev_name.contains('/'))
+        .then(|| open(&format!("/dev/infiniband/{dev_name}")))
+        .flatten();
+    uverbs.or_else(|| open("/dev/null"))
 }
 
 /// The remem indices of the GID entries programs see: the RoCE v2 ones, in index order.

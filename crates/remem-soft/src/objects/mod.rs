@@ -466,6 +466,7 @@ impl DeviceShared {
                 self.events.clone(),
                 self.id,
             )
+            .with_max(self.attr.max_cqe)
             .with_slot(slot),
         ))
     }
