@@ -1,4 +1,5 @@
-/* Capabilities reported as rxe reports them, and the verbs that change objects in place:
+/* Capabilities reported as rxe reports them, the verbs that change objects in place, and
+ * what a UD receive carries:
  * ctx->cmd_fd an open descriptor, max_inline_data rounded up as rxe_init_sq does,
  * ibv_resize_cq (rounded sizes, completions kept in order, EINVAL below the fill) and
  * ibv_rereg_mr (translation, PD, access; the old keys revoked as by ibv_dereg_mr, so a
@@ -366,6 +367,78 @@ static void rereg(void)
 	free(b);
 }
 
+/* A UD receive over RoCEv2 IPv4, as UCX's ud_verbs reads it: the GRH area holds twenty
+ * zero bytes then the IPv4 header (destination address in its last four bytes), and
+ * wc.sl is mlx5's packet type for RoCEv2 IPv4 (bits 2:0 = 2), from which UCX 1.13 tells
+ * an IPv4 GRH area from an IPv6 one before checking the destination GID. */
+static void ud_grh(void)
+{
+	struct ibv_qp_init_attr ia = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_UD,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1,
+			 .max_recv_sge = 1 },
+	};
+	struct ibv_qp *qa = ibv_create_qp(pd, &ia), *qb = ibv_create_qp(pd, &ia);
+	REQUIRE(qa && qb, "UD QPs");
+	for (int i = 0; i < 2; i++) {
+		struct ibv_qp *q = i ? qb : qa;
+		struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+					 .qkey = 0x11111111 };
+		REQUIRE(ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+						     IBV_QP_QKEY) == 0, "UD INIT");
+		a.qp_state = IBV_QPS_RTR;
+		REQUIRE(ibv_modify_qp(q, &a, IBV_QP_STATE) == 0, "UD RTR");
+		a.qp_state = IBV_QPS_RTS;
+		REQUIRE(ibv_modify_qp(q, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0, "UD RTS");
+	}
+	static unsigned char rbuf[64], sbuf[8] = "datagram";
+	memset(rbuf, 0xff, sizeof(rbuf)); /* as UCX primes its receive buffers */
+	struct ibv_mr *rm = ibv_reg_mr(pd, rbuf, sizeof(rbuf), IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *sm = ibv_reg_mr(pd, sbuf, sizeof(sbuf), 0);
+	REQUIRE(rm && sm, "reg_mr");
+	struct ibv_sge rs = { .addr = (uintptr_t)rbuf, .length = sizeof(rbuf), .lkey = rm->lkey };
+	struct ibv_recv_wr rwr = { .wr_id = 1, .sg_list = &rs, .num_sge = 1 }, *rbad;
+	REQUIRE(ibv_post_recv(qb, &rwr, &rbad) == 0, "post_recv");
+	struct ibv_ah_attr aa = { .is_global = 1, .port_num = 1,
+				  .grh = { .dgid = gid, .sgid_index = 1, .hop_limit = 64 } };
+	struct ibv_ah *ah = ibv_create_ah(pd, &aa);
+	REQUIRE(ah != NULL, "create_ah");
+	struct ibv_sge ss = { .addr = (uintptr_t)sbuf, .length = sizeof(sbuf), .lkey = sm->lkey };
+	struct ibv_send_wr swr = { .wr_id = 2, .sg_list = &ss, .num_sge = 1,
+				   .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED,
+				   .wr = { .ud = { .ah = ah, .remote_qpn = qb->qp_num,
+						   .remote_qkey = 0x11111111 } } },
+			   *sbad;
+	REQUIRE(ibv_post_send(qa, &swr, &sbad) == 0, "post_send");
+	struct ibv_wc wc[2], *recv = NULL;
+	CHECK(poll_n(cq, wc, 2) == 2, "send and receive complete");
+	for (int i = 0; i < 2; i++)
+		if (wc[i].wr_id == 1)
+			recv = &wc[i];
+	REQUIRE(recv && recv->status == IBV_WC_SUCCESS, "the receive");
+	CHECK(recv->wc_flags & IBV_WC_GRH, "GRH present");
+	CHECK((recv->sl & 0x7) == 2, "wc.sl: RoCEv2 IPv4 packet type (%u)", recv->sl);
+	static const unsigned char zero[20];
+	CHECK(memcmp(rbuf, zero, 20) == 0, "the first 20 bytes are zero (rxe)");
+	CHECK(rbuf[20] == 0x45, "an IPv4 header at byte 20");
+	CHECK(memcmp(rbuf + 36, gid.raw + 12, 4) == 0, "its destination: this GID's address");
+	CHECK(memcmp(rbuf + 32, gid.raw + 12, 4) == 0, "its source: the sender's");
+	CHECK(memcmp(rbuf + 40, sbuf, sizeof(sbuf)) == 0, "the payload after 40 bytes");
+	struct ibv_ah_attr back;
+	CHECK(ibv_init_ah_from_wc(ctx, 1, recv, (struct ibv_grh *)rbuf, &back) == 0 &&
+	      back.grh.sgid_index == 1 && memcmp(&back.grh.dgid, &gid, 16) == 0,
+	      "init_ah_from_wc: the reply goes from GID 1 to the sender's");
+	struct ibv_ah *reply = ibv_create_ah(pd, &back);
+	CHECK(reply != NULL, "an AH from the receive (sl %u) is valid", back.sl);
+	if (reply)
+		ibv_destroy_ah(reply);
+	ibv_destroy_ah(ah);
+	ibv_destroy_qp(qa);
+	ibv_destroy_qp(qb);
+	ibv_dereg_mr(rm);
+	ibv_dereg_mr(sm);
+}
+
 int main(void)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -381,6 +454,7 @@ int main(void)
 	inline_caps();
 	resize();
 	rereg();
+	ud_grh();
 	ibv_destroy_cq(cq);
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
