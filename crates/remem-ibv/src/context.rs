@@ -548,7 +548,7 @@ pub unsafe fn pd_from<'a>(pd: *mut ibv_pd) -> Option<&'a Pd> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::mpsc;
     use std::time::Duration;
@@ -576,6 +576,30 @@ mod tests {
         unsafe { Ctx::free(ctx) };
         // SAFETY: NULL is allowed.
         assert!(unsafe { ctx_from(std::ptr::null_mut()) }.is_none());
+    }
+
+    #[test]
+    fn cmd_fd_is_an_open_descriptor_closed_with_the_context() {
+        let ctx = Ctx::create(soft_device(), std::ptr::null_mut());
+        // SAFETY: a live context just made; reading a field.
+        let fd = unsafe { (*ctx).cmd_fd };
+        assert!(fd >= 0);
+        // SAFETY: fstat of a descriptor into a local.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::fstat(fd, &mut st) }, 0);
+        assert_eq!(
+            st.st_mode & libc::S_IFMT,
+            libc::S_IFCHR,
+            "/dev/null without a device"
+        );
+        // SAFETY: fcntl on a descriptor.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        assert!(flags & libc::FD_CLOEXEC != 0);
+        // SAFETY: made by Ctx::create, not used afterwards.
+        unsafe { Ctx::free(ctx) };
+        // SAFETY: fcntl on a (now closed) descriptor number.
+        assert_eq!(unsafe { libc::fcntl(fd, libc::F_GETFD) }, -1);
     }
 
     #[test]
