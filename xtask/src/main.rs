@@ -1314,6 +1314,9 @@ fn perftest_runs(
 /// side once as server: on the wire the drop-in is what a RoCE NIC is.
 fn dropin_steps(guest: &mut String, host: &mut String, conformance: &str, cli: &str) {
     let sync = format!("{TAP_HOST}:7472");
+    // The drop-in's GID table is rxe's: its IPv4 GID is index 1 (index 0 is the tap's
+    // link-local GID, which a soft device does not speak), as `$RXE_GID_INDEX` is the
+    // guest's.
     // One run per line: the test and its flags (both sides take the same).
     let runs = "write_bw -n 100\nread_bw -n 100\nsend_bw -n 100\natomic_bw -n 100\n\
                 write_lat -n 100\nread_lat -n 100\nsend_lat -n 100\natomic_lat -n 100\n\
@@ -1339,13 +1342,13 @@ fn dropin_steps(guest: &mut String, host: &mut String, conformance: &str, cli: &
         "printf '{runs}\\n' > /tmp/remem-dropin-runs.$$\n\
          export REMEM_IBV_DEVICES=rxe0=soft@{TAP_HOST}:4791\n\
          while read -r t extra; do\n\
-         \x20 timeout 120 {cli} run -- ib_$t -d rxe0 -x 0 {common} $extra < /dev/null &\n\
+         \x20 timeout 120 {cli} run -- ib_$t -d rxe0 -x 1 {common} $extra < /dev/null &\n\
          \x20 server=$!\n\
          \x20 i=0; while [ $i -lt 100 ] && ! ss -ltn | grep -q ':18515 '; do sleep 0.1; i=$((i+1)); done\n\
          \x20 {conformance} sync listen {sync} < /dev/null || rc=1\n\
          \x20 wait $server || {{ rc=1; echo \"ib_$t $extra on the drop-in (server, host) failed\"; }}\n\
          \x20 {conformance} sync listen {sync} < /dev/null || rc=1\n\
-         \x20 timeout 120 {cli} run -- ib_$t -d rxe0 -x 0 {common} $extra {TAP_GUEST} < /dev/null || {{ rc=1; echo \"ib_$t $extra on the drop-in (client, host) failed\"; }}\n\
+         \x20 timeout 120 {cli} run -- ib_$t -d rxe0 -x 1 {common} $extra {TAP_GUEST} < /dev/null || {{ rc=1; echo \"ib_$t $extra on the drop-in (client, host) failed\"; }}\n\
          done < /tmp/remem-dropin-runs.$$\n\
          unset REMEM_IBV_DEVICES\n\
          rm -f /tmp/remem-dropin-runs.$$\n"
@@ -1386,10 +1389,10 @@ fn dropin_cm_steps(
         ),
         (
             "ib_write_bw -R",
-            "ib_write_bw -R -d rxe0 -x 0 -F -n 100 -p 7482".to_string(),
+            "ib_write_bw -R -d rxe0 -x 1 -F -n 100 -p 7482".to_string(),
             format!("ib_write_bw -R -d rxe0 -x \"$RXE_GID_INDEX\" -F -n 100 -p 7482 {TAP_HOST}"),
             "ib_write_bw -R -d rxe0 -x \"$RXE_GID_INDEX\" -F -n 100 -p 7483".to_string(),
-            format!("ib_write_bw -R -d rxe0 -x 0 -F -n 100 -p 7483 {TAP_GUEST}"),
+            format!("ib_write_bw -R -d rxe0 -x 1 -F -n 100 -p 7483 {TAP_GUEST}"),
         ),
         (
             "the async API through the CM (verified_peer)",

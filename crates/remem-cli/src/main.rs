@@ -31,7 +31,8 @@ struct Cli {
 enum Command {
     /// List the RDMA devices remem can open (as ibv_devices), with their GID tables.
     Devices {
-        /// Show every GID table entry (RoCE v1 entries too) and the UDP address.
+        /// Show every GID table entry (RoCE v1 entries of other providers too) and the UDP
+        /// address.
         #[arg(short, long)]
         verbose: bool,
     },

@@ -34,10 +34,20 @@ fn devices_lists_the_loopback_soft_device_with_its_gid() {
 }
 
 #[test]
-fn devices_verbose_shows_v1_entries_and_port() {
+fn devices_verbose_shows_the_table_and_port() {
     let (ok, stdout, _) = remem(&["devices", "--verbose"]);
     assert!(ok);
-    assert!(stdout.contains("RoCE v1"));
+    // A soft device's table is rxe's: RoCE v2 only, the link-local default GID at 0 (lo's
+    // all-zero MAC, with 127.0.0.1's last three bytes), the IPv4 address at 1.
+    assert!(!stdout.contains("RoCE v1"), "{stdout}");
+    assert!(
+        stdout.contains("GID[  0]: fe80:0000:0000:0000:0200:00ff:fe00:0001"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("GID[  1]: 0000:0000:0000:0000:0000:ffff:7f00:0001"),
+        "{stdout}"
+    );
     assert!(stdout.contains("UDP port: 4791"));
 }
 

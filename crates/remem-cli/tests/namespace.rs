@@ -409,7 +409,6 @@ fn ucx_lists_the_device_with_rc_and_ud_verbs() {
 /// rxe's GID table layout through sysfs: index 0 the interface's IPv6 link-local GID,
 /// index 1 the IPv4-mapped address, both RoCE v2, both on `lo` for a loopback address.
 #[test]
-#[ignore = "needs the rxe GID layout of issue 30 item 2 (another branch): un-ignore when it lands"]
 fn sysfs_shows_rxe_s_gid_layout() {
     let lab = Lab::new("layout");
     let p = "/sys/class/infiniband/rxe0/ports/1";

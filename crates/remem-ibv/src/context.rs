@@ -24,6 +24,9 @@ pub struct Ctx {
     /// The function tables and the embedded `ibv_context` programs see.
     pub vctx: verbs_context,
     shared: Arc<CtxShared>,
+    /// `ibv_context.cmd_fd`: an open descriptor, as a kernel context's is (see
+    /// [`open_cmd_fd`]); closed with the context.
+    _cmd_fd: Option<std::os::fd::OwnedFd>,
 }
 
 /// The pointer-free, thread-safe part of a context that objects keep.
@@ -38,8 +41,10 @@ pub struct CtxShared {
     cqs: Registry,
     srqs: Registry,
     /// The GID table programs see on port 1: the remem device's RoCE v2 entries, in order
-    /// (their remem indices). Soft devices speak RoCE v2 only; remem's table also holds a
-    /// RoCE v1 entry per address (rxe's layout), which programs must not pick.
+    /// (their remem indices). A soft device's table is all RoCE v2 in rxe's layout
+    /// (link-local, IPv4, other IPv6: `remem_soft::netdev`), so this is the identity
+    /// there; a device of another provider may list RoCE v1 entries, which programs must
+    /// not pick (the drop-in speaks RoCE v2 only).
     gid_map: Vec<u8>,
     /// Async events handed out and not yet acked, by object address.
     pending: Mutex<HashMap<usize, u32>>,
@@ -239,9 +244,14 @@ impl Ctx {
             all.retain(|w| w.strong_count() > 0);
             all.push(Arc::downgrade(&shared));
         }
+        let cmd_fd = open_cmd_fd(device);
+        let raw_cmd_fd = cmd_fd.as_ref().map_or(-1, |f| f.as_raw_fd());
+        let mut vctx = verbs_context_table(device, async_fd);
+        vctx.context.cmd_fd = raw_cmd_fd;
         let ctx = Box::new(Ctx {
-            vctx: verbs_context_table(device, async_fd),
+            vctx,
             shared,
+            _cmd_fd: cmd_fd,
         });
         let raw = Box::into_raw(ctx);
         // SAFETY: `raw` is the live allocation just made; taking a field's address
@@ -266,6 +276,41 @@ impl Ctx {
         // SAFETY: by the contract, `raw` is the Box made in `create`.
         drop(unsafe { Box::from_raw(raw) });
     }
+}
+
+/// The descriptor a context's `cmd_fd` holds: programs `fstat` it, pass it on, or close
+/// their own copies of it, and a kernel context's is the open uverbs character device.
+/// Here: `/dev/infiniband/<dev_name>` where it exists (what `remem run` provides), else
+/// `/dev/null`, opened read-write and close-on-exec as libibverbs opens uverbs; `None`
+/// (cmd_fd -1) only if neither opens. No command goes through it: the soft device's verbs
+/// are calls into this library.
+fn open_cmd_fd(device: *mut ibv_device) -> Option<std::os::fd::OwnedFd> {
+    let dev_name = if device.is_null() {
+        String::new()
+    } else {
+        // SAFETY: a non-NULL device pointer is one of this library's live device entries
+        // (the list is never freed while a context is open); `dev_name` is NUL-terminated
+        // within its array (the entry is built with `copy_c_str`).
+        let name = unsafe { &(*device).dev_name };
+        let bytes: Vec<u8> = name
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    let open = |path: &str| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .ok()
+            .map(std::os::fd::OwnedFd::from)
+    };
+    let uverbs = (!dev_name.is_empty() && !dev_name.contains('/'))
+        .then(|| open(&format!("/dev/infiniband/{dev_name}")))
+        .flatten();
+    uverbs.or_else(|| open("/dev/null"))
 }
 
 /// The remem indices of the GID entries programs see: the RoCE v2 ones, in index order.
@@ -503,7 +548,7 @@ pub unsafe fn pd_from<'a>(pd: *mut ibv_pd) -> Option<&'a Pd> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::mpsc;
     use std::time::Duration;
@@ -534,20 +579,61 @@ mod tests {
     }
 
     #[test]
-    fn programs_see_the_roce_v2_gids_from_index_0() {
+    fn cmd_fd_is_an_open_descriptor_closed_with_the_context() {
+        let ctx = Ctx::create(soft_device(), std::ptr::null_mut());
+        // SAFETY: a live context just made; reading a field.
+        let fd = unsafe { (*ctx).cmd_fd };
+        assert!(fd >= 0);
+        // SAFETY: fstat of a descriptor into a local.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::fstat(fd, &mut st) }, 0);
+        assert_eq!(
+            st.st_mode & libc::S_IFMT,
+            libc::S_IFCHR,
+            "/dev/null without a device"
+        );
+        // SAFETY: fcntl on a descriptor.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        assert!(flags & libc::FD_CLOEXEC != 0);
+        // SAFETY: made by Ctx::create, not used afterwards.
+        unsafe { Ctx::free(ctx) };
+        // SAFETY: fcntl on a (now closed) descriptor number.
+        assert_eq!(unsafe { libc::fcntl(fd, libc::F_GETFD) }, -1);
+    }
+
+    #[test]
+    fn programs_see_rxes_gid_table() {
         let ctx = Ctx::create(soft_device(), std::ptr::null_mut());
         // SAFETY: a live context just made.
         let shared = unsafe { ctx_from(ctx) }.unwrap().shared();
-        // remem's table: v1 at 0, v2 at 1; programs see the v2 entry at 0.
+        // A soft device's table is all RoCE v2 in rxe's layout: programs see it as is.
         let soft = shared.dev.gid_table(1).unwrap();
-        assert_eq!(soft[1].gid_type, remem_verbs::GidType::RoceV2);
-        assert_eq!(shared.soft_gid_index(0), Some(1));
-        assert_eq!(shared.soft_gid_index(1), None);
-        assert_eq!(shared.program_gid_index(1), Some(0));
-        assert_eq!(shared.program_gid_index(0), None);
         let seen = shared.gid_table(1).unwrap();
-        assert_eq!(seen.len(), 1);
-        assert_eq!((seen[0].index, seen[0].gid), (0, soft[1].gid));
+        assert_eq!(seen, soft);
+        assert!(seen.len() >= 2);
+        assert!(seen[0].gid.to_ipv6().is_unicast_link_local());
+        assert_eq!(
+            remem_verbs::first_roce_v2_ipv4(&seen).map(|e| e.index),
+            Some(1)
+        );
+        for i in 0..seen.len() as u8 {
+            assert_eq!(shared.soft_gid_index(i), Some(i));
+            assert_eq!(shared.program_gid_index(i), Some(i));
+        }
+        assert_eq!(shared.soft_gid_index(seen.len() as u8), None);
+        // A table with RoCE v1 entries (another provider's): programs see the v2 ones.
+        let mixed: Vec<remem_verbs::GidEntry> =
+            [remem_verbs::GidType::RoceV1, remem_verbs::GidType::RoceV2]
+                .into_iter()
+                .enumerate()
+                .map(|(i, gid_type)| remem_verbs::GidEntry {
+                    index: i as u32,
+                    gid_type,
+                    ..soft[1].clone()
+                })
+                .collect();
+        assert_eq!(program_gids(&mixed), vec![1]);
         // SAFETY: made by Ctx::create, not used afterwards.
         unsafe { Ctx::free(ctx) };
     }

@@ -6,6 +6,13 @@
 //! a CQ from `ibv_create_cq_ex` is also a plain CQ (`ibv_cq_ex_to_cq` is a cast) and
 //! `ibv_poll_cq` works on both.
 //!
+//! **Sizes** are rxe's: a CQ asked for `cqe` entries (1..=`max_cqe`) gets the next
+//! `2^k - 1` (rxe's queues are power-of-two rings with one slot kept free), which
+//! `ibv_cq.cqe` reports; `max_cqe` is rxe's 32767, so the largest request is exactly
+//! granted. `ibv_resize_cq` rounds the same way, grows or shrinks the remem CQ keeping its
+//! completions in order, and is EINVAL below the completions it holds (rxe's
+//! `rxe_cq_chk_attr`).
+//!
 //! `ibv_poll_cq` moves completions from remem's CQ through a fixed array on the stack and
 //! converts each into `struct ibv_wc` in place: no allocation, one lock of the remem CQ per
 //! 16 completions; an empty poll yields the CPU (the soft NIC is a thread of the program).
@@ -49,8 +56,6 @@ pub struct CqInner {
     pub cq: Arc<dyn CompletionQueue>,
     /// Its context.
     pub ctx: Arc<CtxShared>,
-    /// The size reported in `ibv_cq.cqe`.
-    pub cqe: c_int,
     /// The channel it reports to (NULL: none).
     channel: *mut ibv_comp_channel,
     /// QP queues (send and receive, counted apiece) using the CQ: destroy is EBUSY while
@@ -75,7 +80,7 @@ impl std::fmt::Debug for CqInner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CqInner")
             .field("id", &self.cq.id())
-            .field("cqe", &self.cqe)
+            .field("cqe", &self.cq.cqe())
             .finish_non_exhaustive()
     }
 }
@@ -119,6 +124,15 @@ pub(crate) struct CqRequest {
     pub wc_flags: u64,
 }
 
+/// The size rxe gives a queue asked for `cqe` entries: the next `2^k - 1` (`rxe_queue_init`
+/// rounds `cqe + 1` slots up to a power of two and keeps one free), within `max` (the
+/// device's `max_cqe`, itself `2^15 - 1`).
+pub(crate) fn rxe_cqe(cqe: u32, max: u32) -> u32 {
+    let slots = u64::from(cqe) + 1;
+    let rounded = slots.next_power_of_two() - 1;
+    u32::try_from(rounded).unwrap_or(u32::MAX).min(max.max(cqe))
+}
+
 /// Creates a CQ object; NULL with errno on failure.
 pub(crate) fn create(req: CqRequest) -> *mut Cq {
     // SAFETY: the context pointer comes from the program, NULL or from ibv_open_device.
@@ -140,9 +154,13 @@ pub(crate) fn create(req: CqRequest) -> *mut Cq {
         return null_with(libc::EINVAL);
     }
     let shared = ctx.shared();
+    let max = shared.dev.query_device().map_or(u32::MAX, |a| a.max_cqe);
+    let want = req.cqe as u32;
+    // Above max_cqe stays so (the device refuses it); below, rxe's rounding.
+    let depth = if want > max { want } else { rxe_cqe(want, max) };
     let cq = match shared
         .dev
-        .create_cq(req.cqe as u32, channel.map(|c| Arc::clone(&c.ch)))
+        .create_cq(depth, channel.map(|c| Arc::clone(&c.ch)))
     {
         Ok(c) => c,
         Err(e) => return null_with(e.errno()),
@@ -154,7 +172,6 @@ pub(crate) fn create(req: CqRequest) -> *mut Cq {
         inner: CqInner {
             cq,
             ctx: Arc::clone(shared),
-            cqe,
             channel: req.channel,
             users: AtomicU32::new(0),
             events: Mutex::new(Events::default()),
@@ -230,9 +247,9 @@ pub unsafe extern "C" fn remem_ibv_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     })
 }
 
-/// `ibv_resize_cq`: remem's CQs have a fixed size, so a size up to the current one is
-/// already satisfied (0, nothing changes, as the man page allows) and a larger one is
-/// EOPNOTSUPP.
+/// `ibv_resize_cq`: 0 with `cq->cqe` the new size (rounded as at creation: see the module
+/// docs), keeping the completions the CQ holds, in order; EINVAL for a NULL CQ, `cqe` < 1,
+/// more than `max_cqe`, or fewer than the completions it holds now.
 ///
 /// # Safety
 ///
@@ -244,12 +261,24 @@ pub unsafe extern "C" fn remem_ibv_ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) ->
         let Some(c) = (unsafe { cq_from(cq) }) else {
             return libc::EINVAL;
         };
-        if cqe <= 0 {
-            libc::EINVAL
-        } else if cqe <= c.cqe {
-            0
-        } else {
-            libc::EOPNOTSUPP
+        let Ok(want) = u32::try_from(cqe) else {
+            return libc::EINVAL;
+        };
+        let max = match c.ctx.dev.query_device() {
+            Ok(a) => a.max_cqe,
+            Err(e) => return e.errno(),
+        };
+        if want == 0 || want > max {
+            return libc::EINVAL;
+        }
+        match c.cq.resize(want, rxe_cqe(want, max)) {
+            Ok(n) => {
+                // SAFETY: the live CQ's program-visible `cqe`, written in place (as rdma-core's
+                // providers write it on resize); no reference is made.
+                unsafe { (&raw mut (*cq).cqe).write(c_int::try_from(n).unwrap_or(c_int::MAX)) };
+                0
+            }
+            Err(e) => e.errno(),
         }
     })
 }
@@ -390,6 +419,18 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_round_as_rxe_does() {
+        let max = (1 << 15) - 1;
+        assert_eq!(rxe_cqe(1, max), 1);
+        assert_eq!(rxe_cqe(2, max), 3);
+        assert_eq!(rxe_cqe(10, max), 15);
+        assert_eq!(rxe_cqe(15, max), 15);
+        assert_eq!(rxe_cqe(16, max), 31);
+        assert_eq!(rxe_cqe(max, max), max);
+        assert_eq!(rxe_cqe(20000, max), max);
+    }
     use remem_verbs::{WcOpcode, WcStatus};
 
     #[test]

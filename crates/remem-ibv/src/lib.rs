@@ -42,8 +42,11 @@
 //!   destroy verbs do. The registries also map a CQ id to its `*mut ibv_cq`
 //!   (`CtxShared::cq_ptr`) for `ibv_get_cq_event`.
 //! - GID indices: programs see the device's RoCE v2 GIDs only, from index 0
-//!   ([`context::CtxShared::gid_table`]); remem's own table also has a RoCE v1 entry per
-//!   address (at index 0 for a soft device), which remem refuses as a source GID. Every
+//!   ([`context::CtxShared::gid_table`]). A soft device's table is rxe's layout, all
+//!   RoCE v2 (`remem_soft::netdev`): 0 the link-local default GID, 1 the bound IPv4
+//!   address (`remem_verbs::first_roce_v2_ipv4` finds it), then the netdev's other IPv6
+//!   addresses; so the map is the identity there, and drops the entries of other
+//!   providers' types (`remem-ibverbs` over a NIC with RoCE v1 entries). Every
 //!   `sgid_index` a program passes (QP address vectors, `ibv_create_ah`,
 //!   `ibv_init_ah_from_wc`) must go through [`context::CtxShared::soft_gid_index`] before
 //!   remem sees it (NULL/EINVAL past the table), and every one remem reports back
@@ -55,6 +58,38 @@
 //!   inside [`ffi::guard`].
 //! - Unsafe: the crate denies `unsafe_code`; a module that dereferences program pointers
 //!   says `#![allow(unsafe_code)]` and puts a `// SAFETY:` note on every block.
+//!
+//! # What is reported as rxe reports it, and why
+//!
+//! Programs are written and tuned against kernel rxe (and NICs), so the drop-in reports
+//! what rxe reports wherever a program can see it:
+//!
+//! - **GID table** ([`query`]): RoCE v2 entries only, index 0 the link-local default GID,
+//!   index 1 the IPv4-mapped address, then other IPv6 addresses; `ndev_ifindex` the
+//!   netdev's (lo: 1). Scripts hard-code index 1; UCX takes the first RoCE v2 IPv4 GID
+//!   (`remem_verbs::first_roce_v2_ipv4`). A loopback device's link-local GID carries its
+//!   own `127.a.b.c` (each process has its own device where rxe has one on lo), so index 0
+//!   connects too.
+//! - **Limits that match rxe** (`ibv_query_device`): `max_cqe` 32767 (rxe's
+//!   `RXE_MAX_CQE`; CQ sizes are granted as rxe's `2^k - 1`, see [`cq`]), `max_qp_rd_atom`
+//!   128, `max_sge` and `max_inline_data` rxe's; they match so that a program that fits
+//!   on rxe fits here and one that does not fails here the same way (EINVAL at create),
+//!   rather than working here and failing on the rxe it will meet. libfabric's verbs
+//!   provider passes the CQ size it wants straight to `ibv_create_cq` (no clamp to
+//!   `max_cqe`; a comment in `vrb_cq_open` says so), and `ofi_rxm` sizes its message CQ
+//!   as (tx + rx queue size) × universe size (262,144 seen): past 32767 that fails on rxe
+//!   as here, and the remedy is the same on both — a smaller `FI_UNIVERSE_SIZE` (or
+//!   `FI_OFI_RXM_MSG_TX_SIZE`/`_RX_SIZE`).
+//! - **QP capabilities**: the granted send side is rxe's (`max(max_send_sge * 16,
+//!   max_inline_data)` bytes per WQE, all of it usable inline): `max_inline_data` asked
+//!   as 0 with one SGE comes back 16 (`rdma_xclient` relies on it).
+//! - **`cmd_fd`**: an open descriptor (uverbs where `remem run` provides it, else
+//!   `/dev/null`), so programs can `fstat` or `dup` it.
+//! - **UD receives**: the 40-byte GRH area holds twenty zero bytes then the IPv4 header
+//!   for RoCEv2 over IPv4 (rxe's layout), and `wc.sl` is mlx5's RoCE packet type
+//!   (`remem_soft`'s `WC_SL_ROCE_V2_IPV4`, 0xA: UDP, IPv4): RoCEv2 carries no SL, rxe
+//!   reports 0 and mlx5 the packet type, and UCX's `ud_verbs` (1.13) reads that to find
+//!   the destination GID in the GRH area — with 0 it drops every datagram (on rxe too).
 
 #![warn(missing_docs)]
 

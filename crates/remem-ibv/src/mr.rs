@@ -37,6 +37,9 @@ pub struct Mr {
     pub abi: ibv_mr,
     /// The remem memory region.
     pub mr: Arc<dyn MemoryRegion>,
+    /// The verbs access it was registered with (what `ibv_rereg_mr` keeps without
+    /// CHANGE_ACCESS).
+    access: u32,
     _pd: PdUse,
 }
 
@@ -116,25 +119,21 @@ pub fn check_mapped_in(maps: &str, addr: usize, end: usize, write: bool) -> Resu
     Err(libc::EFAULT)
 }
 
-/// Registers `[addr, addr + length)` on `pd` with NIC address `iova`.
-fn reg(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: u32) -> *mut ibv_mr {
-    // SAFETY: NULL or a live PD by the callers' contracts.
-    let Some(p) = (unsafe { pd_from(pd) }) else {
-        return null_with(libc::EINVAL);
-    };
-    let flags = match access_flags(access) {
-        Ok(f) => f,
-        Err(e) => return null_with(e),
-    };
+/// Registers `[addr, addr + length)` with the remem PD of `p`, NIC address `iova` (0 with
+/// ZERO_BASED), after the checks `ibv_reg_mr` makes: the errno on failure.
+fn register(
+    p: &crate::context::PdInner,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> Result<Arc<dyn MemoryRegion>, c_int> {
+    let flags = access_flags(access)?;
     if length == 0 {
-        return null_with(libc::EINVAL);
+        return Err(libc::EINVAL);
     }
-    let Some(ptr) = NonNull::new(addr.cast::<u8>()) else {
-        return null_with(libc::EFAULT);
-    };
-    if let Err(e) = check_mapped(addr as usize, length, nic_writes(flags)) {
-        return null_with(e);
-    }
+    let ptr = NonNull::new(addr.cast::<u8>()).ok_or(libc::EFAULT)?;
+    check_mapped(addr as usize, length, nic_writes(flags))?;
     let iova = if access & IBV_ACCESS_ZERO_BASED != 0 {
         0
     } else {
@@ -148,13 +147,19 @@ fn reg(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: u32
     // racing its own accesses with the NIC's gets torn data, not undefined behaviour on
     // the Rust side. The owner is nothing: the program frees the memory.
     let buf = unsafe { MemoryBuffer::from_raw_parts(ptr, length, Box::new(())) };
-    let region = match MemRegion::with_iova(Arc::new(buf), .., iova) {
-        Ok(r) => r,
-        Err(_) => return null_with(libc::EINVAL),
+    let region = MemRegion::with_iova(Arc::new(buf), .., iova).map_err(|_| libc::EINVAL)?;
+    p.pd.reg_mr(region, flags).map_err(|e| errno_of(&e))
+}
+
+/// Registers `[addr, addr + length)` on `pd` with NIC address `iova`.
+fn reg(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: u32) -> *mut ibv_mr {
+    // SAFETY: NULL or a live PD by the callers' contracts.
+    let Some(p) = (unsafe { pd_from(pd) }) else {
+        return null_with(libc::EINVAL);
     };
-    let mr = match p.inner.pd.reg_mr(region, flags) {
+    let mr = match register(&p.inner, addr, length, iova, access) {
         Ok(mr) => mr,
-        Err(e) => return null_with(errno_of(&e)),
+        Err(e) => return null_with(e),
     };
     let abi = ibv_mr {
         context: p.abi.context,
@@ -168,6 +173,7 @@ fn reg(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: u32
     Box::into_raw(Box::new(Mr {
         abi,
         mr,
+        access,
         _pd: p.inner.hold(),
     }))
     .cast()
@@ -241,13 +247,26 @@ pub extern "C" fn remem_ibv_ibv_reg_dmabuf_mr(
     null_with(libc::EOPNOTSUPP)
 }
 
-/// `ibv_rereg_mr`: not offered. Returns `IBV_REREG_MR_ERR_INPUT` (the old MR stays
-/// valid) with errno EINVAL for bad arguments and EOPNOTSUPP otherwise; deregister and
-/// register again instead.
+/// `ibv_rereg_mr` (ibv_rereg_mr(3)): changes the registration of `mr` in place — its
+/// translation (`addr`, `length`; IBV_REREG_MR_CHANGE_TRANSLATION), its PD (`pd`, of the
+/// same context; IBV_REREG_MR_CHANGE_PD) and/or its access (`access`;
+/// IBV_REREG_MR_CHANGE_ACCESS); what a flag does not name stays. 0 on success: the
+/// `ibv_mr` keeps its address and `handle`, and gets new `lkey`/`rkey` (a fresh
+/// registration, as mlx5 gives when it re-creates the MR; rxe offers no rereg). The old
+/// registration is revoked exactly as `ibv_dereg_mr` revokes it: its keys stop working at
+/// once, so a peer still using the old rkey is NAKed (remote access error).
+///
+/// On failure nothing changed and the old registration stays valid:
+/// `IBV_REREG_MR_ERR_INPUT` with errno EINVAL (NULL MR, no flag or an unknown one,
+/// CHANGE_TRANSLATION without an address or length, a NULL PD or one of another context
+/// with CHANGE_PD, bad access bits), EFAULT (the new range is not mapped with the access
+/// needed), EOPNOTSUPP (on-demand paging), or the errno of the device's refusal.
 ///
 /// # Safety
 ///
-/// `mr` is NULL or live.
+/// `mr` is NULL or live and not used by another thread during the call; `pd` NULL or
+/// live; with CHANGE_TRANSLATION, `[addr, addr + length)` is program memory that stays
+/// mapped until the MR is deregistered.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_ibv_rereg_mr(
     mr: *mut ibv_mr,
@@ -257,16 +276,71 @@ pub unsafe extern "C" fn remem_ibv_ibv_rereg_mr(
     length: usize,
     access: c_int,
 ) -> c_int {
-    let _ = (pd, addr, length, access);
-    // Old MR still valid (IBV_REREG_MR_ERR_INPUT), errno says why.
-    set_errno(
-        if mr.is_null() || flags == 0 || flags as u32 & !IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
-            libc::EINVAL
-        } else {
-            libc::EOPNOTSUPP
+    let fail = |errno: c_int| {
+        set_errno(errno);
+        IBV_REREG_MR_ERR_INPUT
+    };
+    let r = crate::ffi::guard(
+        "ibv_rereg_mr",
+        || Err(libc::EIO),
+        || {
+            let flags = flags as u32;
+            if mr.is_null() || flags == 0 || flags & !IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
+                return Err(libc::EINVAL);
+            }
+            let translation = flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0;
+            if translation && (addr.is_null() || length == 0) {
+                return Err(libc::EINVAL);
+            }
+            // SAFETY: a live MR made by `reg` (its first field), used by this thread alone
+            // during the call (the contract).
+            let m = unsafe { &mut *mr.cast::<Mr>() };
+            let (new_pd, pd_inner) = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
+                // SAFETY: NULL or a live PD (the contract).
+                let p = unsafe { pd_from(pd) }.ok_or(libc::EINVAL)?;
+                if p.abi.context != m.abi.context {
+                    return Err(libc::EINVAL);
+                }
+                (pd, p.inner.hold())
+            } else {
+                (m.abi.pd, m._pd.pd().hold())
+            };
+            let access = if flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
+                access as u32
+            } else {
+                m.access
+            };
+            let (addr, length) = if translation {
+                (addr, length)
+            } else {
+                (m.abi.addr, m.abi.length)
+            };
+            // Without a new translation the NIC address stays; with one it is the new
+            // address (ZERO_BASED: 0).
+            let iova = if translation {
+                addr as u64
+            } else {
+                m.mr.addr()
+            };
+            let new = register(pd_inner.pd(), addr, length, iova, access)?;
+            // The old registration goes as ibv_dereg_mr's does: dropping it removes its
+            // keys from the device at once.
+            let old = std::mem::replace(&mut m.mr, new);
+            drop(old);
+            m._pd = pd_inner;
+            m.access = access;
+            m.abi.pd = new_pd;
+            m.abi.addr = addr;
+            m.abi.length = length;
+            m.abi.lkey = m.mr.lkey();
+            m.abi.rkey = m.mr.rkey();
+            Ok(())
         },
     );
-    IBV_REREG_MR_ERR_INPUT
+    match r {
+        Ok(()) => 0,
+        Err(e) => fail(e),
+    }
 }
 
 /// `ibv_dereg_mr`: 0; EINVAL for NULL. Work requests still using the region keep the
@@ -303,6 +377,66 @@ pub extern "C" fn remem_ibv_ibv_unimport_mr(mr: *mut ibv_mr) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::ptr::null_mut;
+
+    #[test]
+    fn rereg_keeps_the_object_and_handle_and_drops_the_old_registration() {
+        let ctx =
+            crate::context::Ctx::create(crate::context::tests::soft_device(), std::ptr::null_mut());
+        // SAFETY: a live context.
+        let pd = unsafe { crate::pd::remem_ibv_ibv_alloc_pd(ctx) };
+        let mut a = vec![0u8; 4096];
+        let mut b = vec![0u8; 2048];
+        let rw = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) as c_int;
+        // SAFETY: live PD, memory that outlives the MR.
+        let mr = unsafe { remem_ibv_ibv_reg_mr(pd, a.as_mut_ptr().cast(), a.len(), rw) };
+        assert!(!mr.is_null());
+        // SAFETY: the live MR just made (read through its pointer only).
+        let (handle, rkey, old) =
+            unsafe { ((*mr).handle, (*mr).rkey, Arc::clone(&(*mr.cast::<Mr>()).mr)) };
+        let rereg = |flags: u32, addr: *mut u8, len: usize, access: u32| {
+            // SAFETY: live MR and PD; the memory outlives the MR.
+            unsafe {
+                remem_ibv_ibv_rereg_mr(mr, flags as c_int, pd, addr.cast(), len, access as c_int)
+            }
+        };
+        // Bad input: nothing changes.
+        assert_eq!(rereg(0, null_mut(), 0, 0), IBV_REREG_MR_ERR_INPUT);
+        assert_eq!(
+            rereg(
+                IBV_REREG_MR_CHANGE_ACCESS,
+                null_mut(),
+                0,
+                IBV_ACCESS_REMOTE_WRITE
+            ),
+            IBV_REREG_MR_ERR_INPUT
+        );
+        // SAFETY: the live MR.
+        assert_eq!(unsafe { (*mr).rkey }, rkey);
+        // Access and translation at once.
+        let flags = IBV_REREG_MR_CHANGE_ACCESS | IBV_REREG_MR_CHANGE_TRANSLATION;
+        assert_eq!(
+            rereg(flags, b.as_mut_ptr(), b.len(), IBV_ACCESS_LOCAL_WRITE),
+            0
+        );
+        // SAFETY: the live MR.
+        let m = unsafe { &*mr.cast::<Mr>() };
+        assert_eq!(m.abi.handle, handle, "same handle");
+        assert_ne!(m.abi.rkey, rkey, "new keys");
+        assert_eq!((m.abi.addr, m.abi.length), (b.as_mut_ptr().cast(), b.len()));
+        assert_eq!(m.mr.access(), AccessFlags::LOCAL_WRITE);
+        assert_eq!((m.mr.addr(), m.mr.len()), (b.as_ptr() as u64, b.len()));
+        // The old registration is gone (its last handle is the test's): its keys are
+        // revoked when that drops, as at ibv_dereg_mr.
+        assert_eq!(Arc::strong_count(&old), 1);
+        drop(old);
+        // SAFETY: the live MR and PD, not used afterwards.
+        unsafe {
+            assert_eq!(remem_ibv_ibv_dereg_mr(mr), 0);
+            assert_eq!(crate::pd::remem_ibv_ibv_dealloc_pd(pd), 0);
+            crate::context::Ctx::free(ctx);
+        }
+    }
 
     const MAPS: &str = "\
 00400000-00401000 r-xp 00000000 08:01 1 /bin/x

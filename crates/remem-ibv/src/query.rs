@@ -4,8 +4,14 @@
 //! table), with the node GUID of the device entry (`ibv_get_device_guid` and
 //! `ibv_query_device` agree). Fields remem has no notion of are zero. The one port is 1;
 //! the P_Key table is the default P_Key 0xffff. The GID table programs see holds the
-//! device's RoCE v2 entries from index 0 (`CtxShared::gid_table`): soft devices speak
-//! RoCE v2 only, so `ibv_rc_pingpong -g 0` works.
+//! device's RoCE v2 entries from index 0 (`CtxShared::gid_table`), in rxe's layout
+//! (`remem_soft::netdev`): index 0 the link-local default GID, index 1 the IPv4-mapped
+//! address (what `-x 1`, `-g 1` and UCX pick), then other IPv6 addresses; each
+//! `ibv_gid_entry` carries the netdev's ifindex (`lo`: 1). `ibv_query_gid`,
+//! `ibv_query_gid_ex`, `ibv_query_gid_table`, `ibv_query_gid_type` and
+//! `ibv_query_port`'s `gid_tbl_len` read the same table. Both index 0 and 1 connect: a
+//! soft device sends from its bound address under either, and a loopback device's
+//! link-local GID names it as a destination.
 
 #![allow(unsafe_code)]
 

@@ -50,12 +50,10 @@ impl Env {
         let ctx = Ctx::create(Arc::clone(&dev), null_mut());
         let shared = unsafe { ctx_from(ctx) }.unwrap().shared().clone();
         // The GID programs see (the context's table: RoCE v2 entries from index 0).
-        let v2 = shared
-            .gid_table(1)
-            .unwrap()
-            .into_iter()
-            .find(|g| g.gid_type == remem_verbs::GidType::RoceV2)
-            .expect("a RoCE v2 GID");
+        let table = shared.gid_table(1).unwrap();
+        let v2 = remem_verbs::first_roce_v2_ipv4(&table)
+            .cloned()
+            .expect("a RoCE v2 IPv4 GID");
         let (gid, sgid) = (v2.gid.0, v2.index as u8);
         let pd = Pd::create(&shared, dev.alloc_pd().unwrap());
         let buf = Arc::new(MemoryBuffer::zeroed(1 << 16).unwrap());
@@ -120,6 +118,8 @@ impl Env {
         let qp = unsafe { remem_ibv_ibv_create_qp(self.pd, &mut init) };
         assert!(!qp.is_null(), "create_qp: {}", crate::ffi::errno());
         assert_eq!(init.cap.max_inline_data, 64);
+        // rxe grants what fits the 64-byte send WQE: 4 SGEs of 16 bytes.
+        assert_eq!(init.cap.max_send_sge, 4);
         qp
     }
 
@@ -359,10 +359,11 @@ fn rc_send_write_read_atomic_inline_and_errors() {
     assert_eq!((r, bad), (libc::EINVAL, &raw mut badop));
     assert_eq!(poll(cq, 1)[0].wr_id, 10);
     ok.next = null_mut();
-    let mut three = [e.sge(0, 8), e.sge(0, 8), e.sge(0, 8)];
+    // Past the 4 SGEs granted.
+    let mut five = [e.sge(0, 8); 5];
     let mut many = ok;
-    many.sg_list = three.as_mut_ptr();
-    many.num_sge = 3;
+    many.sg_list = five.as_mut_ptr();
+    many.num_sge = 5;
     assert_eq!(post(a, &mut many), (libc::EINVAL, &raw mut many));
     let mut badkey = ok;
     let mut bsg = ibv_sge {

@@ -50,6 +50,11 @@ fn uc_supported() -> bool {
 /// `ibv_<kind>_pingpong -g 0` (plus `extra`) between two processes; asserts that both
 /// exit 0 and print their throughput lines.
 fn pingpong(prog: &str, extra: &[&str]) {
+    pingpong_on(prog, None, extra)
+}
+
+/// [`pingpong`] with `-g gid` (`None`: the first RoCE v2 GID `ibv_devinfo` lists).
+fn pingpong_on(prog: &str, gid: Option<&str>, extra: &[&str]) {
     if !have_timeout() {
         return;
     }
@@ -58,8 +63,12 @@ fn pingpong(prog: &str, extra: &[&str]) {
     };
     let _one = serial();
     let d = DropIn::new(prog);
-    let Some(gid) = roce_v2_gid_index(&d) else {
-        return;
+    let gid = match gid {
+        Some(g) => g.to_string(),
+        None => match roce_v2_gid_index(&d) {
+            Some(g) => g,
+            None => return,
+        },
     };
     let port = free_port().to_string();
     let mut server = vec!["-d", "rxe0", "-g", &gid, "-p", &port, "-n", "200"];
@@ -80,6 +89,21 @@ fn pingpong(prog: &str, extra: &[&str]) {
 #[test]
 fn rc_pingpong() {
     pingpong("ibv_rc_pingpong", &[]);
+}
+
+/// rxe's GID indexes: 0 the link-local GID, 1 the IPv4 one; programs connect over either
+/// (index 0 names a loopback soft device by its link-local GID; both send from its
+/// address).
+#[test]
+fn rc_pingpong_over_gid_0_and_1() {
+    pingpong_on("ibv_rc_pingpong", Some("0"), &[]);
+    pingpong_on("ibv_rc_pingpong", Some("1"), &[]);
+}
+
+#[test]
+fn ud_pingpong_over_gid_0_and_1() {
+    pingpong_on("ibv_ud_pingpong", Some("0"), &["-s", "512"]);
+    pingpong_on("ibv_ud_pingpong", Some("1"), &["-s", "512"]);
 }
 
 #[test]
@@ -178,11 +202,9 @@ fn write_bw_gid_index_named() {
     if !have_timeout() {
         return;
     }
-    let d = DropIn::new("gid-index");
-    let Some(gid) = roce_v2_gid_index(&d) else {
-        return;
-    };
-    perftest("ib_write_bw", &["-n", "200", "-x", &gid]);
+    // `-x 1`, as scripts written for rxe name its IPv4 GID; and `-x 0`, the link-local.
+    perftest("ib_write_bw", &["-n", "200", "-x", "1"]);
+    perftest("ib_write_bw", &["-n", "200", "-x", "0"]);
 }
 
 #[test]

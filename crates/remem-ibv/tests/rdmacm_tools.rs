@@ -161,6 +161,22 @@ fn rdma_server_and_rdma_client() {
     assert!(c.out.contains("rdma_client: end 0"), "{}", c.out);
 }
 
+/// rdma_xserver/rdma_xclient (RC): the client sends inline (it needs the granted
+/// `max_inline_data` rounded up as rxe does: it asks for 16 bytes with one SGE).
+#[test]
+fn rdma_xserver_and_rdma_xclient() {
+    let Some((s, c)) = pair2(
+        ("rdma_xserver", &["-p", "7178"]),
+        ("rdma_xclient", &["-s", "{S}", "-p", "7178"]),
+        "rdmacm-utils",
+    ) else {
+        return;
+    };
+    assert_both_ok("rdma_xserver/rdma_xclient", &s, &c);
+    assert!(s.out.contains("rdma_xserver: end 0"), "{}", s.out);
+    assert!(c.out.contains("rdma_xclient: end 0"), "{}", c.out);
+}
+
 #[test]
 fn rping_and_rdma_client_fail_cleanly_when_nobody_answers() {
     if let Some(r) = unreachable("rping", &["-c", "-a", "{S}", "-p", "7176", "-C", "1"]) {

@@ -89,18 +89,26 @@ fn ibv_devinfo_v_shows_the_port_and_this_process_gid() {
         "max_mtu:\t\t4096 (5)",
         "active_mtu:\t\t4096 (5)",
         "link_layer:\t\tEthernet",
-        "gid_tbl_len:\t\t1",
         "phys_state:\t\tLINK_UP (5)",
     ] {
         assert!(stdout.contains(want), "no {want:?} in:\n{stdout}");
     }
-    // The GID table: this process's own loopback address (unless another process held
-    // it, then a later one), RoCE v2, at index 0 (the only entry: soft devices speak v2).
-    let v2 = stdout
-        .lines()
-        .find(|l| l.contains("GID[  0]"))
-        .unwrap_or_else(|| panic!("no GID 0 in:\n{stdout}"));
-    assert!(!stdout.contains("GID[  1]"), "{stdout}");
+    // The GID table, rxe's layout: the link-local default GID at index 0, this process's
+    // own loopback address (unless another process held it, then a later one) at index
+    // 1, then lo's IPv6 addresses; all RoCE v2.
+    let gid = |i: u32| {
+        stdout
+            .lines()
+            .find(|l| l.contains(&format!("GID[{i:>3}]")))
+            .unwrap_or_else(|| panic!("no GID {i} in:\n{stdout}"))
+    };
+    let (ll, v2) = (gid(0), gid(1));
+    assert!(stdout.contains("gid_tbl_len:\t\t"), "{stdout}");
+    assert!(
+        ll.contains("fe80::200:ff:fe") && ll.ends_with("RoCE v2"),
+        "{ll}"
+    );
+    assert!(!stdout.contains("RoCE v1"), "{stdout}");
     assert!(
         v2.contains("::ffff:127.") && v2.ends_with("RoCE v2"),
         "{v2}"

@@ -217,13 +217,13 @@ impl SoftContext {
         }
         let netdev = crate::netdev::list_netdevs()
             .ok()
-            .and_then(|l| l.into_iter().find(|n| n.addrs.contains(&addr.ip())));
+            .and_then(|l| crate::netdev::netdev_of(l, addr.ip()));
         let mtu = match &netdev {
             Some(n) => n.active_mtu(),
             None if addr.ip().is_loopback() => Mtu::Mtu4096,
             None => Mtu::Mtu1024,
         };
-        let gids = gid_table_for(Some(addr.ip()), netdev.as_ref().map(|n| n.name.as_str()));
+        let gids = gid_table_for(Some(addr.ip()), netdev.as_ref());
         let node_guid = 0x0200_0000_0000_0000 | u64::from(rand::random::<u32>());
         let info = DeviceInfo {
             name: format!("soft@{addr}"),
@@ -421,10 +421,18 @@ mod tests {
         assert_eq!(port.active_mtu, Mtu::Mtu4096, "loopback gives 4096");
         assert_eq!(port.state, PortState::Active);
         assert!(ctx.query_port(2).is_err());
+        // rxe's layout: the link-local name, then the bound address; RoCE v2 only; lo's.
         let table = ctx.gid_table(1).unwrap();
-        assert_eq!(table.len(), 2);
-        assert_eq!(table[1].gid_type, GidType::RoceV2);
-        assert!(ctx.query_gid(1, 2).is_err());
+        assert!(table.len() >= 2);
+        assert!(table.iter().all(|e| e.gid_type == GidType::RoceV2));
+        assert!(table.iter().all(|e| e.netdev.as_deref() == Some("lo")));
+        assert_eq!(
+            table[0].gid.to_string(),
+            "fe80:0000:0000:0000:0200:00ff:fe00:0301"
+        );
+        assert_eq!(table[1].gid, remem_verbs::Gid::from(ctx.local_addr().ip()));
+        assert_eq!(port.gid_tbl_len as usize, table.len());
+        assert!(ctx.query_gid(1, table.len() as u32).is_err());
         let counters = ctx.counters();
         assert!(counters.iter().any(|c| c.name == "rcvd_seq_err"));
         assert!(counters.iter().all(|c| c.value == 0));

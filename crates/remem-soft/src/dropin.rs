@@ -135,17 +135,14 @@ pub fn ibdev_path(name: &str) -> String {
 
 /// The GID table the drop-in shows programs for a soft device bound to `ip`: the RoCE v2
 /// entries of the soft device's table (`SoftContext::bind_with`'s: on the interface that
-/// holds the address, if one does), indexed from 0 (soft devices speak RoCE v2 only).
+/// holds the address, `lo` for any loopback address; [`crate::netdev::netdev_of`]), indexed from 0 (soft devices speak RoCE v2 only).
 /// Lists the host's interfaces.
 pub fn program_gid_table(ip: IpAddr) -> Vec<GidEntry> {
     let ip = ip.to_canonical();
     let netdev = crate::netdev::list_netdevs()
         .ok()
-        .and_then(|l| l.into_iter().find(|n| n.addrs.contains(&ip)));
-    roce_v2_view(gid_table_for(
-        Some(ip),
-        netdev.as_ref().map(|n| n.name.as_str()),
-    ))
+        .and_then(|l| crate::netdev::netdev_of(l, ip));
+    roce_v2_view(gid_table_for(Some(ip), netdev.as_ref()))
 }
 
 /// The GID table the drop-in shows programs for the soft device on `netdev`.

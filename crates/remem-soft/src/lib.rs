@@ -45,7 +45,7 @@ internal_modules!(cm, driver, engine, objects, qp, transport, wqe);
 mod context;
 pub mod dropin;
 pub mod faults;
-mod netdev;
+pub mod netdev;
 pub mod pcap;
 mod sys;
 

@@ -39,7 +39,18 @@ pub struct QpLimits {
     pub placement: bool,
 }
 
+/// The size of one scatter/gather entry in a send WQE (`struct ib_sge`), the unit rxe
+/// sizes a send queue's WQEs in.
+const SGE_BYTES: u32 = 16;
+
 /// Checks requested queue sizes against the device and returns what is granted.
+///
+/// The send side is granted as rxe does (`rxe_init_sq`): a send WQE holds
+/// `max(max_send_sge * 16, max_inline_data)` bytes, and what fits in it is granted —
+/// `max_inline_data` is that size and `max_send_sge` that size over 16 (within the
+/// device limits). So a QP asked for one SGE and no inline data may still post 16 bytes
+/// inline, and programs that check the returned `max_inline_data` (`rdma_xclient`) see
+/// what rxe reports. At least one WR and SGE are granted per queue.
 pub fn grant_cap(req: QpCap, lim: &QpLimits) -> Result<QpCap> {
     let check = |name: &'static str, v: u32, max: u32| {
         if v > max {
@@ -55,12 +66,13 @@ pub fn grant_cap(req: QpCap, lim: &QpLimits) -> Result<QpCap> {
     check("max_send_sge", req.max_send_sge, lim.max_sge)?;
     check("max_recv_sge", req.max_recv_sge, lim.max_sge)?;
     check("max_inline_data", req.max_inline_data, lim.max_inline)?;
+    let wqe = (req.max_send_sge.max(1) * SGE_BYTES).max(req.max_inline_data);
     Ok(QpCap {
         max_send_wr: req.max_send_wr.max(1),
         max_recv_wr: req.max_recv_wr.max(1),
-        max_send_sge: req.max_send_sge.max(1),
+        max_send_sge: (wqe / SGE_BYTES).min(lim.max_sge).max(1),
         max_recv_sge: req.max_recv_sge.max(1),
-        max_inline_data: req.max_inline_data,
+        max_inline_data: wqe.min(lim.max_inline),
     })
 }
 
@@ -436,7 +448,8 @@ impl Transport {
 /// — a connection learns it from its peer — so no other path's destination changes with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Path {
-    /// The destination GID.
+    /// The destination GID, as on the wire: a loopback device's link-local GID mapped to
+    /// its address ([`crate::netdev::wire_gid`]).
     pub dgid: remem_verbs::Gid,
     /// The destination UDP port; 0: the device's default.
     pub udp_port: u16,
@@ -724,7 +737,7 @@ impl SoftQp {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let path = Path {
-            dgid: inner.attr.ah_attr.dgid,
+            dgid: crate::netdev::wire_gid(inner.attr.ah_attr.dgid),
             udp_port: inner.attr.ah_attr.udp_port,
         };
         let r = f(&mut inner.t, &mut inner.env, path);
@@ -834,7 +847,7 @@ impl SoftQp {
             Transport::Ud(ud) => (
                 ud.poll_transmit(env, |tx, target, fill| {
                     let path = Path {
-                        dgid: target.av.dgid,
+                        dgid: crate::netdev::wire_gid(target.av.dgid),
                         udp_port: target.av.udp_port,
                     };
                     emit(tx, path, fill)
@@ -1045,6 +1058,25 @@ mod tests {
         c = cap();
         c.max_recv_wr = 0;
         assert_eq!(grant_cap(c, &lim).unwrap().max_recv_wr, 1);
+        // The send WQE is max(sge * 16, inline) bytes; what fits is granted (rxe).
+        let granted = |sge: u32, inline: u32| {
+            let g = grant_cap(
+                QpCap {
+                    max_send_sge: sge,
+                    max_inline_data: inline,
+                    ..cap()
+                },
+                &lim,
+            )
+            .unwrap();
+            (g.max_send_sge, g.max_inline_data)
+        };
+        assert_eq!(granted(2, 0), (2, 32));
+        assert_eq!(granted(1, 0), (1, 16));
+        assert_eq!(granted(0, 0), (1, 16));
+        assert_eq!(granted(1, 40), (2, 40));
+        assert_eq!(granted(2, 64), (4, 64));
+        assert_eq!(granted(4, 64), (4, 64));
     }
 
     #[test]

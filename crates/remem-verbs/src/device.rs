@@ -46,6 +46,16 @@ pub struct GidEntry {
     pub netdev: Option<String>,
 }
 
+/// The first RoCE v2 GID with an IPv4 address (`::ffff:a.b.c.d`) of a GID table, by
+/// index: the one UCX and most programs use by default. In rxe's table (and a soft
+/// device's) it is index 1, after the link-local default GID.
+pub fn first_roce_v2_ipv4(table: &[GidEntry]) -> Option<&GidEntry> {
+    table
+        .iter()
+        .filter(|e| e.gid_type == GidType::RoceV2 && e.gid.is_ipv4_mapped())
+        .min_by_key(|e| e.index)
+}
+
 /// Which atomic operations are atomic with respect to what (`enum ibv_atomic_cap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AtomicCap {

@@ -44,7 +44,9 @@ pub use cm::{
     CmChannel, CmEvent, CmEventKind, CmEventParam, CmId, ConnParam, PeerConnParam, PortSpace,
     PrivateDataLimit, UdParam,
 };
-pub use device::{AtomicCap, DeviceAttr, DeviceInfo, GidEntry, GidType, PortAttr};
+pub use device::{
+    AtomicCap, DeviceAttr, DeviceInfo, GidEntry, GidType, PortAttr, first_roce_v2_ipv4,
+};
 pub use error::{Error, MemError, PostError, Result};
 pub use event::{AsyncEvent, AsyncEventElement, AsyncEventType};
 pub use mem::{MemRegion, MemoryBuffer};

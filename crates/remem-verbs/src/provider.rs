@@ -232,6 +232,17 @@ pub trait CompletionQueue: Any + Send + Sync {
 
     /// Acknowledges `n` events taken from the channel for this CQ (`ibv_ack_cq_events`).
     fn ack_events(&self, n: u32);
+
+    /// Resizes the queue (`ibv_resize_cq`) to hold `size` entries — `cqe`, or more where
+    /// the caller rounds as its device does (rxe: the next `2^k - 1`) — keeping the
+    /// completions it holds, in order; returns the new size.
+    /// [`crate::Error::InvalidArgument`] for `cqe` 0, `size` below `cqe` or above the
+    /// device's `max_cqe`, or `cqe` fewer than the completions it holds now (rxe's
+    /// `rxe_cq_chk_attr`). A provider that cannot resize: [`crate::Error::Unsupported`].
+    fn resize(&self, cqe: u32, size: u32) -> Result<u32> {
+        let _ = (cqe, size);
+        Err(crate::Error::Unsupported("resizing a completion queue"))
+    }
 }
 
 /// A completion channel (`struct ibv_comp_channel`): a file descriptor that becomes

@@ -29,9 +29,11 @@ use crate::{
     QpType, QueuePair, Result,
 };
 
-/// The first RoCE v2 GID of port `port_num` of `ctx` — IPv4-mapped ones first (a RoCE
-/// device lists an interface's IPv4 address before its IPv6 ones, and IPv4 is what peers
-/// on other hosts most often reach) — the GID remem's layers use as the local address.
+/// The first RoCE v2 GID of port `port_num` of `ctx` — IPv4-mapped ones first (IPv4 is
+/// what peers on other hosts most often reach: [`crate::first_roce_v2_ipv4`]), then
+/// routable IPv6 ones, link-local last (a RoCE table lists the netdev's link-local
+/// default GID at index 0; it names the port on its link only) — the GID remem's layers
+/// use as the local address.
 /// A port with none is [`Error::DeviceUnavailable`], naming the device and port; a port
 /// that does not exist is the device's error from [`Context::gid_table`].
 ///
@@ -46,7 +48,10 @@ pub fn roce_v2_gid(ctx: &dyn Context, port_num: u8) -> Result<GidEntry> {
     ctx.gid_table(port_num)?
         .into_iter()
         .filter(|g| g.gid_type == GidType::RoceV2)
-        .min_by_key(|g| (!g.gid.is_ipv4_mapped(), g.index))
+        .min_by_key(|g| {
+            let link_local = g.gid.0[0] == 0xfe && g.gid.0[1] & 0xc0 == 0x80;
+            (!g.gid.is_ipv4_mapped(), link_local, g.index)
+        })
         .ok_or_else(|| {
             Error::DeviceUnavailable(format!(
                 "{} port {port_num} has no RoCE v2 GID (remem speaks RoCE v2; is the \
@@ -414,6 +419,17 @@ mod tests {
         assert_eq!((g.index, g.gid), (3, v4), "IPv4-mapped first");
         let only_v6 = device(&[(v6, GidType::RoceV1), (v6, GidType::RoceV2)]);
         assert_eq!(roce_v2_gid(&only_v6, 1).unwrap().index, 1);
+        // rxe's layout on an IPv6-only netdev: the link-local default GID at 0, the
+        // routable address after it, which is the one taken.
+        let ll = Gid::from("fe80::200:ff:fe00:0".parse::<std::net::Ipv6Addr>().unwrap());
+        let rxe_v6 = device(&[(ll, GidType::RoceV2), (v6, GidType::RoceV2)]);
+        assert_eq!(roce_v2_gid(&rxe_v6, 1).unwrap().gid, v6, "link-local last");
+        let rxe = device(&[(ll, GidType::RoceV2), (v4, GidType::RoceV2)]);
+        assert_eq!(roce_v2_gid(&rxe, 1).unwrap().index, 1);
+        assert_eq!(
+            crate::first_roce_v2_ipv4(&rxe.0.gids).map(|e| e.index),
+            Some(1)
+        );
         let v1_only = device(&[(v4, GidType::RoceV1), (v4, GidType::Ib)]);
         match roce_v2_gid(&v1_only, 1) {
             Err(Error::DeviceUnavailable(m)) => {

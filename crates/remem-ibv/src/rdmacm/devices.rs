@@ -200,13 +200,19 @@ pub(crate) fn open(index: usize) -> Result<Arc<CmDev>, c_int> {
         .create_cm_channel(&dev)
         .map_err(|e| super::errno_of(&e))?;
     super::router::watch(&channel)?;
-    let mut ips: Vec<IpAddr> = dev
-        .gid_table(1)
-        .unwrap_or_default()
-        .iter()
-        .filter(|e| e.gid_type == GidType::RoceV2)
-        .map(|e| e.gid.to_ip().to_canonical())
-        .collect();
+    // The addresses the CM reaches the device at: a soft device's bound one (its table's
+    // link-local name and the netdev's other IPv6 addresses are not bound), else the
+    // RoCE v2 GIDs that are not link-local.
+    let mut ips: Vec<IpAddr> = match dev.info().udp_addr {
+        Some(a) => vec![a.ip().to_canonical()],
+        None => dev
+            .gid_table(1)
+            .unwrap_or_default()
+            .iter()
+            .filter(|e| e.gid_type == GidType::RoceV2 && !e.gid.to_ipv6().is_unicast_link_local())
+            .map(|e| e.gid.to_ip().to_canonical())
+            .collect(),
+    };
     if ips.is_empty() {
         ips = src.addrs()?.get(index).cloned().unwrap_or_default();
     }

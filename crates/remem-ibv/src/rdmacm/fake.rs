@@ -73,10 +73,7 @@ impl Source for Fake {
         let ch = (Arc::clone(channel) as Arc<dyn std::any::Any + Send + Sync>)
             .downcast::<FakeChannel>()
             .map_err(|_| Error::InvalidArgument("not a fake channel".into()))?;
-        let dev_ip = dev
-            .gid_table(1)?
-            .iter()
-            .find(|e| e.gid_type == remem_verbs::GidType::RoceV2)
+        let dev_ip = remem_verbs::first_roce_v2_ipv4(&dev.gid_table(1)?)
             .map(|e| e.gid.to_ip())
             .ok_or_else(|| Error::InvalidArgument("no GID".into()))?;
         Ok(FakeId::new(Arc::clone(dev), dev_ip, ch, ps))

@@ -577,8 +577,8 @@ fn udp_service_resolution_gives_the_remote_qp() {
     assert_eq!(ud.qp_num, qp_num(sqp));
     assert_eq!(ud.qkey, RDMA_UDP_QKEY);
     assert_eq!(ud.ah_attr.is_global, 1);
-    // remem's GID index 1 (the RoCE v2 entry) is the program's 0.
-    assert_eq!(ud.ah_attr.grh.sgid_index, 0);
+    // The device's IPv4 GID: index 1, as in rxe's table.
+    assert_eq!(ud.ah_attr.grh.sgid_index, 1);
     ack(est);
     // No ESTABLISHED on the passive side of a service resolution.
     assert!(!readable(sch, Duration::from_millis(50)));

@@ -71,6 +71,8 @@ static struct ibv_qp *rc_qp(struct ibv_cq *scq, struct ibv_cq *rcq, struct ibv_s
 		FAIL("ibv_create_qp: %s", strerror(errno));
 	if (ia.cap.max_inline_data < 64 || ia.cap.max_send_wr < 16)
 		FAIL("create_qp wrote back smaller caps");
+	if (ia.cap.max_send_sge != 4)
+		FAIL("max_send_sge %u, not rxe's 4 (a 64-byte WQE)", ia.cap.max_send_sge);
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
 				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE |
 						    IBV_ACCESS_REMOTE_READ |
@@ -251,16 +253,18 @@ int main(void)
 			FAIL("the WR before the bad one did not complete");
 		OK("bad opcode is EINVAL with bad_wr; earlier WRs are posted");
 	}
-	/* Too many SGEs: EINVAL. */
+	/* Too many SGEs: EINVAL. The QP asked for 2 SGEs and 64 inline bytes; rxe grants what
+	 * fits the 64-byte send WQE, 4 SGEs, so 5 are too many. */
 	{
-		struct ibv_sge s[3] = { sge(buf, 8, mr->lkey), sge(buf, 8, mr->lkey),
+		struct ibv_sge s[5] = { sge(buf, 8, mr->lkey), sge(buf, 8, mr->lkey),
+					sge(buf, 8, mr->lkey), sge(buf, 8, mr->lkey),
 					sge(buf, 8, mr->lkey) };
-		struct ibv_send_wr w = { .wr_id = 3, .sg_list = s, .num_sge = 3,
+		struct ibv_send_wr w = { .wr_id = 3, .sg_list = s, .num_sge = 5,
 					 .opcode = IBV_WR_RDMA_WRITE };
 		w.wr.rdma.remote_addr = (uintptr_t)buf;
 		w.wr.rdma.rkey = mr->rkey;
 		if (ibv_post_send(a, &w, &bad) != EINVAL || bad != &w)
-			FAIL("3 SGEs on a QP of max_send_sge 2 is not EINVAL");
+			FAIL("5 SGEs on a QP granted max_send_sge 4 is not EINVAL");
 		OK("too many SGEs is EINVAL");
 	}
 	/* A bad lkey never crashes: the post is refused (EINVAL, bad_wr) or the WR completes

@@ -5,7 +5,7 @@ use remem_verbs::{
     AsyncEvent, AsyncEventElement, AsyncEventType, CqId, Error, Result, WcStatus, WorkCompletion,
 };
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 #[derive(Debug)]
@@ -17,7 +17,8 @@ struct Inner {
 }
 
 /// A completion queue (`ibv_cq`) of exactly `cqe` entries, allocated at creation (pushing
-/// never allocates).
+/// never allocates). [`resize`](remem_verbs::CompletionQueue::resize) changes the size
+/// (up to `max_cqe`, not below what it holds), keeping what it holds in order.
 ///
 /// **Overrun.** When a completion arrives while the queue holds `cqe` entries, the CQ
 /// overruns, as a hardware CQ does: that completion — and every later one — is lost and
@@ -40,7 +41,10 @@ struct Inner {
 #[derive(Debug)]
 pub struct SoftCq {
     id: CqId,
-    depth: u32,
+    /// The size (changed under the `inner` lock by `resize`).
+    depth: AtomicU32,
+    /// The device's `max_cqe` (the most `resize` grants).
+    max_depth: u32,
     inner: Mutex<Inner>,
     channel: Option<Arc<SoftCompChannel>>,
     events: Arc<AsyncEvents>,
@@ -61,7 +65,8 @@ impl SoftCq {
     ) -> Self {
         SoftCq {
             id,
-            depth,
+            depth: AtomicU32::new(depth),
+            max_depth: depth,
             inner: Mutex::new(Inner {
                 queue: VecDeque::with_capacity(depth as usize),
                 overflowed: false,
@@ -77,6 +82,12 @@ impl SoftCq {
         }
     }
 
+    /// The CQ, resizable up to `max_cqe` entries.
+    pub(crate) fn with_max(mut self, max_cqe: u32) -> Self {
+        self.max_depth = max_cqe.max(self.max_depth);
+        self
+    }
+
     /// The CQ, holding `slot` of its device's CQ quota while it lives.
     pub(crate) fn with_slot(mut self, slot: super::quota::Slot) -> Self {
         self.slot = Some(slot);
@@ -89,7 +100,7 @@ impl SoftCq {
     pub fn push(&self, wc: WorkCompletion, solicited: bool) -> bool {
         let fire = {
             let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            if g.overflowed || g.queue.len() >= self.depth as usize {
+            if g.overflowed || g.queue.len() >= self.depth.load(Ordering::Relaxed) as usize {
                 self.lost.fetch_add(1, Ordering::Relaxed);
                 if !g.overflowed {
                     g.overflowed = true;
@@ -154,7 +165,7 @@ impl remem_verbs::CompletionQueue for SoftCq {
     }
 
     fn cqe(&self) -> u32 {
-        self.depth
+        self.depth.load(Ordering::Relaxed)
     }
 
     fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
@@ -190,6 +201,30 @@ impl remem_verbs::CompletionQueue for SoftCq {
     fn ack_events(&self, n: u32) {
         self.acked.fetch_add(u64::from(n), Ordering::Relaxed);
     }
+
+    /// Resizes to exactly `size` entries (`cqe..=max_cqe`; `cqe` at least the completions
+    /// held), under the queue's lock: completions arriving meanwhile wait, none is lost or
+    /// reordered. Growing reserves the room at once (pushing still never allocates).
+    fn resize(&self, cqe: u32, size: u32) -> Result<u32> {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if cqe == 0 || size < cqe || size > self.max_depth {
+            return Err(Error::InvalidArgument(format!(
+                "cqe {cqe} (size {size}) outside 1..={}",
+                self.max_depth
+            )));
+        }
+        if (cqe as usize) < g.queue.len() {
+            return Err(Error::InvalidArgument(format!(
+                "cqe {cqe} is fewer than the {} completions the CQ holds",
+                g.queue.len()
+            )));
+        }
+        let len = g.queue.len();
+        g.queue.reserve(size as usize - len);
+        g.queue.shrink_to(size as usize);
+        self.depth.store(size, Ordering::Relaxed);
+        Ok(size)
+    }
 }
 
 #[cfg(test)]
@@ -197,6 +232,40 @@ mod tests {
     use super::*;
     use crate::objects::events::readable;
     use remem_verbs::{CompletionChannel, CompletionQueue};
+
+    #[test]
+    fn resize_keeps_the_completions_in_order_and_refuses_below_them() {
+        let ev = Arc::new(AsyncEvents::new().unwrap());
+        let cq = SoftCq::new(CqId(3), 2, None, ev, 1).with_max(8);
+        let wc = |id: u64| WorkCompletion {
+            wr_id: id,
+            ..WorkCompletion::default()
+        };
+        assert!(cq.push(wc(1), false) && cq.push(wc(2), false));
+        // Full at 2: growing makes room, keeping what it holds.
+        assert_eq!(cq.resize(4, 4).unwrap(), 4);
+        assert_eq!(cq.cqe(), 4);
+        assert!(cq.push(wc(3), false) && cq.push(wc(4), false));
+        let refused = |r: Result<u32>| matches!(r, Err(Error::InvalidArgument(_)));
+        assert!(refused(cq.resize(3, 3)), "below the fill");
+        assert!(refused(cq.resize(3, 7)), "asked below the fill, whatever the rounding");
+        assert!(refused(cq.resize(0, 1)));
+        assert!(refused(cq.resize(5, 4)), "a size below the ask");
+        assert!(refused(cq.resize(8, 9)), "past max_cqe");
+        assert_eq!(cq.cqe(), 4);
+        let mut out = [WorkCompletion::default(); 4];
+        assert_eq!(cq.poll(&mut out[..2]).unwrap(), 2);
+        // Shrinking to what it holds: the next completion overruns.
+        assert_eq!(cq.resize(2, 2).unwrap(), 2);
+        assert!(!cq.push(wc(5), false));
+        let n = cq.poll(&mut out).unwrap();
+        assert_eq!(
+            out[..n].iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+            [3, 4],
+            "order kept across resizes"
+        );
+        assert!(cq.overflowed());
+    }
 
     fn wc(id: u64) -> WorkCompletion {
         WorkCompletion {

@@ -346,7 +346,10 @@ impl DeviceShared {
     }
 
     /// Checks an address vector: port 1, a GRH (RoCE requires one), an `sgid_index` naming
-    /// a RoCE v2 GID of this device, and a destination of the same IP family.
+    /// a GID this device sends from (index 0, its link-local name, or its bound address;
+    /// see [`crate::netdev`]), and a destination reachable from the bound address: of its
+    /// IP family once [`crate::netdev::wire_gid`] has mapped a loopback device's link-local
+    /// GID, and not another link-local GID (soft devices do not speak IPv6 link-local).
     pub(crate) fn check_av(&self, av: &AhAttr) -> Result<()> {
         let bad = |reason: String| Error::InvalidAttribute {
             name: "ah_attr",
@@ -370,7 +373,24 @@ impl DeviceShared {
                 av.sgid_index, sgid.gid_type
             )));
         }
-        if sgid.gid.is_ipv4_mapped() != av.dgid.is_ipv4_mapped() {
+        let bound = (self.info.udp_addr).map(|a| remem_verbs::Gid::from(a.ip().to_canonical()));
+        if av.sgid_index != 0 && Some(sgid.gid) != bound {
+            return Err(bad(format!(
+                "sgid_index {} ({}) is not an address this soft device binds: it sends from \
+                 GID index 1 (or its link-local name, index 0)",
+                av.sgid_index, sgid.gid
+            )));
+        }
+        let dgid = crate::netdev::wire_gid(av.dgid);
+        if crate::netdev::is_link_local(&dgid) {
+            return Err(bad(format!(
+                "destination {} is a link-local GID of no soft device on a loopback \
+                 address; soft devices speak IPv4 or routable IPv6 only (use the peer's \
+                 GID index 1)",
+                av.dgid
+            )));
+        }
+        if bound.is_some_and(|b| b.is_ipv4_mapped() != dgid.is_ipv4_mapped()) {
             return Err(bad(
                 "source and destination GIDs are of different IP families".into(),
             ));
@@ -446,6 +466,7 @@ impl DeviceShared {
                 self.events.clone(),
                 self.id,
             )
+            .with_max(self.attr.max_cqe)
             .with_slot(slot),
         ))
     }
@@ -874,14 +895,19 @@ mod tests {
         let dev = ctx.shared().clone();
         let pd = dev.alloc_pd().unwrap();
         let gids = &dev.info.gids;
-        let v2 = gids
-            .iter()
-            .position(|g| g.gid_type == GidType::RoceV2)
-            .unwrap() as u8;
-        let v1 = gids
-            .iter()
-            .position(|g| g.gid_type != GidType::RoceV2)
-            .unwrap() as u8;
+        let v2 = 1;
+        assert!(gids.iter().all(|g| g.gid_type == GidType::RoceV2));
+        // Index 0, the device's link-local name, sends from the bound address too, and a
+        // loopback device's link-local GID names it as a destination.
+        let peer_ll = crate::netdev::link_local_gid("127.0.0.2".parse().unwrap(), None);
+        for (sgid_index, dgid) in [(0, peer_ll), (1, peer_ll), (0, Gid::from(Ipv4Addr::new(127, 0, 0, 2)))] {
+            let av = AhAttr {
+                dgid,
+                sgid_index,
+                ..AhAttr::default()
+            };
+            assert!(pd.create_ah(&av).is_ok(), "{av:?}");
+        }
         let good = AhAttr {
             dgid: Gid::from(Ipv4Addr::new(127, 0, 0, 2)),
             sgid_index: v2,
@@ -927,10 +953,6 @@ mod tests {
                 ..good
             },
             AhAttr {
-                sgid_index: v1,
-                ..good
-            },
-            AhAttr {
                 sgid_index: gids.len() as u8,
                 ..good
             },
@@ -942,7 +964,18 @@ mod tests {
                 dgid: Gid::from("::2".parse::<std::net::Ipv6Addr>().unwrap()),
                 ..good
             },
-        ];
+            // A link-local GID that names no loopback device: unreachable.
+            AhAttr {
+                dgid: Gid::from("fe80::5054:ff:fe28:c219".parse::<std::net::Ipv6Addr>().unwrap()),
+                ..good
+            },
+        ]
+        .into_iter()
+        // An address of the netdev the device does not bind (lo's ::1): not a source.
+        .chain((gids.len() > 2).then_some(AhAttr {
+            sgid_index: 2,
+            ..good
+        }));
         for attr in bad {
             assert!(
                 matches!(

@@ -7,6 +7,23 @@ use remem_verbs::{QpState, SendOp, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use std::collections::VecDeque;
 use std::net::IpAddr;
 
+/// `wc.sl` of a UD receive that arrived over RoCEv2 IPv4: mlx5's RoCE packet type, bit 3
+/// "the frame has a UDP header" (RoCEv2) and bits 2:0 the L3 header type, 2 for IPv4.
+///
+/// On RoCEv2 no service level travels with a packet (there is no LRH), so a NIC has no SL
+/// to report: rxe leaves `sl` 0, mlx5 reports the packet type there, and UCX's `ud_verbs`
+/// (1.13, Debian 12's) reads it to tell an IPv4 GRH area from an IPv6 one before checking
+/// the destination GID of each receive (`uct_ud_iface_check_grh`): with 0 it reads an IPv6
+/// GID where the IPv4 header is and drops every packet (as it does on rxe). Reporting
+/// mlx5's value makes UCX's default (`UCX_UD_VERBS_ETH_DGID_CHECK=y`) work; programs that
+/// copy `sl` into an address handle (`ibv_init_ah_from_wc`) get a valid SL, which RoCEv2
+/// does not put on the wire either.
+pub const WC_SL_ROCE_V2_IPV4: u8 = 0x8 | 0x2;
+
+/// `wc.sl` of a UD receive that arrived over RoCEv2 IPv6 (see [`WC_SL_ROCE_V2_IPV4`]): L3
+/// header type 1.
+pub const WC_SL_ROCE_V2_IPV6: u8 = 0x8 | 0x1;
+
 /// Length of the GRH area at the start of every UD receive buffer (verbs: the first 40 bytes
 /// receive the GRH; for an IPv4 source the last 20 of them hold the IPv4 header, as on RoCEv2
 /// devices).
@@ -203,6 +220,10 @@ impl UdTransport {
             qp_num: self.qpn,
             src_qp,
             wc_flags: WcFlags::GRH,
+            sl: match (src.src.to_canonical(), src.dst.to_canonical()) {
+                (IpAddr::V4(_), IpAddr::V4(_)) => WC_SL_ROCE_V2_IPV4,
+                _ => WC_SL_ROCE_V2_IPV6,
+            },
             ..WorkCompletion::default()
         };
         if let Some(imm) = pkt.imm {
@@ -382,6 +403,13 @@ mod tests {
         assert_eq!(&got[40..], b"hello, datagram");
         assert_eq!(got[20], 0x45);
         assert_eq!(&got[32..36], &[127, 0, 0, 1]);
+        // rxe's GRH area for IPv4: twenty zero bytes, then the IPv4 header whose last four
+        // bytes (the last four of the area) are the destination address.
+        assert_eq!(&got[..20], &[0; 20]);
+        assert_eq!(&got[36..40], &[127, 0, 0, 2]);
+        // wc.sl: mlx5's RoCEv2-over-IPv4 packet type (UCX's ud_verbs reads it).
+        assert_eq!(wc.sl, WC_SL_ROCE_V2_IPV4);
+        assert_eq!(wc.sl & 0x7, 2);
         // Wrong Q_Key: dropped; no receive: dropped (the device counts both).
         rx.deth = Some((0x2222, 0x20));
         assert_eq!(b.handle_packet(&rx, &from, &mut eb), Err(UdDrop::Qkey));
