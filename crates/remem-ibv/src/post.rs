@@ -16,7 +16,8 @@
 //! that need not be registered: it is copied into a bounce region of `max_inline_data`
 //! bytes registered on the QP's PD when the QP was created, and that region is posted
 //! INLINE (remem's QP copies inline data when it is posted, so the region is free again
-//! when the post returns).
+//! when the post returns). The region has at least 8 bytes: `ibv_wr_atomic_write`'s value
+//! travels the same way.
 //!
 //! **Receive.** Each work request's scatter list is copied to the stack and posted at once.
 
@@ -36,6 +37,8 @@ use std::sync::{Arc, Mutex};
 
 symver!();
 
+/// The bytes of an ATOMIC WRITE's value.
+const ATOMIC_WRITE_LEN: usize = 8;
 /// Work requests handed to remem's QP per call.
 const SEND_BATCH: usize = 16;
 /// The most scatter/gather entries one work request can have (the soft device's
@@ -111,10 +114,11 @@ impl std::fmt::Debug for SendPath {
 impl SendPath {
     /// The send side of a QP with `cap`, its bounce region registered on `pd`.
     pub fn new(pd: &Arc<dyn ProtectionDomain>, cap: &QpCap) -> Result<Self, c_int> {
-        let bounce = if cap.max_inline_data > 0 {
-            let buf = Arc::new(
-                MemoryBuffer::zeroed(cap.max_inline_data as usize).map_err(|_| libc::ENOMEM)?,
-            );
+        // At least 8 bytes: the value of an `ibv_wr_atomic_write` travels inline too,
+        // whatever `max_inline_data` is.
+        let bounce = if cap.max_inline_data > 0 || cap.max_send_wr > 0 {
+            let size = (cap.max_inline_data as usize).max(ATOMIC_WRITE_LEN);
+            let buf = Arc::new(MemoryBuffer::zeroed(size).map_err(|_| libc::ENOMEM)?);
             let mr = pd
                 .reg_mr(MemRegion::whole(Arc::clone(&buf)), AccessFlags::empty())
                 .map_err(|e| e.errno())?;

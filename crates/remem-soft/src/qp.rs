@@ -241,7 +241,10 @@ pub fn build_send_wqe(
                 op.name()
             )));
         }
-        if len > u64::from(cap.max_inline_data) {
+        // An ATOMIC WRITE's 8 bytes may always be inline: rxe keeps them in the WQE
+        // whatever `max_inline_data` is (`ibv_wr_atomic_write` passes the value itself).
+        let atomic_write_value = matches!(op, SendOp::AtomicWrite { .. }) && len == 8;
+        if len > u64::from(cap.max_inline_data) && !atomic_write_value {
             return Err(Error::InlineTooLarge {
                 given: len,
                 max: cap.max_inline_data,
@@ -1195,6 +1198,25 @@ mod tests {
         ));
         let eight = sge;
         assert!(build(&SendWr::new(1, aw, &eight), QpType::Rc).is_ok());
+        // Its 8 bytes may be inline even where max_inline_data is smaller (rxe keeps
+        // them in the WQE); other inline data may not.
+        let tiny = QpCap {
+            max_inline_data: 0,
+            ..c
+        };
+        let mut wr = SendWr::new(1, aw, &eight);
+        wr.flags |= SendFlags::INLINE;
+        let w = build_send_wqe(&wr, QpType::Rc, &tiny, false, 1 << 31, PdId(1), &m.dev).unwrap();
+        match &w.data {
+            SendData::Inline(b) => assert_eq!(&b[..], &[10, 11, 12, 13, 14, 15, 16, 17]),
+            _ => panic!("not inline"),
+        }
+        let mut wr = SendWr::new(1, SendOp::Send, &eight);
+        wr.flags |= SendFlags::INLINE;
+        assert!(matches!(
+            build_send_wqe(&wr, QpType::Rc, &tiny, false, 1 << 31, PdId(1), &m.dev),
+            Err(Error::InlineTooLarge { given: 8, max: 0 })
+        ));
         assert!(matches!(
             build(&SendWr::new(1, aw, &eight), QpType::Ud),
             Err(Error::InvalidOpcode { .. })
