@@ -534,7 +534,7 @@ impl Env for QpEnv {
         len: u64,
         need: AccessFlags,
     ) -> std::result::Result<Grant, RemoteKeyError> {
-        self.dev.mrs.remote(self.pd, rkey, va, len, need)
+        self.dev.mrs.remote_on(self.pd, self.qpn, rkey, va, len, need)
     }
 
     fn remote_region(
@@ -542,7 +542,7 @@ impl Env for QpEnv {
         rkey: u32,
         need: AccessFlags,
     ) -> std::result::Result<Grant, RemoteKeyError> {
-        self.dev.mrs.remote_region(self.pd, rkey, need)
+        self.dev.mrs.remote_region_on(self.pd, self.qpn, rkey, need)
     }
 
     fn take_recv(&mut self) -> Option<RecvWqe> {

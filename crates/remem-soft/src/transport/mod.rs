@@ -239,6 +239,8 @@ pub enum RemoteKeyError {
     OutOfBounds,
     /// The region lacks the access right.
     MissingAccess,
+    /// The key is a type 2 memory window bound to another QP.
+    OtherQp,
     /// The key was valid when the message started (a WRITE's FIRST packet, a READ
     /// request) and has been revoked since: its memory region was deregistered.
     Revoked,
