@@ -874,6 +874,7 @@ mod tests {
         ProtectionDomain, QpCap, QpInitAttr, QpType, QueuePair, RecvWr, SendOp, SendWr, Sge,
         WcOpcode, WcStatus, WorkCompletion,
     };
+    use crate::objects::mr::{MwBind, MwType};
     use std::cell::RefCell;
     use std::time::Duration;
 
@@ -1046,6 +1047,104 @@ mod tests {
         connect(&a, &b);
         connect(&b, &a);
         (a, b)
+    }
+
+    // ----- memory windows through the transport ---------------------------------------
+
+    /// A connected threaded pair where `b` has a region over its whole buffer with
+    /// MW_BIND (and no remote rights of its own), and a window of `ty` bound on `b`'s QP
+    /// to `[4096, 8192)` with remote READ and WRITE: the pair, the window's rkey.
+    fn window_pair(ips: [&str; 2], ty: MwType) -> (Side, Side, Arc<dyn MemoryRegion>, u32) {
+        let (a, b) = threaded_pair(ips, Duration::ZERO);
+        let mr = b
+            ._pd
+            .reg_mr(
+                MemRegion::whole(b.buf.clone()),
+                AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+            )
+            .unwrap();
+        let mrs = &b.ctx.shared().mrs;
+        let e = mrs.by_lkey(mr.lkey()).unwrap();
+        let mw = mrs.alloc_mw(e.pd, ty);
+        let bind = MwBind {
+            mr: Some(&e),
+            addr: b.buf.addr() + 4096,
+            len: 4096,
+            access: AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+        };
+        let rkey = mrs.bind_mw(mw, e.pd, b.qp.qp_num(), 0x5a, &bind).unwrap();
+        (a, b, mr, rkey)
+    }
+
+    fn statuses(wcs: &[WorkCompletion]) -> Vec<(u64, WcOpcode, WcStatus)> {
+        wcs.iter().map(|w| (w.wr_id, w.opcode, w.status)).collect()
+    }
+
+    #[test]
+    fn read_and_write_through_a_window_then_invalidated_it_is_a_remote_access_error() {
+        let (a, b, mr, rkey) = window_pair(["127.0.1.41", "127.0.1.42"], MwType::Two);
+        a.buf.fill(0, 64, 0x77).unwrap();
+        let at = b.buf.addr() + 4096 + 128;
+        let write = SendOp::RdmaWrite {
+            remote_addr: at,
+            rkey,
+        };
+        let signalled = |id, op, sge: Sge| {
+            let list = [sge];
+            let mut wr = SendWr::new(id, op, &list);
+            wr.flags |= remem_verbs::SendFlags::SIGNALED;
+            a.qp.post_send(&[wr]).unwrap();
+        };
+        signalled(1, write, a.sge(0, 64));
+        let read = SendOp::RdmaRead {
+            remote_addr: at,
+            rkey,
+        };
+        signalled(2, read, a.sge(1024, 64));
+        let wcs = wait_wcs(&a, 2);
+        assert_eq!(
+            statuses(&wcs),
+            [
+                (1, WcOpcode::RdmaWrite, WcStatus::Success),
+                (2, WcOpcode::RdmaRead, WcStatus::Success)
+            ]
+        );
+        assert!(b.buf.to_vec(4096 + 128, 64).unwrap().iter().all(|&x| x == 0x77));
+        assert!(a.buf.to_vec(1024, 64).unwrap().iter().all(|&x| x == 0x77));
+        // Invalidated (as a local invalidate does), the rkey is refused: a remote access
+        // error NAK, nothing written.
+        let b_mrs = &b.ctx.shared().mrs;
+        let e = b_mrs.by_lkey(mr.lkey()).unwrap();
+        b_mrs.invalidate(e.pd, b.qp.qp_num(), rkey, false).unwrap();
+        a.buf.fill(0, 64, 0x99).unwrap();
+        signalled(3, write, a.sge(0, 64));
+        let wcs = wait_wcs(&a, 3);
+        assert_eq!(
+            statuses(&wcs).last(),
+            Some(&(3, WcOpcode::RdmaWrite, WcStatus::RemAccessErr))
+        );
+        assert!(b.buf.to_vec(4096 + 128, 64).unwrap().iter().all(|&x| x == 0x77));
+    }
+
+    #[test]
+    fn outside_its_window_an_access_is_a_remote_access_error() {
+        let (a, b, _mr, rkey) = window_pair(["127.0.1.43", "127.0.1.44"], MwType::One);
+        a.buf.fill(0, 64, 0x55).unwrap();
+        // Inside the region, across the window's end.
+        let write = SendOp::RdmaWrite {
+            remote_addr: b.buf.addr() + 8192 - 32,
+            rkey,
+        };
+        let list = [a.sge(0, 64)];
+        let mut wr = SendWr::new(1, write, &list);
+        wr.flags |= remem_verbs::SendFlags::SIGNALED;
+        a.qp.post_send(&[wr]).unwrap();
+        let wcs = wait_wcs(&a, 1);
+        assert_eq!(
+            statuses(&wcs),
+            [(1, WcOpcode::RdmaWrite, WcStatus::RemAccessErr)]
+        );
+        assert!(b.buf.to_vec(8192 - 32, 64).unwrap().iter().all(|&x| x == 0));
     }
 
     #[test]
