@@ -1148,6 +1148,76 @@ mod tests {
     }
 
     #[test]
+    fn a_send_with_invalidate_frees_a_type_two_window_and_says_so() {
+        let (a, b, mr, rkey) = window_pair(["127.0.1.45", "127.0.1.46"], MwType::Two);
+        let signalled = |id, op, sge: Sge| {
+            let list = [sge];
+            let mut wr = SendWr::new(id, op, &list);
+            wr.flags |= remem_verbs::SendFlags::SIGNALED;
+            a.qp.post_send(&[wr]).unwrap();
+        };
+        let recv = |id| {
+            let list = [b.sge(0, 64)];
+            b.qp.post_recv(&[RecvWr {
+                wr_id: id,
+                sg_list: &list,
+            }])
+            .unwrap();
+        };
+        recv(10);
+        signalled(1, SendOp::SendWithInv { rkey }, a.sge(0, 16));
+        assert_eq!(
+            statuses(&wait_wcs(&a, 1)),
+            [(1, WcOpcode::Send, WcStatus::Success)]
+        );
+        let got = wait_wcs(&b, 1);
+        assert_eq!(got[0].status, WcStatus::Success);
+        assert_eq!(got[0].opcode, WcOpcode::Recv);
+        assert_eq!(got[0].invalidated_rkey(), Some(rkey));
+        assert_eq!(got[0].byte_len, 16);
+        // The window is free: the rkey opens nothing any more, and the window can be
+        // bound again.
+        let b_mrs = &b.ctx.shared().mrs;
+        let e = b_mrs.by_lkey(mr.lkey()).unwrap();
+        assert_eq!(b_mrs.windows_bound(&e), 0);
+        let write = SendOp::RdmaWrite {
+            remote_addr: b.buf.addr() + 4096,
+            rkey,
+        };
+        signalled(2, write, a.sge(0, 8));
+        assert_eq!(
+            statuses(&wait_wcs(&a, 2))[1],
+            (2, WcOpcode::RdmaWrite, WcStatus::RemAccessErr)
+        );
+    }
+
+    #[test]
+    fn a_send_invalidating_a_region_key_fails_and_invalidates_nothing() {
+        let (a, b, mr, rkey) = window_pair(["127.0.1.47", "127.0.1.48"], MwType::One);
+        let list = [b.sge(0, 64)];
+        b.qp.post_recv(&[RecvWr {
+            wr_id: 10,
+            sg_list: &list,
+        }])
+        .unwrap();
+        // A type 1 window cannot be invalidated remotely (nor a `reg_mr` region).
+        let list = [a.sge(0, 16)];
+        let mut wr = SendWr::new(1, SendOp::SendWithInv { rkey }, &list);
+        wr.flags |= remem_verbs::SendFlags::SIGNALED;
+        a.qp.post_send(&[wr]).unwrap();
+        let got = wait_wcs(&b, 1);
+        assert_eq!(got[0].status, WcStatus::RemInvReqErr);
+        assert_eq!(got[0].invalidated_rkey(), None);
+        assert_eq!(
+            statuses(&wait_wcs(&a, 1)),
+            [(1, WcOpcode::Send, WcStatus::RemInvReqErr)]
+        );
+        let b_mrs = &b.ctx.shared().mrs;
+        let e = b_mrs.by_lkey(mr.lkey()).unwrap();
+        assert_eq!(b_mrs.windows_bound(&e), 1, "still bound");
+    }
+
+    #[test]
     fn a_qp_with_nothing_more_to_send_leaves_the_ready_queue() {
         let (a_side, b_side) = in_memory(["127.0.1.11", "127.0.1.12"]);
         let (a, b) = (a_side.engine(), b_side.engine());

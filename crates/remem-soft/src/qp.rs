@@ -545,6 +545,13 @@ impl Env for QpEnv {
         self.dev.mrs.remote_region_on(self.pd, self.qpn, rkey, need)
     }
 
+    fn invalidate(&mut self, rkey: u32) -> bool {
+        self.dev
+            .mrs
+            .invalidate(self.pd, self.qpn, rkey, true)
+            .is_ok()
+    }
+
     fn take_recv(&mut self) -> Option<RecvWqe> {
         match &self.srq {
             Some(srq) => srq.pop(),

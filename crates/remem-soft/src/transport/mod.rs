@@ -199,6 +199,8 @@ pub struct RxPacket<'a> {
     pub feth: Option<Feth>,
     /// Immediate data.
     pub imm: Option<u32>,
+    /// IETH: the rkey a SEND with invalidate names.
+    pub ieth: Option<u32>,
     /// DETH (Q_Key, source QP), UD only.
     pub deth: Option<(u32, u32)>,
     /// Payload (pad removed).
@@ -221,6 +223,7 @@ impl<'a> RxPacket<'a> {
             atomic_ack: None,
             feth: None,
             imm: None,
+            ieth: None,
             deth: None,
             payload: &[],
         }
@@ -311,6 +314,15 @@ pub trait Env {
 
     /// Takes the next receive work request (from the QP's receive queue or its SRQ).
     fn take_recv(&mut self) -> Option<RecvWqe>;
+
+    /// Invalidates `rkey` for a SEND with invalidate received on this QP: true if it was a
+    /// type 2 memory window of the QP's protection domain bound on this QP, now free and
+    /// revoked; false (nothing changed) for any other key — a region from `reg_mr`
+    /// cannot be invalidated, as rxe refuses it. Without memory windows: always false.
+    fn invalidate(&mut self, rkey: u32) -> bool {
+        let _ = rkey;
+        false
+    }
 
     /// Reports a send-queue completion.
     fn send_completion(&mut self, wc: WorkCompletion);
