@@ -639,6 +639,7 @@ mod tests {
             flush_global: placement,
             flush_persistent: placement,
             atomic_write: placement,
+            max_mw: 0,
         }
     }
 

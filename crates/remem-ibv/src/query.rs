@@ -652,6 +652,7 @@ mod tests {
             flush_global: true,
             flush_persistent: true,
             atomic_write: true,
+            max_mw: 0x1000,
         }
     }
 

@@ -1218,6 +1218,119 @@ mod tests {
     }
 
     #[test]
+    fn bind_and_local_invalidate_work_requests_run_in_send_queue_order() {
+        let (a, b) = threaded_pair(["127.0.1.49", "127.0.1.50"], Duration::ZERO);
+        // `a` binds a type 2 window over its own buffer, then `b` writes through it.
+        let mr = a
+            ._pd
+            .reg_mr(
+                MemRegion::whole(a.buf.clone()),
+                AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+            )
+            .unwrap();
+        let mw = a._pd.alloc_mw(MwType::Two).unwrap();
+        assert_eq!(mw.mw_type(), MwType::Two);
+        let rkey = (mw.rkey() & !0xff) | 0x21;
+        let post = |side: &Side, id, op| {
+            let mut wr = SendWr::new(id, op, &[]);
+            wr.flags |= remem_verbs::SendFlags::SIGNALED;
+            side.qp.post_send(&[wr]).unwrap();
+        };
+        // A WRITE first, then the bind: the bind completes after it, in order.
+        let list = [a.sge(0, 8)];
+        let mut w = SendWr::new(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: b.buf.addr(),
+                rkey: b.rkey(),
+            },
+            &list,
+        );
+        w.flags |= remem_verbs::SendFlags::SIGNALED;
+        a.qp.post_send(&[w]).unwrap();
+        let bind = SendOp::BindMw {
+            mw: mw.rkey(),
+            rkey,
+            lkey: mr.lkey(),
+            addr: a.buf.addr() + 256,
+            len: 256,
+            access: AccessFlags::REMOTE_WRITE,
+        };
+        post(&a, 2, bind);
+        assert_eq!(
+            statuses(&wait_wcs(&a, 2)),
+            [
+                (1, WcOpcode::RdmaWrite, WcStatus::Success),
+                (2, WcOpcode::BindMw, WcStatus::Success)
+            ]
+        );
+        b.buf.fill(0, 8, 0xab).unwrap();
+        let list = [b.sge(0, 8)];
+        let write = SendOp::RdmaWrite {
+            remote_addr: a.buf.addr() + 256,
+            rkey,
+        };
+        let mut w = SendWr::new(3, write, &list);
+        w.flags |= remem_verbs::SendFlags::SIGNALED;
+        b.qp.post_send(&[w]).unwrap();
+        assert_eq!(
+            statuses(&wait_wcs(&b, 1)),
+            [(3, WcOpcode::RdmaWrite, WcStatus::Success)]
+        );
+        assert_eq!(a.buf.to_vec(256, 8).unwrap(), [0xab; 8]);
+        // Local invalidate: the rkey is dead for `b`.
+        post(&a, 4, SendOp::LocalInv { rkey });
+        assert_eq!(
+            statuses(&wait_wcs(&a, 3))[2],
+            (4, WcOpcode::LocalInv, WcStatus::Success)
+        );
+        let mut w = SendWr::new(5, write, &list);
+        w.flags |= remem_verbs::SendFlags::SIGNALED;
+        b.qp.post_send(&[w]).unwrap();
+        assert_eq!(
+            statuses(&wait_wcs(&b, 2))[1],
+            (5, WcOpcode::RdmaWrite, WcStatus::RemAccessErr)
+        );
+    }
+
+    #[test]
+    fn a_refused_bind_completes_with_mw_bind_err_and_fails_the_qp() {
+        let (a, _b) = threaded_pair(["127.0.1.51", "127.0.1.52"], Duration::ZERO);
+        let mr = a
+            ._pd
+            .reg_mr(
+                MemRegion::whole(a.buf.clone()),
+                AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+            )
+            .unwrap();
+        let mw = a._pd.alloc_mw(MwType::Two).unwrap();
+        let post = |id, op| {
+            let mut wr = SendWr::new(id, op, &[]);
+            wr.flags |= remem_verbs::SendFlags::SIGNALED;
+            a.qp.post_send(&[wr]).unwrap();
+        };
+        // The range leaves the region: refused; the QP fails, what follows is flushed.
+        let bad = SendOp::BindMw {
+            mw: mw.rkey(),
+            rkey: mw.rkey() + 1,
+            lkey: mr.lkey(),
+            addr: a.buf.addr(),
+            len: 1 << 30,
+            access: AccessFlags::REMOTE_WRITE,
+        };
+        post(6, bad);
+        post(7, SendOp::LocalInv { rkey: mw.rkey() + 1 });
+        assert_eq!(
+            statuses(&wait_wcs(&a, 2)),
+            [
+                (6, WcOpcode::BindMw, WcStatus::MwBindErr),
+                (7, WcOpcode::LocalInv, WcStatus::WrFlushErr)
+            ]
+        );
+        assert_eq!(a.qp.state(), remem_verbs::QpState::Err);
+    }
+
+    #[test]
     fn a_qp_with_nothing_more_to_send_leaves_the_ready_queue() {
         let (a_side, b_side) = in_memory(["127.0.1.11", "127.0.1.12"]);
         let (a, b) = (a_side.engine(), b_side.engine());

@@ -13,7 +13,7 @@ use crate::transport::{
 use crate::wqe::{PdId, RecvWqe, SendData, SendWqe};
 use remem_verbs::{
     AccessFlags, Error, PostError, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, Result,
-    SendFlags, SendOp, SendWr, WorkCompletion, check_modify,
+    SendFlags, SendOp, SendWr, WcStatus, WorkCompletion, check_modify,
 };
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -222,6 +222,12 @@ pub fn build_send_wqe(
     );
     // READ and atomic results are written into the scatter list.
     let need_write = op.is_read_or_atomic();
+    if op.is_local() && !wr.sg_list.is_empty() {
+        return Err(Error::InvalidArgument(format!(
+            "{} takes no local buffer (empty gather list)",
+            op.name()
+        )));
+    }
     if matches!(op, SendOp::Flush { .. }) && !wr.sg_list.is_empty() {
         return Err(Error::InvalidArgument(
             "IBV_WR_FLUSH takes no local buffer (empty gather list)".into(),
@@ -543,6 +549,39 @@ impl Env for QpEnv {
         need: AccessFlags,
     ) -> std::result::Result<Grant, RemoteKeyError> {
         self.dev.mrs.remote_region_on(self.pd, self.qpn, rkey, need)
+    }
+
+    fn local_op(&mut self, op: &SendOp) -> std::result::Result<(), WcStatus> {
+        let mrs = &self.dev.mrs;
+        match *op {
+            SendOp::BindMw {
+                mw,
+                rkey,
+                lkey,
+                addr,
+                len,
+                access,
+            } => {
+                let mr = if lkey == 0 || len == 0 {
+                    None
+                } else {
+                    Some(mrs.by_lkey(lkey).ok_or(WcStatus::MwBindErr)?)
+                };
+                let to = crate::objects::mr::MwBind {
+                    mr: mr.as_ref(),
+                    addr,
+                    len,
+                    access,
+                };
+                mrs.bind_mw(mw, self.pd, self.qpn, rkey as u8, &to)
+                    .map(|_| ())
+                    .map_err(|_| WcStatus::MwBindErr)
+            }
+            SendOp::LocalInv { rkey } => mrs
+                .invalidate(self.pd, self.qpn, rkey, false)
+                .map_err(|_| WcStatus::LocQpOpErr),
+            _ => Err(WcStatus::LocQpOpErr),
+        }
     }
 
     fn invalidate(&mut self, rkey: u32) -> bool {

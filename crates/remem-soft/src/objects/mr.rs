@@ -28,6 +28,7 @@ use super::DeviceShared;
 use super::keys::KeyGen;
 use crate::transport::{Grant, KeyedRegion, RemoteKeyError};
 use crate::wqe::PdId;
+pub use remem_verbs::MwType;
 use remem_verbs::{AccessFlags, Error, MemRegion, Result, Sge};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -136,17 +137,6 @@ impl Tables {
         b.mr.windows.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         Some(b.entry)
     }
-}
-
-/// The type of a memory window (`enum ibv_mw_type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MwType {
-    /// `IBV_MW_TYPE_1`: bound by `ibv_bind_mw`, any QP of its PD reaches it; unbound by a
-    /// zero-length bind, never invalidated.
-    One,
-    /// `IBV_MW_TYPE_2`: bound by a work request on a QP of its PD, reached only through
-    /// that QP; freed by local or remote invalidation.
-    Two,
 }
 
 /// Why a memory window operation was refused (each is a bind error or an invalidation
@@ -335,9 +325,10 @@ impl MrTable {
         Ok(())
     }
 
-    /// Binds the window `mw` (its current rkey) for a QP `qpn` of `pd` to `to`, giving it
-    /// the key byte `key`: the window's new rkey. Checked as rxe checks a bind (state,
-    /// PDs, `MW_BIND`, C10-74, bounds); a refused bind changes nothing. The old binding
+    /// Binds the window `mw` (its current rkey: another key byte is
+    /// [`MwError::WrongKey`]) for a QP `qpn` of `pd` to `to`, giving it the key byte
+    /// `key`: the window's new rkey. Checked as rxe checks a bind (key, state, PDs,
+    /// `MW_BIND`, C10-74, bounds); a refused bind changes nothing. The old binding
     /// is revoked before this returns.
     pub fn bind_mw(
         &self,
@@ -353,6 +344,9 @@ impl MrTable {
         {
             let mut t = self.tables.write().unwrap_or_else(|p| p.into_inner());
             let slot = t.mws.get(&index).ok_or(MwError::UnknownWindow)?;
+            if slot.rkey != mw {
+                return Err(MwError::WrongKey);
+            }
             let ty = slot.ty;
             if ty == MwType::Two && slot.bound.is_some() {
                 return Err(MwError::InvalidState);
@@ -626,6 +620,29 @@ pub struct SoftMr {
 impl Drop for SoftMr {
     fn drop(&mut self) {
         self.dev.mrs.remove(&self.entry);
+    }
+}
+
+/// A memory window (`ibv_mw`); dropping it deallocates it (its binding is revoked).
+#[derive(Debug)]
+pub struct SoftMw {
+    pub(crate) rkey: u32,
+    pub(crate) ty: MwType,
+    pub(crate) dev: Arc<DeviceShared>,
+}
+
+impl Drop for SoftMw {
+    fn drop(&mut self) {
+        let _ = self.dev.mrs.dealloc_mw(self.rkey);
+    }
+}
+
+impl remem_verbs::MemoryWindow for SoftMw {
+    fn rkey(&self) -> u32 {
+        self.rkey
+    }
+    fn mw_type(&self) -> MwType {
+        self.ty
     }
 }
 

@@ -315,6 +315,18 @@ pub trait Env {
     /// Takes the next receive work request (from the QP's receive queue or its SRQ).
     fn take_recv(&mut self) -> Option<RecvWqe>;
 
+    /// Executes a local operation of this QP's send queue (a memory window bind or a
+    /// local invalidate, [`SendOp::is_local`](remem_verbs::SendOp::is_local)) when the
+    /// requester reaches it: the status it completes with on failure (`MW_BIND_ERR` for
+    /// a bind, `LOC_QP_OP_ERR` for an invalidate, as rxe). Without memory windows: every
+    /// one fails.
+    fn local_op(&mut self, op: &remem_verbs::SendOp) -> Result<(), remem_verbs::WcStatus> {
+        Err(match op {
+            remem_verbs::SendOp::BindMw { .. } => remem_verbs::WcStatus::MwBindErr,
+            _ => remem_verbs::WcStatus::LocQpOpErr,
+        })
+    }
+
     /// Invalidates `rkey` for a SEND with invalidate received on this QP: true if it was a
     /// type 2 memory window of the QP's protection domain bound on this QP, now free and
     /// revoked; false (nothing changed) for any other key — a region from `reg_mr`
