@@ -135,8 +135,9 @@ impl SendPath {
     }
 }
 
-/// The remem operation of an `ibv_send_wr`; EINVAL for an unknown opcode, EOPNOTSUPP for
-/// one remem does not implement (memory windows, TSO, driver opcodes).
+/// The remem operation of an `ibv_send_wr`; EINVAL for an unknown opcode (or a bad bind,
+/// [`crate::mw::bind_op`]), EOPNOTSUPP for one remem does not implement (TSO, driver
+/// opcodes).
 ///
 /// # Safety
 ///
@@ -182,7 +183,15 @@ unsafe fn send_op(w: &ibv_send_wr) -> Result<SendOp, c_int> {
                 remote_addr: rdma.remote_addr,
                 rkey: rdma.rkey,
             },
-            IBV_WR_LOCAL_INV | IBV_WR_BIND_MW | IBV_WR_TSO | IBV_WR_DRIVER1 => {
+            IBV_WR_LOCAL_INV => SendOp::LocalInv {
+                rkey: w.u_imm_data.invalidate_rkey,
+            },
+            IBV_WR_BIND_MW => {
+                // The program's window and region (NULL or live), as the contract says.
+                let b = w.u_bind_mw.bind_mw;
+                crate::mw::bind_op(b.mw, b.rkey, &b.bind_info)?
+            }
+            IBV_WR_TSO | IBV_WR_DRIVER1 => {
                 return Err(libc::EOPNOTSUPP);
             }
             _ => return Err(libc::EINVAL),

@@ -9,10 +9,11 @@
 //! `ibv_wr_set_ud_addr`) complete the last one. `ibv_wr_complete` posts the batch through
 //! the same path as `ibv_post_send` (`post::flush`) and leaves the region;
 //! `ibv_wr_abort` drops it. A builder or setter that cannot be honoured (an operation
-//! remem does not implement: memory windows, TSO, XRC; a setter without a work request;
+//! remem does not implement: TSO, XRC; a setter without a work request;
 //! too much inline data) records the error, which `ibv_wr_complete` returns, posting
 //! nothing. A failure only remem can see (a full send queue, a bad lkey) is found while
-//! posting: the work requests before it are posted.
+//! posting: the work requests before it are posted. `ibv_wr_bind_mw` and
+//! `ibv_wr_local_inv` are memory window work requests ([`crate::mw`]).
 //!
 //! **RoCEv2 memory placement extensions.** On a device that reports them
 //! (`IB_UVERBS_DEVICE_ATOMIC_WRITE`, `IB_UVERBS_DEVICE_FLUSH_GLOBAL`/`_PERSISTENT` in
@@ -73,6 +74,11 @@ pub(crate) fn abi(base: ibv_qp) -> ibv_qp_ex {
 /// The send operations (`IBV_QP_EX_WITH_*`) the `ibv_wr_*` API offers on a QP type of a
 /// device with `attr` (whose placement extensions add ATOMIC WRITE and FLUSH to RC).
 fn send_ops_supported(t: QpType, attr: &DeviceAttr) -> u64 {
+    let windows = if attr.max_mw > 0 {
+        IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV
+    } else {
+        0
+    };
     let placement = (if attr.atomic_write {
         IBV_QP_EX_WITH_ATOMIC_WRITE
     } else {
@@ -100,6 +106,7 @@ fn send_ops_supported(t: QpType, attr: &DeviceAttr) -> u64 {
                 | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
                 | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
                 | placement
+                | windows
         }
     }
 }
@@ -295,17 +302,25 @@ unsafe extern "C" fn wr_atomic_fetch_add(
     );
 }
 
+/// `ibv_wr_bind_mw`: binds `mw` with `info`, giving it `rkey` (see [`crate::mw`]); a NULL
+/// `info` records EINVAL.
 unsafe extern "C" fn wr_bind_mw(
     qpx: *mut ibv_qp_ex,
-    _mw: *mut ibv_mw,
-    _rkey: u32,
-    _info: *const ibv_mw_bind_info,
+    mw: *mut ibv_mw,
+    rkey: u32,
+    info: *const ibv_mw_bind_info,
 ) {
-    build(qpx, "ibv_wr_bind_mw", Err(libc::EOPNOTSUPP));
+    // SAFETY: the program's window, bind information and region (NULL or live).
+    let op = match unsafe { info.as_ref() } {
+        Some(i) => unsafe { crate::mw::bind_op(mw, rkey, i) },
+        None => Err(libc::EINVAL),
+    };
+    build(qpx, "ibv_wr_bind_mw", op);
 }
 
-unsafe extern "C" fn wr_local_inv(qpx: *mut ibv_qp_ex, _rkey: u32) {
-    build(qpx, "ibv_wr_local_inv", Err(libc::EOPNOTSUPP));
+/// `ibv_wr_local_inv`: invalidates the type 2 window of `rkey`, in send-queue order.
+unsafe extern "C" fn wr_local_inv(qpx: *mut ibv_qp_ex, rkey: u32) {
+    build(qpx, "ibv_wr_local_inv", Ok(SendOp::LocalInv { rkey }));
 }
 
 unsafe extern "C" fn wr_rdma_read(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
@@ -639,7 +654,7 @@ mod tests {
             flush_global: placement,
             flush_persistent: placement,
             atomic_write: placement,
-            max_mw: 0,
+            max_mw: if placement { 0x1000 } else { 0 },
         }
     }
 
@@ -656,7 +671,8 @@ mod tests {
         assert_eq!(uc & (IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_FLUSH), 0);
         let rc = send_ops_supported(QpType::Rc, &on);
         assert_ne!(rc & IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD, 0);
-        assert_eq!(rc & IBV_QP_EX_WITH_BIND_MW, 0);
+        assert_ne!(rc & IBV_QP_EX_WITH_BIND_MW, 0);
+        assert_ne!(rc & IBV_QP_EX_WITH_LOCAL_INV, 0);
         assert_ne!(rc & IBV_QP_EX_WITH_ATOMIC_WRITE, 0);
         assert_ne!(rc & IBV_QP_EX_WITH_FLUSH, 0);
     }
@@ -665,6 +681,7 @@ mod tests {
     fn placement_ops_follow_the_device() {
         let rc = send_ops_supported(QpType::Rc, &attr(false));
         assert_eq!(rc & (IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_FLUSH), 0);
+        assert_eq!(rc & (IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV), 0);
         let mut flush_only = attr(false);
         flush_only.flush_persistent = true;
         let rc = send_ops_supported(QpType::Rc, &flush_only);

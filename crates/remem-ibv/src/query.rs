@@ -56,7 +56,14 @@ pub fn device_attr(a: &DeviceAttr, guid: u64, pkeys: u16) -> ibv_device_attr {
         hw_ver: a.hw_ver,
         max_qp: clamp_int(a.max_qp),
         max_qp_wr: clamp_int(a.max_qp_wr),
-        device_cap_flags: IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_RC_RNR_NAK_GEN,
+        device_cap_flags: IBV_DEVICE_SYS_IMAGE_GUID
+            | IBV_DEVICE_RC_RNR_NAK_GEN
+            // Memory windows of type 1 and 2B, as rxe reports them.
+            | if a.max_mw > 0 {
+                IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B
+            } else {
+                0
+            },
         max_sge: clamp_int(a.max_sge),
         max_sge_rd: clamp_int(a.max_sge_rd),
         max_cq: clamp_int(a.max_cq),
@@ -75,7 +82,7 @@ pub fn device_attr(a: &DeviceAttr, guid: u64, pkeys: u16) -> ibv_device_attr {
         },
         max_ee: 0,
         max_rdd: 0,
-        max_mw: 0,
+        max_mw: clamp_int(a.max_mw),
         max_raw_ipv6_qp: 0,
         max_raw_ethy_qp: 0,
         max_mcast_grp: 0,
@@ -667,6 +674,19 @@ mod tests {
         assert_eq!(a.phys_port_cnt, 1);
         assert_eq!(a.fw_ver[62], b'x' as core::ffi::c_char);
         assert_eq!(a.fw_ver[63], 0, "fw_ver stays NUL-terminated");
+    }
+
+    #[test]
+    fn memory_windows_are_reported_as_rxe_reports_them() {
+        let mut a = soft_attr();
+        let d = device_attr(&a, 1, 1);
+        assert_eq!(d.max_mw, 0x1000);
+        let mw = IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+        assert_eq!(d.device_cap_flags & mw, mw);
+        assert_eq!(d.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2A, 0);
+        a.max_mw = 0;
+        let d = device_attr(&a, 1, 1);
+        assert_eq!((d.max_mw, d.device_cap_flags & mw), (0, 0));
     }
 
     #[test]

@@ -240,6 +240,11 @@ pub trait MemoryRegion: Any + Send + Sync {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// How many memory windows are bound to it now (a region with any cannot be
+    /// deregistered through verbs, IBA 10.6.7.2.6). 0 where the provider has none.
+    fn windows_bound(&self) -> u32 {
+        0
+    }
 }
 
 /// A completion queue (`struct ibv_cq`).

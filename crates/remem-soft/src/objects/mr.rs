@@ -502,7 +502,9 @@ impl MrTable {
     /// Resolves a remote access for the responder: a grant exactly covering
     /// `[va, va + len)` if `rkey` names a region of `pd` granting `need` that contains it.
     /// Checked in rxe's order: key, PD, access rights, bounds; a range wrapping past 2^64 is
-    /// out of bounds. The grant works until the region is deregistered.
+    /// out of bounds. The grant works until the region is deregistered. A type 2 window's
+    /// QP is not checked: responders use [`MrTable::remote_on`].
+    #[cfg(any(test, feature = "internals"))]
     pub fn remote(
         &self,
         pd: PdId,
@@ -535,6 +537,7 @@ impl MrTable {
 
     /// Resolves a remote key to a grant for its whole region (a FLUSH of the memory
     /// region), with the same key, PD and access checks as [`MrTable::remote`].
+    #[cfg(any(test, feature = "internals"))]
     pub fn remote_region(
         &self,
         pd: PdId,
@@ -658,6 +661,9 @@ impl remem_verbs::MemoryRegion for SoftMr {
     }
     fn access(&self) -> AccessFlags {
         self.entry.access
+    }
+    fn windows_bound(&self) -> u32 {
+        self.dev.mrs.windows_bound(&self.entry)
     }
 }
 
