@@ -600,7 +600,18 @@ mod tests {
                 swap: 2
             })
         );
+        w.opcode = IBV_WR_LOCAL_INV;
+        w.u_imm_data.invalidate_rkey = 0x1234_5678;
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { send_op(&w) },
+            Ok(SendOp::LocalInv { rkey: 0x1234_5678 })
+        );
+        // A bind names a window: none is EINVAL.
         w.opcode = IBV_WR_BIND_MW;
+        // SAFETY: as above.
+        assert_eq!(unsafe { send_op(&w) }, Err(libc::EINVAL));
+        w.opcode = IBV_WR_TSO;
         // SAFETY: as above.
         assert_eq!(unsafe { send_op(&w) }, Err(libc::EOPNOTSUPP));
         w.opcode = 77;
