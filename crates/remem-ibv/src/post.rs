@@ -602,8 +602,8 @@ mod tests {
         );
         w.opcode = IBV_WR_LOCAL_INV;
         w.u_imm_data.invalidate_rkey = 0x1234_5678;
-        // SAFETY: as above.
         assert_eq!(
+            // SAFETY: as above.
             unsafe { send_op(&w) },
             Ok(SendOp::LocalInv { rkey: 0x1234_5678 })
         );

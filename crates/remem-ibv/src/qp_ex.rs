@@ -310,8 +310,9 @@ unsafe extern "C" fn wr_bind_mw(
     rkey: u32,
     info: *const ibv_mw_bind_info,
 ) {
-    // SAFETY: the program's window, bind information and region (NULL or live).
+    // SAFETY: the program's bind information: NULL or readable.
     let op = match unsafe { info.as_ref() } {
+        // SAFETY: the program's window and region (NULL or live).
         Some(i) => unsafe { crate::mw::bind_op(mw, rkey, i) },
         None => Err(libc::EINVAL),
     };
