@@ -1331,6 +1331,91 @@ mod tests {
     }
 
     #[test]
+    fn binds_between_writes_and_reads_complete_in_order_under_loss() {
+        let opts = SoftOptions {
+            faults: Some(crate::faults::FaultConfig {
+                loss: 0.1,
+                duplicate: 0.05,
+                reorder: 0.05,
+                seed: 7,
+                ..Default::default()
+            }),
+            ..SoftOptions::default()
+        };
+        let cap = QpCap {
+            max_send_wr: 256,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let (a, b) = pair(["127.0.1.53", "127.0.1.54"], &opts, cap, 1 << 16);
+        connect(&a, &b);
+        connect(&b, &a);
+        let mr = a
+            ._pd
+            .reg_mr(
+                MemRegion::whole(a.buf.clone()),
+                AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+            )
+            .unwrap();
+        let mw = a._pd.alloc_mw(MwType::One).unwrap();
+        let mut rkey = mw.rkey();
+        let mut expect = Vec::new();
+        for i in 0..60u64 {
+            let list = [a.sge(1024 * (i % 8), 512)];
+            let (op, wc) = match i % 3 {
+                0 => (
+                    SendOp::RdmaWrite {
+                        remote_addr: b.buf.addr() + 512 * (i % 16),
+                        rkey: b.rkey(),
+                    },
+                    WcOpcode::RdmaWrite,
+                ),
+                1 => {
+                    let next = (rkey & !0xff) | ((rkey + 1) & 0xff);
+                    let op = SendOp::BindMw {
+                        mw: rkey,
+                        rkey: next,
+                        lkey: mr.lkey(),
+                        addr: a.buf.addr() + 64 * (i % 32),
+                        len: 64,
+                        access: AccessFlags::REMOTE_READ,
+                    };
+                    rkey = next;
+                    (op, WcOpcode::BindMw)
+                }
+                _ => (
+                    SendOp::RdmaRead {
+                        remote_addr: b.buf.addr() + 512 * (i % 16),
+                        rkey: b.rkey(),
+                    },
+                    WcOpcode::RdmaRead,
+                ),
+            };
+            let sges: &[Sge] = if op.is_local() { &[] } else { &list };
+            let mut wr = SendWr::new(i, op, sges);
+            wr.flags |= remem_verbs::SendFlags::SIGNALED;
+            a.qp.post_send(&[wr]).unwrap();
+            expect.push((i, wc, WcStatus::Success));
+        }
+        let wcs = wait_wcs(&a, expect.len());
+        assert_eq!(statuses(&wcs), expect, "every one, in order");
+        assert!(
+            a.counter("fault_dropped") > 0 && a.counter("retransmitted_pkts") > 0,
+            "the faults were there"
+        );
+        // The last bind stands: its rkey opens its 64 bytes, the earlier ones nothing.
+        let mrs = &a.ctx.shared().mrs;
+        let e = mrs.by_lkey(mr.lkey()).unwrap();
+        assert_eq!(mrs.windows_bound(&e), 1);
+        let r = AccessFlags::REMOTE_READ;
+        let last = a.buf.addr() + 64 * (58 % 32);
+        assert!(mrs.remote(e.pd, rkey, last, 64, r).is_ok());
+        assert!(mrs.remote(e.pd, rkey - 1, last, 64, r).is_err());
+    }
+
+    #[test]
     fn a_qp_with_nothing_more_to_send_leaves_the_ready_queue() {
         let (a_side, b_side) = in_memory(["127.0.1.11", "127.0.1.12"]);
         let (a, b) = (a_side.engine(), b_side.engine());
