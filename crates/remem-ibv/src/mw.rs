@@ -12,7 +12,8 @@
 //! `IBV_WR_LOCAL_INV` or by a peer's SEND with invalidate. A refused bind completes with
 //! `IBV_WC_MW_BIND_ERR` and the QP goes to the error state. `ibv_dereg_mr` of a region with
 //! windows bound is EINVAL (rxe, IBA 10.6.7.2.6); `ibv_dealloc_pd` while windows hold the
-//! PD is EBUSY. Binds on UC QPs (which rxe allows) are not offered yet: EINVAL at post.
+//! PD is EBUSY. RC and UC QPs take binds, as rxe's do (`IBV_QP_EX_WITH_BIND_MW` on both,
+//! `_LOCAL_INV` on RC).
 
 #![allow(unsafe_code)]
 

@@ -90,11 +90,13 @@ fn send_ops_supported(t: QpType, attr: &DeviceAttr) -> u64 {
     });
     match t {
         QpType::Ud => IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM,
+        // rxe's UC set: with memory windows, BIND_MW (not LOCAL_INV).
         QpType::Uc => {
             IBV_QP_EX_WITH_SEND
                 | IBV_QP_EX_WITH_SEND_WITH_IMM
                 | IBV_QP_EX_WITH_RDMA_WRITE
                 | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+                | (windows & IBV_QP_EX_WITH_BIND_MW)
         }
         QpType::Rc => {
             IBV_QP_EX_WITH_SEND
@@ -670,6 +672,8 @@ mod tests {
         assert_ne!(uc & IBV_QP_EX_WITH_RDMA_WRITE, 0);
         assert_eq!(uc & IBV_QP_EX_WITH_RDMA_READ, 0);
         assert_eq!(uc & (IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_FLUSH), 0);
+        assert_ne!(uc & IBV_QP_EX_WITH_BIND_MW, 0);
+        assert_eq!(uc & IBV_QP_EX_WITH_LOCAL_INV, 0);
         let rc = send_ops_supported(QpType::Rc, &on);
         assert_ne!(rc & IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD, 0);
         assert_ne!(rc & IBV_QP_EX_WITH_BIND_MW, 0);

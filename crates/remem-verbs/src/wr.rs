@@ -209,7 +209,8 @@ impl SendOp {
         matches!(self, SendOp::Send | SendOp::SendWithImm { .. })
     }
 
-    /// Whether the operation is allowed on a UC QP (sends and writes).
+    /// Whether the operation is allowed on a UC QP (sends, writes and the local memory
+    /// window operations, as rxe allows them).
     pub fn valid_on_uc(&self) -> bool {
         matches!(
             self,
@@ -217,6 +218,8 @@ impl SendOp {
                 | SendOp::SendWithImm { .. }
                 | SendOp::RdmaWrite { .. }
                 | SendOp::RdmaWriteWithImm { .. }
+                | SendOp::BindMw { .. }
+                | SendOp::LocalInv { .. }
         )
     }
 }

@@ -46,21 +46,25 @@ struct pair {
 	struct ibv_qp *a, *b;
 };
 
+static enum ibv_qp_type qp_type = IBV_QPT_RC;
+
 static struct ibv_qp *make_qp(struct ibv_cq *cq)
 {
 	struct ibv_qp_init_attr_ex ia = {
 		.send_cq = cq, .recv_cq = cq,
 		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1,
 			 .max_recv_sge = 1 },
-		.qp_type = IBV_QPT_RC,
+		.qp_type = qp_type,
 		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
 		.pd = pd,
 		.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE |
-				  IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV |
-				  IBV_QP_EX_WITH_SEND_WITH_INV,
+				  IBV_QP_EX_WITH_BIND_MW |
+				  (qp_type == IBV_QPT_RC ? IBV_QP_EX_WITH_LOCAL_INV |
+							   IBV_QP_EX_WITH_SEND_WITH_INV
+							 : 0),
 	};
 	struct ibv_qp *qp = ibv_create_qp_ex(ctx, &ia);
-	REQUIRE(qp != NULL, "create_qp_ex with BIND_MW | LOCAL_INV");
+	REQUIRE(qp != NULL, "create_qp_ex with BIND_MW (and LOCAL_INV on RC)");
 	return qp;
 }
 
@@ -68,32 +72,36 @@ static void to_rts(struct ibv_qp *qp, uint32_t dest)
 {
 	struct ibv_qp_attr a = {
 		.qp_state = IBV_QPS_INIT, .port_num = 1,
-		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE |
+				   (qp_type == IBV_QPT_RC ? IBV_ACCESS_REMOTE_READ : 0),
 	};
 	REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
 					      IBV_QP_ACCESS_FLAGS) == 0, "INIT");
 	a.qp_state = IBV_QPS_RTR;
 	a.path_mtu = IBV_MTU_1024;
 	a.dest_qp_num = dest;
-	a.max_dest_rd_atomic = 4;
+	a.max_dest_rd_atomic = qp_type == IBV_QPT_RC ? 4 : 0;
 	a.min_rnr_timer = 12;
 	a.ah_attr.is_global = 1;
 	a.ah_attr.grh.dgid = gid;
 	a.ah_attr.grh.sgid_index = sgid_index;
 	a.ah_attr.grh.hop_limit = 1;
 	a.ah_attr.port_num = 1;
+	int rc = qp_type == IBV_QPT_RC;
 	REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
 					      IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-					      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == 0,
+					      (rc ? IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER
+						  : 0)) == 0,
 		"RTR");
 	a.qp_state = IBV_QPS_RTS;
 	a.timeout = 14;
 	a.retry_cnt = 7;
 	a.rnr_retry = 7;
 	a.max_rd_atomic = 4;
-	REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-					      IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-					      IBV_QP_MAX_QP_RD_ATOMIC) == 0,
+	REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN |
+					      (rc ? IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+							    IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC
+						  : 0)) == 0,
 		"RTS");
 }
 
@@ -297,6 +305,31 @@ int main(void)
 	REQUIRE(poll1(p.bcq, &wc) == 1, "no completion for the bad bind");
 	CHECK(wc.status == IBV_WC_MW_BIND_ERR, "bad bind: %s", ibv_wc_status_str(wc.status));
 	drop_pair(&p);
+
+	/* ---- UC takes binds too (rxe's UC does): a WRITE with immediate through it ---- */
+	qp_type = IBV_QPT_UC;
+	p = connect_pair();
+	struct ibv_mw *mw3 = ibv_alloc_mw(pd, IBV_MW_TYPE_1);
+	REQUIRE(mw3 != NULL, "alloc_mw for UC");
+	bind.wr_id = 61;
+	REQUIRE(ibv_bind_mw(p.b, mw3, &bind) == 0, "ibv_bind_mw on UC");
+	bind_done(&p, IBV_WC_BIND_MW, 61, "ibv_bind_mw on UC");
+	memset(bbuf + 1024, 0, 16);
+	struct ibv_recv_wr urwr = { .wr_id = 62 }, *urbad;
+	REQUIRE(ibv_post_recv(p.b, &urwr, &urbad) == 0, "post_recv on UC");
+	struct ibv_sge us = { .addr = (uintptr_t)abuf, .length = 16, .lkey = amr->lkey };
+	struct ibv_send_wr uw = { .wr_id = 63, .sg_list = &us, .num_sge = 1,
+				  .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+				  .send_flags = IBV_SEND_SIGNALED };
+	uw.wr.rdma.remote_addr = (uintptr_t)bbuf + 1024;
+	uw.wr.rdma.rkey = mw3->rkey;
+	REQUIRE(ibv_post_send(p.a, &uw, &bad) == 0, "UC WRITE with immediate");
+	REQUIRE(poll1(p.bcq, &wc) == 1, "no UC receive");
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM,
+	      "UC WRITE through the window: %s", ibv_wc_status_str(wc.status));
+	CHECK(memcmp(bbuf + 1024, abuf, 16) == 0, "the UC WRITE landed");
+	drop_pair(&p);
+	CHECK(ibv_dealloc_mw(mw3) == 0, "dealloc_mw UC");
 
 	CHECK(ibv_dealloc_mw(mw2) == 0, "dealloc_mw type 2");
 	CHECK(ibv_dereg_mr(bmr) == 0, "dereg once no window is bound");
