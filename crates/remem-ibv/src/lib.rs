@@ -197,6 +197,7 @@ pub mod event;
 pub mod ffi;
 pub mod misc;
 pub mod mr;
+pub mod mw;
 pub mod pd;
 pub mod private;
 pub mod query;

@@ -355,6 +355,11 @@ pub unsafe extern "C" fn remem_ibv_ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         if mr.is_null() {
             return libc::EINVAL;
         }
+        // A region with memory windows bound stays (rxe: EINVAL, IBA 10.6.7.2.6).
+        // SAFETY: a live MR made by `reg` (its first field).
+        if unsafe { &*mr.cast::<Mr>() }.mr.windows_bound() > 0 {
+            return libc::EINVAL;
+        }
         // SAFETY: a live MR made by `reg` (its first field), not used afterwards.
         drop(unsafe { Box::from_raw(mr.cast::<Mr>()) });
         0

@@ -16,7 +16,8 @@
 //! that need not be registered: it is copied into a bounce region of `max_inline_data`
 //! bytes registered on the QP's PD when the QP was created, and that region is posted
 //! INLINE (remem's QP copies inline data when it is posted, so the region is free again
-//! when the post returns).
+//! when the post returns). The region has at least 8 bytes: `ibv_wr_atomic_write`'s value
+//! travels the same way.
 //!
 //! **Receive.** Each work request's scatter list is copied to the stack and posted at once.
 
@@ -36,6 +37,8 @@ use std::sync::{Arc, Mutex};
 
 symver!();
 
+/// The bytes of an ATOMIC WRITE's value.
+const ATOMIC_WRITE_LEN: usize = 8;
 /// Work requests handed to remem's QP per call.
 const SEND_BATCH: usize = 16;
 /// The most scatter/gather entries one work request can have (the soft device's
@@ -111,10 +114,11 @@ impl std::fmt::Debug for SendPath {
 impl SendPath {
     /// The send side of a QP with `cap`, its bounce region registered on `pd`.
     pub fn new(pd: &Arc<dyn ProtectionDomain>, cap: &QpCap) -> Result<Self, c_int> {
-        let bounce = if cap.max_inline_data > 0 {
-            let buf = Arc::new(
-                MemoryBuffer::zeroed(cap.max_inline_data as usize).map_err(|_| libc::ENOMEM)?,
-            );
+        // At least 8 bytes: the value of an `ibv_wr_atomic_write` travels inline too,
+        // whatever `max_inline_data` is.
+        let bounce = if cap.max_inline_data > 0 || cap.max_send_wr > 0 {
+            let size = (cap.max_inline_data as usize).max(ATOMIC_WRITE_LEN);
+            let buf = Arc::new(MemoryBuffer::zeroed(size).map_err(|_| libc::ENOMEM)?);
             let mr = pd
                 .reg_mr(MemRegion::whole(Arc::clone(&buf)), AccessFlags::empty())
                 .map_err(|e| e.errno())?;
@@ -131,8 +135,9 @@ impl SendPath {
     }
 }
 
-/// The remem operation of an `ibv_send_wr`; EINVAL for an unknown opcode, EOPNOTSUPP for
-/// one remem does not implement (memory windows, TSO, driver opcodes).
+/// The remem operation of an `ibv_send_wr`; EINVAL for an unknown opcode (or a bad bind,
+/// [`crate::mw::bind_op`]), EOPNOTSUPP for one remem does not implement (TSO, driver
+/// opcodes).
 ///
 /// # Safety
 ///
@@ -178,7 +183,15 @@ unsafe fn send_op(w: &ibv_send_wr) -> Result<SendOp, c_int> {
                 remote_addr: rdma.remote_addr,
                 rkey: rdma.rkey,
             },
-            IBV_WR_LOCAL_INV | IBV_WR_BIND_MW | IBV_WR_TSO | IBV_WR_DRIVER1 => {
+            IBV_WR_LOCAL_INV => SendOp::LocalInv {
+                rkey: w.u_imm_data.invalidate_rkey,
+            },
+            IBV_WR_BIND_MW => {
+                // The program's window and region (NULL or live), as the contract says.
+                let b = w.u_bind_mw.bind_mw;
+                crate::mw::bind_op(b.mw, b.rkey, &b.bind_info)?
+            }
+            IBV_WR_TSO | IBV_WR_DRIVER1 => {
                 return Err(libc::EOPNOTSUPP);
             }
             _ => return Err(libc::EINVAL),
@@ -587,7 +600,18 @@ mod tests {
                 swap: 2
             })
         );
+        w.opcode = IBV_WR_LOCAL_INV;
+        w.u_imm_data.invalidate_rkey = 0x1234_5678;
+        assert_eq!(
+            // SAFETY: as above.
+            unsafe { send_op(&w) },
+            Ok(SendOp::LocalInv { rkey: 0x1234_5678 })
+        );
+        // A bind names a window: none is EINVAL.
         w.opcode = IBV_WR_BIND_MW;
+        // SAFETY: as above.
+        assert_eq!(unsafe { send_op(&w) }, Err(libc::EINVAL));
+        w.opcode = IBV_WR_TSO;
         // SAFETY: as above.
         assert_eq!(unsafe { send_op(&w) }, Err(libc::EOPNOTSUPP));
         w.opcode = 77;

@@ -46,6 +46,10 @@ symver!(
 pub struct Qp {
     /// The `ibv_qp_ex` programs see (`qp_base` is the `ibv_qp`).
     pub abi: ibv_qp_ex,
+    /// `ibv_qp_ex::wr_flush`, which rdma-core 45+ appends to the rdma-core 44 struct
+    /// `abi` is: `ibv_qp_ex`'s size is a multiple of 8, so this lies where those
+    /// headers put it.
+    pub wr_flush: Option<wr_flush_fn>,
     /// The library's side.
     pub inner: QpInner,
 }
@@ -315,6 +319,7 @@ pub(crate) fn create(
     };
     let raw = Box::into_raw(Box::new(Qp {
         abi: crate::qp_ex::abi(base),
+        wr_flush: Some(crate::qp_ex::wr_flush),
         inner: QpInner {
             qp,
             qp_type,

@@ -9,10 +9,21 @@
 //! `ibv_wr_set_ud_addr`) complete the last one. `ibv_wr_complete` posts the batch through
 //! the same path as `ibv_post_send` (`post::flush`) and leaves the region;
 //! `ibv_wr_abort` drops it. A builder or setter that cannot be honoured (an operation
-//! remem does not implement: memory windows, TSO, XRC, ATOMIC WRITE through this API; a
-//! setter without a work request; too much inline data) records the error, which
-//! `ibv_wr_complete` returns, posting nothing. A failure only remem can see (a full send
-//! queue, a bad lkey) is found while posting: the work requests before it are posted.
+//! remem does not implement: TSO, XRC; a setter without a work request;
+//! too much inline data) records the error, which `ibv_wr_complete` returns, posting
+//! nothing. A failure only remem can see (a full send queue, a bad lkey) is found while
+//! posting: the work requests before it are posted. `ibv_wr_bind_mw` and
+//! `ibv_wr_local_inv` are memory window work requests ([`crate::mw`]).
+//!
+//! **RoCEv2 memory placement extensions.** On a device that reports them
+//! (`IB_UVERBS_DEVICE_ATOMIC_WRITE`, `IB_UVERBS_DEVICE_FLUSH_GLOBAL`/`_PERSISTENT` in
+//! `device_cap_flags_ex`), an RC QP may be created with `IBV_QP_EX_WITH_ATOMIC_WRITE` and
+//! `IBV_QP_EX_WITH_FLUSH`. `ibv_wr_atomic_write` copies its 8 bytes at the call (as rxe
+//! keeps them in the WQE) and posts them inline; `ibv_wr_flush` is the `wr_flush` member
+//! rdma-core 45+ appends to `ibv_qp_ex` (`qp::Qp::wr_flush` lies there). The target
+//! checks them as rxe does: ATOMIC WRITE needs `IBV_ACCESS_REMOTE_WRITE` on the region
+//! and an 8-byte aligned address, FLUSH the `IBV_ACCESS_FLUSH_*` bit of its type; a
+//! refused one completes with `IBV_WC_REM_ACCESS_ERR` (or `IBV_WC_REM_INV_REQ_ERR`).
 
 #![allow(unsafe_code)]
 
@@ -21,7 +32,8 @@ use crate::ffi::{guard, guard_ptr, null_with};
 use crate::post::{PendingWr, copy_inline, flush, send_flags, ud_dest};
 use crate::qp::{QpInner, create, qp_from};
 use core::ffi::{c_int, c_void};
-use remem_verbs::{QpType, SendOp, Sge};
+use remem_verbs::{DeviceAttr, FlushLevel, FlushType, QpType, SendFlags, SendOp, Sge};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 symver!(
@@ -59,15 +71,32 @@ pub(crate) fn abi(base: ibv_qp) -> ibv_qp_ex {
     }
 }
 
-/// The send operations (`IBV_QP_EX_WITH_*`) the `ibv_wr_*` API offers on a QP type.
-fn send_ops_supported(t: QpType) -> u64 {
+/// The send operations (`IBV_QP_EX_WITH_*`) the `ibv_wr_*` API offers on a QP type of a
+/// device with `attr` (whose placement extensions add ATOMIC WRITE and FLUSH to RC).
+fn send_ops_supported(t: QpType, attr: &DeviceAttr) -> u64 {
+    let windows = if attr.max_mw > 0 {
+        IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV
+    } else {
+        0
+    };
+    let placement = (if attr.atomic_write {
+        IBV_QP_EX_WITH_ATOMIC_WRITE
+    } else {
+        0
+    }) | (if attr.flush_global || attr.flush_persistent {
+        IBV_QP_EX_WITH_FLUSH
+    } else {
+        0
+    });
     match t {
         QpType::Ud => IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM,
+        // rxe's UC set: with memory windows, BIND_MW (not LOCAL_INV).
         QpType::Uc => {
             IBV_QP_EX_WITH_SEND
                 | IBV_QP_EX_WITH_SEND_WITH_IMM
                 | IBV_QP_EX_WITH_RDMA_WRITE
                 | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+                | (windows & IBV_QP_EX_WITH_BIND_MW)
         }
         QpType::Rc => {
             IBV_QP_EX_WITH_SEND
@@ -78,14 +107,16 @@ fn send_ops_supported(t: QpType) -> u64 {
                 | IBV_QP_EX_WITH_RDMA_READ
                 | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
                 | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+                | placement
+                | windows
         }
     }
 }
 
 /// `verbs_context::create_qp_ex` (verbs.h's inline `ibv_create_qp_ex`): a QP on
 /// `attr.pd` (`IBV_QP_INIT_ATTR_PD` is required); with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`
-/// it has the `ibv_wr_*` API, and asking for an operation its type does not offer is
-/// EOPNOTSUPP. XRC, RSS and TSO attributes and creation flags are EOPNOTSUPP.
+/// it has the `ibv_wr_*` API, and asking for an operation its type (or the device) does
+/// not offer is EOPNOTSUPP. XRC, RSS and TSO attributes and creation flags are EOPNOTSUPP.
 ///
 /// # Safety
 ///
@@ -121,10 +152,10 @@ pub unsafe extern "C" fn create_qp_ex(
             return null_with(libc::EINVAL);
         }
         // SAFETY: the program's PD: NULL or one of this library's.
-        match unsafe { crate::context::pd_from(a.pd) } {
-            Some(p) if p.inner.ctx.ibv_context() == context => {}
+        let dev = match unsafe { crate::context::pd_from(a.pd) } {
+            Some(p) if p.inner.ctx.ibv_context() == context => Arc::clone(&p.inner.ctx.dev),
             _ => return null_with(libc::EINVAL),
-        }
+        };
         let wr_api = mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
         if wr_api {
             let t = match a.qp_type {
@@ -134,7 +165,11 @@ pub unsafe extern "C" fn create_qp_ex(
                 // create() answers for the other types.
                 _ => QpType::Rc,
             };
-            if a.send_ops_flags & !send_ops_supported(t) != 0 {
+            let attr = match dev.query_device() {
+                Ok(d) => d,
+                Err(e) => return null_with(e.errno()),
+            };
+            if a.send_ops_flags & !send_ops_supported(t, &attr) != 0 {
                 return null_with(libc::EOPNOTSUPP);
             }
         }
@@ -269,17 +304,26 @@ unsafe extern "C" fn wr_atomic_fetch_add(
     );
 }
 
+/// `ibv_wr_bind_mw`: binds `mw` with `info`, giving it `rkey` (see [`crate::mw`]); a NULL
+/// `info` records EINVAL.
 unsafe extern "C" fn wr_bind_mw(
     qpx: *mut ibv_qp_ex,
-    _mw: *mut ibv_mw,
-    _rkey: u32,
-    _info: *const ibv_mw_bind_info,
+    mw: *mut ibv_mw,
+    rkey: u32,
+    info: *const ibv_mw_bind_info,
 ) {
-    build(qpx, "ibv_wr_bind_mw", Err(libc::EOPNOTSUPP));
+    // SAFETY: the program's bind information: NULL or readable.
+    let op = match unsafe { info.as_ref() } {
+        // SAFETY: the program's window and region (NULL or live).
+        Some(i) => unsafe { crate::mw::bind_op(mw, rkey, i) },
+        None => Err(libc::EINVAL),
+    };
+    build(qpx, "ibv_wr_bind_mw", op);
 }
 
-unsafe extern "C" fn wr_local_inv(qpx: *mut ibv_qp_ex, _rkey: u32) {
-    build(qpx, "ibv_wr_local_inv", Err(libc::EOPNOTSUPP));
+/// `ibv_wr_local_inv`: invalidates the type 2 window of `rkey`, in send-queue order.
+unsafe extern "C" fn wr_local_inv(qpx: *mut ibv_qp_ex, rkey: u32) {
+    build(qpx, "ibv_wr_local_inv", Ok(SendOp::LocalInv { rkey }));
 }
 
 unsafe extern "C" fn wr_rdma_read(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
@@ -334,15 +378,70 @@ unsafe extern "C" fn wr_send_tso(qpx: *mut ibv_qp_ex, _hdr: *mut c_void, _sz: u1
     build(qpx, "ibv_wr_send_tso", Err(libc::EOPNOTSUPP));
 }
 
-/// ATOMIC WRITE through the `ibv_wr_*` API is not offered (its 8 bytes would need a
-/// registered copy per work request); `ibv_post_send` with `IBV_WR_ATOMIC_WRITE` is.
+/// `ibv_wr_atomic_write`: the 8 bytes at `wr` are copied now (EINVAL for NULL) and
+/// travel inline, as rxe keeps them in its WQE.
 unsafe extern "C" fn wr_atomic_write(
     qpx: *mut ibv_qp_ex,
-    _rkey: u32,
-    _remote_addr: u64,
-    _wr: *const c_void,
+    rkey: u32,
+    remote_addr: u64,
+    wr: *const c_void,
 ) {
-    build(qpx, "ibv_wr_atomic_write", Err(libc::EOPNOTSUPP));
+    build(
+        qpx,
+        "ibv_wr_atomic_write",
+        Ok(SendOp::AtomicWrite { remote_addr, rkey }),
+    );
+    with_batch(qpx, "ibv_wr_atomic_write", |_, p| {
+        if wr.is_null() {
+            p.wrs.pop();
+            return Err(libc::EINVAL);
+        }
+        let start = p.inline.len();
+        // SAFETY: the program's 8-byte value, readable during this call (verbs.h).
+        unsafe { copy_inline(p, wr as usize as u64, 8) }?;
+        let w = last(p)?;
+        w.inline = Some((start as u32, 8));
+        w.flags |= SendFlags::INLINE;
+        Ok(())
+    });
+}
+
+/// `ibv_wr_flush` (`ibv_qp_ex::wr_flush` of rdma-core 45+): `ty` is `IBV_FLUSH_GLOBAL` or
+/// `IBV_FLUSH_PERSISTENT`, `level` `IBV_FLUSH_RANGE` or `IBV_FLUSH_MR`; other values, and
+/// a length above 4 GiB - 1 (a FLUSH's DMA length field), record EINVAL.
+///
+/// # Safety
+///
+/// `qpx` is one of this library's QPs.
+pub(crate) unsafe extern "C" fn wr_flush(
+    qpx: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    len: usize,
+    ty: u8,
+    level: u8,
+) {
+    let flush_type = match ty {
+        IBV_FLUSH_GLOBAL => Ok(FlushType::Global),
+        IBV_FLUSH_PERSISTENT => Ok(FlushType::Persistent),
+        _ => Err(libc::EINVAL),
+    };
+    let level = match level {
+        IBV_FLUSH_RANGE => Ok(FlushLevel::Range),
+        IBV_FLUSH_MR => Ok(FlushLevel::Region),
+        _ => Err(libc::EINVAL),
+    };
+    let op = match (flush_type, level, u32::try_from(len)) {
+        (Ok(flush_type), Ok(level), Ok(len)) => Ok(SendOp::Flush {
+            remote_addr,
+            rkey,
+            len,
+            flush_type,
+            level,
+        }),
+        _ => Err(libc::EINVAL),
+    };
+    build(qpx, "ibv_wr_flush", op);
 }
 
 unsafe extern "C" fn wr_set_ud_addr(qpx: *mut ibv_qp_ex, ah: *mut ibv_ah, qpn: u32, qkey: u32) {
@@ -526,16 +625,72 @@ unsafe extern "C" fn wr_abort(qpx: *mut ibv_qp_ex) {
 mod tests {
     use super::*;
 
+    fn attr(placement: bool) -> DeviceAttr {
+        DeviceAttr {
+            fw_ver: String::new(),
+            node_guid: 1,
+            sys_image_guid: 1,
+            max_mr_size: u64::MAX,
+            page_size_cap: 0xffff_f000,
+            vendor_id: 0,
+            vendor_part_id: 0,
+            hw_ver: 0,
+            max_qp: 1,
+            max_qp_wr: 1,
+            max_sge: 1,
+            max_sge_rd: 1,
+            max_cq: 1,
+            max_cqe: 1,
+            max_mr: 1,
+            max_pd: 1,
+            max_qp_rd_atom: 1,
+            max_qp_init_rd_atom: 1,
+            max_res_rd_atom: 1,
+            atomic_cap: remem_verbs::AtomicCap::Hca,
+            max_srq: 1,
+            max_srq_wr: 1,
+            max_srq_sge: 1,
+            max_inline_data: 0,
+            max_ah: 1,
+            phys_port_cnt: 1,
+            max_msg_sz: 1,
+            flush_global: placement,
+            flush_persistent: placement,
+            atomic_write: placement,
+            max_mw: if placement { 0x1000 } else { 0 },
+        }
+    }
+
     #[test]
     fn send_ops_per_type() {
-        let ud = send_ops_supported(QpType::Ud);
+        let on = attr(true);
+        let ud = send_ops_supported(QpType::Ud, &on);
         assert_ne!(ud & IBV_QP_EX_WITH_SEND, 0);
         assert_eq!(ud & IBV_QP_EX_WITH_RDMA_WRITE, 0);
-        let uc = send_ops_supported(QpType::Uc);
+        assert_eq!(ud & (IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_FLUSH), 0);
+        let uc = send_ops_supported(QpType::Uc, &on);
         assert_ne!(uc & IBV_QP_EX_WITH_RDMA_WRITE, 0);
         assert_eq!(uc & IBV_QP_EX_WITH_RDMA_READ, 0);
-        let rc = send_ops_supported(QpType::Rc);
+        assert_eq!(uc & (IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_FLUSH), 0);
+        assert_ne!(uc & IBV_QP_EX_WITH_BIND_MW, 0);
+        assert_eq!(uc & IBV_QP_EX_WITH_LOCAL_INV, 0);
+        let rc = send_ops_supported(QpType::Rc, &on);
         assert_ne!(rc & IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD, 0);
-        assert_eq!(rc & IBV_QP_EX_WITH_BIND_MW, 0);
+        assert_ne!(rc & IBV_QP_EX_WITH_BIND_MW, 0);
+        assert_ne!(rc & IBV_QP_EX_WITH_LOCAL_INV, 0);
+        assert_ne!(rc & IBV_QP_EX_WITH_ATOMIC_WRITE, 0);
+        assert_ne!(rc & IBV_QP_EX_WITH_FLUSH, 0);
+    }
+
+    #[test]
+    fn placement_ops_follow_the_device() {
+        let rc = send_ops_supported(QpType::Rc, &attr(false));
+        assert_eq!(rc & (IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_FLUSH), 0);
+        assert_eq!(rc & (IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV), 0);
+        let mut flush_only = attr(false);
+        flush_only.flush_persistent = true;
+        let rc = send_ops_supported(QpType::Rc, &flush_only);
+        assert_eq!(rc & IBV_QP_EX_WITH_ATOMIC_WRITE, 0);
+        assert_ne!(rc & IBV_QP_EX_WITH_FLUSH, 0);
     }
 }

@@ -62,7 +62,14 @@ pub fn device_attr(a: &DeviceAttr, guid: u64, pkeys: u16) -> ibv_device_attr {
         hw_ver: a.hw_ver,
         max_qp: clamp_int(a.max_qp),
         max_qp_wr: clamp_int(a.max_qp_wr),
-        device_cap_flags: IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_RC_RNR_NAK_GEN,
+        device_cap_flags: IBV_DEVICE_SYS_IMAGE_GUID
+            | IBV_DEVICE_RC_RNR_NAK_GEN
+            // Memory windows of type 1 and 2B, as rxe reports them.
+            | if a.max_mw > 0 {
+                IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B
+            } else {
+                0
+            },
         max_sge: clamp_int(a.max_sge),
         max_sge_rd: clamp_int(a.max_sge_rd),
         max_cq: clamp_int(a.max_cq),
@@ -81,7 +88,7 @@ pub fn device_attr(a: &DeviceAttr, guid: u64, pkeys: u16) -> ibv_device_attr {
         },
         max_ee: 0,
         max_rdd: 0,
-        max_mw: 0,
+        max_mw: clamp_int(a.max_mw),
         max_raw_ipv6_qp: 0,
         max_raw_ethy_qp: 0,
         max_mcast_grp: 0,
@@ -240,13 +247,38 @@ pub unsafe extern "C" fn remem_ibv_ibv_query_device(
 }
 
 fn query_device_attr(c: &Ctx) -> Result<ibv_device_attr, c_int> {
+    query_device_both(c).map(|(a, _)| a)
+}
+
+/// The basic attributes and the `device_cap_flags_ex` of the context's device.
+fn query_device_both(c: &Ctx) -> Result<(ibv_device_attr, u64), c_int> {
     let a = c.shared().dev.query_device().map_err(errno)?;
     let pkeys = c.shared().dev.query_port(1).map_or(1, |p| p.pkey_tbl_len);
-    Ok(device_attr(&a, guid_of(c), pkeys))
+    let basic = device_attr(&a, guid_of(c), pkeys);
+    let ex = u64::from(basic.device_cap_flags) | cap_flags_ex(&a);
+    Ok((basic, ex))
+}
+
+/// The 64-bit `device_cap_flags_ex` bits beyond `device_cap_flags`: the RoCEv2 memory
+/// placement extensions the device executes (`IB_UVERBS_DEVICE_FLUSH_GLOBAL`,
+/// `_FLUSH_PERSISTENT`, `_ATOMIC_WRITE`, as rxe reports them).
+pub fn cap_flags_ex(a: &DeviceAttr) -> u64 {
+    let mut f = 0;
+    if a.flush_global {
+        f |= IB_UVERBS_DEVICE_FLUSH_GLOBAL;
+    }
+    if a.flush_persistent {
+        f |= IB_UVERBS_DEVICE_FLUSH_PERSISTENT;
+    }
+    if a.atomic_write {
+        f |= IB_UVERBS_DEVICE_ATOMIC_WRITE;
+    }
+    f
 }
 
 /// `verbs_context::query_device_ex` (verbs.h's inline `ibv_query_device_ex`): the basic
-/// attributes and zeros for the extensions remem has none of. EINVAL for a NULL
+/// attributes, the placement extensions in `device_cap_flags_ex` ([`cap_flags_ex`]), and
+/// zeros for the extensions remem has none of. EINVAL for a NULL
 /// argument, an input with a non-zero `comp_mask`, or `attr_size` smaller than
 /// `struct ibv_device_attr`; a smaller (older) `ibv_device_attr_ex` gets its prefix.
 ///
@@ -272,13 +304,13 @@ pub unsafe extern "C" fn query_device_ex(
         if attr.is_null() || attr_size < size_of::<ibv_device_attr>() {
             return libc::EINVAL;
         }
-        let orig = match query_device_attr(c) {
+        let (orig, flags_ex) = match query_device_both(c) {
             Ok(a) => a,
             Err(e) => return e,
         };
         // SAFETY: an all-zero ibv_device_attr_ex is valid (integers, no pointers).
         let mut ex: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
-        ex.device_cap_flags_ex = u64::from(orig.device_cap_flags);
+        ex.device_cap_flags_ex = flags_ex;
         ex.phys_port_cnt_ex = u32::from(orig.phys_port_cnt);
         ex.orig_attr = orig;
         // SAFETY: writable for attr_size bytes by the contract.
@@ -633,6 +665,7 @@ mod tests {
             flush_global: true,
             flush_persistent: true,
             atomic_write: true,
+            max_mw: 0x1000,
         }
     }
 
@@ -647,6 +680,32 @@ mod tests {
         assert_eq!(a.phys_port_cnt, 1);
         assert_eq!(a.fw_ver[62], b'x' as core::ffi::c_char);
         assert_eq!(a.fw_ver[63], 0, "fw_ver stays NUL-terminated");
+    }
+
+    #[test]
+    fn memory_windows_are_reported_as_rxe_reports_them() {
+        let mut a = soft_attr();
+        let d = device_attr(&a, 1, 1);
+        assert_eq!(d.max_mw, 0x1000);
+        let mw = IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+        assert_eq!(d.device_cap_flags & mw, mw);
+        assert_eq!(d.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2A, 0);
+        a.max_mw = 0;
+        let d = device_attr(&a, 1, 1);
+        assert_eq!((d.max_mw, d.device_cap_flags & mw), (0, 0));
+    }
+
+    #[test]
+    fn placement_extensions_in_cap_flags_ex() {
+        let mut a = soft_attr();
+        assert_eq!(
+            cap_flags_ex(&a),
+            (1 << 38) | (1 << 39) | (1 << 40),
+            "FLUSH_GLOBAL, FLUSH_PERSISTENT, ATOMIC_WRITE"
+        );
+        a.flush_persistent = false;
+        a.atomic_write = false;
+        assert_eq!(cap_flags_ex(&a), IB_UVERBS_DEVICE_FLUSH_GLOBAL);
     }
 
     #[test]

@@ -456,7 +456,7 @@ fn wr_api_and_cq_ex() {
         x.send_ops_flags = ops;
         x
     };
-    let mut bad = mk(IBV_QP_EX_WITH_BIND_MW);
+    let mut bad = mk(IBV_QP_EX_WITH_TSO);
     assert!(unsafe { create_qp_ex(e.ctx, &mut bad) }.is_null());
     assert_eq!(crate::ffi::errno(), libc::EOPNOTSUPP);
     let mut nopd = mk(0);
@@ -540,7 +540,7 @@ fn wr_api_and_cq_ex() {
         x.wr_flags = IBV_SEND_SIGNALED;
         (x.wr_rdma_write.unwrap())(qx, e.mr.rkey(), e.mr.addr());
         (x.wr_set_sge.unwrap())(qx, e.mr.lkey(), e.mr.addr(), 8);
-        (x.wr_local_inv.unwrap())(qx, 5);
+        (x.wr_send_tso.unwrap())(qx, std::ptr::null_mut(), 0, 0);
         assert_eq!((x.wr_complete.unwrap())(qx), libc::EOPNOTSUPP);
         (x.wr_start.unwrap())(qx);
         (x.wr_set_sge.unwrap())(qx, e.mr.lkey(), e.mr.addr(), 8);

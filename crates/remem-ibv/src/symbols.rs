@@ -8,6 +8,7 @@ pub fn exports() -> Vec<(&'static str, &'static str)> {
         crate::query::SYMBOLS,
         crate::pd::SYMBOLS,
         crate::mr::SYMBOLS,
+        crate::mw::SYMBOLS,
         crate::event::SYMBOLS,
         crate::misc::SYMBOLS,
         crate::private::SYMBOLS,

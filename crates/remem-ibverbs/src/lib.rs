@@ -274,6 +274,8 @@ impl Context for IbContext {
             flush_global: false,
             flush_persistent: false,
             atomic_write: false,
+            // Memory windows are not offered through this provider (yet).
+            max_mw: 0,
         })
     }
 
@@ -1001,6 +1003,11 @@ fn send_opcode(op: &SendOp) -> Result<u32> {
         SendOp::AtomicCmpAndSwp { .. } => 5,
         SendOp::AtomicFetchAndAdd { .. } => 6,
         SendOp::SendWithInv { .. } => 9,
+        SendOp::BindMw { .. } | SendOp::LocalInv { .. } => {
+            return Err(Error::Unsupported(
+                "memory windows on the rdma-core provider",
+            ));
+        }
         SendOp::AtomicWrite { .. } | SendOp::Flush { .. } => {
             return Err(Error::Unsupported(
                 "FLUSH and ATOMIC WRITE on the rdma-core provider",

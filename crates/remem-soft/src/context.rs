@@ -145,6 +145,8 @@ fn device_attr(node_guid: u64) -> DeviceAttr {
         flush_global: true,
         flush_persistent: true,
         atomic_write: true,
+        // rxe_param.h's RXE_MAX_MW.
+        max_mw: 0x1000,
     }
 }
 

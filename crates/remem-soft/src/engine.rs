@@ -874,6 +874,7 @@ mod tests {
         ProtectionDomain, QpCap, QpInitAttr, QpType, QueuePair, RecvWr, SendOp, SendWr, Sge,
         WcOpcode, WcStatus, WorkCompletion,
     };
+    use crate::objects::mr::{MwBind, MwType};
     use std::cell::RefCell;
     use std::time::Duration;
 
@@ -1046,6 +1047,372 @@ mod tests {
         connect(&a, &b);
         connect(&b, &a);
         (a, b)
+    }
+
+    // ----- memory windows through the transport ---------------------------------------
+
+    /// A connected threaded pair where `b` has a region over its whole buffer with
+    /// MW_BIND (and no remote rights of its own), and a window of `ty` bound on `b`'s QP
+    /// to `[4096, 8192)` with remote READ and WRITE: the pair, the window's rkey.
+    fn window_pair(ips: [&str; 2], ty: MwType) -> (Side, Side, Arc<dyn MemoryRegion>, u32) {
+        let (a, b) = threaded_pair(ips, Duration::ZERO);
+        let mr = b
+            ._pd
+            .reg_mr(
+                MemRegion::whole(b.buf.clone()),
+                AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+            )
+            .unwrap();
+        let mrs = &b.ctx.shared().mrs;
+        let e = mrs.by_lkey(mr.lkey()).unwrap();
+        let mw = mrs.alloc_mw(e.pd, ty);
+        let bind = MwBind {
+            mr: Some(&e),
+            addr: b.buf.addr() + 4096,
+            len: 4096,
+            access: AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+        };
+        let rkey = mrs.bind_mw(mw, e.pd, b.qp.qp_num(), 0x5a, &bind).unwrap();
+        (a, b, mr, rkey)
+    }
+
+    fn statuses(wcs: &[WorkCompletion]) -> Vec<(u64, WcOpcode, WcStatus)> {
+        wcs.iter().map(|w| (w.wr_id, w.opcode, w.status)).collect()
+    }
+
+    #[test]
+    fn read_and_write_through_a_window_then_invalidated_it_is_a_remote_access_error() {
+        let (a, b, mr, rkey) = window_pair(["127.0.1.41", "127.0.1.42"], MwType::Two);
+        a.buf.fill(0, 64, 0x77).unwrap();
+        let at = b.buf.addr() + 4096 + 128;
+        let write = SendOp::RdmaWrite {
+            remote_addr: at,
+            rkey,
+        };
+        let signalled = |id, op, sge: Sge| {
+            let list = [sge];
+            let mut wr = SendWr::new(id, op, &list);
+            wr.flags |= remem_verbs::SendFlags::SIGNALED;
+            a.qp.post_send(&[wr]).unwrap();
+        };
+        signalled(1, write, a.sge(0, 64));
+        let read = SendOp::RdmaRead {
+            remote_addr: at,
+            rkey,
+        };
+        signalled(2, read, a.sge(1024, 64));
+        let wcs = wait_wcs(&a, 2);
+        assert_eq!(
+            statuses(&wcs),
+            [
+                (1, WcOpcode::RdmaWrite, WcStatus::Success),
+                (2, WcOpcode::RdmaRead, WcStatus::Success)
+            ]
+        );
+        assert!(b.buf.to_vec(4096 + 128, 64).unwrap().iter().all(|&x| x == 0x77));
+        assert!(a.buf.to_vec(1024, 64).unwrap().iter().all(|&x| x == 0x77));
+        // Invalidated (as a local invalidate does), the rkey is refused: a remote access
+        // error NAK, nothing written.
+        let b_mrs = &b.ctx.shared().mrs;
+        let e = b_mrs.by_lkey(mr.lkey()).unwrap();
+        b_mrs.invalidate(e.pd, b.qp.qp_num(), rkey, false).unwrap();
+        a.buf.fill(0, 64, 0x99).unwrap();
+        signalled(3, write, a.sge(0, 64));
+        let wcs = wait_wcs(&a, 3);
+        assert_eq!(
+            statuses(&wcs).last(),
+            Some(&(3, WcOpcode::RdmaWrite, WcStatus::RemAccessErr))
+        );
+        assert!(b.buf.to_vec(4096 + 128, 64).unwrap().iter().all(|&x| x == 0x77));
+    }
+
+    #[test]
+    fn outside_its_window_an_access_is_a_remote_access_error() {
+        let (a, b, _mr, rkey) = window_pair(["127.0.1.43", "127.0.1.44"], MwType::One);
+        a.buf.fill(0, 64, 0x55).unwrap();
+        // Inside the region, across the window's end.
+        let write = SendOp::RdmaWrite {
+            remote_addr: b.buf.addr() + 8192 - 32,
+            rkey,
+        };
+        let list = [a.sge(0, 64)];
+        let mut wr = SendWr::new(1, write, &list);
+        wr.flags |= remem_verbs::SendFlags::SIGNALED;
+        a.qp.post_send(&[wr]).unwrap();
+        let wcs = wait_wcs(&a, 1);
+        assert_eq!(
+            statuses(&wcs),
+            [(1, WcOpcode::RdmaWrite, WcStatus::RemAccessErr)]
+        );
+        assert!(b.buf.to_vec(8192 - 32, 64).unwrap().iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn a_send_with_invalidate_frees_a_type_two_window_and_says_so() {
+        let (a, b, mr, rkey) = window_pair(["127.0.1.45", "127.0.1.46"], MwType::Two);
+        let signalled = |id, op, sge: Sge| {
+            let list = [sge];
+            let mut wr = SendWr::new(id, op, &list);
+            wr.flags |= remem_verbs::SendFlags::SIGNALED;
+            a.qp.post_send(&[wr]).unwrap();
+        };
+        let recv = |id| {
+            let list = [b.sge(0, 64)];
+            b.qp.post_recv(&[RecvWr {
+                wr_id: id,
+                sg_list: &list,
+            }])
+            .unwrap();
+        };
+        recv(10);
+        signalled(1, SendOp::SendWithInv { rkey }, a.sge(0, 16));
+        assert_eq!(
+            statuses(&wait_wcs(&a, 1)),
+            [(1, WcOpcode::Send, WcStatus::Success)]
+        );
+        let got = wait_wcs(&b, 1);
+        assert_eq!(got[0].status, WcStatus::Success);
+        assert_eq!(got[0].opcode, WcOpcode::Recv);
+        assert_eq!(got[0].invalidated_rkey(), Some(rkey));
+        assert_eq!(got[0].byte_len, 16);
+        // The window is free: the rkey opens nothing any more, and the window can be
+        // bound again.
+        let b_mrs = &b.ctx.shared().mrs;
+        let e = b_mrs.by_lkey(mr.lkey()).unwrap();
+        assert_eq!(b_mrs.windows_bound(&e), 0);
+        let write = SendOp::RdmaWrite {
+            remote_addr: b.buf.addr() + 4096,
+            rkey,
+        };
+        signalled(2, write, a.sge(0, 8));
+        assert_eq!(
+            statuses(&wait_wcs(&a, 2))[1],
+            (2, WcOpcode::RdmaWrite, WcStatus::RemAccessErr)
+        );
+    }
+
+    #[test]
+    fn a_send_invalidating_a_region_key_fails_and_invalidates_nothing() {
+        let (a, b, mr, rkey) = window_pair(["127.0.1.47", "127.0.1.48"], MwType::One);
+        let list = [b.sge(0, 64)];
+        b.qp.post_recv(&[RecvWr {
+            wr_id: 10,
+            sg_list: &list,
+        }])
+        .unwrap();
+        // A type 1 window cannot be invalidated remotely (nor a `reg_mr` region).
+        let list = [a.sge(0, 16)];
+        let mut wr = SendWr::new(1, SendOp::SendWithInv { rkey }, &list);
+        wr.flags |= remem_verbs::SendFlags::SIGNALED;
+        a.qp.post_send(&[wr]).unwrap();
+        let got = wait_wcs(&b, 1);
+        assert_eq!(got[0].status, WcStatus::RemInvReqErr);
+        assert_eq!(got[0].invalidated_rkey(), None);
+        assert_eq!(
+            statuses(&wait_wcs(&a, 1)),
+            [(1, WcOpcode::Send, WcStatus::RemInvReqErr)]
+        );
+        let b_mrs = &b.ctx.shared().mrs;
+        let e = b_mrs.by_lkey(mr.lkey()).unwrap();
+        assert_eq!(b_mrs.windows_bound(&e), 1, "still bound");
+    }
+
+    #[test]
+    fn bind_and_local_invalidate_work_requests_run_in_send_queue_order() {
+        let (a, b) = threaded_pair(["127.0.1.49", "127.0.1.50"], Duration::ZERO);
+        // `a` binds a type 2 window over its own buffer, then `b` writes through it.
+        let mr = a
+            ._pd
+            .reg_mr(
+                MemRegion::whole(a.buf.clone()),
+                AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+            )
+            .unwrap();
+        let mw = a._pd.alloc_mw(MwType::Two).unwrap();
+        assert_eq!(mw.mw_type(), MwType::Two);
+        let rkey = (mw.rkey() & !0xff) | 0x21;
+        let post = |side: &Side, id, op| {
+            let mut wr = SendWr::new(id, op, &[]);
+            wr.flags |= remem_verbs::SendFlags::SIGNALED;
+            side.qp.post_send(&[wr]).unwrap();
+        };
+        // A WRITE first, then the bind: the bind completes after it, in order.
+        let list = [a.sge(0, 8)];
+        let mut w = SendWr::new(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: b.buf.addr(),
+                rkey: b.rkey(),
+            },
+            &list,
+        );
+        w.flags |= remem_verbs::SendFlags::SIGNALED;
+        a.qp.post_send(&[w]).unwrap();
+        let bind = SendOp::BindMw {
+            mw: mw.rkey(),
+            rkey,
+            lkey: mr.lkey(),
+            addr: a.buf.addr() + 256,
+            len: 256,
+            access: AccessFlags::REMOTE_WRITE,
+        };
+        post(&a, 2, bind);
+        assert_eq!(
+            statuses(&wait_wcs(&a, 2)),
+            [
+                (1, WcOpcode::RdmaWrite, WcStatus::Success),
+                (2, WcOpcode::BindMw, WcStatus::Success)
+            ]
+        );
+        b.buf.fill(0, 8, 0xab).unwrap();
+        let list = [b.sge(0, 8)];
+        let write = SendOp::RdmaWrite {
+            remote_addr: a.buf.addr() + 256,
+            rkey,
+        };
+        let mut w = SendWr::new(3, write, &list);
+        w.flags |= remem_verbs::SendFlags::SIGNALED;
+        b.qp.post_send(&[w]).unwrap();
+        assert_eq!(
+            statuses(&wait_wcs(&b, 1)),
+            [(3, WcOpcode::RdmaWrite, WcStatus::Success)]
+        );
+        assert_eq!(a.buf.to_vec(256, 8).unwrap(), [0xab; 8]);
+        // Local invalidate: the rkey is dead for `b`.
+        post(&a, 4, SendOp::LocalInv { rkey });
+        assert_eq!(
+            statuses(&wait_wcs(&a, 3))[2],
+            (4, WcOpcode::LocalInv, WcStatus::Success)
+        );
+        let mut w = SendWr::new(5, write, &list);
+        w.flags |= remem_verbs::SendFlags::SIGNALED;
+        b.qp.post_send(&[w]).unwrap();
+        assert_eq!(
+            statuses(&wait_wcs(&b, 2))[1],
+            (5, WcOpcode::RdmaWrite, WcStatus::RemAccessErr)
+        );
+    }
+
+    #[test]
+    fn a_refused_bind_completes_with_mw_bind_err_and_fails_the_qp() {
+        let (a, _b) = threaded_pair(["127.0.1.51", "127.0.1.52"], Duration::ZERO);
+        let mr = a
+            ._pd
+            .reg_mr(
+                MemRegion::whole(a.buf.clone()),
+                AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+            )
+            .unwrap();
+        let mw = a._pd.alloc_mw(MwType::Two).unwrap();
+        let post = |id, op| {
+            let mut wr = SendWr::new(id, op, &[]);
+            wr.flags |= remem_verbs::SendFlags::SIGNALED;
+            a.qp.post_send(&[wr]).unwrap();
+        };
+        // The range leaves the region: refused; the QP fails, what follows is flushed.
+        let bad = SendOp::BindMw {
+            mw: mw.rkey(),
+            rkey: mw.rkey() + 1,
+            lkey: mr.lkey(),
+            addr: a.buf.addr(),
+            len: 1 << 30,
+            access: AccessFlags::REMOTE_WRITE,
+        };
+        post(6, bad);
+        post(7, SendOp::LocalInv { rkey: mw.rkey() + 1 });
+        assert_eq!(
+            statuses(&wait_wcs(&a, 2)),
+            [
+                (6, WcOpcode::BindMw, WcStatus::MwBindErr),
+                (7, WcOpcode::LocalInv, WcStatus::WrFlushErr)
+            ]
+        );
+        assert_eq!(a.qp.state(), remem_verbs::QpState::Err);
+    }
+
+    #[test]
+    fn binds_between_writes_and_reads_complete_in_order_under_loss() {
+        let opts = SoftOptions {
+            faults: Some(crate::faults::FaultConfig {
+                loss: 0.1,
+                duplicate: 0.05,
+                reorder: 0.05,
+                seed: 7,
+                ..Default::default()
+            }),
+            ..SoftOptions::default()
+        };
+        let cap = QpCap {
+            max_send_wr: 256,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let (a, b) = pair(["127.0.1.53", "127.0.1.54"], &opts, cap, 1 << 16);
+        connect(&a, &b);
+        connect(&b, &a);
+        let mr = a
+            ._pd
+            .reg_mr(
+                MemRegion::whole(a.buf.clone()),
+                AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+            )
+            .unwrap();
+        let mw = a._pd.alloc_mw(MwType::One).unwrap();
+        let mut rkey = mw.rkey();
+        let mut expect = Vec::new();
+        for i in 0..60u64 {
+            let list = [a.sge(1024 * (i % 8), 512)];
+            let (op, wc) = match i % 3 {
+                0 => (
+                    SendOp::RdmaWrite {
+                        remote_addr: b.buf.addr() + 512 * (i % 16),
+                        rkey: b.rkey(),
+                    },
+                    WcOpcode::RdmaWrite,
+                ),
+                1 => {
+                    let next = (rkey & !0xff) | ((rkey + 1) & 0xff);
+                    let op = SendOp::BindMw {
+                        mw: rkey,
+                        rkey: next,
+                        lkey: mr.lkey(),
+                        addr: a.buf.addr() + 64 * (i % 32),
+                        len: 64,
+                        access: AccessFlags::REMOTE_READ,
+                    };
+                    rkey = next;
+                    (op, WcOpcode::BindMw)
+                }
+                _ => (
+                    SendOp::RdmaRead {
+                        remote_addr: b.buf.addr() + 512 * (i % 16),
+                        rkey: b.rkey(),
+                    },
+                    WcOpcode::RdmaRead,
+                ),
+            };
+            let sges: &[Sge] = if op.is_local() { &[] } else { &list };
+            let mut wr = SendWr::new(i, op, sges);
+            wr.flags |= remem_verbs::SendFlags::SIGNALED;
+            a.qp.post_send(&[wr]).unwrap();
+            expect.push((i, wc, WcStatus::Success));
+        }
+        let wcs = wait_wcs(&a, expect.len());
+        assert_eq!(statuses(&wcs), expect, "every one, in order");
+        assert!(
+            a.counter("fault_dropped") > 0 && a.counter("retransmitted_pkts") > 0,
+            "the faults were there"
+        );
+        // The last bind stands: its rkey opens its 64 bytes, the earlier ones nothing.
+        let mrs = &a.ctx.shared().mrs;
+        let e = mrs.by_lkey(mr.lkey()).unwrap();
+        assert_eq!(mrs.windows_bound(&e), 1);
+        let r = AccessFlags::REMOTE_READ;
+        let last = a.buf.addr() + 64 * (58 % 32);
+        assert!(mrs.remote(e.pd, rkey, last, 64, r).is_ok());
+        assert!(mrs.remote(e.pd, rkey - 1, last, 64, r).is_err());
     }
 
     #[test]

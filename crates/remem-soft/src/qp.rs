@@ -13,7 +13,7 @@ use crate::transport::{
 use crate::wqe::{PdId, RecvWqe, SendData, SendWqe};
 use remem_verbs::{
     AccessFlags, Error, PostError, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, Result,
-    SendFlags, SendOp, SendWr, WorkCompletion, check_modify,
+    SendFlags, SendOp, SendWr, WcStatus, WorkCompletion, check_modify,
 };
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -234,6 +234,12 @@ pub fn build_send_wqe(
     );
     // READ and atomic results are written into the scatter list.
     let need_write = op.is_read_or_atomic();
+    if op.is_local() && !wr.sg_list.is_empty() {
+        return Err(Error::InvalidArgument(format!(
+            "{} takes no local buffer (empty gather list)",
+            op.name()
+        )));
+    }
     if matches!(op, SendOp::Flush { .. }) && !wr.sg_list.is_empty() {
         return Err(Error::InvalidArgument(
             "IBV_WR_FLUSH takes no local buffer (empty gather list)".into(),
@@ -253,7 +259,10 @@ pub fn build_send_wqe(
                 op.name()
             )));
         }
-        if len > u64::from(cap.max_inline_data) {
+        // An ATOMIC WRITE's 8 bytes may always be inline: rxe keeps them in the WQE
+        // whatever `max_inline_data` is (`ibv_wr_atomic_write` passes the value itself).
+        let atomic_write_value = matches!(op, SendOp::AtomicWrite { .. }) && len == 8;
+        if len > u64::from(cap.max_inline_data) && !atomic_write_value {
             return Err(Error::InlineTooLarge {
                 given: len,
                 max: cap.max_inline_data,
@@ -544,7 +553,7 @@ impl Env for QpEnv {
         len: u64,
         need: AccessFlags,
     ) -> std::result::Result<Grant, RemoteKeyError> {
-        self.dev.mrs.remote(self.pd, rkey, va, len, need)
+        self.dev.mrs.remote_on(self.pd, self.qpn, rkey, va, len, need)
     }
 
     fn remote_region(
@@ -552,7 +561,47 @@ impl Env for QpEnv {
         rkey: u32,
         need: AccessFlags,
     ) -> std::result::Result<Grant, RemoteKeyError> {
-        self.dev.mrs.remote_region(self.pd, rkey, need)
+        self.dev.mrs.remote_region_on(self.pd, self.qpn, rkey, need)
+    }
+
+    fn local_op(&mut self, op: &SendOp) -> std::result::Result<(), WcStatus> {
+        let mrs = &self.dev.mrs;
+        match *op {
+            SendOp::BindMw {
+                mw,
+                rkey,
+                lkey,
+                addr,
+                len,
+                access,
+            } => {
+                let mr = if lkey == 0 || len == 0 {
+                    None
+                } else {
+                    Some(mrs.by_lkey(lkey).ok_or(WcStatus::MwBindErr)?)
+                };
+                let to = crate::objects::mr::MwBind {
+                    mr: mr.as_ref(),
+                    addr,
+                    len,
+                    access,
+                };
+                mrs.bind_mw(mw, self.pd, self.qpn, rkey as u8, &to)
+                    .map(|_| ())
+                    .map_err(|_| WcStatus::MwBindErr)
+            }
+            SendOp::LocalInv { rkey } => mrs
+                .invalidate(self.pd, self.qpn, rkey, false)
+                .map_err(|_| WcStatus::LocQpOpErr),
+            _ => Err(WcStatus::LocQpOpErr),
+        }
+    }
+
+    fn invalidate(&mut self, rkey: u32) -> bool {
+        self.dev
+            .mrs
+            .invalidate(self.pd, self.qpn, rkey, true)
+            .is_ok()
     }
 
     fn take_recv(&mut self) -> Option<RecvWqe> {
@@ -1227,6 +1276,25 @@ mod tests {
         ));
         let eight = sge;
         assert!(build(&SendWr::new(1, aw, &eight), QpType::Rc).is_ok());
+        // Its 8 bytes may be inline even where max_inline_data is smaller (rxe keeps
+        // them in the WQE); other inline data may not.
+        let tiny = QpCap {
+            max_inline_data: 0,
+            ..c
+        };
+        let mut wr = SendWr::new(1, aw, &eight);
+        wr.flags |= SendFlags::INLINE;
+        let w = build_send_wqe(&wr, QpType::Rc, &tiny, false, 1 << 31, PdId(1), &m.dev).unwrap();
+        match &w.data {
+            SendData::Inline(b) => assert_eq!(&b[..], &[10, 11, 12, 13, 14, 15, 16, 17]),
+            _ => panic!("not inline"),
+        }
+        let mut wr = SendWr::new(1, SendOp::Send, &eight);
+        wr.flags |= SendFlags::INLINE;
+        assert!(matches!(
+            build_send_wqe(&wr, QpType::Rc, &tiny, false, 1 << 31, PdId(1), &m.dev),
+            Err(Error::InlineTooLarge { given: 8, max: 0 })
+        ));
         assert!(matches!(
             build(&SendWr::new(1, aw, &eight), QpType::Ud),
             Err(Error::InvalidOpcode { .. })

@@ -132,6 +132,8 @@ pub struct DeviceAttr {
     pub flush_persistent: bool,
     /// RoCEv2 ATOMIC WRITE (`IB_UVERBS_DEVICE_ATOMIC_WRITE`).
     pub atomic_write: bool,
+    /// Most memory windows (type 1 and 2B; 0: none).
+    pub max_mw: u32,
 }
 
 /// Port attributes (`struct ibv_port_attr`).

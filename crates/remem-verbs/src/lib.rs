@@ -52,7 +52,8 @@ pub use event::{AsyncEvent, AsyncEventElement, AsyncEventType};
 pub use mem::{MemRegion, MemoryBuffer};
 pub use provider::{
     AddressHandle, CompletionChannel, CompletionQueue, Context, Counter, CqId, MemoryRegion,
-    ProtectionDomain, Provider, QueuePair, ROCEV2_UDP_PORT, SharedReceiveQueue, SrqAttr,
+    MemoryWindow, MwType, ProtectionDomain, Provider, QueuePair, ROCEV2_UDP_PORT,
+    SharedReceiveQueue, SrqAttr,
 };
 pub use qp::{
     AhAttr, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RNR_RETRY_INFINITE,

@@ -184,6 +184,36 @@ pub trait ProtectionDomain: Any + Send + Sync {
 
     /// Creates an address handle for UD sends (`ibv_create_ah`).
     fn create_ah(&self, attr: &AhAttr) -> Result<Arc<dyn AddressHandle>>;
+
+    /// Allocates a memory window of `ty` (`ibv_alloc_mw`), unbound; dropping the last
+    /// handle deallocates it and revokes its binding. [`Error::Unsupported`](crate::Error::Unsupported)
+    /// where the device has none (`DeviceAttr::max_mw` 0).
+    fn alloc_mw(&self, ty: MwType) -> Result<Arc<dyn MemoryWindow>> {
+        let _ = ty;
+        Err(crate::Error::Unsupported("memory windows"))
+    }
+}
+
+/// The type of a memory window (`enum ibv_mw_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MwType {
+    /// `IBV_MW_TYPE_1`: bound by `ibv_bind_mw`, reachable through any QP of its PD,
+    /// unbound by a zero-length bind, never invalidated.
+    One,
+    /// `IBV_MW_TYPE_2`: bound by a work request, reachable only through the QP it was
+    /// bound on, freed by local or remote invalidation.
+    Two,
+}
+
+/// A memory window (`struct ibv_mw`): a range of a registered region opened to peers
+/// with an rkey and rights of its own, bound and invalidated by work requests
+/// ([`SendOp::BindMw`](crate::SendOp::BindMw), [`SendOp::LocalInv`](crate::SendOp::LocalInv)).
+pub trait MemoryWindow: Any + Send + Sync {
+    /// The rkey it was allocated with (its index names it in binds; the key byte changes
+    /// with each bind).
+    fn rkey(&self) -> u32;
+    /// Its type.
+    fn mw_type(&self) -> MwType;
 }
 
 /// A registered memory region (`struct ibv_mr`). Dropping the last handle deregisters it
@@ -209,6 +239,11 @@ pub trait MemoryRegion: Any + Send + Sync {
     /// Whether the region is empty.
     fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+    /// How many memory windows are bound to it now (a region with any cannot be
+    /// deregistered through verbs, IBA 10.6.7.2.6). 0 where the provider has none.
+    fn windows_bound(&self) -> u32 {
+        0
     }
 }
 

@@ -120,6 +120,31 @@ pub enum SendOp {
         /// Remote key.
         rkey: u32,
     },
+    /// `IBV_WR_BIND_MW` (and `ibv_bind_mw`): binds the memory window whose rkey is `mw` to
+    /// `[addr, addr + len)` of the region whose lkey is `lkey` (0, or `len` 0: a type 1
+    /// window is unbound), with `access` (`IBV_ACCESS_REMOTE_*`), giving it the rkey `rkey`
+    /// (the window's index with a new key byte). Executed in send-queue order; a refused
+    /// bind completes with `IBV_WC_MW_BIND_ERR` and the QP goes to the error state.
+    BindMw {
+        /// The window's current rkey.
+        mw: u32,
+        /// The rkey it gets (only its low 8 bits, the key byte, are the consumer's).
+        rkey: u32,
+        /// The local key of the region it opens (0: none).
+        lkey: u32,
+        /// Start address, inside the region.
+        addr: u64,
+        /// Length in bytes.
+        len: u64,
+        /// The window's rights.
+        access: crate::AccessFlags,
+    },
+    /// `IBV_WR_LOCAL_INV`: invalidates the type 2 memory window of `rkey`, in send-queue
+    /// order; a refused one completes with an error and the QP goes to the error state.
+    LocalInv {
+        /// The rkey to invalidate.
+        rkey: u32,
+    },
     /// `IBV_WR_FLUSH`: make earlier writes to the range visible or persistent.
     Flush {
         /// Remote virtual address.
@@ -149,7 +174,15 @@ impl SendOp {
             SendOp::AtomicFetchAndAdd { .. } => "IBV_WR_ATOMIC_FETCH_AND_ADD",
             SendOp::AtomicWrite { .. } => "IBV_WR_ATOMIC_WRITE",
             SendOp::Flush { .. } => "IBV_WR_FLUSH",
+            SendOp::BindMw { .. } => "IBV_WR_BIND_MW",
+            SendOp::LocalInv { .. } => "IBV_WR_LOCAL_INV",
         }
+    }
+
+    /// Whether the operation is executed by the local NIC alone (memory window bind, local
+    /// invalidate): no packet, no local buffer.
+    pub fn is_local(&self) -> bool {
+        matches!(self, SendOp::BindMw { .. } | SendOp::LocalInv { .. })
     }
 
     /// Whether the operation is a READ or an atomic: it takes a responder resource
@@ -176,7 +209,8 @@ impl SendOp {
         matches!(self, SendOp::Send | SendOp::SendWithImm { .. })
     }
 
-    /// Whether the operation is allowed on a UC QP (sends and writes).
+    /// Whether the operation is allowed on a UC QP (sends, writes and the local memory
+    /// window operations, as rxe allows them).
     pub fn valid_on_uc(&self) -> bool {
         matches!(
             self,
@@ -184,6 +218,8 @@ impl SendOp {
                 | SendOp::SendWithImm { .. }
                 | SendOp::RdmaWrite { .. }
                 | SendOp::RdmaWriteWithImm { .. }
+                | SendOp::BindMw { .. }
+                | SendOp::LocalInv { .. }
         )
     }
 }

@@ -60,6 +60,40 @@ pub const IBV_DEVICE_RAW_SCATTER_FCS: u64 = 1 << 34;
 pub const IBV_DEVICE_PCI_WRITE_END_PADDING: u64 = 1 << 36;
 
 // ---------------------------------------------------------------------------------------
+// Newer than rdma-core 44: the RoCEv2 memory placement extensions (FLUSH, and ATOMIC
+// WRITE's device bit) as rdma-core 45+ and the kernel's uverbs headers define them. The
+// installed header lacks them, so the layout test does not see these; their values are
+// those of upstream verbs.h and `<rdma/ib_user_verbs.h>`.
+
+/// `IB_UVERBS_DEVICE_FLUSH_GLOBAL` (a `device_cap_flags_ex` bit).
+pub const IB_UVERBS_DEVICE_FLUSH_GLOBAL: u64 = 1 << 38;
+/// `IB_UVERBS_DEVICE_FLUSH_PERSISTENT` (a `device_cap_flags_ex` bit).
+pub const IB_UVERBS_DEVICE_FLUSH_PERSISTENT: u64 = 1 << 39;
+/// `IB_UVERBS_DEVICE_ATOMIC_WRITE` (a `device_cap_flags_ex` bit).
+pub const IB_UVERBS_DEVICE_ATOMIC_WRITE: u64 = 1 << 40;
+/// `IBV_ACCESS_FLUSH_GLOBAL`: a peer may FLUSH the region to global visibility.
+pub const IBV_ACCESS_FLUSH_GLOBAL: u32 = 1 << 8;
+/// `IBV_ACCESS_FLUSH_PERSISTENT`: a peer may FLUSH the region to persistence.
+pub const IBV_ACCESS_FLUSH_PERSISTENT: u32 = 1 << 9;
+/// `IBV_QP_EX_WITH_FLUSH` (`enum ibv_qp_create_send_ops_flags`).
+pub const IBV_QP_EX_WITH_FLUSH: u64 = 1 << 11;
+/// `IBV_WC_FLUSH` (`enum ibv_wc_opcode`).
+pub const IBV_WC_FLUSH: u32 = 8;
+/// `IBV_WR_FLUSH` (`enum ibv_wr_opcode`; offered through `ibv_wr_flush` only).
+pub const IBV_WR_FLUSH: u32 = 14;
+/// `IBV_FLUSH_GLOBAL` (`enum ibv_placement_type`).
+pub const IBV_FLUSH_GLOBAL: u8 = 1 << 0;
+/// `IBV_FLUSH_PERSISTENT` (`enum ibv_placement_type`).
+pub const IBV_FLUSH_PERSISTENT: u8 = 1 << 1;
+/// `IBV_FLUSH_RANGE` (`enum ibv_selectivity_level`).
+pub const IBV_FLUSH_RANGE: u8 = 0;
+/// `IBV_FLUSH_MR` (`enum ibv_selectivity_level`).
+pub const IBV_FLUSH_MR: u8 = 1;
+/// `ibv_qp_ex::wr_flush`, the member rdma-core 45+ appends after `wr_atomic_write`:
+/// `(qp, rkey, remote_addr, len, type, level)`.
+pub type wr_flush_fn = unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, usize, u8, u8);
+
+// ---------------------------------------------------------------------------------------
 // Function pointer types of the tables.
 
 /// `ibv_context_ops::poll_cq`.

@@ -17,11 +17,11 @@ use crate::wqe::PdId;
 use ah::SoftAh;
 use cq::SoftCq;
 use events::{AsyncEvents, SoftCompChannel};
-use mr::{MrTable, SoftMr};
+use mr::{MrTable, SoftMr, SoftMw};
 use remem_verbs::{
     AccessFlags, AddressHandle, AhAttr, CompletionChannel, CompletionQueue, Counter, DeviceAttr,
     DeviceInfo, Error, GidType, MemRegion, MemoryRegion, PortAttr, ProtectionDomain, QpInitAttr,
-    QueuePair, Result, SharedReceiveQueue, SrqAttr,
+    MemoryWindow, MwType, QueuePair, Result, SharedReceiveQueue, SrqAttr,
 };
 use srq::SoftSrq;
 use std::any::Any;
@@ -568,6 +568,21 @@ impl ProtectionDomain for SoftPd {
             attr: *attr,
             pd: self.id,
             device_id: self.dev.id,
+        }))
+    }
+
+    fn alloc_mw(&self, ty: MwType) -> Result<Arc<dyn MemoryWindow>> {
+        let max = self.dev.attr.max_mw as usize;
+        if max == 0 {
+            return Err(Error::Unsupported("memory windows"));
+        }
+        if self.dev.mrs.windows() >= max {
+            return Err(Error::Exhausted("memory windows (max_mw)"));
+        }
+        Ok(Arc::new(SoftMw {
+            rkey: self.dev.mrs.alloc_mw(self.id, ty),
+            ty,
+            dev: Arc::clone(&self.dev),
         }))
     }
 }

@@ -288,6 +288,7 @@ pub fn rx<'a>(p: &Packet<'a>) -> Option<RxPacket<'a>> {
         atomic_ack: h.atomic_ack,
         feth: h.feth,
         imm: h.imm,
+        ieth: h.ieth,
         deth: h.deth.map(|d| (d.qkey, d.src_qp)),
         payload: p.payload,
     })

@@ -199,6 +199,8 @@ pub struct RxPacket<'a> {
     pub feth: Option<Feth>,
     /// Immediate data.
     pub imm: Option<u32>,
+    /// IETH: the rkey a SEND with invalidate names.
+    pub ieth: Option<u32>,
     /// DETH (Q_Key, source QP), UD only.
     pub deth: Option<(u32, u32)>,
     /// Payload (pad removed).
@@ -221,6 +223,7 @@ impl<'a> RxPacket<'a> {
             atomic_ack: None,
             feth: None,
             imm: None,
+            ieth: None,
             deth: None,
             payload: &[],
         }
@@ -239,6 +242,8 @@ pub enum RemoteKeyError {
     OutOfBounds,
     /// The region lacks the access right.
     MissingAccess,
+    /// The key is a type 2 memory window bound to another QP.
+    OtherQp,
     /// The key was valid when the message started (a WRITE's FIRST packet, a READ
     /// request) and has been revoked since: its memory region was deregistered.
     Revoked,
@@ -309,6 +314,27 @@ pub trait Env {
 
     /// Takes the next receive work request (from the QP's receive queue or its SRQ).
     fn take_recv(&mut self) -> Option<RecvWqe>;
+
+    /// Executes a local operation of this QP's send queue (a memory window bind or a
+    /// local invalidate, [`SendOp::is_local`](remem_verbs::SendOp::is_local)) when the
+    /// requester reaches it: the status it completes with on failure (`MW_BIND_ERR` for
+    /// a bind, `LOC_QP_OP_ERR` for an invalidate, as rxe). Without memory windows: every
+    /// one fails.
+    fn local_op(&mut self, op: &remem_verbs::SendOp) -> Result<(), remem_verbs::WcStatus> {
+        Err(match op {
+            remem_verbs::SendOp::BindMw { .. } => remem_verbs::WcStatus::MwBindErr,
+            _ => remem_verbs::WcStatus::LocQpOpErr,
+        })
+    }
+
+    /// Invalidates `rkey` for a SEND with invalidate received on this QP: true if it was a
+    /// type 2 memory window of the QP's protection domain bound on this QP, now free and
+    /// revoked; false (nothing changed) for any other key — a region from `reg_mr`
+    /// cannot be invalidated, as rxe refuses it. Without memory windows: always false.
+    fn invalidate(&mut self, rkey: u32) -> bool {
+        let _ = rkey;
+        false
+    }
 
     /// Reports a send-queue completion.
     fn send_completion(&mut self, wc: WorkCompletion);

@@ -91,6 +91,7 @@ impl SimPacket {
             atomic_ack: h.atomic_ack,
             feth: h.feth,
             imm: h.imm,
+            ieth: h.ieth,
             deth: h.deth,
             payload: &self.payload,
         }

@@ -113,6 +113,8 @@ pub struct UcTransport {
 fn wc_opcode(op: &SendOp) -> WcOpcode {
     match op {
         SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
+        SendOp::BindMw { .. } => WcOpcode::BindMw,
+        SendOp::LocalInv { .. } => WcOpcode::LocalInv,
         _ => WcOpcode::Send,
     }
 }
@@ -255,10 +257,24 @@ impl UcTransport {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             return None;
         }
-        let wqe = self.sq.front()?;
         if self.cur_pkt == 0 && self.state == QpState::Sqd {
             return None;
         }
+        // Local operations (memory window bind, local invalidate) at the head run now, in
+        // order, and complete at once: UC waits for nothing after a message has gone.
+        while self.sq.front().is_some_and(|w| w.op.is_local()) {
+            let w = self.sq.pop_front()?;
+            match env.local_op(&w.op) {
+                Ok(()) if w.signaled => env.send_completion(self.wc(&w, WcStatus::Success)),
+                Ok(()) => {}
+                Err(status) => {
+                    // Refused: the QP goes to ERR (rxe), the rest is flushed.
+                    self.fail_local(self.wc(&w, status), true, env);
+                    return None;
+                }
+            }
+        }
+        let wqe = self.sq.front()?;
         if wqe.is_revoked() {
             let wc = self.wc(wqe, WcStatus::LocProtErr);
             self.sq.pop_front();
@@ -558,6 +574,9 @@ mod tests {
         target: Arc<MemoryBuffer>,
         key: Arc<KeyedRegion>,
         key_access: AccessFlags,
+        /// Local operations executed, in order; refused while `refuse_local`.
+        local_ops: Vec<SendOp>,
+        refuse_local: bool,
     }
 
     impl Side {
@@ -572,6 +591,8 @@ mod tests {
                 key: KeyedRegion::new(MemRegion::whole(target.clone())),
                 target,
                 key_access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+                local_ops: Vec::new(),
+                refuse_local: false,
             }
         }
 
@@ -609,6 +630,13 @@ mod tests {
         }
         fn remote_region(&mut self, _: u32, _: AccessFlags) -> Result<Grant, RemoteKeyError> {
             Err(RemoteKeyError::UnknownKey)
+        }
+        fn local_op(&mut self, op: &SendOp) -> Result<(), WcStatus> {
+            if self.refuse_local {
+                return Err(WcStatus::MwBindErr);
+            }
+            self.local_ops.push(*op);
+            Ok(())
         }
         fn take_recv(&mut self) -> Option<RecvWqe> {
             self.rq.pop_front()
@@ -721,6 +749,54 @@ mod tests {
 
     fn kinds(w: &[Wire]) -> Vec<(Kind, Pos)> {
         w.iter().map(|p| (p.hdr.kind, p.hdr.pos)).collect()
+    }
+
+    #[test]
+    fn local_operations_run_in_order_between_messages() {
+        let (mut a, mut ea, _b, _eb) = pair();
+        let bind = SendOp::BindMw {
+            mw: 0x100,
+            rkey: 0x101,
+            lkey: 5,
+            addr: 0,
+            len: 8,
+            access: AccessFlags::REMOTE_WRITE,
+        };
+        let inv = SendOp::LocalInv { rkey: 0x101 };
+        let m = pattern(1, 300);
+        a.post_send(wqe(1, SendOp::Send, &m), &mut ea);
+        a.post_send(wqe(2, bind, &[]), &mut ea);
+        a.post_send(wqe(3, SendOp::Send, &m), &mut ea);
+        a.post_send(wqe(4, inv, &[]), &mut ea);
+        let w = transmit(&mut a, &mut ea);
+        assert_eq!(w.len(), 4, "two messages of two packets, nothing for the local ones");
+        assert_eq!(ea.local_ops, [bind, inv]);
+        let done: Vec<_> = ea.sent.iter().map(|c| (c.wr_id, c.opcode, c.status)).collect();
+        assert_eq!(
+            done,
+            [
+                (1, WcOpcode::Send, WcStatus::Success),
+                (2, WcOpcode::BindMw, WcStatus::Success),
+                (3, WcOpcode::Send, WcStatus::Success),
+                (4, WcOpcode::LocalInv, WcStatus::Success),
+            ]
+        );
+        // A refused one fails the QP: what follows is flushed, never sent.
+        ea.refuse_local = true;
+        a.post_send(wqe(5, SendOp::Send, &m), &mut ea);
+        a.post_send(wqe(6, bind, &[]), &mut ea);
+        a.post_send(wqe(7, SendOp::Send, &m), &mut ea);
+        assert_eq!(transmit(&mut a, &mut ea).len(), 2, "only message 5");
+        let done: Vec<_> = ea.sent[4..].iter().map(|c| (c.wr_id, c.status)).collect();
+        assert_eq!(
+            done,
+            [
+                (5, WcStatus::Success),
+                (6, WcStatus::MwBindErr),
+                (7, WcStatus::WrFlushErr)
+            ]
+        );
+        assert_eq!(a.state(), QpState::Err);
     }
 
     #[test]

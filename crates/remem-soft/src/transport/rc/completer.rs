@@ -70,6 +70,15 @@ impl RcTransport {
             } else {
                 self.req.cur_pkt = 0;
             }
+            if e.wqe.op.is_local() && status != WcStatus::Success && self.state != QpState::Err
+            {
+                // A refused bind or invalidate: the QP goes to ERR (rxe), the rest of the
+                // send queue is flushed.
+                env.count(Stat::SendErr);
+                self.state = QpState::Err;
+                self.flush(env);
+                return;
+            }
         }
         let r = &mut self.req;
         if r.next_psn.is_before(r.una) {

@@ -124,6 +124,8 @@ fn wc_opcode(op: &SendOp) -> WcOpcode {
         SendOp::AtomicFetchAndAdd { .. } => WcOpcode::FetchAdd,
         SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
         SendOp::Flush { .. } => WcOpcode::Flush,
+        SendOp::BindMw { .. } => WcOpcode::BindMw,
+        SendOp::LocalInv { .. } => WcOpcode::LocalInv,
     }
 }
 

@@ -192,7 +192,42 @@ impl RcTransport {
                 r.next_psn = e.first_psn.add(e.resp_pkts);
             }
         }
+        // Local operations (memory window bind, local invalidate) are executed when the
+        // cursor reaches them, in order, and take no PSN: each is finished at once and
+        // retires, in order, once everything before it has (its PSN range is empty,
+        // ending just before the next packet's).
+        let mut executed = false;
+        while let Some(e) = r.sq.get_mut(r.cur)
+            && e.wqe.op.is_local()
+        {
+            if !e.started {
+                if self.state == QpState::Sqd || (e.wqe.fence && r.rd_outstanding > 0) {
+                    break;
+                }
+                e.started = true;
+                e.first_psn = r.next_psn.prev();
+                e.npkts = 0;
+                e.status = Some(match env.local_op(&e.wqe.op) {
+                    Ok(()) => WcStatus::Success,
+                    Err(status) => status,
+                });
+                executed = true;
+            }
+            if e.status != Some(WcStatus::Success) {
+                // A refused one stops the send queue: the QP fails when it retires.
+                break;
+            }
+            r.cur += 1;
+            r.cur_pkt = 0;
+        }
+        if executed {
+            self.retire(now, env);
+        }
+        let r = &mut self.req;
         let entry = r.sq.get_mut(r.cur)?;
+        if entry.wqe.op.is_local() {
+            return None;
+        }
         // The window bounds the PSNs in flight packet by packet, inside a message too: a
         // peer that stops acknowledging gets at most a window per attempt, however long
         // the message (rxe bounds unacknowledged PSNs the same way). The congestion

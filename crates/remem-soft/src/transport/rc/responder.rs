@@ -706,12 +706,15 @@ impl RcTransport {
                 size: MAX_MSG,
             }))
         };
-        // A SEND with invalidate asks this NIC to invalidate an rkey. A soft device has no
-        // key that can be invalidated remotely (no memory windows, no fast-registered
-        // regions: every region is registered by `reg_mr`, which rxe refuses to invalidate
-        // too), so the request fails: a completion flagged WITH_INV must never tell the
+        // A SEND with invalidate asks this NIC to invalidate an rkey once its data is
+        // placed (rxe's order). Only a type 2 memory window bound on this QP can be
+        // (`Env::invalidate`; a region from `reg_mr` cannot, as rxe refuses it); anything
+        // else fails the request: a completion flagged WITH_INV must never tell the
         // application that a peer's access ended when it did not.
-        let refused_invalidate = pkt.kind == Kind::SendInv && pkt.pos.ends();
+        let invalidates = pkt.kind == Kind::SendInv && pkt.pos.ends();
+        let refused_invalidate = invalidates
+            && placed.is_ok()
+            && !pkt.ieth.is_some_and(|rkey| env.invalidate(rkey));
         let failure = match placed {
             // Longer than the receive buffer: the receive completes with a local length
             // error and the requester gets an invalid-request NAK.
@@ -755,6 +758,10 @@ impl RcTransport {
             if let Some(imm) = pkt.imm.filter(|_| pkt.kind == Kind::SendImm) {
                 wc.imm_data = imm;
                 wc.wc_flags |= WcFlags::WITH_IMM;
+            }
+            if let Some(rkey) = pkt.ieth.filter(|_| invalidates) {
+                wc.imm_data = rkey;
+                wc.wc_flags |= WcFlags::WITH_INV;
             }
             self.resp.msn = next_msn(self.resp.msn);
             env.recv_completion(wc, pkt.solicited);
