@@ -49,6 +49,12 @@ pub struct CtxShared {
     /// Async events handed out and not yet acked, by object address.
     pending: Mutex<HashMap<usize, u32>>,
     acked: Condvar,
+    /// This context's own queue of the device's async events (its `async_fd`), where the
+    /// provider gives one (`Context::subscribe_async_events`): each `ibv_open_device` then
+    /// has a descriptor of its own, as with a kernel device, and reads the events of its
+    /// own objects and every port and device event. `None`: the contexts of a device share
+    /// the device's queue and fd ([`crate::event::translate`] looks in siblings).
+    pub events: Option<Arc<dyn remem_verbs::AsyncEventQueue>>,
 }
 
 /// Object addresses by number (QP number, CQ id, SRQ number).
@@ -226,7 +232,10 @@ impl Ctx {
     /// Makes a context for `dev`, opened from `device`; returns the pointer programs see.
     /// Freed by [`Ctx::free`].
     pub fn create(dev: Arc<dyn remem_verbs::Context>, device: *mut ibv_device) -> *mut ibv_context {
-        let async_fd = dev.async_fd().as_raw_fd();
+        let events = dev.subscribe_async_events().ok();
+        let async_fd = events
+            .as_ref()
+            .map_or_else(|| dev.async_fd().as_raw_fd(), |q| q.fd().as_raw_fd());
         let gid_map = program_gids(&dev.gid_table(1).unwrap_or_default());
         let shared = Arc::new(CtxShared {
             dev,
@@ -238,6 +247,7 @@ impl Ctx {
             srqs: Registry::default(),
             pending: Mutex::new(HashMap::new()),
             acked: Condvar::new(),
+            events,
         });
         {
             let mut all = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());

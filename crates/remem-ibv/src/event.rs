@@ -56,18 +56,23 @@ pub fn subject(event_type: ibv_event_type) -> Subject {
     }
 }
 
-/// The `ibv_async_event` of a remem event: its object looked up in `shared`'s registries,
-/// then in those of the other contexts open on the same device (they share the event
-/// queue). `None` if the object is no longer registered anywhere. Notes the event as
+/// The `ibv_async_event` of a remem event: its object looked up in `shared`'s registries;
+/// where the contexts of a device share one queue (no [`CtxShared::events`]), then in
+/// those of the other contexts open on the same device. `None` if the object is not
+/// registered there (destroyed, or another context's). Notes the event as
 /// handed out (until acked).
 pub fn translate(shared: &Arc<CtxShared>, ev: &AsyncEvent) -> Option<ibv_async_event> {
     if let Some(e) = translate_in(shared, ev) {
         return Some(e);
     }
-    if matches!(
-        ev.element,
-        AsyncEventElement::Port(_) | AsyncEventElement::Device
-    ) {
+    if shared.events.is_some()
+        || matches!(
+            ev.element,
+            AsyncEventElement::Port(_) | AsyncEventElement::Device
+        )
+    {
+        // A context with a queue of its own reads only its own objects' events: the
+        // others' contexts have their copies.
         return None;
     }
     shared.siblings().iter().find_map(|s| translate_in(s, ev))
@@ -157,7 +162,16 @@ pub unsafe extern "C" fn remem_ibv_ibv_get_async_event(
         let shared = c.shared();
         let fd = c.vctx.context.async_fd;
         loop {
-            while let Some(ev) = shared.dev.get_async_event() {
+            loop {
+                let ev = match &shared.events {
+                    Some(q) => {
+                        // Nobody reads the device's own queue here: keep it from growing.
+                        while shared.dev.get_async_event().is_some() {}
+                        q.pop()
+                    }
+                    None => shared.dev.get_async_event(),
+                };
+                let Some(ev) = ev else { break };
                 if let Some(out) = translate(shared, &ev) {
                     // SAFETY: writable by the contract.
                     unsafe { event.write(out) };
@@ -251,7 +265,7 @@ mod registry_tests {
     use remem_verbs::{AsyncEventType, CqId};
 
     #[test]
-    fn events_find_objects_of_sibling_contexts() {
+    fn each_open_of_a_device_has_its_own_async_fd_and_its_own_objects_events() {
         let dev: Arc<dyn remem_verbs::Context> = Arc::new(
             remem_soft::SoftContext::bind_with(
                 "127.0.0.1:0".parse().unwrap(),
@@ -270,31 +284,41 @@ mod registry_tests {
                 Arc::clone(ctx_from(b).unwrap().shared()),
             )
         };
+        // Two descriptors, as two opens of a kernel device give (UCX keys its event
+        // handlers by descriptor; O_NONBLOCK on one must not change the other).
+        // SAFETY: live contexts.
+        let (fa, fb) = unsafe { ((*a).async_fd, (*b).async_fd) };
+        assert!(fa >= 0 && fb >= 0 && fa != fb, "{fa} {fb}");
+        assert!(sa.events.is_some() && sb.events.is_some());
         let cq = 0x2000 as *mut ibv_cq;
         sb.register_cq(CqId(3), cq);
         let ev = AsyncEvent {
             event_type: AsyncEventType::CqErr,
             element: AsyncEventElement::Cq(CqId(3)),
         };
-        let got = translate(&sa, &ev).expect("found in the sibling");
+        // The event reaches both queues; only the owner's context reports it.
+        assert!(translate(&sa, &ev).is_none(), "another context's CQ");
+        let got = translate(&sb, &ev).expect("its own CQ");
         assert_eq!(got.event_type, IBV_EVENT_CQ_ERR);
         // SAFETY: a CQ event carries a CQ pointer.
         assert_eq!(unsafe { got.element.cq }, cq);
-        // The event counts against the CQ in its own context.
         sb.event_acked(cq as usize);
         sb.unregister_cq(CqId(3));
         assert!(
-            translate(&sa, &ev).is_none(),
+            translate(&sb, &ev).is_none(),
             "destroyed objects get no events"
         );
+        // A port event goes to every context.
         let port = AsyncEvent {
             event_type: AsyncEventType::PortActive,
             element: AsyncEventElement::Port(1),
         };
-        let port = translate(&sa, &port).unwrap();
-        // SAFETY: a port event carries a port number.
-        let port_num = unsafe { port.element.port_num };
-        assert_eq!(port_num, 1);
+        for s in [&sa, &sb] {
+            let port = translate(s, &port).unwrap();
+            // SAFETY: a port event carries a port number.
+            let port_num = unsafe { port.element.port_num };
+            assert_eq!(port_num, 1);
+        }
         // SAFETY: made by Ctx::create, not used afterwards.
         unsafe {
             Ctx::free(a);

@@ -362,6 +362,15 @@ impl Context for SoftContext {
         self.dev.events.pop()
     }
 
+    fn subscribe_async_events(&self) -> Result<Arc<dyn remem_verbs::AsyncEventQueue>> {
+        let q: Arc<dyn remem_verbs::AsyncEventQueue> = self
+            .dev
+            .events
+            .subscribe()
+            .map_err(remem_verbs::Error::Io)?;
+        Ok(q)
+    }
+
     fn counters(&self) -> Vec<Counter> {
         self.dev.counters()
     }

@@ -51,8 +51,8 @@ pub use error::{Error, MemError, PostError, Result};
 pub use event::{AsyncEvent, AsyncEventElement, AsyncEventType};
 pub use mem::{MemRegion, MemoryBuffer};
 pub use provider::{
-    AddressHandle, CompletionChannel, CompletionQueue, Context, Counter, CqId, MemoryRegion,
-    MemoryWindow, MwType, ProtectionDomain, Provider, QueuePair, ROCEV2_UDP_PORT,
+    AddressHandle, AsyncEventQueue, CompletionChannel, CompletionQueue, Context, Counter, CqId,
+    MemoryRegion, MemoryWindow, MwType, ProtectionDomain, Provider, QueuePair, ROCEV2_UDP_PORT,
     SharedReceiveQueue, SrqAttr,
 };
 pub use qp::{

@@ -53,6 +53,16 @@ pub struct Counter {
     pub value: u64,
 }
 
+/// One reader's queue of a device's async events ([`Context::subscribe_async_events`]).
+pub trait AsyncEventQueue: Any + Send + Sync {
+    /// Readable while an event is pending; created non-blocking (its `O_NONBLOCK` flag is
+    /// the user's to set or clear, as [`Context::async_fd`]'s).
+    fn fd(&self) -> BorrowedFd<'_>;
+
+    /// Takes the next event (oldest first) without blocking.
+    fn pop(&self) -> Option<AsyncEvent>;
+}
+
 /// An open device (`struct ibv_context`).
 pub trait Context: Any + Send + Sync {
     /// What the device is.
@@ -97,6 +107,16 @@ pub trait Context: Any + Send + Sync {
     /// Takes the next async event without blocking (`ibv_get_async_event` on a
     /// non-blocking `async_fd`, then `ibv_ack_async_event`).
     fn get_async_event(&self) -> Option<AsyncEvent>;
+
+    /// A queue of its own for one more reader of this device's async events: every event
+    /// the device raises from now on reaches it, as well as [`Context::async_fd`]'s queue.
+    /// Each `ibv_open_device` of a kernel device has its own `async_fd` (a program that
+    /// opens a device twice, as UCX and Open MPI do, watches two descriptors); a provider
+    /// whose opens share one device gives each its own queue through this. Unsupported
+    /// (EOPNOTSUPP) by default.
+    fn subscribe_async_events(&self) -> Result<Arc<dyn AsyncEventQueue>> {
+        Err(crate::Error::Unsupported("async event subscriptions"))
+    }
 
     /// The device's counters.
     fn counters(&self) -> Vec<Counter>;

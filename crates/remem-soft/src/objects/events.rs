@@ -12,7 +12,7 @@ use rustix::net::{RecvFlags, SendFlags, recv, send};
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixDatagram;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, Weak};
 
 #[derive(Debug)]
 struct State<T> {
@@ -110,10 +110,13 @@ impl<T> FdQueue<T> {
 }
 
 /// A device's async event queue (what `ibv_get_async_event` reads); the context's
-/// `async_fd` is readable while events are pending.
+/// `async_fd` is readable while events are pending. Further readers subscribe
+/// ([`AsyncEvents::subscribe`]): each has a queue and fd of its own and gets every event
+/// raised after it subscribed, as each `ibv_open_device` of a kernel device does.
 #[derive(Debug)]
 pub struct AsyncEvents {
     queue: FdQueue<AsyncEvent>,
+    subscribers: Mutex<Vec<Weak<FdQueue<AsyncEvent>>>>,
 }
 
 impl AsyncEvents {
@@ -121,12 +124,32 @@ impl AsyncEvents {
     pub fn new() -> std::io::Result<Self> {
         Ok(AsyncEvents {
             queue: FdQueue::new()?,
+            subscribers: Mutex::new(Vec::new()),
         })
     }
 
-    /// Raises an event.
+    /// Raises an event: to the device's queue and to every live subscriber's.
     pub fn raise(&self, ev: AsyncEvent) {
         self.queue.push(ev);
+        let mut subs = self.subscribers.lock().unwrap_or_else(|p| p.into_inner());
+        subs.retain(|w| match w.upgrade() {
+            Some(q) => {
+                q.push(ev);
+                true
+            }
+            None => false,
+        });
+    }
+
+    /// A new reader: a queue of its own that gets every event raised from now on, until
+    /// the returned handle is dropped.
+    pub fn subscribe(&self) -> std::io::Result<Arc<FdQueue<AsyncEvent>>> {
+        let q = Arc::new(FdQueue::new()?);
+        self.subscribers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::downgrade(&q));
+        Ok(q)
     }
 
     /// Takes the next event (oldest first).
@@ -138,6 +161,16 @@ impl AsyncEvents {
     /// whatever the fd's `O_NONBLOCK` flag (the caller's to set or clear).
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.queue.fd()
+    }
+}
+
+impl remem_verbs::AsyncEventQueue for FdQueue<AsyncEvent> {
+    fn fd(&self) -> BorrowedFd<'_> {
+        FdQueue::fd(self)
+    }
+
+    fn pop(&self) -> Option<AsyncEvent> {
+        FdQueue::pop(self)
     }
 }
 
@@ -200,6 +233,7 @@ pub(crate) fn readable(fd: BorrowedFd<'_>) -> bool {
 mod tests {
     use super::*;
     use remem_verbs::{AsyncEventElement, AsyncEventType, CompletionChannel};
+    use std::os::fd::AsRawFd;
 
     #[test]
     fn fd_is_readable_exactly_while_nonempty() {
@@ -332,5 +366,29 @@ mod tests {
         assert_eq!(ev.pop(), Some(e(2)));
         assert!(!readable(ev.fd()));
         assert_eq!(ev.pop(), None);
+    }
+
+    #[test]
+    fn a_subscriber_gets_every_later_event_on_a_descriptor_of_its_own() {
+        let ev = AsyncEvents::new().unwrap();
+        let e = |n| AsyncEvent {
+            event_type: AsyncEventType::SrqLimitReached,
+            element: AsyncEventElement::Srq(n),
+        };
+        ev.raise(e(1));
+        let sub = ev.subscribe().unwrap();
+        assert_ne!(sub.fd().as_raw_fd(), ev.fd().as_raw_fd());
+        assert!(!readable(sub.fd()), "only events raised after it subscribed");
+        ev.raise(e(2));
+        assert!(readable(sub.fd()));
+        assert_eq!(sub.pop(), Some(e(2)));
+        assert!(!readable(sub.fd()));
+        // The device's own queue still has both.
+        assert_eq!(ev.pop(), Some(e(1)));
+        assert_eq!(ev.pop(), Some(e(2)));
+        // A dropped subscriber is forgotten at the next event.
+        drop(sub);
+        ev.raise(e(3));
+        assert!(ev.subscribers.lock().unwrap().is_empty());
     }
 }
