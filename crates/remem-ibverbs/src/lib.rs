@@ -274,6 +274,11 @@ impl Context for IbContext {
             flush_global: false,
             flush_persistent: false,
             atomic_write: false,
+            mcast: remem_verbs::McastCaps {
+                max_mcast_grp: n(a.max_mcast_grp),
+                max_mcast_qp_attach: n(a.max_mcast_qp_attach),
+                max_total_mcast_qp_attach: n(a.max_total_mcast_qp_attach),
+            },
         })
     }
 

@@ -111,7 +111,7 @@ pub struct SoftContext {
 }
 
 /// Device attributes of a soft device: rxe's limits (rxe_param.h) where a software device
-/// has any, except the largest message, which is IBTA's 2^31 bytes rather than rxe's 8 MiB.
+/// has any (multicast's included), except the largest message, which is IBTA's 2^31 bytes rather than rxe's 8 MiB.
 fn device_attr(node_guid: u64) -> DeviceAttr {
     const MAX: u32 = 1 << 20;
     DeviceAttr {
@@ -145,6 +145,7 @@ fn device_attr(node_guid: u64) -> DeviceAttr {
         flush_global: true,
         flush_persistent: true,
         atomic_write: true,
+        mcast: remem_verbs::McastCaps::RXE,
     }
 }
 

@@ -44,7 +44,7 @@ pub use cm::{
     CmChannel, CmEvent, CmEventKind, CmEventParam, CmId, ConnParam, PeerConnParam, PortSpace,
     PrivateDataLimit, UdParam,
 };
-pub use device::{AtomicCap, DeviceAttr, DeviceInfo, GidEntry, GidType, PortAttr};
+pub use device::{AtomicCap, DeviceAttr, DeviceInfo, GidEntry, GidType, McastCaps, PortAttr};
 pub use error::{Error, MemError, PostError, Result};
 pub use event::{AsyncEvent, AsyncEventElement, AsyncEventType};
 pub use mem::{MemRegion, MemoryBuffer};
