@@ -37,9 +37,10 @@ use std::time::{Duration, Instant};
 /// The QPN of a multicast packet's BTH (IBTA: a packet to it is for the group's QPs).
 pub const MULTICAST_QPN: u32 = 0x00ff_ffff;
 
-/// How long a group's receiving thread blocks before it looks whether it should stop (its
-/// socket is also shut down to wake it at once).
-const RX_POLL: Duration = Duration::from_millis(200);
+/// How long a group's receiving thread blocks before it looks whether it should stop (the
+/// last detach waits for it: a socket left in the group meanwhile would let a new one for
+/// the same group see each datagram twice).
+const RX_POLL: Duration = Duration::from_millis(50);
 
 /// The IPv4 group a multicast GID stands for: `Ok(None)` for a GID that is not multicast.
 pub fn group_of(mgid: &Gid) -> Result<Option<Ipv4Addr>> {
@@ -64,7 +65,7 @@ struct Group {
 /// The socket bound to a group and the thread reading it.
 #[derive(Debug)]
 struct GroupRx {
-    socket: Arc<UdpSocket>,
+    _socket: Arc<UdpSocket>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -72,9 +73,6 @@ struct GroupRx {
 impl Drop for GroupRx {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        // Wakes a blocked receive (on an unconnected UDP socket Linux reports ENOTCONN but
-        // wakes the reader all the same); the poll interval bounds it otherwise.
-        let _ = rustix::net::shutdown(&*self.socket, rustix::net::Shutdown::Read);
         if let Some(t) = self.thread.take()
             && t.thread().id() != std::thread::current().id()
         {
@@ -202,7 +200,12 @@ fn open_group(engine: &Arc<Engine>, group: Ipv4Addr) -> Result<GroupRx> {
         ))
     };
     use rustix::net::{AddressFamily, SocketType, sockopt};
-    let fd = rustix::net::socket(AddressFamily::INET, SocketType::DGRAM, None)
+    let fd = rustix::net::socket_with(
+        AddressFamily::INET,
+        SocketType::DGRAM,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )
         .map_err(|e| fail("socket", e))?;
     // Every device on the host that joins the group binds the same address and port.
     sockopt::set_socket_reuseaddr(&fd, true).map_err(|e| fail("SO_REUSEADDR", e))?;
@@ -220,7 +223,7 @@ fn open_group(engine: &Arc<Engine>, group: Ipv4Addr) -> Result<GroupRx> {
             .spawn(move || receive(&socket, &stop, &engine, group))?
     };
     Ok(GroupRx {
-        socket,
+        _socket: socket,
         stop,
         thread: Some(thread),
     })
@@ -246,9 +249,6 @@ fn receive(socket: &UdpSocket, stop: &AtomicBool, engine: &Weak<Engine>, group: 
             Err(_) if stop.load(Ordering::Acquire) => return,
             Err(_) => continue,
         };
-        if n == 0 && stop.load(Ordering::Acquire) {
-            return; // woken by the shutdown
-        }
         let Some(engine) = engine.upgrade() else {
             return;
         };
