@@ -628,6 +628,8 @@ pub(crate) fn hand_out(p: Pending) -> Option<*mut rdma_cm_event> {
                     if r != 0 {
                         out.abi.event = CmEventKind::MulticastError.value();
                         out.abi.status = -r;
+                    } else {
+                        notify(&format!("joined {}", u.ah_attr.dgid.to_ip()));
                     }
                 }
             }
@@ -1056,20 +1058,22 @@ pub unsafe extern "C" fn remem_ibv_rdma_listen(id: *mut rdma_cm_id, backlog: c_i
         if let Some(a) = cms.first().and_then(|c| c.local_addr()) {
             // SAFETY: a live id.
             unsafe { set_src(s.abi_ptr(), a) };
-            notify_listening(a);
+            notify(&format!("listening {a}"));
         }
         0
     })
 }
 
 /// The environment variable naming a file (typically a FIFO) that hears of every
-/// listener: one line `listening IP:PORT` per successful `rdma_listen`. Scripts and tests
-/// start a client once the server listens (a CM service has no socket to watch).
+/// listener: one line `listening IP:PORT` per successful `rdma_listen`, and of every
+/// multicast receiver: one line `joined GROUP` per MULTICAST_JOIN event taken whose QP was
+/// attached to the group. Scripts and tests start a client once the server listens or
+/// receives (a CM service or a multicast group has no socket to watch).
 pub const NOTIFY_ENV: &str = "REMEM_RDMACM_NOTIFY";
 
-/// Writes the `listening` line to `$REMEM_RDMACM_NOTIFY`, if set (failures are ignored:
-/// no reader on a FIFO, a path that cannot be opened).
-fn notify_listening(a: SocketAddr) {
+/// Writes a line to `$REMEM_RDMACM_NOTIFY`, if set (failures are ignored: no reader on a
+/// FIFO, a path that cannot be opened).
+fn notify(line: &str) {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let Some(path) = std::env::var_os(NOTIFY_ENV) else {
@@ -1080,7 +1084,7 @@ fn notify_listening(a: SocketAddr) {
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
     {
-        let _ = f.write_all(format!("listening {a}\n").as_bytes());
+        let _ = f.write_all(format!("{line}\n").as_bytes());
     }
 }
 
