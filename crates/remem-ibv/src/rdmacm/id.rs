@@ -1870,7 +1870,7 @@ pub unsafe extern "C" fn remem_ibv_rdma_join_multicast(
 ) -> c_int {
     let mut attr = rdma_cm_join_mc_attr_ex {
         comp_mask: RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS,
-        join_flags: RDMA_MC_JOIN_FLAG_FULLMEMBER as u32,
+        join_flags: RDMA_MC_JOIN_FLAG_FULLMEMBER,
         addr,
     };
     // SAFETY: by the contract; `attr` is on the stack.
@@ -1911,8 +1911,8 @@ pub unsafe extern "C" fn remem_ibv_rdma_join_multicast_ex(
             return fail(libc::EINVAL);
         }
         let send_only = match a.join_flags {
-            f if f == RDMA_MC_JOIN_FLAG_FULLMEMBER as u32 => false,
-            f if f == RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER as u32 => true,
+            f if f == RDMA_MC_JOIN_FLAG_FULLMEMBER => false,
+            f if f == RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER => true,
             _ => return fail(libc::ENOSYS),
         };
         // SAFETY: NULL or a valid socket address by the contract.

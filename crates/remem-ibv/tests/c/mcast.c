@@ -7,10 +7,15 @@
  *                      errors (EINVAL: a unicast GID, a QP not attached, an RC QP) and the
  *                      device's multicast limits (rxe's).
  *   mcast send GROUP   sends one datagram to GROUP (QPN 0xFFFFFF).
+ *   mcast join GROUP IP  rdma_join_multicast on an id bound to IP (no QP): the
+ *                      MULTICAST_JOIN event's ud parameters are the kernel's for RoCE v2
+ *                      (MGID ::ffff:GROUP, QPN 0xFFFFFF, Q_Key RDMA_UDP_QKEY, hop limit 64,
+ *                      the join's context); joining again and leaving twice fail.
  */
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
 #include <stdint.h>
 #include <unistd.h>
 
@@ -185,10 +190,59 @@ static void sender(const char *group)
 	printf("sent to %s\n", group);
 }
 
+static void join(const char *group, const char *ip)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	REQUIRE(ch, "rdma_create_event_channel");
+	struct rdma_cm_id *id;
+	REQUIRE(rdma_create_id(ch, &id, NULL, RDMA_PS_UDP) == 0, "rdma_create_id");
+	struct sockaddr_in me = { .sin_family = AF_INET };
+	inet_pton(AF_INET, ip, &me.sin_addr);
+	REQUIRE(rdma_bind_addr(id, (struct sockaddr *)&me) == 0, "rdma_bind_addr");
+	struct sockaddr_in g = { .sin_family = AF_INET };
+	inet_pton(AF_INET, group, &g.sin_addr);
+	void *context = (void *)0x1234;
+	REQUIRE(rdma_join_multicast(id, (struct sockaddr *)&g, context) == 0, "rdma_join_multicast");
+	struct rdma_cm_event *ev;
+	REQUIRE(rdma_get_cm_event(ch, &ev) == 0, "rdma_get_cm_event");
+	CHECK(ev->event == RDMA_CM_EVENT_MULTICAST_JOIN, "event %s", rdma_event_str(ev->event));
+	CHECK(ev->status == 0, "status %d", ev->status);
+	CHECK(ev->id == id, "the id");
+	struct rdma_ud_param *ud = &ev->param.ud;
+	union ibv_gid mgid = mgid_of(group);
+	CHECK(ud->private_data == context, "context %p", ud->private_data);
+	CHECK(ud->qp_num == 0xffffff, "qp_num %#x", ud->qp_num);
+	CHECK(ud->qkey == RDMA_UDP_QKEY, "qkey %#x", ud->qkey);
+	CHECK(ud->ah_attr.is_global == 1, "is_global");
+	CHECK(memcmp(ud->ah_attr.grh.dgid.raw, mgid.raw, 16) == 0, "dgid");
+	CHECK(ud->ah_attr.grh.hop_limit == 64, "hop_limit %d", ud->ah_attr.grh.hop_limit);
+	union ibv_gid sgid;
+	CHECK(ibv_query_gid(id->verbs, 1, ud->ah_attr.grh.sgid_index, &sgid) == 0 &&
+		      memcmp(&sgid.raw[12], &me.sin_addr, 4) == 0,
+	      "sgid_index %d is the id's address", ud->ah_attr.grh.sgid_index);
+	rdma_ack_cm_event(ev);
+	errno = 0;
+	CHECK(rdma_join_multicast(id, (struct sockaddr *)&g, NULL) == -1 && errno == EADDRINUSE,
+	      "joining again");
+	CHECK(rdma_leave_multicast(id, (struct sockaddr *)&g) == 0, "rdma_leave_multicast");
+	errno = 0;
+	CHECK(rdma_leave_multicast(id, (struct sockaddr *)&g) == -1 && errno == EADDRNOTAVAIL,
+	      "leaving again");
+	rdma_destroy_id(id);
+	rdma_destroy_event_channel(ch);
+	printf("joined and left %s\n", group);
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	REQUIRE(argc == 3, "usage: mcast recv|send GROUP");
+	REQUIRE(argc >= 3, "usage: mcast recv|send GROUP | mcast join GROUP IP");
+	if (strcmp(argv[1], "join") == 0) {
+		REQUIRE(argc == 4, "mcast join GROUP IP");
+		join(argv[2], argv[3]);
+		printf("%d failures\n", failures);
+		return failures != 0;
+	}
 	struct ibv_device **list = ibv_get_device_list(NULL);
 	REQUIRE(list && list[0], "a device");
 	ctx = ibv_open_device(list[0]);
