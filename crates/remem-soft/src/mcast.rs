@@ -34,6 +34,9 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// The receive buffer asked for a group's socket (the device's own socket's size).
+const RX_BUFFER: usize = 4 << 20;
+
 /// The QPN of a multicast packet's BTH (IBTA: a packet to it is for the group's QPs).
 pub const MULTICAST_QPN: u32 = 0x00ff_ffff;
 
@@ -211,6 +214,9 @@ fn open_group(engine: &Arc<Engine>, group: Ipv4Addr) -> Result<GroupRx> {
     sockopt::set_socket_reuseaddr(&fd, true).map_err(|e| fail("SO_REUSEADDR", e))?;
     rustix::net::bind(&fd, &SocketAddrV4::new(group, local.port()))
         .map_err(|e| fail("bind", e))?;
+    // Best effort, as the device's own socket: a burst to the group waits here while the
+    // thread hands datagrams over one by one (the kernel may cap it at rmem_max).
+    let _ = sockopt::set_socket_recv_buffer_size(&fd, RX_BUFFER);
     sockopt::set_ip_add_membership(&fd, &group, &iface)
         .map_err(|e| fail("IP_ADD_MEMBERSHIP", e))?;
     let socket = Arc::new(UdpSocket::from(fd));
