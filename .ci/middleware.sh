@@ -21,7 +21,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 need=(ucx_info ucx_perftest io_demo mpirun mpicc fi_info fi_pingpong qperf rdma_xserver rdma_xclient
-      cmtime ibv_asyncwatch ibv_devices gcc pkg-config ss setpriv)
+      cmtime mckey ibv_asyncwatch ibv_devices gcc pkg-config ss setpriv)
 for tool in "${need[@]}"; do
   command -v "$tool" >/dev/null 2>&1 || {
     echo "middleware: $tool is missing (apt-get install ucx-utils openmpi-bin libopenmpi-dev libfabric-bin librpma-dev qperf rdmacm-utils ibverbs-utils iproute2 util-linux)"
@@ -233,6 +233,20 @@ port=$((port + 1))
 cm_pair "rdma_xserver / rdma_xclient (RC)" rdma_xserver rdma_xclient -p $port :: -s {S} -p $port
 port=$((port + 1))
 cm_pair "cmtime -c 20" cmtime cmtime -b {S} -c 20 -p $port :: -s {S} -c 20 -p $port
+# mckey (UD multicast): a receiver joins 239.77.0.1 on a device of its own; once it has
+# joined ("joined" on the notify file), a sender on another device sends 20 datagrams to it.
+joined() { grep -q joined "$logs"/notify; }
+cm_n=$((cm_n + 2)); mrip=127.0.19.$cm_n; msip=127.0.19.$((cm_n + 1))
+rm -f "$logs"/*; : > "$logs"/notify
+REMEM_IBV_DEVICES=rxe0=soft@$mrip REMEM_RDMACM_NOTIFY="$logs"/notify \
+  timeout 60 "$remem" run -- mckey -m 239.77.0.1 -b $mrip -C 20 > "$logs"/server 2>&1 &
+server=$!
+wait_for $server joined
+ok=1
+REMEM_IBV_DEVICES=rxe0=soft@$msip timeout 60 "$remem" run -- \
+  mckey -m 239.77.0.1 -b $msip -s -C 20 > "$logs"/client 2>&1 || ok=0
+wait $server || ok=0
+if [ $ok = 1 ]; then pass "mckey (UD multicast)"; else fail "mckey (UD multicast)"; fi
 rm -f "$logs"/*
 if timeout 60 "$remem" run -- ibv_devices > "$logs"/client 2>&1 && grep -q rxe0 "$logs"/client; then
   pass "ibv_devices"; else fail "ibv_devices"; fi

@@ -521,7 +521,9 @@ pub unsafe extern "C" fn remem_ibv_ibv_set_ece(qp: *mut ibv_qp, ece: *mut ibv_ec
     libc::EOPNOTSUPP
 }
 
-/// `ibv_attach_mcast`: remem has no multicast (EOPNOTSUPP).
+/// `ibv_attach_mcast`: attaches a UD QP to the multicast group `gid` (`lid` is ignored on
+/// RoCE); 0, or EINVAL (not a UD QP, not a multicast GID), ENOMEM (beyond the device's
+/// `max_mcast_*` limits, rxe's), EOPNOTSUPP (an IPv6 group).
 ///
 /// # Safety
 ///
@@ -532,11 +534,16 @@ pub unsafe extern "C" fn remem_ibv_ibv_attach_mcast(
     gid: *const ibv_gid,
     lid: u16,
 ) -> c_int {
-    let _ = (qp, gid, lid);
-    libc::EOPNOTSUPP
+    guard_int("ibv_attach_mcast", || {
+        // SAFETY: by the contract.
+        match unsafe { mcast_args(qp, gid) } {
+            Some((q, mgid)) => q.qp.attach_mcast(&mgid, lid).err().map_or(0, |e| e.errno()),
+            None => libc::EINVAL,
+        }
+    })
 }
 
-/// `ibv_detach_mcast`: EOPNOTSUPP.
+/// `ibv_detach_mcast`: detaches the QP from the group; EINVAL if it is not attached.
 ///
 /// # Safety
 ///
@@ -547,8 +554,32 @@ pub unsafe extern "C" fn remem_ibv_ibv_detach_mcast(
     gid: *const ibv_gid,
     lid: u16,
 ) -> c_int {
-    let _ = (qp, gid, lid);
-    libc::EOPNOTSUPP
+    guard_int("ibv_detach_mcast", || {
+        // SAFETY: by the contract.
+        match unsafe { mcast_args(qp, gid) } {
+            Some((q, mgid)) => q.qp.detach_mcast(&mgid, lid).err().map_or(0, |e| e.errno()),
+            None => libc::EINVAL,
+        }
+    })
+}
+
+/// The QP and the GID of an attach or detach (None: a NULL or foreign pointer).
+///
+/// # Safety
+///
+/// `qp` and `gid` are NULL or valid, as verbs.h documents.
+unsafe fn mcast_args<'a>(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+) -> Option<(&'a QpInner, remem_verbs::Gid)> {
+    // SAFETY: by the contract.
+    let q = unsafe { qp_from(qp) }?;
+    if gid.is_null() {
+        return None;
+    }
+    // SAFETY: non-NULL and valid by the contract; a GID is 16 plain bytes.
+    let raw = unsafe { (*gid).raw };
+    Some((q, remem_verbs::Gid(raw)))
 }
 
 #[cfg(test)]

@@ -91,9 +91,9 @@ pub fn device_attr(a: &DeviceAttr, guid: u64, pkeys: u16) -> ibv_device_attr {
         max_mw: clamp_int(a.max_mw),
         max_raw_ipv6_qp: 0,
         max_raw_ethy_qp: 0,
-        max_mcast_grp: 0,
-        max_mcast_qp_attach: 0,
-        max_total_mcast_qp_attach: 0,
+        max_mcast_grp: clamp_int(a.mcast.max_mcast_grp),
+        max_mcast_qp_attach: clamp_int(a.mcast.max_mcast_qp_attach),
+        max_total_mcast_qp_attach: clamp_int(a.mcast.max_total_mcast_qp_attach),
         max_ah: clamp_int(a.max_ah),
         max_fmr: 0,
         max_map_per_fmr: 0,
@@ -666,6 +666,7 @@ mod tests {
             flush_persistent: true,
             atomic_write: true,
             max_mw: 0x1000,
+            mcast: remem_verbs::McastCaps::RXE,
         }
     }
 

@@ -1,8 +1,9 @@
 //! Unmodified Debian RDMA CM programs on the drop-in librdmacm (the same library file as
 //! the drop-in libibverbs), both ends, two processes on loopback, each on a soft device
 //! of its own (`REMEM_IBV_DEVICES=rxe0=soft@127.x.y.1` and `.2`): rdmacm-utils' rping,
-//! rdma_server/rdma_client, ucmatose and udaddy, and perftest's `-R` (connect through the
-//! RDMA CM). The client starts once the server listens (`REMEM_RDMACM_NOTIFY`).
+//! rdma_server/rdma_client, ucmatose, udaddy and mckey (multicast), and perftest's `-R` (connect through the
+//! RDMA CM). The client starts once the server listens or joins its multicast group
+//! (`REMEM_RDMACM_NOTIFY`).
 //!
 //! A test whose program is not installed prints `skipped: …` and passes (fails under
 //! `REMEM_REQUIRE_IBV_TOOLS=1`).
@@ -29,7 +30,7 @@ fn pair(
 }
 
 /// Runs the server program and the client program (with their arguments; `{S}` is the
-/// server's address).
+/// server's address, `{C}` the client's).
 fn pair2(server: (&str, &[&str]), client: (&str, &[&str]), package: &str) -> Option<(Ran, Ran)> {
     if !have_timeout() {
         return None;
@@ -44,7 +45,10 @@ fn pair2(server: (&str, &[&str]), client: (&str, &[&str]), package: &str) -> Opt
         let fill = |args: &[&str]| -> Vec<String> {
             strings(args)
                 .into_iter()
-                .map(|a| a.replace("{S}", &sip.to_string()))
+                .map(|a| {
+                    a.replace("{S}", &sip.to_string())
+                        .replace("{C}", &cip.to_string())
+                })
                 .collect()
         };
         let s = CmSide {
@@ -244,6 +248,34 @@ fn udaddy_service_resolution_and_datagrams() {
         assert!(r.out.contains("data transfers complete"), "{}", r.out);
         assert!(r.out.contains("return status 0"), "{}", r.out);
     }
+}
+
+/// rdmacm-utils' mckey: a receiver joins an IPv4 multicast group (`rdma_join_multicast`;
+/// its QP attached as it takes the MULTICAST_JOIN event), then a sender on another device
+/// (another process) joins and sends 20 datagrams to the group (QPN 0xFFFFFF, the join's
+/// Q_Key), which the receiver takes, every one. The sender starts once the receiver has
+/// joined (`joined` on `REMEM_RDMACM_NOTIFY`).
+#[test]
+fn mckey_multicast_receiver_and_sender() {
+    let Some((s, c)) = pair(
+        "mckey",
+        "rdmacm-utils",
+        &["-m", "239.77.1.1", "-b", "{S}", "-C", "20"],
+        &["-m", "239.77.1.1", "-b", "{C}", "-s", "-C", "20"],
+    ) else {
+        return;
+    };
+    assert_both_ok("mckey", &s, &c);
+    for r in [&s, &c] {
+        assert!(
+            r.out.contains("joined dgid: ::ffff:239.77.1.1"),
+            "{}",
+            r.out
+        );
+        assert!(r.out.contains("data transfers complete"), "{}", r.out);
+        assert!(r.out.contains("return status 0"), "{}", r.out);
+    }
+    assert!(s.out.contains("receiving data transfers"), "{}", s.out);
 }
 
 /// perftest's `-R`: the QPs connect through the RDMA CM (and exchange their parameters

@@ -276,6 +276,11 @@ impl Context for IbContext {
             atomic_write: false,
             // Memory windows are not offered through this provider (yet).
             max_mw: 0,
+            mcast: remem_verbs::McastCaps {
+                max_mcast_grp: n(a.max_mcast_grp),
+                max_mcast_qp_attach: n(a.max_mcast_qp_attach),
+                max_total_mcast_qp_attach: n(a.max_total_mcast_qp_attach),
+            },
         })
     }
 

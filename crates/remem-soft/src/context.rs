@@ -111,7 +111,7 @@ pub struct SoftContext {
 }
 
 /// Device attributes of a soft device: rxe's limits (rxe_param.h) where a software device
-/// has any, except the largest message, which is IBTA's 2^31 bytes rather than rxe's 8 MiB.
+/// has any (multicast's included), except the largest message, which is IBTA's 2^31 bytes rather than rxe's 8 MiB.
 fn device_attr(node_guid: u64) -> DeviceAttr {
     const MAX: u32 = 1 << 20;
     DeviceAttr {
@@ -147,6 +147,7 @@ fn device_attr(node_guid: u64) -> DeviceAttr {
         atomic_write: true,
         // rxe_param.h's RXE_MAX_MW.
         max_mw: 0x1000,
+        mcast: remem_verbs::McastCaps::RXE,
     }
 }
 

@@ -209,6 +209,8 @@ pub struct Engine {
     gsi_psn: AtomicU64,
     /// The connection manager, behind QP 1.
     pub cm: crate::cm::CmDevice,
+    /// The multicast groups the device's UD QPs are attached to.
+    pub mcast: crate::mcast::McastTable,
     /// Counters.
     pub stats: EngineStats,
 }
@@ -285,6 +287,7 @@ impl Engine {
             scanned: AtomicU64::new(0),
             gsi_psn: AtomicU64::new(0),
             cm: crate::cm::CmDevice::new(crate::cm::CmConfig::default()),
+            mcast: crate::mcast::McastTable::default(),
             stats: EngineStats::default(),
         }
     }
@@ -537,6 +540,9 @@ impl Engine {
         if qpn == crate::cm::GSI_QPN {
             return self.on_gsi(now, from.ip(), &pkt);
         }
+        if qpn == crate::mcast::MULTICAST_QPN {
+            return self.on_multicast(now, from, to, &pkt);
+        }
         let Some(qp) = self.qp(qpn) else {
             count(&self.stats.drop_unknown_qp);
             return Err(DropCause::UnknownQp);
@@ -582,6 +588,70 @@ impl Engine {
         self.mark_timed(&qp);
         self.mark_ready_held(qp);
         Ok(())
+    }
+
+    /// A packet to the multicast QPN: a copy for each UD QP attached to the group its
+    /// destination address is (none: [`DropCause::UnknownQp`]), each taking it as a unicast
+    /// datagram would be taken (what one refuses is counted as for unicast). Taken when at
+    /// least one QP took it (the error returned otherwise is the last QP's).
+    fn on_multicast(
+        &self,
+        now: Instant,
+        from: SocketAddr,
+        to: IpAddr,
+        pkt: &Packet<'_>,
+    ) -> Result<(), DropCause> {
+        let count = |c: &AtomicU64| {
+            c.fetch_add(1, Ordering::Relaxed);
+        };
+        let members = match to {
+            IpAddr::V4(group) if group.is_multicast() => self.mcast.members(group),
+            _ => Vec::new(),
+        };
+        if members.is_empty() {
+            count(&self.stats.drop_unknown_qp);
+            return Err(DropCause::UnknownQp);
+        }
+        if pkt.headers.bth.opcode.value() >> 5 != 3 {
+            count(&self.stats.drop_wrong_transport);
+            return Err(DropCause::WrongTransport);
+        }
+        let Some(rx) = glue::rx(pkt) else {
+            count(&self.stats.drop_malformed);
+            return Err(DropCause::Malformed);
+        };
+        let src = crate::transport::UdSource { src: from.ip(), dst: to };
+        let mut last = Err(DropCause::UnknownQp);
+        for qpn in members {
+            let Some(qp) = self.qp(qpn) else {
+                continue;
+            };
+            if self.released(&qp, 1) {
+                qp.release();
+                continue;
+            }
+            match qp.handle_packet(now, &rx, &src, from.port()) {
+                Ok(()) => {
+                    last = Ok(());
+                    self.mark_ready_held(qp);
+                }
+                Err(cause) => {
+                    count(match cause {
+                        DropCause::QpState => &self.stats.drop_qp_state,
+                        DropCause::BadQkey => &self.stats.drop_bad_qkey,
+                        DropCause::NoReceive => &self.stats.drop_ud_no_recv,
+                        _ => &self.stats.drop_malformed,
+                    });
+                    if last.is_err() {
+                        last = Err(cause);
+                    }
+                }
+            }
+        }
+        if last.is_ok() {
+            count(&self.stats.rcvd_pkts);
+        }
+        last
     }
 
     /// A packet to QP 1, the GSI: a UD SEND ONLY with the GSI's Q_Key carries a MAD for the

@@ -19,7 +19,7 @@
 //!
 //! # The `internals` feature
 //!
-//! Those modules (`cm`, `driver`, `engine`, `objects`, `qp`, `transport`, `wqe`) are
+//! Those modules (`cm`, `driver`, `engine`, `mcast`, `objects`, `qp`, `transport`, `wqe`) are
 //! private: a program uses the soft provider through [`SoftProvider`], [`SoftContext`] and
 //! the `remem-verbs` traits. The `internals` feature makes them public, for what drives the
 //! provider's insides by hand — this crate's integration tests, benchmarks and fuzzing
@@ -40,7 +40,7 @@ macro_rules! internal_modules {
     )*};
 }
 
-internal_modules!(cm, driver, engine, objects, qp, transport, wqe);
+internal_modules!(cm, driver, engine, mcast, objects, qp, transport, wqe);
 
 mod context;
 pub mod dropin;

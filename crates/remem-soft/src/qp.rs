@@ -1021,6 +1021,44 @@ impl remem_verbs::QueuePair for SoftQp {
             Ok(())
         })
     }
+
+    fn attach_mcast(&self, mgid: &remem_verbs::Gid, _mlid: u16) -> Result<()> {
+        let group = self.mcast_group(mgid)?;
+        let engine = &self.dev.engine;
+        engine
+            .mcast
+            .attach(engine, group, self.qpn, &self.dev.attr.mcast)
+    }
+
+    fn detach_mcast(&self, mgid: &remem_verbs::Gid, _mlid: u16) -> Result<()> {
+        let group = self.mcast_group(mgid)?;
+        self.dev.engine.mcast.detach(group, self.qpn)
+    }
+}
+
+impl SoftQp {
+    /// The IPv4 group of `mgid` for an attach or detach (the kernel's checks, `ib_attach_mcast`:
+    /// EINVAL for a GID that is not multicast or a QP that is not UD).
+    fn mcast_group(&self, mgid: &remem_verbs::Gid) -> Result<std::net::Ipv4Addr> {
+        if self.qp_type != QpType::Ud {
+            return Err(Error::InvalidArgument(format!(
+                "only UD QPs join multicast groups (QP {:#x} is {:?})",
+                self.qpn, self.qp_type
+            )));
+        }
+        crate::mcast::group_of(mgid)?.ok_or_else(|| {
+            Error::InvalidArgument(format!("{} is not a multicast GID", mgid.to_ipv6()))
+        })
+    }
+}
+
+impl Drop for SoftQp {
+    /// A destroyed QP leaves every multicast group it was attached to.
+    fn drop(&mut self) {
+        if self.qp_type == QpType::Ud {
+            self.dev.engine.mcast.detach_all(self.qpn);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -247,6 +247,11 @@ pub enum CmEventKind {
     Disconnected,
     /// `RDMA_CM_EVENT_DEVICE_REMOVAL`.
     DeviceRemoval,
+    /// `RDMA_CM_EVENT_MULTICAST_JOIN`: a join of a multicast group completed; the UD
+    /// parameters address the group (QPN 0xFFFFFF, the group's Q_Key).
+    MulticastJoin,
+    /// `RDMA_CM_EVENT_MULTICAST_ERROR`: a joined group failed.
+    MulticastError,
     /// `RDMA_CM_EVENT_ADDR_CHANGE`.
     AddrChange,
     /// `RDMA_CM_EVENT_TIMEWAIT_EXIT`: the QP of a disconnected connection may be reused.
@@ -269,6 +274,8 @@ impl CmEventKind {
             CmEventKind::Established => 9,
             CmEventKind::Disconnected => 10,
             CmEventKind::DeviceRemoval => 11,
+            CmEventKind::MulticastJoin => 12,
+            CmEventKind::MulticastError => 13,
             CmEventKind::AddrChange => 14,
             CmEventKind::TimewaitExit => 15,
         }

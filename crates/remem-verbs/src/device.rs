@@ -134,6 +134,30 @@ pub struct DeviceAttr {
     pub atomic_write: bool,
     /// Most memory windows (type 1 and 2B; 0: none).
     pub max_mw: u32,
+    /// UD multicast limits (all zero: no multicast).
+    pub mcast: McastCaps,
+}
+
+/// UD multicast limits of a device (`max_mcast_grp`, `max_mcast_qp_attach`,
+/// `max_total_mcast_qp_attach` of `struct ibv_device_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct McastCaps {
+    /// Most multicast groups with a QP attached.
+    pub max_mcast_grp: u32,
+    /// Most QPs attached to one group.
+    pub max_mcast_qp_attach: u32,
+    /// Most attachments (QP, group) of the whole device.
+    pub max_total_mcast_qp_attach: u32,
+}
+
+impl McastCaps {
+    /// Kernel rxe's limits (`rxe_param.h`: `RXE_MAX_MCAST_GRP`, `RXE_MAX_MCAST_QP_ATTACH`,
+    /// `RXE_MAX_TOT_MCAST_QP_ATTACH`).
+    pub const RXE: McastCaps = McastCaps {
+        max_mcast_grp: 8192,
+        max_mcast_qp_attach: 56,
+        max_total_mcast_qp_attach: 0x70000,
+    };
 }
 
 /// Port attributes (`struct ibv_port_attr`).

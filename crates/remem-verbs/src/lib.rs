@@ -45,7 +45,7 @@ pub use cm::{
     PrivateDataLimit, UdParam,
 };
 pub use device::{
-    AtomicCap, DeviceAttr, DeviceInfo, GidEntry, GidType, PortAttr, first_roce_v2_ipv4,
+    AtomicCap, DeviceAttr, DeviceInfo, GidEntry, GidType, McastCaps, PortAttr, first_roce_v2_ipv4,
 };
 pub use error::{Error, MemError, PostError, Result};
 pub use event::{AsyncEvent, AsyncEventElement, AsyncEventType};

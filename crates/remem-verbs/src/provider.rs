@@ -12,7 +12,7 @@
 
 use crate::access::AccessFlags;
 use crate::device::{DeviceAttr, DeviceInfo, GidEntry, PortAttr};
-use crate::error::{PostError, Result};
+use crate::error::{Error, PostError, Result};
 use crate::event::AsyncEvent;
 use crate::mem::MemRegion;
 use crate::qp::{AhAttr, QpAttr, QpCap, QpInitAttr, QpState, QpType};
@@ -343,6 +343,25 @@ pub trait QueuePair: Any + Send + Sync {
 
     /// Posts receive work requests in order (`ibv_post_recv`).
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError>;
+
+    /// Attaches this UD QP to the multicast group `mgid` (`ibv_attach_mcast`; `mlid` is
+    /// ignored on RoCE): datagrams sent to the group then reach it (QPN 0xFFFFFF in their
+    /// BTH), each checked against its Q_Key as a unicast datagram is. Attaching again is no
+    /// error. [`Error::InvalidArgument`] (EINVAL) for a GID that is not multicast or a QP
+    /// that is not UD, [`Error::Exhausted`] (ENOMEM) beyond the device's
+    /// [`McastCaps`](crate::McastCaps); by default [`Error::Unsupported`].
+    fn attach_mcast(&self, mgid: &crate::Gid, mlid: u16) -> Result<()> {
+        let _ = (mgid, mlid);
+        Err(Error::Unsupported("multicast"))
+    }
+
+    /// Detaches this QP from the multicast group `mgid` (`ibv_detach_mcast`):
+    /// [`Error::InvalidArgument`] (EINVAL) if it is not attached; by default
+    /// [`Error::Unsupported`].
+    fn detach_mcast(&self, mgid: &crate::Gid, mlid: u16) -> Result<()> {
+        let _ = (mgid, mlid);
+        Err(Error::Unsupported("multicast"))
+    }
 }
 
 /// Attributes of a shared receive queue (`struct ibv_srq_attr`).

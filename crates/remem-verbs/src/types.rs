@@ -14,6 +14,26 @@ impl Gid {
     /// The all-zero GID (an empty GID table slot).
     pub const ZERO: Gid = Gid([0; 16]);
 
+    /// Whether this is a multicast GID as the kernel tells one (`rdma_is_multicast_addr`):
+    /// an IPv4-mapped GID whose IPv4 address is multicast (224.0.0.0/4, how RoCE maps an
+    /// IPv4 group), or an IPv6 multicast address (ff00::/8).
+    ///
+    /// ```
+    /// use remem_verbs::Gid;
+    /// let g = |s: &str| Gid(s.parse::<std::net::Ipv6Addr>().unwrap().octets());
+    /// assert!(g("::ffff:239.1.1.1").is_multicast());
+    /// assert!(g("ff0e::1").is_multicast());
+    /// assert!(!g("::ffff:127.0.0.1").is_multicast());
+    /// assert!(!g("fe80::1").is_multicast());
+    /// ```
+    pub fn is_multicast(&self) -> bool {
+        let v6 = self.to_ipv6();
+        match v6.to_ipv4_mapped() {
+            Some(v4) => v4.is_multicast(),
+            None => v6.is_multicast(),
+        }
+    }
+
     /// The raw 16 bytes, network order.
     pub fn raw(&self) -> &[u8; 16] {
         &self.0

@@ -140,6 +140,19 @@ pub(crate) struct IdState {
     pub connected: bool,
     /// A DISCONNECTED event was handed out for the id.
     pub disconnected: bool,
+    /// The multicast groups joined (`rdma_join_multicast`).
+    pub mcast: Vec<McJoin>,
+}
+
+/// A multicast group an id joined.
+#[derive(Clone, Copy)]
+pub(crate) struct McJoin {
+    /// The group's IPv4 address.
+    pub group: std::net::Ipv4Addr,
+    /// The program's context pointer for the join (the event's `ud.private_data`).
+    pub context: usize,
+    /// Joined as a send-only full member: librdmacm attaches no QP.
+    pub send_only: bool,
 }
 
 impl IdShared {
@@ -163,6 +176,7 @@ impl IdShared {
                 local_ece: (0, 0),
                 connected: false,
                 disconnected: false,
+                mcast: Vec::new(),
             }),
             acked: Condvar::new(),
         }
@@ -595,10 +609,42 @@ pub(crate) fn hand_out(p: Pending) -> Option<*mut rdma_cm_event> {
         CmEventKind::Rejected | CmEventKind::ConnectError | CmEventKind::Unreachable => {
             refresh_qp_state(&target)
         }
+        CmEventKind::MulticastJoin => {
+            // librdmacm's `ucma_process_join`: the id's QP (unless a send-only join) is
+            // attached to the group as the event is taken; a failure turns the event into
+            // MULTICAST_ERROR.
+            if let CmEventParam::Ud(u) = &ev.param
+                && let Some(join) = find_join(&target, &u.ah_attr.dgid)
+                && !join.send_only
+            {
+                // SAFETY: `tp` is the live id; its `qp` is NULL or the program's QP.
+                let qp = unsafe { (*tp).qp };
+                if !qp.is_null() {
+                    let gid = ibv_gid {
+                        raw: u.ah_attr.dgid.0,
+                    };
+                    // SAFETY: a QP of this library and a GID on the stack.
+                    let r = unsafe { crate::qp::remem_ibv_ibv_attach_mcast(qp, &gid, 0) };
+                    if r != 0 {
+                        out.abi.event = CmEventKind::MulticastError.value();
+                        out.abi.status = -r;
+                    } else {
+                        notify(&format!("joined {}", u.ah_attr.dgid.to_ip()));
+                    }
+                }
+            }
+        }
         _ => {}
     }
+    let ev_kind = ev.kind;
+    let mc_context = match &ev.param {
+        CmEventParam::Ud(u) if ev_kind == CmEventKind::MulticastJoin => {
+            find_join(&target, &u.ah_attr.dgid).map_or(0, |j| j.context)
+        }
+        _ => 0,
+    };
     // The parameters: `ud` for the datagram port spaces, `conn` otherwise.
-    if target.qp_type == IBV_QPT_UD {
+    if target.qp_type == IBV_QPT_UD || ev_kind == CmEventKind::MulticastJoin {
         // SAFETY: plain data; all-zero is valid.
         let mut ud: rdma_ud_param = unsafe { std::mem::zeroed() };
         if let CmEventParam::Ud(u) = &ev.param {
@@ -631,7 +677,14 @@ pub(crate) fn hand_out(p: Pending) -> Option<*mut rdma_cm_event> {
     };
     // `private_data` and `private_data_len` lie at the same offsets in `conn` and `ud`;
     // write both views.
-    if target.qp_type == IBV_QPT_UD {
+    if matches!(
+        ev_kind,
+        CmEventKind::MulticastJoin | CmEventKind::MulticastError
+    ) {
+        // A join's event carries the join's context, as librdmacm fills it.
+        out.abi.param.ud.private_data = mc_context as *const c_void;
+        out.abi.param.ud.private_data_len = 0;
+    } else if target.qp_type == IBV_QPT_UD {
         out.abi.param.ud.private_data = data;
         out.abi.param.ud.private_data_len = len as u8;
     } else {
@@ -1005,20 +1058,22 @@ pub unsafe extern "C" fn remem_ibv_rdma_listen(id: *mut rdma_cm_id, backlog: c_i
         if let Some(a) = cms.first().and_then(|c| c.local_addr()) {
             // SAFETY: a live id.
             unsafe { set_src(s.abi_ptr(), a) };
-            notify_listening(a);
+            notify(&format!("listening {a}"));
         }
         0
     })
 }
 
 /// The environment variable naming a file (typically a FIFO) that hears of every
-/// listener: one line `listening IP:PORT` per successful `rdma_listen`. Scripts and tests
-/// start a client once the server listens (a CM service has no socket to watch).
+/// listener: one line `listening IP:PORT` per successful `rdma_listen`, and of every
+/// multicast receiver: one line `joined GROUP` per MULTICAST_JOIN event taken whose QP was
+/// attached to the group. Scripts and tests start a client once the server listens or
+/// receives (a CM service or a multicast group has no socket to watch).
 pub const NOTIFY_ENV: &str = "REMEM_RDMACM_NOTIFY";
 
-/// Writes the `listening` line to `$REMEM_RDMACM_NOTIFY`, if set (failures are ignored:
-/// no reader on a FIFO, a path that cannot be opened).
-fn notify_listening(a: SocketAddr) {
+/// Writes a line to `$REMEM_RDMACM_NOTIFY`, if set (failures are ignored: no reader on a
+/// FIFO, a path that cannot be opened).
+fn notify(line: &str) {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let Some(path) = std::env::var_os(NOTIFY_ENV) else {
@@ -1029,7 +1084,7 @@ fn notify_listening(a: SocketAddr) {
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
     {
-        let _ = f.write_all(format!("listening {a}\n").as_bytes());
+        let _ = f.write_all(format!("{line}\n").as_bytes());
     }
 }
 
@@ -1783,47 +1838,185 @@ pub unsafe extern "C" fn remem_ibv_rdma_get_remote_ece(
     })
 }
 
-/// `rdma_join_multicast`: the soft device has no multicast (-1, ENOSYS).
+/// The join of `target` whose group is multicast GID `mgid`.
+fn find_join(target: &IdShared, mgid: &Gid) -> Option<McJoin> {
+    let IpAddr::V4(group) = mgid.to_ip() else {
+        return None;
+    };
+    target
+        .state()
+        .mcast
+        .iter()
+        .find(|j| j.group == group)
+        .copied()
+}
+
+/// The RoCE v2 multicast GID of an IPv4 group (`::ffff:a.b.c.d`, the kernel's
+/// `cma_iboe_set_mgid` for RoCE v2).
+fn mgid_of(group: std::net::Ipv4Addr) -> Gid {
+    Gid(group.to_ipv6_mapped().octets())
+}
+
+/// `rdma_join_multicast`: `rdma_join_multicast_ex` with `RDMA_MC_JOIN_FLAG_FULLMEMBER`.
 ///
 /// # Safety
 ///
-/// Any arguments.
+/// `id` is NULL or a live id of this library; `addr` is NULL or a valid socket address.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_rdma_join_multicast(
     id: *mut rdma_cm_id,
     addr: *mut libc::sockaddr,
     context: *mut c_void,
 ) -> c_int {
-    let _ = (id, addr, context);
-    fail(libc::ENOSYS)
+    let mut attr = rdma_cm_join_mc_attr_ex {
+        comp_mask: RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS,
+        join_flags: RDMA_MC_JOIN_FLAG_FULLMEMBER,
+        addr,
+    };
+    // SAFETY: by the contract; `attr` is on the stack.
+    unsafe { remem_ibv_rdma_join_multicast_ex(id, &mut attr, context) }
 }
 
-/// `rdma_join_multicast_ex`: no multicast (-1, ENOSYS).
+/// `rdma_join_multicast_ex`: joins the IPv4 multicast group `attr->addr` on the id's device
+/// (bound or resolved), as the kernel does for RoCE v2: a MULTICAST_JOIN event follows
+/// whose `ud` parameters address the group (the MGID `::ffff:a.b.c.d` as `dgid`,
+/// `is_global`, hop limit 64, QPN 0xFFFFFF, Q_Key `RDMA_UDP_QKEY`) and whose
+/// `ud.private_data` is `context`; taking that event attaches the id's QP to the group (none
+/// for a `RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER` join), as librdmacm does. -1 with EINVAL
+/// (no address or join flags, an address that is not IPv4 multicast, an id not bound to a
+/// device, a group joined already), EOPNOTSUPP (an IPv6 group), ENOSYS (an unknown flag).
 ///
 /// # Safety
 ///
-/// Any arguments.
+/// `id` is NULL or a live id of this library; `attr` is NULL or valid, its `addr` NULL or a
+/// valid socket address.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_rdma_join_multicast_ex(
     id: *mut rdma_cm_id,
     attr: *mut rdma_cm_join_mc_attr_ex,
     context: *mut c_void,
 ) -> c_int {
-    let _ = (id, attr, context);
-    fail(libc::ENOSYS)
+    guard_neg("rdma_join_multicast_ex", || {
+        // SAFETY: by the contract.
+        let Some(shared) = (unsafe { id_from(id) }) else {
+            return fail(libc::EINVAL);
+        };
+        if attr.is_null() {
+            return fail(libc::EINVAL);
+        }
+        // SAFETY: non-NULL and valid by the contract.
+        let a = unsafe { attr.read() };
+        let need = RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS;
+        if a.comp_mask & need != need {
+            return fail(libc::EINVAL);
+        }
+        let send_only = match a.join_flags {
+            f if f == RDMA_MC_JOIN_FLAG_FULLMEMBER => false,
+            f if f == RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER => true,
+            _ => return fail(libc::ENOSYS),
+        };
+        // SAFETY: NULL or a valid socket address by the contract.
+        let group = match unsafe { sockaddr_to_std(a.addr) }.map(|s| s.ip().to_canonical()) {
+            Some(IpAddr::V4(g)) if g.is_multicast() => g,
+            Some(IpAddr::V6(g)) if g.is_multicast() => return fail(libc::EOPNOTSUPP),
+            _ => return fail(libc::EINVAL),
+        };
+        let Ok((dev, cm)) = shared.cm() else {
+            return fail(libc::EINVAL);
+        };
+        let sgid_index = cm
+            .local_addr()
+            .map(|l| Gid::from(l.ip().to_canonical()))
+            .and_then(|me| {
+                // SAFETY: the device's context, open for the life of the process.
+                let c = unsafe { crate::context::ctx_from(dev.verbs()) }?;
+                c.shared()
+                    .dev
+                    .info()
+                    .gids
+                    .iter()
+                    .position(|g| g.gid == me && g.gid_type == remem_verbs::GidType::RoceV2)
+            })
+            .unwrap_or(0) as u8;
+        {
+            let mut st = shared.state();
+            if st.mcast.iter().any(|j| j.group == group) {
+                return fail(libc::EADDRINUSE);
+            }
+            st.mcast.push(McJoin {
+                group,
+                context: context as usize,
+                send_only,
+            });
+        }
+        let ud = remem_verbs::cm::UdParam {
+            qp_num: 0x00ff_ffff,
+            qkey: RDMA_UDP_QKEY,
+            ah_attr: remem_verbs::AhAttr {
+                dgid: mgid_of(group),
+                is_global: true,
+                hop_limit: 64,
+                sgid_index,
+                port_num: 1,
+                ..remem_verbs::AhAttr::default()
+            },
+        };
+        shared.queue(Pending {
+            target: Arc::clone(shared),
+            ev: remem_verbs::cm::CmEvent {
+                kind: CmEventKind::MulticastJoin,
+                id: cm,
+                listen_id: None,
+                status: 0,
+                private_data: Vec::new(),
+                param: CmEventParam::Ud(ud),
+            },
+            child: None,
+        });
+        complete(shared)
+    })
 }
 
-/// `rdma_leave_multicast`: no group was joined (-1, EADDRNOTAVAIL, as for an address
-/// never joined).
+/// `rdma_leave_multicast`: leaves a group joined with `rdma_join_multicast(_ex)`, detaching
+/// the id's QP first as librdmacm does (not for a send-only join). -1 with EADDRNOTAVAIL
+/// for a group the id has not joined, EINVAL for a NULL id or address.
 ///
 /// # Safety
 ///
-/// Any arguments.
+/// `id` is NULL or a live id of this library; `addr` is NULL or a valid socket address.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_rdma_leave_multicast(
     id: *mut rdma_cm_id,
     addr: *mut libc::sockaddr,
 ) -> c_int {
-    let _ = (id, addr);
-    fail(libc::EADDRNOTAVAIL)
+    guard_neg("rdma_leave_multicast", || {
+        // SAFETY: by the contract.
+        let Some(shared) = (unsafe { id_from(id) }) else {
+            return fail(libc::EINVAL);
+        };
+        // SAFETY: NULL or a valid socket address by the contract.
+        let Some(IpAddr::V4(group)) =
+            (unsafe { sockaddr_to_std(addr) }).map(|s| s.ip().to_canonical())
+        else {
+            return fail(libc::EADDRNOTAVAIL);
+        };
+        let join = {
+            let mut st = shared.state();
+            let Some(at) = st.mcast.iter().position(|j| j.group == group) else {
+                return fail(libc::EADDRNOTAVAIL);
+            };
+            st.mcast.remove(at)
+        };
+        // SAFETY: `id` is live; its `qp` is NULL or the program's QP.
+        let qp = unsafe { (*id).qp };
+        if !qp.is_null() && !join.send_only {
+            let gid = ibv_gid {
+                raw: mgid_of(group).0,
+            };
+            // SAFETY: a QP of this library and a GID on the stack. (Not attached — the
+            // join's event was never taken — is no error here, as in librdmacm.)
+            let _ = unsafe { crate::qp::remem_ibv_ibv_detach_mcast(qp, &gid, 0) };
+        }
+        0
+    })
 }

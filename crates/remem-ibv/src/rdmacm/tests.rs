@@ -670,11 +670,31 @@ fn init_qp_attr_and_options() {
             -1
         );
         assert_eq!(errno(), libc::EINVAL);
+        // Multicast: no address, a unicast one: EINVAL; an IPv6 group: EOPNOTSUPP (RoCE v2
+        // as older kernels); leaving a group never joined: EADDRNOTAVAIL.
         assert_eq!(
             remem_ibv_rdma_join_multicast(id, std::ptr::null_mut(), std::ptr::null_mut()),
             -1
         );
-        assert_eq!(errno(), libc::ENOSYS);
+        assert_eq!(errno(), libc::EINVAL);
+        let mut unicast = std_to_storage("127.0.0.1:0".parse().unwrap()).0;
+        assert_eq!(
+            remem_ibv_rdma_join_multicast(id, (&raw mut unicast).cast(), std::ptr::null_mut()),
+            -1
+        );
+        assert_eq!(errno(), libc::EINVAL);
+        let mut v6 = std_to_storage("[ff0e::1]:0".parse().unwrap()).0;
+        assert_eq!(
+            remem_ibv_rdma_join_multicast(id, (&raw mut v6).cast(), std::ptr::null_mut()),
+            -1
+        );
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        let mut group = std_to_storage("239.1.2.3:0".parse().unwrap()).0;
+        assert_eq!(
+            remem_ibv_rdma_leave_multicast(id, (&raw mut group).cast()),
+            -1
+        );
+        assert_eq!(errno(), libc::EADDRNOTAVAIL);
         assert_eq!(remem_ibv_rdma_notify(id, IBV_EVENT_COMM_EST), 0);
         assert_eq!(remem_ibv_rdma_notify(id, IBV_EVENT_QP_FATAL), -1);
         assert_eq!(errno(), libc::EINVAL);

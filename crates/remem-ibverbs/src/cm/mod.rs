@@ -76,7 +76,7 @@ fn neg_errno(e: &Error) -> i32 {
 }
 
 /// The event kind of an `enum rdma_cm_event_type` value; `None` for those the
-/// provider-neutral API has no kind for (multicast).
+/// provider-neutral API has no kind for.
 fn kind_of(raw: u32) -> Option<CmEventKind> {
     use CmEventKind as K;
     Some(match raw {
@@ -92,6 +92,8 @@ fn kind_of(raw: u32) -> Option<CmEventKind> {
         9 => K::Established,
         10 => K::Disconnected,
         11 => K::DeviceRemoval,
+        12 => K::MulticastJoin,
+        13 => K::MulticastError,
         14 => K::AddrChange,
         15 => K::TimewaitExit,
         _ => return None,
@@ -742,7 +744,7 @@ mod tests {
                 assert_eq!(k.value(), raw);
             }
         }
-        assert_eq!(kind_of(12), None, "multicast join has no kind");
+        assert_eq!(kind_of(12), Some(CmEventKind::MulticastJoin));
         assert_eq!(kind_of(4), Some(CmEventKind::ConnectRequest));
     }
 
