@@ -658,6 +658,7 @@ mod tests {
             flush_persistent: placement,
             atomic_write: placement,
             max_mw: if placement { 0x1000 } else { 0 },
+            mcast: remem_verbs::McastCaps::default(),
         }
     }
 
