@@ -146,7 +146,7 @@ pub(crate) unsafe fn bind_op(
 /// `ibv_context_ops::bind_mw` (verbs.h's inline `ibv_bind_mw`, which has already refused
 /// a window that is not type 1 and a region of another PD): posts the bind on `qp` with
 /// the rkey `ibv_inc_rkey(mw->rkey)` and sets `mw->rkey` to it. 0, or the errno of the post
-/// (EINVAL: see [`bind_op`]; a QP that cannot take it).
+/// (EINVAL: the checks `bind_op` makes; a QP that cannot take it).
 ///
 /// # Safety
 ///

@@ -8,7 +8,7 @@
 //!
 //! Every trait has `Any` as a supertrait so that a provider can recover its own concrete
 //! type from a handle it is given (e.g. the CQ named in [`QpInitAttr`]): a handle from
-//! another provider is rejected with [`Error::InvalidArgument`](crate::Error::InvalidArgument), never misused.
+//! another provider is rejected with [`Error::InvalidArgument`], never misused.
 
 use crate::access::AccessFlags;
 use crate::device::{DeviceAttr, DeviceInfo, GidEntry, PortAttr};
@@ -154,9 +154,9 @@ pub trait Context: Any + Send + Sync {
     /// verbs or RDMA CM between soft devices on different ports): nothing a peer says
     /// should reach it — a connection that learns its peer's port from the peer puts it in
     /// its own path instead. Devices that can only send to [`ROCEV2_UDP_PORT`] accept that
-    /// port and answer any other with [`Error::Unsupported`](crate::Error::Unsupported); a
+    /// port and answer any other with [`Error::Unsupported`]; a
     /// device may bound how many peers it remembers
-    /// ([`Error::Exhausted`](crate::Error::Exhausted) beyond that).
+    /// ([`Error::Exhausted`] beyond that).
     fn set_peer_udp_port(&self, gid: crate::Gid, port: u16) -> Result<()> {
         let _ = gid;
         if port == ROCEV2_UDP_PORT {
@@ -169,7 +169,7 @@ pub trait Context: Any + Send + Sync {
     }
 
     /// Creates an RDMA CM event channel (`rdma_create_event_channel`) that ids of any
-    /// device of this provider may report to. [`Error::Unsupported`](crate::Error::Unsupported)
+    /// device of this provider may report to. [`Error::Unsupported`]
     /// where the provider has no connection manager.
     fn create_cm_channel(&self) -> Result<Arc<dyn crate::cm::CmChannel>> {
         Err(crate::Error::Unsupported("RDMA CM"))
@@ -178,7 +178,7 @@ pub trait Context: Any + Send + Sync {
     /// Creates an RDMA CM id on this device (`rdma_create_id` followed by binding it to
     /// the device) in port space `ps`, reporting its events to `channel` (made by
     /// [`Context::create_cm_channel`] of a device of the same provider; another
-    /// provider's channel is [`Error::InvalidArgument`](crate::Error::InvalidArgument)).
+    /// provider's channel is [`Error::InvalidArgument`]).
     fn create_cm_id(
         &self,
         channel: &Arc<dyn crate::cm::CmChannel>,
@@ -206,7 +206,7 @@ pub trait ProtectionDomain: Any + Send + Sync {
     fn create_ah(&self, attr: &AhAttr) -> Result<Arc<dyn AddressHandle>>;
 
     /// Allocates a memory window of `ty` (`ibv_alloc_mw`), unbound; dropping the last
-    /// handle deallocates it and revokes its binding. [`Error::Unsupported`](crate::Error::Unsupported)
+    /// handle deallocates it and revokes its binding. [`Error::Unsupported`]
     /// where the device has none (`DeviceAttr::max_mw` 0).
     fn alloc_mw(&self, ty: MwType) -> Result<Arc<dyn MemoryWindow>> {
         let _ = ty;
