@@ -223,6 +223,16 @@ int main(void)
 	struct ibv_async_event ev;
 	errno = 0;
 	CHECK(ibv_get_async_event(ctx, &ev) == -1 && errno == EAGAIN, "no event pending");
+	/* A second open of the device has an async_fd of its own (UCX keys its handlers by
+	 * descriptor; Open MPI opens a device once per UCX context), and opening it leaves the
+	 * first context's O_NONBLOCK alone. */
+	struct ibv_context *again = ibv_open_device(list[0]);
+	CHECK(again != NULL, "open the device twice");
+	CHECK(again->async_fd >= 0 && again->async_fd != ctx->async_fd,
+	      "each open has its own async_fd");
+	CHECK((fcntl(again->async_fd, F_GETFL) & O_NONBLOCK) == 0, "the new one blocks by default");
+	CHECK(fcntl(ctx->async_fd, F_GETFL) & O_NONBLOCK, "the first one stays non-blocking");
+	CHECK(ibv_close_device(again) == 0, "close the second open");
 
 	/* helpers */
 	CHECK(ibv_fork_init() == 0, "fork_init");
