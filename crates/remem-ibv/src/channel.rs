@@ -186,8 +186,13 @@ pub unsafe extern "C" fn remem_ibv_ibv_get_cq_event(
     cq_context: *mut *mut c_void,
 ) -> c_int {
     guard_neg("ibv_get_cq_event", || {
-        // SAFETY: by the contract.
-        let Some(ch) = (unsafe { channel_from(channel) }) else {
+        // SAFETY: by the contract. The wait holds what it uses itself (remem's channel,
+        // which owns the fd, and the context): a thread of the program may destroy the
+        // channel while another still waits in here, as one blocked in libibverbs' `read`
+        // holds the file.
+        let Some((events, ctx, fd)) = (unsafe { channel_from(channel) })
+            .map(|ch| (Arc::clone(&ch.ch), Arc::clone(&ch.ctx), ch.fd))
+        else {
             set_errno(libc::EINVAL);
             return -1;
         };
@@ -196,7 +201,7 @@ pub unsafe extern "C" fn remem_ibv_ibv_get_cq_event(
             return -1;
         }
         loop {
-            match ch.ch.get_cq_event() {
+            match events.get_cq_event() {
                 Err(e) => {
                     set_errno(e.errno());
                     return -1;
@@ -204,7 +209,7 @@ pub unsafe extern "C" fn remem_ibv_ibv_get_cq_event(
                 Ok(Some(id)) => {
                     // A CQ destroyed since its event fired is gone from the registry:
                     // its event is dropped, as the kernel drops a destroyed CQ's events.
-                    let Some(p) = ch.ctx.cq_ptr(id) else { continue };
+                    let Some(p) = ctx.cq_ptr(id) else { continue };
                     // SAFETY: registered CQs are live (unregistered before they are
                     // freed); `p` is a boxed `Cq` (its ABI struct first).
                     let c = unsafe { crate::cq::cq_from(p) };
@@ -221,7 +226,6 @@ pub unsafe extern "C" fn remem_ibv_ibv_get_cq_event(
                     return 0;
                 }
                 Ok(None) => {
-                    let fd = ch.fd;
                     if nonblocking(fd) {
                         set_errno(libc::EAGAIN);
                         return -1;

@@ -45,6 +45,10 @@ pub(crate) struct Pending {
 pub(crate) struct ChannelInner {
     fd: OwnedFd,
     queue: Mutex<VecDeque<Pending>>,
+    /// The program destroyed the channel: nothing more is queued, and a thread still
+    /// waiting in `rdma_get_cm_event` waits on (as one blocked in librdmacm's `read` of
+    /// the closed descriptor does), until a signal interrupts it.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for ChannelInner {
@@ -66,6 +70,7 @@ impl ChannelInner {
             // SAFETY: a descriptor just created, owned by nothing else.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
             queue: Mutex::new(VecDeque::new()),
+            closed: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -89,13 +94,28 @@ impl ChannelInner {
         unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut v).cast(), 8) };
     }
 
-    /// Queues an event.
+    /// Queues an event (dropped once the channel is destroyed).
     pub fn push(&self, p: Pending) {
         let mut q = self.lock();
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
         if q.is_empty() {
             self.signal();
         }
         q.push_back(p);
+    }
+
+    /// The program destroyed the channel: drops what is queued and makes the fd unreadable
+    /// for good (waiters wait on).
+    fn close(&self) -> Vec<Pending> {
+        let mut q = self.lock();
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        if !q.is_empty() {
+            self.unsignal();
+        }
+        q.drain(..).collect()
     }
 
     /// Takes the oldest event, if any.
@@ -160,8 +180,16 @@ impl ChannelInner {
 pub struct Channel {
     /// The `rdma_event_channel` programs see (its `fd`).
     pub abi: rdma_event_channel,
-    inner: Arc<ChannelInner>,
+    /// The queue; `None` once the channel is destroyed (a tombstone, see [`free_channel`]).
+    inner: Mutex<Option<Arc<ChannelInner>>>,
 }
+
+/// Destroyed channels whose memory is kept a while (their queue and fd are released at
+/// once): [`free_channel`].
+static TOMBSTONES: Mutex<VecDeque<usize>> = Mutex::new(VecDeque::new());
+
+/// How many destroyed channels keep their memory (a few dozen bytes each).
+const TOMBSTONES_KEPT: usize = 64;
 
 /// Makes a channel; the pointer programs see. Freed by [`free_channel`].
 pub(crate) fn new_channel() -> Result<*mut rdma_event_channel, c_int> {
@@ -169,30 +197,63 @@ pub(crate) fn new_channel() -> Result<*mut rdma_event_channel, c_int> {
     let abi = rdma_event_channel {
         fd: inner.fd.as_raw_fd(),
     };
-    Ok(Box::into_raw(Box::new(Channel { abi, inner })).cast())
+    Ok(Box::into_raw(Box::new(Channel {
+        abi,
+        inner: Mutex::new(Some(inner)),
+    }))
+    .cast())
 }
 
-/// The library's side of a program's channel; `None` for NULL.
+/// The library's side of a program's channel; `None` for NULL or a destroyed channel.
 ///
 /// # Safety
 ///
-/// `ch` is NULL or a live channel of this library; the reference must not outlive it.
-pub(crate) unsafe fn channel_from<'a>(
-    ch: *mut rdma_event_channel,
-) -> Option<&'a Arc<ChannelInner>> {
+/// `ch` is NULL, a live channel of this library, or one destroyed since (its tombstone is
+/// kept for a while: [`free_channel`]).
+pub(crate) unsafe fn channel_from(ch: *mut rdma_event_channel) -> Option<Arc<ChannelInner>> {
     // SAFETY: by the contract, a non-NULL `ch` is the first field of a boxed `Channel`;
-    // the reference covers the library's part only.
-    unsafe { ch.cast::<Channel>().as_ref().map(|c| &c.inner) }
+    // the reference covers the library's part only and ends in this function.
+    let c = unsafe { ch.cast::<Channel>().as_ref() }?;
+    c.inner.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
-/// Frees a channel made by [`new_channel`] (ids still on it keep its queue alive).
+/// Destroys a channel made by [`new_channel`]: its queue and fd are released now (ids
+/// still on it, and a thread still waiting in `rdma_get_cm_event`, keep the queue alive
+/// until they are done), and its memory is kept as a tombstone until 64 more channels
+/// are destroyed. Programs use a channel after destroying it: rping's CM thread loops back
+/// into `rdma_get_cm_event` while its main thread destroys the channel at exit. With
+/// librdmacm that thread is nearly always blocked in `read` by then, and a blocked `read`
+/// outlives the descriptor's close: it just never returns. Here a waiter holds the queue
+/// and waits on, and a call that starts after the destroy finds the tombstone and waits
+/// the same way (until a signal: EINTR), instead of reading freed memory — or failing
+/// with EBADF as a `read` of the closed descriptor would, which makes rping exit 255 when
+/// its teardown is quicker than the kernel's.
 ///
 /// # Safety
 ///
-/// `ch` came from [`new_channel`], is not freed yet, and is not used afterwards.
+/// `ch` came from [`new_channel`] and is not destroyed yet.
 pub(crate) unsafe fn free_channel(ch: *mut rdma_event_channel) {
-    // SAFETY: by the contract, the Box made in `new_channel`.
-    drop(unsafe { Box::from_raw(ch.cast::<Channel>()) });
+    // SAFETY: by the contract, the live Box made in `new_channel`.
+    let c = unsafe { &*ch.cast::<Channel>() };
+    let inner = c.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+    // Dropped outside the queue's lock (an event's drop may release its id).
+    let dropped = inner.as_ref().map(|i| i.close());
+    drop(dropped);
+    drop(inner);
+    let evicted = {
+        let mut t = TOMBSTONES.lock().unwrap_or_else(|e| e.into_inner());
+        t.push_back(ch as usize);
+        if t.len() > TOMBSTONES_KEPT {
+            t.pop_front()
+        } else {
+            None
+        }
+    };
+    if let Some(old) = evicted {
+        // SAFETY: a Box made in `new_channel`, destroyed 64 destroys ago and freed only
+        // here, once.
+        drop(unsafe { Box::from_raw(old as *mut Channel) });
+    }
 }
 
 /// An event handed out: what `rdma_get_cm_event` returns a pointer to (`abi` first).
@@ -230,7 +291,8 @@ pub extern "C" fn remem_ibv_rdma_create_event_channel() -> *mut rdma_event_chann
 }
 
 /// `rdma_destroy_event_channel`: frees the channel (the program has destroyed its ids and
-/// acked their events first, as the man page requires).
+/// acked their events first, as the man page requires). A thread still waiting in
+/// `rdma_get_cm_event` on it keeps waiting (its queue and fd live until it returns).
 ///
 /// # Safety
 ///
@@ -251,24 +313,32 @@ pub unsafe extern "C" fn remem_ibv_rdma_destroy_event_channel(channel: *mut rdma
 
 /// `rdma_get_cm_event`: the next event of the channel, waiting for one unless the fd is
 /// non-blocking. -1 with errno: EINVAL for NULL arguments, EAGAIN (non-blocking, none
-/// queued), EINTR.
+/// queued), EINTR (a signal; the only way out of a wait on a channel destroyed since:
+/// [`free_channel`]).
 ///
 /// # Safety
 ///
-/// `channel` is NULL or a live channel; `event` is NULL or writable.
+/// `channel` is NULL, a live channel or one destroyed recently; `event` is NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn remem_ibv_rdma_get_cm_event(
     channel: *mut rdma_event_channel,
     event: *mut *mut rdma_cm_event,
 ) -> c_int {
     super::guard_neg("rdma_get_cm_event", || {
-        // SAFETY: by the contract.
-        let Some(ch) = (unsafe { channel_from(channel) }) else {
-            return super::fail(libc::EINVAL);
-        };
-        if event.is_null() {
+        if channel.is_null() || event.is_null() {
             return super::fail(libc::EINVAL);
         }
+        // SAFETY: by the contract, a live channel or a tombstone. The wait holds the
+        // channel's queue (and fd) itself: a program may destroy the channel while a
+        // thread of its own still waits in here (rping does at exit), as a thread blocked
+        // in librdmacm's `read` holds the file.
+        let Some(ch) = (unsafe { channel_from(channel) }) else {
+            // A destroyed channel: wait as a thread that was already blocked in it waits,
+            // until a signal interrupts (see `free_channel`).
+            // SAFETY: poll on no descriptors: only a signal ends it.
+            unsafe { libc::poll(std::ptr::null_mut(), 0, -1) };
+            return super::fail(libc::EINTR);
+        };
         loop {
             let p = match ch.wait() {
                 Ok(p) => p,
@@ -382,5 +452,66 @@ mod tests {
             -1
         );
         assert_eq!(crate::ffi::errno(), libc::EINVAL);
+    }
+
+    /// rping destroys its channel at exit while its CM thread still waits in
+    /// `rdma_get_cm_event`: the waiter must not touch freed memory (this test runs under
+    /// valgrind in CI). It holds the channel's queue while it waits and returns EINTR
+    /// when a signal interrupts it.
+    #[test]
+    fn destroying_a_channel_under_a_waiter_frees_nothing_it_uses() {
+        extern "C" fn nothing(_: c_int) {}
+        // SAFETY: installs a handler that does nothing for SIGUSR2, without SA_RESTART
+        // (poll is never restarted anyway): the waiter's poll returns EINTR.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = nothing as *const () as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut());
+        }
+        let channel = new_channel().unwrap();
+        // SAFETY: the channel just made.
+        let inner = unsafe { channel_from(channel) }.unwrap();
+        let at = channel as usize;
+        let waiter = std::thread::spawn(move || {
+            let mut ev = std::ptr::null_mut();
+            // SAFETY: a live channel when the call starts; `ev` is writable.
+            let r = unsafe { remem_ibv_rdma_get_cm_event(at as *mut _, &mut ev) };
+            (r, crate::ffi::errno())
+        });
+        // The waiter holds the queue once it is inside the call.
+        while Arc::strong_count(&inner) < 3 {
+            std::thread::yield_now();
+        }
+        // SAFETY: the channel is not used by this thread afterwards but to check that a
+        // destroyed channel is refused (its tombstone is kept).
+        unsafe { remem_ibv_rdma_destroy_event_channel(channel) };
+        assert_eq!(Arc::strong_count(&inner), 2, "the waiter still holds it");
+        // A call that starts after the destroy waits too, until a signal.
+        let late = std::thread::spawn(move || {
+            let mut ev = std::ptr::null_mut();
+            // SAFETY: a channel destroyed just now: its tombstone is kept.
+            let r = unsafe { remem_ibv_rdma_get_cm_event(at as *mut _, &mut ev) };
+            (r, crate::ffi::errno())
+        });
+        {
+            use std::os::unix::thread::JoinHandleExt;
+            let tid = late.as_pthread_t();
+            while !late.is_finished() {
+                // SAFETY: the thread is alive until joined.
+                unsafe { libc::pthread_kill(tid, libc::SIGUSR2) };
+                std::thread::yield_now();
+            }
+        }
+        assert_eq!(late.join().unwrap(), (-1, libc::EINTR));
+        // Interrupt the wait until the waiter returns (a signal may land before it polls).
+        use std::os::unix::thread::JoinHandleExt;
+        let tid = waiter.as_pthread_t();
+        while Arc::strong_count(&inner) > 1 {
+            // SAFETY: the waiter thread is alive while it holds its reference.
+            unsafe { libc::pthread_kill(tid, libc::SIGUSR2) };
+            std::thread::yield_now();
+        }
+        assert_eq!(waiter.join().unwrap(), (-1, libc::EINTR));
     }
 }

@@ -242,7 +242,7 @@ impl Chan {
         if channel.is_null() {
             let ch = new_channel()?;
             // SAFETY: the channel just made.
-            let inner = Arc::clone(unsafe { channel_from(ch) }.ok_or(libc::EINVAL)?);
+            let inner = unsafe { channel_from(ch) }.ok_or(libc::EINVAL)?;
             Ok(Chan {
                 inner,
                 abi: ch as usize,
@@ -250,7 +250,7 @@ impl Chan {
             })
         } else {
             // SAFETY: a live channel of the program, by the callers' contract.
-            let inner = Arc::clone(unsafe { channel_from(channel) }.ok_or(libc::EINVAL)?);
+            let inner = unsafe { channel_from(channel) }.ok_or(libc::EINVAL)?;
             Ok(Chan {
                 inner,
                 abi: channel as usize,
