@@ -45,6 +45,37 @@ if [ "${1:-}" != --run ]; then
     setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all \
       env HOME="$home" TMPDIR="$home" bash "$0" --run "$bins"
     rc=$?
+    # UD multicast across network namespaces (two hosts joined by a veth pair, made here
+    # as root; the programs still run as uid 65534): mckey receiver in one, sender in the
+    # other, each on a soft device on its namespace's interface.
+    if command -v ip >/dev/null 2>&1; then
+      a=remem-mwa-$$ b=remem-mwb-$$
+      ip netns add $a && ip netns add $b \
+        && ip link add mwa$$ type veth peer name mwb$$ \
+        && ip link set mwa$$ netns $a && ip link set mwb$$ netns $b \
+        && ip -n $a addr add 10.87.0.1/24 dev mwa$$ && ip -n $b addr add 10.87.0.2/24 dev mwb$$ \
+        && ip -n $a link set lo up && ip -n $b link set lo up \
+        && ip -n $a link set mwa$$ up && ip -n $b link set mwb$$ up
+      notify=$home/mckey-notify; : > "$notify"; chown 65534:65534 "$notify"
+      ip netns exec $b env REMEM_IBV_DEVICES=rxe0=mwb$$ REMEM_RDMACM_NOTIFY="$notify" REMEM_IBV_LIB="$bins"/libremem_ibv.so \
+        timeout 60 setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all env HOME="$home" \
+        "$bins"/remem run -- mckey -m 239.77.0.2 -b 10.87.0.2 -C 20 > "$home"/mckey-recv.log 2>&1 &
+      receiver=$!
+      for _ in $(seq 400); do grep -q joined "$notify" && break; kill -0 $receiver 2>/dev/null || break; sleep 0.05; done
+      ok=1
+      ip netns exec $a env REMEM_IBV_DEVICES=rxe0=mwa$$ REMEM_IBV_LIB="$bins"/libremem_ibv.so \
+        timeout 60 setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all env HOME="$home" \
+        "$bins"/remem run -- mckey -m 239.77.0.2 -b 10.87.0.1 -s -C 20 > "$home"/mckey-send.log 2>&1 || ok=0
+      wait $receiver || ok=0
+      ip netns del $a; ip netns del $b
+      if [ $ok = 1 ]; then
+        echo "ok    mckey (UD multicast) across network namespaces (veth), uid 65534"
+      else
+        echo "FAIL  mckey (UD multicast) across network namespaces"
+        tail -n 20 "$home"/mckey-recv.log "$home"/mckey-send.log
+        rc=1
+      fi
+    fi
   else
     bash "$0" --run "$bins"
     rc=$?
