@@ -126,6 +126,7 @@ mod persist;
 mod pool;
 mod rdma;
 pub mod rpc;
+pub mod stream;
 mod sys;
 #[cfg(test)]
 mod test_util;
@@ -149,6 +150,7 @@ pub use rdma::{Rdma, RdmaBuilder};
 pub use remem_verbs as verbs;
 pub use remem_verbs::{AccessFlags, MemoryBuffer};
 pub use rpc::{Request, RpcClient, RpcServer};
+pub use stream::RdmaStream;
 pub use typed::{RemoteValue, RemoteWord};
 /// The crate behind typed values ([`RemoteValue`], [`LocalMr::read_value`]): derive its
 /// traits for your types with `#[zerocopy(crate = "remem::zerocopy")]`.
