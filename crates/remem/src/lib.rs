@@ -93,6 +93,50 @@
 //! # }
 //! ```
 //!
+//! # Put an existing tokio program on RDMA
+//!
+//! [`RdmaStream`] is a connected, ordered byte stream over a [`Connection`], with tokio's
+//! `AsyncRead` and `AsyncWrite`: what runs on a `TcpStream` — `tokio::io::copy`,
+//! `BufReader`, codecs, hyper, tonic — runs on it unchanged. Both sides wrap their end of
+//! a connection:
+//!
+//! ```
+//! use remem::{RdmaBuilder, RdmaStream};
+//! use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! tokio::runtime::Runtime::new()?.block_on(async {
+//!     let server = RdmaBuilder::new().device("soft@127.0.0.9:0").build()?;
+//!     let client = RdmaBuilder::new().device("soft@127.0.0.10:0").build()?;
+//!     let listener = server.listen("127.0.0.1:0").await?;
+//!     let addr = listener.local_addr()?;
+//!     let (c, s) = tokio::join!(client.connect(addr), listener.accept());
+//!     let (mut c, s) = (RdmaStream::new(c?)?, RdmaStream::new(s?)?);
+//!
+//!     // A line-based echo server, written as for TCP.
+//!     tokio::spawn(async move {
+//!         let (r, mut w) = s.into_split();
+//!         let mut lines = BufReader::new(r).lines();
+//!         while let Ok(Some(line)) = lines.next_line().await {
+//!             w.write_all(format!("echo: {line}\n").as_bytes()).await?;
+//!             w.flush().await?;
+//!         }
+//!         std::io::Result::Ok(())
+//!     });
+//!     c.write_all(b"hello\n").await?;
+//!     c.flush().await?;
+//!     let mut answer = String::new();
+//!     BufReader::new(&mut c).read_line(&mut answer).await?;
+//!     assert_eq!(answer, "echo: hello\n");
+//!     Ok(())
+//! })
+//! # }
+//! ```
+//!
+//! What is copied when, backpressure, half-close and the `io::ErrorKind`s a TCP user tests
+//! for: the [`stream`] module. As with tokio's `BufWriter`, flush after writing what the peer
+//! must see (hyper, tonic and `tokio::io::copy` do).
+//!
 //! Memory the NIC or the peer may touch is never exposed as `&[u8]`: see [`LocalMr`] for
 //! the model. The crate's design (dispatcher, credits, cancellation) is described in
 //! ARCHITECTURE.md.
