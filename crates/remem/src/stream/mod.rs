@@ -711,5 +711,9 @@ macro_rules! debug_half {
 }
 debug_half!(OwnedReadHalf, OwnedWriteHalf, ReadHalf<'_>, WriteHalf<'_>);
 
+#[cfg(feature = "hyper")]
+pub mod hyper;
 #[cfg(test)]
 mod tests;
+#[cfg(feature = "tonic")]
+pub mod tonic;
