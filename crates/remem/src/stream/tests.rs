@@ -447,3 +447,43 @@ async fn works_with_manual_polling() {
     );
     both_ways(&a, &b, 300_000, &[1000, 70_000], &[5000]).await;
 }
+
+/// `tokio_util::codec::Framed` runs unchanged on the stream: length-delimited frames of
+/// every size from empty to several chunks, both ways, arrive whole and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn framed_with_a_length_delimited_codec() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_util::codec::{Framed, LengthDelimitedCodec};
+    let (a, b) = soft_pair();
+    let (sa, sb) = streams(&a, &b).await;
+    let codec = || {
+        LengthDelimitedCodec::builder()
+            .max_frame_length(1 << 20)
+            .new_codec()
+    };
+    let (mut fa, mut fb) = (Framed::new(sa, codec()), Framed::new(sb, codec()));
+    let frames: Vec<bytes::Bytes> = [0usize, 1, 100, 65_536, 65_537, 300_000, 7]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            (0..n)
+                .map(|j| byte(i as u64, j))
+                .collect::<Vec<u8>>()
+                .into()
+        })
+        .collect();
+    let run = async {
+        for f in &frames {
+            fa.send(f.clone()).await.unwrap();
+        }
+        for f in &frames {
+            let got = fb.next().await.unwrap().unwrap();
+            assert_eq!(&got[..], &f[..]);
+            fb.send(got.freeze()).await.unwrap();
+        }
+        for f in &frames {
+            assert_eq!(&fa.next().await.unwrap().unwrap()[..], &f[..]);
+        }
+    };
+    tokio::time::timeout(BOUND, run).await.expect("stalled");
+}
