@@ -137,6 +137,72 @@
 //! for: the [`stream`] module. As with tokio's `BufWriter`, flush after writing what the peer
 //! must see (hyper, tonic and `tokio::io::copy` do).
 //!
+//! **hyper** (feature `hyper`): a server hands each accepted stream to hyper as it would a
+//! `TcpStream`; a client connects by URI with [`stream::hyper::RdmaConnector`] — the URI
+//! names the server's remem listener. HTTP/1.1 and HTTP/2 alike (`examples/http.rs` runs
+//! them between two processes):
+//!
+//! ```
+//! # #[cfg(feature = "hyper")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use http_body_util::{BodyExt, Full};
+//! use hyper_util::rt::{TokioExecutor, TokioIo};
+//! use remem::stream::hyper::RdmaConnector;
+//! use remem::{RdmaBuilder, RdmaStream};
+//!
+//! tokio::runtime::Runtime::new()?.block_on(async {
+//!     let server = RdmaBuilder::new().device("soft@127.0.0.11:0").build()?;
+//!     let listener = server.listen("127.0.0.1:0").await?;
+//!     let addr = listener.local_addr()?;
+//!     tokio::spawn(async move {
+//!         while let Ok(conn) = listener.accept().await {
+//!             let io = TokioIo::new(RdmaStream::new(conn)?);
+//!             let hello = hyper::service::service_fn(|_req| async {
+//!                 Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+//!                     bytes::Bytes::from_static(b"hello over RDMA"),
+//!                 )))
+//!             });
+//!             tokio::spawn(async move {
+//!                 let http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+//!                 http.serve_connection(io, hello).await
+//!             });
+//!         }
+//!         Ok::<(), remem::Error>(())
+//!     });
+//!
+//!     let client_rdma = RdmaBuilder::new().device("soft@127.0.0.12:0").build()?;
+//!     let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+//!         .build::<_, Full<bytes::Bytes>>(RdmaConnector::new(client_rdma));
+//!     let res = client.get(format!("http://{addr}/").parse()?).await?;
+//!     assert_eq!(res.into_body().collect().await?.to_bytes(), "hello over RDMA");
+//!     Ok(())
+//! })
+//! # }
+//! # #[cfg(not(feature = "hyper"))]
+//! # fn main() {}
+//! ```
+//!
+//! **tonic** (feature `tonic`): the server serves on the streams its listener accepts,
+//! [`stream::tonic::Incoming`]; the client's channel connects with the same connector.
+//! Everything else — the generated service, the client stub — is tonic's as over TCP
+//! (`examples/grpc.rs`, unary calls and a bidirectional stream between two processes, runs
+//! in CI):
+//!
+//! ```ignore
+//! // Server: any tonic service, on a remem listener.
+//! let listener = rdma.listen("0.0.0.0:50051").await?;
+//! tonic::transport::Server::builder()
+//!     .add_service(GreeterServer::new(MyGreeter::default()))
+//!     .serve_with_incoming(remem::stream::tonic::Incoming::new(listener))
+//!     .await?;
+//!
+//! // Client: a channel whose connections are RDMA streams.
+//! let channel = tonic::transport::Endpoint::from_static("http://server:50051")
+//!     .connect_with_connector(remem::stream::hyper::RdmaConnector::new(rdma))
+//!     .await?;
+//! let mut client = GreeterClient::new(channel);
+//! ```
+//!
 //! Memory the NIC or the peer may touch is never exposed as `&[u8]`: see [`LocalMr`] for
 //! the model. The crate's design (dispatcher, credits, cancellation) is described in
 //! ARCHITECTURE.md.
