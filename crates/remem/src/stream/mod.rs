@@ -90,6 +90,9 @@ pub const DEFAULT_SEND_CHUNKS: usize = 16;
 /// connection closes.
 pub const LINGER: Duration = Duration::from_secs(10);
 
+/// Where a posted chunk's completion arrives.
+type Completion = oneshot::Receiver<(WorkCompletion, u64)>;
+
 type Boxed<T> = Pin<Box<dyn Future<Output = crate::error::Result<T>> + Send>>;
 
 /// The [`io::Error`] for `e`, of the kind a TCP user tests for (module docs), with `e`
@@ -246,7 +249,7 @@ struct Writer {
     /// Accepted, not yet posted, in order; only the last may be partly filled.
     queued: VecDeque<(LocalMr, usize)>,
     /// Posted, not yet completed, in order.
-    in_flight: VecDeque<(LocalMr, usize, oneshot::Receiver<(WorkCompletion, u64)>)>,
+    in_flight: VecDeque<(LocalMr, usize, Completion)>,
     /// Waiting for a credit and a send-queue entry (kept across polls).
     acquire: Option<Boxed<(OwnedCredit, SqEntries)>>,
     fin: Fin,
@@ -657,20 +660,6 @@ pub struct ReadHalf<'a> {
 /// A borrowed writing half ([`RdmaStream::split`]).
 pub struct WriteHalf<'a> {
     writer: &'a mut Writer,
-}
-
-impl OwnedReadHalf {
-    /// Puts the halves of one stream together again; gives them back if they are not.
-    pub fn reunite(self, write: OwnedWriteHalf) -> Result<RdmaStream, (Self, OwnedWriteHalf)> {
-        if Arc::ptr_eq(&self.reader.conn, &write.writer.conn) {
-            Ok(RdmaStream {
-                reader: self.reader,
-                writer: write.writer,
-            })
-        } else {
-            Err((self, write))
-        }
-    }
 }
 
 impl OwnedWriteHalf {
