@@ -487,3 +487,67 @@ async fn framed_with_a_length_delimited_codec() {
     };
     tokio::time::timeout(BOUND, run).await.expect("stalled");
 }
+
+/// Cancel safety: read and write futures dropped after one poll (as a `select!` that
+/// another branch won would drop them) lose no byte and duplicate none — a write's bytes
+/// count once it returns `Ready`, and a dropped read leaves its bytes for the next. With
+/// the borrowed halves of `split`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_read_and_write_futures_lose_and_duplicate_nothing() {
+    use futures_util::FutureExt;
+    let (a, b) = soft_pair();
+    let (mut sa, mut sb) = streams(&a, &b).await;
+    let total = 2_000_000;
+    let data: Vec<u8> = (0..total).map(|i| byte(4, i)).collect();
+    let (mut ra, mut wa) = sa.split();
+    let (mut rb, mut wb) = sb.split();
+    let writer = async {
+        let mut at = 0;
+        let mut round = 0usize;
+        while at < total {
+            round += 1;
+            let end = (at + 1 + round * 7919 % 100_000).min(total);
+            // Every other write is polled once and dropped if it is not done.
+            if round % 2 == 0 {
+                if let Some(n) = wa.write(&data[at..end]).now_or_never() {
+                    at += n.unwrap();
+                }
+                tokio::task::yield_now().await;
+            } else {
+                at += wa.write(&data[at..end]).await.unwrap();
+            }
+        }
+        wa.shutdown().await.unwrap();
+        // The other way: nothing, just the end.
+        wb.shutdown().await.unwrap();
+    };
+    let reader = async {
+        let mut got = Vec::new();
+        let mut round = 0usize;
+        loop {
+            round += 1;
+            let mut buf = vec![0u8; 1 + round * 104_729 % 70_000];
+            let n = if round % 3 == 0 {
+                match rb.read(&mut buf).now_or_never() {
+                    Some(n) => n.unwrap(),
+                    None => {
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                }
+            } else {
+                rb.read(&mut buf).await.unwrap()
+            };
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(ra.read(&mut [0; 8]).await.unwrap(), 0);
+        got
+    };
+    let ((), got) = tokio::time::timeout(BOUND, async { tokio::join!(writer, reader) })
+        .await
+        .expect("stalled");
+    check(4, &got, total);
+}
