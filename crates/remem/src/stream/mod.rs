@@ -61,6 +61,12 @@
 //!   into the staging buffer. (`write_all` dropped part-way has written a prefix, as
 //!   over TCP.)
 //!
+//! With [`Polling::Manual`](crate::Polling::Manual) the stream collects its connection's
+//! completions (and drives a device its user drives) at each poll, so reads and writes
+//! need nothing more; but a caller-driven device must also be driven while nobody polls the
+//! stream — after the last read or write, while the peer may still need an
+//! acknowledgement — as with any operation on such a device.
+//!
 //! The stream owns its connection's messages: use the connection through
 //! [`RdmaStream::connection`] for one-sided operations only, not for `send`/`receive`.
 

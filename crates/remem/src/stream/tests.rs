@@ -551,3 +551,37 @@ async fn dropped_read_and_write_futures_lose_and_duplicate_nothing() {
         .expect("stalled");
     check(4, &got, total);
 }
+
+/// On soft devices without a progress thread and with manual polling: the stream drives
+/// its device and collects its completions at each poll (nothing else polls the CQs here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn works_on_inline_devices_with_manual_polling() {
+    let inline = || {
+        let opts = SoftOptions {
+            inline: true,
+            ..SoftOptions::default()
+        };
+        let dev = SoftContext::bind_with(fresh_addr(), &opts).unwrap();
+        RdmaBuilder::new()
+            .context(Arc::new(dev))
+            .polling(Polling::Manual)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (inline(), inline());
+    // A side whose reads and writes are done must still answer its peer (acknowledge,
+    // retransmit): as with any caller-driven device, someone drives it meanwhile.
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let drive = async {
+        while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            a.context().drive(Duration::ZERO).unwrap();
+            b.context().drive(Duration::ZERO).unwrap();
+            tokio::task::yield_now().await;
+        }
+    };
+    let run = async {
+        both_ways(&a, &b, 3_000_000, &[65536, 1000], &[65536, 333]).await;
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+    };
+    tokio::join!(drive, run);
+}
