@@ -508,7 +508,7 @@ async fn dropped_read_and_write_futures_lose_and_duplicate_nothing() {
             round += 1;
             let end = (at + 1 + round * 7919 % 100_000).min(total);
             // Every other write is polled once and dropped if it is not done.
-            if round % 2 == 0 {
+            if round.is_multiple_of(2) {
                 if let Some(n) = wa.write(&data[at..end]).now_or_never() {
                     at += n.unwrap();
                 }
@@ -527,7 +527,7 @@ async fn dropped_read_and_write_futures_lose_and_duplicate_nothing() {
         loop {
             round += 1;
             let mut buf = vec![0u8; 1 + round * 104_729 % 70_000];
-            let n = if round % 3 == 0 {
+            let n = if round.is_multiple_of(3) {
                 match rb.read(&mut buf).now_or_never() {
                     Some(n) => n.unwrap(),
                     None => {
