@@ -7,7 +7,8 @@
 //!   warm-up; the median and 99th percentile of half a round trip, in µs.
 //!
 //! Two soft devices in this process (127.0.0.1 and 127.0.0.2, free UDP ports), polled as
-//! `--polling busy` (the default, as `remem perf --api` polls) or `event`; TCP on
+//! `--polling busy` (the default), `event`, or `inline` (as `remem perf --api` runs on
+//! soft devices: no progress thread, manual polling, the waiting task drives the device); TCP on
 //! 127.0.0.1. `cargo run --release -p remem --example stream_bench [-- --bytes N --iters N
 //! --polling busy|event]`.
 
@@ -34,8 +35,30 @@ fn polling() -> Polling {
         .as_deref()
     {
         Some("event") => Polling::Event,
+        Some("inline") => Polling::Manual,
         _ => Polling::Busy,
     }
+}
+
+/// A side's device: `--polling inline` is `remem perf --api`'s setup on soft devices (no
+/// progress thread, manual polling: the task that waits drives the device and collects
+/// its completions — so each side goes on reading until the other's end, driving its
+/// device for the other's last acknowledgements).
+fn device(name: &str) -> remem::Rdma {
+    let b = RdmaBuilder::new().polling(polling());
+    let b = if matches!(polling(), Polling::Manual) {
+        let addr = name.trim_start_matches("soft@").parse().unwrap();
+        let opts = remem_soft::SoftOptions {
+            inline: true,
+            ..remem_soft::SoftOptions::from_env()
+        };
+        b.context(std::sync::Arc::new(
+            remem_soft::SoftContext::bind_with(addr, &opts).unwrap(),
+        ))
+    } else {
+        b.device(name)
+    };
+    b.build().unwrap()
 }
 
 /// The tokio runtime of one side: one worker, as `remem perf`'s API path has; each side
@@ -61,11 +84,7 @@ where
     let server = std::thread::spawn(move || {
         runtime().block_on(async move {
             let s: Box<dyn Stream> = if rdma {
-                let dev = RdmaBuilder::new()
-                    .device("soft@127.0.0.2:0")
-                    .polling(polling())
-                    .build()
-                    .unwrap();
+                let dev = device("soft@127.0.0.2:0");
                 let listener = dev.listen("127.0.0.1:0").await.unwrap();
                 tx.send(listener.local_addr().unwrap()).unwrap();
                 Box::new(RdmaStream::new(listener.accept().await.unwrap()).unwrap())
@@ -82,11 +101,7 @@ where
     let addr = rx.recv().unwrap();
     let out = runtime().block_on(async move {
         let s: Box<dyn Stream> = if rdma {
-            let dev = RdmaBuilder::new()
-                .device("soft@127.0.0.1:0")
-                .polling(polling())
-                .build()
-                .unwrap();
+            let dev = device("soft@127.0.0.1:0");
             Box::new(RdmaStream::new(dev.connect(addr).await.unwrap()).unwrap())
         } else {
             let s = TcpStream::connect(addr).await.unwrap();
@@ -135,6 +150,9 @@ fn bandwidth(rdma: bool, bytes: usize) -> f64 {
             let secs = start.recv().unwrap().elapsed().as_secs_f64();
             result.send(bytes as f64 / secs / 1e6).unwrap();
             r.shutdown().await.unwrap();
+            // Until the writer's end.
+            let mut rest = Vec::new();
+            r.read_to_end(&mut rest).await.unwrap();
         },
     );
     mbs.recv().unwrap()
@@ -157,6 +175,9 @@ fn latency(rdma: bool, iters: usize) -> (f64, f64) {
                     times.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
                 }
             }
+            // Each side reads until the other's end (driving an inline device meanwhile).
+            a.shutdown().await.unwrap();
+            a.read_to_end(&mut Vec::new()).await.unwrap();
             times.sort_by(f64::total_cmp);
             (times[times.len() / 2], times[times.len() * 99 / 100])
         },
@@ -167,6 +188,8 @@ fn latency(rdma: bool, iters: usize) -> (f64, f64) {
                 b.write_all(&buf).await.unwrap();
                 b.flush().await.unwrap();
             }
+            b.shutdown().await.unwrap();
+            b.read_to_end(&mut Vec::new()).await.unwrap();
         },
     )
 }
@@ -178,11 +201,7 @@ fn latency_messages(iters: usize) -> (f64, f64) {
     let (tx, rx) = std::sync::mpsc::channel();
     let server = std::thread::spawn(move || {
         runtime().block_on(async move {
-            let dev = RdmaBuilder::new()
-                .device("soft@127.0.0.2:0")
-                .polling(polling())
-                .build()
-                .unwrap();
+            let dev = device("soft@127.0.0.2:0");
             let listener = dev.listen("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
             let c = listener.accept().await.unwrap();
@@ -198,11 +217,7 @@ fn latency_messages(iters: usize) -> (f64, f64) {
     });
     let addr = rx.recv().unwrap();
     let out = runtime().block_on(async move {
-        let dev = RdmaBuilder::new()
-            .device("soft@127.0.0.1:0")
-            .polling(polling())
-            .build()
-            .unwrap();
+        let dev = device("soft@127.0.0.1:0");
         let c = dev.connect(addr).await.unwrap();
         let mr = dev
             .alloc_local_mr(std::alloc::Layout::new::<[u8; 64]>())
@@ -216,6 +231,7 @@ fn latency_messages(iters: usize) -> (f64, f64) {
                 times.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
             }
         }
+        c.close().await;
         times.sort_by(f64::total_cmp);
         (times[times.len() / 2], times[times.len() * 99 / 100])
     });
@@ -239,10 +255,13 @@ fn main() {
     println!(
         r#"{{"test":"lat","transport":"RdmaStream","polling":"{p:?}","size":64,"iters":{iters},"median_us":{median:.2},"p99_us":{p99:.2}}}"#
     );
-    let (median, p99) = latency_messages(iters);
-    println!(
-        r#"{{"test":"lat","transport":"send/receive","polling":"{p:?}","size":64,"iters":{iters},"median_us":{median:.2},"p99_us":{p99:.2}}}"#
-    );
+    // (Not with `inline`: `remem perf --api send_lat` is that figure.)
+    if !matches!(p, Polling::Manual) {
+        let (median, p99) = latency_messages(iters);
+        println!(
+            r#"{{"test":"lat","transport":"send/receive","polling":"{p:?}","size":64,"iters":{iters},"median_us":{median:.2},"p99_us":{p99:.2}}}"#
+        );
+    }
     let (median, p99) = latency(false, iters);
     println!(
         r#"{{"test":"lat","transport":"TcpStream","size":64,"iters":{iters},"median_us":{median:.2},"p99_us":{p99:.2}}}"#
