@@ -93,6 +93,116 @@
 //! # }
 //! ```
 //!
+//! # Put an existing tokio program on RDMA
+//!
+//! [`RdmaStream`] is a connected, ordered byte stream over a [`Connection`], with tokio's
+//! `AsyncRead` and `AsyncWrite`: what runs on a `TcpStream` — `tokio::io::copy`,
+//! `BufReader`, codecs, hyper, tonic — runs on it unchanged. Both sides wrap their end of
+//! a connection:
+//!
+//! ```
+//! use remem::{RdmaBuilder, RdmaStream};
+//! use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! tokio::runtime::Runtime::new()?.block_on(async {
+//!     let server = RdmaBuilder::new().device("soft@127.0.0.9:0").build()?;
+//!     let client = RdmaBuilder::new().device("soft@127.0.0.10:0").build()?;
+//!     let listener = server.listen("127.0.0.1:0").await?;
+//!     let addr = listener.local_addr()?;
+//!     let (c, s) = tokio::join!(client.connect(addr), listener.accept());
+//!     let (mut c, s) = (RdmaStream::new(c?)?, RdmaStream::new(s?)?);
+//!
+//!     // A line-based echo server, written as for TCP.
+//!     tokio::spawn(async move {
+//!         let (r, mut w) = s.into_split();
+//!         let mut lines = BufReader::new(r).lines();
+//!         while let Ok(Some(line)) = lines.next_line().await {
+//!             w.write_all(format!("echo: {line}\n").as_bytes()).await?;
+//!             w.flush().await?;
+//!         }
+//!         std::io::Result::Ok(())
+//!     });
+//!     c.write_all(b"hello\n").await?;
+//!     c.flush().await?;
+//!     let mut answer = String::new();
+//!     BufReader::new(&mut c).read_line(&mut answer).await?;
+//!     assert_eq!(answer, "echo: hello\n");
+//!     Ok(())
+//! })
+//! # }
+//! ```
+//!
+//! What is copied when, backpressure, half-close and the `io::ErrorKind`s a TCP user tests
+//! for: the [`stream`] module. As with tokio's `BufWriter`, flush after writing what the peer
+//! must see (hyper, tonic and `tokio::io::copy` do).
+//!
+//! **hyper** (feature `hyper`): a server hands each accepted stream to hyper as it would a
+//! `TcpStream`; a client connects by URI with [`stream::hyper::RdmaConnector`] — the URI
+//! names the server's remem listener. HTTP/1.1 and HTTP/2 alike (`examples/http.rs` runs
+//! them between two processes):
+//!
+//! ```
+//! # #[cfg(feature = "hyper")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use http_body_util::{BodyExt, Full};
+//! use hyper_util::rt::{TokioExecutor, TokioIo};
+//! use remem::stream::hyper::RdmaConnector;
+//! use remem::{RdmaBuilder, RdmaStream};
+//!
+//! tokio::runtime::Runtime::new()?.block_on(async {
+//!     let server = RdmaBuilder::new().device("soft@127.0.0.11:0").build()?;
+//!     let listener = server.listen("127.0.0.1:0").await?;
+//!     let addr = listener.local_addr()?;
+//!     tokio::spawn(async move {
+//!         while let Ok(conn) = listener.accept().await {
+//!             let io = TokioIo::new(RdmaStream::new(conn)?);
+//!             let hello = hyper::service::service_fn(|_req| async {
+//!                 Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+//!                     bytes::Bytes::from_static(b"hello over RDMA"),
+//!                 )))
+//!             });
+//!             tokio::spawn(async move {
+//!                 let http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+//!                 http.serve_connection(io, hello).await
+//!             });
+//!         }
+//!         Ok::<(), remem::Error>(())
+//!     });
+//!
+//!     let client_rdma = RdmaBuilder::new().device("soft@127.0.0.12:0").build()?;
+//!     let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+//!         .build::<_, Full<bytes::Bytes>>(RdmaConnector::new(client_rdma));
+//!     let res = client.get(format!("http://{addr}/").parse()?).await?;
+//!     assert_eq!(res.into_body().collect().await?.to_bytes(), "hello over RDMA");
+//!     Ok(())
+//! })
+//! # }
+//! # #[cfg(not(feature = "hyper"))]
+//! # fn main() {}
+//! ```
+//!
+//! **tonic** (feature `tonic`): the server serves on the streams its listener accepts,
+//! [`stream::tonic::Incoming`]; the client's channel connects with the same connector.
+//! Everything else — the generated service, the client stub — is tonic's as over TCP
+//! (`examples/grpc.rs`, unary calls and a bidirectional stream between two processes, runs
+//! in CI):
+//!
+//! ```ignore
+//! // Server: any tonic service, on a remem listener.
+//! let listener = rdma.listen("0.0.0.0:50051").await?;
+//! tonic::transport::Server::builder()
+//!     .add_service(GreeterServer::new(MyGreeter::default()))
+//!     .serve_with_incoming(remem::stream::tonic::Incoming::new(listener))
+//!     .await?;
+//!
+//! // Client: a channel whose connections are RDMA streams.
+//! let channel = tonic::transport::Endpoint::from_static("http://server:50051")
+//!     .connect_with_connector(remem::stream::hyper::RdmaConnector::new(rdma))
+//!     .await?;
+//! let mut client = GreeterClient::new(channel);
+//! ```
+//!
 //! Memory the NIC or the peer may touch is never exposed as `&[u8]`: see [`LocalMr`] for
 //! the model. The crate's design (dispatcher, credits, cancellation) is described in
 //! ARCHITECTURE.md.
@@ -126,6 +236,7 @@ mod persist;
 mod pool;
 mod rdma;
 pub mod rpc;
+pub mod stream;
 mod sys;
 #[cfg(test)]
 mod test_util;
@@ -149,6 +260,7 @@ pub use rdma::{Rdma, RdmaBuilder};
 pub use remem_verbs as verbs;
 pub use remem_verbs::{AccessFlags, MemoryBuffer};
 pub use rpc::{Request, RpcClient, RpcServer};
+pub use stream::RdmaStream;
 pub use typed::{RemoteValue, RemoteWord};
 /// The crate behind typed values ([`RemoteValue`], [`LocalMr::read_value`]): derive its
 /// traits for your types with `#[zerocopy(crate = "remem::zerocopy")]`.

@@ -293,6 +293,51 @@ impl ConnShared {
             .await
     }
 
+    /// Whether messages arrive at a shared receive queue rather than at the connection.
+    pub(crate) fn uses_srq(&self) -> bool {
+        self.msg.srq.is_some()
+    }
+
+    /// The message at the front of the inbox, if it is there and whole, without waiting;
+    /// its credit is still owed ([`ConnShared::consumed`] returns it).
+    pub(crate) fn try_take_message(&self) -> Option<Arrived> {
+        let mut q = lock(&self.msg.messages.queue);
+        let taken = q.front_mut().and_then(|p| lock(p).take());
+        if taken.is_some() {
+            q.pop_front();
+        }
+        taken
+    }
+
+    /// The next message, once it is there and whole (fails once the connection is closed
+    /// and none is left); its credit is still owed ([`ConnShared::consumed`] returns it).
+    pub(crate) async fn take_message(self: Arc<Self>) -> Result<Arrived> {
+        let conn = self.clone();
+        super::driven(
+            &self,
+            conn.take_uncredited(&conn.msg.messages, |p| lock(p).take()),
+        )
+        .await
+    }
+
+    /// Posts `data` (of the peer's `max_message` bytes at most) as a message of kind
+    /// [`Kind::Data`] with `imm`, on a credit and an entry already taken, without waiting
+    /// for its completion: messages posted so go in order.
+    pub(crate) fn post_message(
+        self: &Arc<Self>,
+        credit: super::OwnedCredit,
+        sq: super::SqEntries,
+        data: Option<Span>,
+        imm: Option<u32>,
+    ) -> Result<tokio::sync::oneshot::Receiver<(WorkCompletion, u64)>> {
+        let spans = std::iter::once(sq.slot()).chain(data).collect();
+        let opts = PostOpts {
+            header: Some((Kind::Data, imm)),
+            ..PostOpts::default()
+        };
+        self.post_signaled(sq, SendOp::Send, spans, opts, Some(credit.into_spent(self)))
+    }
+
     /// Takes the item at the front of `inbox` once `ready` gives it (waiting while the
     /// inbox is empty or its front is not ready); its credit goes back now.
     pub(crate) async fn take<T, R>(

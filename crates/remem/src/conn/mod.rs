@@ -61,7 +61,8 @@ pub use srq::Srq;
 
 // Paths other modules use.
 pub(crate) use header::Kind;
-pub(crate) use inbox::Inbox;
+pub(crate) use inbox::{Arrived, Inbox};
+pub(crate) use posting::{OwnedCredit, SqEntries};
 
 use crate::dispatch::Served;
 use crate::error::{LocalFailure, Result};
@@ -318,7 +319,7 @@ impl Served for ConnShared {
 
 /// Runs `fut`, which waits for completions of `conn`; with manual polling nothing else
 /// would collect them, so this does, between polls of `fut`.
-async fn driven<F: std::future::Future>(conn: &Arc<ConnShared>, fut: F) -> F::Output {
+pub(crate) async fn driven<F: std::future::Future>(conn: &Arc<ConnShared>, fut: F) -> F::Output {
     if !conn.rdma.dispatcher().is_manual() {
         return fut.await;
     }

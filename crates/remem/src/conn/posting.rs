@@ -317,7 +317,50 @@ impl Drop for SpentCredit<'_> {
     }
 }
 
+/// A credit spent and a send-queue entry taken for a message about to be posted, owned (a
+/// byte stream keeps the future that waits for them across polls): the credit goes back if
+/// this is dropped unposted.
+pub(crate) struct OwnedCredit {
+    conn: Arc<ConnShared>,
+    armed: bool,
+}
+
+impl OwnedCredit {
+    /// The credit, to pass to [`ConnShared::post_signaled`] on `conn` (its own
+    /// connection), which spends it for good once the message is posted, or gives it back.
+    pub(crate) fn into_spent(mut self, conn: &ConnShared) -> SpentCredit<'_> {
+        debug_assert!(std::ptr::eq(conn, &*self.conn));
+        self.armed = false;
+        SpentCredit {
+            conn,
+            deadline: None,
+            armed: true,
+        }
+    }
+}
+
+impl Drop for OwnedCredit {
+    fn drop(&mut self) {
+        if self.armed {
+            lock(&self.conn.msg.credits).unspend();
+            self.conn.msg.credit_wait.notify_one();
+        }
+    }
+}
+
 impl ConnShared {
+    /// [`ConnShared::credited_entry`], owned and without the operation timeout (a stream
+    /// waits for its peer to read as long as it takes).
+    pub(crate) async fn credited_entry_owned(self: Arc<Self>) -> Result<(OwnedCredit, SqEntries)> {
+        self.spend_credit().await?;
+        let credit = OwnedCredit {
+            conn: self.clone(),
+            armed: true,
+        };
+        let sq = self.entries(1).await?;
+        Ok((credit, sq))
+    }
+
     /// Waits for `n` free send-queue entries (fails once the connection is closed).
     pub(crate) async fn entries(&self, n: u32) -> Result<SqEntries> {
         self.post
@@ -369,7 +412,24 @@ impl ConnShared {
             Some(c) => c.deadline,
             None => self.post.deadline(),
         };
-        // From here to the post nothing awaits: a dropped future cannot lose the credit.
+        let rx = self.post_signaled(sq, op, spans, opts, credit)?;
+        self.outcome(rx, deadline).await
+    }
+
+    /// Posts one signaled work request on `sq` now, without waiting: returns where its
+    /// completion (and the word in the entry's slot then) will arrive. The memory of
+    /// `spans` and the entry stay held until the completion. Work requests posted by one
+    /// caller one after another go in that order (RC executes and completes them so); a
+    /// byte stream ([`crate::RdmaStream`]) posts its chunks so, without waiting for each.
+    pub(crate) fn post_signaled(
+        self: &Arc<Self>,
+        sq: SqEntries,
+        op: SendOp,
+        spans: Vec<Span>,
+        opts: PostOpts,
+        credit: Option<SpentCredit<'_>>,
+    ) -> Result<oneshot::Receiver<(WorkCompletion, u64)>> {
+        // Nothing awaits from here to the post: a dropped future cannot lose the credit.
         let mut credits = 0;
         if let Some((kind, imm)) = opts.header {
             credits = lock(&self.msg.credits).take_owed();
@@ -409,7 +469,7 @@ impl ConnShared {
         if let Some(c) = credit {
             c.posted();
         }
-        self.outcome(rx, deadline).await
+        Ok(rx)
     }
 
     /// A message that was not posted after all: the credits it was to return go back
@@ -437,6 +497,15 @@ impl ConnShared {
                 }
             },
         };
+        self.completed(done)
+    }
+
+    /// What a work request's completion (as [`ConnShared::post_signaled`] delivers it)
+    /// says: its slot's word on success, else why it failed.
+    pub(crate) fn completed(
+        &self,
+        done: std::result::Result<(WorkCompletion, u64), oneshot::error::RecvError>,
+    ) -> Result<u64> {
         let (wc, word) = done.map_err(|_| self.closed_error())?;
         match wc.status {
             WcStatus::Success => Ok(word),
