@@ -138,7 +138,7 @@
 //! must see (hyper, tonic and `tokio::io::copy` do).
 //!
 //! **hyper** (feature `hyper`): a server hands each accepted stream to hyper as it would a
-//! `TcpStream`; a client connects by URI with [`stream::hyper::RdmaConnector`] — the URI
+//! `TcpStream`; a client connects by URI with `stream::hyper::RdmaConnector` — the URI
 //! names the server's remem listener. HTTP/1.1 and HTTP/2 alike (`examples/http.rs` runs
 //! them between two processes):
 //!
@@ -183,7 +183,7 @@
 //! ```
 //!
 //! **tonic** (feature `tonic`): the server serves on the streams its listener accepts,
-//! [`stream::tonic::Incoming`]; the client's channel connects with the same connector.
+//! `stream::tonic::Incoming`; the client's channel connects with the same connector.
 //! Everything else — the generated service, the client stub — is tonic's as over TCP
 //! (`examples/grpc.rs`, unary calls and a bidirectional stream between two processes, runs
 //! in CI):

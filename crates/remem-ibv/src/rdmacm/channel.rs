@@ -314,7 +314,7 @@ pub unsafe extern "C" fn remem_ibv_rdma_destroy_event_channel(channel: *mut rdma
 /// `rdma_get_cm_event`: the next event of the channel, waiting for one unless the fd is
 /// non-blocking. -1 with errno: EINVAL for NULL arguments, EAGAIN (non-blocking, none
 /// queued), EINTR (a signal; the only way out of a wait on a channel destroyed since:
-/// [`free_channel`]).
+/// `rdma_destroy_event_channel`).
 ///
 /// # Safety
 ///
