@@ -231,11 +231,16 @@ pub(crate) unsafe fn channel_from(ch: *mut rdma_event_channel) -> Option<Arc<Cha
 ///
 /// # Safety
 ///
-/// `ch` came from [`new_channel`] and is not destroyed yet.
+/// `ch` came from [`new_channel`] and is not destroyed yet (or is a tombstone still kept,
+/// which a second destroy leaves as it is).
 pub(crate) unsafe fn free_channel(ch: *mut rdma_event_channel) {
     // SAFETY: by the contract, the live Box made in `new_channel`.
     let c = unsafe { &*ch.cast::<Channel>() };
     let inner = c.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if inner.is_none() {
+        // Destroyed already (a program's second destroy): the tombstone is queued once.
+        return;
+    }
     // Dropped outside the queue's lock (an event's drop may release its id).
     let dropped = inner.as_ref().map(|i| i.close());
     drop(dropped);
