@@ -5,6 +5,8 @@
 
 #![warn(missing_docs)]
 
+mod archmap;
+
 use clap::{Parser, Subcommand, ValueEnum};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
@@ -31,6 +33,9 @@ enum Task {
         #[command(subcommand)]
         what: Rxe,
     },
+    /// Print ARCHITECTURE.md's crate map as the manifests give it; exit 1 if the
+    /// document disagrees.
+    CrateMap,
 }
 
 #[derive(Subcommand, Debug)]
@@ -180,7 +185,19 @@ const MODULES: &[&str] = &[
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let Task::Rxe { cache, what } = cli.task;
+    let (cache, what) = match cli.task {
+        Task::Rxe { cache, what } => (cache, what),
+        Task::CrateMap => {
+            return match archmap::print(&workspace_root()) {
+                Ok(0) => ExitCode::SUCCESS,
+                Ok(_) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("xtask crate-map: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+    };
     let cache = cache
         .or_else(|| std::env::var_os("REMEM_RXE_CACHE").map(PathBuf::from))
         .unwrap_or_else(|| workspace_root().join("target/rxe-cache"));
