@@ -19,7 +19,8 @@
 //!
 //! Not offered: FLUSH and ATOMIC WRITE (classic `ibv_post_send` has no place for them;
 //! [`DeviceAttr::flush_global`] and friends are `false`, and the async API falls back),
-//! and UC QPs. Device counters are the kernel's sysfs `hw_counters` (and port
+//! memory windows (`Unsupported`) and regions with an I/O virtual address of their own.
+//! RC, UC and UD QPs are all created. Device counters are the kernel's sysfs `hw_counters` (and port
 //! `counters`).
 //!
 //! The only `unsafe` code is in the private module `sys`, each block with its reasons.
