@@ -25,9 +25,9 @@
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use remem_soft::engine::Engine;
-use remem_soft::objects::cq::SoftCq;
-use remem_soft::objects::mr::MrTable;
-use remem_soft::wqe::PdId;
+use remem_soft::mem::mr::MrTable;
+use remem_soft::transport::wqe::PdId;
+use remem_soft::verbs::cq::SoftCq;
 use remem_soft::{SoftContext, SoftOptions};
 use remem_verbs::rc::{self, RcOptions, RcPeer};
 use remem_verbs::{

@@ -1278,7 +1278,7 @@ fn a_peer_that_never_acknowledges_gets_a_bounded_number_of_packets() {
     let wc = completion(&lab, &v);
     assert_eq!((wc.wr_id, wc.status), (3, WcStatus::RetryExcErr));
     let sent = lab.counter("sent_pkts") - before;
-    let window = u64::from(remem_soft::objects::MAX_UNACKED_PSNS);
+    let window = u64::from(remem_soft::device::MAX_UNACKED_PSNS);
     assert!(
         (window..=3 * window).contains(&sent),
         "{sent} packets to a silent peer"

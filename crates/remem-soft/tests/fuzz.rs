@@ -18,10 +18,11 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use remem_soft::mem::grant::KeyedRegion;
+use remem_soft::transport::wqe::RecvWqe;
 use remem_soft::transport::{
-    Env, Grant, KeyedRegion, Kind, Pos, RcConfig, RcTransport, RemoteKeyError, RxPacket, Stat, glue,
+    Env, Grant, Kind, Pos, RcConfig, RcTransport, RemoteKeyError, RxPacket, Stat, glue,
 };
-use remem_soft::wqe::RecvWqe;
 use remem_verbs::{AccessFlags, AsyncEvent, MemRegion, MemoryBuffer, QpState, WorkCompletion};
 use remem_wire::{AtomicEth, Feth, Packet, Psn, Reth};
 use std::sync::Arc;

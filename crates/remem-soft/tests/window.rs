@@ -7,7 +7,7 @@ mod common;
 
 use remem_conformance::QpOptions;
 use remem_soft::SoftOptions;
-use remem_soft::objects::MAX_UNACKED_PSNS;
+use remem_soft::device::MAX_UNACKED_PSNS;
 use remem_verbs::{AccessFlags, Mtu, SendOp, SendWr, Sge, WcStatus};
 use remem_wire::{Opcode, Packet, Syndrome};
 use std::net::{Ipv4Addr, UdpSocket};

@@ -30,7 +30,7 @@
 use super::glue::PayloadSink;
 use super::rc::MAX_MSG;
 use super::{AccessError, Env, Grant, Kind, Pos, Psn, RcConfig, Reth, RxPacket, Stat, TxPacket};
-use crate::wqe::{RecvWqe, SendWqe, scatter_into};
+use crate::transport::wqe::{RecvWqe, SendWqe, scatter_into};
 use remem_verbs::{AccessFlags, QpState, SendOp, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use std::collections::VecDeque;
 
@@ -551,8 +551,9 @@ impl UcTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::{KeyedRegion, RemoteKeyError};
-    use crate::wqe::SendData;
+    use crate::mem::grant::KeyedRegion;
+    use crate::transport::RemoteKeyError;
+    use crate::transport::wqe::SendData;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
     use remem_verbs::{AsyncEvent, MemRegion, MemoryBuffer};

@@ -2,7 +2,7 @@
 
 use super::glue::PayloadSink;
 use super::{AccessError, Env, Kind, Pos, Psn, RxPacket, TxPacket};
-use crate::wqe::{SendWqe, UdTarget, scatter_into};
+use crate::transport::wqe::{SendWqe, UdTarget, scatter_into};
 use remem_verbs::{QpState, SendOp, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use std::collections::VecDeque;
 use std::net::IpAddr;
@@ -302,7 +302,7 @@ fn grh_bytes(src: &UdSource, payload_len: usize, imm: bool) -> [u8; GRH_LEN] {
 mod tests {
     use super::*;
     use crate::transport::{Grant, RemoteKeyError, RxPacket, Stat};
-    use crate::wqe::{RecvWqe, SendData};
+    use crate::transport::wqe::{RecvWqe, SendData};
     use remem_verbs::{AccessFlags, AhAttr, MemRegion, MemoryBuffer};
     use std::sync::Arc;
 
@@ -423,7 +423,7 @@ mod tests {
         let mut e = E::default();
         let mut t = ready(0x30, &mut e);
         let recv = Arc::new(MemoryBuffer::zeroed(100).unwrap());
-        let key = crate::transport::KeyedRegion::new(MemRegion::whole(recv.clone()));
+        let key = crate::mem::grant::KeyedRegion::new(MemRegion::whole(recv.clone()));
         e.rq.push_back(RecvWqe {
             wr_id: 1,
             sges: vec![key.grant_all().unwrap()],

@@ -1,8 +1,8 @@
 //! Unit tests of the RC transport: the responder's refusals and bounds, the requester's window.
 
 use super::*;
-use crate::transport::KeyedRegion;
-use crate::wqe::RecvWqe;
+use crate::mem::grant::KeyedRegion;
+use crate::transport::wqe::RecvWqe;
 use remem_verbs::{AsyncEvent, AsyncEventElement, AsyncEventType};
 use remem_verbs::{MemRegion, MemoryBuffer};
 use std::collections::HashMap;
@@ -379,7 +379,7 @@ fn owed_ack_and_answer() -> (TestEnv, RcTransport, u64) {
         SendWqe {
             wr_id: 1,
             op: SendOp::Send,
-            data: crate::wqe::SendData::Sges(vec![
+            data: crate::transport::wqe::SendData::Sges(vec![
                 MemRegion::new(env.buf.clone(), 0..8).unwrap().into(),
             ]),
             len: 8,
@@ -444,7 +444,7 @@ fn the_window_bounds_the_packets_of_one_message_in_flight() {
                 remote_addr: 0x1000,
                 rkey: 5,
             },
-            data: crate::wqe::SendData::Sges(vec![
+            data: crate::transport::wqe::SendData::Sges(vec![
                 MemRegion::new(env.buf.clone(), 0..len).unwrap().into(),
             ]),
             len: len as u64,

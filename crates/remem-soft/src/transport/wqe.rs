@@ -10,9 +10,7 @@ use crate::transport::glue::PayloadSink;
 use crate::transport::{AccessError, Grant};
 use remem_verbs::MemError;
 
-/// Identifies a protection domain within a soft device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PdId(pub u32);
+pub use crate::mem::PdId;
 
 /// A receive work request, validated: every scatter entry was resolved (at post time) to the
 /// exact range of a memory region of the right PD with LOCAL_WRITE access, usable while the
@@ -237,7 +235,7 @@ mod tests {
     #[test]
     fn a_deregistered_region_is_neither_gathered_nor_scattered() {
         let buf = Arc::new(MemoryBuffer::from_vec(vec![7; 64]));
-        let key = crate::transport::KeyedRegion::new(MemRegion::whole(buf.clone()));
+        let key = crate::mem::grant::KeyedRegion::new(MemRegion::whole(buf.clone()));
         let sges = vec![key.grant_all().unwrap()];
         let wqe = SendWqe {
             wr_id: 1,

@@ -1,15 +1,20 @@
 //! A soft device's packet engine: QP registry, dispatch of received packets, transmit
-//! scheduling, timers. It does no IO: [`Engine::on_datagram`] takes a received UDP payload,
-//! [`Engine::poll_transmit`] fills a buffer with the next packet (ICRC included),
-//! [`Engine::next_timeout`] / [`Engine::on_timeout`] drive the timers; the soft NIC driver
-//! ([`crate::driver`]) moves the datagrams.
+//! scheduling, timers, the GSI QP and multicast groups ([`mcast`]). It does no socket IO
+//! of its own (multicast groups aside): [`Engine::on_datagram`] takes a received UDP
+//! payload, [`Engine::poll_transmit_into`] builds the next packet through a [`TxBuild`]
+//! (the driver's stager: headers into its batch, the payload copied or referenced where it
+//! lies for the scatter/gather send), [`Engine::next_timeout`] / [`Engine::on_timeout`]
+//! drive the timers; the soft NIC driver ([`crate::io::driver`]) moves the datagrams.
+//! `Engine::poll_transmit` (the whole packet copied into one buffer, ICRC sealed) and
+//! `Engine::poll_transmit_unsealed` are for tests and tools (`internals`).
 //!
 //! ICRC and the IPv4 identification: the ICRC covers the IPv4 header's identification field,
 //! which a UDP socket neither sets nor reports. Linux gives the packets of an unconnected
 //! socket with DF set (IP_PMTUDISC_DO) identification 0, and when it splits a UDP GSO batch
 //! into segments, segment `i` gets identification `i` (both checked with tcpdump). So the
-//! driver tells [`Engine::poll_transmit`] the identification the packet will carry (its index
-//! in the GSO batch), and the ICRC a Linux rxe peer checks is right.
+//! driver seals each packet's ICRC for the identification it will carry (its index in the
+//! GSO batch) once it knows the packet's place, and the ICRC a Linux rxe peer checks is
+//! right.
 //!
 //! On receive, an IPv6 packet's ICRC is always verified (every covered header field is known
 //! from the socket); a mismatch drops it. An IPv4 packet's identification is fitted with one
@@ -20,7 +25,9 @@
 //! check): a packet some identification fits is counted as `icrc_id_recovered` and
 //! accepted, any other is dropped as a bad ICRC.
 
-use crate::qp::SoftQp;
+pub mod mcast;
+
+use crate::verbs::qp::SoftQp;
 use crate::transport::glue;
 use remem_verbs::QpType;
 use remem_wire::Packet;
@@ -31,7 +38,7 @@ use std::collections::VecDeque;
 /// numbers; a peer's packet can only look one up).
 type QpnMap<V> = std::collections::HashMap<u32, V, BuildQpnHasher>;
 type QpnSet = std::collections::HashSet<u32, BuildQpnHasher>;
-type BuildQpnHasher = std::hash::BuildHasherDefault<crate::objects::mr::KeyHasher>;
+type BuildQpnHasher = std::hash::BuildHasherDefault<crate::mem::mr::KeyHasher>;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -51,7 +58,7 @@ pub trait TxBuild {
         &mut self,
         tx: &crate::transport::TxPacket,
         hdr: usize,
-        fill: &mut crate::qp::Fill<'_>,
+        fill: &mut crate::transport::glue::Fill<'_>,
     ) -> Result<(), crate::transport::AccessError>;
 }
 
@@ -69,7 +76,7 @@ impl TxBuild for CopyBuild<'_> {
         &mut self,
         tx: &crate::transport::TxPacket,
         hdr: usize,
-        fill: &mut crate::qp::Fill<'_>,
+        fill: &mut crate::transport::glue::Fill<'_>,
     ) -> Result<(), crate::transport::AccessError> {
         let end = hdr + tx.payload_len as usize;
         let Some(dst) = self.0.get_mut(hdr..end) else {
@@ -208,9 +215,9 @@ pub struct Engine {
     /// The next PSN of the GSI (QP 1), which sends the connection manager's MADs.
     gsi_psn: AtomicU64,
     /// The connection manager, behind QP 1.
-    pub cm: crate::cm::CmDevice,
+    pub cm: crate::verbs::cm_id::CmDevice,
     /// The multicast groups the device's UD QPs are attached to.
-    pub mcast: crate::mcast::McastTable,
+    pub mcast: crate::engine::mcast::McastTable,
     /// Counters.
     pub stats: EngineStats,
 }
@@ -286,8 +293,8 @@ impl Engine {
             deadline: AtomicU64::new(u64::MAX),
             scanned: AtomicU64::new(0),
             gsi_psn: AtomicU64::new(0),
-            cm: crate::cm::CmDevice::new(crate::cm::CmConfig::default()),
-            mcast: crate::mcast::McastTable::default(),
+            cm: crate::verbs::cm_id::CmDevice::new(crate::cm::CmConfig::default()),
+            mcast: crate::engine::mcast::McastTable::default(),
             stats: EngineStats::default(),
         }
     }
@@ -540,7 +547,7 @@ impl Engine {
         if qpn == crate::cm::GSI_QPN {
             return self.on_gsi(now, from.ip(), &pkt);
         }
-        if qpn == crate::mcast::MULTICAST_QPN {
+        if qpn == crate::engine::mcast::MULTICAST_QPN {
             return self.on_multicast(now, from, to, &pkt);
         }
         let Some(qp) = self.qp(qpn) else {
@@ -937,14 +944,14 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::context::{SoftContext, SoftOptions};
+    use crate::{SoftContext, SoftOptions};
     use remem_verbs::rc::{self, RcOptions, RcPeer};
     use remem_verbs::{
         AccessFlags, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, MemoryRegion, Mtu,
         ProtectionDomain, QpCap, QpInitAttr, QpType, QueuePair, RecvWr, SendOp, SendWr, Sge,
         WcOpcode, WcStatus, WorkCompletion,
     };
-    use crate::objects::mr::{MwBind, MwType};
+    use crate::mem::mr::{MwBind, MwType};
     use std::cell::RefCell;
     use std::time::Duration;
 
@@ -1068,7 +1075,7 @@ mod tests {
     /// GRO), as a device's driver finds them.
     fn offloads(ip: &str) -> (usize, usize) {
         let socket = std::net::UdpSocket::bind(format!("{ip}:0")).unwrap();
-        let nic = crate::driver::Nic::new(socket).unwrap();
+        let nic = crate::io::driver::Nic::new(socket).unwrap();
         (nic.max_gso_segments(), nic.gro_segments())
     }
 
@@ -1403,7 +1410,7 @@ mod tests {
     #[test]
     fn binds_between_writes_and_reads_complete_in_order_under_loss() {
         let opts = SoftOptions {
-            faults: Some(crate::faults::FaultConfig {
+            faults: Some(crate::io::faults::FaultConfig {
                 loss: 0.1,
                 duplicate: 0.05,
                 reorder: 0.05,

@@ -1,8 +1,8 @@
 //! Shared receive queues.
 
-use super::DeviceShared;
-use crate::qp::{build_recv_wqe, post_each};
-use crate::wqe::{PdId, RecvWqe};
+use crate::device::DeviceShared;
+use crate::verbs::qp::{build_recv_wqe, post_each};
+use crate::transport::wqe::{PdId, RecvWqe};
 use remem_verbs::{
     AsyncEvent, AsyncEventElement, AsyncEventType, Error, PostError, RecvWr, Result, SrqAttr,
 };
@@ -24,7 +24,7 @@ pub struct SoftSrq {
     max_sge: u32,
     inner: Mutex<Inner>,
     pub(crate) dev: Arc<DeviceShared>,
-    slot: Option<super::quota::Slot>,
+    slot: Option<crate::device::quota::Slot>,
 }
 
 impl SoftSrq {
@@ -61,7 +61,7 @@ impl SoftSrq {
     }
 
     /// The SRQ, holding `slot` of its device's SRQ quota while it lives.
-    pub(crate) fn with_slot(mut self, slot: super::quota::Slot) -> Self {
+    pub(crate) fn with_slot(mut self, slot: crate::device::quota::Slot) -> Self {
         self.slot = Some(slot);
         self
     }

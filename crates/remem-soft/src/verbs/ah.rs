@@ -1,6 +1,6 @@
 //! Address handles.
 
-use crate::wqe::PdId;
+use crate::transport::wqe::PdId;
 use remem_verbs::AhAttr;
 
 /// An address handle (`ibv_ah`): an address vector checked against the device's GID table
@@ -10,7 +10,7 @@ pub struct SoftAh {
     pub(crate) attr: AhAttr,
     pub(crate) pd: PdId,
     pub(crate) device_id: u64,
-    pub(crate) _slot: super::quota::Slot,
+    pub(crate) _slot: crate::device::quota::Slot,
 }
 
 impl remem_verbs::AddressHandle for SoftAh {

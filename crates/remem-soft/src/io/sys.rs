@@ -11,7 +11,7 @@
 
 #![allow(unsafe_code)]
 
-use crate::transport::grant::HeldRanges;
+use crate::mem::grant::HeldRanges;
 use std::io;
 use std::mem::MaybeUninit;
 use std::net::{SocketAddr, UdpSocket};
@@ -302,7 +302,7 @@ pub(crate) mod tests {
         assert_eq!(rc, 0, "getsockopt: {}", io::Error::last_os_error());
         value
     }
-    use crate::transport::KeyedRegion;
+    use crate::mem::grant::KeyedRegion;
     use remem_verbs::{MemRegion, MemoryBuffer};
     use std::sync::Arc;
     use std::time::Duration;

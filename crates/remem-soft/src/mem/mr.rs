@@ -24,10 +24,10 @@
 //! revokes the windows bound to it too (the verbs layer refuses that first, as rxe does:
 //! [`MrTable::windows_bound`]).
 
-use super::DeviceShared;
-use super::keys::KeyGen;
-use crate::transport::{Grant, KeyedRegion, RemoteKeyError};
-use crate::wqe::PdId;
+use crate::mem::keys::KeyGen;
+use crate::mem::PdId;
+use crate::mem::RemoteKeyError;
+use crate::mem::grant::{Grant, KeyedRegion};
 pub use remem_verbs::MwType;
 use remem_verbs::{AccessFlags, Error, MemRegion, Result, Sge};
 use std::collections::HashMap;
@@ -610,60 +610,6 @@ impl MrTable {
             return Err(RemoteKeyError::MissingAccess);
         }
         Ok(e)
-    }
-}
-
-/// A registered memory region (`ibv_mr`); dropping it deregisters.
-#[derive(Debug)]
-pub struct SoftMr {
-    pub(crate) entry: Arc<MrEntry>,
-    pub(crate) dev: Arc<DeviceShared>,
-}
-
-impl Drop for SoftMr {
-    fn drop(&mut self) {
-        self.dev.mrs.remove(&self.entry);
-    }
-}
-
-/// A memory window (`ibv_mw`); dropping it deallocates it (its binding is revoked).
-#[derive(Debug)]
-pub struct SoftMw {
-    pub(crate) rkey: u32,
-    pub(crate) ty: MwType,
-    pub(crate) dev: Arc<DeviceShared>,
-}
-
-impl Drop for SoftMw {
-    fn drop(&mut self) {
-        let _ = self.dev.mrs.dealloc_mw(self.rkey);
-    }
-}
-
-impl remem_verbs::MemoryWindow for SoftMw {
-    fn rkey(&self) -> u32 {
-        self.rkey
-    }
-    fn mw_type(&self) -> MwType {
-        self.ty
-    }
-}
-
-impl remem_verbs::MemoryRegion for SoftMr {
-    fn lkey(&self) -> u32 {
-        self.entry.lkey
-    }
-    fn rkey(&self) -> u32 {
-        self.entry.rkey
-    }
-    fn region(&self) -> &MemRegion {
-        self.entry.region()
-    }
-    fn access(&self) -> AccessFlags {
-        self.entry.access
-    }
-    fn windows_bound(&self) -> u32 {
-        self.dev.mrs.windows_bound(&self.entry)
     }
 }
 

@@ -1,16 +1,16 @@
 //! The soft provider's queue pair: verbs validation around the RC, UC and UD transports.
 
 use crate::engine::DropCause;
-use crate::objects::DeviceShared;
-use crate::objects::cq::SoftCq;
-use crate::objects::mr::MrTable;
-use crate::objects::quota::Slot;
-use crate::objects::srq::SoftSrq;
+use crate::device::DeviceShared;
+use crate::verbs::cq::SoftCq;
+use crate::mem::mr::MrTable;
+use crate::device::quota::Slot;
+use crate::verbs::srq::SoftSrq;
 use crate::transport::{
     AccessError, Env, Grant, RcConfig, RcTransport, RemoteKeyError, Stat, UcDrop, UcTransport,
     UdDrop, UdSource, UdTransport,
 };
-use crate::wqe::{PdId, RecvWqe, SendData, SendWqe};
+use crate::transport::wqe::{PdId, RecvWqe, SendData, SendWqe};
 use remem_verbs::{
     AccessFlags, Error, PostError, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, Result,
     SendFlags, SendOp, SendWr, WcStatus, WorkCompletion, check_modify,
@@ -18,26 +18,7 @@ use remem_verbs::{
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-/// Device limits a QP is checked against.
-#[derive(Debug, Clone, Copy)]
-pub struct QpLimits {
-    /// `max_qp_wr`.
-    pub max_wr: u32,
-    /// `max_sge`.
-    pub max_sge: u32,
-    /// `max_inline_data`.
-    pub max_inline: u32,
-    /// `max_qp_init_rd_atom`.
-    pub max_rd_atomic: u8,
-    /// `max_qp_rd_atom`.
-    pub max_dest_rd_atomic: u8,
-    /// The port's active MTU in bytes.
-    pub active_mtu: u32,
-    /// Largest message.
-    pub max_msg: u64,
-    /// The RoCEv2 memory placement extensions (FLUSH, ATOMIC WRITE) are on.
-    pub placement: bool,
-}
+pub use crate::device::QpLimits;
 
 /// The size of one scatter/gather entry in a send WQE (`struct ib_sge`), the unit rxe
 /// sizes a send queue's WQEs in.
@@ -294,7 +275,7 @@ pub fn build_send_wqe(
                 "a UD send needs a destination (address handle, QPN, Q_Key)".into(),
             ));
         }
-        (QpType::Ud, Some(d)) => Some(crate::wqe::UdTarget {
+        (QpType::Ud, Some(d)) => Some(crate::transport::wqe::UdTarget {
             av: dev.own_ah(&d.ah, pd)?.attr,
             remote_qpn: d.remote_qpn,
             remote_qkey: d.remote_qkey,
@@ -359,9 +340,7 @@ pub enum Transport {
     Ud(UdTransport),
 }
 
-/// A packet's payload writer, as the transports hand it out.
-pub type Fill<'a> = dyn FnMut(&mut dyn crate::transport::glue::PayloadSink) -> std::result::Result<(), AccessError>
-    + 'a;
+pub use crate::transport::glue::Fill;
 
 impl Transport {
     /// The QP state.
@@ -458,7 +437,7 @@ impl Transport {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Path {
     /// The destination GID, as on the wire: a loopback device's link-local GID mapped to
-    /// its address ([`crate::netdev::wire_gid`]).
+    /// its address ([`crate::device::netdev::wire_gid`]).
     pub dgid: remem_verbs::Gid,
     /// The destination UDP port; 0: the device's default.
     pub udp_port: u16,
@@ -580,7 +559,7 @@ impl Env for QpEnv {
                 } else {
                     Some(mrs.by_lkey(lkey).ok_or(WcStatus::MwBindErr)?)
                 };
-                let to = crate::objects::mr::MwBind {
+                let to = crate::mem::mr::MwBind {
                     mr: mr.as_ref(),
                     addr,
                     len,
@@ -664,7 +643,7 @@ impl std::fmt::Debug for SoftQp {
     }
 }
 
-/// Everything a [`SoftQp`] is made from (by its device, [`crate::objects::SoftPd`]).
+/// Everything a [`SoftQp`] is made from (by its device, [`crate::verbs::pd::SoftPd`]).
 pub(crate) struct SoftQpParts {
     /// QP number (allocated by the device).
     pub qpn: u32,
@@ -786,7 +765,7 @@ impl SoftQp {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let path = Path {
-            dgid: crate::netdev::wire_gid(inner.attr.ah_attr.dgid),
+            dgid: crate::device::netdev::wire_gid(inner.attr.ah_attr.dgid),
             udp_port: inner.attr.ah_attr.udp_port,
         };
         let r = f(&mut inner.t, &mut inner.env, path);
@@ -896,7 +875,7 @@ impl SoftQp {
             Transport::Ud(ud) => (
                 ud.poll_transmit(env, |tx, target, fill| {
                     let path = Path {
-                        dgid: crate::netdev::wire_gid(target.av.dgid),
+                        dgid: crate::device::netdev::wire_gid(target.av.dgid),
                         udp_port: target.av.udp_port,
                     };
                     emit(tx, path, fill)
@@ -1046,7 +1025,7 @@ impl SoftQp {
                 self.qpn, self.qp_type
             )));
         }
-        crate::mcast::group_of(mgid)?.ok_or_else(|| {
+        crate::engine::mcast::group_of(mgid)?.ok_or_else(|| {
             Error::InvalidArgument(format!("{} is not a multicast GID", mgid.to_ipv6()))
         })
     }
@@ -1072,7 +1051,7 @@ mod tests {
         /// Keeps the device open.
         _ctx: crate::SoftContext,
         dev: Arc<DeviceShared>,
-        entry: Arc<crate::objects::mr::MrEntry>,
+        entry: Arc<crate::mem::mr::MrEntry>,
     }
 
     impl OneMr {

@@ -40,11 +40,11 @@
 //! ([`Inline`]).
 
 use crate::engine::{Engine, TxBuild};
-use crate::faults::{Fate, FaultConfig, FaultInjector};
-use crate::pcap::PcapWriter;
-use crate::sys::{self, Batch, MAX_BATCHES, MAX_IOV, Piece};
+use crate::io::faults::{Fate, FaultConfig, FaultInjector};
+use crate::io::pcap::PcapWriter;
+use crate::io::sys::{self, Batch, MAX_BATCHES, MAX_IOV, Piece};
 use crate::transport::glue::{CopySink, PayloadSink};
-use crate::transport::grant::{HeldRanges, Mark};
+use crate::mem::grant::{HeldRanges, Mark};
 use crate::transport::{AccessError, Grant, Held, TxPacket};
 use quinn_udp::{RecvMeta, Transmit, UdpSockRef, UdpSocketState};
 use remem_verbs::MemError;
@@ -219,7 +219,7 @@ impl TxBuild for Stager<'_> {
         &mut self,
         tx: &TxPacket,
         hdr: usize,
-        fill: &mut crate::qp::Fill<'_>,
+        fill: &mut crate::transport::glue::Fill<'_>,
     ) -> Result<(), AccessError> {
         let n = tx.payload_len as usize;
         let Some(place) = self.buf.get_mut(hdr..hdr + n) else {
@@ -1358,7 +1358,7 @@ mod tests {
     #[test]
     fn a_socket_bound_to_one_address_asks_for_no_ancillary_data() {
         let on =
-            |socket: &UdpSocket, level, name| crate::sys::tests::int_option(socket, level, name);
+            |socket: &UdpSocket, level, name| crate::io::sys::tests::int_option(socket, level, name);
         let bound = UdpSocket::bind("127.0.0.1:0").unwrap();
         let probe = bound.try_clone().unwrap();
         let _nic = Nic::new(bound).unwrap();

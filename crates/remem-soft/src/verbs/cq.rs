@@ -1,6 +1,6 @@
 //! Completion queues.
 
-use super::events::{AsyncEvents, SoftCompChannel};
+use crate::device::events::{AsyncEvents, SoftCompChannel};
 use remem_verbs::{
     AsyncEvent, AsyncEventElement, AsyncEventType, CqId, Error, Result, WcStatus, WorkCompletion,
 };
@@ -52,7 +52,7 @@ pub struct SoftCq {
     lost: AtomicU64,
     notified: AtomicU64,
     acked: AtomicU64,
-    slot: Option<super::quota::Slot>,
+    slot: Option<crate::device::quota::Slot>,
 }
 
 impl SoftCq {
@@ -89,7 +89,7 @@ impl SoftCq {
     }
 
     /// The CQ, holding `slot` of its device's CQ quota while it lives.
-    pub(crate) fn with_slot(mut self, slot: super::quota::Slot) -> Self {
+    pub(crate) fn with_slot(mut self, slot: crate::device::quota::Slot) -> Self {
         self.slot = Some(slot);
         self
     }
@@ -230,7 +230,7 @@ impl remem_verbs::CompletionQueue for SoftCq {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::objects::events::readable;
+    use crate::device::events::readable;
     use remem_verbs::{CompletionChannel, CompletionQueue};
 
     #[test]
