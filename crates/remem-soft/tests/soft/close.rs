@@ -8,7 +8,7 @@
 //! buffer when `send` returns: so after the drop returns the ACK must already be readable,
 //! without waiting.
 
-mod common;
+use crate::common;
 
 use common::{Answer, build, connected_rc, post_recv, request, send_sealed, sge};
 use remem_conformance::QpOptions;

@@ -7,7 +7,7 @@
 //! not happen), cannot make the device queue or work without bound, and every packet the
 //! device refuses is dropped and counted.
 
-mod common;
+use crate::common;
 
 use common::{Answer, build, device_and_peer, filled, reth, seal, send_sealed};
 use remem_conformance::{Endpoint, QpOptions, bring_up, endpoint};

@@ -4,7 +4,7 @@
 //! a device sends to its default peer port (its own), which the raw-socket test shows. An
 //! address vector that names a port (`AhAttr::udp_port`) goes there, and moves no other path.
 
-mod common;
+use crate::common;
 
 use common::{post_recv, sge, ud_to_rtr};
 use remem_conformance::{Case, Pair, run_pair};

@@ -3,7 +3,7 @@
 //! what it acknowledges. A raw UDP socket plays the peer: it counts what arrives and ACKs
 //! when the test says so.
 
-mod common;
+use crate::common;
 
 use remem_conformance::QpOptions;
 use remem_soft::SoftOptions;

@@ -1,7 +1,7 @@
 //! The folder-level import graph of remem-soft's `src/`, drawn from the source and held to
 //! the crate's layers: each top-level module (a folder or a file under `src/`) is a node,
 //! each `crate::…` or `super::…` path that leaves it an edge. The test prints the graph
-//! (`cargo test -p remem-soft --test layers -- --nocapture`) and asserts that no import
+//! (`cargo test -p remem-soft --test soft layers -- --nocapture`) and asserts that no import
 //! circle joins two nodes and that the only edges running up the layers are the ones
 //! [`UPWARD`] names, each with its reason.
 

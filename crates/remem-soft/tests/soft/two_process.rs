@@ -32,7 +32,12 @@ fn with_child(cases: &[&'static Case]) -> Vec<(&'static str, CaseResult)> {
     let ctx = device([127, 0, 5, 1], 0);
     let mut child = Command::new(std::env::current_exe().expect("own path"));
     child
-        .args(["--exact", "child_server", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            "two_process::child_server",
+            "--ignored",
+            "--nocapture",
+        ])
         .env(CHILD_ENV, ctx.local_addr().port().to_string())
         .stdout(Stdio::null()); // the test harness's report; failures come over the link
     run_with_child(&(Arc::new(ctx) as _), child, cases, TIMEOUT).expect("child")

@@ -4,7 +4,7 @@
 //! answered as the IBTA says: REJ, DREP), counted, never a panic; and afterwards the
 //! listener still takes a connection from a legitimate soft device.
 
-mod common;
+use crate::common;
 
 use common::{build, counter, seal};
 use remem_conformance::{QpOptions, endpoint};

@@ -8,7 +8,7 @@
 //! event of it, and another QP on the same device keeps working (a legitimate WRITE
 //! through it lands).
 
-mod common;
+use crate::common;
 
 use common::{Answer, build, device_and_peer, filled, recv_burst, reth, seal, send_to};
 use remem_conformance::{Endpoint, QpOptions, endpoint};

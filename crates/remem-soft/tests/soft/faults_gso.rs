@@ -9,7 +9,7 @@
 //! the device's fresh UDP port and the packet's index in its GSO batch), and they left in
 //! GSO batches (fewer `sendmsg` calls than packets) with their payloads referenced.
 
-mod common;
+use crate::common;
 
 use common::{device_and_peer, sge, unacked_sender};
 use remem_soft::SoftOptions;

@@ -12,7 +12,7 @@
 //! identification the kernel gives a GSO segment (its index in its batch). The capture,
 //! which records each packet from its pieces, must hold exactly the packets on the wire.
 
-mod common;
+use crate::common;
 
 use common::{device_and_peer, sge, unacked_sender};
 use remem_soft::SoftOptions;
@@ -234,7 +234,7 @@ fn same_packets(test: &str, mtu: Mtu, tag: &str) {
 #[test]
 fn scatter_gather_packets_are_the_copied_packets_mtu_1024() {
     same_packets(
-        "scatter_gather_packets_are_the_copied_packets_mtu_1024",
+        "zerocopy::scatter_gather_packets_are_the_copied_packets_mtu_1024",
         Mtu::Mtu1024,
         "1024",
     );
@@ -243,7 +243,7 @@ fn scatter_gather_packets_are_the_copied_packets_mtu_1024() {
 #[test]
 fn scatter_gather_packets_are_the_copied_packets_mtu_4096() {
     same_packets(
-        "scatter_gather_packets_are_the_copied_packets_mtu_4096",
+        "zerocopy::scatter_gather_packets_are_the_copied_packets_mtu_4096",
         Mtu::Mtu4096,
         "4096",
     );

@@ -4,7 +4,7 @@
 //! process), each checked against its own Q_Key; a QP not attached, or detached, never
 //! sees it; the checks the kernel makes (UD only, a multicast GID) are there.
 
-mod common;
+use crate::common;
 
 use common::{counter, post_recv, sge, ud_to_rtr};
 use remem_soft::SoftContext;
