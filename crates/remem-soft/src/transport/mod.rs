@@ -18,6 +18,8 @@
 pub mod glue;
 mod rc;
 #[cfg(test)]
+mod fake;
+#[cfg(test)]
 mod sim;
 mod uc;
 mod ud;

@@ -301,42 +301,12 @@ fn grh_bytes(src: &UdSource, payload_len: usize, imm: bool) -> [u8; GRH_LEN] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::{Grant, RemoteKeyError, RxPacket, Stat};
+    use crate::transport::RxPacket;
     use crate::transport::wqe::{RecvWqe, SendData};
-    use remem_verbs::{AccessFlags, AhAttr, MemRegion, MemoryBuffer};
+    use remem_verbs::{AhAttr, MemRegion, MemoryBuffer};
     use std::sync::Arc;
 
-    #[derive(Default)]
-    struct E {
-        rq: VecDeque<RecvWqe>,
-        sent: Vec<WorkCompletion>,
-        recvd: Vec<WorkCompletion>,
-    }
-    impl Env for E {
-        fn remote(
-            &mut self,
-            _: u32,
-            _: u64,
-            _: u64,
-            _: AccessFlags,
-        ) -> Result<Grant, RemoteKeyError> {
-            Err(RemoteKeyError::UnknownKey)
-        }
-        fn remote_region(&mut self, _: u32, _: AccessFlags) -> Result<Grant, RemoteKeyError> {
-            Err(RemoteKeyError::UnknownKey)
-        }
-        fn take_recv(&mut self) -> Option<RecvWqe> {
-            self.rq.pop_front()
-        }
-        fn send_completion(&mut self, wc: WorkCompletion) {
-            self.sent.push(wc);
-        }
-        fn recv_completion(&mut self, wc: WorkCompletion, _: bool) {
-            self.recvd.push(wc);
-        }
-        fn count(&mut self, _: Stat) {}
-        fn async_event(&mut self, _: remem_verbs::AsyncEvent) {}
-    }
+    use crate::transport::fake::FakeEnv as E;
 
     fn ready(qpn: u32, env: &mut E) -> UdTransport {
         let mut t = UdTransport::new(qpn, 1024);
