@@ -185,19 +185,26 @@ fn others_unaffected(w: &World) {
     assert_eq!(v.buf.to_vec(8, 16).unwrap(), vec![0xee; 16]);
 }
 
-/// Sends `h`/`payload` to `v` and checks: memory unchanged, the NAK `want` (or silence),
-/// the counter `counter` grew, the QP's state.
-#[allow(clippy::too_many_arguments)]
-fn attack(
-    w: &World,
-    v: &Victim,
-    h: &Headers,
-    payload: &[u8],
-    want: Option<Syndrome>,
-    counter: &str,
-    state: QpState,
-    what: &str,
-) {
+/// An atomic request of `op` to `v`'s region at `va` (its rkey) at the expected PSN.
+fn atomic(v: &Victim, op: Opcode, va: u64, swap_add: u64, compare: u64) -> Headers {
+    let mut h = request(v, op, v.epsn);
+    h.atomic = Some(AtomicEth {
+        va,
+        rkey: v.mr.rkey(),
+        swap_add,
+        compare,
+    });
+    h
+}
+
+/// Sends `h`/`payload` to `v` and checks what it must cause (`outcome`: the NAK or silence,
+/// the counter that grows, the QP's state after), the memory unchanged and the other QPs
+/// unaffected.
+fn attack(w: &World, v: &Victim, h: &Headers, payload: &[u8], outcome: Outcome, what: &str) {
+    let (want, counter, state) = match outcome {
+        Outcome::Fatal(syn) => (Some(syn), "send_err", QpState::Err),
+        Outcome::Dropped(counter) => (None, counter, QpState::Rts),
+    };
     let _ = events(w);
     let before = counters(w);
     send(w, h, payload, false);
@@ -233,8 +240,19 @@ fn attack(
     others_unaffected(w);
 }
 
-const ACCESS: Option<Syndrome> = Some(Syndrome::NakRemoteAccessError);
-const INVALID: Option<Syndrome> = Some(Syndrome::NakInvalidRequest);
+/// What an attack must cause ([`attack`]).
+#[derive(Debug, Clone, Copy)]
+enum Outcome {
+    /// This NAK, which ends the victim QP (ERR, an affiliated event, `send_err` counted).
+    Fatal(Syndrome),
+    /// Silence: the packet dropped and counted under this counter, the QP still in RTS.
+    Dropped(&'static str),
+}
+
+/// A remote access error NAK ends the QP.
+const ACCESS: Outcome = Outcome::Fatal(Syndrome::NakRemoteAccessError);
+/// An invalid request NAK ends the QP.
+const INVALID: Outcome = Outcome::Fatal(Syndrome::NakInvalidRequest);
 
 #[test]
 fn a_valid_write_from_the_raw_peer_lands() {
@@ -259,16 +277,7 @@ fn forged_stale_and_foreign_keys_are_access_errors() {
     // Forged.
     let v = victim(&w, RW, RW);
     let (h, p) = write(&v, v.mr.addr(), v.mr.rkey() ^ 0x0101_0000, 64);
-    attack(
-        &w,
-        &v,
-        &h,
-        &p,
-        ACCESS,
-        "send_err",
-        QpState::Err,
-        "forged rkey",
-    );
+    attack(&w, &v, &h, &p, ACCESS, "forged rkey");
     // Stale: the key of a deregistered region.
     let v = victim(&w, RW, RW);
     let old = Arc::new(MemoryBuffer::zeroed(4096).unwrap());
@@ -276,31 +285,13 @@ fn forged_stale_and_foreign_keys_are_access_errors() {
     let (va, key) = (stale.addr(), stale.rkey());
     drop(stale);
     let (h, p) = write(&v, va, key, 64);
-    attack(
-        &w,
-        &v,
-        &h,
-        &p,
-        ACCESS,
-        "send_err",
-        QpState::Err,
-        "stale rkey",
-    );
+    attack(&w, &v, &h, &p, ACCESS, "stale rkey");
     assert!(filled(&old, 0, 4096, 0));
     // Another PD's key.
     let v = victim(&w, RW, RW);
     let other = victim(&w, RW, RW); // its own PD
     let (h, p) = write(&v, other.mr.addr(), other.mr.rkey(), 64);
-    attack(
-        &w,
-        &v,
-        &h,
-        &p,
-        ACCESS,
-        "send_err",
-        QpState::Err,
-        "another PD's rkey",
-    );
+    attack(&w, &v, &h, &p, ACCESS, "another PD's rkey");
     assert!(unchanged(&other));
 }
 
@@ -313,22 +304,13 @@ fn ranges_out_of_bounds_or_wrapping_are_access_errors() {
     ] {
         let v = victim(&w, RW, RW);
         let (h, p) = write(&v, v.mr.addr().wrapping_add(off), v.mr.rkey(), len);
-        attack(&w, &v, &h, &p, ACCESS, "send_err", QpState::Err, what);
+        attack(&w, &v, &h, &p, ACCESS, what);
     }
     // A READ whose range wraps past 2^64.
     let v = victim(&w, RW, RW);
     let mut h = request(&v, Opcode::RcReadRequest, v.epsn);
     h.reth = reth(u64::MAX - 100, v.mr.rkey(), 4096);
-    attack(
-        &w,
-        &v,
-        &h,
-        &[],
-        ACCESS,
-        "send_err",
-        QpState::Err,
-        "wrapping READ",
-    );
+    attack(&w, &v, &h, &[], ACCESS, "wrapping READ");
 }
 
 #[test]
@@ -337,48 +319,15 @@ fn missing_rights_are_refused() {
     // The region lacks REMOTE_WRITE: access error.
     let v = victim(&w, RW, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ);
     let (h, p) = write(&v, v.mr.addr(), v.mr.rkey(), 32);
-    attack(
-        &w,
-        &v,
-        &h,
-        &p,
-        ACCESS,
-        "send_err",
-        QpState::Err,
-        "MR without REMOTE_WRITE",
-    );
+    attack(&w, &v, &h, &p, ACCESS, "MR without REMOTE_WRITE");
     // The region lacks REMOTE_ATOMIC.
     let v = victim(&w, RW, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
-    let mut h = request(&v, Opcode::RcFetchAdd, v.epsn);
-    h.atomic = Some(AtomicEth {
-        va: v.mr.addr(),
-        rkey: v.mr.rkey(),
-        swap_add: 1,
-        compare: 0,
-    });
-    attack(
-        &w,
-        &v,
-        &h,
-        &[],
-        ACCESS,
-        "send_err",
-        QpState::Err,
-        "MR without REMOTE_ATOMIC",
-    );
+    let h = atomic(&v, Opcode::RcFetchAdd, v.mr.addr(), 1, 0);
+    attack(&w, &v, &h, &[], ACCESS, "MR without REMOTE_ATOMIC");
     // The QP does not grant remote writes: invalid request.
     let v = victim(&w, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ, RW);
     let (h, p) = write(&v, v.mr.addr(), v.mr.rkey(), 32);
-    attack(
-        &w,
-        &v,
-        &h,
-        &p,
-        INVALID,
-        "send_err",
-        QpState::Err,
-        "QP without REMOTE_WRITE",
-    );
+    attack(&w, &v, &h, &p, INVALID, "QP without REMOTE_WRITE");
 }
 
 #[test]
@@ -393,9 +342,7 @@ fn unknown_qpn_truncated_headers_and_bad_icrc_are_dropped_silently() {
         &v,
         &h,
         &p,
-        None,
-        "drop_unknown_qp",
-        QpState::Rts,
+        Outcome::Dropped("drop_unknown_qp"),
         "unknown QPN",
     );
     // Truncated: a WRITE cut inside its RETH.
@@ -450,80 +397,35 @@ fn psns_outside_the_window_and_out_of_order_packets() {
     ] {
         let v = victim(&w, RW, RW);
         let h = request(&v, op, v.epsn);
-        attack(
-            &w,
-            &v,
-            &h,
-            &[0xee; 1024],
-            INVALID,
-            "send_err",
-            QpState::Err,
-            what,
-        );
+        attack(&w, &v, &h, &[0xee; 1024], INVALID, what);
     }
     // Payload above the MTU.
     let v = victim(&w, RW, RW);
     let (h, p) = write(&v, v.mr.addr(), v.mr.rkey(), 2048);
-    attack(
-        &w,
-        &v,
-        &h,
-        &p,
-        INVALID,
-        "send_err",
-        QpState::Err,
-        "payload above the MTU",
-    );
+    attack(&w, &v, &h, &p, INVALID, "payload above the MTU");
 }
 
 #[test]
 fn misaligned_atomics_and_oversized_reads_are_invalid() {
     let w = world();
     let v = victim(&w, RW, RW);
-    let mut h = request(&v, Opcode::RcCompareSwap, v.epsn);
-    h.atomic = Some(AtomicEth {
-        va: v.mr.addr() + 4,
-        rkey: v.mr.rkey(),
-        swap_add: 1,
-        compare: 0x3c3c_3c3c_3c3c_3c3c,
-    });
-    attack(
-        &w,
+    let h = atomic(
         &v,
-        &h,
-        &[],
-        INVALID,
-        "send_err",
-        QpState::Err,
-        "misaligned atomic",
+        Opcode::RcCompareSwap,
+        v.mr.addr() + 4,
+        1,
+        0x3c3c_3c3c_3c3c_3c3c,
     );
+    attack(&w, &v, &h, &[], INVALID, "misaligned atomic");
     let v = victim(&w, RW, RW);
     let mut h = request(&v, Opcode::RcReadRequest, v.epsn);
     h.reth = reth(v.mr.addr(), v.mr.rkey(), (1u32 << 31) + 1);
-    attack(
-        &w,
-        &v,
-        &h,
-        &[],
-        INVALID,
-        "send_err",
-        QpState::Err,
-        "READ above 2^31 bytes",
-    );
+    attack(&w, &v, &h, &[], INVALID, "READ above 2^31 bytes");
     // A misaligned ATOMIC WRITE too.
     let v = victim(&w, RW, RW);
     let mut h = request(&v, Opcode::RcAtomicWrite, v.epsn);
     h.reth = reth(v.mr.addr() + 2, v.mr.rkey(), 8);
-    attack(
-        &w,
-        &v,
-        &h,
-        &[1; 8],
-        INVALID,
-        "send_err",
-        QpState::Err,
-        "misaligned ATOMIC WRITE",
-    );
+    attack(&w, &v, &h, &[1; 8], INVALID, "misaligned ATOMIC WRITE");
     // A FLUSH with an unknown placement type.
     let v = victim(&w, RW, RW);
     let mut h = request(&v, Opcode::RcFlush, v.epsn);
@@ -532,16 +434,7 @@ fn misaligned_atomics_and_oversized_reads_are_invalid() {
         selectivity: 0,
     });
     h.reth = reth(v.mr.addr(), v.mr.rkey(), 64);
-    attack(
-        &w,
-        &v,
-        &h,
-        &[],
-        INVALID,
-        "send_err",
-        QpState::Err,
-        "FLUSH with no known placement",
-    );
+    attack(&w, &v, &h, &[], INVALID, "FLUSH with no known placement");
 }
 
 #[test]
@@ -550,13 +443,7 @@ fn a_flood_of_duplicates_executes_once() {
     let v = victim(&w, RW, RW);
     // One FETCH_ADD, then 10,000 copies of it: added once, each copy answered with the
     // cached original value (the duplicate counter counts them).
-    let mut h = request(&v, Opcode::RcFetchAdd, v.epsn);
-    h.atomic = Some(AtomicEth {
-        va: v.mr.addr() + 64,
-        rkey: v.mr.rkey(),
-        swap_add: 5,
-        compare: 0,
-    });
+    let h = atomic(&v, Opcode::RcFetchAdd, v.mr.addr() + 64, 5, 0);
     let before = counters(&w);
     send(&w, &h, &[], false);
     let first = answers(&w);
@@ -699,9 +586,9 @@ fn a_duplicate_read_after_deregistration_returns_no_data() {
         again.iter().map(|p| (p.0, p.1)).collect::<Vec<_>>()
     );
     assert!(
-        again
-            .iter()
-            .any(|p| p.0 == Opcode::RcAck && p.1 == epsn && p.2 == ACCESS),
+        again.iter().any(|p| p.0 == Opcode::RcAck
+            && p.1 == epsn
+            && p.2 == Some(Syndrome::NakRemoteAccessError)),
         "{again:?}"
     );
     // The READ itself succeeded: a stale duplicate (one the network delivered late) must
