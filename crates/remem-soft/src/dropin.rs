@@ -3,6 +3,8 @@
 //! (which describes them under `/dev/infiniband` and `/sys/class/infiniband`), so that the
 //! two agree. Pure functions: nothing here opens a device.
 
+#![forbid(unsafe_code)]
+
 use crate::device::netdev::{Netdev, gid_table_for};
 use remem_verbs::{GidEntry, GidType};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

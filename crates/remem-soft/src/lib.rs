@@ -37,7 +37,8 @@
 //! (the crate is its own dev-dependency with the feature, so `cargo test` and `cargo bench`
 //! need no flag). They are not a stable API.
 
-// One module, `sys` (the scatter/gather `sendmsg`), allows unsafe code; the rest denies it.
+// One module, `io::sys` (the scatter/gather `sendmsg`), allows unsafe code; every other
+// folder forbids it (`#![forbid(unsafe_code)]` at its top, which nothing below can lift).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -11,6 +11,8 @@
 //! budgets). The shell that runs it — CM ids, their channels, the device's CM state and
 //! the QPs it moves — is `crate::verbs::cm_id`.
 
+#![forbid(unsafe_code)]
+
 pub mod agent;
 
 pub use agent::{AgentStats, CmConfig};

@@ -5,6 +5,8 @@
 //! reaches this state through `crate::verbs::qp::QpEnv`; the objects are made in
 //! [`crate::verbs`].
 
+#![forbid(unsafe_code)]
+
 pub mod events;
 pub mod netdev;
 pub mod options;

@@ -25,6 +25,8 @@
 //! check): a packet some identification fits is counted as `icrc_id_recovered` and
 //! accepted, any other is dropped as a bad ICRC.
 
+#![forbid(unsafe_code)]
+
 pub mod mcast;
 
 use crate::verbs::qp::SoftQp;

@@ -39,6 +39,8 @@
 //! A [`Nic`] is driven either by a [`Progress`] thread or, in inline mode, by the caller
 //! ([`Inline`]).
 
+#![forbid(unsafe_code)]
+
 use crate::engine::{Engine, TxBuild};
 use crate::io::faults::{Fate, FaultConfig, FaultInjector};
 use crate::io::pcap::PcapWriter;

@@ -4,6 +4,8 @@
 //! after the next one) or delayed. The packets still cross a real UDP socket; only their
 //! fate is decided here. Off unless configured ([`FaultConfig`], `REMEM_SOFT_FAULTS`).
 
+#![forbid(unsafe_code)]
+
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::VecDeque;

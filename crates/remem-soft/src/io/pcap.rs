@@ -8,6 +8,8 @@
 //! ICRC verifies against the capture; UDP checksums are left 0, as rxe sends them. The
 //! driver's `Nic` is the one that records (`Nic::with_pcap`, a layer around its socket).
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};

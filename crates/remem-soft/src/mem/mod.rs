@@ -5,6 +5,8 @@
 //! QP numbers), and the key table that resolves lkeys and rkeys to regions and windows
 //! ([`mr`]).
 
+#![forbid(unsafe_code)]
+
 pub mod grant;
 pub mod keys;
 pub mod mr;

@@ -15,6 +15,8 @@
 //! the transport reads or writes. `wire_glue` turns them into and out of `remem_wire`
 //! packets.
 
+#![forbid(unsafe_code)]
+
 pub mod glue;
 mod rc;
 #[cfg(test)]

@@ -3,6 +3,8 @@
 //! table ([`mr`]), completion queues ([`cq`]), shared receive queues ([`srq`]), address
 //! handles ([`ah`]), queue pairs ([`qp`]) and RDMA CM ids ([`cm_id`]).
 
+#![forbid(unsafe_code)]
+
 pub mod ah;
 pub mod cm_id;
 pub mod context;

@@ -501,3 +501,38 @@ fn the_reader_sees_paths_through_groups_supers_and_inline_modules() {
     assert_eq!(crates, 1, "comments and strings are not read");
     assert!(toks.contains(&Tok::Ident("f".into())));
 }
+
+#[test]
+fn unsafe_code_lives_in_io_sys_alone() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    for file in &files {
+        let rel = file
+            .strip_prefix(&src)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let text = std::fs::read_to_string(file).unwrap();
+        let unsafe_tokens = tokenize(&text)
+            .iter()
+            .filter(|t| **t == Tok::Ident("unsafe".into()))
+            .count();
+        if rel == "io/sys.rs" {
+            assert!(unsafe_tokens > 0, "io/sys.rs is the unsafe module");
+        } else {
+            assert_eq!(unsafe_tokens, 0, "{rel}: unsafe code outside io/sys.rs");
+        }
+        // Each folder (and top-level module) but `io`, whose `sys` needs unsafe, forbids it
+        // for everything below.
+        let top = module_path(&src, file);
+        let is_top = top.len() == 1 && (rel.ends_with("/mod.rs") || !rel.contains('/'));
+        let io_child = top.len() == 2 && top[0] == "io" && top[1] != "sys";
+        if (is_top && top[0] != "io") || io_child {
+            assert!(
+                text.contains("#![forbid(unsafe_code)]"),
+                "{rel}: no #![forbid(unsafe_code)]"
+            );
+        }
+    }
+}
