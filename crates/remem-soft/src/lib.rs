@@ -55,6 +55,8 @@ macro_rules! internal_modules {
 internal_modules!(cm, device, engine, io, mem, transport, verbs);
 
 pub mod dropin;
+#[cfg(any(test, feature = "internals"))]
+pub mod testing;
 
 pub use cm::CmConfig;
 pub use device::MAX_UNACKED_PSNS;

@@ -946,112 +946,27 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{SoftContext, SoftOptions};
+    use crate::SoftOptions;
     use remem_verbs::rc::{self, RcOptions, RcPeer};
     use remem_verbs::{
-        AccessFlags, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, MemoryRegion, Mtu,
-        ProtectionDomain, QpCap, QpInitAttr, QpType, QueuePair, RecvWr, SendOp, SendWr, Sge,
+        AccessFlags, Gid, MemRegion, MemoryRegion, Mtu,
+        QpCap, QpInitAttr, QpType, QueuePair, RecvWr, SendOp, SendWr, Sge,
         WcOpcode, WcStatus, WorkCompletion,
     };
     use crate::mem::mr::{MwBind, MwType};
-    use std::cell::RefCell;
+    use crate::testing::{Side, Spec};
+    
     use std::time::Duration;
 
-    /// A soft device with one RC QP, one CQ for both its queues, and one registered buffer.
-    struct Side {
-        ctx: SoftContext,
-        _pd: Arc<dyn ProtectionDomain>,
-        qp: Arc<dyn QueuePair>,
-        cq: Arc<dyn CompletionQueue>,
-        mr: Arc<dyn MemoryRegion>,
-        buf: Arc<MemoryBuffer>,
-        /// Every completion polled from `cq` so far, in order.
-        wcs: RefCell<Vec<WorkCompletion>>,
-    }
-
-    impl Side {
-        /// An RC QP with `cap` on `ctx`, over a zeroed buffer of `len` bytes registered for
-        /// local writes and remote READ, WRITE and atomics.
-        fn on(ctx: SoftContext, cap: QpCap, len: usize) -> Side {
-            let pd = ctx.alloc_pd().unwrap();
-            let cq = ctx.create_cq(1024, None).unwrap();
-            let qp = pd
-                .create_qp(&QpInitAttr {
-                    qp_type: QpType::Rc,
-                    send_cq: cq.clone(),
-                    recv_cq: cq.clone(),
-                    srq: None,
-                    cap,
-                    sq_sig_all: false,
-                })
-                .unwrap();
-            let buf = Arc::new(MemoryBuffer::zeroed(len).unwrap());
-            let access = AccessFlags::LOCAL_WRITE
-                | AccessFlags::REMOTE_WRITE
-                | AccessFlags::REMOTE_READ
-                | AccessFlags::REMOTE_ATOMIC;
-            let mr = pd.reg_mr(MemRegion::whole(buf.clone()), access).unwrap();
-            Side {
-                ctx,
-                _pd: pd,
-                qp,
-                cq,
-                mr,
-                buf,
-                wcs: RefCell::new(Vec::new()),
-            }
-        }
-
-        fn engine(&self) -> &Engine {
-            &self.ctx.shared().engine
-        }
-
-        /// `length` bytes of the buffer from `off`.
-        fn sge(&self, off: u64, length: u32) -> Sge {
-            Sge {
-                addr: self.buf.addr() + off,
-                length,
-                lkey: self.mr.lkey(),
-            }
-        }
-
-        fn rkey(&self) -> u32 {
-            self.mr.rkey()
-        }
-
-        /// Polls the CQ empty; returns every completion polled so far.
-        fn poll(&self) -> Vec<WorkCompletion> {
-            let mut out = [WorkCompletion::default(); 16];
-            let mut wcs = self.wcs.borrow_mut();
-            loop {
-                let n = self.cq.poll(&mut out).unwrap();
-                if n == 0 {
-                    return wcs.clone();
-                }
-                wcs.extend_from_slice(&out[..n]);
-            }
-        }
-
-        /// A device counter.
-        fn counter(&self, name: &str) -> u64 {
-            let counters = self.ctx.counters();
-            counters.iter().find(|c| c.name == name).unwrap().value
-        }
-    }
-
-    /// Two soft devices with `opts` on addresses `ips` and one UDP port (a device sends to
-    /// its own port by default: the other's), each with an RC QP with `cap` over `len`
-    /// bytes. The port is a free one, found by binding the first device to port 0.
+    /// Two sides (the crate's test fixture, [`crate::testing::Side`]) with `opts` on
+    /// addresses `ips` and one UDP port, each with an RC QP with `cap` over `len` bytes.
     fn pair(ips: [&str; 2], opts: &SoftOptions, cap: QpCap, len: usize) -> (Side, Side) {
-        let ip = |i: usize| ips[i].parse::<IpAddr>().unwrap();
-        for _ in 0..100 {
-            let a = SoftContext::bind_with(SocketAddr::new(ip(0), 0), opts).unwrap();
-            let port = a.local_addr().port();
-            if let Ok(b) = SoftContext::bind_with(SocketAddr::new(ip(1), port), opts) {
-                return (Side::on(a, cap, len), Side::on(b, cap, len));
-            }
-        }
-        panic!("no UDP port free on both {ips:?}");
+        let spec = Spec {
+            cap,
+            len,
+            ..Spec::default()
+        };
+        crate::testing::pair(ips.map(|ip| ip.parse().unwrap()), opts, &spec)
     }
 
     /// Two devices with progress threads that poll as `busy_poll` says, 1 MiB each.
@@ -1136,7 +1051,7 @@ mod tests {
     fn window_pair(ips: [&str; 2], ty: MwType) -> (Side, Side, Arc<dyn MemoryRegion>, u32) {
         let (a, b) = threaded_pair(ips, Duration::ZERO);
         let mr = b
-            ._pd
+            .pd
             .reg_mr(
                 MemRegion::whole(b.buf.clone()),
                 AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
@@ -1301,13 +1216,13 @@ mod tests {
         let (a, b) = threaded_pair(["127.0.1.49", "127.0.1.50"], Duration::ZERO);
         // `a` binds a type 2 window over its own buffer, then `b` writes through it.
         let mr = a
-            ._pd
+            .pd
             .reg_mr(
                 MemRegion::whole(a.buf.clone()),
                 AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
             )
             .unwrap();
-        let mw = a._pd.alloc_mw(MwType::Two).unwrap();
+        let mw = a.pd.alloc_mw(MwType::Two).unwrap();
         assert_eq!(mw.mw_type(), MwType::Two);
         let rkey = (mw.rkey() & !0xff) | 0x21;
         let post = |side: &Side, id, op| {
@@ -1376,13 +1291,13 @@ mod tests {
     fn a_refused_bind_completes_with_mw_bind_err_and_fails_the_qp() {
         let (a, _b) = threaded_pair(["127.0.1.51", "127.0.1.52"], Duration::ZERO);
         let mr = a
-            ._pd
+            .pd
             .reg_mr(
                 MemRegion::whole(a.buf.clone()),
                 AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
             )
             .unwrap();
-        let mw = a._pd.alloc_mw(MwType::Two).unwrap();
+        let mw = a.pd.alloc_mw(MwType::Two).unwrap();
         let post = |id, op| {
             let mut wr = SendWr::new(id, op, &[]);
             wr.flags |= remem_verbs::SendFlags::SIGNALED;
@@ -1432,13 +1347,13 @@ mod tests {
         connect(&a, &b);
         connect(&b, &a);
         let mr = a
-            ._pd
+            .pd
             .reg_mr(
                 MemRegion::whole(a.buf.clone()),
                 AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
             )
             .unwrap();
-        let mw = a._pd.alloc_mw(MwType::One).unwrap();
+        let mw = a.pd.alloc_mw(MwType::One).unwrap();
         let mut rkey = mw.rkey();
         let mut expect = Vec::new();
         for i in 0..60u64 {
@@ -1608,7 +1523,7 @@ mod tests {
     /// address, its path naming UDP port `udp_port` (0: none).
     fn path_qp(me: &Side, peer: &Side, peer_qpn: u32, udp_port: u16) -> Arc<dyn QueuePair> {
         let qp = me
-            ._pd
+            .pd
             .create_qp(&QpInitAttr {
                 qp_type: QpType::Rc,
                 send_cq: me.cq.clone(),

@@ -19,7 +19,7 @@ const LAYERS: &[&[&str]] = &[
     &["io"],
     &["device"],
     &["verbs"],
-    &["lib", "dropin"],
+    &["lib", "dropin", "testing"],
 ];
 
 /// The edges allowed to run up the layers, with why.
