@@ -24,16 +24,15 @@
 #![allow(missing_docs)] // criterion_group! and criterion_main! generate undocumented items
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use remem_soft::engine::Engine;
-use remem_soft::objects::cq::SoftCq;
-use remem_soft::objects::mr::MrTable;
-use remem_soft::wqe::PdId;
+use remem_soft::mem::mr::MrTable;
+use remem_soft::testing::{Side, Spec, pair as pair_of};
+use remem_soft::transport::wqe::PdId;
+use remem_soft::verbs::cq::SoftCq;
 use remem_soft::{SoftContext, SoftOptions};
 use remem_verbs::rc::{self, RcOptions, RcPeer};
 use remem_verbs::{
-    AccessFlags, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, MemoryRegion, Mtu,
-    ProtectionDomain, QpCap, QpInitAttr, QpType, QueuePair, SendOp, SendWr, Sge, WcStatus,
-    WorkCompletion,
+    AccessFlags, CompletionQueue, Context, Gid, MemRegion, MemoryBuffer, Mtu, SendOp, SendWr, Sge,
+    WcStatus, WorkCompletion,
 };
 use remem_wire::{Bth, Headers, Opcode, Packet, Psn, Reth};
 use std::any::Any;
@@ -177,62 +176,20 @@ fn cq(c: &mut Criterion) {
 
 // ---------------------------------------------------------------------------- transport
 
-/// One inline soft device, driven by hand (nothing calls `progress`: no packet crosses
-/// its socket), with one RC QP, one CQ for both its queues, and one 1 MiB registered buffer.
-struct Side {
-    ctx: SoftContext,
-    _pd: Arc<dyn ProtectionDomain>,
-    qp: Arc<dyn QueuePair>,
-    cq: Arc<dyn CompletionQueue>,
-    _mr: Arc<dyn MemoryRegion>,
-    buf: Arc<MemoryBuffer>,
-    lkey: u32,
-    rkey: u32,
+/// What the benchmarks do with a side ([`Side`], the crate's test fixture: here an inline
+/// soft device driven by hand — nothing calls `progress`, no packet crosses its socket — with
+/// one RC QP, one CQ for both its queues, and one 1 MiB registered buffer).
+trait Drive {
+    /// RESET → INIT → RTR → RTS towards `peer`, path MTU 4096, both PSNs starting at 0.
+    fn connect(&self, peer: &Side);
+    /// Takes one packet out of the engine (what the driver does until `None`), reporting
+    /// it as sent.
+    fn transmit(&self, now: Instant, buf: &mut [u8]) -> Option<(SocketAddr, usize)>;
+    /// Hands `datagram` from `from` to the engine.
+    fn receive(&self, now: Instant, from: &Side, datagram: &[u8]);
 }
 
-impl Side {
-    fn new(ctx: SoftContext) -> Side {
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(1024, None).unwrap();
-        let qp = pd
-            .create_qp(&QpInitAttr {
-                qp_type: QpType::Rc,
-                send_cq: cq.clone(),
-                recv_cq: cq.clone(),
-                srq: None,
-                cap: QpCap {
-                    max_send_wr: 256,
-                    max_recv_wr: 256,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                },
-                sq_sig_all: false,
-            })
-            .unwrap();
-        let buf = Arc::new(MemoryBuffer::zeroed(1 << 20).unwrap());
-        let mr = pd.reg_mr(MemRegion::whole(buf.clone()), ACCESS).unwrap();
-        Side {
-            lkey: mr.lkey(),
-            rkey: mr.rkey(),
-            ctx,
-            _pd: pd,
-            qp,
-            cq,
-            _mr: mr,
-            buf,
-        }
-    }
-
-    fn engine(&self) -> &Engine {
-        &self.ctx.shared().engine
-    }
-
-    fn local(&self) -> SocketAddr {
-        self.ctx.local_addr()
-    }
-
-    /// RESET → INIT → RTR → RTS towards `peer`, path MTU 4096, both PSNs starting at 0.
+impl Drive for Side {
     fn connect(&self, peer: &Side) {
         let o = RcOptions {
             sgid_index: rc::roce_v2_gid(&self.ctx, 1).unwrap().index as u8,
@@ -251,8 +208,6 @@ impl Side {
         rc::connect(&*self.qp, &peer, &o).unwrap();
     }
 
-    /// Takes one packet out of the engine (what the driver does until `None`), reporting
-    /// it as sent.
     fn transmit(&self, now: Instant, buf: &mut [u8]) -> Option<(SocketAddr, usize)> {
         let (dst, len) = self.engine().poll_transmit(now, buf, 0)?;
         self.engine().transmitted(dst, &buf[..len], 0);
@@ -274,17 +229,10 @@ fn pair() -> (Side, Side) {
         ..SoftOptions::default()
     };
     let ip = |last| IpAddr::V4(Ipv4Addr::new(127, 0, 0, last));
-    for _ in 0..100 {
-        let a = SoftContext::bind_with(SocketAddr::new(ip(1), 0), &opts).unwrap();
-        let port = a.local_addr().port();
-        if let Ok(b) = SoftContext::bind_with(SocketAddr::new(ip(2), port), &opts) {
-            let (a, b) = (Side::new(a), Side::new(b));
-            a.connect(&b);
-            b.connect(&a);
-            return (a, b);
-        }
-    }
-    panic!("no UDP port free on both 127.0.0.1 and 127.0.0.2");
+    let (a, b) = pair_of([ip(1), ip(2)], &opts, &Spec::default());
+    a.connect(&b);
+    b.connect(&a);
+    (a, b)
 }
 
 /// An RDMA WRITE ONLY datagram from `from` to `to` with PSN `psn`, as `from`'s engine

@@ -3,7 +3,9 @@
 //! (which describes them under `/dev/infiniband` and `/sys/class/infiniband`), so that the
 //! two agree. Pure functions: nothing here opens a device.
 
-use crate::netdev::{Netdev, gid_table_for};
+#![forbid(unsafe_code)]
+
+use crate::device::netdev::{Netdev, gid_table_for};
 use remem_verbs::{GidEntry, GidType};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
@@ -135,13 +137,13 @@ pub fn ibdev_path(name: &str) -> String {
 
 /// The GID table the drop-in shows programs for a soft device bound to `ip`: the RoCE v2
 /// entries of the soft device's table (`SoftContext::bind_with`'s: on the interface that
-/// holds the address, `lo` for any loopback address; [`crate::netdev::netdev_of`]), indexed from 0 (soft devices speak RoCE v2 only).
+/// holds the address, `lo` for any loopback address; [`crate::device::netdev::netdev_of`]), indexed from 0 (soft devices speak RoCE v2 only).
 /// Lists the host's interfaces.
 pub fn program_gid_table(ip: IpAddr) -> Vec<GidEntry> {
     let ip = ip.to_canonical();
-    let netdev = crate::netdev::list_netdevs()
+    let netdev = crate::device::netdev::list_netdevs()
         .ok()
-        .and_then(|l| crate::netdev::netdev_of(l, ip));
+        .and_then(|l| crate::device::netdev::netdev_of(l, ip));
     roce_v2_view(gid_table_for(Some(ip), netdev.as_ref()))
 }
 

@@ -13,20 +13,32 @@
 //! `AhAttr::udp_port`, or each device is told the others' ports with
 //! `Context::set_peer_udp_port`).
 //!
-//! Inside: `transport` is the RC/UC/UD transport as a sans-IO state machine, `engine` moves
-//! packets between it and a UDP socket (through `driver`'s batched socket IO), `objects`
-//! holds the verbs objects, `qp` the queue pair, `cm` the RDMA connection manager.
+//! Inside, lowest layer first (each folder uses only the ones before it, but for the
+//! few upward edges `tests/layers.rs` allows and explains):
+//!
+//! - `mem`: grants of registered memory and their revocation, key generators;
+//! - `transport`: the RC/UC/UD transport as a sans-IO state machine, its packets and work
+//!   requests (`transport::wqe`), the `Env` trait it reaches memory and queues through,
+//!   the deterministic simulation;
+//! - `cm`: the RDMA connection manager (the pure agent in `cm::agent`, the CM ids);
+//! - `engine`: the sans-IO device engine: QP registry, dispatch of received packets,
+//!   transmit scheduling, timers, the GSI QP, multicast groups;
+//! - `io`: the only IO: the UDP socket driver (batched `sendmmsg`/`recvmmsg`, the progress
+//!   thread), `sys` (the scatter/gather `sendmsg`), fault injection, packet capture;
+//! - `device`: what a device is (`DeviceShared`), its options, netdev and quotas;
+//! - `verbs`: the `remem-verbs` trait implementations (context, PD, MR, CQ, SRQ, AH, QP).
 //!
 //! # The `internals` feature
 //!
-//! Those modules (`cm`, `driver`, `engine`, `mcast`, `objects`, `qp`, `transport`, `wqe`) are
+//! Those modules (`cm`, `device`, `engine`, `io`, `mem`, `transport`, `verbs`) are
 //! private: a program uses the soft provider through [`SoftProvider`], [`SoftContext`] and
 //! the `remem-verbs` traits. The `internals` feature makes them public, for what drives the
 //! provider's insides by hand — this crate's integration tests, benchmarks and fuzzing
 //! (the crate is its own dev-dependency with the feature, so `cargo test` and `cargo bench`
 //! need no flag). They are not a stable API.
 
-// One module, `sys` (the scatter/gather `sendmsg`), allows unsafe code; the rest denies it.
+// One module, `io::sys` (the scatter/gather `sendmsg`), allows unsafe code; every other
+// folder forbids it (`#![forbid(unsafe_code)]` at its top, which nothing below can lift).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -40,21 +52,20 @@ macro_rules! internal_modules {
     )*};
 }
 
-internal_modules!(cm, driver, engine, mcast, objects, qp, transport, wqe);
+internal_modules!(cm, device, engine, io, mem, transport, verbs);
 
-mod context;
 pub mod dropin;
-pub mod faults;
-pub mod netdev;
-pub mod pcap;
-mod sys;
+#[cfg(any(test, feature = "internals"))]
+pub mod testing;
 
 pub use cm::CmConfig;
-pub use context::{SoftContext, SoftOptions};
+pub use device::MAX_UNACKED_PSNS;
+pub use device::netdev::{self, Netdev, list_netdevs};
+pub use device::options::SoftOptions;
 pub use engine::PEER_PORT_BUDGET;
-pub use faults::FaultConfig;
-pub use netdev::{Netdev, list_netdevs};
-pub use objects::MAX_UNACKED_PSNS;
+pub use io::faults::{self, FaultConfig};
+pub use io::pcap;
+pub use verbs::context::SoftContext;
 
 use remem_verbs::{Context, DeviceInfo, Error, Provider, Result};
 use std::net::{IpAddr, SocketAddr};

@@ -10,7 +10,7 @@ use remem_wire::{Aeth, Bth, Deth, Headers, Opcode, Packet};
 /// piece in order (`at` is the position in the payload), from inline data or from
 /// registered memory. A sink copies ([`CopySink`], and `Vec<u8>` for tests: the vector's
 /// length is the payload's), or — the driver's scatter/gather send — keeps each piece of
-/// registered memory as a range of [`super::grant::HeldRanges`] for the kernel to copy from
+/// registered memory as a range of [`crate::mem::grant::HeldRanges`] for the kernel to copy from
 /// where it lies.
 pub trait PayloadSink {
     /// Payload bytes the packet carries.
@@ -39,6 +39,10 @@ pub trait PayloadSink {
         n: usize,
     ) -> Result<(), AccessError>;
 }
+
+/// A packet's payload writer, as the transports hand it out.
+pub type Fill<'a> = dyn FnMut(&mut dyn PayloadSink) -> std::result::Result<(), AccessError>
+    + 'a;
 
 /// A [`PayloadSink`] that copies the payload into a slice (exactly the payload's length).
 #[derive(Debug)]

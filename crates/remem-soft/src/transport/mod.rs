@@ -15,20 +15,25 @@
 //! the transport reads or writes. `wire_glue` turns them into and out of `remem_wire`
 //! packets.
 
+#![forbid(unsafe_code)]
+
 pub mod glue;
-pub mod grant;
 mod rc;
+#[cfg(test)]
+mod fake;
 #[cfg(test)]
 mod sim;
 mod uc;
 mod ud;
+pub mod wqe;
 
-pub use grant::{AccessError, Grant, Held, KeyedRegion};
+pub use crate::mem::RemoteKeyError;
+pub use crate::mem::grant::{AccessError, Grant, Held};
 pub use rc::{RcConfig, RcTransport};
 pub use uc::{UcDrop, UcTransport};
 pub use ud::{UdDrop, UdSource, UdTransport};
 
-use crate::wqe::RecvWqe;
+use wqe::RecvWqe;
 use remem_verbs::{AccessFlags, AsyncEvent, WorkCompletion};
 
 /// What a packet is, independent of its position in a message.
@@ -230,25 +235,6 @@ impl<'a> RxPacket<'a> {
     }
 }
 
-/// Why a remote key cannot be used for an access (all are NAKed as remote access errors;
-/// the cause is for counters and logs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RemoteKeyError {
-    /// No memory region has this rkey (forged, stale or deregistered).
-    UnknownKey,
-    /// The region belongs to another protection domain.
-    OtherPd,
-    /// The range is outside the region (or wraps).
-    OutOfBounds,
-    /// The region lacks the access right.
-    MissingAccess,
-    /// The key is a type 2 memory window bound to another QP.
-    OtherQp,
-    /// The key was valid when the message started (a WRITE's FIRST packet, a READ
-    /// request) and has been revoked since: its memory region was deregistered.
-    Revoked,
-}
-
 /// Transport statistics the environment counts (the device counters of rxe).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stat {
@@ -294,12 +280,12 @@ pub enum Stat {
 }
 
 /// What the transport needs from its surroundings: memory, receive queues, completion
-/// queues, counters. Implemented by the soft QP's [`crate::qp::QpEnv`] over its device's
+/// queues, counters. Implemented by the soft QP's [`crate::verbs::qp::QpEnv`] over its device's
 /// tables, and by the simulation tests over models.
 pub trait Env {
     /// Resolves a remote access: a grant for `[va, va + len)` of the memory region `rkey`
     /// if it is in the QP's protection domain and grants `need`. The grant stops working
-    /// when the region is deregistered ([`KeyedRegion::revoke`]).
+    /// when the region is deregistered ([`KeyedRegion::revoke`](crate::mem::grant::KeyedRegion::revoke)).
     fn remote(
         &mut self,
         rkey: u32,

@@ -9,11 +9,12 @@
 //! the model's original values (so each executed exactly once), and every SEND arrives once,
 //! in order, with its data and immediate.
 
+use crate::mem::grant::KeyedRegion;
 use super::{
-    Env, Grant, KeyedRegion, Kind, Psn, RcConfig, RcTransport, RemoteKeyError, RxPacket, Stat,
+    Env, Grant, Kind, Psn, RcConfig, RcTransport, RemoteKeyError, RxPacket, Stat,
     TxPacket,
 };
-use crate::wqe::{RecvWqe, SendData, SendWqe};
+use crate::transport::wqe::{RecvWqe, SendData, SendWqe};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use remem_verbs::{

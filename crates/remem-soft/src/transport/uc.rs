@@ -30,7 +30,7 @@
 use super::glue::PayloadSink;
 use super::rc::MAX_MSG;
 use super::{AccessError, Env, Grant, Kind, Pos, Psn, RcConfig, Reth, RxPacket, Stat, TxPacket};
-use crate::wqe::{RecvWqe, SendWqe, scatter_into};
+use crate::transport::wqe::{RecvWqe, SendWqe, scatter_into};
 use remem_verbs::{AccessFlags, QpState, SendOp, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use std::collections::VecDeque;
 
@@ -551,114 +551,19 @@ impl UcTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::{KeyedRegion, RemoteKeyError};
-    use crate::wqe::SendData;
+    use crate::mem::grant::KeyedRegion;
+    
+    use crate::transport::wqe::SendData;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
-    use remem_verbs::{AsyncEvent, MemRegion, MemoryBuffer};
-    use std::collections::HashMap;
+    use remem_verbs::{MemRegion, MemoryBuffer};
+    
     use std::sync::Arc;
 
     const MTU: u32 = 256;
-    const RKEY: u32 = 0x77;
+    use crate::transport::fake::{FakeEnv as Side, RKEY};
     /// The requester's first PSN: its messages cross the 24-bit PSN wrap.
     const SPSN: Psn = Psn::new(0x00ff_fffe);
-
-    /// One side: its receive queue, completions, counters and one region under `RKEY`.
-    struct Side {
-        rq: VecDeque<RecvWqe>,
-        sent: Vec<WorkCompletion>,
-        recvd: Vec<WorkCompletion>,
-        stats: HashMap<&'static str, u64>,
-        events: Vec<AsyncEvent>,
-        target: Arc<MemoryBuffer>,
-        key: Arc<KeyedRegion>,
-        key_access: AccessFlags,
-        /// Local operations executed, in order; refused while `refuse_local`.
-        local_ops: Vec<SendOp>,
-        refuse_local: bool,
-    }
-
-    impl Side {
-        fn new() -> Self {
-            let target = Arc::new(MemoryBuffer::zeroed(64 * 1024).unwrap());
-            Side {
-                rq: VecDeque::new(),
-                sent: Vec::new(),
-                recvd: Vec::new(),
-                stats: HashMap::new(),
-                events: Vec::new(),
-                key: KeyedRegion::new(MemRegion::whole(target.clone())),
-                target,
-                key_access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-                local_ops: Vec::new(),
-                refuse_local: false,
-            }
-        }
-
-        fn stat(&self, name: &str) -> u64 {
-            self.stats.get(name).copied().unwrap_or(0)
-        }
-
-        /// Posts a receive of `len` bytes; returns its buffer.
-        fn post_recv(&mut self, wr_id: u64, len: usize) -> Arc<MemoryBuffer> {
-            let buf = Arc::new(MemoryBuffer::zeroed(len).unwrap());
-            self.rq.push_back(RecvWqe {
-                wr_id,
-                sges: vec![MemRegion::whole(buf.clone()).into()],
-                total_len: len as u64,
-            });
-            buf
-        }
-    }
-
-    impl Env for Side {
-        fn remote(
-            &mut self,
-            rkey: u32,
-            va: u64,
-            len: u64,
-            need: AccessFlags,
-        ) -> Result<Grant, RemoteKeyError> {
-            if rkey != RKEY {
-                return Err(RemoteKeyError::UnknownKey);
-            }
-            if !self.key_access.contains(need) {
-                return Err(RemoteKeyError::MissingAccess);
-            }
-            self.key.grant(va, len)
-        }
-        fn remote_region(&mut self, _: u32, _: AccessFlags) -> Result<Grant, RemoteKeyError> {
-            Err(RemoteKeyError::UnknownKey)
-        }
-        fn local_op(&mut self, op: &SendOp) -> Result<(), WcStatus> {
-            if self.refuse_local {
-                return Err(WcStatus::MwBindErr);
-            }
-            self.local_ops.push(*op);
-            Ok(())
-        }
-        fn take_recv(&mut self) -> Option<RecvWqe> {
-            self.rq.pop_front()
-        }
-        fn send_completion(&mut self, wc: WorkCompletion) {
-            self.sent.push(wc);
-        }
-        fn recv_completion(&mut self, wc: WorkCompletion, _: bool) {
-            self.recvd.push(wc);
-        }
-        fn count(&mut self, stat: Stat) {
-            let name = match stat {
-                Stat::OutOfSeqRequest => "out_of_seq_request",
-                Stat::SendErr => "send_err",
-                _ => "other",
-            };
-            *self.stats.entry(name).or_default() += 1;
-        }
-        fn async_event(&mut self, event: AsyncEvent) {
-            self.events.push(event);
-        }
-    }
 
     fn cfg(qpn: u32, dest: u32) -> RcConfig {
         RcConfig {

@@ -2,7 +2,7 @@
 
 use super::glue::PayloadSink;
 use super::{AccessError, Env, Kind, Pos, Psn, RxPacket, TxPacket};
-use crate::wqe::{SendWqe, UdTarget, scatter_into};
+use crate::transport::wqe::{SendWqe, UdTarget, scatter_into};
 use remem_verbs::{QpState, SendOp, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use std::collections::VecDeque;
 use std::net::IpAddr;
@@ -301,42 +301,12 @@ fn grh_bytes(src: &UdSource, payload_len: usize, imm: bool) -> [u8; GRH_LEN] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::{Grant, RemoteKeyError, RxPacket, Stat};
-    use crate::wqe::{RecvWqe, SendData};
-    use remem_verbs::{AccessFlags, AhAttr, MemRegion, MemoryBuffer};
+    use crate::transport::RxPacket;
+    use crate::transport::wqe::{RecvWqe, SendData};
+    use remem_verbs::{AhAttr, MemRegion, MemoryBuffer};
     use std::sync::Arc;
 
-    #[derive(Default)]
-    struct E {
-        rq: VecDeque<RecvWqe>,
-        sent: Vec<WorkCompletion>,
-        recvd: Vec<WorkCompletion>,
-    }
-    impl Env for E {
-        fn remote(
-            &mut self,
-            _: u32,
-            _: u64,
-            _: u64,
-            _: AccessFlags,
-        ) -> Result<Grant, RemoteKeyError> {
-            Err(RemoteKeyError::UnknownKey)
-        }
-        fn remote_region(&mut self, _: u32, _: AccessFlags) -> Result<Grant, RemoteKeyError> {
-            Err(RemoteKeyError::UnknownKey)
-        }
-        fn take_recv(&mut self) -> Option<RecvWqe> {
-            self.rq.pop_front()
-        }
-        fn send_completion(&mut self, wc: WorkCompletion) {
-            self.sent.push(wc);
-        }
-        fn recv_completion(&mut self, wc: WorkCompletion, _: bool) {
-            self.recvd.push(wc);
-        }
-        fn count(&mut self, _: Stat) {}
-        fn async_event(&mut self, _: remem_verbs::AsyncEvent) {}
-    }
+    use crate::transport::fake::FakeEnv as E;
 
     fn ready(qpn: u32, env: &mut E) -> UdTransport {
         let mut t = UdTransport::new(qpn, 1024);
@@ -423,7 +393,7 @@ mod tests {
         let mut e = E::default();
         let mut t = ready(0x30, &mut e);
         let recv = Arc::new(MemoryBuffer::zeroed(100).unwrap());
-        let key = crate::transport::KeyedRegion::new(MemRegion::whole(recv.clone()));
+        let key = crate::mem::grant::KeyedRegion::new(MemRegion::whole(recv.clone()));
         e.rq.push_back(RecvWqe {
             wr_id: 1,
             sges: vec![key.grant_all().unwrap()],

@@ -15,7 +15,7 @@ mod tests;
 
 use super::glue::PayloadSink;
 use super::{AccessError, Env, RxPacket, TxPacket};
-use crate::wqe::SendWqe;
+use crate::transport::wqe::SendWqe;
 use remem_verbs::qp::local_ack_timeout_ns;
 use remem_verbs::{
     AccessFlags, MemError, QpState, RNR_RETRY_INFINITE, SendOp, WcOpcode, WcStatus, WorkCompletion,
@@ -335,7 +335,7 @@ enum PayloadSrc {
     /// A responder memory region (READ responses), held against revocation until the
     /// packet is built.
     Region {
-        held: super::grant::Held,
+        held: crate::mem::grant::Held,
         offset: usize,
     },
 }

@@ -26,7 +26,7 @@ use super::{
     AtomicEth, Feth, Kind, PLACEMENT_GLOBAL, PLACEMENT_PERSISTENT, PayloadSrc, Pos, Psn,
     RcTransport, Reth, SELECT_RANGE, SELECT_REGION, Stat, TxPacket,
 };
-use crate::wqe::SendWqe;
+use crate::transport::wqe::SendWqe;
 use remem_verbs::{FlushLevel, FlushType, QpState, SendOp, WcStatus};
 use std::collections::VecDeque;
 use std::time::Instant;

@@ -6,7 +6,7 @@ use super::{
     PayloadSrc, Pos, Psn, RcTransport, RemoteKeyError, RxPacket, SELECT_RANGE, SELECT_REGION, Stat,
     Syndrome, TxPacket,
 };
-use crate::wqe::{RecvWqe, scatter_into};
+use crate::transport::wqe::{RecvWqe, scatter_into};
 use remem_verbs::{
     AccessFlags, AsyncEvent, AsyncEventElement, AsyncEventType, MemError, QpState, WcFlags,
     WcOpcode, WcStatus, WorkCompletion,

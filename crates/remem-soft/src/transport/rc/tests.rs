@@ -1,84 +1,12 @@
 //! Unit tests of the RC transport: the responder's refusals and bounds, the requester's window.
 
 use super::*;
-use crate::transport::KeyedRegion;
-use crate::wqe::RecvWqe;
+use crate::transport::fake::{FakeEnv as TestEnv, RKEY};
 use remem_verbs::{AsyncEvent, AsyncEventElement, AsyncEventType};
-use remem_verbs::{MemRegion, MemoryBuffer};
-use std::collections::HashMap;
-use std::sync::Arc;
+use remem_verbs::MemRegion;
 
-const RKEY: u32 = 0x77;
 const MTU: u32 = 256;
 const EPSN: Psn = Psn::new(0x00ff_fffe); // the READs below wrap the 24-bit PSN space
-
-/// One revocable region under `RKEY`, and what the transport reports.
-struct TestEnv {
-    buf: Arc<MemoryBuffer>,
-    key: Arc<KeyedRegion>,
-    stats: HashMap<&'static str, u64>,
-    events: Vec<AsyncEvent>,
-    send_wcs: Vec<WorkCompletion>,
-}
-
-impl TestEnv {
-    fn new() -> Self {
-        let buf = Arc::new(MemoryBuffer::zeroed(64 * 1024).unwrap());
-        TestEnv {
-            key: KeyedRegion::new(MemRegion::whole(buf.clone())),
-            buf,
-            stats: HashMap::new(),
-            events: Vec::new(),
-            send_wcs: Vec::new(),
-        }
-    }
-    fn stat(&self, name: &str) -> u64 {
-        self.stats.get(name).copied().unwrap_or(0)
-    }
-}
-
-impl Env for TestEnv {
-    fn remote(
-        &mut self,
-        rkey: u32,
-        va: u64,
-        len: u64,
-        _need: AccessFlags,
-    ) -> Result<Grant, RemoteKeyError> {
-        if rkey != RKEY || self.key.is_revoked() {
-            return Err(RemoteKeyError::UnknownKey);
-        }
-        self.key.grant(va, len)
-    }
-    fn remote_region(&mut self, rkey: u32, need: AccessFlags) -> Result<Grant, RemoteKeyError> {
-        let va = self.key.region().addr();
-        let len = self.key.region().len() as u64;
-        self.remote(rkey, va, len, need)
-    }
-    fn take_recv(&mut self) -> Option<RecvWqe> {
-        None
-    }
-    fn send_completion(&mut self, wc: WorkCompletion) {
-        self.send_wcs.push(wc);
-    }
-    fn recv_completion(&mut self, _wc: WorkCompletion, _solicited: bool) {}
-    fn count(&mut self, stat: Stat) {
-        let name = match stat {
-            Stat::DuplicateRequest => "duplicate_request",
-            Stat::SendErr => "send_err",
-            Stat::DuplicateReadDropped => "drop_duplicate_read",
-            Stat::ReadOverflowDropped => "drop_read_overflow",
-            Stat::OutOfSeqRequest => "out_of_seq_request",
-            Stat::ResponseQueueFull => "drop_resp_queue_full",
-            Stat::SentRnrNak => "send_rnr_err",
-            _ => "other",
-        };
-        *self.stats.entry(name).or_default() += 1;
-    }
-    fn async_event(&mut self, event: AsyncEvent) {
-        self.events.push(event);
-    }
-}
 
 /// A transport configured with `cfg`, taken through INIT and RTR to RTS.
 fn transport(env: &mut TestEnv, cfg: RcConfig) -> RcTransport {
@@ -205,7 +133,7 @@ fn a_write_continued_after_deregistration_is_refused() {
         &write_pkt(Pos::First, EPSN, &first, 3 * MTU, va),
         &mut env,
     );
-    assert_eq!(env.buf.to_vec(0, 256).unwrap(), first, "FIRST lands");
+    assert_eq!(env.target.to_vec(0, 256).unwrap(), first, "FIRST lands");
     env.key.revoke(); // ibv_dereg_mr between FIRST and MIDDLE
     let middle = [0xbb; MTU as usize];
     let psn = EPSN.add(1);
@@ -217,7 +145,7 @@ fn a_write_continued_after_deregistration_is_refused() {
         &mut env,
     );
     assert_eq!(
-        env.buf.to_vec(256, 512).unwrap(),
+        env.target.to_vec(256, 512).unwrap(),
         vec![0; 512],
         "nothing written after the deregistration"
     );
@@ -228,7 +156,7 @@ fn a_write_continued_after_deregistration_is_refused() {
 #[test]
 fn a_read_response_stops_at_deregistration() {
     let (mut env, mut t, va) = setup(4);
-    env.buf.fill(0, 4 * MTU as usize, 0x5a).unwrap();
+    env.target.fill(0, 4 * MTU as usize, 0x5a).unwrap();
     t.handle_packet(Instant::now(), &read_pkt(EPSN, va, 4 * MTU), &mut env);
     let first = transmit(&mut t, &mut env, 1);
     assert_eq!(first.len(), 1);
@@ -247,13 +175,13 @@ fn a_read_response_stops_at_deregistration() {
 #[test]
 fn a_duplicate_read_after_deregistration_returns_no_data() {
     let (mut env, mut t, va) = setup(4);
-    env.buf.fill(0, 2 * MTU as usize, 0x5a).unwrap();
+    env.target.fill(0, 2 * MTU as usize, 0x5a).unwrap();
     let now = Instant::now();
     t.handle_packet(now, &read_pkt(EPSN, va, 2 * MTU), &mut env);
     assert_eq!(transmit(&mut t, &mut env, 10).len(), 2);
     // The region is deregistered and its memory reused for other data.
     env.key.revoke();
-    env.buf.fill(0, 2 * MTU as usize, 0x99).unwrap();
+    env.target.fill(0, 2 * MTU as usize, 0x99).unwrap();
     t.handle_packet(now, &read_pkt(EPSN, va, 2 * MTU), &mut env);
     let sent = transmit(&mut t, &mut env, 10);
     assert!(
@@ -346,7 +274,7 @@ fn what_a_peer_makes_the_responder_queue_is_bounded() {
         t.handle_packet(now, &fa(psn), &mut env);
         psn = psn.add(1);
     }
-    assert_eq!(env.buf.load_u64(0).unwrap(), 24, "executed");
+    assert_eq!(env.target.load_u64(0).unwrap(), 24, "executed");
     // (The first one dropped keeps its PSN expected: those after it are out of
     // sequence, and with the queue full not even a sequence NAK is queued.)
     assert_eq!(env.stat("drop_resp_queue_full"), 1);
@@ -355,13 +283,13 @@ fn what_a_peer_makes_the_responder_queue_is_bounded() {
     // The requester's retransmission of the first one dropped is executed now.
     let next = EPSN.add(24);
     t.handle_packet(now, &fa(next), &mut env);
-    assert_eq!(env.buf.load_u64(0).unwrap(), 25);
+    assert_eq!(env.target.load_u64(0).unwrap(), 25);
     // Duplicates of it: answered from its resource, at most a queue's worth at a time.
     for _ in 0..1000 {
         t.handle_packet(now, &fa(next), &mut env);
     }
     assert_eq!(transmit(&mut t, &mut env, 100_000).len(), 24);
-    assert_eq!(env.buf.load_u64(0).unwrap(), 25, "a duplicate was executed");
+    assert_eq!(env.target.load_u64(0).unwrap(), 25, "a duplicate was executed");
     assert_eq!(t.state(), QpState::Rts);
     assert!(env.events.is_empty());
 }
@@ -379,8 +307,8 @@ fn owed_ack_and_answer() -> (TestEnv, RcTransport, u64) {
         SendWqe {
             wr_id: 1,
             op: SendOp::Send,
-            data: crate::wqe::SendData::Sges(vec![
-                MemRegion::new(env.buf.clone(), 0..8).unwrap().into(),
+            data: crate::transport::wqe::SendData::Sges(vec![
+                MemRegion::new(env.target.clone(), 0..8).unwrap().into(),
             ]),
             len: 8,
             signaled: true,
@@ -444,8 +372,8 @@ fn the_window_bounds_the_packets_of_one_message_in_flight() {
                 remote_addr: 0x1000,
                 rkey: 5,
             },
-            data: crate::wqe::SendData::Sges(vec![
-                MemRegion::new(env.buf.clone(), 0..len).unwrap().into(),
+            data: crate::transport::wqe::SendData::Sges(vec![
+                MemRegion::new(env.target.clone(), 0..len).unwrap().into(),
             ]),
             len: len as u64,
             signaled: true,
