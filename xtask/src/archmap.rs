@@ -1,7 +1,9 @@
-//! The crate map of ARCHITECTURE.md, kept honest: its `crate-map` block (one line per
-//! workspace crate, `crate → dependencies`) is compared with what `cargo metadata` says the
-//! manifests declare. `cargo xtask crate-map` prints the block the manifests give;
-//! `cargo test -p xtask` fails when the document and the manifests disagree.
+//! ARCHITECTURE.md, kept honest. Its `crate-map` block (one line per workspace crate,
+//! `crate → dependencies`) is compared with what `cargo metadata` says the manifests
+//! declare, and every source file it names (`` `remem-soft/src/io/driver.rs` ``) must exist,
+//! with the function a walk's hop names after it (`` `Nic::transmit` ``) defined there.
+//! `cargo xtask crate-map` prints the block the manifests give; `cargo test -p xtask`
+//! fails when the document and the code disagree.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -191,6 +193,65 @@ fn document_order(doc: &str) -> Option<Vec<String>> {
     )
 }
 
+/// Every file the document names that does not exist, and every hop whose function is not
+/// defined in the file named before it. A file is a backticked token ending in `.rs`, taken
+/// under `crates/` when its first component is a crate there, else under `root`; a hop is
+/// such a file followed by a backticked path (`Type::function` or `function`), whose last
+/// component must appear as `fn <name>` in the file.
+pub fn stale_references(root: &Path, doc: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (n, line) in doc.lines().enumerate() {
+        let tokens: Vec<&str> = line.split('`').skip(1).step_by(2).collect();
+        for (i, tok) in tokens.iter().enumerate() {
+            if !tok.ends_with(".rs") || !tok.contains('/') || tok.contains(' ') {
+                continue;
+            }
+            let first = tok.split('/').next().unwrap_or_default();
+            let path = if root.join("crates").join(first).is_dir() {
+                root.join("crates").join(tok)
+            } else {
+                root.join(tok)
+            };
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                out.push(format!("line {}: `{tok}` does not exist", n + 1));
+                continue;
+            };
+            // The hops: the tokens after the file on its line, up to the next file, that
+            // are paths of identifiers.
+            for next in tokens[i + 1..].iter().take_while(|t| !t.ends_with(".rs")) {
+                let is_path = !next.is_empty()
+                    && next.split("::").all(|s| {
+                        !s.is_empty() && s.chars().all(|c| c.is_alphanumeric() || c == '_')
+                    });
+                if !is_path {
+                    continue;
+                }
+                let name = next.rsplit("::").next().unwrap_or(next);
+                if !defines(&text, name) {
+                    out.push(format!(
+                        "line {}: `{next}` is not defined in `{tok}`",
+                        n + 1
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether `text` defines `name`: a function, type, trait or constant of that name.
+fn defines(text: &str, name: &str) -> bool {
+    ["fn ", "struct ", "enum ", "trait ", "type ", "const ", "static "]
+        .iter()
+        .any(|kw| {
+            let pat = format!("{kw}{name}");
+            text.match_indices(&pat).any(|(at, m)| {
+                let after = text[at + m.len()..].chars().next();
+                !matches!(after, Some(c) if c.is_alphanumeric() || c == '_')
+            })
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,6 +275,33 @@ mod tests {
              `cargo xtask crate-map` prints the true block):\n{}",
             diff.join("\n")
         );
+    }
+
+    #[test]
+    fn architecture_names_files_and_functions_that_exist() {
+        let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+        let stale = stale_references(&root(), &text);
+        assert!(
+            stale.is_empty(),
+            "ARCHITECTURE.md names what the code does not have:\n{}",
+            stale.join("\n")
+        );
+    }
+
+    #[test]
+    fn a_moved_file_or_renamed_function_is_stale() {
+        let doc = "1. `xtask/src/archmap.rs` `stale_references` reads the document\n\
+                   2. `xtask/src/archmap.rs` `no_such_function`\n\
+                   3. `xtask/src/gone.rs` `main`\n";
+        let stale = stale_references(&root(), doc);
+        assert_eq!(stale.len(), 2, "{stale:?}");
+        assert!(stale[0].contains("no_such_function"), "{stale:?}");
+        assert!(stale[1].contains("gone.rs"), "{stale:?}");
+        // Every hop after a file on its line counts, up to the next file.
+        let doc = "`xtask/src/archmap.rs` `render` → `Deps` → `nope` then `xtask/src/main.rs` `main`";
+        let stale = stale_references(&root(), doc);
+        assert_eq!(stale.len(), 1, "{stale:?}");
+        assert!(stale[0].contains("`nope`"), "{stale:?}");
     }
 
     #[test]
