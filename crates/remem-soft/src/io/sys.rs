@@ -33,6 +33,10 @@ pub enum Piece {
     },
     /// The next payload reference.
     Mem,
+    /// Payload reference `i` (of the [`HeldRanges`]), named: a decorator that leaves some
+    /// packets out of a batch refers to the others' ranges so. It does not move the
+    /// numbering of the [`Piece::Mem`] pieces.
+    Ref(usize),
 }
 
 /// Most GSO batches one [`send_batches`] call takes (one `sendmmsg`).
@@ -117,10 +121,13 @@ fn send_many(
                     .ok_or_else(|| invalid("piece out of the batch buffer"))?;
                 (bytes.as_ptr(), len)
             }
-            Piece::Mem => {
-                let i = refs
-                    .next()
-                    .ok_or_else(|| invalid("more references than held ranges"))?;
+            Piece::Mem | Piece::Ref(_) => {
+                let i = match *piece {
+                    Piece::Ref(i) => i,
+                    _ => refs
+                        .next()
+                        .ok_or_else(|| invalid("more references than held ranges"))?,
+                };
                 let ptr = mem
                     .ptr(i)
                     .map_err(|_| invalid("held range out of bounds"))?;
