@@ -94,3 +94,50 @@ impl<S: Socket> Socket for Capture<S> {
         self.inner.send_due(now, stats)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::socket::tests::{PEER, Wire, batch};
+
+    #[test]
+    fn every_packet_of_a_batch_is_recorded_with_its_index_and_the_call_passes_on() {
+        let path = std::env::temp_dir().join(format!("remem-capture-{}.pcap", std::process::id()));
+        let (pkts, own, pieces, mem, b) = batch(4);
+        let mut c = Capture::new(Wire::new(), PcapWriter::open(&path).unwrap());
+        let batches = [b];
+        c.send(
+            &Outgoing {
+                own: &own,
+                pieces: &pieces,
+                mem: &mem,
+                batches: &batches,
+                zero_copy: 4,
+            },
+            &EngineStats::default(),
+        );
+        assert_eq!(c.inner.calls, [[pkts.clone()]]);
+        assert_eq!(c.inner.refs, 0, "passed on as it is");
+        drop(c);
+        let bytes = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        // Records after the 24-byte file header: 16 bytes of record header, then Ethernet
+        // (14), IPv4 (20), UDP (8) and the packet.
+        let mut at = 24;
+        let mut n = 0;
+        while at < bytes.len() {
+            let len = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
+            let frame = &bytes[at + 16..at + 16 + len];
+            let id = u16::from_be_bytes([frame[18], frame[19]]);
+            assert_eq!(usize::from(id), n, "the packet's index in its batch");
+            assert_eq!(&frame[30..34], &PEER.parse::<SocketAddr>().map(|a| match a.ip() {
+                std::net::IpAddr::V4(v4) => v4.octets(),
+                _ => unreachable!(),
+            }).unwrap());
+            assert_eq!(frame[42..], pkts[n][..]);
+            at += 16 + len;
+            n += 1;
+        }
+        assert_eq!(n, 4);
+    }
+}

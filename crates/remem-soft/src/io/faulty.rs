@@ -345,3 +345,94 @@ impl<S: Socket> Socket for Faulty<S> {
         n
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::socket::tests::{Wire, batch, fields};
+
+    /// Sends one batch of `n` packets through a `Faulty` over a [`Wire`] with `cfg`.
+    fn send(cfg: FaultConfig, n: usize) -> (Vec<Vec<u8>>, Faulty<Wire>, EngineStats) {
+        let (pkts, own, pieces, mem, b) = batch(n);
+        let mut f = Faulty::new(Wire::new(), cfg);
+        let stats = EngineStats::default();
+        let batches = [b];
+        f.send(
+            &Outgoing {
+                own: &own,
+                pieces: &pieces,
+                mem: &mem,
+                batches: &batches,
+                zero_copy: n,
+            },
+            &stats,
+        );
+        (pkts, f, stats)
+    }
+
+    #[test]
+    fn a_call_whose_packets_all_go_passes_unchanged() {
+        let (pkts, f, _) = send(FaultConfig::parse("loss=0.000000001").unwrap(), 8);
+        assert_eq!(f.inner.calls, [[pkts]]);
+        assert_eq!(f.inner.refs, 0, "the driver's own pieces, not rebuilt ones");
+        assert_eq!(f.inner.zero_copy, 8);
+    }
+
+    #[test]
+    fn lost_packets_leave_the_batch_and_the_rest_keep_their_references() {
+        const N: usize = 16;
+        // A seed that loses a packet with survivors after it (found, not assumed).
+        let (cfg, go) = (0..)
+            .map(|seed| {
+                let cfg = FaultConfig {
+                    loss: 0.3,
+                    seed,
+                    ..FaultConfig::default()
+                };
+                let mut f = FaultInjector::new(cfg);
+                let (pkts, ..) = batch(N);
+                let go: Vec<bool> = pkts.iter().map(|p| f.fate(p, p.len()) == Fate::Go).collect();
+                (cfg, go)
+            })
+            .find(|(_, go)| go.iter().skip_while(|g| **g).any(|g| *g))
+            .unwrap();
+        let (pkts, f, stats) = send(cfg, N);
+        let survivors: Vec<&Vec<u8>> =
+            pkts.iter().zip(&go).filter(|(_, g)| **g).map(|(p, _)| p).collect();
+        assert_eq!(f.inner.calls.len(), 1, "one call");
+        assert_eq!(f.inner.calls[0].len(), 1, "one GSO batch");
+        let sent = &f.inner.calls[0][0];
+        assert_eq!(sent.len(), survivors.len());
+        for (j, (got, want)) in sent.iter().zip(&survivors).enumerate() {
+            // The same packet, its ICRC for its new index in the batch.
+            assert_eq!(got[..got.len() - 4], want[..want.len() - 4], "packet {j}");
+            let (ip, ports) = fields(j as u16);
+            assert!(icrc::verify(&ip, ports, got), "packet {j}: ICRC for index {j}");
+        }
+        assert_eq!(f.inner.refs, survivors.len(), "payloads still referenced");
+        assert_eq!(f.inner.zero_copy, survivors.len());
+        let lost = (N - survivors.len()) as u64;
+        assert_eq!(stats.fault_dropped.load(Ordering::Relaxed), lost);
+    }
+
+    #[test]
+    fn a_duplicated_packet_goes_alone_and_whole_after_the_batch_before_it() {
+        let cfg = FaultConfig {
+            duplicate: 1.0,
+            ..FaultConfig::default()
+        };
+        let (pkts, f, stats) = send(cfg, 3);
+        // Every packet faulted: six calls of one datagram, each ICRC for identification 0.
+        let sent: Vec<&Vec<u8>> = f.inner.calls.iter().flatten().flatten().collect();
+        assert_eq!(f.inner.calls.len(), 6);
+        assert!(f.inner.calls.iter().all(|c| c.len() == 1 && c[0].len() == 1));
+        for (i, got) in sent.iter().enumerate() {
+            let want = &pkts[i / 2];
+            assert_eq!(got[..got.len() - 4], want[..want.len() - 4]);
+            let (ip, ports) = fields(0);
+            assert!(icrc::verify(&ip, ports, got), "copy {i}");
+        }
+        assert_eq!(f.inner.zero_copy, 0, "copied");
+        assert_eq!(stats.fault_duplicated.load(Ordering::Relaxed), 3);
+    }
+}

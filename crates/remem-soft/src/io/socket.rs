@@ -335,3 +335,142 @@ pub fn gather(out: &Outgoing<'_>, parts: &[Part], scratch: &mut [u8], dst: &mut 
         }
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::io::sys::tests::held;
+    use remem_wire::icrc;
+
+    /// Where the fixture's packets come from and go.
+    pub(crate) const LOCAL: &str = "127.0.0.1:4791";
+    pub(crate) const PEER: &str = "127.0.0.2:4791";
+
+    /// A socket that keeps what it is handed: per call, its batches' packets (index in the
+    /// batch and bytes), and whether each used a payload reference by name.
+    #[derive(Debug)]
+    pub(crate) struct Wire {
+        /// For its descriptor only.
+        socket: UdpSocket,
+        /// Per send call: per batch, its packets' bytes.
+        pub(crate) calls: Vec<Vec<Vec<Vec<u8>>>>,
+        /// `Piece::Ref` pieces seen.
+        pub(crate) refs: usize,
+        /// `zero_copy` of the calls, summed.
+        pub(crate) zero_copy: usize,
+    }
+
+    impl Wire {
+        pub(crate) fn new() -> Self {
+            Wire {
+                socket: UdpSocket::bind("127.0.0.1:0").unwrap(),
+                calls: Vec::new(),
+                refs: 0,
+                zero_copy: 0,
+            }
+        }
+    }
+
+    impl Socket for Wire {
+        fn send(&mut self, out: &Outgoing<'_>, _stats: &EngineStats) {
+            let mut batches: Vec<Vec<Vec<u8>>> = vec![Vec::new(); out.batches.len()];
+            let mut scratch = vec![0; 64];
+            packets(out, &mut Vec::new(), |p| {
+                assert_eq!(usize::from(p.index), batches[p.batch].len());
+                let mut bytes = Vec::new();
+                gather(out, p.parts, &mut scratch, &mut bytes);
+                assert_eq!(bytes.len(), p.len);
+                batches[p.batch].push(bytes);
+            });
+            self.refs += out
+                .pieces
+                .iter()
+                .filter(|p| matches!(p, Piece::Ref(_)))
+                .count();
+            self.zero_copy += out.zero_copy;
+            self.calls.push(batches);
+        }
+        fn recv(&mut self, _: &mut [IoSliceMut<'_>], _: &mut [RecvMeta]) -> io::Result<usize> {
+            Err(io::ErrorKind::WouldBlock.into())
+        }
+        fn local_addr(&self) -> SocketAddr {
+            LOCAL.parse().unwrap()
+        }
+        fn fd(&self) -> BorrowedFd<'_> {
+            self.socket.as_fd()
+        }
+        fn max_gso_segments(&self) -> usize {
+            64
+        }
+        fn gro_segments(&self) -> usize {
+            64
+        }
+    }
+
+    /// The ICRC fields of a packet from [`LOCAL`] to [`PEER`] with IPv4 identification `id`.
+    pub(crate) fn fields(id: u16) -> (icrc::IpFields, icrc::UdpPorts) {
+        let (l, p): (SocketAddr, SocketAddr) = (LOCAL.parse().unwrap(), PEER.parse().unwrap());
+        (
+            crate::engine::ip_fields(l.ip(), p.ip(), id),
+            icrc::UdpPorts {
+                src: l.port(),
+                dst: p.port(),
+            },
+        )
+    }
+
+    /// A GSO batch of `n` RDMA WRITE MIDDLE packets to [`PEER`] as the driver builds one:
+    /// each a BTH (its PSN `k`) in own bytes, 64 payload bytes referenced, its ICRC (for
+    /// identification `k`, its index) in own bytes, the ICRC and the next BTH one piece.
+    /// Returns the packets whole, and the call's own bytes, pieces, references and batch.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn batch(n: usize) -> (Vec<Vec<u8>>, Vec<u8>, Vec<Piece>, HeldRanges, Batch) {
+        const PAYLOAD: usize = 64;
+        let data: Vec<u8> = (0..n * PAYLOAD).map(|i| (i * 13 + 5) as u8).collect();
+        let mut pkts = Vec::new();
+        let mut own = Vec::new();
+        let mut pieces = Vec::new();
+        for k in 0..n {
+            let mut pkt = vec![0x07, 0, 0xff, 0xff, 0, 0, 0x12, 0x34, 0, 0, 0, k as u8];
+            pkt.extend_from_slice(&data[k * PAYLOAD..(k + 1) * PAYLOAD]);
+            pkt.extend_from_slice(&[0; 4]);
+            let (ip, ports) = fields(k as u16);
+            icrc::fill(&ip, ports, &mut pkt).unwrap();
+            let at = own.len();
+            own.extend_from_slice(&pkt[..12]);
+            match pieces.last_mut() {
+                Some(Piece::Own { len, .. }) => *len += 12,
+                _ => pieces.push(Piece::Own { start: at, len: 12 }),
+            }
+            pieces.push(Piece::Mem);
+            let at = own.len();
+            own.extend_from_slice(&pkt[pkt.len() - 4..]);
+            pieces.push(Piece::Own { start: at, len: 4 });
+            pkts.push(pkt);
+        }
+        let ranges: Vec<(usize, usize)> = (0..n).map(|k| (k * PAYLOAD, PAYLOAD)).collect();
+        let mem = held(&data, &ranges);
+        let batch = Batch {
+            dst: PEER.parse().unwrap(),
+            segment: Some((12 + PAYLOAD + 4) as u16),
+            pieces: 0..pieces.len(),
+        };
+        (pkts, own, pieces, mem, batch)
+    }
+
+    #[test]
+    fn packets_cuts_a_batch_at_its_segment_size_across_merged_pieces() {
+        let (pkts, own, pieces, mem, batch) = batch(5);
+        let batches = [batch];
+        let out = Outgoing {
+            own: &own,
+            pieces: &pieces,
+            mem: &mem,
+            batches: &batches,
+            zero_copy: 5,
+        };
+        let mut wire = Wire::new();
+        wire.send(&out, &EngineStats::default());
+        assert_eq!(wire.calls, [[pkts]]);
+    }
+}

@@ -339,7 +339,7 @@ pub(crate) mod tests {
         (tx, rx)
     }
 
-    fn held(data: &[u8], ranges: &[(usize, usize)]) -> HeldRanges {
+    pub(crate) fn held(data: &[u8], ranges: &[(usize, usize)]) -> HeldRanges {
         let buf = Arc::new(MemoryBuffer::from_vec(data.to_vec()));
         let key = KeyedRegion::new(MemRegion::whole(buf));
         let grant = key.grant_all().unwrap();
