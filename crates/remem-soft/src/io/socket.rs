@@ -28,7 +28,7 @@ const SOCKET_BUFFER: usize = 4 << 20;
 
 /// The batches one send hands a socket: GSO batches (each to one destination, its packets
 /// all of one size but the last) whose bytes are `pieces` — ranges of `own`, and payload
-/// references into `mem` — as [`sys::send_batches`] takes them.
+/// references into `mem` — as `sys::send_batches` takes them.
 #[derive(Debug, Clone, Copy)]
 pub struct Outgoing<'a> {
     /// The batches' own bytes (headers, copied payloads, pads, ICRCs).
