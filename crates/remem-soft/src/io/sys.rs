@@ -405,6 +405,39 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_named_reference_sends_its_range_and_leaves_the_numbering_of_the_others() {
+        let (tx, rx) = pair("127.0.0.1");
+        let own: Vec<u8> = (0..16u8).collect();
+        let data: Vec<u8> = (0..300u32).map(|i| (i * 5 + 3) as u8).collect();
+        let mem = held(&data, &[(0, 100), (100, 100), (200, 100)]);
+        // Range 2 by name, then the first `Mem` piece: range 0 still.
+        let pieces = [
+            Piece::Own { start: 0, len: 8 },
+            Piece::Ref(2),
+            Piece::Mem,
+            Piece::Own { start: 8, len: 8 },
+        ];
+        send_gso(
+            &tx,
+            false,
+            rx.local_addr().unwrap(),
+            None,
+            &own,
+            &pieces,
+            &mem,
+        )
+        .unwrap();
+        let mut got = vec![0u8; 1024];
+        let (len, _) = rx.recv_from(&mut got).unwrap();
+        let want = [&own[..8], &data[200..], &data[..100], &own[8..]].concat();
+        assert_eq!(&got[..len], want);
+        // A name beyond the ranges: nothing sent.
+        let err = send_gso(&tx, false, rx.local_addr().unwrap(), None, &own, &[Piece::Ref(3)], &mem)
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
     fn batches_of_one_call_arrive_in_order_and_a_later_start_skips_the_first() {
         let (tx, rx) = pair("127.0.0.1");
         let (_, rx2) = pair("127.0.0.1");
