@@ -122,9 +122,10 @@ impl DeviceShared {
             Some(path) => Some(crate::io::pcap::PcapWriter::open(path)?),
             None => None,
         };
+        // Capture outermost: it records what the driver built, before the faults.
         let nic = Nic::new(socket)?
-            .with_pcap(pcap)
-            .with_faults(faults.unwrap_or_default());
+            .with_faults(faults.unwrap_or_default())
+            .with_pcap(pcap);
         tracing::debug!(
             device = %info.name,
             gso_segments = nic.max_gso_segments(),

@@ -254,7 +254,7 @@ pub(crate) fn deadline_ns(t: Option<Instant>) -> u64 {
     })
 }
 
-fn ip_fields(src: IpAddr, dst: IpAddr, id: u16) -> IpFields {
+pub(crate) fn ip_fields(src: IpAddr, dst: IpAddr, id: u16) -> IpFields {
     match (src.to_canonical(), dst.to_canonical()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => IpFields::V4 {
             src: s,

@@ -28,13 +28,14 @@
 //! when handed to the driver, with no acknowledgement to wait for, so the application may
 //! reuse the buffer at once). Capture and fault injection do not force the copy (below).
 //!
-//! Between the driver and the socket sit two optional layers, outermost last: capture
-//! ([`Nic::with_pcap`], which records every packet built, as sent) and fault injection
-//! ([`Nic::with_faults`], which decides each packet's fate as it joins its batch, from its
-//! headers: a lost packet is left out of the batch — the others still leave together,
-//! byte for byte as without the injector — and only the rare corrupted, duplicated,
-//! reordered or delayed ones are copied whole and sent alone, after the batch before them).
-//! The [`Engine`] sees neither.
+//! The driver sends and receives through a [`Socket`]: the UDP socket itself
+//! ([`crate::io::socket::Udp`]), or that socket inside decorators of the same trait —
+//! capture ([`Nic::with_pcap`], [`crate::io::capture::Capture`]: records every packet
+//! handed to it) and fault injection ([`Nic::with_faults`], [`crate::io::faulty::Faulty`]:
+//! decides each packet's fate, leaves a lost one out of its GSO batch and sends the rest
+//! together, byte for byte as had it never been built, and only the rare corrupted,
+//! duplicated, reordered or delayed ones copied and alone). The driver has no branch for
+//! either, and the [`Engine`] sees neither.
 //!
 //! A [`Nic`] is driven either by a [`Progress`] thread or, in inline mode, by the caller
 //! ([`Inline`]).
@@ -42,13 +43,16 @@
 #![forbid(unsafe_code)]
 
 use crate::engine::{Engine, TxBuild};
-use crate::io::faults::{Fate, FaultConfig, FaultInjector};
+use crate::io::capture::Capture;
+use crate::io::faults::FaultConfig;
+use crate::io::faulty::Faulty;
 use crate::io::pcap::PcapWriter;
-use crate::io::sys::{self, Batch, MAX_BATCHES, MAX_IOV, Piece};
+use crate::io::socket::{Outgoing, Socket, Udp};
+use crate::io::sys::{Batch, MAX_BATCHES, MAX_IOV, Piece};
 use crate::transport::glue::{CopySink, PayloadSink};
 use crate::mem::grant::{HeldRanges, Mark};
 use crate::transport::{AccessError, Grant, Held, TxPacket};
-use quinn_udp::{RecvMeta, Transmit, UdpSockRef, UdpSocketState};
+use quinn_udp::RecvMeta;
 use remem_verbs::MemError;
 use remem_wire::icrc::IcrcHasher;
 use std::io::{self, IoSliceMut};
@@ -85,8 +89,6 @@ const TX_BUDGET: usize = 1024;
 const RX_CALLS: usize = 4;
 /// One receive buffer: a whole GRO batch (at most 64 KiB of UDP payload).
 const RX_BUF: usize = 1 << 16;
-/// Socket buffer size asked for (the kernel caps it at `net.core.[rw]mem_max`).
-const SOCKET_BUFFER: usize = 4 << 20;
 
 /// Payloads of at most this many bytes are copied into the packet: below it an iovec of
 /// its own costs the kernel more than the copy saves. `REMEM_SOFT_COPY_MAX` overrides it
@@ -377,24 +379,6 @@ impl Stage {
         s.end + tail
     }
 
-    /// Copies the sealed staged packet (own bytes in `buf`, payload references in `mem`)
-    /// into `out`, whole.
-    fn gather(&self, buf: &[u8], scratch: &mut [u8], mem: &HeldRanges, out: &mut Vec<u8>) {
-        out.clear();
-        let mut refs = self.mark.ranges()..;
-        for piece in &self.pieces {
-            match *piece {
-                Piece::Own { start, len } => out.extend_from_slice(&buf[start..start + len]),
-                Piece::Mem => {
-                    if let Some(i) = refs.next() {
-                        // (Its ICRC was just computed over the same read: it cannot fail.)
-                        let _ = mem.read_chunks(i, scratch, |c| out.extend_from_slice(c));
-                    }
-                }
-            }
-        }
-    }
-
     /// Computes the ICRC of the finished staged packet of `total` bytes (own bytes in
     /// `buf`) over its pieces and writes it into its last four bytes.
     fn seal(
@@ -428,7 +412,8 @@ impl Stage {
                     at += len;
                     last_own_end = start + len;
                 }
-                Piece::Mem => {
+                Piece::Mem | Piece::Ref(_) => {
+                    // (A staged packet's references are `Mem` pieces, in order.)
                     let i = refs.next()?;
                     let h = hasher.as_mut()?;
                     mem.read_chunks(i, scratch, |c| h.update(c)).ok()?;
@@ -443,26 +428,15 @@ impl Stage {
     }
 }
 
-/// A UDP socket set up for RoCEv2 and the buffers to drive it.
+/// A [`Socket`] and the buffers to drive it.
 #[derive(Debug)]
 pub struct Nic {
-    socket: Arc<UdpSocket>,
-    state: UdpSocketState,
+    /// The UDP socket, or decorators around it (capture, fault injection).
+    socket: Box<dyn Socket>,
     rx: Vec<u8>,
     meta: Vec<RecvMeta>,
     /// (Boxed: it is large, and a `Nic` is moved into its thread or held inline.)
     tx: Box<TxBatch>,
-    /// The socket is IPv6 (IPv4 destinations are given IPv4-mapped).
-    v6: bool,
-    /// GSO failed on this socket (a device without the offloads): one packet per send.
-    gso_failed: bool,
-    /// Faults injected into what this NIC sends (testing): the layer between the driver
-    /// and the socket that decides each packet's fate.
-    faults: Option<Box<FaultInjector>>,
-    /// Where the packets this NIC sends are recorded (debugging), before their fate.
-    pcap: Option<Arc<PcapWriter>>,
-    /// A packet's bytes gathered from its pieces (for the capture or a faulted packet).
-    gathered: Vec<u8>,
     /// The last `recvmmsg` found the socket empty: the next asks for one datagram, not
     /// `RX_BATCH` (see [`Nic::receive`]).
     rx_empty: bool,
@@ -471,27 +445,16 @@ pub struct Nic {
 }
 
 impl Nic {
-    /// Sets `socket` up: non-blocking, GRO on, larger buffers, and for IPv4 DF with
-    /// IP_PMTUDISC_DO so that packets carry identification 0 (see [`crate::engine`]).
+    /// A driver for `socket`, set up as [`Udp::new`] sets it up.
     pub fn new(socket: UdpSocket) -> io::Result<Self> {
-        let state = UdpSocketState::new(UdpSockRef::from(&socket))?;
-        let local = socket.local_addr()?;
-        if local.is_ipv4() {
-            rustix::net::sockopt::set_ip_mtu_discover(
-                &socket,
-                rustix::net::sockopt::Ipv4PathMtuDiscovery::DO,
-            )?;
-        }
-        // Best effort: a larger receive buffer absorbs bursts, the kernel may cap it.
-        let _ = state.set_recv_buffer_size(UdpSockRef::from(&socket), SOCKET_BUFFER);
-        let _ = state.set_send_buffer_size(UdpSockRef::from(&socket), SOCKET_BUFFER);
-        if !local.ip().is_unspecified() {
-            // Bound to one address: no per-datagram destination address, TOS or timestamp.
-            sys::quiet_receive(&socket, local.is_ipv6())?;
-        }
-        Ok(Nic {
-            socket: Arc::new(socket),
-            state,
+        Ok(Nic::over(Box::new(Udp::new(socket)?)))
+    }
+
+    /// A driver for `socket`.
+    pub fn over(socket: Box<dyn Socket>) -> Self {
+        let local = socket.local_addr();
+        Nic {
+            socket,
             rx: vec![0; RX_BATCH * RX_BUF],
             meta: vec![RecvMeta::default(); RX_BATCH],
             tx: Box::new(TxBatch {
@@ -518,75 +481,43 @@ impl Nic {
                 },
                 scratch: vec![0; remem_verbs::mem::READ_CHUNK],
             }),
-            v6: local.is_ipv6(),
-            gso_failed: false,
-            faults: None,
-            pcap: None,
-            gathered: Vec::with_capacity(MAX_PACKET),
             rx_empty: false,
             rx_calls: 0,
-        })
-    }
-
-    /// Injects `cfg`'s faults into every packet this NIC sends. Each packet's fate is
-    /// decided as it joins its batch: a lost one is left out (the rest of its GSO batch goes
-    /// as it would have); only a corrupted, duplicated, reordered or delayed one is copied
-    /// and sent alone.
-    pub fn with_faults(mut self, cfg: FaultConfig) -> Self {
-        self.faults = cfg.is_active().then(|| Box::new(FaultInjector::new(cfg)));
-        self
-    }
-
-    /// Records every packet this NIC sends (before fault injection: a lost packet is
-    /// recorded too) and receives in `pcap`. A sent packet is gathered from its pieces for
-    /// the record; the socket still gets its payload from registered memory.
-    pub fn with_pcap(mut self, pcap: Option<Arc<PcapWriter>>) -> Self {
-        self.pcap = pcap;
-        self
-    }
-
-    /// When a packet held back by fault injection becomes due.
-    pub fn next_fault_due(&self) -> Option<Instant> {
-        self.faults.as_ref().and_then(|f| f.next_due())
-    }
-
-    /// Sends what fault injection decided, one datagram each.
-    fn send_faulted(&mut self, engine: &Engine, out: Vec<(SocketAddr, Vec<u8>)>) {
-        for (dst, bytes) in out {
-            let transmit = Transmit {
-                destination: dst,
-                ecn: None,
-                contents: &bytes,
-                segment_size: None,
-                src_ip: None,
-            };
-            let _ = self
-                .state
-                .try_send(UdpSockRef::from(&*self.socket), &transmit);
-            engine.stats.tx_datagrams.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    /// Releases packets held back by fault injection that are due.
-    fn release_faulted(&mut self, engine: &Engine, now: Instant) -> usize {
-        let Some(f) = self.faults.as_mut() else {
-            return 0;
-        };
-        let mut out = Vec::new();
-        f.due(now, &mut out);
-        let n = out.len();
-        self.send_faulted(engine, out);
-        n
+    /// Injects `cfg`'s faults (if any) into every packet this NIC sends: its socket is
+    /// wrapped in a [`Faulty`] decorator.
+    pub fn with_faults(mut self, cfg: FaultConfig) -> Self {
+        if cfg.is_active() {
+            self.socket = Box::new(Faulty::new(self.socket, cfg));
+        }
+        self
+    }
+
+    /// Records every packet this NIC sends and receives in `pcap` (if any): its socket is
+    /// wrapped in a [`Capture`] decorator. Added after [`Nic::with_faults`], it records
+    /// what the driver built, before the faults (a lost packet is recorded too).
+    pub fn with_pcap(mut self, pcap: Option<Arc<PcapWriter>>) -> Self {
+        if let Some(pcap) = pcap {
+            self.socket = Box::new(Capture::new(self.socket, pcap));
+        }
+        self
+    }
+
+    /// When a packet the socket holds back (fault injection) becomes due.
+    pub fn next_fault_due(&self) -> Option<Instant> {
+        self.socket.next_due()
     }
 
     /// How many packets one send may carry (1 without GSO).
     pub fn max_gso_segments(&self) -> usize {
-        self.state.max_gso_segments()
+        self.socket.max_gso_segments()
     }
 
     /// How many packets one receive may return per datagram (1 without GRO).
     pub fn gro_segments(&self) -> usize {
-        self.state.gro_segments()
+        self.socket.gro_segments()
     }
 
     /// Runs due timers, sends everything that can be sent and handles what has arrived (at
@@ -602,7 +533,7 @@ impl Nic {
     fn pump_with(&mut self, engine: &Engine, respond: bool) -> usize {
         let now = Instant::now();
         engine.on_timeout(now);
-        let moved = self.release_faulted(engine, now) + self.transmit(engine, now);
+        let moved = self.socket.send_due(now, &engine.stats) + self.transmit(engine, now);
         let received = self.receive(engine);
         if received == 0 || !respond {
             return moved + received;
@@ -621,8 +552,9 @@ impl Nic {
             tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
             tv_nsec: i64::from(timeout.subsec_nanos()),
         };
+        let socket = self.socket.fd();
         let mut fds = [
-            rustix::event::PollFd::new(&*self.socket, rustix::event::PollFlags::IN),
+            rustix::event::PollFd::new(&socket, rustix::event::PollFlags::IN),
             rustix::event::PollFd::new(wake, rustix::event::PollFlags::IN),
         ];
         // An error (EINTR) just ends the wait early.
@@ -636,8 +568,9 @@ impl Nic {
             tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
             tv_nsec: i64::from(timeout.subsec_nanos()),
         };
+        let socket = self.socket.fd();
         let mut fds = [rustix::event::PollFd::new(
-            &*self.socket,
+            &socket,
             rustix::event::PollFlags::IN,
         )];
         // An error (EINTR) just ends the wait early.
@@ -645,11 +578,7 @@ impl Nic {
     }
 
     fn transmit(&mut self, engine: &Engine, now: Instant) -> usize {
-        let max_segments = if self.gso_failed {
-            1
-        } else {
-            self.state.max_gso_segments().clamp(1, 64)
-        };
+        let max_segments = self.socket.max_gso_segments().clamp(1, 64);
         let mut sent = 0;
         while sent < TX_BUDGET {
             let b = &mut self.tx;
@@ -682,25 +611,7 @@ impl Nic {
             };
             sent += 1;
             let staged = b.stage.finish(&mut b.buf[own..own + MAX_PACKET], len);
-            // Its fate, from its headers (a UD packet, the only kind whose fate looks past
-            // them, is always copied whole).
-            let fate = match self.faults.as_mut() {
-                None => Fate::Go,
-                Some(f) => {
-                    let head = b.stage.scattered.map_or(staged, |s| s.hdr);
-                    f.fate(&b.buf[own..own + head], len)
-                }
-            };
-            if fate == Fate::Lost && self.pcap.is_none() {
-                // Left out of the batch: never sealed, never sent.
-                b.stage.pieces.clear();
-                b.mem.truncate(b.stage.mark);
-                engine.stats.sent_pkts.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-            let faulted = matches!(fate, Fate::Faulted(_));
             if b.count > 0
-                && !faulted
                 && (dst != b.dst || len > b.segment)
                 && b.room_for_another(b.stage.pieces.len())
             {
@@ -708,12 +619,10 @@ impl Nic {
                 b.seal();
             }
             if b.packets > 0
-                && (faulted
-                    || (b.count > 0 && (dst != b.dst || len > b.segment))
+                && ((b.count > 0 && (dst != b.dst || len > b.segment))
                     || b.pieces.len() + b.stage.pieces.len() > MAX_IOV)
             {
-                // It cannot join these batches (a faulted packet goes alone, after them):
-                // send them, and start the next with it.
+                // It cannot join these batches: send them, and start the next with it.
                 let staged_mem = b.mem.split_off(b.stage.mark);
                 self.flush(engine);
                 let b = &mut self.tx;
@@ -740,40 +649,13 @@ impl Nic {
                 b.mem.truncate(b.stage.mark);
                 continue;
             }
-            if fate != Fate::Go || self.pcap.is_some() {
-                b.stage.gather(
-                    &b.buf[at..at + staged],
-                    &mut b.scratch,
-                    &b.mem,
-                    &mut self.gathered,
-                );
-                if let Some(p) = &self.pcap {
-                    p.record(engine.local(), dst, &self.gathered, b.count as u16);
-                }
-            }
-            match fate {
-                Fate::Go => {}
-                Fate::Lost | Fate::Faulted(_) => {
-                    // Not part of the batch (a faulted packet, alone and copied, goes now:
-                    // the batch before it has been sent).
-                    b.stage.pieces.clear();
-                    b.mem.truncate(b.stage.mark);
-                    engine.stats.sent_pkts.fetch_add(1, Ordering::Relaxed);
-                    if let (Fate::Faulted(x), Some(f)) = (fate, self.faults.as_mut()) {
-                        let mut out = Vec::new();
-                        f.apply(now, dst, x, self.gathered.clone(), &mut out);
-                        self.send_faulted(engine, out);
-                    }
-                    continue;
-                }
-            }
             for piece in b.stage.pieces.drain(..) {
                 let piece = match piece {
                     Piece::Own { start, len } => Piece::Own {
                         start: start + at,
                         len,
                     },
-                    Piece::Mem => Piece::Mem,
+                    other => other,
                 };
                 // (Merged with the open batch's last piece; never with a sealed batch's.)
                 let open = &mut b.pieces[b.start..];
@@ -803,18 +685,11 @@ impl Nic {
         if self.tx.packets > 0 {
             self.flush(engine);
         }
-        if let Some(f) = &self.faults {
-            let (c, s) = (f.counts, &engine.stats);
-            s.fault_dropped.store(c.dropped, Ordering::Relaxed);
-            s.fault_corrupted.store(c.corrupted, Ordering::Relaxed);
-            s.fault_duplicated.store(c.duplicated, Ordering::Relaxed);
-            s.fault_reordered.store(c.reordered, Ordering::Relaxed);
-        }
         sent
     }
 
-    /// Sends the batches, in order, in one `sendmmsg` (more when the socket takes only
-    /// some), and empties them.
+    /// Hands the batches, in order, to the socket (one `sendmmsg`, more when the socket
+    /// takes only some), and empties them.
     fn flush(&mut self, engine: &Engine) {
         let b = &mut self.tx;
         if b.count > 0 {
@@ -822,60 +697,20 @@ impl Nic {
             b.sealed.push(open);
         }
         let b = &self.tx;
-        let send = |first: usize| {
-            sys::send_batches(
-                &self.socket,
-                self.v6,
-                &b.buf[..b.own],
-                &b.pieces,
-                &b.mem,
-                first,
-                &b.sealed,
-            )
-        };
-        let mut first = 0;
-        let mut full = 0;
-        while first < b.sealed.len() {
-            match send(first) {
-                Ok(0) => break,
-                Ok(n) => first += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if full == 3 {
-                        break;
-                    }
-                    full += 1;
-                    let mut fds = [rustix::event::PollFd::new(
-                        &*self.socket,
-                        rustix::event::PollFlags::OUT,
-                    )];
-                    let ts = rustix::time::Timespec {
-                        tv_sec: 0,
-                        tv_nsec: 1_000_000,
-                    };
-                    let _ = rustix::event::poll(&mut fds, Some(&ts));
-                }
-                Err(e) => {
-                    if b.sealed[first].segment.is_some()
-                        && matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL))
-                    {
-                        // The kernel cannot segment for this socket's device (as
-                        // quinn-udp, from then on one packet per send); these packets
-                        // are lost, RC retransmits them.
-                        self.gso_failed = true;
-                    }
-                    // This batch is lost; the others still go.
-                    first += 1;
-                }
-            }
-        }
-        // A packet the socket refused is lost on the wire as far as the transport knows:
-        // RC retransmits it, UD is unreliable anyway.
-        let s = &engine.stats;
-        s.tx_datagrams
-            .fetch_add(b.sealed.len() as u64, Ordering::Relaxed);
-        s.sent_pkts.fetch_add(b.packets as u64, Ordering::Relaxed);
-        s.tx_zero_copy_pkts
-            .fetch_add(b.zero_copy as u64, Ordering::Relaxed);
+        self.socket.send(
+            &Outgoing {
+                own: &b.buf[..b.own],
+                pieces: &b.pieces,
+                mem: &b.mem,
+                batches: &b.sealed,
+                zero_copy: b.zero_copy,
+            },
+            &engine.stats,
+        );
+        engine
+            .stats
+            .sent_pkts
+            .fetch_add(b.packets as u64, Ordering::Relaxed);
         self.tx.clear();
     }
 
@@ -890,7 +725,7 @@ impl Nic {
     /// ends the pump's receiving, instead of one more call that would find the socket
     /// empty. A pump that stops early reads the rest next time.
     fn receive(&mut self, engine: &Engine) -> usize {
-        let (local_ip, local_port) = (engine.local().ip(), engine.local().port());
+        let local_ip = engine.local().ip();
         let mut moved = 0;
         for _ in 0..RX_CALLS {
             let room = if self.rx_empty { 1 } else { RX_BATCH };
@@ -898,11 +733,7 @@ impl Nic {
             let mut chunks = self.rx.chunks_mut(RX_BUF);
             let mut bufs: [IoSliceMut<'_>; RX_BATCH] =
                 std::array::from_fn(|_| IoSliceMut::new(chunks.next().unwrap_or_default()));
-            let n = match self.state.recv(
-                UdpSockRef::from(&*self.socket),
-                &mut bufs[..room],
-                &mut self.meta[..room],
-            ) {
+            let n = match self.socket.recv(&mut bufs[..room], &mut self.meta[..room]) {
                 Ok(n) => n,
                 Err(_) => {
                     // WouldBlock, or an ICMP error with nothing to do.
@@ -930,11 +761,6 @@ impl Nic {
                 moved += 1;
                 if meta.len > 0 {
                     engine.stats.rx_datagrams.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            if let Some(p) = &self.pcap {
-                for (from, to, pkt, i) in pkts() {
-                    p.record_received(from, (to, local_port).into(), pkt, i);
                 }
             }
             // The responses first (ACKs, READ and atomic responses), then the requests: a
@@ -1046,7 +872,7 @@ impl Progress {
         cpu: Option<usize>,
         busy_poll: Duration,
     ) -> io::Result<Self> {
-        let local = nic.socket.local_addr()?;
+        let local = nic.socket.local_addr();
         let waker = Arc::new(Waker::new()?);
         let stop = Arc::new(AtomicBool::new(false));
         let passes = Arc::new(std::sync::atomic::AtomicU64::new(0));

@@ -2,7 +2,8 @@
 //! a seeded random fate for every packet a device sends — lost, corrupted (after its ICRC
 //! was computed, so the receiver's ICRC check must catch it), duplicated, reordered (sent
 //! after the next one) or delayed. The packets still cross a real UDP socket; only their
-//! fate is decided here. Off unless configured ([`FaultConfig`], `REMEM_SOFT_FAULTS`).
+//! fate is decided here; `io::faulty::Faulty`, a decorator of the driver's socket, applies
+//! it. Off unless configured ([`FaultConfig`], `REMEM_SOFT_FAULTS`).
 
 #![forbid(unsafe_code)]
 

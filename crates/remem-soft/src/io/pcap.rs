@@ -6,7 +6,8 @@
 //! and the identification the packet's ICRC was computed for (a sent packet's index in its
 //! GSO batch, which the kernel gives it; a received one's fitted to its ICRC), so every
 //! ICRC verifies against the capture; UDP checksums are left 0, as rxe sends them. The
-//! driver's `Nic` is the one that records (`Nic::with_pcap`, a layer around its socket).
+//! driver records through `io::capture::Capture`, a decorator of its socket
+//! (`Nic::with_pcap`).
 
 #![forbid(unsafe_code)]
 

@@ -33,6 +33,10 @@ pub enum Piece {
     },
     /// The next payload reference.
     Mem,
+    /// Payload reference `i` (of the [`HeldRanges`]), named: a decorator that leaves some
+    /// packets out of a batch refers to the others' ranges so. It does not move the
+    /// numbering of the [`Piece::Mem`] pieces.
+    Ref(usize),
 }
 
 /// Most GSO batches one [`send_batches`] call takes (one `sendmmsg`).
@@ -117,10 +121,13 @@ fn send_many(
                     .ok_or_else(|| invalid("piece out of the batch buffer"))?;
                 (bytes.as_ptr(), len)
             }
-            Piece::Mem => {
-                let i = refs
-                    .next()
-                    .ok_or_else(|| invalid("more references than held ranges"))?;
+            Piece::Mem | Piece::Ref(_) => {
+                let i = match *piece {
+                    Piece::Ref(i) => i,
+                    _ => refs
+                        .next()
+                        .ok_or_else(|| invalid("more references than held ranges"))?,
+                };
                 let ptr = mem
                     .ptr(i)
                     .map_err(|_| invalid("held range out of bounds"))?;
@@ -332,7 +339,7 @@ pub(crate) mod tests {
         (tx, rx)
     }
 
-    fn held(data: &[u8], ranges: &[(usize, usize)]) -> HeldRanges {
+    pub(crate) fn held(data: &[u8], ranges: &[(usize, usize)]) -> HeldRanges {
         let buf = Arc::new(MemoryBuffer::from_vec(data.to_vec()));
         let key = KeyedRegion::new(MemRegion::whole(buf));
         let grant = key.grant_all().unwrap();
@@ -395,6 +402,39 @@ pub(crate) mod tests {
             let (len, _) = rx.recv_from(&mut got).unwrap();
             assert_eq!(&got[..len], want);
         }
+    }
+
+    #[test]
+    fn a_named_reference_sends_its_range_and_leaves_the_numbering_of_the_others() {
+        let (tx, rx) = pair("127.0.0.1");
+        let own: Vec<u8> = (0..16u8).collect();
+        let data: Vec<u8> = (0..300u32).map(|i| (i * 5 + 3) as u8).collect();
+        let mem = held(&data, &[(0, 100), (100, 100), (200, 100)]);
+        // Range 2 by name, then the first `Mem` piece: range 0 still.
+        let pieces = [
+            Piece::Own { start: 0, len: 8 },
+            Piece::Ref(2),
+            Piece::Mem,
+            Piece::Own { start: 8, len: 8 },
+        ];
+        send_gso(
+            &tx,
+            false,
+            rx.local_addr().unwrap(),
+            None,
+            &own,
+            &pieces,
+            &mem,
+        )
+        .unwrap();
+        let mut got = vec![0u8; 1024];
+        let (len, _) = rx.recv_from(&mut got).unwrap();
+        let want = [&own[..8], &data[200..], &data[..100], &own[8..]].concat();
+        assert_eq!(&got[..len], want);
+        // A name beyond the ranges: nothing sent.
+        let err = send_gso(&tx, false, rx.local_addr().unwrap(), None, &own, &[Piece::Ref(3)], &mem)
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
     }
 
     #[test]
