@@ -12,7 +12,7 @@ use remem::{
 use std::alloc::Layout;
 use std::net::SocketAddr;
 
-mod common;
+use crate::common;
 
 fn pair() -> (Rdma, Rdma) {
     common::same_port_pair_with(|a| a.polling(Polling::Event), |b| b)

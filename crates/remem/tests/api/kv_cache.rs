@@ -5,11 +5,11 @@
 //! connections have closed.
 //!
 //! The example's code is compiled into this test (`#[path]`), so `cargo test --test
-//! kv_cache` runs it without building the example first. The child's standard input is a
+//! api kv_cache` runs it without building the example first. The child's standard input is a
 //! pipe the parent holds: when the parent goes away, the child sees its end and exits.
 
 #[allow(dead_code)]
-#[path = "../examples/kv_cache.rs"]
+#[path = "../../examples/kv_cache.rs"]
 mod kv_cache;
 
 use kv_cache::Args;
@@ -56,9 +56,14 @@ impl Drop for Server {
 #[test]
 fn kv_cache_between_two_processes() {
     let mut cmd = Command::new(std::env::current_exe().expect("own path"));
-    cmd.args(["--exact", "child_server", "--ignored", "--nocapture"])
-        .env(ARGS_ENV, "server --connections 3 --device soft@127.0.0.1:0")
-        .stdin(Stdio::piped());
+    cmd.args([
+        "--exact",
+        "kv_cache::child_server",
+        "--ignored",
+        "--nocapture",
+    ])
+    .env(ARGS_ENV, "server --connections 3 --device soft@127.0.0.1:0")
+    .stdin(Stdio::piped());
     let (child, addr) = kv_cache::spawn_server(cmd).expect("the server listens");
     let mut server = Server(child);
     // Held until the child has exited (waiting would close it first).

@@ -5,7 +5,7 @@
 use remem::{AccessFlags, Connection, Error, Polling, Rdma, RdmaBuilder};
 use std::alloc::Layout;
 
-mod common;
+use crate::common;
 
 use common::test_util::{connect, layout};
 

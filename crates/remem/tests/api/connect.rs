@@ -8,7 +8,7 @@ use remem::{
 use std::alloc::Layout;
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 fn pair() -> (Rdma, Rdma) {
     common::pair_with(|a| a.polling(Polling::Event), |b| b)
