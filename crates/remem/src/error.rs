@@ -3,14 +3,41 @@
 use remem_verbs::{AsyncEvent, WcOpcode, WcStatus};
 
 /// What can go wrong in remem's async API.
+///
+/// # The peer died
+///
+/// A peer that crashed, lost power, or that the network no longer reaches does not say
+/// so: it stops answering. The transport retries what it sent (the retry budget,
+/// [`RdmaBuilder::timeout`](crate::RdmaBuilder::timeout) and
+/// [`RdmaBuilder::retry_cnt`](crate::RdmaBuilder::retry_cnt): about 2.1 s by default), then
+/// gives up, and the connection is lost. An idle connection learns it through the
+/// keepalive ([`RdmaBuilder::keepalive`](crate::RdmaBuilder::keepalive)), whose probe goes
+/// unanswered the same way. What a user sees then:
+///
+/// - the operation that was waiting: [`Error::Completion`] with status
+///   [`RetryExcErr`](remem_verbs::WcStatus::RetryExcErr) ("the peer stopped answering
+///   (transport retry counter exceeded)"), or
+///   [`RnrRetryExcErr`](remem_verbs::WcStatus::RnrRetryExcErr) when the peer answered but
+///   never had a receive for a message ("the peer stopped taking messages");
+/// - every other operation, and every later one: [`Error::Closed`] with
+///   [`CloseReason::Completion`] of the same status (a `receive` that only waits sees this
+///   one, from the keepalive's probe);
+/// - with an operation timeout set ([`Connection::set_op_timeout`](crate::Connection::set_op_timeout)),
+///   possibly earlier: [`Error::Timeout`], then [`Error::Closed`] with
+///   [`CloseReason::Failed`]`(`[`LocalFailure::Timeout`]`)`.
+///
+/// The messages say it in words first, with the verbs status as the detail in
+/// parentheses. [`crate::RdmaStream`] maps all of these to `io::ErrorKind::TimedOut`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A verbs call failed (device, PD, MR, CQ or QP).
     #[error(transparent)]
     Verbs(#[from] remem_verbs::Error),
-    /// The work request completed with an error status.
-    #[error("{op:?} completed with {status} (vendor error {vendor_err:#x})")]
+    /// The work request completed with an error status. Shown in words first
+    /// ("the peer stopped answering: …"; see [the peer died](Error#the-peer-died)), the
+    /// status and the vendor error as the detail.
+    #[error("{} (vendor error {vendor_err:#x})", completion_words(*op, *status))]
     Completion {
         /// The operation.
         op: WcOpcode,
@@ -80,9 +107,74 @@ pub enum Error {
     /// that cannot reserve them).
     #[error("file-backed region: {0}")]
     File(std::io::Error),
-    /// The peer rejected the connection; its private data (why, if it said).
-    #[error("connection rejected by the peer ({} bytes of private data)", .0.len())]
+    /// The peer rejected the connection; its private data (why, if it said). Shown as
+    /// text where the bytes are text (trailing zero bytes, the padding of a CM reject,
+    /// left out), else in hex.
+    #[error("connection rejected by the peer{}", rejection_reason(.0))]
     Rejected(Vec<u8>),
+}
+
+/// An operation in words: "an RDMA WRITE".
+fn op_words(op: WcOpcode) -> &'static str {
+    match op {
+        WcOpcode::Send => "a SEND",
+        WcOpcode::RdmaWrite => "an RDMA WRITE",
+        WcOpcode::RdmaRead => "an RDMA READ",
+        WcOpcode::CompSwap => "a compare-and-swap",
+        WcOpcode::FetchAdd => "a fetch-and-add",
+        WcOpcode::BindMw => "a memory window bind",
+        WcOpcode::LocalInv => "a local invalidate",
+        WcOpcode::Tso => "a TSO send",
+        WcOpcode::Flush => "a FLUSH",
+        WcOpcode::AtomicWrite => "an ATOMIC WRITE",
+        WcOpcode::Recv => "a receive",
+        WcOpcode::RecvRdmaWithImm => "a receive (WRITE_WITH_IMM)",
+    }
+}
+
+/// What a failed completion means, in words, with its status (`ibv_wc_status_str`) as
+/// the detail in parentheses.
+fn completion_words(op: WcOpcode, status: WcStatus) -> String {
+    let op = op_words(op);
+    match status {
+        WcStatus::RetryExcErr => format!(
+            "the peer stopped answering: {op} was not acknowledged within the transport's \
+             retries ({status})"
+        ),
+        WcStatus::RespTimeoutErr => {
+            format!("the peer stopped answering: {op} got no response in time ({status})")
+        }
+        WcStatus::RnrRetryExcErr => format!(
+            "the peer stopped taking messages: {op} found no receive posted there within \
+             the retries ({status})"
+        ),
+        WcStatus::RemAccessErr => format!(
+            "the peer refused the access: {op} outside the peer's region or without the \
+             rights it was registered with ({status})"
+        ),
+        WcStatus::WrFlushErr => {
+            format!("{op} was not done: the connection had already failed ({status})")
+        }
+        _ => format!("{op} failed ({status})"),
+    }
+}
+
+/// A rejection's private data for [`Error::Rejected`]'s message: `: "reason"` for text,
+/// `: private data 0a0b… (n bytes)` otherwise, nothing when the peer gave none.
+fn rejection_reason(data: &[u8]) -> String {
+    let end = data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    let data = &data[..end];
+    if data.is_empty() {
+        return " (no reason given)".into();
+    }
+    match std::str::from_utf8(data) {
+        Ok(text) if !text.chars().any(char::is_control) => format!(": \"{text}\""),
+        _ => {
+            let hex: String = data.iter().take(32).map(|b| format!("{b:02x}")).collect();
+            let more = if data.len() > 32 { "…" } else { "" };
+            format!(": private data {hex}{more} ({} bytes)", data.len())
+        }
+    }
 }
 
 impl From<remem_verbs::MemError> for Error {
@@ -175,9 +267,10 @@ pub enum CloseReason {
     #[error("asynchronous event: {0}")]
     Event(AsyncEvent),
     /// A work request completed with an error: the transport gave up (retries
-    /// exhausted), the peer refused an access, or the QP went to the error state
-    /// (a receive flushed while the connection was open).
-    #[error("{op:?} completed with {status}")]
+    /// exhausted: the peer stopped answering, see [the peer died](Error#the-peer-died)),
+    /// the peer refused an access, or the QP went to the error state (a receive flushed
+    /// while the connection was open). Shown in words, the status in parentheses.
+    #[error("{}", completion_words(*op, *status))]
     Completion {
         /// The operation.
         op: WcOpcode,
@@ -328,4 +421,78 @@ pub enum MalformedAgent {
     /// A region given away that is missing or invalid.
     #[error("peer sent a malformed memory region")]
     Region,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer that stopped answering is said in words; the verbs status is the detail.
+    #[test]
+    fn a_dead_peer_is_said_in_words_with_the_status_as_detail() {
+        let e = Error::Completion {
+            op: WcOpcode::RdmaWrite,
+            status: WcStatus::RetryExcErr,
+            vendor_err: 0,
+        };
+        assert_eq!(
+            e.to_string(),
+            "the peer stopped answering: an RDMA WRITE was not acknowledged within the \
+             transport's retries (transport retry counter exceeded) (vendor error 0x0)"
+        );
+        let closed = Error::Closed(CloseReason::Completion {
+            op: WcOpcode::Send,
+            status: WcStatus::RetryExcErr,
+        });
+        assert_eq!(
+            closed.to_string(),
+            "connection closed: the peer stopped answering: a SEND was not acknowledged \
+             within the transport's retries (transport retry counter exceeded)"
+        );
+        let rnr = CloseReason::Completion {
+            op: WcOpcode::Send,
+            status: WcStatus::RnrRetryExcErr,
+        };
+        assert!(
+            rnr.to_string()
+                .starts_with("the peer stopped taking messages: a SEND")
+                && rnr.to_string().ends_with("(RNR retry counter exceeded)"),
+            "{rnr}"
+        );
+        let refused = CloseReason::Completion {
+            op: WcOpcode::RdmaRead,
+            status: WcStatus::RemAccessErr,
+        };
+        assert!(
+            refused
+                .to_string()
+                .starts_with("the peer refused the access: an RDMA READ"),
+            "{refused}"
+        );
+    }
+
+    /// A rejection shows the peer's reason: as text (its zero padding left out), in hex
+    /// when it is not text, and says when there is none.
+    #[test]
+    fn a_rejection_shows_the_peers_reason() {
+        let mut padded = b"server full".to_vec();
+        padded.resize(148, 0);
+        assert_eq!(
+            Error::Rejected(padded).to_string(),
+            "connection rejected by the peer: \"server full\""
+        );
+        assert_eq!(
+            Error::Rejected(vec![1, 0xff, 0, 2]).to_string(),
+            "connection rejected by the peer: private data 01ff0002 (4 bytes)"
+        );
+        assert_eq!(
+            Error::Rejected(vec![0; 148]).to_string(),
+            "connection rejected by the peer (no reason given)"
+        );
+        let long = Error::Rejected(vec![0xab; 40]).to_string();
+        assert!(
+            long.ends_with(&format!("{}… (40 bytes)", "ab".repeat(32))),
+            "{long}"
+        );
+    }
 }

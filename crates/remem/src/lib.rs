@@ -223,23 +223,37 @@
 
 #![warn(missing_docs)]
 
+// Unsafe code lives in two places only: `sys` (registering a completion channel's fd with
+// tokio's reactor) and one function of `conn/inbox.rs` (a received message read where it
+// landed). Every other module forbids it: no `allow` inside can let it back in.
+#[forbid(unsafe_code)]
 mod cm;
 mod conn;
 /// What fails how: failed operations, regions that go away, stopped peers, retry and
 /// operation timeouts, flow control, connection loss (`FAILURE_MODEL.md`).
 #[doc = include_str!("../FAILURE_MODEL.md")]
 pub mod failure_model {}
+#[forbid(unsafe_code)]
 mod dispatch;
+#[forbid(unsafe_code)]
 mod error;
+#[forbid(unsafe_code)]
 mod mr;
+#[forbid(unsafe_code)]
 mod persist;
+#[forbid(unsafe_code)]
 mod pool;
+#[forbid(unsafe_code)]
 mod rdma;
+#[forbid(unsafe_code)]
 pub mod rpc;
+#[forbid(unsafe_code)]
 pub mod stream;
 mod sys;
 #[cfg(test)]
+#[forbid(unsafe_code)]
 mod test_util;
+#[forbid(unsafe_code)]
 mod typed;
 
 pub use cm::{
@@ -297,10 +311,15 @@ pub fn devices() -> VResult<Vec<DeviceInfo>> {
 /// Opens a device: the one named, else the one `REMEM_DEVICE` names, else the first
 /// device of [`devices`]. A name may also be one a provider opens without listing it, such
 /// as `soft@127.0.0.2:4791`.
+///
+/// A soft device's name that does not parse (`soft@127.0.0.1:99999`, `soft@host`,
+/// `soft-`) is an [`InvalidArgument`](remem_verbs::Error::InvalidArgument) that says what
+/// is wrong with it, not [`NoSuchDevice`](remem_verbs::Error::NoSuchDevice).
 pub fn open_device(name: Option<&str>) -> VResult<Arc<dyn Context>> {
     let env = std::env::var(DEVICE_ENV).ok().filter(|s| !s.is_empty());
     let wanted = name.map(str::to_string).or(env);
     if let Some(w) = &wanted {
+        check_soft_name(w)?;
         for p in providers() {
             match p.open(w) {
                 Err(remem_verbs::Error::NoSuchDevice(_)) => continue,
@@ -319,6 +338,26 @@ pub fn open_device(name: Option<&str>) -> VResult<Arc<dyn Context>> {
     ))
 }
 
+/// A name that claims to be a soft device's (`soft@…`, `soft-…`) must parse as one: no
+/// other provider names its devices so, so a typo is the user's to fix, and is said so.
+fn check_soft_name(name: &str) -> VResult<()> {
+    if !(name.starts_with("soft@") || name.starts_with("soft-")) {
+        return Ok(());
+    }
+    let Err(e) = name.parse::<remem_soft::SoftDeviceName>() else {
+        return Ok(());
+    };
+    // The commonest slip: a port out of range (`soft@127.0.0.1:99999`).
+    let port = name.rsplit_once(':').map(|(_, p)| p);
+    let why = match port.and_then(|p| p.parse::<u64>().ok()) {
+        Some(p) if p > u64::from(u16::MAX) => {
+            format!("bad device name `{name}`: {p} is not a UDP port (0 to 65535)")
+        }
+        _ => format!("bad device name {e}"),
+    };
+    Err(remem_verbs::Error::InvalidArgument(why))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,5 +372,35 @@ mod tests {
             open_device(Some("no-such-dev")),
             Err(remem_verbs::Error::NoSuchDevice(n)) if n == "no-such-dev"
         ));
+    }
+
+    /// A soft device's name that does not parse is a parse error that says what is wrong,
+    /// not "no such RDMA device".
+    #[test]
+    fn a_bad_soft_device_name_is_a_parse_error() {
+        let err = open_device(Some("soft@127.0.0.1:99999")).err().unwrap();
+        assert!(
+            matches!(&err, remem_verbs::Error::InvalidArgument(_)),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "invalid argument: bad device name `soft@127.0.0.1:99999`: 99999 is not a UDP \
+             port (0 to 65535)"
+        );
+        for bad in ["soft@host:1", "soft@1.2.3", "soft-"] {
+            let err = open_device(Some(bad)).err().unwrap();
+            assert!(
+                matches!(&err, remem_verbs::Error::InvalidArgument(m) if m.contains(bad)),
+                "{bad}: {err:?}"
+            );
+            assert!(!err.to_string().contains("no such"), "{err}");
+        }
+        // Through the builder too.
+        let built = RdmaBuilder::new().device("soft@127.0.0.1:99999").build();
+        assert!(
+            matches!(&built, Err(Error::Verbs(remem_verbs::Error::InvalidArgument(m))) if m.contains("99999 is not a UDP port")),
+            "{built:?}"
+        );
     }
 }

@@ -1,5 +1,5 @@
 //! Helpers shared by the crate's unit tests (as `crate::test_util`) and its integration
-//! tests (`tests/common/mod.rs` includes this file by path): two `Rdma`s on soft devices
+//! tests (`tests/api/common/mod.rs` includes this file by path): two `Rdma`s on soft devices
 //! and connecting them, and the layouts of the regions they allocate. The including module
 //! has `Connection`, `Rdma` and `RdmaBuilder` in scope.
 

@@ -6,6 +6,7 @@ use remem::{Connection, Listener, Polling, Rdma};
 use std::alloc::Layout;
 use std::task::Poll;
 
+#[path = "api/common/mod.rs"]
 mod common;
 
 /// Two `Rdma`s on soft devices (`common::pair_with`) or `REMEM_TEST_DEVICE`.

@@ -747,6 +747,11 @@ fn ctrl_timeout(a: &PerfArgs) -> Result<Duration, PerfError> {
 }
 
 /// Runs `remem perf`; prints results to stdout; returns an error message on failure.
+///
+/// A client's run ends with what it measured, whatever ends it: when a size fails, or on
+/// Ctrl-C during a sweep (`-a`), the table is closed, the `--json` rows already printed
+/// stand, and `--plot` draws the sizes done; then the error (exit status 1, 130 for
+/// Ctrl-C).
 pub fn run(args: &PerfArgs) -> Result<(), PerfError> {
     let settings = Settings::from_args(args)?;
     if args.plot.is_some() && !args.all {
@@ -759,28 +764,182 @@ pub fn run(args: &PerfArgs) -> Result<(), PerfError> {
     if args.loopback && (args.host.is_some() || args.ib_dev.is_some() || args.gid_index.is_some()) {
         return Err("--loopback picks its own soft devices: no HOST, -d or -x".into());
     }
+    if args.loopback
+        && let Some(dev) = std::env::var_os(remem::DEVICE_ENV).filter(|d| !d.is_empty())
+    {
+        return Err(format!(
+            "--loopback picks its own soft devices (127.0.0.1 and 127.0.0.2), so {}={} \
+             would be ignored: unset it, or run a server and a client on that device",
+            remem::DEVICE_ENV,
+            dev.to_string_lossy()
+        ));
+    }
+    if let Some(path) = &args.plot {
+        // Before the sweep: a plot that cannot be written fails now, not after it.
+        check_plot_path(path)?;
+    }
     for w in warnings(args) {
         eprintln!("remem perf: warning: {w}");
     }
-    let (rows, devices) = if args.loopback {
-        loopback(args, &settings, timeout)?
-    } else if let Some(host) = &args.host {
-        // The device first: a bad -d or -x fails before anything is sent.
-        let dev = open_device(&device_of(args))?;
-        let stream = connect(host, args.port, timeout)?;
-        let (rows, peer) = client(args, &settings, stream, &dev, timeout)?;
-        (rows, (dev.name, peer))
-    } else {
+    if !args.loopback && args.host.is_none() {
         return serve(args, timeout);
-    };
-    if let Some(path) = &args.plot {
-        let title = plot::Title {
-            test: settings.test.name().into(),
-            params: plot_params(&settings, &devices),
-        };
-        plot::plot(path, &title, &rows, args.report_gbits)
-            .map_err(|e| format!("cannot draw {}: {e}", path.display()))?;
     }
+    let mut out = Output::new(args, &settings);
+    if args.all {
+        watch_interrupt(&out, args, &settings)?;
+    }
+    let result = if let Some(host) = args.host.as_ref().filter(|_| !args.loopback) {
+        // The device first: a bad -d or -x fails before anything is sent.
+        open_device(&device_of(args)).and_then(|dev| {
+            let stream = connect(host, args.port, timeout)?;
+            client(args, &settings, stream, &dev, timeout, &mut out)
+        })
+    } else {
+        loopback(args, &settings, timeout, &mut out)
+    };
+    let mut printed = lock(&out.printed);
+    printed.concluded = true;
+    let drawn = conclude(args, &settings, &printed, result.is_ok());
+    match result {
+        Ok(()) => drawn,
+        Err(e) => {
+            if args.all && !printed.rows.is_empty() {
+                eprintln!(
+                    "remem perf: stopped after {}: the results above are those of the sizes \
+                     done{}",
+                    sizes_done(&printed.rows),
+                    match (&args.plot, drawn) {
+                        (Some(p), Ok(())) => format!(", drawn in {}", p.display()),
+                        (Some(_), Err(why)) => format!(" ({why})"),
+                        (None, _) => String::new(),
+                    }
+                );
+            }
+            Err(e)
+        }
+    }
+}
+
+/// How many sizes `rows` hold, and which: `5 sizes (2 to 32 bytes)`.
+fn sizes_done(rows: &[Row]) -> String {
+    let size = |r: &Row| match r {
+        Row::Bw(b) => b.size,
+        Row::Lat(l) => l.size,
+    };
+    match rows {
+        [] => "no size".into(),
+        [one] => format!("1 size ({} bytes)", size(one)),
+        [first, .., last] => format!(
+            "{} sizes ({} to {} bytes)",
+            rows.len(),
+            size(first),
+            size(last)
+        ),
+    }
+}
+
+/// Checks that `--plot`'s file can be written once the sweep is done: it is not a
+/// folder, and its folder exists and takes new files.
+fn check_plot_path(path: &std::path::Path) -> Result<(), PerfError> {
+    let bad = |why: String| format!("--plot {}: {why}", path.display());
+    if path.is_dir() {
+        return Err(bad("a folder, not a file".into()));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    match std::fs::metadata(dir) {
+        Err(e) => Err(bad(format!("its folder {}: {e}", dir.display()))),
+        Ok(m) if !m.is_dir() => Err(bad(format!("{} is not a folder", dir.display()))),
+        Ok(_) => rustix::fs::access(
+            dir,
+            rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK,
+        )
+        .map_err(|e| bad(format!("cannot write in {}: {e}", dir.display()))),
+    }
+}
+
+/// What a client has printed so far, shared with the Ctrl-C watcher of a sweep
+/// ([`watch_interrupt`]).
+#[derive(Default)]
+pub(crate) struct Printed {
+    /// The table's header is out (so its closing rule is owed).
+    header_done: bool,
+    /// The rows, in the order they were printed.
+    rows: Vec<Row>,
+    /// This side's device and the peer's, once the peer said (the plot's title).
+    devices: Option<(String, String)>,
+    /// The run's end has been printed ([`conclude`]): nothing more to do on Ctrl-C.
+    concluded: bool,
+}
+
+fn lock(p: &std::sync::Mutex<Printed>) -> std::sync::MutexGuard<'_, Printed> {
+    p.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Ends a client's output, however the run ended: the table's closing rule (and, for a
+/// verified run that succeeded, the line that says so), then the plot of the rows printed.
+fn conclude(args: &PerfArgs, s: &Settings, p: &Printed, ok: bool) -> Result<(), PerfError> {
+    if !args.json && p.header_done {
+        if ok && s.verify {
+            println!("{}", report::verified(s.test));
+        }
+        report::print_footer();
+    }
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    let Some(path) = &args.plot else {
+        return Ok(());
+    };
+    if p.rows.is_empty() {
+        return Ok(());
+    }
+    let unknown = || ("?".to_string(), "?".to_string());
+    let title = plot::Title {
+        test: s.test.name().into(),
+        params: plot_params(s, p.devices.as_ref().unwrap_or(&unknown())),
+    };
+    plot::plot(path, &title, &p.rows, args.report_gbits)
+        .map_err(|e| format!("cannot draw {}: {e}", path.display()))
+}
+
+/// During a sweep (`-a`): Ctrl-C ends the run as a failed size does — the table closed,
+/// the plot of the sizes done drawn, a line that says so — and the process exits with
+/// status 130. The handler is in place when this returns (before the sweep starts).
+fn watch_interrupt(out: &Output, args: &PerfArgs, s: &Settings) -> Result<(), PerfError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .map_err(|e| format!("cannot watch for Ctrl-C: {e}"))?;
+    let mut interrupt = {
+        let _in = rt.enter();
+        signal(SignalKind::interrupt()).map_err(|e| format!("cannot watch for Ctrl-C: {e}"))?
+    };
+    let (printed, args, s) = (out.printed.clone(), args.clone(), s.clone());
+    std::thread::Builder::new()
+        .name("remem-perf-ctrl-c".into())
+        .spawn(move || {
+            if rt.block_on(interrupt.recv()).is_none() {
+                return;
+            }
+            let p = lock(&printed);
+            if !p.concluded {
+                let drawn = conclude(&args, &s, &p, false);
+                eprintln!(
+                    "remem perf: interrupted (Ctrl-C) after {}{}",
+                    sizes_done(&p.rows),
+                    match (&args.plot, drawn) {
+                        (Some(path), Ok(())) if !p.rows.is_empty() =>
+                            format!(", drawn in {}", path.display()),
+                        (Some(_), Err(why)) => format!(" ({why})"),
+                        _ => String::new(),
+                    }
+                );
+            }
+            std::process::exit(130);
+        })
+        .map_err(|e| format!("cannot watch for Ctrl-C: {e}"))?;
     Ok(())
 }
 
@@ -979,30 +1138,31 @@ pub(crate) fn server(
     .map_err(Refusal::Failed)
 }
 
-/// A client's run; returns the rows and the peer's device name.
+/// A client's run: its rows go to `out` (which keeps them, and the devices' names, for
+/// the plot) as they come.
 fn client(
     args: &PerfArgs,
     settings: &Settings,
     stream: TcpStream,
     dev: &Device,
     timeout: Duration,
-) -> Result<(Vec<Row>, String), PerfError> {
-    let mut out = Output::new(args, settings);
+    out: &mut Output,
+) -> Result<(), PerfError> {
     if args.perftest {
-        let rows = perftest::client(stream, settings, dev, &mut out, timeout)?;
-        out.finish();
-        return Ok((rows, "a perftest peer".into()));
+        out.devices(&dev.name, "a perftest peer");
+        perftest::client(stream, settings, dev, out, timeout)?;
+        return Ok(());
     }
     let mut ctrl = ctrl::Ctrl::new(stream, timeout)?;
     ctrl.send_settings(settings)?;
     let peer = ctrl.recv_hello()?;
-    let rows = if settings.api {
-        api::client(ctrl, settings, dev, &mut out)?
+    out.devices(&dev.name, &peer);
+    if settings.api {
+        api::client(ctrl, settings, dev, out)?;
     } else {
-        raw::client(ctrl, settings, dev, &mut out)?
-    };
-    out.finish();
-    Ok((rows, peer))
+        raw::client(ctrl, settings, dev, out)?;
+    }
+    Ok(())
 }
 
 /// Tells soft device `dev` the UDP port `peer`'s soft device takes RoCEv2 packets on.
@@ -1023,7 +1183,8 @@ fn loopback(
     args: &PerfArgs,
     settings: &Settings,
     timeout: Duration,
-) -> Result<(Vec<Row>, (String, String)), PerfError> {
+    out: &mut Output,
+) -> Result<(), PerfError> {
     let soft_inline = !args.soft_thread;
     // Each device on a free UDP port, told the other's: remem's handshake (`--api`) tells
     // each device its peer's port, but the raw exchange and the RDMA CM carry none.
@@ -1043,7 +1204,6 @@ fn loopback(
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     let tcp = listener.local_addr().map_err(|e| e.to_string())?;
     let local = args.clone();
-    let server_name = server_dev.name.clone();
     let server = std::thread::Builder::new()
         .name("remem-perf-server".into())
         .spawn(move || -> Result<(), PerfError> {
@@ -1055,13 +1215,12 @@ fn loopback(
         })
         .map_err(|e| e.to_string())?;
     let stream = TcpStream::connect(tcp).map_err(|e| e.to_string())?;
-    let result = client(args, settings, stream, &client_dev, timeout);
+    let result = client(args, settings, stream, &client_dev, timeout, out);
     let served = server
         .join()
         .map_err(|_| "the server thread panicked".to_string())?;
-    let (rows, _) = result?;
-    served.map_err(|e| format!("server: {e}"))?;
-    Ok((rows, (client_dev.name.clone(), server_name)))
+    result?;
+    served.map_err(|e| format!("server: {e}"))
 }
 
 /// Where results go: the table (or JSON lines) and the progress indicator.
@@ -1070,7 +1229,8 @@ pub(crate) struct Output {
     json: bool,
     api: bool,
     gbits: bool,
-    header_done: bool,
+    /// What was printed, and the rows (kept for the plot, also on failure or Ctrl-C).
+    printed: Arc<std::sync::Mutex<Printed>>,
     progress: bool,
     /// Print nothing.
     quiet: bool,
@@ -1083,10 +1243,15 @@ impl Output {
             json: args.json,
             api: settings.api,
             gbits: args.report_gbits,
-            header_done: false,
+            printed: Arc::default(),
             progress: std::io::stderr().is_terminal(),
             quiet: false,
         }
+    }
+
+    /// This side's device and the peer's (the plot's title).
+    fn devices(&self, mine: &str, peer: &str) {
+        lock(&self.printed).devices = Some((mine.to_string(), peer.to_string()));
     }
 
     /// Whether to draw a progress indicator (stderr is a terminal).
@@ -1102,22 +1267,41 @@ impl Output {
     }
 
     pub(crate) fn row(&mut self, settings: &Settings, row: &Row) {
+        self.row_with(settings, row, None);
+    }
+
+    /// A row, with how many of its messages arrived where nothing is resent (UD and UC
+    /// SEND runs: in `--json`; the table's note says it).
+    pub(crate) fn row_with(
+        &mut self,
+        settings: &Settings,
+        row: &Row,
+        delivery: Option<report::Delivery>,
+    ) {
+        // Held while printing: a Ctrl-C meanwhile waits for the row to be out.
+        let mut printed = lock(&self.printed);
+        printed.rows.push(*row);
         if self.quiet {
             return;
         }
         if self.json {
-            println!("{}", report::json(self.test, self.api, settings, row));
+            println!(
+                "{}",
+                report::json(self.test, self.api, settings, row, delivery)
+            );
+            let _ = std::io::Write::flush(&mut std::io::stdout());
             return;
         }
-        if !self.header_done {
-            self.header_done = true;
+        if !printed.header_done {
+            printed.header_done = true;
             report::print_header(self.test, self.api, settings, self.gbits);
         }
         report::print_row(row, self.gbits);
     }
 
+    /// A server's end of the table (a client's is [`conclude`]).
     fn finish(&self) {
-        if !self.json && self.header_done {
+        if !self.json && lock(&self.printed).header_done {
             report::print_footer();
         }
     }

@@ -7,7 +7,8 @@
 //! per second, or Gb/s with `--report_gbits`), then the message rate (Mpps) on a log
 //! scale, so that the rate of 8 MiB messages is as visible as that of 2-byte ones.
 //! Latency rows give one panel: the median (`t_typical`), the mean and the 99th
-//! percentile, in µs. Values that are not finite or are negative are left out (and
+//! percentile, in µs on a log scale, so that the microseconds of small messages show
+//! beside the milliseconds of large ones. Values that are not finite or are negative are left out (and
 //! values that are not above 0 on the log scale), rows with size 0 are left out, and
 //! absurdly large values are clamped, so no input makes plotting panic.
 
@@ -63,7 +64,7 @@ pub struct Title {
 ///
 /// Bandwidth rows are drawn as average and peak bandwidth (MiB/s, or Gb/s when `gbits`)
 /// with the message rate (Mpps, log scale) in a second panel; latency rows as median,
-/// mean and 99th percentile latency (µs). A slice holding both kinds gets all three
+/// mean and 99th percentile latency (µs, log scale). A slice holding both kinds gets all three
 /// panels.
 ///
 /// # Errors
@@ -153,8 +154,9 @@ fn panels(rows: &[Row], gbits: bool) -> io::Result<(Vec<Panel>, u64, u64)> {
         panels.push(Panel {
             caption: "latency",
             legend: SeriesLabelPosition::UpperLeft,
-            y_desc: "latency (µs)",
-            log_y: false,
+            y_desc: "latency (µs, log scale)",
+            // Log scale: 2 µs at 2 bytes must show beside milliseconds at 8 MiB.
+            log_y: true,
             series: vec![
                 series(
                     "typical (median)",
@@ -625,7 +627,7 @@ mod tests {
         ] {
             assert!(svg.contains(want), "{want:?} missing from the plot");
         }
-        assert!(!svg.contains("latency (µs)"));
+        assert!(!svg.contains("latency (µs"));
     }
 
     #[test]
@@ -653,7 +655,7 @@ mod tests {
         for want in [
             "remem perf: write_lat",
             "message size (bytes)",
-            "latency (µs)",
+            "latency (µs, log scale)",
             "typical (median)",
             "p99",
         ] {
@@ -756,6 +758,32 @@ mod tests {
     /// The message rate of every size stands clear of the axis: from 2 bytes (millions of
     /// messages a second) to 8 MiB (hundreds), each point at least a twentieth of the
     /// panel above its bottom (on a linear axis the 8 MiB point sat at 0.0001).
+    /// Latency from 2 µs (2 bytes) to milliseconds (8 MiB): on a linear axis the small
+    /// sizes would lie flat on the bottom; on the log axis every point stands clear of it.
+    #[test]
+    fn every_latency_is_visible() {
+        let rows: Vec<Row> = (1..=23)
+            .map(|e| lat(1u64 << e, 2.0 + (1u64 << e) as f64 / 2500.0))
+            .collect();
+        let (panels, _, _) = panels(&rows, false).unwrap();
+        let latency = &panels[0];
+        assert!(latency.log_y);
+        let axis = YAxis::of(latency);
+        for series in &latency.series {
+            for &(x, y) in &series.points {
+                let f = axis.fraction(y);
+                assert!(
+                    (0.05..=1.0).contains(&f),
+                    "{}: size 2^{x}: {y} µs at {f} of the axis",
+                    series.label
+                );
+            }
+        }
+        let svg = render(&title("write_lat"), &rows, false).unwrap();
+        check_well_formed(&svg).unwrap();
+        assert!(svg.contains("latency (µs, log scale)"));
+    }
+
     #[test]
     fn every_message_rate_is_visible() {
         // A link of 2 GB/s at large sizes, 2 Mpps at small ones.

@@ -1083,6 +1083,12 @@ fn run_sizes(
                 s.conn.name()
             ));
         }
+        // Where nothing is resent, the row says what arrived (--json).
+        let mut delivery =
+            (s.test == Test::SendBw && side.unreliable()).then_some(report::Delivery {
+                sent: count,
+                received: tally.received,
+            });
         let row = match (row, tally.row) {
             (Row::Bw(mine), Some(theirs)) if s.bidir => {
                 if receives {
@@ -1095,13 +1101,17 @@ fn run_sizes(
                             s.conn.name()
                         ));
                     }
+                    if let Some(d) = &mut delivery {
+                        d.sent += tally.sent;
+                        d.received += got;
+                    }
                 }
                 Row::Bw(report::both_ways(&mine, &theirs))
             }
             (row, None) if !s.bidir || !s.test.is_bw() => row,
             _ => return Err("the server's RESULT does not match the run".into()),
         };
-        out.row(s, &row);
+        out.row_with(s, &row, delivery);
         rows.push(row);
     }
     ctrl.send(ctrl::DONE, &0u64.to_be_bytes())?;

@@ -182,10 +182,37 @@ pub(crate) fn print_footer() {
     println!("{RULE}");
 }
 
+/// The line a verified run (`--verify`) that succeeded prints under its rows: what was
+/// checked.
+pub(crate) fn verified(test: Test) -> &'static str {
+    if test == Test::ReadBw {
+        " Data verified   : every byte of every READ matched its pattern"
+    } else {
+        " Data verified   : every byte of each slot's last WRITE matched its pattern"
+    }
+}
+
+/// How many of a run's messages arrived where nothing is resent (SEND over UD or UC):
+/// the messages sent (both ways with `-b`) and those that arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Delivery {
+    /// Messages sent.
+    pub sent: u64,
+    /// Messages that arrived.
+    pub received: u64,
+}
+
 /// One JSON object for a row. Every field that carries a unit names it: bandwidth in
 /// MiB/s (2^20 bytes per second, the table's MB/sec) and Gb/s (10^9 bits per second),
-/// message rate in Mpps (10^6 messages per second), latency in µs.
-pub(crate) fn json(test: Test, api: bool, s: &Settings, row: &Row) -> String {
+/// message rate in Mpps (10^6 messages per second), latency in µs. A SEND run over UD or
+/// UC says what arrived (`delivery`): `messages_sent`, `messages_received`, `messages_lost`.
+pub(crate) fn json(
+    test: Test,
+    api: bool,
+    s: &Settings,
+    row: &Row,
+    delivery: Option<Delivery>,
+) -> String {
     let common = format!(
         "\"test\":\"{}\",\"api\":{},\"connection\":\"{}\",\"bidirectional\":{},\"qps\":{},\"tx_depth\":{}",
         test.name(),
@@ -200,6 +227,15 @@ pub(crate) fn json(test: Test, api: bool, s: &Settings, row: &Row) -> String {
         format!("{common},\"verified\":true")
     } else {
         common
+    };
+    let common = match delivery {
+        Some(d) => format!(
+            "{common},\"messages_sent\":{},\"messages_received\":{},\"messages_lost\":{}",
+            d.sent,
+            d.received,
+            d.sent.saturating_sub(d.received)
+        ),
+        None => common,
     };
     let num = |v: f64| {
         if v.is_finite() {
@@ -417,6 +453,7 @@ mod tests {
                 avg_bps: 2.0 * MIB * 1000.0,
                 msg_rate: 30517.0,
             }),
+            None,
         );
         for field in [
             "\"test\":\"write_bw\"",
@@ -437,10 +474,27 @@ mod tests {
             true,
             &s,
             &Row::Lat(lat_row(8, &mut samples)),
+            None,
         );
         assert!(lat.contains("\"lat_us\":{\"min\":1.0"), "{lat}");
         assert!(lat.contains("\"p999\":3.0}"), "{lat}");
         assert!(lat.contains("\"api\":true"), "{lat}");
+        // A UD or UC SEND run says what arrived.
+        let ud = json(
+            Test::SendBw,
+            false,
+            &s,
+            &Row::Lat(lat_row(8, &mut samples)),
+            Some(Delivery {
+                sent: 100,
+                received: 97,
+            }),
+        );
+        assert!(
+            ud.contains("\"messages_sent\":100,\"messages_received\":97,\"messages_lost\":3"),
+            "{ud}"
+        );
+        assert!(!bw.contains("messages_"), "{bw}");
     }
 
     /// The table and `--json` say the same number for the same row, in each unit.
@@ -453,7 +507,7 @@ mod tests {
             avg_bps: 1.7654321e9,
             msg_rate: 1.7654321e9 / 65536.0,
         };
-        let j: Vec<(String, f64)> = json(Test::WriteBw, false, &settings(), &Row::Bw(row))
+        let j: Vec<(String, f64)> = json(Test::WriteBw, false, &settings(), &Row::Bw(row), None)
             .trim_matches(|c| c == '{' || c == '}')
             .split(',')
             .filter_map(|kv| {

@@ -239,7 +239,7 @@ impl ConnShared {
     /// raises as the QP goes there. That event may not have been routed yet when the
     /// flushed completion is polled, so it is routed now, before the flush is taken as the
     /// reason: the connection closes with [`Error::Event`] every time, not with the flush
-    /// in some runs (`tests/hostile.rs`,
+    /// in some runs (`tests/api/hostile.rs`,
     /// `a_peers_access_error_ends_the_servers_connection_with_the_event`). The flush is the
     /// reason only where no event explains it.
     pub(crate) fn mark_closed(&self, reason: CloseReason) {

@@ -489,6 +489,15 @@ impl Connection {
     /// The next message the peer sent. (On a connection with a shared receive queue,
     /// messages arrive at [`Srq::receive`](crate::Srq::receive) instead: this is an error
     /// there.)
+    ///
+    /// **Cancel safe**: a message is taken from the connection's queue only in the poll
+    /// that returns it, so dropping the future (a `tokio::select!` whose other branch won,
+    /// a timeout) loses nothing — a message that arrived meanwhile waits for the next
+    /// `receive`, in order. Taking it returns its credit to the peer; a peer whose
+    /// messages are not taken waits once it has used the credits this side granted
+    /// ([`RdmaBuilder::recv_depth`](crate::RdmaBuilder::recv_depth)). Fails with
+    /// [`Error::Closed`] once the connection is closed or lost, with the reason (a peer
+    /// that died: see [the peer died](crate::Error#the-peer-died)).
     pub async fn receive(&self) -> Result<Message> {
         if self.shared.msg.srq.is_some() {
             return Err(Error::InvalidArgument(
@@ -508,7 +517,8 @@ impl Connection {
     /// The next message the peer sent, without a copy: its bytes in the registered
     /// receive buffer they landed in ([`RecvBuf`] derefs to `&[u8]`). Dropping it gives
     /// the buffer back and returns the message's credit to the peer. [`Connection::receive`]
-    /// and this take from the same queue of messages.
+    /// and this take from the same queue of messages. Cancel safe, as
+    /// [`Connection::receive`] is.
     ///
     /// ```
     /// # use remem::RdmaBuilder;
@@ -595,7 +605,15 @@ impl Connection {
         self.send_message(Some(buf.span()), Kind::Data, imm).await
     }
 
-    /// The immediate data of the next RDMA WRITE_WITH_IMM the peer did.
+    /// The immediate data of the next RDMA WRITE_WITH_IMM the peer did
+    /// ([`Connection::write_with_imm`]), in the order the peer did them; the write's bytes
+    /// are in this side's region when its immediate is here.
+    ///
+    /// **Cancel safe**, as [`Connection::receive`] is: an immediate is taken only in the
+    /// poll that returns it, so a dropped future (a `select!` branch that lost) loses none.
+    /// Taking one returns a credit to the peer: a peer whose immediates are not taken
+    /// waits once it holds this side's [`RdmaBuilder::recv_depth`](crate::RdmaBuilder::recv_depth)
+    /// (32 by default) of immediates and messages not taken.
     pub async fn receive_write_imm(&self) -> Result<u32> {
         self.shared
             .take(&self.shared.msg.write_imms, |i| Some(*i))

@@ -32,19 +32,33 @@
 //! send-queue entry) alive until the completion arrives, so no memory the NIC may touch is
 //! freed or reused.
 
+// Every module here but `inbox` (one function reads a received message where it landed)
+// forbids unsafe code.
+#[forbid(unsafe_code)]
 mod agent;
+#[forbid(unsafe_code)]
 mod credits;
+#[forbid(unsafe_code)]
 mod handshake;
+#[forbid(unsafe_code)]
 mod header;
 mod inbox;
+#[forbid(unsafe_code)]
 mod large;
+#[forbid(unsafe_code)]
 mod lifecycle;
+#[forbid(unsafe_code)]
 mod listener;
+#[forbid(unsafe_code)]
 mod messages;
+#[forbid(unsafe_code)]
 mod ops;
+#[forbid(unsafe_code)]
 mod posting;
+#[forbid(unsafe_code)]
 mod srq;
 #[cfg(test)]
+#[forbid(unsafe_code)]
 mod tests;
 
 pub use agent::{MalformedAgent, RemoteLease};

@@ -66,6 +66,16 @@ impl Connection {
 
     /// Writes `src` into the peer's `dst` and hands `imm` to the peer's
     /// [`Connection::receive_write_imm`] (RDMA WRITE_WITH_IMM).
+    ///
+    /// **Flow control.** Unlike [`Connection::write`], each WRITE_WITH_IMM uses one of the
+    /// peer's receive buffers, so it takes a credit, as a message does: the writer waits
+    /// (the future stays pending) once the peer holds as many immediates and messages not
+    /// yet taken as it granted credits — its [`RdmaBuilder::recv_depth`](crate::RdmaBuilder::recv_depth),
+    /// 32 by default, shared with [`Connection::send`]. A credit comes back when the peer's
+    /// application takes an immediate ([`Connection::receive_write_imm`]) or a message; a
+    /// peer that never takes them stalls its writers (it is not an error). The bytes are
+    /// in the peer's region once the future returns; the immediate may be taken before or
+    /// after that.
     pub async fn write_with_imm(&self, src: &impl Local, dst: &RemoteMr, imm: u32) -> Result<()> {
         self.one_sided(OneSided::WriteImm(imm), src.span(), dst)
             .await

@@ -108,7 +108,8 @@ impl Srq {
     /// The next message any connection using the queue received, with the number of the
     /// local queue pair it came to ([`Connection::qp_num`](crate::Connection::qp_num)).
     /// Messages of one connection come in order; a large one (read by RDMA READ) keeps its
-    /// place.
+    /// place. Cancel safe, as [`Connection::receive`](crate::Connection::receive) is: a
+    /// dropped future loses no message.
     pub async fn receive(&self) -> Result<(u32, Message)> {
         let inbox = &self.shared.messages;
         loop {

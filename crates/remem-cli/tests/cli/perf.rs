@@ -1120,3 +1120,282 @@ fn a_perftest_peer_running_another_test_is_named() {
     assert!(!served);
     assert!(rest.contains("runs a READ or atomic test"), "{rest}");
 }
+
+// ---------------------------------------------------------------------------------------
+// A sweep keeps what it measured: a size that fails, Ctrl-C; the plot's path checked
+// first; what a verified run and a UD run say; REMEM_DEVICE with --loopback.
+
+/// A `remem perf` run whose stdout lines come through a channel as they are printed.
+struct Streaming {
+    child: std::process::Child,
+    lines: mpsc::Receiver<String>,
+    /// The lines taken so far.
+    seen: Vec<String>,
+}
+
+impl Streaming {
+    fn start(cmd: &mut Command) -> Streaming {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start remem perf");
+        let (tx, lines) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Streaming {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits (at most 60 s) for a stdout line that `want` accepts.
+    fn until(&mut self, want: impl Fn(&str) -> bool) {
+        loop {
+            match self.lines.recv_timeout(Duration::from_secs(60)) {
+                Ok(l) => {
+                    let done = want(&l);
+                    self.seen.push(l);
+                    if done {
+                        return;
+                    }
+                }
+                Err(_) => {
+                    let _ = self.child.kill();
+                    panic!("no such line; stdout so far: {:?}", self.seen);
+                }
+            }
+        }
+    }
+
+    /// Waits (at most 60 s) for the process to exit: its status, all of stdout, stderr.
+    fn finish(self) -> (std::process::ExitStatus, Vec<String>, String) {
+        let Streaming {
+            mut child,
+            lines,
+            mut seen,
+        } = self;
+        let mut stderr = child.stderr.take().unwrap();
+        let status = wait_within(child.id(), Duration::from_secs(60), move || {
+            let mut err = String::new();
+            let _ = stderr.read_to_string(&mut err);
+            (child.wait(), err)
+        })
+        .expect("remem perf did not exit");
+        seen.extend(lines.iter());
+        (status.0.unwrap(), seen, status.1)
+    }
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("remem-perf-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A size of `-a` that fails (the server dies after the first size): the rows of the
+/// sizes done stay printed, the plot draws them, a line says so, and the run fails with
+/// the error.
+#[test]
+fn a_sweep_whose_size_fails_keeps_the_sizes_done() {
+    let dir = temp_dir("failed");
+    let svg = dir.join("write_lat.svg");
+    let meeting = Meeting::new();
+    let mut server = meeting.server(&["write_lat", "-n", "300"]);
+    let mut client = Streaming::start(&mut remem_perf(&[
+        "write_lat",
+        "127.0.0.1",
+        "-a",
+        "-n",
+        "300",
+        "--json",
+        "--plot",
+        svg.to_str().unwrap(),
+        "-p",
+        &meeting.tcp_port,
+        "-d",
+        &meeting.client_dev,
+    ]));
+    client.until(|l| l.contains("\"size\":2,"));
+    // The server dies in the middle of the sweep.
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let (status, stdout, stderr) = client.finish();
+    assert!(!status.success(), "{stderr}");
+    let sizes: Vec<u64> = stdout
+        .iter()
+        .map(|l| {
+            let row: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+            check_lat(&row, "write_lat", row["size"].as_u64().unwrap(), 300);
+            row["size"].as_u64().unwrap()
+        })
+        .collect();
+    assert!(!sizes.is_empty() && sizes.len() < 23, "{sizes:?}");
+    assert_eq!(
+        sizes,
+        (1..=sizes.len()).map(|p| 1u64 << p).collect::<Vec<_>>()
+    );
+    let said = format!("stopped after {} size", sizes.len());
+    assert!(stderr.contains(&said), "{stderr}");
+    assert!(stderr.contains("drawn in"), "{stderr}");
+    let drawing = std::fs::read_to_string(&svg).expect("the plot of the sizes done");
+    assert!(drawing.contains("write_lat") && drawing.contains("latency (µs, log scale)"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Ctrl-C during `-a` (SIGINT once the first row is out): the table is closed, the plot
+/// of the sizes done is drawn, a line says so, and the exit status is 130.
+#[test]
+fn ctrl_c_during_a_sweep_keeps_the_sizes_done() {
+    let dir = temp_dir("ctrl-c");
+    let svg = dir.join("write_lat.svg");
+    let mut run = Streaming::start(&mut remem_perf(&[
+        "--loopback",
+        "write_lat",
+        "-a",
+        "-n",
+        "300",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]));
+    // The first result row (2 bytes) is out.
+    run.until(|l| l.split_whitespace().next() == Some("2"));
+    let sent = Command::new("kill")
+        .args(["-INT", &run.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let (status, stdout, stderr) = run.finish();
+    assert_eq!(status.code(), Some(130), "{status:?}: {stderr}");
+    let rows: Vec<&String> = stdout
+        .iter()
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|w| w.parse::<u64>().is_ok())
+        })
+        .collect();
+    assert!(!rows.is_empty() && rows.len() < 23, "{stdout:?}");
+    // The table is closed after its rows.
+    assert!(stdout.last().unwrap().starts_with("-----"), "{stdout:?}");
+    assert!(stderr.contains("interrupted (Ctrl-C) after"), "{stderr}");
+    let drawing = std::fs::read_to_string(&svg).expect("the plot of the sizes done");
+    assert!(drawing.contains("write_lat"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--plot`'s file is checked before the sweep: a folder that does not exist, or a
+/// folder given as the file, fails at once, with nothing measured.
+#[test]
+fn the_plot_path_is_checked_before_the_sweep() {
+    let dir = temp_dir("plot-path");
+    let missing = dir.join("no-such-folder").join("x.svg");
+    for (path, says) in [
+        (missing.to_str().unwrap(), "its folder"),
+        (dir.to_str().unwrap(), "a folder, not a file"),
+    ] {
+        let (ok, stdout, stderr) =
+            perf(&["--loopback", "write_bw", "-a", "-n", "4", "--plot", path]);
+        assert!(!ok);
+        assert!(stdout.is_empty(), "measured before failing: {stdout}");
+        assert!(
+            stderr.contains(&format!("--plot {path}: {says}")),
+            "{stderr}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A verified run says in its table that it verified (and `--json` rows carry
+/// `"verified": true`).
+#[test]
+fn a_verified_run_says_so() {
+    for (test, checked) in [
+        (
+            "write_bw",
+            "every byte of each slot's last WRITE matched its pattern",
+        ),
+        ("read_bw", "every byte of every READ matched its pattern"),
+    ] {
+        let (ok, stdout, stderr) =
+            perf(&["--loopback", test, "-s", "4096", "-n", "200", "--verify"]);
+        assert!(ok, "{stderr}");
+        assert!(
+            stdout.contains(&format!("Data verified   : {checked}")),
+            "{stdout}"
+        );
+    }
+    let (ok, stdout, _) = perf(&["--loopback", "write_bw", "-s", "4096", "-n", "200"]);
+    assert!(ok);
+    assert!(!stdout.contains("verified"), "{stdout}");
+}
+
+/// A UD SEND run says in `--json` how many messages arrived (and how many were lost).
+#[test]
+fn ud_loss_is_in_the_json() {
+    for bidir in [false, true] {
+        let mut args = vec![
+            "--loopback",
+            "send_bw",
+            "-c",
+            "UD",
+            "-s",
+            "1024",
+            "-n",
+            "300",
+            "--json",
+        ];
+        if bidir {
+            args.push("-b");
+        }
+        let out = remem_perf(&args)
+            // Both soft devices lose a fifth of what they send: UD resends nothing.
+            .env("REMEM_SOFT_FAULTS", "loss=0.2,seed=7")
+            .output()
+            .unwrap();
+        let row = the_row(outcome(out));
+        let sent = row["messages_sent"].as_u64().unwrap();
+        let received = row["messages_received"].as_u64().unwrap();
+        let lost = row["messages_lost"].as_u64().unwrap();
+        assert_eq!(sent, if bidir { 600 } else { 300 }, "{row}");
+        assert_eq!(received + lost, sent, "{row}");
+        assert!(lost > 0 && received > 0, "{row}");
+    }
+    // RC resends: no such fields.
+    let row = the_row(perf(&[
+        "--loopback",
+        "send_bw",
+        "-s",
+        "1024",
+        "-n",
+        "100",
+        "--json",
+    ]));
+    assert!(row.get("messages_lost").is_none(), "{row}");
+}
+
+/// `--loopback` picks its own devices: a device named in REMEM_DEVICE is refused with a
+/// word, not silently ignored.
+#[test]
+fn remem_device_with_loopback_is_refused() {
+    let out = remem_perf(&["--loopback", "write_bw", "-n", "10"])
+        .env("REMEM_DEVICE", "soft@127.0.0.1:0")
+        .output()
+        .unwrap();
+    let (ok, stdout, stderr) = outcome(out);
+    assert!(!ok);
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.contains("--loopback picks its own soft devices")
+            && stderr.contains("REMEM_DEVICE=soft@127.0.0.1:0 would be ignored"),
+        "{stderr}"
+    );
+}

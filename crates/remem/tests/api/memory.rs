@@ -7,7 +7,7 @@ use remem::{AccessFlags, Connection, Error, LocalMr, Rdma, RdmaBuilder, RemoteMr
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 use common::test_util::{connect, layout};
 

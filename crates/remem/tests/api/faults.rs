@@ -17,7 +17,7 @@ use std::alloc::Layout;
 use std::sync::Arc;
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 use common::test_util::connect;
 

@@ -8,7 +8,7 @@ use remem::{ConnectOptions, Connection, Error, Polling, Rdma, Srq};
 use std::alloc::Layout;
 use std::collections::HashMap;
 
-mod common;
+use crate::common;
 
 fn rdma(device: String) -> Rdma {
     common::builder(device)

@@ -5,7 +5,7 @@
 use remem::{AccessFlags, Connection, Error, Polling, Rdma, RdmaBuilder};
 use std::alloc::Layout;
 
-mod common;
+use crate::common;
 
 use common::test_util::{connect, layout};
 
@@ -797,6 +797,13 @@ async fn keepalive_notices_a_vanished_peer() {
         ),
         "{waited:?}"
     );
+    // Said in words, the verbs status as the detail.
+    let said = waited.unwrap().unwrap_err().to_string();
+    assert!(
+        said.starts_with("connection closed: the peer stopped answering: ")
+            && said.ends_with("(transport retry counter exceeded)"),
+        "{said}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -965,5 +972,93 @@ async fn one_manual_driver_moves_two_connections_together() {
     assert!(
         seen[first] > 0,
         "connection {first} finished its {BATCHES} batches before the other completed one"
+    );
+}
+
+/// `write_with_imm` takes a credit: with the peer's default `recv_depth` (32) of
+/// immediates not taken, the next writer waits — its write is not even posted (a plain
+/// WRITE issued after it, which RC would place after it, lands while its bytes do not) —
+/// until the peer takes one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_with_imm_waits_once_the_peer_holds_32_immediates() {
+    use std::task::Poll;
+    const DEPTH: usize = 32; // RdmaBuilder::recv_depth's default
+    let (a, b) = pair(Polling::Event);
+    let (ca, cb) = connect(&a, &b).await;
+    let target = b.alloc_local_mr(layout(8 * (DEPTH + 2))).unwrap();
+    cb.share_local_mr(&target).await.unwrap();
+    let remote = ca.receive_shared_mr().await.unwrap();
+    let src = a.alloc_local_mr(layout(8)).unwrap();
+    src.write(0, &[0xee; 8]).unwrap();
+    let slot = |i: usize| remote.get(8 * i..8 * (i + 1)).unwrap();
+    for i in 0..DEPTH {
+        ca.write_with_imm(&src, &slot(i), i as u32).await.unwrap();
+    }
+    // The 33rd: pending at its first poll, and not posted.
+    let last = slot(DEPTH);
+    let next = ca.write_with_imm(&src, &last, DEPTH as u32);
+    tokio::pin!(next);
+    let first = std::future::poll_fn(|cx| Poll::Ready(next.as_mut().poll(cx))).await;
+    assert!(first.is_pending(), "the 33rd write did not wait: {first:?}");
+    ca.write(&src, &slot(DEPTH + 1)).await.unwrap();
+    let bytes = target.to_vec();
+    assert_eq!(
+        bytes[8 * (DEPTH + 1)..],
+        [0xee; 8],
+        "the later write landed"
+    );
+    assert_eq!(
+        bytes[8 * DEPTH..8 * (DEPTH + 1)],
+        [0; 8],
+        "the waiting write was posted"
+    );
+    // The peer takes one immediate: its credit goes back and the writer goes on.
+    assert_eq!(cb.receive_write_imm().await.unwrap(), 0);
+    next.await.unwrap();
+    assert_eq!(target.to_vec()[8 * DEPTH..8 * (DEPTH + 1)], [0xee; 8]);
+    for i in 1..=DEPTH {
+        assert_eq!(cb.receive_write_imm().await.unwrap(), i as u32);
+    }
+}
+
+/// `receive` and `receive_write_imm` inside `select!`, their futures dropped over and
+/// over (each loses to the other or to a yield): no message and no immediate is lost or
+/// reordered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receive_and_receive_write_imm_are_cancel_safe_in_select() {
+    const N: u32 = 300;
+    let (a, b) = pair(Polling::Event);
+    let (ca, cb) = connect(&a, &b).await;
+    let target = b.alloc_local_mr(layout(8)).unwrap();
+    cb.share_local_mr(&target).await.unwrap();
+    let remote = ca.receive_shared_mr().await.unwrap();
+    let sender = tokio::spawn(async move {
+        let src = a.alloc_local_mr(layout(8)).unwrap();
+        for i in 0..N {
+            src.write(0, &u64::from(i).to_le_bytes()).unwrap();
+            ca.send(&src).await.unwrap();
+            ca.write_with_imm(&src, &remote, i).await.unwrap();
+        }
+        (a, ca)
+    });
+    let (mut msgs, mut imms, mut dropped) = (Vec::new(), Vec::new(), 0u64);
+    while msgs.len() < N as usize || imms.len() < N as usize {
+        tokio::select! {
+            biased;
+            m = cb.receive(), if msgs.len() < N as usize => msgs.push(m.unwrap()),
+            i = cb.receive_write_imm(), if imms.len() < N as usize => imms.push(i.unwrap()),
+            _ = tokio::task::yield_now() => dropped += 1,
+        }
+    }
+    let (_a, _ca) = sender.await.unwrap();
+    let want: Vec<Vec<u8>> = (0..u64::from(N))
+        .map(|i| i.to_le_bytes().to_vec())
+        .collect();
+    let got: Vec<Vec<u8>> = msgs.into_iter().map(|m| m.data).collect();
+    assert_eq!(got, want);
+    assert_eq!(imms, (0..N).collect::<Vec<_>>());
+    assert!(
+        dropped > 0,
+        "no future was dropped: the test tested nothing"
     );
 }

@@ -27,7 +27,7 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 const FILE_ENV: &str = "REMEM_DURABILITY_FILE";
 const LEN: usize = 1 << 20;
@@ -88,7 +88,12 @@ struct Target {
 impl Target {
     fn spawn(path: &std::path::Path) -> Target {
         let mut process = Command::new(std::env::current_exe().expect("own path"))
-            .args(["--exact", "child_target", "--ignored", "--nocapture"])
+            .args([
+                "--exact",
+                "durability::child_target",
+                "--ignored",
+                "--nocapture",
+            ])
             .env(FILE_ENV, path)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-mod common;
+use crate::common;
 
 /// Set (to 1) in the child's environment: `child_peer` runs only then.
 const CHILD_ENV: &str = "REMEM_STREAM_KILL_CHILD";
@@ -48,7 +48,12 @@ fn child_peer() {
 #[test]
 fn a_killed_peer_times_out_reads_and_writes() {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_peer", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            "stream_kill::child_peer",
+            "--ignored",
+            "--nocapture",
+        ])
         .env(CHILD_ENV, "1")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -5,14 +5,14 @@
 //! connections have closed.
 //!
 //! The example's code is compiled into this test (`#[path]`), so `cargo test --test
-//! kv_cache` runs it without building the example first. The child's standard input is a
+//! api kv_cache` runs it without building the example first. The child's standard input is a
 //! pipe the parent holds: when the parent goes away, the child sees its end and exits.
 
 #[allow(dead_code)]
-#[path = "../examples/kv_cache.rs"]
-mod kv_cache;
+#[path = "../../examples/kv_cache.rs"]
+mod example;
 
-use kv_cache::Args;
+use example::Args;
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -40,7 +40,7 @@ fn child_server() {
         eprintln!("child: the parent went away");
         std::process::exit(3);
     });
-    kv_cache::main_with(args(&line)).expect("the server");
+    example::main_with(args(&line)).expect("the server");
 }
 
 /// Kills the child if the test ends before it exits.
@@ -56,10 +56,15 @@ impl Drop for Server {
 #[test]
 fn kv_cache_between_two_processes() {
     let mut cmd = Command::new(std::env::current_exe().expect("own path"));
-    cmd.args(["--exact", "child_server", "--ignored", "--nocapture"])
-        .env(ARGS_ENV, "server --connections 3 --device soft@127.0.0.1:0")
-        .stdin(Stdio::piped());
-    let (child, addr) = kv_cache::spawn_server(cmd).expect("the server listens");
+    cmd.args([
+        "--exact",
+        "kv_cache::child_server",
+        "--ignored",
+        "--nocapture",
+    ])
+    .env(ARGS_ENV, "server --connections 3 --device soft@127.0.0.1:0")
+    .stdin(Stdio::piped());
+    let (child, addr) = example::spawn_server(cmd).expect("the server listens");
     let mut server = Server(child);
     // Held until the child has exited (waiting would close it first).
     let _stdin = server.0.stdin.take();
@@ -70,7 +75,7 @@ fn kv_cache_between_two_processes() {
     ));
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let summary = runtime
-        .block_on(async { tokio::time::timeout(LIMIT, kv_cache::client(&client)).await })
+        .block_on(async { tokio::time::timeout(LIMIT, example::client(&client)).await })
         .expect("the client's time limit")
         .expect("the client found no wrong value");
     let [

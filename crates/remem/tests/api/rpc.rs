@@ -3,7 +3,7 @@
 //! cancelled call does not confuse later ones; refusals; the peer closing fails every
 //! waiting call; malformed frames are protocol violations on either side.
 
-mod common;
+use crate::common;
 
 use common::test_util::{connect, layout};
 use remem::rpc::{FrameError, FrameHeader, FrameKind, RpcClient, RpcServer, RpcViolation};

@@ -7,7 +7,7 @@ use remem::{Connection, RdmaBuilder};
 use std::sync::Arc;
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 use common::test_util::connect;
 

@@ -8,7 +8,7 @@ use remem::{
 use std::alloc::Layout;
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 fn pair() -> (Rdma, Rdma) {
     common::pair_with(|a| a.polling(Polling::Event), |b| b)
@@ -69,7 +69,11 @@ async fn a_rejected_connection_fails_with_the_reason() {
     };
     let ((first, second), _accepted) = tokio::join!(client, server);
     match first {
-        Err(Error::Rejected(pd)) => assert_eq!(pd, b"busy"),
+        Err(e @ Error::Rejected(_)) => {
+            assert!(matches!(&e, Error::Rejected(pd) if pd == b"busy"));
+            // The message shows the reason the peer gave.
+            assert_eq!(e.to_string(), "connection rejected by the peer: \"busy\"");
+        }
         other => panic!("want a rejection, got {other:?}"),
     }
     assert!(second.is_ok());

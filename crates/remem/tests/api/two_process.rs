@@ -17,7 +17,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 /// Set (to 1) in the child's environment: `child_server` serves only then.
 const CHILD_ENV: &str = "REMEM_API_TWO_PROCESS_CHILD";
@@ -117,7 +117,12 @@ impl Server {
     /// Spawns the child; returns once it listens.
     fn spawn() -> Server {
         let mut process = Command::new(std::env::current_exe().expect("own path"))
-            .args(["--exact", "child_server", "--ignored", "--nocapture"])
+            .args([
+                "--exact",
+                "two_process::child_server",
+                "--ignored",
+                "--nocapture",
+            ])
             .env(CHILD_ENV, "1")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

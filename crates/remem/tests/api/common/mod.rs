@@ -88,7 +88,7 @@ pub fn pair() -> (Rdma, Rdma) {
     pair_with(|a| a, |b| b)
 }
 
-#[path = "../../src/test_util.rs"]
+#[path = "../../../src/test_util.rs"]
 pub mod test_util;
 
 /// The device `REMEM_TEST_DEVICE` names, if any.

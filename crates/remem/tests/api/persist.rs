@@ -8,7 +8,7 @@ use std::alloc::Layout;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-mod common;
+use crate::common;
 
 use common::test_util::connect;
 
