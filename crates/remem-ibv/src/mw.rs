@@ -19,9 +19,9 @@
 
 use crate::abi::*;
 use crate::context::{PdUse, pd_from};
+use crate::ffi::handles::qp_from;
 use crate::ffi::{errno_of, guard_int, guard_ptr, null_with};
 use crate::post::send_flags;
-use crate::qp::qp_from;
 use core::ffi::c_int;
 use remem_verbs::{AccessFlags, MemoryWindow, MwType, SendOp, SendWr};
 use std::sync::Arc;

@@ -25,7 +25,8 @@
 
 use crate::abi::*;
 use crate::ffi::guard_int;
-use crate::qp::{QpInner, qp_from};
+use crate::ffi::handles::qp_from;
+use crate::qp::QpInner;
 use crate::srq::srq_from;
 use core::ffi::c_int;
 use remem_verbs::{

@@ -28,9 +28,10 @@
 #![allow(unsafe_code)]
 
 use crate::abi::*;
+use crate::ffi::handles::qp_from;
 use crate::ffi::{guard, guard_ptr, null_with};
 use crate::post::{PendingWr, copy_inline, flush, send_flags, ud_dest};
-use crate::qp::{QpInner, create, qp_from};
+use crate::qp::{QpInner, create};
 use core::ffi::{c_int, c_void};
 use remem_verbs::{DeviceAttr, FlushLevel, FlushType, QpType, SendFlags, SendOp, Sge};
 use std::sync::Arc;
@@ -152,10 +153,11 @@ pub unsafe extern "C" fn create_qp_ex(
             return null_with(libc::EINVAL);
         }
         // SAFETY: the program's PD: NULL or one of this library's.
-        let dev = match unsafe { crate::context::pd_from(a.pd) } {
-            Some(p) if p.inner.ctx.ibv_context() == context => Arc::clone(&p.inner.ctx.dev),
+        let pd = match unsafe { crate::context::pd_from(a.pd) } {
+            Some(p) if p.inner.ctx.ibv_context() == context => &p.inner,
             _ => return null_with(libc::EINVAL),
         };
+        let dev = Arc::clone(&pd.ctx.dev);
         let wr_api = mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
         if wr_api {
             let t = match a.qp_type {
@@ -182,7 +184,9 @@ pub unsafe extern "C" fn create_qp_ex(
             qp_type: a.qp_type,
             sq_sig_all: a.sq_sig_all,
         };
-        match create(a.pd, &mut basic, wr_api) {
+        // SAFETY: the program's CQs and SRQ: NULL or this library's.
+        let queues = unsafe { crate::ffi::handles::qp_queues(&basic) };
+        match create(Some(pd), &mut basic, queues, wr_api) {
             Ok(q) => {
                 a.cap = basic.cap;
                 q.cast()

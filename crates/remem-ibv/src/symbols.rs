@@ -1,6 +1,8 @@
 //! The list of every exported C symbol and its version (each module declares its own
 //! with `symver!`, next to the functions).
 
+#![forbid(unsafe_code)]
+
 /// Every exported C symbol with its default version, as `(name, version)`.
 pub fn exports() -> Vec<(&'static str, &'static str)> {
     [
@@ -16,7 +18,7 @@ pub fn exports() -> Vec<(&'static str, &'static str)> {
         crate::channel::SYMBOLS,
         crate::cq::SYMBOLS,
         crate::cq_ex::SYMBOLS,
-        crate::qp::SYMBOLS,
+        crate::ffi::queues::SYMBOLS,
         crate::qp_ex::SYMBOLS,
         crate::post::SYMBOLS,
         crate::srq::SYMBOLS,

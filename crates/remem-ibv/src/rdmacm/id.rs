@@ -462,9 +462,8 @@ fn refresh_qp_state(id: &IdShared) {
     // SAFETY: a live id; reading the QP pointer the library wrote.
     let qp = unsafe { (*p).qp };
     // SAFETY: a QP the library attached, live while the id holds it.
-    if let Some(q) = unsafe { crate::qp::qp_from(qp) } {
-        // SAFETY: as above.
-        unsafe { crate::qp::set_state(qp, q.qp.state()) };
+    if let Some(h) = unsafe { crate::ffi::handles::Handle::<crate::qp::Qp>::from_abi(qp) } {
+        h.set_state(h.inner().qp.state());
     }
 }
 
@@ -624,7 +623,7 @@ pub(crate) fn hand_out(p: Pending) -> Option<*mut rdma_cm_event> {
                         raw: u.ah_attr.dgid.0,
                     };
                     // SAFETY: a QP of this library and a GID on the stack.
-                    let r = unsafe { crate::qp::remem_ibv_ibv_attach_mcast(qp, &gid, 0) };
+                    let r = unsafe { crate::ffi::queues::remem_ibv_ibv_attach_mcast(qp, &gid, 0) };
                     if r != 0 {
                         out.abi.event = CmEventKind::MulticastError.value();
                         out.abi.status = -r;
@@ -1198,7 +1197,7 @@ fn make_conn_param(
         }
     }
     // SAFETY: the id's QP, when it has one, is a live QP of this library.
-    if let Some(q) = unsafe { crate::qp::qp_from(qp) } {
+    if let Some(q) = unsafe { crate::ffi::handles::qp_from(qp) } {
         out.qp_num = q.qp.qp_num();
         // SAFETY: as above; reading its SRQ pointer.
         out.srq = !unsafe { (*qp).srq }.is_null();
@@ -2015,7 +2014,7 @@ pub unsafe extern "C" fn remem_ibv_rdma_leave_multicast(
             };
             // SAFETY: a QP of this library and a GID on the stack. (Not attached — the
             // join's event was never taken — is no error here, as in librdmacm.)
-            let _ = unsafe { crate::qp::remem_ibv_ibv_detach_mcast(qp, &gid, 0) };
+            let _ = unsafe { crate::ffi::queues::remem_ibv_ibv_detach_mcast(qp, &gid, 0) };
         }
         0
     })

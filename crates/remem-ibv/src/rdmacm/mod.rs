@@ -36,6 +36,8 @@
 //! `EAI_*` codes of `rdma_getaddrinfo`. Every exported body runs inside
 //! [`crate::ffi::guard`].
 
+#![deny(unsafe_code)]
+
 pub mod abi;
 pub mod addrinfo;
 pub mod channel;

@@ -105,7 +105,9 @@ fn make_cq(
 /// Moves a new QP of the id to INIT (a UD QP to RTS) with the CM's attributes.
 fn init_qp(s: &IdShared, cm: &Arc<dyn CmId>, qp: *mut ibv_qp) -> Result<(), c_int> {
     // SAFETY: the QP just made.
-    let q = unsafe { crate::qp::qp_from(qp) }.ok_or(libc::EINVAL)?;
+    let h = unsafe { crate::ffi::handles::Handle::<crate::qp::Qp>::from_abi(qp) }
+        .ok_or(libc::EINVAL)?;
+    let q = h.inner();
     let (attr, mask) = cm.init_qp_attr(QpState::Init).map_err(|e| errno_of(&e))?;
     q.qp.modify(&attr, mask).map_err(|e| errno_of(&e))?;
     if s.qp_type == IBV_QPT_UD {
@@ -124,8 +126,7 @@ fn init_qp(s: &IdShared, cm: &Arc<dyn CmId>, qp: *mut ibv_qp) -> Result<(), c_in
         q.qp.modify(&rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
             .map_err(|e| errno_of(&e))?;
     }
-    // SAFETY: the QP just made.
-    unsafe { crate::qp::set_state(qp, q.qp.state()) };
+    h.set_state(q.qp.state());
     Ok(())
 }
 
@@ -235,12 +236,12 @@ fn create_qp(
     }
     let attached = init_qp(s, &cm, qp).and_then(|()| {
         // SAFETY: the QP just made.
-        let q = unsafe { crate::qp::qp_from(qp) }.ok_or(libc::EINVAL)?;
+        let q = unsafe { crate::ffi::handles::qp_from(qp) }.ok_or(libc::EINVAL)?;
         cm.set_qp(Some(Arc::clone(&q.qp))).map_err(|e| errno_of(&e))
     });
     if let Err(e) = attached {
         // SAFETY: the QP just made, never the program's.
-        unsafe { crate::qp::remem_ibv_ibv_destroy_qp(qp) };
+        unsafe { crate::ffi::queues::remem_ibv_ibv_destroy_qp(qp) };
         // SAFETY: a live id.
         unsafe { destroy_cqs(id, s) };
         return Err(e);
@@ -319,7 +320,7 @@ pub unsafe extern "C" fn remem_ibv_rdma_destroy_qp(id: *mut rdma_cm_id) {
             unsafe {
                 let qp = (*id).qp;
                 if !qp.is_null() {
-                    crate::qp::remem_ibv_ibv_destroy_qp(qp);
+                    crate::ffi::queues::remem_ibv_ibv_destroy_qp(qp);
                 }
             }
             set!(id, qp, std::ptr::null_mut());

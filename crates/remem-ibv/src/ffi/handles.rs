@@ -1,0 +1,194 @@
+//! The library's objects behind the program's pointers.
+//!
+//! Every verbs object is a boxed `#[repr(C)]` Rust struct whose first field is the ABI
+//! struct the program sees ([`crate::qp::Qp`] starts with its `ibv_qp_ex`, ...): the
+//! pointer handed out is the box's, cast. [`Object`] says so of a type (an `unsafe`
+//! trait, implemented here only), [`into_abi`] boxes one, [`Handle::from_abi`] turns the
+//! program's pointer back into a typed handle (the one `unsafe` step, at the entry
+//! point), and [`free`] drops it in the destroy verb.
+//!
+//! A handle gives the library's side of the object as a reference
+//! ([`Handle::inner`]) and never a reference to the ABI struct, which the program may
+//! write (`qp_context`, `wr_id`, ...): the few program-visible fields the library reads or
+//! writes in place are methods here (`Handle<Qp>::set_state`, ...), so that the object
+//! modules stay safe code.
+
+use crate::abi::*;
+use crate::cq::{Cq, CqInner};
+use crate::qp::{Qp, QpInner};
+use crate::srq::{Srq, SrqInner};
+use core::ffi::c_int;
+use core::marker::PhantomData;
+use core::ptr::NonNull;
+use remem_verbs::QpState;
+
+/// A library object that programs hold by a pointer to its ABI struct.
+///
+/// # Safety
+///
+/// The type is `#[repr(C)]` with an `Abi` at offset 0 and an `Inner` at offset `INNER`,
+/// and the program never writes the `Inner` part.
+pub unsafe trait Object: Sized {
+    /// The ABI struct the program sees (the first field).
+    type Abi;
+    /// The library's side.
+    type Inner;
+    /// The offset of the library's side.
+    const INNER: usize;
+}
+
+macro_rules! object {
+    ($t:ty, $abi:ty, $inner:ty) => {
+        // SAFETY: `#[repr(C)]` with `abi: $abi` first (see its definition) and `inner`.
+        unsafe impl Object for $t {
+            type Abi = $abi;
+            type Inner = $inner;
+            const INNER: usize = core::mem::offset_of!($t, inner);
+        }
+        const _: () = assert!(core::mem::offset_of!($t, abi) == 0);
+    };
+}
+
+object!(Qp, ibv_qp, QpInner);
+object!(Cq, ibv_cq, CqInner);
+object!(Srq, ibv_srq, SrqInner);
+
+/// A live object of this library, as the program's pointer names it, for `'a` (the call
+/// that received it, in practice).
+pub struct Handle<'a, T: Object> {
+    abi: NonNull<T::Abi>,
+    life: PhantomData<&'a T>,
+}
+
+impl<T: Object> Clone for Handle<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T: Object> Copy for Handle<'_, T> {}
+
+impl<T: Object> std::fmt::Debug for Handle<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Handle").field(&self.abi).finish()
+    }
+}
+
+impl<'a, T: Object> Handle<'a, T> {
+    /// The object behind the program's pointer; `None` for NULL.
+    ///
+    /// # Safety
+    ///
+    /// `p` is NULL or was returned by [`into_abi`] for a `T` that is not freed, and stays
+    /// alive for `'a`.
+    pub unsafe fn from_abi(p: *mut T::Abi) -> Option<Self> {
+        NonNull::new(p).map(|abi| Handle {
+            abi,
+            life: PhantomData,
+        })
+    }
+
+    /// The library's side of the object.
+    pub fn inner(self) -> &'a T::Inner {
+        // SAFETY: the pointer is a live boxed `T` for 'a (`from_abi`'s contract); `INNER`
+        // is where its library side lies (`Object`'s contract), which the program does not
+        // write, so a shared reference to it is sound.
+        unsafe { &*self.abi.as_ptr().byte_add(T::INNER).cast::<T::Inner>() }
+    }
+
+    /// The pointer the program holds.
+    pub fn abi(self) -> *mut T::Abi {
+        self.abi.as_ptr()
+    }
+}
+
+/// Boxes a new object; the pointer the program will hold (freed by [`free`]).
+pub fn into_abi<T: Object>(obj: T) -> *mut T::Abi {
+    Box::into_raw(Box::new(obj)).cast()
+}
+
+/// Frees an object made by [`into_abi`].
+///
+/// # Safety
+///
+/// Nothing uses the object afterwards: the program gave it to its destroy verb, and the
+/// library holds no handle to it.
+pub unsafe fn free<T: Object>(h: Handle<'_, T>) {
+    // SAFETY: the Box `into_abi` made (the ABI struct is its first field), not freed yet
+    // (`from_abi`'s contract) and unused afterwards (this one's).
+    drop(unsafe { Box::from_raw(h.abi().cast::<T>()) });
+}
+
+/// The library's side of a program's `*mut ibv_qp` (or `*mut ibv_qp_ex`); `None` for
+/// NULL.
+///
+/// # Safety
+///
+/// `qp` is NULL or a live QP made by this library; the reference must not outlive it.
+pub unsafe fn qp_from<'a>(qp: *mut ibv_qp) -> Option<&'a QpInner> {
+    // SAFETY: by the contract.
+    unsafe { Handle::<Qp>::from_abi(qp) }.map(Handle::inner)
+}
+
+impl Handle<'_, Qp> {
+    /// Sets the `state` the program reads in its `ibv_qp`.
+    pub fn set_state(self, state: QpState) {
+        // SAFETY: a live QP (`from_abi`'s contract); the field is written in place, no
+        // reference to the program's struct is made.
+        unsafe { (&raw mut (*self.abi()).state).write(state as ibv_qp_state) };
+    }
+
+    /// The creation attributes as the program sees them now (`qp_context` and the queues
+    /// read in place from its `ibv_qp`), with the granted `cap` and `sq_sig_all`.
+    pub fn init_attr(self) -> ibv_qp_init_attr {
+        let q = self.inner();
+        let p = self.abi();
+        // SAFETY: a live QP; its fields are read in place (the program may write
+        // `qp_context` between calls, not during this one).
+        unsafe {
+            ibv_qp_init_attr {
+                qp_context: (*p).qp_context,
+                send_cq: (*p).send_cq,
+                recv_cq: (*p).recv_cq,
+                srq: (*p).srq,
+                cap: crate::qp::cap_to(&q.cap),
+                qp_type: (*p).qp_type,
+                sq_sig_all: c_int::from(q.sq_sig_all),
+            }
+        }
+    }
+}
+
+impl QpInner {
+    /// The CQs and SRQ the QP was created with.
+    pub(crate) fn queues(&self) -> (Option<&CqInner>, Option<&CqInner>, Option<&SrqInner>) {
+        // SAFETY: a QP's CQs and SRQ stay alive while it does: their `users` count it, and
+        // destroying them is EBUSY until it is destroyed.
+        unsafe {
+            (
+                crate::cq::cq_from(self.send_cq),
+                crate::cq::cq_from(self.recv_cq),
+                crate::srq::srq_from(self.srq),
+            )
+        }
+    }
+}
+
+/// The CQs and SRQ named by `ibv_qp_init_attr`: EINVAL for a NULL CQ.
+///
+/// # Safety
+///
+/// The attribute's `send_cq`, `recv_cq` and `srq` are NULL or live objects of this
+/// library, alive for `'a`.
+pub unsafe fn qp_queues<'a>(
+    init: &ibv_qp_init_attr,
+) -> Result<(&'a CqInner, &'a CqInner, Option<&'a SrqInner>), c_int> {
+    // SAFETY: by the contract.
+    unsafe {
+        Ok((
+            crate::cq::cq_from(init.send_cq).ok_or(libc::EINVAL)?,
+            crate::cq::cq_from(init.recv_cq).ok_or(libc::EINVAL)?,
+            crate::srq::srq_from(init.srq),
+        ))
+    }
+}
