@@ -212,7 +212,7 @@ pub unsafe extern "C" fn remem_ibv_ibv_get_cq_event(
                     let Some(p) = ctx.cq_ptr(id) else { continue };
                     // SAFETY: registered CQs are live (unregistered before they are
                     // freed); `p` is a boxed `Cq` (its ABI struct first).
-                    let c = unsafe { crate::cq::cq_from(p) };
+                    let c = unsafe { crate::ffi::handles::cq_from(p) };
                     if let Some(c) = c {
                         c.event_out();
                     }

@@ -15,7 +15,8 @@
 #![allow(unsafe_code)]
 
 use crate::abi::*;
-use crate::cq::{CqInner, CqRequest, cq_from, create};
+use crate::cq::{CqInner, CqRequest, create};
+use crate::ffi::handles::cq_from;
 use crate::ffi::{guard, guard_ptr, null_with};
 use core::ffi::{c_int, c_uint, c_void};
 use remem_verbs::{WcFlags, WorkCompletion};
@@ -102,11 +103,18 @@ pub unsafe extern "C" fn create_cq_ex(
         if a.wc_flags & !IBV_WC_STANDARD_FLAGS != 0 {
             return null_with(libc::EOPNOTSUPP);
         }
+        // SAFETY: by the contract: the program's context and channel (NULL or live).
+        let (ctx, ch) = unsafe {
+            (
+                crate::context::ctx_from(context),
+                crate::channel::channel_from(a.channel),
+            )
+        };
         create(CqRequest {
-            context,
+            context: ctx,
             cqe: i64::from(a.cqe),
             cq_context: a.cq_context,
-            channel: a.channel,
+            channel: (a.channel, ch),
             comp_vector: i64::from(a.comp_vector),
             wc_flags: a.wc_flags,
         })

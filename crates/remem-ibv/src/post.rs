@@ -26,8 +26,8 @@
 use crate::abi::*;
 use crate::ffi::guard_int;
 use crate::ffi::handles::qp_from;
+use crate::ffi::handles::srq_from;
 use crate::qp::QpInner;
-use crate::srq::srq_from;
 use core::ffi::c_int;
 use remem_verbs::{
     AccessFlags, MemRegion, MemoryBuffer, MemoryRegion, PostError, ProtectionDomain, QpCap, QpType,

@@ -9,7 +9,6 @@ use crate::abi::*;
 use crate::ah::*;
 use crate::channel::*;
 use crate::context::{Ctx, Pd, ctx_from, pd_from};
-use crate::cq::*;
 use crate::ffi::queues::*;
 use crate::post::{post_recv, post_send, post_srq_recv};
 use crate::qp_ex::*;
@@ -196,7 +195,9 @@ fn poll(cq: *mut ibv_cq, n: usize) -> Vec<ibv_wc> {
     let mut got = 0;
     let end = Instant::now() + Duration::from_secs(10);
     while got < n && Instant::now() < end {
-        let r = unsafe { crate::cq::poll_cq(cq, (n - got) as c_int, out.as_mut_ptr().add(got)) };
+        let r = unsafe {
+            crate::ffi::queues::poll_cq(cq, (n - got) as c_int, out.as_mut_ptr().add(got))
+        };
         assert!(r >= 0, "poll_cq: {r}");
         got += r as usize;
         if r == 0 {
@@ -553,7 +554,7 @@ fn wr_api_and_cq_ex() {
     }
     let mut one = [zero_wc()];
     assert_eq!(
-        unsafe { crate::cq::poll_cq(cq, 1, one.as_mut_ptr()) },
+        unsafe { crate::ffi::queues::poll_cq(cq, 1, one.as_mut_ptr()) },
         0,
         "nothing was posted"
     );
@@ -892,9 +893,12 @@ fn cq_overrun_fails_poll() {
     }
     // The completion queued before the overrun, then the error.
     let mut wc = [zero_wc(), zero_wc()];
-    assert_eq!(unsafe { crate::cq::poll_cq(tiny, 2, wc.as_mut_ptr()) }, 1);
+    assert_eq!(
+        unsafe { crate::ffi::queues::poll_cq(tiny, 2, wc.as_mut_ptr()) },
+        1
+    );
     assert_eq!(wc[0].wr_id, 0);
-    let r = unsafe { crate::cq::poll_cq(tiny, 2, wc.as_mut_ptr()) };
+    let r = unsafe { crate::ffi::queues::poll_cq(tiny, 2, wc.as_mut_ptr()) };
     assert_eq!(r, -libc::ENOMEM);
     assert_eq!(crate::ffi::errno(), libc::ENOMEM);
     for q in [a, b] {

@@ -9,6 +9,7 @@
 
 use crate::abi::*;
 use crate::context::{CtxShared, PdUse, pd_from};
+use crate::ffi::handles::srq_from;
 use crate::ffi::{guard_int, guard_ptr, null_with};
 use core::ffi::c_int;
 use remem_verbs::{SharedReceiveQueue, SrqAttr};
@@ -53,20 +54,6 @@ impl std::fmt::Debug for SrqInner {
             .field("max_wr", &self.max_wr)
             .finish_non_exhaustive()
     }
-}
-
-/// The library's side of a program's `*mut ibv_srq`; `None` for NULL.
-///
-/// # Safety
-///
-/// `srq` is NULL or a live SRQ made by this library; the reference must not outlive it.
-pub unsafe fn srq_from<'a>(srq: *mut ibv_srq) -> Option<&'a SrqInner> {
-    if srq.is_null() {
-        return None;
-    }
-    // SAFETY: by the contract, a non-NULL `srq` is the first field of a boxed `Srq`; the
-    // reference covers only the library's part.
-    Some(unsafe { &(*srq.cast::<Srq>()).inner })
 }
 
 /// `ibv_create_srq`: writes the granted `max_wr` and `max_sge` back into `attr`.

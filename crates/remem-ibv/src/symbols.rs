@@ -16,7 +16,6 @@ pub fn exports() -> Vec<(&'static str, &'static str)> {
         crate::private::SYMBOLS,
         crate::private::DATA_SYMBOLS,
         crate::channel::SYMBOLS,
-        crate::cq::SYMBOLS,
         crate::cq_ex::SYMBOLS,
         crate::ffi::queues::SYMBOLS,
         crate::qp_ex::SYMBOLS,

@@ -20,7 +20,6 @@ const FFI: &[&str] = &[
     "ah.rs",
     "channel.rs",
     "context.rs",
-    "cq.rs",
     "cq_ex.rs",
     "device.rs",
     "event.rs",

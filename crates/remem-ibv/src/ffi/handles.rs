@@ -14,6 +14,7 @@
 //! modules stay safe code.
 
 use crate::abi::*;
+use crate::channel::ChannelInner;
 use crate::cq::{Cq, CqInner};
 use crate::qp::{Qp, QpInner};
 use crate::srq::{Srq, SrqInner};
@@ -130,6 +131,56 @@ pub unsafe fn qp_from<'a>(qp: *mut ibv_qp) -> Option<&'a QpInner> {
     unsafe { Handle::<Qp>::from_abi(qp) }.map(Handle::inner)
 }
 
+/// The library's side of a program's `*mut ibv_cq` (or `*mut ibv_cq_ex`); `None` for
+/// NULL.
+///
+/// # Safety
+///
+/// `cq` is NULL or a live CQ made by this library; the reference must not outlive it.
+pub unsafe fn cq_from<'a>(cq: *mut ibv_cq) -> Option<&'a CqInner> {
+    // SAFETY: by the contract.
+    unsafe { Handle::<Cq>::from_abi(cq) }.map(Handle::inner)
+}
+
+/// The library's side of a program's `*mut ibv_srq`; `None` for NULL.
+///
+/// # Safety
+///
+/// `srq` is NULL or a live SRQ made by this library; the reference must not outlive it.
+pub unsafe fn srq_from<'a>(srq: *mut ibv_srq) -> Option<&'a SrqInner> {
+    // SAFETY: by the contract.
+    unsafe { Handle::<Srq>::from_abi(srq) }.map(Handle::inner)
+}
+
+impl Handle<'_, Cq> {
+    /// Sets the size the program reads in `cq->cqe` (as rdma-core's providers write it
+    /// on resize).
+    pub fn set_cqe(self, cqe: c_int) {
+        // SAFETY: a live CQ; the field is written in place, no reference is made.
+        unsafe { (&raw mut (*self.abi()).cqe).write(cqe) };
+    }
+
+    /// Adds to the program's `comp_events_completed` (the caller holds the CQ's events
+    /// lock, as rdma-core counts under the CQ's mutex).
+    pub fn add_comp_events_completed(self, n: u32) {
+        // SAFETY: a live CQ; the counter is read and written in place, no reference is
+        // made.
+        unsafe {
+            let p = &raw mut (*self.abi()).comp_events_completed;
+            p.write(p.read().wrapping_add(n));
+        }
+    }
+}
+
+impl CqInner {
+    /// The channel the CQ reports to, if any.
+    pub(crate) fn channel(&self) -> Option<&ChannelInner> {
+        // SAFETY: a CQ's channel stays alive while the CQ does (it counts in the
+        // channel's `cqs`; destroying the channel is EBUSY until the CQ is destroyed).
+        unsafe { crate::channel::channel_from(self.channel) }
+    }
+}
+
 impl Handle<'_, Qp> {
     /// Sets the `state` the program reads in its `ibv_qp`.
     pub fn set_state(self, state: QpState) {
@@ -166,9 +217,9 @@ impl QpInner {
         // destroying them is EBUSY until it is destroyed.
         unsafe {
             (
-                crate::cq::cq_from(self.send_cq),
-                crate::cq::cq_from(self.recv_cq),
-                crate::srq::srq_from(self.srq),
+                cq_from(self.send_cq),
+                cq_from(self.recv_cq),
+                srq_from(self.srq),
             )
         }
     }
@@ -186,9 +237,9 @@ pub unsafe fn qp_queues<'a>(
     // SAFETY: by the contract.
     unsafe {
         Ok((
-            crate::cq::cq_from(init.send_cq).ok_or(libc::EINVAL)?,
-            crate::cq::cq_from(init.recv_cq).ok_or(libc::EINVAL)?,
-            crate::srq::srq_from(init.srq),
+            cq_from(init.send_cq).ok_or(libc::EINVAL)?,
+            cq_from(init.recv_cq).ok_or(libc::EINVAL)?,
+            srq_from(init.srq),
         ))
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! - this module: errno, NULL returns, panic containment ([`guard`]), and the pointer
 //!   conversions every entry point uses once, at its top: [`opt_ref`], [`opt_mut`],
-//!   [`out`], [`slice`], [`slice_mut`], [`cstr`], [`zeroed`];
+//!   [`out`], [`slice`], [`out_slice`], [`slice_mut`], [`cstr`], [`zeroed`];
 //! - [`handles`]: the library's objects behind the program's pointers (`*mut ibv_qp` to
 //!   the [`crate::qp::Qp`] it is the first field of, ...) as typed [`handles::Handle`]s,
 //!   with the few in-place reads and writes of program-visible ABI fields the objects
@@ -25,6 +25,7 @@ pub mod queues;
 mod boundary;
 
 use core::ffi::{CStr, c_char};
+use core::mem::MaybeUninit;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 /// Sets the calling thread's `errno`.
@@ -113,9 +114,9 @@ pub unsafe fn opt_mut<'a, T>(p: *mut T) -> Option<&'a mut T> {
 /// # Safety
 ///
 /// `p` is NULL or valid for writes of a `T` for `'a`, touched by nobody else meanwhile.
-pub unsafe fn out<'a, T>(p: *mut T) -> Option<&'a mut core::mem::MaybeUninit<T>> {
+pub unsafe fn out<'a, T>(p: *mut T) -> Option<&'a mut MaybeUninit<T>> {
     // SAFETY: by the contract; `MaybeUninit<T>` has `T`'s layout and any content.
-    unsafe { p.cast::<core::mem::MaybeUninit<T>>().as_mut() }
+    unsafe { p.cast::<MaybeUninit<T>>().as_mut() }
 }
 
 /// The `len` values at `p` (empty for `len` 0, whatever `p` is); `None` for a NULL `p`
@@ -153,6 +154,18 @@ pub unsafe fn slice_mut<'a, T>(p: *mut T, len: usize) -> Option<&'a mut [T]> {
     Some(unsafe { std::slice::from_raw_parts_mut(p, len) })
 }
 
+/// The `len` places at `p` for the library to write (an output array, perhaps
+/// uninitialised); as [`slice`].
+///
+/// # Safety
+///
+/// For a non-zero `len`, `p` is NULL or valid for writes of `len` values of `T` for `'a`,
+/// touched by nobody else meanwhile.
+pub unsafe fn out_slice<'a, T>(p: *mut T, len: usize) -> Option<&'a mut [MaybeUninit<T>]> {
+    // SAFETY: by the contract; `MaybeUninit<T>` has `T`'s layout and any content.
+    unsafe { slice_mut(p.cast::<MaybeUninit<T>>(), len) }
+}
+
 /// The NUL-terminated string at `p`; `None` for NULL.
 ///
 /// # Safety
@@ -170,6 +183,12 @@ pub unsafe fn cstr<'a>(p: *const c_char) -> Option<&'a CStr> {
 pub fn gid(g: &crate::abi::ibv_gid) -> remem_verbs::Gid {
     // SAFETY: every bit pattern of the union's 16 bytes is a valid `raw` array.
     remem_verbs::Gid(unsafe { g.raw })
+}
+
+/// The 32 bits of a work completion's `imm_data` / `invalidated_rkey` union.
+pub fn wc_imm(wc: &crate::abi::ibv_wc) -> u32 {
+    // SAFETY: both views of the union are a `u32`.
+    unsafe { wc.u_imm_data.imm_data }
 }
 
 /// An ABI type for which all-zero bytes are a valid value: integers, raw pointers (NULL),

@@ -1,14 +1,19 @@
-//! The C entry points of the queue objects (QPs): each converts the program's pointers
-//! once ([`super::handles`], [`super::opt_ref`], ...) and calls the safe object module
-//! ([`crate::qp`]).
+//! The C entry points of the queue objects (CQs, QPs): each converts the program's
+//! pointers once ([`super::handles`], [`super::opt_ref`], ...) and calls the safe object
+//! module ([`crate::cq`], [`crate::qp`]).
 
-use super::handles::{Handle, free, qp_queues};
-use super::{guard_int, guard_ptr, null_with, opt_mut, opt_ref, out};
+use super::handles::{Handle, cq_from, free, qp_queues};
+use super::{guard, guard_int, guard_ptr, null_with, opt_mut, opt_ref, out, out_slice};
 use crate::abi::*;
+use crate::cq::{self, Cq, CqRequest};
 use crate::qp::{self, Qp};
-use core::ffi::c_int;
+use core::ffi::{c_int, c_uint, c_void};
 
 symver!(
+    "ibv_create_cq" @ "IBVERBS_1.1",
+    "ibv_destroy_cq" @ "IBVERBS_1.1",
+    "ibv_resize_cq" @ "IBVERBS_1.1",
+    "ibv_ack_cq_events" @ "IBVERBS_1.1",
     "ibv_create_qp" @ "IBVERBS_1.1",
     "ibv_destroy_qp" @ "IBVERBS_1.1",
     "ibv_modify_qp" @ "IBVERBS_1.1",
@@ -19,6 +24,138 @@ symver!(
     "ibv_attach_mcast" @ "IBVERBS_1.1",
     "ibv_detach_mcast" @ "IBVERBS_1.1",
 );
+
+// ----- CQs (crate::cq) ---------------------------------------------------------------------
+
+/// `ibv_create_cq`.
+///
+/// # Safety
+///
+/// `context` is NULL or an open context; `channel` is NULL or one of its channels.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_create_cq(
+    context: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ibv_cq {
+    guard_ptr("ibv_create_cq", || {
+        // SAFETY: by the contract.
+        let (ctx, ch) = unsafe {
+            (
+                crate::context::ctx_from(context),
+                crate::channel::channel_from(channel),
+            )
+        };
+        cq::create(CqRequest {
+            context: ctx,
+            cqe: i64::from(cqe),
+            cq_context,
+            channel: (channel, ch),
+            comp_vector: i64::from(comp_vector),
+            wc_flags: IBV_WC_STANDARD_FLAGS,
+        })
+    })
+}
+
+/// `ibv_destroy_cq`: EBUSY while a QP uses it; otherwise waits until every completion
+/// event handed out for it was acked (`ibv_ack_cq_events`) and every async event about it
+/// too, as rdma-core documents, then frees it.
+///
+/// # Safety
+///
+/// `cq` is NULL or a live CQ, not used afterwards on success.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    guard_int("ibv_destroy_cq", || {
+        // SAFETY: by the contract.
+        let Some(h) = (unsafe { Handle::<Cq>::from_abi(cq) }) else {
+            return libc::EINVAL;
+        };
+        if let Err(e) = cq::release(h.inner()) {
+            return e;
+        }
+        // SAFETY: the program gives the CQ up; no QP uses it (`release`).
+        unsafe { free(h) };
+        0
+    })
+}
+
+/// `ibv_resize_cq`: see [`cq::resize`]; EINVAL for a NULL CQ.
+///
+/// # Safety
+///
+/// `cq` is NULL or a live CQ.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    guard_int("ibv_resize_cq", || {
+        // SAFETY: by the contract.
+        match unsafe { Handle::<Cq>::from_abi(cq) } {
+            Some(h) => cq::resize(h, cqe),
+            None => libc::EINVAL,
+        }
+    })
+}
+
+/// `ibv_ack_cq_events`.
+///
+/// # Safety
+///
+/// `cq` is NULL or a live CQ.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
+    guard(
+        "ibv_ack_cq_events",
+        || (),
+        || {
+            // SAFETY: by the contract.
+            if let Some(h) = unsafe { Handle::<Cq>::from_abi(cq) } {
+                cq::ack_events(h, nevents);
+            }
+        },
+    )
+}
+
+/// `ibv_context_ops::poll_cq` (verbs.h's inline `ibv_poll_cq`): the number of completions
+/// written to `wc` (at most `num_entries`), or a negative errno: `-EINVAL` for bad
+/// arguments, `-ENOMEM` once the CQ overran and its queued completions are all polled.
+///
+/// # Safety
+///
+/// `cq` is a live CQ; `wc` has room for `num_entries` entries.
+pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {
+    guard(
+        "ibv_poll_cq",
+        || -libc::EIO,
+        || {
+            let Ok(n) = usize::try_from(num_entries) else {
+                return -libc::EINVAL;
+            };
+            // SAFETY: by the contract.
+            match unsafe { (cq_from(cq), out_slice(wc, n)) } {
+                (Some(c), Some(wc)) => cq::poll(c, wc),
+                _ => -libc::EINVAL,
+            }
+        },
+    )
+}
+
+/// `ibv_context_ops::req_notify_cq` (verbs.h's inline `ibv_req_notify_cq`). A CQ without
+/// a channel accepts the request and reports nowhere, as rdma-core does.
+///
+/// # Safety
+///
+/// `cq` is a live CQ.
+pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    guard_int("ibv_req_notify_cq", || {
+        // SAFETY: by the contract.
+        match unsafe { cq_from(cq) } {
+            Some(c) => cq::req_notify(c, solicited_only),
+            None => libc::EINVAL,
+        }
+    })
+}
 
 // ----- QPs (crate::qp) ---------------------------------------------------------------------
 

@@ -63,7 +63,7 @@ unsafe fn destroy_cqs(id: *mut rdma_cm_id, s: &IdShared) {
         );
         for cq in [rcq, scq] {
             if !cq.is_null() {
-                crate::cq::remem_ibv_ibv_destroy_cq(cq);
+                crate::ffi::queues::remem_ibv_ibv_destroy_cq(cq);
             }
         }
         for ch in [rch, sch] {
@@ -92,7 +92,9 @@ fn make_cq(
     let cqe = c_int::try_from(size).unwrap_or(c_int::MAX);
     // SAFETY: the context and the channel just made; the id is the CQ's context, as
     // librdmacm sets it.
-    let cq = unsafe { crate::cq::remem_ibv_ibv_create_cq(verbs, cqe, id.cast::<c_void>(), ch, 0) };
+    let cq = unsafe {
+        crate::ffi::queues::remem_ibv_ibv_create_cq(verbs, cqe, id.cast::<c_void>(), ch, 0)
+    };
     if cq.is_null() {
         let e = crate::ffi::errno();
         // SAFETY: the channel just made, unused.
