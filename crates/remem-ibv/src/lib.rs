@@ -214,3 +214,7 @@ pub mod post;
 pub mod qp;
 pub mod qp_ex;
 pub mod srq;
+
+/// The queue verbs through their C entry points, in process.
+#[cfg(test)]
+mod queues_tests;

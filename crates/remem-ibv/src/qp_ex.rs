@@ -29,8 +29,9 @@
 
 use crate::abi::*;
 use crate::ffi::handles::qp_from;
+use crate::ffi::wr::{copy_inline, ud_dest};
 use crate::ffi::{guard, guard_ptr, null_with};
-use crate::post::{PendingWr, copy_inline, flush, send_flags, ud_dest};
+use crate::post::{PendingWr, flush, send_flags};
 use crate::qp::{QpInner, create};
 use core::ffi::{c_int, c_void};
 use remem_verbs::{DeviceAttr, FlushLevel, FlushType, QpType, SendFlags, SendOp, Sge};

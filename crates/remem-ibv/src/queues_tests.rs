@@ -10,7 +10,6 @@ use crate::ah::*;
 use crate::channel::*;
 use crate::context::{Ctx, Pd, ctx_from, pd_from};
 use crate::ffi::queues::*;
-use crate::post::{post_recv, post_send, post_srq_recv};
 use crate::qp_ex::*;
 use crate::srq::*;
 use core::ffi::{c_int, c_void};

@@ -9,6 +9,7 @@
 //!   the [`crate::qp::Qp`] it is the first field of, ...) as typed [`handles::Handle`]s,
 //!   with the few in-place reads and writes of program-visible ABI fields the objects
 //!   need, each with its `// SAFETY:` argument here;
+//! - [`wr`]: the program's work-request lists, read under the verbs contract;
 //! - the entry modules ([`queues`], ...): the exported `extern "C"` functions, each a thin
 //!   shell that converts its arguments with the helpers above and calls safe code in the
 //!   object modules (`qp`, `cq`, ...), which say `#![deny(unsafe_code)]`.
@@ -20,6 +21,7 @@
 
 pub mod handles;
 pub mod queues;
+pub mod wr;
 
 #[cfg(test)]
 mod boundary;

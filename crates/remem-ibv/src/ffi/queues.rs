@@ -1,11 +1,13 @@
-//! The C entry points of the queue objects (CQs, QPs): each converts the program's
+//! The C entry points of the queue objects (CQs, QPs, posting): each converts the program's
 //! pointers once ([`super::handles`], [`super::opt_ref`], ...) and calls the safe object
-//! module ([`crate::cq`], [`crate::qp`]).
+//! module ([`crate::cq`], [`crate::qp`], [`crate::post`]).
 
-use super::handles::{Handle, cq_from, free, qp_queues};
+use super::handles::{Handle, cq_from, free, qp_from, qp_queues, srq_from};
+use super::wr::{RecvWrRef, SendWrRef};
 use super::{guard, guard_int, guard_ptr, null_with, opt_mut, opt_ref, out, out_slice};
 use crate::abi::*;
 use crate::cq::{self, Cq, CqRequest};
+use crate::post;
 use crate::qp::{self, Qp};
 use core::ffi::{c_int, c_uint, c_void};
 
@@ -154,6 +156,70 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -
             Some(c) => cq::req_notify(c, solicited_only),
             None => libc::EINVAL,
         }
+    })
+}
+
+// ----- posting (crate::post) ----------------------------------------------------------------
+
+/// `ibv_context_ops::post_send` (verbs.h's inline `ibv_post_send`): 0, or the errno of
+/// the first work request not posted, which `bad_wr` names.
+///
+/// # Safety
+///
+/// `qp` is a live QP; `wr` is a valid list of work requests (as [`SendWrRef::new`]
+/// says); `bad_wr` is NULL or writable.
+pub unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    guard_int("ibv_post_send", || {
+        // SAFETY: by the contract.
+        let (q, bad) = unsafe { (qp_from(qp), out(bad_wr)) };
+        // SAFETY: by the contract, for a QP of this type.
+        let list = q.and_then(|q| unsafe { SendWrRef::new(wr, q.qp_type) });
+        post::post_send(q, wr, list, bad)
+    })
+}
+
+/// `ibv_context_ops::post_recv` (verbs.h's inline `ibv_post_recv`). A QP that takes its
+/// receives from an SRQ refuses them (EINVAL).
+///
+/// # Safety
+///
+/// `qp` is a live QP; `wr` is a valid list (as [`RecvWrRef::new`] says); `bad_wr` is NULL
+/// or writable.
+pub unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    guard_int("ibv_post_recv", || {
+        // SAFETY: by the contract.
+        let (q, list, bad) = unsafe { (qp_from(qp), RecvWrRef::new(wr), out(bad_wr)) };
+        post::post_recv_list(wr, list, bad, q.map(|q| q.cap.max_recv_sge), |r| {
+            q.map_or(Ok(()), |q| q.qp.post_recv(std::slice::from_ref(r)))
+        })
+    })
+}
+
+/// `ibv_context_ops::post_srq_recv` (verbs.h's inline `ibv_post_srq_recv`).
+///
+/// # Safety
+///
+/// `srq` is a live SRQ; `wr` is a valid list (as [`RecvWrRef::new`] says); `bad_wr` is
+/// NULL or writable.
+pub unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    guard_int("ibv_post_srq_recv", || {
+        // SAFETY: by the contract.
+        let (s, list, bad) = unsafe { (srq_from(srq), RecvWrRef::new(wr), out(bad_wr)) };
+        post::post_recv_list(wr, list, bad, s.map(|s| s.max_sge), |r| {
+            s.map_or(Ok(()), |s| s.srq.post_recv(std::slice::from_ref(r)))
+        })
     })
 }
 
