@@ -17,11 +17,14 @@ use crate::abi::*;
 use crate::channel::ChannelInner;
 use crate::cq::{Cq, CqInner};
 use crate::qp::{Qp, QpInner};
+use crate::rdmacm::abi::{rdma_cm_id, rdma_event_channel};
+use crate::rdmacm::id::{IdShared, RdmaId};
 use crate::srq::{Srq, SrqInner};
 use core::ffi::c_int;
 use core::marker::PhantomData;
 use core::ptr::NonNull;
 use remem_verbs::QpState;
+use std::sync::Arc;
 
 /// A library object that programs hold by a pointer to its ABI struct.
 ///
@@ -40,11 +43,15 @@ pub unsafe trait Object: Sized {
 
 macro_rules! object {
     ($t:ty, $abi:ty, $inner:ty) => {
-        // SAFETY: `#[repr(C)]` with `abi: $abi` first (see its definition) and `inner`.
+        object!($t, $abi, $inner, inner);
+    };
+    ($t:ty, $abi:ty, $inner:ty, $field:ident) => {
+        // SAFETY: `#[repr(C)]` with `abi: $abi` first (see its definition) and the
+        // library's side in `$field`.
         unsafe impl Object for $t {
             type Abi = $abi;
             type Inner = $inner;
-            const INNER: usize = core::mem::offset_of!($t, inner);
+            const INNER: usize = core::mem::offset_of!($t, $field);
         }
         const _: () = assert!(core::mem::offset_of!($t, abi) == 0);
     };
@@ -53,6 +60,7 @@ macro_rules! object {
 object!(Qp, ibv_qp, QpInner);
 object!(Cq, ibv_cq, CqInner);
 object!(Srq, ibv_srq, SrqInner);
+object!(RdmaId, rdma_cm_id, Arc<IdShared>, shared);
 
 /// A live object of this library, as the program's pointer names it, for `'a` (the call
 /// that received it, in practice).
@@ -241,5 +249,26 @@ pub unsafe fn qp_queues<'a>(
             cq_from(init.recv_cq).ok_or(libc::EINVAL)?,
             srq_from(init.srq),
         ))
+    }
+}
+
+impl<'a> Handle<'a, RdmaId> {
+    /// The program's `id->qp`: NULL, or the QP attached to the id.
+    pub fn qp_ptr(self) -> *mut ibv_qp {
+        // SAFETY: a live id; one pointer field read in place.
+        unsafe { (*self.abi()).qp }
+    }
+
+    /// The QP attached to the id (`rdma_create_qp`'s, or the program's own, which it
+    /// keeps alive while attached, as librdmacm requires); `None` without one.
+    pub fn qp(self) -> Option<Handle<'a, Qp>> {
+        // SAFETY: `id->qp` is NULL or a live QP of this library while the id holds it.
+        unsafe { Handle::from_abi(self.qp_ptr()) }
+    }
+
+    /// Sets the program's `id->channel`.
+    pub fn set_channel(self, ch: *mut rdma_event_channel) {
+        // SAFETY: a live id; the field is written in place, no reference is made.
+        unsafe { (&raw mut (*self.abi()).channel).write(ch) };
     }
 }

@@ -139,6 +139,12 @@ impl CmDev {
         self.verbs as *mut ibv_context
     }
 
+    /// The device's context (open for the life of the process).
+    pub fn ctx(&self) -> Option<&crate::context::Ctx> {
+        // SAFETY: the device's context, opened once and never closed.
+        unsafe { crate::context::ctx_from(self.verbs()) }
+    }
+
     /// The device's default PD (`rdma_cm_id.pd`), made on first use.
     pub fn default_pd(&self) -> Result<*mut ibv_pd, c_int> {
         let mut pd = self.pd.lock().unwrap_or_else(|e| e.into_inner());

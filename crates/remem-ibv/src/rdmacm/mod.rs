@@ -70,6 +70,7 @@ pub fn exports() -> Vec<(&'static str, &'static str)> {
         qp::SYMBOLS,
         addrinfo::SYMBOLS,
         rsocket::SYMBOLS,
+        crate::ffi::rdmacm::SYMBOLS,
     ]
     .concat()
 }

@@ -56,16 +56,8 @@ symver!(
     "rdma_get_request" @ "RDMACM_1.0",
     "rdma_create_ep" @ "RDMACM_1.0",
     "rdma_destroy_ep" @ "RDMACM_1.0",
-    "rdma_set_option" @ "RDMACM_1.0",
-    "rdma_migrate_id" @ "RDMACM_1.0",
     "rdma_get_src_port" @ "RDMACM_1.0",
     "rdma_get_dst_port" @ "RDMACM_1.0",
-    "rdma_init_qp_attr" @ "RDMACM_1.2",
-    "rdma_set_local_ece" @ "RDMACM_1.3",
-    "rdma_get_remote_ece" @ "RDMACM_1.3",
-    "rdma_join_multicast" @ "RDMACM_1.0",
-    "rdma_join_multicast_ex" @ "RDMACM_1.1",
-    "rdma_leave_multicast" @ "RDMACM_1.0",
 );
 
 /// The backlog of a listener when the program gives none (as the kernel's rdma_ucm
@@ -77,7 +69,8 @@ pub const MAX_BACKLOG: u32 = 1024;
 pub struct RdmaId {
     /// The `rdma_cm_id` programs see.
     pub abi: rdma_cm_id,
-    shared: Arc<IdShared>,
+    /// The library's side.
+    pub(crate) shared: Arc<IdShared>,
 }
 
 /// The library's side of an id.
@@ -232,7 +225,7 @@ impl IdShared {
 }
 
 /// A channel for a new id: the program's, or a private one.
-struct Chan {
+pub(crate) struct Chan {
     inner: Arc<ChannelInner>,
     abi: usize,
     private: usize,
@@ -240,7 +233,7 @@ struct Chan {
 
 impl Chan {
     /// The program's channel, or (NULL) a new private one.
-    fn of(channel: *mut rdma_event_channel) -> Result<Chan, c_int> {
+    pub(crate) fn of(channel: *mut rdma_event_channel) -> Result<Chan, c_int> {
         if channel.is_null() {
             let ch = new_channel()?;
             // SAFETY: the channel just made.
@@ -359,5 +352,5 @@ pub use endpoint::*;
 pub(crate) use events::*;
 use fields::*;
 pub use lifecycle::*;
-pub use mcast::*;
-pub use options::*;
+pub(crate) use mcast::*;
+pub(crate) use options::*;
