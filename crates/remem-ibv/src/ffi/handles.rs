@@ -267,6 +267,10 @@ impl<'a> Handle<'a, RdmaId> {
     }
 
     /// Sets the program's `id->channel`.
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`ch` is stored, never dereferenced"
+    )]
     pub fn set_channel(self, ch: *mut rdma_event_channel) {
         // SAFETY: a live id; the field is written in place, no reference is made.
         unsafe { (&raw mut (*self.abi()).channel).write(ch) };

@@ -199,9 +199,9 @@ pub unsafe extern "C" fn remem_ibv_rdma_join_multicast_ex(
         let Some(shared) = (unsafe { id_from(id) }) else {
             return fail(libc::EINVAL);
         };
-        // SAFETY: by the contract: `attr` NULL or valid, its `addr` NULL or a valid socket
-        // address.
+        // SAFETY: by the contract, `attr` is NULL or valid.
         let (attr, group) = match unsafe { opt_ref(attr) } {
+            // SAFETY: by the contract, its `addr` is NULL or a valid socket address.
             Some(a) => (Some(*a), unsafe { sockaddr_to_std(a.addr) }),
             None => (None, None),
         };
