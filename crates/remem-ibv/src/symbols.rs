@@ -19,7 +19,6 @@ pub fn exports() -> Vec<(&'static str, &'static str)> {
         crate::cq_ex::SYMBOLS,
         crate::ffi::queues::SYMBOLS,
         crate::qp_ex::SYMBOLS,
-        crate::srq::SYMBOLS,
         crate::ah::SYMBOLS,
     ]
     .concat()

@@ -32,7 +32,6 @@ const FFI: &[&str] = &[
     "private.rs",
     "qp_ex.rs",
     "query.rs",
-    "srq.rs",
     "rdmacm/addrinfo.rs",
     "rdmacm/channel.rs",
     "rdmacm/devices.rs",

@@ -1,6 +1,6 @@
-//! The C entry points of the queue objects (CQs, QPs, posting): each converts the program's
+//! The C entry points of the queue objects (CQs, SRQs, QPs, posting): each converts the program's
 //! pointers once ([`super::handles`], [`super::opt_ref`], ...) and calls the safe object
-//! module ([`crate::cq`], [`crate::qp`], [`crate::post`]).
+//! module ([`crate::cq`], [`crate::srq`], [`crate::qp`], [`crate::post`]).
 
 use super::handles::{Handle, cq_from, free, qp_from, qp_queues, srq_from};
 use super::wr::{RecvWrRef, SendWrRef};
@@ -9,9 +9,14 @@ use crate::abi::*;
 use crate::cq::{self, Cq, CqRequest};
 use crate::post;
 use crate::qp::{self, Qp};
+use crate::srq::{self, Srq};
 use core::ffi::{c_int, c_uint, c_void};
 
 symver!(
+    "ibv_create_srq" @ "IBVERBS_1.1",
+    "ibv_destroy_srq" @ "IBVERBS_1.1",
+    "ibv_modify_srq" @ "IBVERBS_1.1",
+    "ibv_query_srq" @ "IBVERBS_1.1",
     "ibv_create_cq" @ "IBVERBS_1.1",
     "ibv_destroy_cq" @ "IBVERBS_1.1",
     "ibv_resize_cq" @ "IBVERBS_1.1",
@@ -220,6 +225,127 @@ pub unsafe extern "C" fn post_srq_recv(
         post::post_recv_list(wr, list, bad, s.map(|s| s.max_sge), |r| {
             s.map_or(Ok(()), |s| s.srq.post_recv(std::slice::from_ref(r)))
         })
+    })
+}
+
+// ----- SRQs (crate::srq) -------------------------------------------------------------------
+
+/// `ibv_create_srq`: writes the granted `max_wr` and `max_sge` back into `attr`.
+///
+/// # Safety
+///
+/// `pd` is NULL or a live PD; `attr` is NULL or readable and writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_create_srq(
+    pd: *mut ibv_pd,
+    attr: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
+    guard_ptr("ibv_create_srq", || {
+        // SAFETY: by the contract.
+        match unsafe { (crate::context::pd_from(pd), opt_mut(attr)) } {
+            (Some(p), Some(a)) => srq::create(&p.inner, a),
+            _ => null_with(libc::EINVAL),
+        }
+    })
+}
+
+/// `ibv_destroy_srq`: EBUSY while a QP uses it; waits for the acks of its async events.
+///
+/// # Safety
+///
+/// `srq` is NULL or a live SRQ, not used afterwards on success.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    guard_int("ibv_destroy_srq", || {
+        // SAFETY: by the contract.
+        let Some(h) = (unsafe { Handle::<Srq>::from_abi(srq) }) else {
+            return libc::EINVAL;
+        };
+        if let Err(e) = srq::release(h.inner()) {
+            return e;
+        }
+        // SAFETY: the program gives the SRQ up; no QP uses it (`release`).
+        unsafe { free(h) };
+        0
+    })
+}
+
+/// `ibv_modify_srq`: see [`srq::modify`].
+///
+/// # Safety
+///
+/// `srq` is NULL or a live SRQ; `attr` is NULL or readable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_modify_srq(
+    srq: *mut ibv_srq,
+    attr: *mut ibv_srq_attr,
+    attr_mask: c_int,
+) -> c_int {
+    guard_int("ibv_modify_srq", || {
+        // SAFETY: by the contract.
+        match unsafe { (srq_from(srq), opt_ref(attr)) } {
+            (Some(s), Some(a)) => srq::modify(s, a, attr_mask),
+            _ => libc::EINVAL,
+        }
+    })
+}
+
+/// `ibv_query_srq`.
+///
+/// # Safety
+///
+/// `srq` is NULL or a live SRQ; `attr` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_query_srq(
+    srq: *mut ibv_srq,
+    attr: *mut ibv_srq_attr,
+) -> c_int {
+    guard_int("ibv_query_srq", || {
+        // SAFETY: by the contract.
+        match unsafe { (srq_from(srq), out(attr)) } {
+            (Some(s), Some(a)) => srq::query(s, a),
+            _ => libc::EINVAL,
+        }
+    })
+}
+
+/// `verbs_context::create_srq_ex` (verbs.h's inline `ibv_create_srq_ex` calls it for what
+/// `ibv_create_srq` cannot express): see [`srq::create_ex`].
+///
+/// # Safety
+///
+/// `context` is an open context; `attr` is NULL or readable and writable, its `pd` NULL or
+/// a live PD.
+pub unsafe extern "C" fn create_srq_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_srq_init_attr_ex,
+) -> *mut ibv_srq {
+    guard_ptr("ibv_create_srq_ex", || {
+        // SAFETY: by the contract.
+        let Some(a) = (unsafe { opt_mut(attr) }) else {
+            return null_with(libc::EINVAL);
+        };
+        // SAFETY: by the contract, `a.pd` is NULL or the program's PD.
+        let pd = unsafe { crate::context::pd_from(a.pd) }.map(|p| &p.inner);
+        srq::create_ex(context, a, pd)
+    })
+}
+
+/// `verbs_context::get_srq_num` (verbs.h's inline `ibv_get_srq_num`).
+///
+/// # Safety
+///
+/// `srq` is NULL or a live SRQ; `srq_num` is NULL or writable.
+pub unsafe extern "C" fn get_srq_num(srq: *mut ibv_srq, srq_num: *mut u32) -> c_int {
+    guard_int("ibv_get_srq_num", || {
+        // SAFETY: by the contract.
+        match unsafe { (srq_from(srq), out(srq_num)) } {
+            (Some(s), Some(n)) => {
+                n.write(s.srq.srq_num());
+                0
+            }
+            _ => libc::EINVAL,
+        }
     })
 }
 

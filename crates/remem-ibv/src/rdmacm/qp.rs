@@ -372,7 +372,7 @@ pub unsafe extern "C" fn remem_ibv_rdma_create_srq_ex(
             return fail(libc::EINVAL);
         }
         // SAFETY: an open context and the program's attributes.
-        let srq = unsafe { crate::srq::create_srq_ex(p.inner.ctx.ibv_context(), a) };
+        let srq = unsafe { crate::ffi::queues::create_srq_ex(p.inner.ctx.ibv_context(), a) };
         if srq.is_null() {
             return -1;
         }
@@ -430,7 +430,7 @@ pub unsafe extern "C" fn remem_ibv_rdma_destroy_srq(id: *mut rdma_cm_id) {
             unsafe {
                 let srq = (*id).srq;
                 if !srq.is_null() {
-                    crate::srq::remem_ibv_ibv_destroy_srq(srq);
+                    crate::ffi::queues::remem_ibv_ibv_destroy_srq(srq);
                 }
             }
             set!(id, srq, std::ptr::null_mut());
