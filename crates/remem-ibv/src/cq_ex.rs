@@ -107,7 +107,7 @@ pub unsafe extern "C" fn create_cq_ex(
         let (ctx, ch) = unsafe {
             (
                 crate::context::ctx_from(context),
-                crate::channel::channel_from(a.channel),
+                crate::ffi::handles::channel_from(a.channel),
             )
         };
         create(CqRequest {

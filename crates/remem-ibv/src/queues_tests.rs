@@ -6,8 +6,6 @@
 #![allow(clippy::undocumented_unsafe_blocks)] // test code: every call is a C entry point on objects made here
 
 use crate::abi::*;
-use crate::ah::*;
-use crate::channel::*;
 use crate::context::{Ctx, Pd, ctx_from, pd_from};
 use crate::ffi::queues::*;
 use crate::qp_ex::*;

@@ -14,7 +14,9 @@
 //! modules stay safe code.
 
 use crate::abi::*;
-use crate::channel::ChannelInner;
+use crate::ah::{Ah, AhInner};
+use crate::channel::{Channel, ChannelInner};
+use crate::context::CtxShared;
 use crate::cq::{Cq, CqInner};
 use crate::qp::{Qp, QpInner};
 use crate::rdmacm::abi::{rdma_cm_id, rdma_event_channel};
@@ -60,6 +62,8 @@ macro_rules! object {
 object!(Qp, ibv_qp, QpInner);
 object!(Cq, ibv_cq, CqInner);
 object!(Srq, ibv_srq, SrqInner);
+object!(Ah, ibv_ah, AhInner);
+object!(Channel, ibv_comp_channel, ChannelInner);
 object!(RdmaId, rdma_cm_id, Arc<IdShared>, shared);
 
 /// A live object of this library, as the program's pointer names it, for `'a` (the call
@@ -116,6 +120,15 @@ pub fn into_abi<T: Object>(obj: T) -> *mut T::Abi {
     Box::into_raw(Box::new(obj)).cast()
 }
 
+/// [`into_abi`], with `init` run on the boxed object and its address first (an ABI
+/// `handle` derived from the address, as rdma-core's providers make one).
+pub fn into_abi_at<T: Object>(obj: T, init: impl FnOnce(&mut T, usize)) -> *mut T::Abi {
+    let mut b = Box::new(obj);
+    let at = std::ptr::from_ref::<T>(&b) as usize;
+    init(&mut b, at);
+    Box::into_raw(b).cast()
+}
+
 /// Frees an object made by [`into_abi`].
 ///
 /// # Safety
@@ -160,7 +173,44 @@ pub unsafe fn srq_from<'a>(srq: *mut ibv_srq) -> Option<&'a SrqInner> {
     unsafe { Handle::<Srq>::from_abi(srq) }.map(Handle::inner)
 }
 
+/// The library's side of a program's `*mut ibv_ah`; `None` for NULL.
+///
+/// # Safety
+///
+/// `ah` is NULL or a live address handle made by this library; the reference must not
+/// outlive it.
+pub unsafe fn ah_from<'a>(ah: *mut ibv_ah) -> Option<&'a AhInner> {
+    // SAFETY: by the contract.
+    unsafe { Handle::<Ah>::from_abi(ah) }.map(Handle::inner)
+}
+
+/// The library's side of a program's `*mut ibv_comp_channel`; `None` for NULL.
+///
+/// # Safety
+///
+/// `ch` is NULL or a live channel made by this library; the reference must not outlive
+/// it.
+pub unsafe fn channel_from<'a>(ch: *mut ibv_comp_channel) -> Option<&'a ChannelInner> {
+    // SAFETY: by the contract.
+    unsafe { Handle::<Channel>::from_abi(ch) }.map(Handle::inner)
+}
+
+impl CtxShared {
+    /// The registered CQ `id` (`None`: destroyed since).
+    pub(crate) fn cq(&self, id: remem_verbs::CqId) -> Option<Handle<'_, Cq>> {
+        // SAFETY: registered CQs are live: `ibv_destroy_cq` unregisters a CQ before it
+        // frees it.
+        unsafe { Handle::from_abi(self.cq_ptr(id)?) }
+    }
+}
+
 impl Handle<'_, Cq> {
+    /// The program's `cq_context`, read in place (the program may change it).
+    pub fn cq_context(self) -> *mut core::ffi::c_void {
+        // SAFETY: a live CQ; one field read in place.
+        unsafe { (*self.abi()).cq_context }
+    }
+
     /// Sets the size the program reads in `cq->cqe` (as rdma-core's providers write it
     /// on resize).
     pub fn set_cqe(self, cqe: c_int) {
@@ -185,7 +235,7 @@ impl CqInner {
     pub(crate) fn channel(&self) -> Option<&ChannelInner> {
         // SAFETY: a CQ's channel stays alive while the CQ does (it counts in the
         // channel's `cqs`; destroying the channel is EBUSY until the CQ is destroyed).
-        unsafe { crate::channel::channel_from(self.channel) }
+        unsafe { channel_from(self.channel) }
     }
 }
 

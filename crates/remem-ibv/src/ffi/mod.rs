@@ -10,6 +10,7 @@
 //!   with the few in-place reads and writes of program-visible ABI fields the objects
 //!   need, each with its `// SAFETY:` argument here;
 //! - [`wr`]: the program's work-request lists, read under the verbs contract;
+//! - [`sys`]: `fcntl` and `poll` on the library's own descriptors;
 //! - the entry modules ([`queues`], [`rdmacm`]): the exported `extern "C"` functions, each a thin
 //!   shell that converts its arguments with the helpers above and calls safe code in the
 //!   object modules (`qp`, `cq`, ...), which say `#![deny(unsafe_code)]`.
@@ -22,6 +23,7 @@
 pub mod handles;
 pub mod queues;
 pub mod rdmacm;
+pub mod sys;
 pub mod wr;
 
 #[cfg(test)]

@@ -1,18 +1,32 @@
-//! The C entry points of the queue objects (CQs, SRQs, QPs, posting): each converts the program's
+//! The C entry points of the queue objects (completion channels, CQs, SRQs, QPs, posting,
+//! address handles): each converts the program's
 //! pointers once ([`super::handles`], [`super::opt_ref`], ...) and calls the safe object
-//! module ([`crate::cq`], [`crate::srq`], [`crate::qp`], [`crate::post`]).
+//! module ([`crate::cq`], [`crate::srq`], [`crate::qp`], [`crate::post`], [`crate::ah`],
+//! [`crate::channel`]).
 
-use super::handles::{Handle, cq_from, free, qp_from, qp_queues, srq_from};
+use super::handles::{Handle, channel_from, cq_from, free, qp_from, qp_queues, srq_from};
 use super::wr::{RecvWrRef, SendWrRef};
-use super::{guard, guard_int, guard_ptr, null_with, opt_mut, opt_ref, out, out_slice};
+use super::{
+    guard, guard_int, guard_neg, guard_ptr, null_with, opt_mut, opt_ref, out, out_slice, set_errno,
+};
 use crate::abi::*;
+use crate::ah::{self, Ah};
+use crate::channel::{self, Channel};
 use crate::cq::{self, Cq, CqRequest};
 use crate::post;
 use crate::qp::{self, Qp};
 use crate::srq::{self, Srq};
 use core::ffi::{c_int, c_uint, c_void};
+use std::sync::Arc;
 
 symver!(
+    "ibv_create_comp_channel" @ "IBVERBS_1.0",
+    "ibv_destroy_comp_channel" @ "IBVERBS_1.0",
+    "ibv_get_cq_event" @ "IBVERBS_1.1",
+    "ibv_create_ah" @ "IBVERBS_1.1",
+    "ibv_destroy_ah" @ "IBVERBS_1.1",
+    "ibv_init_ah_from_wc" @ "IBVERBS_1.1",
+    "ibv_create_ah_from_wc" @ "IBVERBS_1.1",
     "ibv_create_srq" @ "IBVERBS_1.1",
     "ibv_destroy_srq" @ "IBVERBS_1.1",
     "ibv_modify_srq" @ "IBVERBS_1.1",
@@ -31,6 +45,76 @@ symver!(
     "ibv_attach_mcast" @ "IBVERBS_1.1",
     "ibv_detach_mcast" @ "IBVERBS_1.1",
 );
+
+// ----- completion channels (crate::channel) -----------------------------------------------
+
+/// `ibv_create_comp_channel`.
+///
+/// # Safety
+///
+/// `context` is NULL or a context from `ibv_open_device`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_create_comp_channel(
+    context: *mut ibv_context,
+) -> *mut ibv_comp_channel {
+    guard_ptr("ibv_create_comp_channel", || {
+        // SAFETY: by the contract.
+        channel::create(unsafe { crate::context::ctx_from(context) })
+    })
+}
+
+/// `ibv_destroy_comp_channel`: EBUSY while a CQ uses the channel.
+///
+/// # Safety
+///
+/// `channel` is NULL or a live channel from `ibv_create_comp_channel`, not used afterwards
+/// on success.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_destroy_comp_channel(
+    channel: *mut ibv_comp_channel,
+) -> c_int {
+    guard_int("ibv_destroy_comp_channel", || {
+        // SAFETY: by the contract.
+        let Some(h) = (unsafe { Handle::<Channel>::from_abi(channel) }) else {
+            return libc::EINVAL;
+        };
+        if let Err(e) = channel::release(h.inner()) {
+            return e;
+        }
+        // SAFETY: the program gives the channel up; no CQ refers to it (`release`).
+        unsafe { free(h) };
+        0
+    })
+}
+
+/// `ibv_get_cq_event`: see [`channel::get_cq_event`].
+///
+/// # Safety
+///
+/// `channel` is NULL or a live channel; `cq` and `cq_context` are NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_get_cq_event(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    guard_neg("ibv_get_cq_event", || {
+        // SAFETY: by the contract. Only clones of what the wait uses are kept, not the
+        // reference: the channel may be destroyed while this thread waits.
+        let ch = unsafe { channel_from(channel) }
+            .map(|ch| (Arc::clone(&ch.ch), Arc::clone(&ch.ctx), ch.fd));
+        // SAFETY: by the contract.
+        match (ch, unsafe { out(cq) }, unsafe { out(cq_context) }) {
+            (Some((events, ctx, fd)), Some(cq), Some(cq_context)) => {
+                channel::get_cq_event(events, ctx, fd, cq, cq_context)
+            }
+            _ => {
+                set_errno(libc::EINVAL);
+                -1
+            }
+        }
+    })
+}
 
 // ----- CQs (crate::cq) ---------------------------------------------------------------------
 
@@ -52,7 +136,7 @@ pub unsafe extern "C" fn remem_ibv_ibv_create_cq(
         let (ctx, ch) = unsafe {
             (
                 crate::context::ctx_from(context),
-                crate::channel::channel_from(channel),
+                crate::ffi::handles::channel_from(channel),
             )
         };
         cq::create(CqRequest {
@@ -346,6 +430,118 @@ pub unsafe extern "C" fn get_srq_num(srq: *mut ibv_srq, srq_num: *mut u32) -> c_
             }
             _ => libc::EINVAL,
         }
+    })
+}
+
+// ----- address handles (crate::ah) ---------------------------------------------------------
+
+/// `ibv_create_ah`.
+///
+/// # Safety
+///
+/// `pd` is NULL or a live PD; `attr` is NULL or readable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_create_ah(
+    pd: *mut ibv_pd,
+    attr: *mut ibv_ah_attr,
+) -> *mut ibv_ah {
+    guard_ptr("ibv_create_ah", || {
+        // SAFETY: by the contract.
+        match unsafe { (crate::context::pd_from(pd), opt_ref(attr)) } {
+            (Some(p), Some(a)) => ah::create(&p.inner, a),
+            _ => null_with(libc::EINVAL),
+        }
+    })
+}
+
+/// `ibv_destroy_ah`.
+///
+/// # Safety
+///
+/// `ah` is NULL or a live address handle, not used afterwards on success.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+    guard_int("ibv_destroy_ah", || {
+        // SAFETY: by the contract.
+        let Some(h) = (unsafe { Handle::<Ah>::from_abi(ah) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: the program gives the handle up. Work requests already posted hold
+        // their own reference to remem's handle.
+        unsafe { free(h) };
+        0
+    })
+}
+
+/// The 40-byte GRH area of a UD receive, when the completion says it has one.
+///
+/// # Safety
+///
+/// `grh` is NULL or points to the 40 bytes in front of the received payload when `wc`
+/// has `IBV_WC_GRH`.
+unsafe fn grh_area(wc: Option<&ibv_wc>, grh: *mut ibv_grh) -> Option<[u8; 40]> {
+    if grh.is_null() || wc.is_none_or(|w| w.wc_flags & IBV_WC_GRH == 0) {
+        return None;
+    }
+    // SAFETY: by the contract (any alignment: the area lies in a receive buffer).
+    Some(unsafe { grh.cast::<[u8; 40]>().read_unaligned() })
+}
+
+/// `ibv_init_ah_from_wc`: the address vector that answers the datagram `wc` received
+/// (its GRH area at `grh`), see [`ah::init_attr`]. 0, or -1 with errno.
+///
+/// # Safety
+///
+/// `context` is an open context; `wc` and `ah_attr` are valid; `grh` points to the 40
+/// bytes in front of the received payload when `wc` has `IBV_WC_GRH`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_init_ah_from_wc(
+    context: *mut ibv_context,
+    port_num: u8,
+    wc: *mut ibv_wc,
+    grh: *mut ibv_grh,
+    ah_attr: *mut ibv_ah_attr,
+) -> c_int {
+    guard_neg("ibv_init_ah_from_wc", || {
+        // SAFETY: by the contract.
+        let (ctx, w, out) =
+            unsafe { (crate::context::ctx_from(context), opt_ref(wc), out(ah_attr)) };
+        let (Some(ctx), Some(w), Some(out)) = (ctx, w, out) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        // SAFETY: by the contract.
+        let area = unsafe { grh_area(Some(w), grh) };
+        let (a, r) = ah::init_attr(ctx.shared(), port_num, w, area.as_ref());
+        out.write(a);
+        match r {
+            Ok(()) => 0,
+            Err(e) => {
+                set_errno(e);
+                -1
+            }
+        }
+    })
+}
+
+/// `ibv_create_ah_from_wc`: `ibv_init_ah_from_wc` then `ibv_create_ah`.
+///
+/// # Safety
+///
+/// As [`remem_ibv_ibv_init_ah_from_wc`], with `pd` a live PD.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_create_ah_from_wc(
+    pd: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut ibv_grh,
+    port_num: u8,
+) -> *mut ibv_ah {
+    guard_ptr("ibv_create_ah_from_wc", || {
+        // SAFETY: by the contract.
+        let (p, w) = unsafe { (crate::context::pd_from(pd), opt_ref(wc)) };
+        // SAFETY: by the contract.
+        let area = unsafe { grh_area(w, grh) };
+        ah::create_from_wc(p.map(|p| &p.inner), w, area.as_ref(), port_num)
     })
 }
 

@@ -212,7 +212,7 @@ pub(crate) unsafe fn ud_dest(
     remote_qkey: u32,
 ) -> Result<UdDest, c_int> {
     // SAFETY: by the contract.
-    let a = unsafe { crate::ah::ah_from(ah) }.ok_or(libc::EINVAL)?;
+    let a = unsafe { super::handles::ah_from(ah) }.ok_or(libc::EINVAL)?;
     Ok(UdDest {
         ah: Arc::clone(&a.ah),
         remote_qpn,

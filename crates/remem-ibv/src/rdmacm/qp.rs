@@ -68,7 +68,7 @@ unsafe fn destroy_cqs(id: *mut rdma_cm_id, s: &IdShared) {
         }
         for ch in [rch, sch] {
             if !ch.is_null() {
-                crate::channel::remem_ibv_ibv_destroy_comp_channel(ch);
+                crate::ffi::queues::remem_ibv_ibv_destroy_comp_channel(ch);
             }
         }
     }
@@ -85,7 +85,7 @@ fn make_cq(
     id: *mut rdma_cm_id,
 ) -> Result<(*mut ibv_comp_channel, *mut ibv_cq), c_int> {
     // SAFETY: an open context of this library.
-    let ch = unsafe { crate::channel::remem_ibv_ibv_create_comp_channel(verbs) };
+    let ch = unsafe { crate::ffi::queues::remem_ibv_ibv_create_comp_channel(verbs) };
     if ch.is_null() {
         return Err(crate::ffi::errno());
     }
@@ -98,7 +98,7 @@ fn make_cq(
     if cq.is_null() {
         let e = crate::ffi::errno();
         // SAFETY: the channel just made, unused.
-        unsafe { crate::channel::remem_ibv_ibv_destroy_comp_channel(ch) };
+        unsafe { crate::ffi::queues::remem_ibv_ibv_destroy_comp_channel(ch) };
         return Err(e);
     }
     Ok((ch, cq))
