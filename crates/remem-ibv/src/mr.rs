@@ -389,7 +389,7 @@ mod tests {
         let ctx =
             crate::context::Ctx::create(crate::context::tests::soft_device(), std::ptr::null_mut());
         // SAFETY: a live context.
-        let pd = unsafe { crate::pd::remem_ibv_ibv_alloc_pd(ctx) };
+        let pd = unsafe { crate::ffi::device::remem_ibv_ibv_alloc_pd(ctx) };
         let mut a = vec![0u8; 4096];
         let mut b = vec![0u8; 2048];
         let rw = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) as c_int;
@@ -438,7 +438,7 @@ mod tests {
         // SAFETY: the live MR and PD, not used afterwards.
         unsafe {
             assert_eq!(remem_ibv_ibv_dereg_mr(mr), 0);
-            assert_eq!(crate::pd::remem_ibv_ibv_dealloc_pd(pd), 0);
+            assert_eq!(crate::ffi::device::remem_ibv_ibv_dealloc_pd(pd), 0);
             crate::context::Ctx::free(ctx);
         }
     }

@@ -8,7 +8,7 @@ pub fn exports() -> Vec<(&'static str, &'static str)> {
     [
         crate::device::SYMBOLS,
         crate::query::SYMBOLS,
-        crate::pd::SYMBOLS,
+        crate::ffi::device::SYMBOLS,
         crate::mr::SYMBOLS,
         crate::mw::SYMBOLS,
         crate::event::SYMBOLS,

@@ -150,7 +150,7 @@ impl CmDev {
         let mut pd = self.pd.lock().unwrap_or_else(|e| e.into_inner());
         if *pd == 0 {
             // SAFETY: the device's open context.
-            let p = unsafe { crate::pd::remem_ibv_ibv_alloc_pd(self.verbs()) };
+            let p = unsafe { crate::ffi::device::remem_ibv_ibv_alloc_pd(self.verbs()) };
             if p.is_null() {
                 return Err(crate::ffi::errno());
             }
