@@ -420,7 +420,7 @@ fn verbs_context_table(device: *mut ibv_device, async_fd: i32) -> verbs_context 
         modify_wq: None,
         create_wq: None,
         query_rt_values: None,
-        create_cq_ex: Some(crate::cq_ex::create_cq_ex),
+        create_cq_ex: Some(crate::ffi::queues::create_cq_ex),
         r#priv: std::ptr::null_mut(),
         query_device_ex: Some(crate::query::query_device_ex),
         ibv_destroy_flow: None,

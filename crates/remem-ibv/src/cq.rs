@@ -142,7 +142,13 @@ pub(crate) fn create(req: CqRequest<'_>) -> *mut ibv_cq {
     let id = cq.id();
     let cqe = c_int::try_from(cq.cqe()).unwrap_or(c_int::MAX);
     let raw = into_abi(Cq {
-        abi: crate::cq_ex::abi(shared.ibv_context(), channel_ptr, req.cq_context, id.0, cqe),
+        abi: crate::ffi::queues::cq_ex_abi(
+            shared.ibv_context(),
+            channel_ptr,
+            req.cq_context,
+            id.0,
+            cqe,
+        ),
         inner: CqInner {
             cq,
             ctx: Arc::clone(shared),

@@ -427,13 +427,13 @@ fn wr_api_and_cq_ex() {
         flags: 0,
         parent_domain: null_mut(),
     };
-    let cqx = unsafe { crate::cq_ex::create_cq_ex(e.ctx, &mut cattr) };
+    let cqx = unsafe { crate::ffi::queues::create_cq_ex(e.ctx, &mut cattr) };
     assert!(!cqx.is_null());
     let cq: *mut ibv_cq = cqx.cast();
     // Timestamps are not offered.
     let mut ts = cattr;
     ts.wc_flags |= IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
-    assert!(unsafe { crate::cq_ex::create_cq_ex(e.ctx, &mut ts) }.is_null());
+    assert!(unsafe { crate::ffi::queues::create_cq_ex(e.ctx, &mut ts) }.is_null());
     assert_eq!(crate::ffi::errno(), libc::EOPNOTSUPP);
 
     let mk = |ops: u64| {

@@ -15,7 +15,6 @@ pub fn exports() -> Vec<(&'static str, &'static str)> {
         crate::misc::SYMBOLS,
         crate::private::SYMBOLS,
         crate::private::DATA_SYMBOLS,
-        crate::cq_ex::SYMBOLS,
         crate::ffi::queues::SYMBOLS,
         crate::qp_ex::SYMBOLS,
     ]

@@ -22,7 +22,6 @@ const FFI: &[&str] = &[
     // Not yet split into safe logic and FFI entry points (issue 31): each of these still
     // holds its own `extern "C"` entry points. The list only shrinks.
     "context.rs",
-    "cq_ex.rs",
     "device.rs",
     "event.rs",
     "misc.rs",

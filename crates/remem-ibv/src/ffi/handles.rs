@@ -205,6 +205,19 @@ impl CtxShared {
 }
 
 impl Handle<'_, Cq> {
+    /// Sets the `status` and `wr_id` the program reads in its `ibv_cq_ex` after
+    /// `ibv_start_poll` / `ibv_next_poll`.
+    pub fn set_polled(self, status: ibv_wc_status, wr_id: u64) {
+        let p = self.abi().cast::<ibv_cq_ex>();
+        // SAFETY: a live CQ, whose ABI struct is an `ibv_cq_ex` (`Cq::abi`); the two
+        // public fields are written in place (no reference is made), by the one thread
+        // between start_poll and end_poll.
+        unsafe {
+            (&raw mut (*p).status).write(status);
+            (&raw mut (*p).wr_id).write(wr_id);
+        }
+    }
+
     /// The program's `cq_context`, read in place (the program may change it).
     pub fn cq_context(self) -> *mut core::ffi::c_void {
         // SAFETY: a live CQ; one field read in place.

@@ -13,10 +13,12 @@ use crate::abi::*;
 use crate::ah::{self, Ah};
 use crate::channel::{self, Channel};
 use crate::cq::{self, Cq, CqRequest};
+use crate::cq_ex;
 use crate::post;
 use crate::qp::{self, Qp};
 use crate::srq::{self, Srq};
 use core::ffi::{c_int, c_uint, c_void};
+use remem_verbs::WorkCompletion;
 use std::sync::Arc;
 
 symver!(
@@ -310,6 +312,189 @@ pub unsafe extern "C" fn post_srq_recv(
             s.map_or(Ok(()), |s| s.srq.post_recv(std::slice::from_ref(r)))
         })
     })
+}
+
+// ----- extended CQs (crate::cq_ex) --------------------------------------------------------
+
+/// The `ibv_cq_ex` of a new CQ: the `ibv_cq` fields and every extended function
+/// ([`crate::cq_ex`]).
+pub(crate) fn cq_ex_abi(
+    context: *mut ibv_context,
+    channel: *mut ibv_comp_channel,
+    cq_context: *mut c_void,
+    handle: u32,
+    cqe: c_int,
+) -> ibv_cq_ex {
+    ibv_cq_ex {
+        context,
+        channel,
+        cq_context,
+        handle,
+        cqe,
+        mutex: libc::PTHREAD_MUTEX_INITIALIZER,
+        cond: libc::PTHREAD_COND_INITIALIZER,
+        comp_events_completed: 0,
+        async_events_completed: 0,
+        comp_mask: 0,
+        status: IBV_WC_SUCCESS,
+        wr_id: 0,
+        start_poll: Some(start_poll),
+        next_poll: Some(next_poll),
+        end_poll: Some(end_poll),
+        read_opcode: Some(read_opcode),
+        read_vendor_err: Some(read_vendor_err),
+        read_byte_len: Some(read_byte_len),
+        read_imm_data: Some(read_imm_data),
+        read_qp_num: Some(read_qp_num),
+        read_src_qp: Some(read_src_qp),
+        read_wc_flags: Some(read_wc_flags),
+        read_slid: Some(read_slid),
+        read_sl: Some(read_sl),
+        read_dlid_path_bits: Some(read_dlid_path_bits),
+        read_completion_ts: Some(read_zero_u64),
+        read_cvlan: Some(read_cvlan),
+        read_flow_tag: Some(read_flow_tag),
+        read_tm_info: Some(read_tm_info),
+        read_completion_wallclock_ns: Some(read_zero_u64),
+    }
+}
+
+/// `verbs_context::create_cq_ex` (verbs.h's inline `ibv_create_cq_ex`): see
+/// [`cq_ex::create_ex`].
+///
+/// # Safety
+///
+/// `context` is an open context; `attr` is NULL or readable, its channel NULL or live.
+pub unsafe extern "C" fn create_cq_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq_ex {
+    guard_ptr("ibv_create_cq_ex", || {
+        // SAFETY: by the contract, NULL or readable; copied out.
+        let Some(a) = (unsafe { opt_ref(attr) }).copied() else {
+            return null_with(libc::EINVAL);
+        };
+        // SAFETY: by the contract: the program's context and channel (NULL or live).
+        let (ctx, ch) = unsafe { (crate::context::ctx_from(context), channel_from(a.channel)) };
+        cq_ex::create_ex(ctx, &a, ch)
+    })
+}
+
+/// The CQ behind an `ibv_cq_ex` pointer.
+///
+/// # Safety
+///
+/// `cq` is NULL or a live CQ made by this library (its `ibv_cq_ex` is its `ibv_cq`).
+unsafe fn cq_ex<'a>(cq: *mut ibv_cq_ex) -> Option<Handle<'a, Cq>> {
+    // SAFETY: by the contract.
+    unsafe { Handle::from_abi(cq.cast()) }
+}
+
+/// `ibv_cq_ex::start_poll`.
+unsafe extern "C" fn start_poll(p: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
+    guard(
+        "ibv_start_poll",
+        || libc::EIO,
+        || {
+            // SAFETY: the program passes the CQ it polls, and NULL or a readable `attr`.
+            match unsafe { (cq_ex(p), opt_ref(attr)) } {
+                (Some(h), a) => cq_ex::start_poll(h, a),
+                (None, _) => libc::EINVAL,
+            }
+        },
+    )
+}
+
+/// `ibv_cq_ex::next_poll`.
+unsafe extern "C" fn next_poll(p: *mut ibv_cq_ex) -> c_int {
+    guard(
+        "ibv_next_poll",
+        || libc::EIO,
+        || {
+            // SAFETY: the program passes the CQ it polls.
+            match unsafe { cq_ex(p) } {
+                Some(h) => cq_ex::advance(h),
+                None => libc::EINVAL,
+            }
+        },
+    )
+}
+
+/// `ibv_cq_ex::end_poll`: nothing is held between the calls.
+unsafe extern "C" fn end_poll(_p: *mut ibv_cq_ex) {}
+
+/// [`cq_ex::read`] on the program's CQ.
+///
+/// # Safety
+///
+/// `p` is NULL or a live CQ of this library.
+unsafe fn read<T: Default>(
+    p: *mut ibv_cq_ex,
+    flag: u64,
+    f: impl FnOnce(&WorkCompletion) -> T,
+) -> T {
+    // SAFETY: by the contract.
+    cq_ex::read(unsafe { cq_ex(p) }.map(Handle::inner), flag, f)
+}
+
+// The `ibv_wc_read_*` functions: the program passes the CQ it polls.
+unsafe extern "C" fn read_opcode(p: *mut ibv_cq_ex) -> ibv_wc_opcode {
+    // SAFETY: the program passes the CQ it polls.
+    unsafe { read(p, 0, |w| w.opcode as ibv_wc_opcode) }
+}
+unsafe extern "C" fn read_vendor_err(p: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the program passes the CQ it polls.
+    unsafe { read(p, 0, |w| w.vendor_err) }
+}
+unsafe extern "C" fn read_byte_len(p: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the program passes the CQ it polls.
+    unsafe { read(p, IBV_WC_EX_WITH_BYTE_LEN, |w| w.byte_len) }
+}
+/// Immediate data in network order.
+unsafe extern "C" fn read_imm_data(p: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the program passes the CQ it polls.
+    unsafe { read(p, IBV_WC_EX_WITH_IMM, cq_ex::imm_data) }
+}
+unsafe extern "C" fn read_qp_num(p: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the program passes the CQ it polls.
+    unsafe { read(p, IBV_WC_EX_WITH_QP_NUM, |w| w.qp_num) }
+}
+unsafe extern "C" fn read_src_qp(p: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the program passes the CQ it polls.
+    unsafe { read(p, IBV_WC_EX_WITH_SRC_QP, |w| w.src_qp) }
+}
+unsafe extern "C" fn read_wc_flags(p: *mut ibv_cq_ex) -> c_uint {
+    // SAFETY: the program passes the CQ it polls.
+    unsafe { read(p, 0, |w| w.wc_flags.bits()) }
+}
+unsafe extern "C" fn read_slid(p: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the program passes the CQ it polls.
+    unsafe { read(p, IBV_WC_EX_WITH_SLID, |w| u32::from(w.slid)) }
+}
+unsafe extern "C" fn read_sl(p: *mut ibv_cq_ex) -> u8 {
+    // SAFETY: the program passes the CQ it polls.
+    unsafe { read(p, IBV_WC_EX_WITH_SL, |w| w.sl) }
+}
+unsafe extern "C" fn read_dlid_path_bits(p: *mut ibv_cq_ex) -> u8 {
+    // SAFETY: the program passes the CQ it polls.
+    unsafe { read(p, IBV_WC_EX_WITH_DLID_PATH_BITS, |w| w.dlid_path_bits) }
+}
+/// Timestamps cannot be asked for (creation refuses them): 0.
+unsafe extern "C" fn read_zero_u64(_p: *mut ibv_cq_ex) -> u64 {
+    0
+}
+unsafe extern "C" fn read_cvlan(_p: *mut ibv_cq_ex) -> u16 {
+    0
+}
+unsafe extern "C" fn read_flow_tag(_p: *mut ibv_cq_ex) -> u32 {
+    0
+}
+/// Tag matching cannot be asked for: the info is zeroed.
+unsafe extern "C" fn read_tm_info(_p: *mut ibv_cq_ex, info: *mut ibv_wc_tm_info) {
+    // SAFETY: NULL or writable by the caller's contract.
+    if let Some(i) = unsafe { opt_mut(info) } {
+        *i = ibv_wc_tm_info { tag: 0, r#priv: 0 };
+    }
 }
 
 // ----- SRQs (crate::srq) -------------------------------------------------------------------
