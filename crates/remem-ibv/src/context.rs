@@ -428,7 +428,7 @@ fn verbs_context_table(device: *mut ibv_device, async_fd: i32) -> verbs_context 
         ibv_create_flow: None,
         ABI_placeholder1: None,
         open_qp: None,
-        create_qp_ex: Some(crate::qp_ex::create_qp_ex),
+        create_qp_ex: Some(crate::ffi::queues::create_qp_ex),
         get_srq_num: Some(crate::ffi::queues::get_srq_num),
         create_srq_ex: Some(crate::ffi::queues::create_srq_ex),
         open_xrcd: None,

@@ -277,8 +277,8 @@ pub(crate) fn create(
         events_completed: 0,
     };
     let raw = into_abi(Qp {
-        abi: crate::qp_ex::abi(base),
-        wr_flush: Some(crate::qp_ex::wr_flush),
+        abi: crate::ffi::queues::qp_ex_abi(base),
+        wr_flush: Some(crate::ffi::queues::wr_flush),
         inner: QpInner {
             qp,
             qp_type,

@@ -8,7 +8,6 @@
 use crate::abi::*;
 use crate::context::{Ctx, Pd, ctx_from, pd_from};
 use crate::ffi::queues::*;
-use crate::qp_ex::*;
 use core::ffi::{c_int, c_void};
 use remem_verbs::{AccessFlags, Context, MemRegion, MemoryBuffer, MemoryRegion};
 use std::ptr::null_mut;

@@ -16,7 +16,6 @@ pub fn exports() -> Vec<(&'static str, &'static str)> {
         crate::private::SYMBOLS,
         crate::private::DATA_SYMBOLS,
         crate::ffi::queues::SYMBOLS,
-        crate::qp_ex::SYMBOLS,
     ]
     .concat()
 }

@@ -28,7 +28,6 @@ const FFI: &[&str] = &[
     "mr.rs",
     "mw.rs",
     "private.rs",
-    "qp_ex.rs",
     "query.rs",
     "rdmacm/addrinfo.rs",
     "rdmacm/channel.rs",

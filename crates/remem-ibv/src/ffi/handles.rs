@@ -260,6 +260,15 @@ impl Handle<'_, Qp> {
         unsafe { (&raw mut (*self.abi()).state).write(state as ibv_qp_state) };
     }
 
+    /// The `wr_id` and `wr_flags` the program wrote in its `ibv_qp_ex` before an
+    /// `ibv_wr_*` builder, read in place.
+    pub fn wr_id_flags(self) -> (u64, u32) {
+        let p = self.abi().cast::<ibv_qp_ex>();
+        // SAFETY: a live QP, whose ABI struct is an `ibv_qp_ex` (`Qp::abi`); the two
+        // public fields are read in place.
+        unsafe { ((*p).wr_id, (*p).wr_flags) }
+    }
+
     /// The creation attributes as the program sees them now (`qp_context` and the queues
     /// read in place from its `ibv_qp`), with the granted `cap` and `sq_sig_all`.
     pub fn init_attr(self) -> ibv_qp_init_attr {

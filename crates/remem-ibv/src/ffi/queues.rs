@@ -15,13 +15,16 @@ use crate::channel::{self, Channel};
 use crate::cq::{self, Cq, CqRequest};
 use crate::cq_ex;
 use crate::post;
-use crate::qp::{self, Qp};
+use crate::post::Pending;
+use crate::qp::{self, Qp, QpInner};
+use crate::qp_ex;
 use crate::srq::{self, Srq};
 use core::ffi::{c_int, c_uint, c_void};
-use remem_verbs::WorkCompletion;
+use remem_verbs::{SendOp, WorkCompletion};
 use std::sync::Arc;
 
 symver!(
+    "ibv_qp_to_qp_ex" @ "IBVERBS_1.6",
     "ibv_create_comp_channel" @ "IBVERBS_1.0",
     "ibv_destroy_comp_channel" @ "IBVERBS_1.0",
     "ibv_get_cq_event" @ "IBVERBS_1.1",
@@ -728,6 +731,378 @@ pub unsafe extern "C" fn remem_ibv_ibv_create_ah_from_wc(
         let area = unsafe { grh_area(w, grh) };
         ah::create_from_wc(p.map(|p| &p.inner), w, area.as_ref(), port_num)
     })
+}
+
+// ----- extended QPs, the ibv_wr_* API (crate::qp_ex) ---------------------------------------
+
+/// The `ibv_qp_ex` of a new QP: `base` and every `ibv_wr_*` function ([`crate::qp_ex`]).
+pub(crate) fn qp_ex_abi(base: ibv_qp) -> ibv_qp_ex {
+    ibv_qp_ex {
+        qp_base: base,
+        comp_mask: 0,
+        wr_id: 0,
+        wr_flags: 0,
+        wr_atomic_cmp_swp: Some(wr_atomic_cmp_swp),
+        wr_atomic_fetch_add: Some(wr_atomic_fetch_add),
+        wr_bind_mw: Some(wr_bind_mw),
+        wr_local_inv: Some(wr_local_inv),
+        wr_rdma_read: Some(wr_rdma_read),
+        wr_rdma_write: Some(wr_rdma_write),
+        wr_rdma_write_imm: Some(wr_rdma_write_imm),
+        wr_send: Some(wr_send),
+        wr_send_imm: Some(wr_send_imm),
+        wr_send_inv: Some(wr_send_inv),
+        wr_send_tso: Some(wr_send_tso),
+        wr_set_ud_addr: Some(wr_set_ud_addr),
+        wr_set_xrc_srqn: Some(wr_set_xrc_srqn),
+        wr_set_inline_data: Some(wr_set_inline_data),
+        wr_set_inline_data_list: Some(wr_set_inline_data_list),
+        wr_set_sge: Some(wr_set_sge),
+        wr_set_sge_list: Some(wr_set_sge_list),
+        wr_start: Some(wr_start),
+        wr_complete: Some(wr_complete),
+        wr_abort: Some(wr_abort),
+        wr_atomic_write: Some(wr_atomic_write),
+    }
+}
+
+/// `verbs_context::create_qp_ex` (verbs.h's inline `ibv_create_qp_ex`): see
+/// [`qp_ex::create_ex`].
+///
+/// # Safety
+///
+/// `context` is an open context; `attr` is NULL or readable and writable, its PD (with
+/// `IBV_QP_INIT_ATTR_PD`), CQs and SRQ NULL or live objects of this library.
+pub unsafe extern "C" fn create_qp_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    guard_ptr("ibv_create_qp_ex", || {
+        // SAFETY: by the contract.
+        let Some(a) = (unsafe { opt_mut(attr) }) else {
+            return null_with(libc::EINVAL);
+        };
+        let pd = if a.comp_mask & IBV_QP_INIT_ATTR_PD != 0 {
+            // SAFETY: with IBV_QP_INIT_ATTR_PD, `a.pd` is NULL or the program's PD.
+            unsafe { crate::context::pd_from(a.pd) }.map(|p| &p.inner)
+        } else {
+            None
+        };
+        let basic = ibv_qp_init_attr {
+            qp_context: a.qp_context,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            cap: a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all,
+        };
+        // SAFETY: the program's CQs and SRQ: NULL or this library's.
+        let queues = unsafe { qp_queues(&basic) };
+        qp_ex::create_ex(context, a, pd, queues)
+    })
+}
+
+/// `ibv_qp_to_qp_ex`: see [`qp_ex::to_qp_ex`]; NULL (errno EINVAL) for NULL.
+///
+/// # Safety
+///
+/// `qp` is NULL or a live QP.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    guard_ptr("ibv_qp_to_qp_ex", || {
+        // SAFETY: by the contract.
+        match unsafe { Handle::<Qp>::from_abi(qp) } {
+            Some(h) => qp_ex::to_qp_ex(h),
+            None => null_with(libc::EINVAL),
+        }
+    })
+}
+
+/// The QP of an `ibv_qp_ex` pointer.
+///
+/// # Safety
+///
+/// `qpx` is NULL or a live QP of this library (its `ibv_qp_ex` is its `ibv_qp`).
+unsafe fn qp_ex_handle<'a>(qpx: *mut ibv_qp_ex) -> Option<Handle<'a, Qp>> {
+    // SAFETY: by the contract.
+    unsafe { Handle::from_abi(qpx.cast()) }
+}
+
+/// A builder: starts a work request of `op` on the program's QP (a panic records
+/// nothing and returns).
+///
+/// # Safety
+///
+/// `qpx` is NULL or a live QP of this library.
+unsafe fn build(qpx: *mut ibv_qp_ex, name: &str, op: Result<SendOp, c_int>) {
+    // SAFETY: by the contract.
+    let h = unsafe { qp_ex_handle(qpx) };
+    guard(name, || (), || qp_ex::build(h, op));
+}
+
+/// A setter: runs `f` on the program's QP's batch (see [`qp_ex::with_batch`]).
+///
+/// # Safety
+///
+/// `qpx` is NULL or a live QP of this library.
+unsafe fn with_batch(
+    qpx: *mut ibv_qp_ex,
+    name: &str,
+    f: impl FnOnce(&QpInner, &mut Pending) -> Result<(), c_int>,
+) {
+    // SAFETY: by the contract.
+    let h = unsafe { qp_ex_handle(qpx) };
+    guard(name, || (), || qp_ex::with_batch(h.map(Handle::inner), f));
+}
+
+/// The program's bytes at `addr` (`len` of them; `None`: a NULL address with bytes).
+///
+/// # Safety
+///
+/// `addr` is NULL or readable for `len` bytes during the call (what verbs requires of
+/// inline data).
+unsafe fn bytes<'a>(addr: *const c_void, len: usize) -> Option<&'a [u8]> {
+    // SAFETY: by the contract.
+    unsafe { super::slice(addr.cast::<u8>(), len) }
+}
+
+// The `ibv_wr_*` functions of every QP's `ibv_qp_ex`: the program passes one of this
+// library's QPs, and pointers valid as verbs.h documents.
+
+unsafe extern "C" fn wr_atomic_cmp_swp(
+    qpx: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    compare: u64,
+    swap: u64,
+) {
+    let op = SendOp::AtomicCmpAndSwp {
+        remote_addr,
+        rkey,
+        compare,
+        swap,
+    };
+    // SAFETY: the program's QP.
+    unsafe { build(qpx, "ibv_wr_atomic_cmp_swp", Ok(op)) };
+}
+
+unsafe extern "C" fn wr_atomic_fetch_add(
+    qpx: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    add: u64,
+) {
+    let op = SendOp::AtomicFetchAndAdd {
+        remote_addr,
+        rkey,
+        add,
+    };
+    // SAFETY: the program's QP.
+    unsafe { build(qpx, "ibv_wr_atomic_fetch_add", Ok(op)) };
+}
+
+/// `ibv_wr_bind_mw`: binds `mw` with `info`, giving it `rkey` (see [`crate::mw`]); a NULL
+/// `info` records EINVAL.
+unsafe extern "C" fn wr_bind_mw(
+    qpx: *mut ibv_qp_ex,
+    mw: *mut ibv_mw,
+    rkey: u32,
+    info: *const ibv_mw_bind_info,
+) {
+    // SAFETY: the program's bind information: NULL or readable.
+    let op = match unsafe { opt_ref(info) } {
+        // SAFETY: the program's window and region (NULL or live).
+        Some(i) => unsafe { crate::mw::bind_op(mw, rkey, i) },
+        None => Err(libc::EINVAL),
+    };
+    // SAFETY: the program's QP.
+    unsafe { build(qpx, "ibv_wr_bind_mw", op) };
+}
+
+/// `ibv_wr_local_inv`: invalidates the type 2 window of `rkey`, in send-queue order.
+unsafe extern "C" fn wr_local_inv(qpx: *mut ibv_qp_ex, rkey: u32) {
+    // SAFETY: the program's QP.
+    unsafe { build(qpx, "ibv_wr_local_inv", Ok(SendOp::LocalInv { rkey })) };
+}
+
+unsafe extern "C" fn wr_rdma_read(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    let op = SendOp::RdmaRead { remote_addr, rkey };
+    // SAFETY: the program's QP.
+    unsafe { build(qpx, "ibv_wr_rdma_read", Ok(op)) };
+}
+
+unsafe extern "C" fn wr_rdma_write(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    let op = SendOp::RdmaWrite { remote_addr, rkey };
+    // SAFETY: the program's QP.
+    unsafe { build(qpx, "ibv_wr_rdma_write", Ok(op)) };
+}
+
+/// `imm` is big-endian, as verbs passes it.
+unsafe extern "C" fn wr_rdma_write_imm(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm: u32) {
+    let op = SendOp::RdmaWriteWithImm {
+        remote_addr,
+        rkey,
+        imm: u32::from_be(imm),
+    };
+    // SAFETY: the program's QP.
+    unsafe { build(qpx, "ibv_wr_rdma_write_imm", Ok(op)) };
+}
+
+unsafe extern "C" fn wr_send(qpx: *mut ibv_qp_ex) {
+    // SAFETY: the program's QP.
+    unsafe { build(qpx, "ibv_wr_send", Ok(SendOp::Send)) };
+}
+
+/// `imm` is big-endian, as verbs passes it.
+unsafe extern "C" fn wr_send_imm(qpx: *mut ibv_qp_ex, imm: u32) {
+    let op = SendOp::SendWithImm {
+        imm: u32::from_be(imm),
+    };
+    // SAFETY: the program's QP.
+    unsafe { build(qpx, "ibv_wr_send_imm", Ok(op)) };
+}
+
+unsafe extern "C" fn wr_send_inv(qpx: *mut ibv_qp_ex, rkey: u32) {
+    // SAFETY: the program's QP.
+    unsafe { build(qpx, "ibv_wr_send_inv", Ok(SendOp::SendWithInv { rkey })) };
+}
+
+unsafe extern "C" fn wr_send_tso(qpx: *mut ibv_qp_ex, _hdr: *mut c_void, _sz: u16, _mss: u16) {
+    // SAFETY: the program's QP.
+    unsafe { build(qpx, "ibv_wr_send_tso", Err(libc::EOPNOTSUPP)) };
+}
+
+/// `ibv_wr_atomic_write`: the 8 bytes at `wr` are copied now (EINVAL for NULL), see
+/// [`qp_ex::atomic_write`].
+unsafe extern "C" fn wr_atomic_write(
+    qpx: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    wr: *const c_void,
+) {
+    // SAFETY: the program's QP; its 8-byte value, readable during this call (verbs.h).
+    let (h, value) = unsafe { (qp_ex_handle(qpx), opt_ref(wr.cast::<[u8; 8]>()).copied()) };
+    guard(
+        "ibv_wr_atomic_write",
+        || (),
+        || qp_ex::atomic_write(h, rkey, remote_addr, value),
+    );
+}
+
+/// `ibv_wr_flush` (`ibv_qp_ex::wr_flush` of rdma-core 45+): see [`qp_ex::flush_op`].
+///
+/// # Safety
+///
+/// `qpx` is one of this library's QPs.
+pub(crate) unsafe extern "C" fn wr_flush(
+    qpx: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    len: usize,
+    ty: u8,
+    level: u8,
+) {
+    let op = qp_ex::flush_op(rkey, remote_addr, len, ty, level);
+    // SAFETY: the program's QP.
+    unsafe { build(qpx, "ibv_wr_flush", op) };
+}
+
+unsafe extern "C" fn wr_set_ud_addr(qpx: *mut ibv_qp_ex, ah: *mut ibv_ah, qpn: u32, qkey: u32) {
+    // SAFETY: the program's address handle: NULL or one of this library's.
+    let dest = unsafe { super::wr::ud_dest(ah, qpn, qkey) };
+    // SAFETY: the program's QP.
+    unsafe {
+        with_batch(qpx, "ibv_wr_set_ud_addr", |q, p| {
+            qp_ex::set_ud_addr(q, p, dest)
+        })
+    };
+}
+
+unsafe extern "C" fn wr_set_xrc_srqn(qpx: *mut ibv_qp_ex, _srqn: u32) {
+    // SAFETY: the program's QP.
+    unsafe { with_batch(qpx, "ibv_wr_set_xrc_srqn", |_, _| Err(libc::EOPNOTSUPP)) };
+}
+
+unsafe extern "C" fn wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    let sge = [ibv_sge { addr, length, lkey }];
+    // SAFETY: the program's QP.
+    unsafe {
+        with_batch(qpx, "ibv_wr_set_sge", |q, p| {
+            qp_ex::set_sges(q, p, Some(&sge))
+        })
+    };
+}
+
+unsafe extern "C" fn wr_set_sge_list(qpx: *mut ibv_qp_ex, num_sge: usize, list: *const ibv_sge) {
+    // SAFETY: the program's array of `num_sge` entries.
+    let l = unsafe { super::slice(list, num_sge) };
+    // SAFETY: the program's QP.
+    unsafe { with_batch(qpx, "ibv_wr_set_sge_list", |q, p| qp_ex::set_sges(q, p, l)) };
+}
+
+unsafe extern "C" fn wr_set_inline_data(qpx: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
+    // SAFETY: the program's buffer, readable for its length during this call.
+    let b = unsafe { bytes(addr, length) };
+    // SAFETY: the program's QP.
+    unsafe {
+        with_batch(qpx, "ibv_wr_set_inline_data", |q, p| {
+            qp_ex::set_inline(q, p, std::iter::once((length, b)))
+        })
+    };
+}
+
+unsafe extern "C" fn wr_set_inline_data_list(
+    qpx: *mut ibv_qp_ex,
+    num_buf: usize,
+    list: *const ibv_data_buf,
+) {
+    // SAFETY: the program's QP, and its array of `num_buf` entries.
+    let (h, l) = unsafe { (qp_ex_handle(qpx), super::slice(list, num_buf)) };
+    let set = |q: &QpInner, p: &mut Pending| {
+        let l = l.ok_or(libc::EINVAL)?;
+        // SAFETY: each buffer is readable for its length during this call (what verbs
+        // requires of inline data).
+        let bufs = l
+            .iter()
+            .map(|b| (b.length, unsafe { bytes(b.addr, b.length) }));
+        qp_ex::set_inline(q, p, bufs)
+    };
+    guard(
+        "ibv_wr_set_inline_data_list",
+        || (),
+        || qp_ex::with_batch(h.map(Handle::inner), set),
+    );
+}
+
+unsafe extern "C" fn wr_start(qpx: *mut ibv_qp_ex) {
+    // SAFETY: the program's QP.
+    let h = unsafe { qp_ex_handle(qpx) };
+    guard(
+        "ibv_wr_start",
+        || (),
+        || h.map_or((), |h| qp_ex::start(h.inner())),
+    );
+}
+
+unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
+    // SAFETY: the program's QP.
+    let h = unsafe { qp_ex_handle(qpx) };
+    guard(
+        "ibv_wr_complete",
+        || libc::EIO,
+        || h.map_or(libc::EINVAL, |h| qp_ex::complete(h.inner())),
+    )
+}
+
+unsafe extern "C" fn wr_abort(qpx: *mut ibv_qp_ex) {
+    // SAFETY: the program's QP.
+    let h = unsafe { qp_ex_handle(qpx) };
+    guard(
+        "ibv_wr_abort",
+        || (),
+        || h.map_or((), |h| qp_ex::abort(h.inner())),
+    );
 }
 
 // ----- QPs (crate::qp) ---------------------------------------------------------------------

@@ -6,7 +6,6 @@
 //! ([`crate::post`]) is safe code.
 
 use crate::abi::*;
-use crate::post::Pending;
 use core::ffi::c_int;
 use remem_verbs::{QpType, SendOp, UdDest};
 use std::sync::Arc;
@@ -218,24 +217,6 @@ pub(crate) unsafe fn ud_dest(
         remote_qpn,
         remote_qkey,
     })
-}
-
-/// Appends the program's bytes at `addr` (`len` of them) to the inline buffer.
-///
-/// # Safety
-///
-/// `addr..addr + len` is readable program memory (what verbs requires of inline data).
-pub(crate) unsafe fn copy_inline(p: &mut Pending, addr: u64, len: usize) -> Result<(), c_int> {
-    if len == 0 {
-        return Ok(());
-    }
-    if addr == 0 {
-        return Err(libc::EINVAL);
-    }
-    // SAFETY: by the contract; the bytes are copied out before the call returns.
-    let src = unsafe { std::slice::from_raw_parts(addr as usize as *const u8, len) };
-    p.inline.extend_from_slice(src);
-    Ok(())
 }
 
 #[cfg(test)]

@@ -229,7 +229,7 @@ fn create_qp(
         a.srq = id_srq;
     }
     // SAFETY: an open context of this library and the program's attributes.
-    let qp = unsafe { crate::qp_ex::create_qp_ex(verbs, a) };
+    let qp = unsafe { crate::ffi::queues::create_qp_ex(verbs, a) };
     if qp.is_null() {
         let e = crate::ffi::errno();
         // SAFETY: a live id.
