@@ -26,7 +26,6 @@ const FFI: &[&str] = &[
     "event.rs",
     "misc.rs",
     "mr.rs",
-    "mw.rs",
     "private.rs",
     "query.rs",
     "rdmacm/addrinfo.rs",

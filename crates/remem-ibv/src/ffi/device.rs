@@ -1,10 +1,12 @@
 //! The C entry points of the device-side objects that have moved out of their object
-//! modules (protection domains): each converts the program's pointers once and calls the
-//! safe object module ([`crate::pd`]).
+//! modules (protection domains, memory windows): each converts the program's pointers
+//! once and calls the safe object module ([`crate::pd`], [`crate::mw`]).
 
-use super::{guard_int, guard_ptr, null_with};
+use super::handles::{Handle, free, qp_from};
+use super::{guard_int, guard_ptr, null_with, opt_ref};
 use crate::abi::*;
 use crate::context::{Pd, ctx_from, pd_from};
+use crate::mw::{self, Mw};
 use crate::pd;
 use core::ffi::c_int;
 
@@ -66,4 +68,63 @@ pub extern "C" fn remem_ibv_ibv_import_pd(
 #[unsafe(no_mangle)]
 pub extern "C" fn remem_ibv_ibv_unimport_pd(pd: *mut ibv_pd) {
     let _ = pd;
+}
+
+// ----- memory windows (crate::mw) -----------------------------------------------------------
+
+/// `ibv_context_ops::alloc_mw`: see [`mw::alloc`].
+///
+/// # Safety
+///
+/// `pd` is NULL or a live PD of this library.
+pub unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, r#type: ibv_mw_type) -> *mut ibv_mw {
+    guard_ptr("ibv_alloc_mw", || {
+        // SAFETY: by the contract.
+        mw::alloc(unsafe { pd_from(pd) }.map(|p| &p.inner), r#type)
+    })
+}
+
+/// `ibv_context_ops::dealloc_mw`: 0 (its binding is revoked before this returns);
+/// EINVAL for NULL.
+///
+/// # Safety
+///
+/// `mw` is NULL or a live window of this library, not used afterwards.
+pub unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
+    guard_int("ibv_dealloc_mw", || {
+        // SAFETY: by the contract.
+        let Some(h) = (unsafe { Handle::<Mw>::from_abi(mw) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: the program gives the window up.
+        unsafe { free(h) };
+        0
+    })
+}
+
+/// `ibv_context_ops::bind_mw` (verbs.h's inline `ibv_bind_mw`): see [`mw::bind`].
+///
+/// # Safety
+///
+/// `qp`, `mw` and `mw_bind` are NULL or live objects of this library (`mw_bind` readable,
+/// its region NULL or live).
+pub unsafe extern "C" fn bind_mw(
+    qp: *mut ibv_qp,
+    mw: *mut ibv_mw,
+    mw_bind: *mut ibv_mw_bind,
+) -> c_int {
+    guard_int("ibv_bind_mw", || {
+        // SAFETY: by the contract.
+        let (Some(q), Some(b)) = (unsafe { qp_from(qp) }, unsafe { opt_ref(mw_bind) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: by the contract.
+        let Some(h) = (unsafe { Handle::<Mw>::from_abi(mw) }) else {
+            return libc::EINVAL;
+        };
+        let rkey = mw::inc_rkey(h.rkey());
+        // SAFETY: by the contract: the window, and the bind's region NULL or live.
+        let op = unsafe { super::wr::bind_op(mw, rkey, &b.bind_info) };
+        mw::bind(q, h, b, rkey, op)
+    })
 }

@@ -18,6 +18,7 @@ use crate::ah::{Ah, AhInner};
 use crate::channel::{Channel, ChannelInner};
 use crate::context::CtxShared;
 use crate::cq::{Cq, CqInner};
+use crate::mw::{Mw, MwInner};
 use crate::qp::{Qp, QpInner};
 use crate::rdmacm::abi::{rdma_cm_id, rdma_event_channel};
 use crate::rdmacm::id::{IdShared, RdmaId};
@@ -63,6 +64,7 @@ object!(Qp, ibv_qp, QpInner);
 object!(Cq, ibv_cq, CqInner);
 object!(Srq, ibv_srq, SrqInner);
 object!(Ah, ibv_ah, AhInner);
+object!(Mw, ibv_mw, MwInner);
 object!(Channel, ibv_comp_channel, ChannelInner);
 object!(RdmaId, rdma_cm_id, Arc<IdShared>, shared);
 
@@ -201,6 +203,21 @@ impl CtxShared {
         // SAFETY: registered CQs are live: `ibv_destroy_cq` unregisters a CQ before it
         // frees it.
         unsafe { Handle::from_abi(self.cq_ptr(id)?) }
+    }
+}
+
+impl Handle<'_, Mw> {
+    /// The window's `rkey` as the program's `ibv_mw` says (the program may set it for a
+    /// type 2 window), read in place.
+    pub fn rkey(self) -> u32 {
+        // SAFETY: a live window; one field read in place.
+        unsafe { (*self.abi()).rkey }
+    }
+
+    /// Sets the program's `mw->rkey`.
+    pub fn set_rkey(self, rkey: u32) {
+        // SAFETY: a live window; the field is written in place, no reference is made.
+        unsafe { (&raw mut (*self.abi()).rkey).write(rkey) };
     }
 }
 

@@ -913,7 +913,7 @@ unsafe extern "C" fn wr_bind_mw(
     // SAFETY: the program's bind information: NULL or readable.
     let op = match unsafe { opt_ref(info) } {
         // SAFETY: the program's window and region (NULL or live).
-        Some(i) => unsafe { crate::mw::bind_op(mw, rkey, i) },
+        Some(i) => unsafe { super::wr::bind_op(mw, rkey, i) },
         None => Err(libc::EINVAL),
     };
     // SAFETY: the program's QP.

@@ -144,7 +144,7 @@ fn send_op(w: &ibv_send_wr) -> Result<SendOp, c_int> {
             IBV_WR_BIND_MW => {
                 // The program's window and region (NULL or live), as the contract says.
                 let b = w.u_bind_mw.bind_mw;
-                crate::mw::bind_op(b.mw, b.rkey, &b.bind_info)?
+                bind_op(b.mw, b.rkey, &b.bind_info)?
             }
             IBV_WR_TSO | IBV_WR_DRIVER1 => {
                 return Err(libc::EOPNOTSUPP);
@@ -152,6 +152,26 @@ fn send_op(w: &ibv_send_wr) -> Result<SendOp, c_int> {
             _ => return Err(libc::EINVAL),
         })
     }
+}
+
+/// The bind work request of window `mw` with `info`, giving it `rkey`
+/// ([`crate::mw::bind_op`]).
+///
+/// # Safety
+///
+/// `mw` is NULL or a live window of this library; `info.mr` is NULL or a live region of
+/// this library.
+pub(crate) unsafe fn bind_op(
+    mw: *mut ibv_mw,
+    rkey: u32,
+    info: &ibv_mw_bind_info,
+) -> Result<SendOp, c_int> {
+    // SAFETY: by the contract.
+    let mw_rkey =
+        unsafe { super::handles::Handle::<crate::mw::Mw>::from_abi(mw) }.map(|h| h.rkey());
+    // SAFETY: by the contract, a non-NULL region is live; its `lkey` is read in place.
+    let mr_lkey = (!info.mr.is_null()).then(|| unsafe { (*info.mr).lkey });
+    crate::mw::bind_op(mw_rkey, rkey, info, mr_lkey)
 }
 
 /// One element of the program's receive list.
