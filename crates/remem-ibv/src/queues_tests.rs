@@ -900,3 +900,75 @@ fn cq_overrun_fails_poll() {
         assert_eq!(unsafe { remem_ibv_ibv_destroy_qp(q) }, 0);
     }
 }
+
+/// Async events across two opens of a device (moved from `event`, whose module is safe
+/// code: the test reads the program's side through raw pointers).
+mod async_events {
+    use crate::abi::*;
+    use crate::context::{Ctx, ctx_from};
+    use crate::event::translate;
+    use remem_verbs::{AsyncEvent, AsyncEventElement, AsyncEventType, CqId};
+    use std::sync::Arc;
+
+    #[test]
+    fn each_open_of_a_device_has_its_own_async_fd_and_its_own_objects_events() {
+        let dev: Arc<dyn remem_verbs::Context> = Arc::new(
+            remem_soft::SoftContext::bind_with(
+                "127.0.0.1:0".parse().unwrap(),
+                &remem_soft::SoftOptions::default(),
+            )
+            .unwrap(),
+        );
+        let (a, b) = (
+            Ctx::create(Arc::clone(&dev), std::ptr::null_mut()),
+            Ctx::create(Arc::clone(&dev), std::ptr::null_mut()),
+        );
+        // SAFETY: live contexts just made.
+        let (sa, sb) = unsafe {
+            (
+                Arc::clone(ctx_from(a).unwrap().shared()),
+                Arc::clone(ctx_from(b).unwrap().shared()),
+            )
+        };
+        // Two descriptors, as two opens of a kernel device give (UCX keys its event
+        // handlers by descriptor; O_NONBLOCK on one must not change the other).
+        // SAFETY: live contexts.
+        let (fa, fb) = unsafe { ((*a).async_fd, (*b).async_fd) };
+        assert!(fa >= 0 && fb >= 0 && fa != fb, "{fa} {fb}");
+        assert!(sa.events.is_some() && sb.events.is_some());
+        let cq = 0x2000 as *mut ibv_cq;
+        sb.register_cq(CqId(3), cq);
+        let ev = AsyncEvent {
+            event_type: AsyncEventType::CqErr,
+            element: AsyncEventElement::Cq(CqId(3)),
+        };
+        // The event reaches both queues; only the owner's context reports it.
+        assert!(translate(&sa, &ev).is_none(), "another context's CQ");
+        let got = translate(&sb, &ev).expect("its own CQ");
+        assert_eq!(got.event_type, IBV_EVENT_CQ_ERR);
+        // SAFETY: a CQ event carries a CQ pointer.
+        assert_eq!(unsafe { got.element.cq }, cq);
+        sb.event_acked(cq as usize);
+        sb.unregister_cq(CqId(3));
+        assert!(
+            translate(&sb, &ev).is_none(),
+            "destroyed objects get no events"
+        );
+        // A port event goes to every context.
+        let port = AsyncEvent {
+            event_type: AsyncEventType::PortActive,
+            element: AsyncEventElement::Port(1),
+        };
+        for s in [&sa, &sb] {
+            let port = translate(s, &port).unwrap();
+            // SAFETY: a port event carries a port number.
+            let port_num = unsafe { port.element.port_num };
+            assert_eq!(port_num, 1);
+        }
+        // SAFETY: made by Ctx::create, not used afterwards.
+        unsafe {
+            Ctx::free(a);
+            Ctx::free(b);
+        }
+    }
+}

@@ -10,7 +10,6 @@ pub fn exports() -> Vec<(&'static str, &'static str)> {
         crate::query::SYMBOLS,
         crate::ffi::device::SYMBOLS,
         crate::mr::SYMBOLS,
-        crate::event::SYMBOLS,
         crate::misc::SYMBOLS,
         crate::private::SYMBOLS,
         crate::private::DATA_SYMBOLS,

@@ -23,7 +23,6 @@ const FFI: &[&str] = &[
     // holds its own `extern "C"` entry points. The list only shrinks.
     "context.rs",
     "device.rs",
-    "event.rs",
     "misc.rs",
     "mr.rs",
     "private.rs",

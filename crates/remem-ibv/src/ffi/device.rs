@@ -1,16 +1,20 @@
 //! The C entry points of the device-side objects that have moved out of their object
-//! modules (protection domains, memory windows): each converts the program's pointers
-//! once and calls the safe object module ([`crate::pd`], [`crate::mw`]).
+//! modules (protection domains, memory windows, asynchronous events): each converts the
+//! program's pointers once and calls the safe object module ([`crate::pd`], [`crate::mw`],
+//! [`crate::event`]).
 
 use super::handles::{Handle, free, qp_from};
-use super::{guard_int, guard_ptr, null_with, opt_ref};
+use super::{guard_int, guard_neg, guard_ptr, null_with, opt_ref, out, set_errno};
 use crate::abi::*;
 use crate::context::{Pd, ctx_from, pd_from};
+use crate::event;
 use crate::mw::{self, Mw};
 use crate::pd;
 use core::ffi::c_int;
 
 symver!(
+    "ibv_get_async_event" @ "IBVERBS_1.1",
+    "ibv_ack_async_event" @ "IBVERBS_1.1",
     "ibv_alloc_pd" @ "IBVERBS_1.1",
     "ibv_dealloc_pd" @ "IBVERBS_1.1",
     "ibv_import_pd" @ "IBVERBS_1.10",
@@ -127,4 +131,67 @@ pub unsafe extern "C" fn bind_mw(
         let op = unsafe { super::wr::bind_op(mw, rkey, &b.bind_info) };
         mw::bind(q, h, b, rkey, op)
     })
+}
+
+// ----- asynchronous events (crate::event) ---------------------------------------------------
+
+/// `ibv_get_async_event`: see [`event::get`]; -1 with errno EINVAL for a NULL argument.
+///
+/// # Safety
+///
+/// `context` is NULL or open; `event` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_get_async_event(
+    context: *mut ibv_context,
+    event: *mut ibv_async_event,
+) -> c_int {
+    guard_neg("ibv_get_async_event", || {
+        // SAFETY: by the contract.
+        match unsafe { (ctx_from(context), out(event)) } {
+            (Some(c), Some(e)) => event::get(c, e),
+            _ => {
+                set_errno(libc::EINVAL);
+                -1
+            }
+        }
+    })
+}
+
+/// `ibv_ack_async_event`: acknowledges an event from `ibv_get_async_event` (every event
+/// must be acked before its object can be destroyed).
+///
+/// # Safety
+///
+/// `event` is NULL or an event from `ibv_get_async_event` whose object is still live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_ack_async_event(event: *mut ibv_async_event) {
+    if event.is_null() {
+        return;
+    }
+    super::guard(
+        "ibv_ack_async_event",
+        || (),
+        || {
+            // SAFETY: a readable event by the contract.
+            let ev = unsafe { event.read() };
+            let object: *mut *mut ibv_context = match event::subject(ev.event_type) {
+                event::Subject::Qp | event::Subject::Cq | event::Subject::Srq => {
+                    // SAFETY: for these subjects the element is the object's pointer (the
+                    // members are all pointers of the same size).
+                    unsafe { ev.element.qp }.cast()
+                }
+                event::Subject::Wq | event::Subject::Port | event::Subject::Device => return,
+            };
+            if object.is_null() {
+                return;
+            }
+            // SAFETY: a live `ibv_qp` / `ibv_cq` / `ibv_srq` of this library, whose first
+            // field is its `context`.
+            let context = unsafe { *object };
+            // SAFETY: the object's context, open while the object lives.
+            if let Some(c) = unsafe { ctx_from(context) } {
+                c.shared().event_acked(object as usize);
+            }
+        },
+    );
 }
