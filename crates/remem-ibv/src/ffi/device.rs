@@ -76,7 +76,7 @@ pub extern "C" fn remem_ibv_ibv_unimport_pd(pd: *mut ibv_pd) {
 
 // ----- memory windows (crate::mw) -----------------------------------------------------------
 
-/// `ibv_context_ops::alloc_mw`: see [`mw::alloc`].
+/// `ibv_context_ops::alloc_mw`: see `mw::alloc`.
 ///
 /// # Safety
 ///
@@ -106,7 +106,7 @@ pub unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
     })
 }
 
-/// `ibv_context_ops::bind_mw` (verbs.h's inline `ibv_bind_mw`): see [`mw::bind`].
+/// `ibv_context_ops::bind_mw` (verbs.h's inline `ibv_bind_mw`): see `mw::bind`.
 ///
 /// # Safety
 ///
@@ -135,7 +135,7 @@ pub unsafe extern "C" fn bind_mw(
 
 // ----- asynchronous events (crate::event) ---------------------------------------------------
 
-/// `ibv_get_async_event`: see [`event::get`]; -1 with errno EINVAL for a NULL argument.
+/// `ibv_get_async_event`: see `event::get`; -1 with errno EINVAL for a NULL argument.
 ///
 /// # Safety
 ///

@@ -4,7 +4,7 @@
 //!
 //! - this module: errno, NULL returns, panic containment ([`guard`]), and the pointer
 //!   conversions every entry point uses once, at its top: [`opt_ref`], [`opt_mut`],
-//!   [`out`], [`slice`], [`out_slice`], [`slice_mut`], [`cstr`], [`zeroed`];
+//!   [`out`], [`slice()`], [`out_slice`], [`slice_mut`], [`cstr`], [`zeroed`];
 //! - [`handles`]: the library's objects behind the program's pointers (`*mut ibv_qp` to
 //!   the [`crate::qp::Qp`] it is the first field of, ...) as typed [`handles::Handle`]s,
 //!   with the few in-place reads and writes of program-visible ABI fields the objects
@@ -15,7 +15,7 @@
 //!   shell that converts its arguments with the helpers above and calls safe code in the
 //!   object modules (`qp`, `cq`, ...), which say `#![deny(unsafe_code)]`.
 //!
-//! A unit test ([`boundary`]) keeps it so: it fails when a module outside the allow-list
+//! A unit test (`boundary`) keeps it so: it fails when a module outside the allow-list
 //! of FFI modules allows `unsafe_code`, or when an `unsafe` block has no `// SAFETY:` note.
 
 #![allow(unsafe_code)]
@@ -143,7 +143,7 @@ pub unsafe fn slice<'a, T>(p: *const T, len: usize) -> Option<&'a [T]> {
     Some(unsafe { std::slice::from_raw_parts(p, len) })
 }
 
-/// The `len` places at `p`, to write (an output array); as [`slice`].
+/// The `len` places at `p`, to write (an output array); as [`slice()`].
 ///
 /// # Safety
 ///
@@ -161,7 +161,7 @@ pub unsafe fn slice_mut<'a, T>(p: *mut T, len: usize) -> Option<&'a mut [T]> {
 }
 
 /// The `len` places at `p` for the library to write (an output array, perhaps
-/// uninitialised); as [`slice`].
+/// uninitialised); as [`slice()`].
 ///
 /// # Safety
 ///

@@ -92,7 +92,7 @@ pub unsafe extern "C" fn remem_ibv_ibv_destroy_comp_channel(
     })
 }
 
-/// `ibv_get_cq_event`: see [`channel::get_cq_event`].
+/// `ibv_get_cq_event`: see `channel::get_cq_event`.
 ///
 /// # Safety
 ///
@@ -178,7 +178,7 @@ pub unsafe extern "C" fn remem_ibv_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     })
 }
 
-/// `ibv_resize_cq`: see [`cq::resize`]; EINVAL for a NULL CQ.
+/// `ibv_resize_cq`: see `cq::resize`; EINVAL for a NULL CQ.
 ///
 /// # Safety
 ///
@@ -363,7 +363,7 @@ pub(crate) fn cq_ex_abi(
 }
 
 /// `verbs_context::create_cq_ex` (verbs.h's inline `ibv_create_cq_ex`): see
-/// [`cq_ex::create_ex`].
+/// `cq_ex::create_ex`.
 ///
 /// # Safety
 ///
@@ -542,7 +542,7 @@ pub unsafe extern "C" fn remem_ibv_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     })
 }
 
-/// `ibv_modify_srq`: see [`srq::modify`].
+/// `ibv_modify_srq`: see `srq::modify`.
 ///
 /// # Safety
 ///
@@ -582,7 +582,7 @@ pub unsafe extern "C" fn remem_ibv_ibv_query_srq(
 }
 
 /// `verbs_context::create_srq_ex` (verbs.h's inline `ibv_create_srq_ex` calls it for what
-/// `ibv_create_srq` cannot express): see [`srq::create_ex`].
+/// `ibv_create_srq` cannot express): see `srq::create_ex`.
 ///
 /// # Safety
 ///
@@ -676,7 +676,7 @@ unsafe fn grh_area(wc: Option<&ibv_wc>, grh: *mut ibv_grh) -> Option<[u8; 40]> {
 }
 
 /// `ibv_init_ah_from_wc`: the address vector that answers the datagram `wc` received
-/// (its GRH area at `grh`), see [`ah::init_attr`]. 0, or -1 with errno.
+/// (its GRH area at `grh`), see `ah::init_attr`. 0, or -1 with errno.
 ///
 /// # Safety
 ///
@@ -767,7 +767,7 @@ pub(crate) fn qp_ex_abi(base: ibv_qp) -> ibv_qp_ex {
 }
 
 /// `verbs_context::create_qp_ex` (verbs.h's inline `ibv_create_qp_ex`): see
-/// [`qp_ex::create_ex`].
+/// `qp_ex::create_ex`.
 ///
 /// # Safety
 ///
@@ -803,7 +803,7 @@ pub unsafe extern "C" fn create_qp_ex(
     })
 }
 
-/// `ibv_qp_to_qp_ex`: see [`qp_ex::to_qp_ex`]; NULL (errno EINVAL) for NULL.
+/// `ibv_qp_to_qp_ex`: see `qp_ex::to_qp_ex`; NULL (errno EINVAL) for NULL.
 ///
 /// # Safety
 ///

@@ -57,7 +57,7 @@ pub unsafe extern "C" fn remem_ibv_rdma_set_option(
     })
 }
 
-/// `rdma_migrate_id`: see [`id::migrate`].
+/// `rdma_migrate_id`: see `id::migrate`.
 ///
 /// # Safety
 ///
@@ -86,7 +86,7 @@ pub unsafe extern "C" fn remem_ibv_rdma_migrate_id(
     })
 }
 
-/// `rdma_init_qp_attr`: see [`id::init_qp_attr`]; -1/EINVAL for NULL arguments.
+/// `rdma_init_qp_attr`: see `id::init_qp_attr`; -1/EINVAL for NULL arguments.
 ///
 /// # Safety
 ///
@@ -107,7 +107,7 @@ pub unsafe extern "C" fn remem_ibv_rdma_init_qp_attr(
     })
 }
 
-/// `rdma_set_local_ece`: see [`id::set_local_ece`]; -1/EINVAL for NULL arguments.
+/// `rdma_set_local_ece`: see `id::set_local_ece`; -1/EINVAL for NULL arguments.
 ///
 /// # Safety
 ///
@@ -209,7 +209,7 @@ pub unsafe extern "C" fn remem_ibv_rdma_join_multicast_ex(
     })
 }
 
-/// `rdma_leave_multicast`: see [`id::leave`]; -1/EINVAL for a NULL id.
+/// `rdma_leave_multicast`: see `id::leave`; -1/EINVAL for a NULL id.
 ///
 /// # Safety
 ///

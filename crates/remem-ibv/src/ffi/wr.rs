@@ -91,7 +91,7 @@ impl<'a> SendWrRef<'a> {
     }
 
     /// The remem operation: EINVAL for an unknown opcode (or a bad bind,
-    /// [`crate::mw::bind_op`]), EOPNOTSUPP for one remem does not implement (TSO, driver
+    /// `crate::mw::bind_op`), EOPNOTSUPP for one remem does not implement (TSO, driver
     /// opcodes).
     pub fn op(self) -> Result<SendOp, c_int> {
         send_op(self.w)
@@ -155,7 +155,7 @@ fn send_op(w: &ibv_send_wr) -> Result<SendOp, c_int> {
 }
 
 /// The bind work request of window `mw` with `info`, giving it `rkey`
-/// ([`crate::mw::bind_op`]).
+/// (`crate::mw::bind_op`).
 ///
 /// # Safety
 ///
