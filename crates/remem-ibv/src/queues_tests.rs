@@ -972,3 +972,82 @@ mod async_events {
         }
     }
 }
+
+/// `ibv_rereg_mr` through its entry point (moved from `mr`, whose module is safe code).
+mod rereg {
+    use crate::abi::*;
+    use crate::ffi::device::{
+        remem_ibv_ibv_dereg_mr, remem_ibv_ibv_reg_mr, remem_ibv_ibv_rereg_mr,
+    };
+    use crate::mr::Mr;
+    use core::ffi::c_int;
+    use remem_verbs::AccessFlags;
+    use std::ptr::null_mut;
+    use std::sync::Arc;
+
+    #[test]
+    fn rereg_keeps_the_object_and_handle_and_drops_the_old_registration() {
+        let ctx =
+            crate::context::Ctx::create(crate::context::tests::soft_device(), std::ptr::null_mut());
+        // SAFETY: a live context.
+        let pd = unsafe { crate::ffi::device::remem_ibv_ibv_alloc_pd(ctx) };
+        let mut a = vec![0u8; 4096];
+        let mut b = vec![0u8; 2048];
+        let rw = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) as c_int;
+        // SAFETY: live PD, memory that outlives the MR.
+        let mr = unsafe { remem_ibv_ibv_reg_mr(pd, a.as_mut_ptr().cast(), a.len(), rw) };
+        assert!(!mr.is_null());
+        // SAFETY: the live MR just made (read through its pointer only).
+        let (handle, rkey, old) = unsafe {
+            (
+                (*mr).handle,
+                (*mr).rkey,
+                Arc::clone(&(*mr.cast::<Mr>()).inner.state().mr),
+            )
+        };
+        let rereg = |flags: u32, addr: *mut u8, len: usize, access: u32| {
+            // SAFETY: live MR and PD; the memory outlives the MR.
+            unsafe {
+                remem_ibv_ibv_rereg_mr(mr, flags as c_int, pd, addr.cast(), len, access as c_int)
+            }
+        };
+        // Bad input: nothing changes.
+        assert_eq!(rereg(0, null_mut(), 0, 0), IBV_REREG_MR_ERR_INPUT);
+        assert_eq!(
+            rereg(
+                IBV_REREG_MR_CHANGE_ACCESS,
+                null_mut(),
+                0,
+                IBV_ACCESS_REMOTE_WRITE
+            ),
+            IBV_REREG_MR_ERR_INPUT
+        );
+        // SAFETY: the live MR.
+        assert_eq!(unsafe { (*mr).rkey }, rkey);
+        // Access and translation at once.
+        let flags = IBV_REREG_MR_CHANGE_ACCESS | IBV_REREG_MR_CHANGE_TRANSLATION;
+        assert_eq!(
+            rereg(flags, b.as_mut_ptr(), b.len(), IBV_ACCESS_LOCAL_WRITE),
+            0
+        );
+        // SAFETY: the live MR.
+        let m = unsafe { &*mr.cast::<Mr>() };
+        assert_eq!(m.abi.handle, handle, "same handle");
+        assert_ne!(m.abi.rkey, rkey, "new keys");
+        assert_eq!((m.abi.addr, m.abi.length), (b.as_mut_ptr().cast(), b.len()));
+        let st = m.inner.state();
+        assert_eq!(st.mr.access(), AccessFlags::LOCAL_WRITE);
+        assert_eq!((st.mr.addr(), st.mr.len()), (b.as_ptr() as u64, b.len()));
+        drop(st);
+        // The old registration is gone (its last handle is the test's): its keys are
+        // revoked when that drops, as at ibv_dereg_mr.
+        assert_eq!(Arc::strong_count(&old), 1);
+        drop(old);
+        // SAFETY: the live MR and PD, not used afterwards.
+        unsafe {
+            assert_eq!(remem_ibv_ibv_dereg_mr(mr), 0);
+            assert_eq!(crate::ffi::device::remem_ibv_ibv_dealloc_pd(pd), 0);
+            crate::context::Ctx::free(ctx);
+        }
+    }
+}

@@ -9,7 +9,6 @@ pub fn exports() -> Vec<(&'static str, &'static str)> {
         crate::device::SYMBOLS,
         crate::query::SYMBOLS,
         crate::ffi::device::SYMBOLS,
-        crate::mr::SYMBOLS,
         crate::misc::SYMBOLS,
         crate::private::SYMBOLS,
         crate::private::DATA_SYMBOLS,

@@ -24,7 +24,6 @@ const FFI: &[&str] = &[
     "context.rs",
     "device.rs",
     "misc.rs",
-    "mr.rs",
     "private.rs",
     "query.rs",
     "rdmacm/addrinfo.rs",

@@ -1,18 +1,27 @@
 //! The C entry points of the device-side objects that have moved out of their object
-//! modules (protection domains, memory windows, asynchronous events): each converts the
-//! program's pointers once and calls the safe object module ([`crate::pd`], [`crate::mw`],
-//! [`crate::event`]).
+//! modules (protection domains, memory regions and windows, asynchronous events): each
+//! converts the program's pointers once and calls the safe object module ([`crate::pd`],
+//! [`crate::mr`], [`crate::mw`], [`crate::event`]).
 
 use super::handles::{Handle, free, qp_from};
-use super::{guard_int, guard_neg, guard_ptr, null_with, opt_ref, out, set_errno};
+use super::{ProgramMemory, guard_int, guard_neg, guard_ptr, null_with, opt_ref, out, set_errno};
 use crate::abi::*;
 use crate::context::{Pd, ctx_from, pd_from};
 use crate::event;
+use crate::mr::{self, Mr};
 use crate::mw::{self, Mw};
 use crate::pd;
-use core::ffi::c_int;
+use core::ffi::{c_int, c_uint, c_void};
 
 symver!(
+    "ibv_reg_mr" @ "IBVERBS_1.1",
+    "ibv_reg_mr_iova" @ "IBVERBS_1.7",
+    "ibv_reg_mr_iova2" @ "IBVERBS_1.8",
+    "ibv_reg_dmabuf_mr" @ "IBVERBS_1.12",
+    "ibv_rereg_mr" @ "IBVERBS_1.1",
+    "ibv_dereg_mr" @ "IBVERBS_1.1",
+    "ibv_import_mr" @ "IBVERBS_1.10",
+    "ibv_unimport_mr" @ "IBVERBS_1.10",
     "ibv_get_async_event" @ "IBVERBS_1.1",
     "ibv_ack_async_event" @ "IBVERBS_1.1",
     "ibv_alloc_pd" @ "IBVERBS_1.1",
@@ -194,4 +203,187 @@ pub unsafe extern "C" fn remem_ibv_ibv_ack_async_event(event: *mut ibv_async_eve
             }
         },
     );
+}
+
+// ----- memory regions (crate::mr) -----------------------------------------------------------
+
+/// `ibv_reg_mr`: NULL with errno EINVAL (NULL PD, zero length, bad access), EFAULT
+/// (memory not mapped with the access needed), EOPNOTSUPP (on-demand paging).
+///
+/// # Safety
+///
+/// `pd` is NULL or live; `[addr, addr + length)` is program memory that stays mapped
+/// until `ibv_dereg_mr`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> *mut ibv_mr {
+    guard_ptr("ibv_reg_mr", || {
+        // SAFETY: by the contract.
+        let (p, mem) = unsafe { (pd_from(pd), ProgramMemory::new(addr, length)) };
+        mr::reg(p, mem, addr as u64, access as u32)
+    })
+}
+
+/// `ibv_reg_mr_iova`: as `ibv_reg_mr`, the NIC addressing the region at `iova`.
+///
+/// # Safety
+///
+/// As [`remem_ibv_ibv_reg_mr`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    guard_ptr("ibv_reg_mr_iova", || {
+        // SAFETY: by the contract.
+        let (p, mem) = unsafe { (pd_from(pd), ProgramMemory::new(addr, length)) };
+        mr::reg(p, mem, iova, access as u32)
+    })
+}
+
+/// `ibv_reg_mr_iova2`: as `ibv_reg_mr_iova` (verbs.h's inline `ibv_reg_mr` calls this
+/// one when the access is not a constant or has optional bits).
+///
+/// # Safety
+///
+/// As [`remem_ibv_ibv_reg_mr`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_uint,
+) -> *mut ibv_mr {
+    guard_ptr("ibv_reg_mr_iova2", || {
+        // SAFETY: by the contract.
+        let (p, mem) = unsafe { (pd_from(pd), ProgramMemory::new(addr, length)) };
+        mr::reg(p, mem, iova, access)
+    })
+}
+
+/// `ibv_reg_dmabuf_mr`: no dma-buf here (EOPNOTSUPP).
+#[unsafe(no_mangle)]
+pub extern "C" fn remem_ibv_ibv_reg_dmabuf_mr(
+    pd: *mut ibv_pd,
+    offset: u64,
+    length: usize,
+    iova: u64,
+    fd: c_int,
+    access: c_int,
+) -> *mut ibv_mr {
+    let _ = (pd, offset, length, iova, fd, access);
+    null_with(libc::EOPNOTSUPP)
+}
+
+/// `ibv_rereg_mr` (ibv_rereg_mr(3)): changes the registration of `mr` in place — its
+/// translation (`addr`, `length`; IBV_REREG_MR_CHANGE_TRANSLATION), its PD (`pd`, of the
+/// same context; IBV_REREG_MR_CHANGE_PD) and/or its access (`access`;
+/// IBV_REREG_MR_CHANGE_ACCESS); what a flag does not name stays. 0 on success: the
+/// `ibv_mr` keeps its address and `handle`, and gets new `lkey`/`rkey` (a fresh
+/// registration, as mlx5 gives when it re-creates the MR; rxe offers no rereg). The old
+/// registration is revoked exactly as `ibv_dereg_mr` revokes it: its keys stop working at
+/// once, so a peer still using the old rkey is NAKed (remote access error).
+///
+/// On failure nothing changed and the old registration stays valid:
+/// `IBV_REREG_MR_ERR_INPUT` with errno EINVAL (NULL MR, no flag or an unknown one,
+/// CHANGE_TRANSLATION without an address or length, a NULL PD or one of another context
+/// with CHANGE_PD, bad access bits), EFAULT (the new range is not mapped with the access
+/// needed), EOPNOTSUPP (on-demand paging), or the errno of the device's refusal.
+///
+/// # Safety
+///
+/// `mr` is NULL or live and not used by another thread during the call; `pd` NULL or
+/// live; with CHANGE_TRANSLATION, `[addr, addr + length)` is program memory that stays
+/// mapped until the MR is deregistered.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> c_int {
+    let r = super::guard(
+        "ibv_rereg_mr",
+        || Err(libc::EIO),
+        || {
+            let flags = flags as u32;
+            // SAFETY: by the contract.
+            let h = unsafe { Handle::<Mr>::from_abi(mr) };
+            let Some(h) = h.filter(|_| flags != 0 && flags & !IBV_REREG_MR_FLAGS_SUPPORTED == 0)
+            else {
+                return Err(libc::EINVAL);
+            };
+            let translation = flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0;
+            if translation && (addr.is_null() || length == 0) {
+                return Err(libc::EINVAL);
+            }
+            let now = h.registration();
+            // SAFETY: with CHANGE_TRANSLATION the new range is program memory that stays
+            // mapped (the contract); without, the current one, which `ibv_reg_mr`'s
+            // contract keeps mapped until the region is deregistered.
+            let mem = unsafe {
+                if translation {
+                    ProgramMemory::new(addr, length)
+                } else {
+                    ProgramMemory::new(now.addr, now.length)
+                }
+            };
+            // SAFETY: by the contract.
+            let p = unsafe { pd_from(pd) };
+            mr::rereg(h, flags, p, mem, access as u32)
+        },
+    );
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            set_errno(e);
+            IBV_REREG_MR_ERR_INPUT
+        }
+    }
+}
+
+/// `ibv_dereg_mr`: 0; EINVAL for NULL or a region with windows bound. Work requests still
+/// using the region keep the NIC's reference to the memory (the program must not unmap it
+/// before they complete).
+///
+/// # Safety
+///
+/// `mr` is NULL or live, not used afterwards on success.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    guard_int("ibv_dereg_mr", || {
+        // SAFETY: by the contract.
+        let Some(h) = (unsafe { Handle::<Mr>::from_abi(mr) }) else {
+            return libc::EINVAL;
+        };
+        if let Err(e) = mr::release(h.inner()) {
+            return e;
+        }
+        // SAFETY: the program gives the region up.
+        unsafe { free(h) };
+        0
+    })
+}
+
+/// `ibv_import_mr`: none here (EOPNOTSUPP).
+#[unsafe(no_mangle)]
+pub extern "C" fn remem_ibv_ibv_import_mr(pd: *mut ibv_pd, mr_handle: u32) -> *mut ibv_mr {
+    let _ = (pd, mr_handle);
+    null_with(libc::EOPNOTSUPP)
+}
+
+/// `ibv_unimport_mr`: nothing was imported; does nothing.
+#[unsafe(no_mangle)]
+pub extern "C" fn remem_ibv_ibv_unimport_mr(mr: *mut ibv_mr) {
+    let _ = mr;
 }

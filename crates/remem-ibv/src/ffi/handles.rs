@@ -18,6 +18,7 @@ use crate::ah::{Ah, AhInner};
 use crate::channel::{Channel, ChannelInner};
 use crate::context::CtxShared;
 use crate::cq::{Cq, CqInner};
+use crate::mr::{Mr, MrInner};
 use crate::mw::{Mw, MwInner};
 use crate::qp::{Qp, QpInner};
 use crate::rdmacm::abi::{rdma_cm_id, rdma_event_channel};
@@ -65,6 +66,7 @@ object!(Cq, ibv_cq, CqInner);
 object!(Srq, ibv_srq, SrqInner);
 object!(Ah, ibv_ah, AhInner);
 object!(Mw, ibv_mw, MwInner);
+object!(Mr, ibv_mr, MrInner);
 object!(Channel, ibv_comp_channel, ChannelInner);
 object!(RdmaId, rdma_cm_id, Arc<IdShared>, shared);
 
@@ -203,6 +205,56 @@ impl CtxShared {
         // SAFETY: registered CQs are live: `ibv_destroy_cq` unregisters a CQ before it
         // frees it.
         unsafe { Handle::from_abi(self.cq_ptr(id)?) }
+    }
+}
+
+/// What a memory region's `ibv_mr` says of its registration (the fields the library
+/// writes; `handle` stays).
+#[derive(Debug, Clone, Copy)]
+pub struct Registration {
+    /// `context`.
+    pub context: *mut ibv_context,
+    /// `pd`.
+    pub pd: *mut ibv_pd,
+    /// `addr`.
+    pub addr: *mut core::ffi::c_void,
+    /// `length`.
+    pub length: usize,
+    /// `lkey`.
+    pub lkey: u32,
+    /// `rkey`.
+    pub rkey: u32,
+}
+
+impl Handle<'_, Mr> {
+    /// The registration the program's `ibv_mr` shows, read in place.
+    pub fn registration(self) -> Registration {
+        let p = self.abi();
+        // SAFETY: a live region; its fields are read in place.
+        unsafe {
+            Registration {
+                context: (*p).context,
+                pd: (*p).pd,
+                addr: (*p).addr,
+                length: (*p).length,
+                lkey: (*p).lkey,
+                rkey: (*p).rkey,
+            }
+        }
+    }
+
+    /// Writes a new registration into the program's `ibv_mr` (`ibv_rereg_mr`, whose
+    /// caller does not use the region meanwhile).
+    pub fn set_registration(self, r: Registration) {
+        let p = self.abi();
+        // SAFETY: a live region; the fields are written in place, no reference is made.
+        unsafe {
+            (&raw mut (*p).pd).write(r.pd);
+            (&raw mut (*p).addr).write(r.addr);
+            (&raw mut (*p).length).write(r.length);
+            (&raw mut (*p).lkey).write(r.lkey);
+            (&raw mut (*p).rkey).write(r.rkey);
+        }
     }
 }
 

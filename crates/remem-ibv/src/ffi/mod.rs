@@ -4,7 +4,8 @@
 //!
 //! - this module: errno, NULL returns, panic containment ([`guard`]), and the pointer
 //!   conversions every entry point uses once, at its top: [`opt_ref`], [`opt_mut`],
-//!   [`out`], [`slice()`], [`out_slice`], [`slice_mut`], [`cstr`], [`zeroed`];
+//!   [`out`], [`slice()`], [`out_slice`], [`slice_mut`], [`cstr`], [`zeroed`], and
+//!   [`ProgramMemory`] (the memory a registration names);
 //! - [`handles`]: the library's objects behind the program's pointers (`*mut ibv_qp` to
 //!   the [`crate::qp::Qp`] it is the first field of, ...) as typed [`handles::Handle`]s,
 //!   with the few in-place reads and writes of program-visible ABI fields the objects
@@ -183,6 +184,55 @@ pub unsafe fn cstr<'a>(p: *const c_char) -> Option<&'a CStr> {
     }
     // SAFETY: by the contract.
     Some(unsafe { CStr::from_ptr(p) })
+}
+
+/// Program memory that a registration names (`ibv_reg_mr`'s `[addr, addr + len)`), as
+/// the entry point received it: the program vouches for it when it registers it.
+#[derive(Debug)]
+pub struct ProgramMemory {
+    addr: *mut core::ffi::c_void,
+    len: usize,
+}
+
+impl ProgramMemory {
+    /// The program's range `[addr, addr + len)`.
+    ///
+    /// # Safety
+    ///
+    /// `addr` is NULL, or `[addr, addr + len)` is memory the program owns and keeps
+    /// mapped until the registration made of it is dropped (`ibv_dereg_mr`, or the
+    /// `ibv_rereg_mr` that replaces it), as ibv_reg_mr(3) requires.
+    pub unsafe fn new(addr: *mut core::ffi::c_void, len: usize) -> ProgramMemory {
+        ProgramMemory { addr, len }
+    }
+
+    /// Its start.
+    pub fn addr(&self) -> *mut core::ffi::c_void {
+        self.addr
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The memory as a buffer the NIC reads and writes; `None` for NULL.
+    pub fn into_buffer(self) -> Option<remem_verbs::MemoryBuffer> {
+        let ptr = core::ptr::NonNull::new(self.addr.cast::<u8>())?;
+        // SAFETY: memory the program owns and keeps mapped while the registration lives
+        // (`new`'s contract; `mr::register` also checks it is mapped). This is memory the
+        // program itself keeps using while the NIC reads and writes it — the RDMA model:
+        // the buffer only ever touches it through MemoryBuffer's atomic accessors, which
+        // is what a device doing DMA into program memory amounts to, and a program racing
+        // its own accesses with the NIC's gets torn data, not undefined behaviour on the
+        // Rust side. The owner is nothing: the program frees the memory.
+        Some(unsafe { remem_verbs::MemoryBuffer::from_raw_parts(ptr, self.len, Box::new(())) })
+    }
 }
 
 /// The 16 bytes of a GID (`union ibv_gid`: both of its views are plain bytes).
