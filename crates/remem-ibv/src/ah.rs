@@ -7,21 +7,15 @@
 //! destination is the datagram's source address, its source GID index the local GID that
 //! equals the datagram's destination.
 
-#![allow(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use crate::abi::*;
-use crate::context::{PdUse, ctx_from, pd_from};
-use crate::ffi::{guard_int, guard_neg, guard_ptr, null_with, set_errno};
+use crate::context::{CtxShared, PdInner, PdUse};
+use crate::ffi::handles::into_abi_at;
+use crate::ffi::null_with;
 use core::ffi::c_int;
 use remem_verbs::{AddressHandle, AhAttr, Gid, GidType};
 use std::sync::Arc;
-
-symver!(
-    "ibv_create_ah" @ "IBVERBS_1.1",
-    "ibv_destroy_ah" @ "IBVERBS_1.1",
-    "ibv_init_ah_from_wc" @ "IBVERBS_1.1",
-    "ibv_create_ah_from_wc" @ "IBVERBS_1.1",
-);
 
 /// An address handle: what `ibv_create_ah` returns a pointer to (`abi` first).
 #[repr(C)]
@@ -47,30 +41,13 @@ impl std::fmt::Debug for AhInner {
     }
 }
 
-/// The library's side of a program's `*mut ibv_ah`; `None` for NULL.
-///
-/// # Safety
-///
-/// `ah` is NULL or a live address handle made by this library; the reference must not
-/// outlive it.
-pub unsafe fn ah_from<'a>(ah: *mut ibv_ah) -> Option<&'a AhInner> {
-    if ah.is_null() {
-        return None;
-    }
-    // SAFETY: by the contract, a non-NULL `ah` is the first field of a boxed `Ah`; the
-    // reference covers only the library's part.
-    Some(unsafe { &(*ah.cast::<Ah>()).inner })
-}
-
 /// `struct ibv_ah_attr` to remem's address vector; EINVAL without a GRH (RoCE needs one).
 pub(crate) fn ah_attr_from(a: &ibv_ah_attr) -> Result<AhAttr, c_int> {
     if a.is_global == 0 {
         return Err(libc::EINVAL);
     }
-    // SAFETY: every bit pattern of the 16 bytes is a valid `raw` view of the GID union.
-    let dgid = unsafe { a.grh.dgid.raw };
     Ok(AhAttr {
-        dgid: Gid(dgid),
+        dgid: crate::ffi::gid(&a.grh.dgid),
         flow_label: a.grh.flow_label,
         sgid_index: a.grh.sgid_index,
         hop_limit: a.grh.hop_limit,
@@ -106,77 +83,33 @@ pub(crate) fn ah_attr_to(a: &AhAttr) -> ibv_ah_attr {
     }
 }
 
-/// `ibv_create_ah`.
-///
-/// # Safety
-///
-/// `pd` is NULL or a live PD; `attr` is NULL or readable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_create_ah(
-    pd: *mut ibv_pd,
-    attr: *mut ibv_ah_attr,
-) -> *mut ibv_ah {
-    // SAFETY: the caller's contract.
-    unsafe { create_ah(pd, attr) }
-}
-
-/// `ibv_create_ah`'s body (also behind `ibv_create_ah_from_wc`).
-///
-/// # Safety
-///
-/// As the exported function.
-unsafe fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
-    guard_ptr("ibv_create_ah", || {
-        // SAFETY: by the contract.
-        let (Some(p), Some(a)) = (unsafe { pd_from(pd) }, unsafe { attr.as_ref() }) else {
-            return null_with(libc::EINVAL);
-        };
-        let mut av = match ah_attr_from(a) {
-            Ok(av) => av,
-            Err(e) => return null_with(e),
-        };
-        // The program's GID index names remem's entry through the context's map.
-        match p.inner.ctx.soft_gid_index(av.sgid_index) {
-            Some(i) => av.sgid_index = i,
-            None => return null_with(libc::EINVAL),
-        }
-        let ah = match p.inner.pd.create_ah(&av) {
-            Ok(ah) => ah,
-            Err(e) => return null_with(e.errno()),
-        };
-        let raw = Box::into_raw(Box::new(Ah {
+/// `ibv_create_ah` once the FFI layer has its arguments: the pointer the program holds,
+/// or NULL with errno.
+pub(crate) fn create(pd: &Arc<PdInner>, a: &ibv_ah_attr) -> *mut ibv_ah {
+    let mut av = match ah_attr_from(a) {
+        Ok(av) => av,
+        Err(e) => return null_with(e),
+    };
+    // The program's GID index names remem's entry through the context's map.
+    match pd.ctx.soft_gid_index(av.sgid_index) {
+        Some(i) => av.sgid_index = i,
+        None => return null_with(libc::EINVAL),
+    }
+    let ah = match pd.pd.create_ah(&av) {
+        Ok(ah) => ah,
+        Err(e) => return null_with(e.errno()),
+    };
+    into_abi_at(
+        Ah {
             abi: ibv_ah {
-                context: p.inner.ctx.ibv_context(),
-                pd,
+                context: pd.ctx.ibv_context(),
+                pd: pd.ibv_pd(),
                 handle: 0,
             },
-            inner: AhInner {
-                ah,
-                _pd: p.inner.hold(),
-            },
-        }));
-        // SAFETY: the box just made, not yet shared.
-        unsafe { (*raw).abi.handle = (raw as usize as u32) >> 4 };
-        raw.cast()
-    })
-}
-
-/// `ibv_destroy_ah`.
-///
-/// # Safety
-///
-/// `ah` is NULL or a live address handle, not used afterwards on success.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
-    guard_int("ibv_destroy_ah", || {
-        if ah.is_null() {
-            return libc::EINVAL;
-        }
-        // SAFETY: by the contract, the Box made in create. Work requests already posted
-        // hold their own reference to remem's handle.
-        drop(unsafe { Box::from_raw(ah.cast::<Ah>()) });
-        0
-    })
+            inner: AhInner { ah, _pd: pd.hold() },
+        },
+        |ah, at| ah.abi.handle = (at as u32) >> 4,
+    )
 }
 
 /// The IP version of a UD receive's GRH area: 6 (an IPv6 header at the start), 4 (an
@@ -217,131 +150,71 @@ fn grh_addresses(grh: &[u8; 40]) -> Option<(Gid, Gid, u8, u32)> {
     }
 }
 
-/// `ibv_init_ah_from_wc`: the address vector that answers the datagram `wc` received
-/// (its GRH area at `grh`). 0, or -1 with errno.
-///
-/// # Safety
-///
-/// `context` is an open context; `wc` and `ah_attr` are valid; `grh` points to the 40
-/// bytes in front of the received payload when `wc` has `IBV_WC_GRH`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_init_ah_from_wc(
-    context: *mut ibv_context,
+/// The address vector that answers the datagram `w` received (`grh`: the 40 bytes of
+/// its GRH area, when `w` has `IBV_WC_GRH`), and whether it is complete (the errno when
+/// not: no GRH area or none that parses, EINVAL; no local GID equal to its destination,
+/// ENOENT). `ibv_init_ah_from_wc` writes the vector either way.
+pub(crate) fn init_attr(
+    ctx: &CtxShared,
     port_num: u8,
-    wc: *mut ibv_wc,
-    grh: *mut ibv_grh,
-    ah_attr: *mut ibv_ah_attr,
-) -> c_int {
-    // SAFETY: the caller's contract.
-    unsafe { init_ah_from_wc(context, port_num, wc, grh, ah_attr) }
-}
-
-/// `ibv_init_ah_from_wc`'s body (also behind `ibv_create_ah_from_wc`).
-///
-/// # Safety
-///
-/// As the exported function.
-unsafe fn init_ah_from_wc(
-    context: *mut ibv_context,
-    port_num: u8,
-    wc: *mut ibv_wc,
-    grh: *mut ibv_grh,
-    ah_attr: *mut ibv_ah_attr,
-) -> c_int {
-    guard_neg("ibv_init_ah_from_wc", || {
-        // SAFETY: by the contract.
-        let (Some(ctx), Some(w)) = (unsafe { ctx_from(context) }, unsafe { wc.as_ref() }) else {
-            set_errno(libc::EINVAL);
-            return -1;
-        };
-        if ah_attr.is_null() {
-            set_errno(libc::EINVAL);
-            return -1;
-        }
-        let mut a = ibv_ah_attr {
-            grh: ibv_global_route {
-                dgid: ibv_gid { raw: [0; 16] },
-                flow_label: 0,
-                sgid_index: 0,
-                hop_limit: 0,
-                traffic_class: 0,
-            },
-            dlid: w.slid,
-            sl: w.sl,
-            src_path_bits: w.dlid_path_bits,
-            static_rate: 0,
-            is_global: 0,
-            port_num,
-        };
-        let mut ret = 0;
-        if w.wc_flags & IBV_WC_GRH != 0 {
-            a.is_global = 1;
-            if grh.is_null() {
-                set_errno(libc::EINVAL);
-                ret = -1;
-            } else {
-                // SAFETY: by the contract, the 40-byte GRH area of the receive.
-                let bytes = unsafe { grh.cast::<[u8; 40]>().read_unaligned() };
-                match grh_addresses(&bytes) {
-                    None => {
-                        set_errno(libc::EINVAL);
-                        ret = -1;
-                    }
-                    Some((remote, local, tclass, flow)) => {
-                        a.grh.dgid = ibv_gid { raw: remote.0 };
-                        a.grh.traffic_class = tclass;
-                        a.grh.flow_label = flow;
-                        a.grh.hop_limit = 0xff;
-                        let index = ctx.shared().gid_table(port_num).ok().and_then(|t| {
-                            t.iter()
-                                .position(|g| g.gid == local && g.gid_type == GidType::RoceV2)
-                                .map(|i| t[i].index)
-                        });
-                        match index.and_then(|i| u8::try_from(i).ok()) {
-                            Some(i) => a.grh.sgid_index = i,
-                            None => {
-                                set_errno(libc::ENOENT);
-                                ret = -1;
-                            }
-                        }
-                    }
+    w: &ibv_wc,
+    grh: Option<&[u8; 40]>,
+) -> (ibv_ah_attr, Result<(), c_int>) {
+    let mut a = ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: ibv_gid { raw: [0; 16] },
+            flow_label: 0,
+            sgid_index: 0,
+            hop_limit: 0,
+            traffic_class: 0,
+        },
+        dlid: w.slid,
+        sl: w.sl,
+        src_path_bits: w.dlid_path_bits,
+        static_rate: 0,
+        is_global: 0,
+        port_num,
+    };
+    let mut ret = Ok(());
+    if w.wc_flags & IBV_WC_GRH != 0 {
+        a.is_global = 1;
+        match grh.and_then(grh_addresses) {
+            None => ret = Err(libc::EINVAL),
+            Some((remote, local, tclass, flow)) => {
+                a.grh.dgid = ibv_gid { raw: remote.0 };
+                a.grh.traffic_class = tclass;
+                a.grh.flow_label = flow;
+                a.grh.hop_limit = 0xff;
+                let index = ctx.gid_table(port_num).ok().and_then(|t| {
+                    t.iter()
+                        .position(|g| g.gid == local && g.gid_type == GidType::RoceV2)
+                        .map(|i| t[i].index)
+                });
+                match index.and_then(|i| u8::try_from(i).ok()) {
+                    Some(i) => a.grh.sgid_index = i,
+                    None => ret = Err(libc::ENOENT),
                 }
             }
         }
-        // SAFETY: writable by the contract.
-        unsafe { ah_attr.write(a) };
-        ret
-    })
+    }
+    (a, ret)
 }
 
-/// `ibv_create_ah_from_wc`: [`remem_ibv_ibv_init_ah_from_wc`] then `ibv_create_ah`.
-///
-/// # Safety
-///
-/// As [`remem_ibv_ibv_init_ah_from_wc`], with `pd` a live PD.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_create_ah_from_wc(
-    pd: *mut ibv_pd,
-    wc: *mut ibv_wc,
-    grh: *mut ibv_grh,
+/// `ibv_create_ah_from_wc` once the FFI layer has its arguments: [`init_attr`] then
+/// [`create`]; NULL with errno.
+pub(crate) fn create_from_wc(
+    pd: Option<&Arc<PdInner>>,
+    w: Option<&ibv_wc>,
+    grh: Option<&[u8; 40]>,
     port_num: u8,
 ) -> *mut ibv_ah {
-    guard_ptr("ibv_create_ah_from_wc", || {
-        // SAFETY: by the contract.
-        let Some(p) = (unsafe { pd_from(pd) }) else {
-            return null_with(libc::EINVAL);
-        };
-        let mut a = std::mem::MaybeUninit::<ibv_ah_attr>::zeroed();
-        // SAFETY: the arguments by the contract; `a` is writable.
-        let r = unsafe {
-            init_ah_from_wc(p.inner.ctx.ibv_context(), port_num, wc, grh, a.as_mut_ptr())
-        };
-        if r != 0 {
-            return std::ptr::null_mut();
-        }
-        // SAFETY: `pd` as given; `a` was written by init_ah_from_wc.
-        unsafe { create_ah(pd, a.as_mut_ptr()) }
-    })
+    let (Some(pd), Some(w)) = (pd, w) else {
+        return null_with(libc::EINVAL);
+    };
+    match init_attr(&pd.ctx, port_num, w, grh) {
+        (a, Ok(())) => create(pd, &a),
+        (_, Err(e)) => null_with(e),
+    }
 }
 
 #[cfg(test)]

@@ -12,22 +12,18 @@
 //! destroys). Each event handed out counts on its CQ until `ibv_ack_cq_events`
 //! ([`crate::cq`]); `ibv_destroy_cq` waits for those acks.
 
-#![allow(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use crate::abi::*;
-use crate::context::{CtxShared, ctx_from};
-use crate::ffi::{guard_int, guard_neg, guard_ptr, null_with, set_errno};
+use crate::context::{Ctx, CtxShared};
+use crate::ffi::handles::into_abi;
+use crate::ffi::{null_with, set_errno, sys};
 use core::ffi::{c_int, c_void};
+use core::mem::MaybeUninit;
 use remem_verbs::CompletionChannel;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-
-symver!(
-    "ibv_create_comp_channel" @ "IBVERBS_1.0",
-    "ibv_destroy_comp_channel" @ "IBVERBS_1.0",
-    "ibv_get_cq_event" @ "IBVERBS_1.1",
-);
 
 /// Whether remem-soft's event queues drain their fd with `MSG_DONTWAIT` (they do, since
 /// the FdQueue change of issue 17), so that the channel fd is handed to the program
@@ -69,69 +65,41 @@ impl std::fmt::Debug for ChannelInner {
     }
 }
 
-/// The library's side of a program's `*mut ibv_comp_channel`; `None` for NULL.
-///
-/// # Safety
-///
-/// `ch` is NULL or a live channel made by this library; the reference must not outlive
-/// it.
-pub unsafe fn channel_from<'a>(ch: *mut ibv_comp_channel) -> Option<&'a ChannelInner> {
-    if ch.is_null() {
-        return None;
+/// `ibv_create_comp_channel` once the FFI layer has the context: the pointer the program
+/// holds, or NULL with errno.
+pub(crate) fn create(ctx: Option<&Ctx>) -> *mut ibv_comp_channel {
+    let Some(ctx) = ctx else {
+        return null_with(libc::EINVAL);
+    };
+    let shared = ctx.shared();
+    let ch = match shared.dev.create_comp_channel() {
+        Ok(c) => c,
+        Err(e) => return null_with(e.errno()),
+    };
+    let fd = ch.fd().as_raw_fd();
+    if FD_QUEUE_DRAINS_DONTWAIT {
+        set_blocking(fd);
     }
-    // SAFETY: by the contract, a non-NULL `ch` is the first field of a boxed `Channel`;
-    // the reference covers only the library's part, never the ABI struct.
-    Some(unsafe { &(*ch.cast::<Channel>()).inner })
-}
-
-/// `ibv_create_comp_channel`.
-///
-/// # Safety
-///
-/// `context` is NULL or a context from `ibv_open_device`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_create_comp_channel(
-    context: *mut ibv_context,
-) -> *mut ibv_comp_channel {
-    guard_ptr("ibv_create_comp_channel", || {
-        // SAFETY: by the contract.
-        let Some(ctx) = (unsafe { ctx_from(context) }) else {
-            return null_with(libc::EINVAL);
-        };
-        let shared = ctx.shared();
-        let ch = match shared.dev.create_comp_channel() {
-            Ok(c) => c,
-            Err(e) => return null_with(e.errno()),
-        };
-        let fd = ch.fd().as_raw_fd();
-        if FD_QUEUE_DRAINS_DONTWAIT {
-            set_blocking(fd);
-        }
-        let raw = Box::into_raw(Box::new(Channel {
-            abi: ibv_comp_channel {
-                context: shared.ibv_context(),
-                fd,
-                refcnt: 0,
-            },
-            inner: ChannelInner {
-                fd,
-                ch,
-                ctx: Arc::clone(shared),
-                cqs: AtomicU32::new(0),
-            },
-        }));
-        raw.cast()
+    into_abi(Channel {
+        abi: ibv_comp_channel {
+            context: shared.ibv_context(),
+            fd,
+            refcnt: 0,
+        },
+        inner: ChannelInner {
+            fd,
+            ch,
+            ctx: Arc::clone(shared),
+            cqs: AtomicU32::new(0),
+        },
     })
 }
 
 /// Clears `O_NONBLOCK` on `fd` (what a program gets from rdma-core: a blocking fd).
 fn set_blocking(fd: c_int) {
-    // SAFETY: fcntl on an fd this library owns; no memory is passed.
-    unsafe {
-        let fl = libc::fcntl(fd, libc::F_GETFL);
-        if fl >= 0 {
-            libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK);
-        }
+    let fl = sys::get_fl(fd);
+    if fl >= 0 {
+        sys::set_fl(fd, fl & !libc::O_NONBLOCK);
     }
 }
 
@@ -142,107 +110,58 @@ fn nonblocking(fd: c_int) -> bool {
     if !FD_QUEUE_DRAINS_DONTWAIT {
         return false;
     }
-    // SAFETY: fcntl F_GETFL reads the fd's flags; no memory is passed.
-    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    let fl = sys::get_fl(fd);
     fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
-/// `ibv_destroy_comp_channel`: EBUSY while a CQ uses the channel.
-///
-/// # Safety
-///
-/// `channel` is NULL or a live channel from `ibv_create_comp_channel`, not used afterwards
-/// on success.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_destroy_comp_channel(
-    channel: *mut ibv_comp_channel,
-) -> c_int {
-    guard_int("ibv_destroy_comp_channel", || {
-        // SAFETY: by the contract.
-        let Some(ch) = (unsafe { channel_from(channel) }) else {
-            return libc::EINVAL;
-        };
-        if ch.cqs.load(Ordering::Acquire) != 0 {
-            return libc::EBUSY;
-        }
-        // SAFETY: by the contract, the Box made in create, no longer used by the program;
-        // no CQ refers to it (counted above).
-        drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
-        0
-    })
+/// Whether the channel may be destroyed (`ibv_destroy_comp_channel`): EBUSY while a CQ
+/// uses it.
+pub(crate) fn release(ch: &ChannelInner) -> Result<(), c_int> {
+    if ch.cqs.load(Ordering::Acquire) != 0 {
+        return Err(libc::EBUSY);
+    }
+    Ok(())
 }
 
-/// `ibv_get_cq_event`: waits for the next completion event of the channel and names its
-/// CQ and that CQ's `cq_context`. 0, or -1 with errno (`EAGAIN`: a non-blocking channel
-/// with no event; `EINTR`: a signal interrupted the wait).
-///
-/// # Safety
-///
-/// `channel` is NULL or a live channel; `cq` and `cq_context` are NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_get_cq_event(
-    channel: *mut ibv_comp_channel,
-    cq: *mut *mut ibv_cq,
-    cq_context: *mut *mut c_void,
+/// `ibv_get_cq_event` once the FFI layer has taken what the wait uses (remem's channel,
+/// which owns the fd, and the context: a thread of the program may destroy the channel
+/// while another still waits in here, as one blocked in libibverbs' `read` holds the
+/// file): waits for the next completion event, names its CQ and that CQ's `cq_context`.
+/// 0, or -1 with errno (`EAGAIN`: a non-blocking channel with no event; `EINTR`: a signal
+/// interrupted the wait).
+pub(crate) fn get_cq_event(
+    events: Arc<dyn CompletionChannel>,
+    ctx: Arc<CtxShared>,
+    fd: c_int,
+    cq: &mut MaybeUninit<*mut ibv_cq>,
+    cq_context: &mut MaybeUninit<*mut c_void>,
 ) -> c_int {
-    guard_neg("ibv_get_cq_event", || {
-        // SAFETY: by the contract. The wait holds what it uses itself (remem's channel,
-        // which owns the fd, and the context): a thread of the program may destroy the
-        // channel while another still waits in here, as one blocked in libibverbs' `read`
-        // holds the file.
-        let Some((events, ctx, fd)) = (unsafe { channel_from(channel) })
-            .map(|ch| (Arc::clone(&ch.ch), Arc::clone(&ch.ctx), ch.fd))
-        else {
-            set_errno(libc::EINVAL);
-            return -1;
-        };
-        if cq.is_null() || cq_context.is_null() {
-            set_errno(libc::EINVAL);
-            return -1;
-        }
-        loop {
-            match events.get_cq_event() {
-                Err(e) => {
-                    set_errno(e.errno());
+    loop {
+        match events.get_cq_event() {
+            Err(e) => {
+                set_errno(e.errno());
+                return -1;
+            }
+            Ok(Some(id)) => {
+                // A CQ destroyed since its event fired is gone from the registry: its
+                // event is dropped, as the kernel drops a destroyed CQ's events.
+                let Some(c) = ctx.cq(id) else { continue };
+                c.inner().event_out();
+                cq.write(c.abi());
+                // Read from its ABI struct, where the program may have changed it.
+                cq_context.write(c.cq_context());
+                return 0;
+            }
+            Ok(None) => {
+                if nonblocking(fd) {
+                    set_errno(libc::EAGAIN);
                     return -1;
                 }
-                Ok(Some(id)) => {
-                    // A CQ destroyed since its event fired is gone from the registry:
-                    // its event is dropped, as the kernel drops a destroyed CQ's events.
-                    let Some(p) = ctx.cq_ptr(id) else { continue };
-                    // SAFETY: registered CQs are live (unregistered before they are
-                    // freed); `p` is a boxed `Cq` (its ABI struct first).
-                    let c = unsafe { crate::cq::cq_from(p) };
-                    if let Some(c) = c {
-                        c.event_out();
-                    }
-                    // SAFETY: the out-pointers are writable by the contract; the CQ's
-                    // context is read from its ABI struct, where the program may have
-                    // changed it.
-                    unsafe {
-                        *cq = p;
-                        *cq_context = (*p).cq_context;
-                    }
-                    return 0;
-                }
-                Ok(None) => {
-                    if nonblocking(fd) {
-                        set_errno(libc::EAGAIN);
-                        return -1;
-                    }
-                    let mut pfd = libc::pollfd {
-                        fd,
-                        events: libc::POLLIN,
-                        revents: 0,
-                    };
-                    // SAFETY: one pollfd on the stack, valid for the call.
-                    let r = unsafe { libc::poll(&mut pfd, 1, -1) };
-                    if r < 0 {
-                        // errno is poll's (EINTR): what a read of the event fd gives.
-                        return -1;
-                    }
+                if sys::poll_in(fd, -1) < 0 {
+                    // errno is poll's (EINTR): what a read of the event fd gives.
+                    return -1;
                 }
             }
         }
-    })
+    }
 }

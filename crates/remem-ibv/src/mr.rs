@@ -1,7 +1,7 @@
 //! Memory regions over program memory.
 //!
 //! `ibv_reg_mr` wraps the program's bytes in a `remem_verbs::MemoryBuffer` (through
-//! `MemoryBuffer::from_raw_parts`) and registers it with the remem PD. From then on the
+//! `MemoryBuffer::from_raw_parts`, in [`crate::ffi::ProgramMemory`]) and registers it with the remem PD. From then on the
 //! soft NIC's progress thread reads and writes those bytes while the program runs — what
 //! a NIC's DMA does — always through `MemoryBuffer`'s atomic accessors. What this assumes
 //! of the program (as RDMA does): the range stays mapped, with the access it was
@@ -9,38 +9,51 @@
 //! Registration checks that the range is mapped now (readable, and writable when the NIC
 //! may write it): EFAULT otherwise, as the kernel's `ib_umem_get` answers.
 
-#![allow(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use crate::abi::*;
-use crate::context::{PdUse, pd_from};
-use crate::ffi::{errno_of, guard_int, guard_ptr, null_with, set_errno};
-use core::ffi::{c_int, c_uint, c_void};
-use remem_verbs::{AccessFlags, MemRegion, MemoryBuffer, MemoryRegion};
-use std::ptr::NonNull;
-use std::sync::Arc;
-
-symver!(
-    "ibv_reg_mr" @ "IBVERBS_1.1",
-    "ibv_reg_mr_iova" @ "IBVERBS_1.7",
-    "ibv_reg_mr_iova2" @ "IBVERBS_1.8",
-    "ibv_reg_dmabuf_mr" @ "IBVERBS_1.12",
-    "ibv_rereg_mr" @ "IBVERBS_1.1",
-    "ibv_dereg_mr" @ "IBVERBS_1.1",
-    "ibv_import_mr" @ "IBVERBS_1.10",
-    "ibv_unimport_mr" @ "IBVERBS_1.10",
-);
+use crate::context::{Pd, PdInner, PdUse};
+use crate::ffi::handles::{Handle, Registration, into_abi};
+use crate::ffi::{ProgramMemory, errno_of, null_with};
+use core::ffi::c_int;
+use remem_verbs::{AccessFlags, MemRegion, MemoryRegion};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A memory region: what `ibv_reg_mr` returns a pointer to (`abi` first).
 #[repr(C)]
 pub struct Mr {
     /// The `ibv_mr` programs see.
     pub abi: ibv_mr,
+    /// The library's side.
+    pub inner: MrInner,
+}
+
+/// The library's side of a memory region (`ibv_rereg_mr` replaces it in place).
+pub struct MrInner {
+    state: Mutex<MrState>,
+}
+
+/// A region's registration.
+pub struct MrState {
     /// The remem memory region.
     pub mr: Arc<dyn MemoryRegion>,
     /// The verbs access it was registered with (what `ibv_rereg_mr` keeps without
     /// CHANGE_ACCESS).
     access: u32,
-    _pd: PdUse,
+    pd: PdUse,
+}
+
+impl std::fmt::Debug for MrInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MrInner").finish_non_exhaustive()
+    }
+}
+
+impl MrInner {
+    /// The registration, locked.
+    pub fn state(&self) -> MutexGuard<'_, MrState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// The access bits a registration may carry: the ones remem knows, plus rdma-core's
@@ -119,329 +132,132 @@ pub fn check_mapped_in(maps: &str, addr: usize, end: usize, write: bool) -> Resu
     Err(libc::EFAULT)
 }
 
-/// Registers `[addr, addr + length)` with the remem PD of `p`, NIC address `iova` (0 with
-/// ZERO_BASED), after the checks `ibv_reg_mr` makes: the errno on failure.
+/// Registers the program's memory `mem` with the remem PD of `p`, NIC address `iova` (0
+/// with ZERO_BASED), after the checks `ibv_reg_mr` makes: the errno on failure.
 fn register(
-    p: &crate::context::PdInner,
-    addr: *mut c_void,
-    length: usize,
+    p: &PdInner,
+    mem: ProgramMemory,
     iova: u64,
     access: u32,
 ) -> Result<Arc<dyn MemoryRegion>, c_int> {
     let flags = access_flags(access)?;
-    if length == 0 {
+    if mem.is_empty() {
         return Err(libc::EINVAL);
     }
-    let ptr = NonNull::new(addr.cast::<u8>()).ok_or(libc::EFAULT)?;
-    check_mapped(addr as usize, length, nic_writes(flags))?;
+    if mem.addr().is_null() {
+        return Err(libc::EFAULT);
+    }
+    check_mapped(mem.addr() as usize, mem.len(), nic_writes(flags))?;
     let iova = if access & IBV_ACCESS_ZERO_BASED != 0 {
         0
     } else {
         iova
     };
-    // SAFETY: the program registers memory it owns and keeps mapped until ibv_dereg_mr
-    // (checked mapped just now; the rest is the verbs contract, ibv_reg_mr(3)). This is
-    // memory the program itself keeps using while the NIC reads and writes it — the RDMA
-    // model: the buffer only ever touches it through MemoryBuffer's atomic accessors,
-    // which is what a device doing DMA into program memory amounts to, and a program
-    // racing its own accesses with the NIC's gets torn data, not undefined behaviour on
-    // the Rust side. The owner is nothing: the program frees the memory.
-    let buf = unsafe { MemoryBuffer::from_raw_parts(ptr, length, Box::new(())) };
+    let buf = mem.into_buffer().ok_or(libc::EFAULT)?;
     let region = MemRegion::with_iova(Arc::new(buf), .., iova).map_err(|_| libc::EINVAL)?;
     p.pd.reg_mr(region, flags).map_err(|e| errno_of(&e))
 }
 
-/// Registers `[addr, addr + length)` on `pd` with NIC address `iova`.
-fn reg(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: u32) -> *mut ibv_mr {
-    // SAFETY: NULL or a live PD by the callers' contracts.
-    let Some(p) = (unsafe { pd_from(pd) }) else {
+/// `ibv_reg_mr` (and `_iova`, `_iova2`) once the FFI layer has its arguments: registers
+/// `mem` on `pd` with NIC address `iova`; NULL with errno EINVAL (NULL PD, zero length,
+/// bad access), EFAULT (memory not mapped with the access needed), EOPNOTSUPP (on-demand
+/// paging).
+pub(crate) fn reg(pd: Option<&Pd>, mem: ProgramMemory, iova: u64, access: u32) -> *mut ibv_mr {
+    let Some(p) = pd else {
         return null_with(libc::EINVAL);
     };
-    let mr = match register(&p.inner, addr, length, iova, access) {
+    let (addr, length) = (mem.addr(), mem.len());
+    let mr = match register(&p.inner, mem, iova, access) {
         Ok(mr) => mr,
         Err(e) => return null_with(e),
     };
     let abi = ibv_mr {
         context: p.abi.context,
-        pd,
+        pd: p.inner.ibv_pd(),
         addr,
         length,
         handle: mr.lkey(),
         lkey: mr.lkey(),
         rkey: mr.rkey(),
     };
-    Box::into_raw(Box::new(Mr {
+    into_abi(Mr {
         abi,
-        mr,
-        access,
-        _pd: p.inner.hold(),
-    }))
-    .cast()
-}
-
-/// `ibv_reg_mr`: NULL with errno EINVAL (NULL PD, zero length, bad access), EFAULT
-/// (memory not mapped with the access needed), EOPNOTSUPP (on-demand paging).
-///
-/// # Safety
-///
-/// `pd` is NULL or live; `[addr, addr + length)` is program memory that stays mapped
-/// until `ibv_dereg_mr`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_reg_mr(
-    pd: *mut ibv_pd,
-    addr: *mut c_void,
-    length: usize,
-    access: c_int,
-) -> *mut ibv_mr {
-    guard_ptr("ibv_reg_mr", || {
-        reg(pd, addr, length, addr as u64, access as u32)
-    })
-}
-
-/// `ibv_reg_mr_iova`: as `ibv_reg_mr`, the NIC addressing the region at `iova`.
-///
-/// # Safety
-///
-/// As [`remem_ibv_ibv_reg_mr`].
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_reg_mr_iova(
-    pd: *mut ibv_pd,
-    addr: *mut c_void,
-    length: usize,
-    iova: u64,
-    access: c_int,
-) -> *mut ibv_mr {
-    guard_ptr("ibv_reg_mr_iova", || {
-        reg(pd, addr, length, iova, access as u32)
-    })
-}
-
-/// `ibv_reg_mr_iova2`: as `ibv_reg_mr_iova` (verbs.h's inline `ibv_reg_mr` calls this
-/// one when the access is not a constant or has optional bits).
-///
-/// # Safety
-///
-/// As [`remem_ibv_ibv_reg_mr`].
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_reg_mr_iova2(
-    pd: *mut ibv_pd,
-    addr: *mut c_void,
-    length: usize,
-    iova: u64,
-    access: c_uint,
-) -> *mut ibv_mr {
-    guard_ptr("ibv_reg_mr_iova2", || reg(pd, addr, length, iova, access))
-}
-
-/// `ibv_reg_dmabuf_mr`: no dma-buf here (EOPNOTSUPP).
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_ibv_reg_dmabuf_mr(
-    pd: *mut ibv_pd,
-    offset: u64,
-    length: usize,
-    iova: u64,
-    fd: c_int,
-    access: c_int,
-) -> *mut ibv_mr {
-    let _ = (pd, offset, length, iova, fd, access);
-    null_with(libc::EOPNOTSUPP)
-}
-
-/// `ibv_rereg_mr` (ibv_rereg_mr(3)): changes the registration of `mr` in place — its
-/// translation (`addr`, `length`; IBV_REREG_MR_CHANGE_TRANSLATION), its PD (`pd`, of the
-/// same context; IBV_REREG_MR_CHANGE_PD) and/or its access (`access`;
-/// IBV_REREG_MR_CHANGE_ACCESS); what a flag does not name stays. 0 on success: the
-/// `ibv_mr` keeps its address and `handle`, and gets new `lkey`/`rkey` (a fresh
-/// registration, as mlx5 gives when it re-creates the MR; rxe offers no rereg). The old
-/// registration is revoked exactly as `ibv_dereg_mr` revokes it: its keys stop working at
-/// once, so a peer still using the old rkey is NAKed (remote access error).
-///
-/// On failure nothing changed and the old registration stays valid:
-/// `IBV_REREG_MR_ERR_INPUT` with errno EINVAL (NULL MR, no flag or an unknown one,
-/// CHANGE_TRANSLATION without an address or length, a NULL PD or one of another context
-/// with CHANGE_PD, bad access bits), EFAULT (the new range is not mapped with the access
-/// needed), EOPNOTSUPP (on-demand paging), or the errno of the device's refusal.
-///
-/// # Safety
-///
-/// `mr` is NULL or live and not used by another thread during the call; `pd` NULL or
-/// live; with CHANGE_TRANSLATION, `[addr, addr + length)` is program memory that stays
-/// mapped until the MR is deregistered.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_rereg_mr(
-    mr: *mut ibv_mr,
-    flags: c_int,
-    pd: *mut ibv_pd,
-    addr: *mut c_void,
-    length: usize,
-    access: c_int,
-) -> c_int {
-    let fail = |errno: c_int| {
-        set_errno(errno);
-        IBV_REREG_MR_ERR_INPUT
-    };
-    let r = crate::ffi::guard(
-        "ibv_rereg_mr",
-        || Err(libc::EIO),
-        || {
-            let flags = flags as u32;
-            if mr.is_null() || flags == 0 || flags & !IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
-                return Err(libc::EINVAL);
-            }
-            let translation = flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0;
-            if translation && (addr.is_null() || length == 0) {
-                return Err(libc::EINVAL);
-            }
-            // SAFETY: a live MR made by `reg` (its first field), used by this thread alone
-            // during the call (the contract).
-            let m = unsafe { &mut *mr.cast::<Mr>() };
-            let (new_pd, pd_inner) = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
-                // SAFETY: NULL or a live PD (the contract).
-                let p = unsafe { pd_from(pd) }.ok_or(libc::EINVAL)?;
-                if p.abi.context != m.abi.context {
-                    return Err(libc::EINVAL);
-                }
-                (pd, p.inner.hold())
-            } else {
-                (m.abi.pd, m._pd.pd().hold())
-            };
-            let access = if flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
-                access as u32
-            } else {
-                m.access
-            };
-            let (addr, length) = if translation {
-                (addr, length)
-            } else {
-                (m.abi.addr, m.abi.length)
-            };
-            // Without a new translation the NIC address stays; with one it is the new
-            // address (ZERO_BASED: 0).
-            let iova = if translation {
-                addr as u64
-            } else {
-                m.mr.addr()
-            };
-            let new = register(pd_inner.pd(), addr, length, iova, access)?;
-            // The old registration goes as ibv_dereg_mr's does: dropping it removes its
-            // keys from the device at once.
-            let old = std::mem::replace(&mut m.mr, new);
-            drop(old);
-            m._pd = pd_inner;
-            m.access = access;
-            m.abi.pd = new_pd;
-            m.abi.addr = addr;
-            m.abi.length = length;
-            m.abi.lkey = m.mr.lkey();
-            m.abi.rkey = m.mr.rkey();
-            Ok(())
+        inner: MrInner {
+            state: Mutex::new(MrState {
+                mr,
+                access,
+                pd: p.inner.hold(),
+            }),
         },
-    );
-    match r {
-        Ok(()) => 0,
-        Err(e) => fail(e),
-    }
-}
-
-/// `ibv_dereg_mr`: 0; EINVAL for NULL. Work requests still using the region keep the
-/// NIC's reference to the memory (the program must not unmap it before they complete).
-///
-/// # Safety
-///
-/// `mr` is NULL or live, not used afterwards on success.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
-    guard_int("ibv_dereg_mr", || {
-        if mr.is_null() {
-            return libc::EINVAL;
-        }
-        // A region with memory windows bound stays (rxe: EINVAL, IBA 10.6.7.2.6).
-        // SAFETY: a live MR made by `reg` (its first field).
-        if unsafe { &*mr.cast::<Mr>() }.mr.windows_bound() > 0 {
-            return libc::EINVAL;
-        }
-        // SAFETY: a live MR made by `reg` (its first field), not used afterwards.
-        drop(unsafe { Box::from_raw(mr.cast::<Mr>()) });
-        0
     })
 }
 
-/// `ibv_import_mr`: none here (EOPNOTSUPP).
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_ibv_import_mr(pd: *mut ibv_pd, mr_handle: u32) -> *mut ibv_mr {
-    let _ = (pd, mr_handle);
-    null_with(libc::EOPNOTSUPP)
+/// `ibv_rereg_mr` once the FFI layer has its arguments (`pd`: the new PD, used with
+/// IBV_REREG_MR_CHANGE_PD; `mem`: the new translation with CHANGE_TRANSLATION, else the
+/// current one): see [`crate::ffi::device::remem_ibv_ibv_rereg_mr`]. The errno on
+/// failure, when nothing changed.
+pub(crate) fn rereg(
+    mr: Handle<'_, Mr>,
+    flags: u32,
+    pd: Option<&Pd>,
+    mem: ProgramMemory,
+    access: u32,
+) -> Result<(), c_int> {
+    let now = mr.registration();
+    let mut st = mr.inner().state();
+    let pd_use = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
+        let p = pd.ok_or(libc::EINVAL)?;
+        if p.abi.context != now.context {
+            return Err(libc::EINVAL);
+        }
+        p.inner.hold()
+    } else {
+        st.pd.pd().hold()
+    };
+    let access = if flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
+        access
+    } else {
+        st.access
+    };
+    // Without a new translation the NIC address stays; with one it is the new address
+    // (ZERO_BASED: 0).
+    let translation = flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0;
+    let iova = if translation {
+        mem.addr() as u64
+    } else {
+        st.mr.addr()
+    };
+    let (addr, length) = (mem.addr(), mem.len());
+    let new = register(pd_use.pd(), mem, iova, access)?;
+    // The old registration goes as ibv_dereg_mr's does: dropping it removes its keys from
+    // the device at once.
+    let old = std::mem::replace(&mut st.mr, new);
+    drop(old);
+    mr.set_registration(Registration {
+        context: now.context,
+        pd: pd_use.pd().ibv_pd(),
+        addr,
+        length,
+        lkey: st.mr.lkey(),
+        rkey: st.mr.rkey(),
+    });
+    st.pd = pd_use;
+    st.access = access;
+    Ok(())
 }
 
-/// `ibv_unimport_mr`: nothing was imported; does nothing.
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_ibv_unimport_mr(mr: *mut ibv_mr) {
-    let _ = mr;
+/// Whether the region may be deregistered (`ibv_dereg_mr`): a region with memory windows
+/// bound stays (rxe: EINVAL, IBA 10.6.7.2.6).
+pub(crate) fn release(m: &MrInner) -> Result<(), c_int> {
+    if m.state().mr.windows_bound() > 0 {
+        return Err(libc::EINVAL);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::ptr::null_mut;
-
-    #[test]
-    fn rereg_keeps_the_object_and_handle_and_drops_the_old_registration() {
-        let ctx =
-            crate::context::Ctx::create(crate::context::tests::soft_device(), std::ptr::null_mut());
-        // SAFETY: a live context.
-        let pd = unsafe { crate::pd::remem_ibv_ibv_alloc_pd(ctx) };
-        let mut a = vec![0u8; 4096];
-        let mut b = vec![0u8; 2048];
-        let rw = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) as c_int;
-        // SAFETY: live PD, memory that outlives the MR.
-        let mr = unsafe { remem_ibv_ibv_reg_mr(pd, a.as_mut_ptr().cast(), a.len(), rw) };
-        assert!(!mr.is_null());
-        // SAFETY: the live MR just made (read through its pointer only).
-        let (handle, rkey, old) =
-            unsafe { ((*mr).handle, (*mr).rkey, Arc::clone(&(*mr.cast::<Mr>()).mr)) };
-        let rereg = |flags: u32, addr: *mut u8, len: usize, access: u32| {
-            // SAFETY: live MR and PD; the memory outlives the MR.
-            unsafe {
-                remem_ibv_ibv_rereg_mr(mr, flags as c_int, pd, addr.cast(), len, access as c_int)
-            }
-        };
-        // Bad input: nothing changes.
-        assert_eq!(rereg(0, null_mut(), 0, 0), IBV_REREG_MR_ERR_INPUT);
-        assert_eq!(
-            rereg(
-                IBV_REREG_MR_CHANGE_ACCESS,
-                null_mut(),
-                0,
-                IBV_ACCESS_REMOTE_WRITE
-            ),
-            IBV_REREG_MR_ERR_INPUT
-        );
-        // SAFETY: the live MR.
-        assert_eq!(unsafe { (*mr).rkey }, rkey);
-        // Access and translation at once.
-        let flags = IBV_REREG_MR_CHANGE_ACCESS | IBV_REREG_MR_CHANGE_TRANSLATION;
-        assert_eq!(
-            rereg(flags, b.as_mut_ptr(), b.len(), IBV_ACCESS_LOCAL_WRITE),
-            0
-        );
-        // SAFETY: the live MR.
-        let m = unsafe { &*mr.cast::<Mr>() };
-        assert_eq!(m.abi.handle, handle, "same handle");
-        assert_ne!(m.abi.rkey, rkey, "new keys");
-        assert_eq!((m.abi.addr, m.abi.length), (b.as_mut_ptr().cast(), b.len()));
-        assert_eq!(m.mr.access(), AccessFlags::LOCAL_WRITE);
-        assert_eq!((m.mr.addr(), m.mr.len()), (b.as_ptr() as u64, b.len()));
-        // The old registration is gone (its last handle is the test's): its keys are
-        // revoked when that drops, as at ibv_dereg_mr.
-        assert_eq!(Arc::strong_count(&old), 1);
-        drop(old);
-        // SAFETY: the live MR and PD, not used afterwards.
-        unsafe {
-            assert_eq!(remem_ibv_ibv_dereg_mr(mr), 0);
-            assert_eq!(crate::pd::remem_ibv_ibv_dealloc_pd(pd), 0);
-            crate::context::Ctx::free(ctx);
-        }
-    }
 
     const MAPS: &str = "\
 00400000-00401000 r-xp 00000000 08:01 1 /bin/x

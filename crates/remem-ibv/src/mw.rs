@@ -15,126 +15,95 @@
 //! PD is EBUSY. RC and UC QPs take binds, as rxe's do (`IBV_QP_EX_WITH_BIND_MW` on both,
 //! `_LOCAL_INV` on RC).
 
-#![allow(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use crate::abi::*;
-use crate::context::{PdUse, pd_from};
-use crate::ffi::{errno_of, guard_int, guard_ptr, null_with};
+use crate::context::{PdInner, PdUse};
+use crate::ffi::handles::{Handle, into_abi};
+use crate::ffi::{errno_of, null_with};
 use crate::post::send_flags;
-use crate::qp::qp_from;
+use crate::qp::QpInner;
 use core::ffi::c_int;
 use remem_verbs::{AccessFlags, MemoryWindow, MwType, SendOp, SendWr};
 use std::sync::Arc;
-
-symver!();
 
 /// A memory window: what `ibv_alloc_mw` returns a pointer to (`abi` first).
 #[repr(C)]
 pub struct Mw {
     /// The `ibv_mw` programs see (`rkey` is the one its last `ibv_bind_mw` gave it).
     pub abi: ibv_mw,
+    /// The library's side.
+    pub inner: MwInner,
+}
+
+/// The library's side of a memory window.
+pub struct MwInner {
     /// The remem window.
     pub mw: Arc<dyn MemoryWindow>,
     _pd: PdUse,
 }
 
-/// The window behind a program's `*mut ibv_mw`; `None` for NULL.
-///
-/// # Safety
-///
-/// `mw` is NULL or a live window made by [`alloc_mw`]; the reference must not outlive it.
-pub unsafe fn mw_from<'a>(mw: *mut ibv_mw) -> Option<&'a Mw> {
-    // SAFETY: by the contract, a non-NULL `mw` is the first field of a boxed `Mw`.
-    unsafe { mw.cast::<Mw>().as_ref() }
+impl std::fmt::Debug for MwInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MwInner")
+            .field("rkey", &self.mw.rkey())
+            .finish_non_exhaustive()
+    }
 }
 
-/// `ibv_context_ops::alloc_mw`: a window of `type` (`IBV_MW_TYPE_1` or `_2`) on `pd`;
-/// NULL with errno EINVAL for another type or a NULL PD, ENOMEM past `max_mw`.
-///
-/// # Safety
-///
-/// `pd` is NULL or a live PD of this library.
-pub unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, r#type: ibv_mw_type) -> *mut ibv_mw {
-    guard_ptr("ibv_alloc_mw", || {
-        // SAFETY: by the contract.
-        let Some(p) = (unsafe { pd_from(pd) }) else {
-            return null_with(libc::EINVAL);
-        };
-        let ty = match r#type {
-            IBV_MW_TYPE_1 => MwType::One,
-            IBV_MW_TYPE_2 => MwType::Two,
-            _ => return null_with(libc::EINVAL),
-        };
-        let mw = match p.inner.pd.alloc_mw(ty) {
-            Ok(m) => m,
-            Err(remem_verbs::Error::Exhausted(_)) => return null_with(libc::ENOMEM),
-            Err(e) => return null_with(errno_of(&e)),
-        };
-        let raw = Box::into_raw(Box::new(Mw {
-            abi: ibv_mw {
-                context: p.inner.ctx.ibv_context(),
-                pd,
-                rkey: mw.rkey(),
-                handle: mw.rkey() >> 8,
-                r#type,
-            },
-            mw,
-            _pd: p.inner.hold(),
-        }));
-        raw.cast()
+/// `ibv_context_ops::alloc_mw` once the FFI layer has the PD: a window of `type`
+/// (`IBV_MW_TYPE_1` or `_2`) on `pd`; NULL with errno EINVAL for another type or a NULL
+/// PD, ENOMEM past `max_mw`.
+pub(crate) fn alloc(pd: Option<&Arc<PdInner>>, r#type: ibv_mw_type) -> *mut ibv_mw {
+    let Some(p) = pd else {
+        return null_with(libc::EINVAL);
+    };
+    let ty = match r#type {
+        IBV_MW_TYPE_1 => MwType::One,
+        IBV_MW_TYPE_2 => MwType::Two,
+        _ => return null_with(libc::EINVAL),
+    };
+    let mw = match p.pd.alloc_mw(ty) {
+        Ok(m) => m,
+        Err(remem_verbs::Error::Exhausted(_)) => return null_with(libc::ENOMEM),
+        Err(e) => return null_with(errno_of(&e)),
+    };
+    into_abi(Mw {
+        abi: ibv_mw {
+            context: p.ctx.ibv_context(),
+            pd: p.ibv_pd(),
+            rkey: mw.rkey(),
+            handle: mw.rkey() >> 8,
+            r#type,
+        },
+        inner: MwInner { mw, _pd: p.hold() },
     })
 }
 
-/// `ibv_context_ops::dealloc_mw`: 0 (its binding is revoked before this returns);
-/// EINVAL for NULL.
-///
-/// # Safety
-///
-/// `mw` is NULL or a live window of this library, not used afterwards.
-pub unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
-    guard_int("ibv_dealloc_mw", || {
-        if mw.is_null() {
-            return libc::EINVAL;
-        }
-        // SAFETY: a live window made by `alloc_mw` (its first field), not used afterwards.
-        drop(unsafe { Box::from_raw(mw.cast::<Mw>()) });
-        0
-    })
-}
-
-/// The bind work request of window `mw` (its `ibv_mw.rkey` names it) with `info`, giving
-/// it `rkey`: EINVAL for a NULL window, unknown access bits, a zero-based window (rxe's
+/// The bind work request of the window whose `ibv_mw.rkey` is `mw_rkey` (`None`: a NULL
+/// window) with `info` (`mr_lkey`: the lkey of `info.mr`, `None` for NULL), giving it
+/// `rkey`: EINVAL for a NULL window, unknown access bits, a zero-based window (rxe's
 /// provider refuses them), or an address or length without a region.
-///
-/// # Safety
-///
-/// `mw` is NULL or a live window of this library; `info.mr` is NULL or a live region of
-/// this library.
-pub(crate) unsafe fn bind_op(
-    mw: *mut ibv_mw,
+pub(crate) fn bind_op(
+    mw_rkey: Option<u32>,
     rkey: u32,
     info: &ibv_mw_bind_info,
+    mr_lkey: Option<u32>,
 ) -> Result<SendOp, c_int> {
-    if mw.is_null() {
+    let Some(mw) = mw_rkey else {
         return Err(libc::EINVAL);
-    }
+    };
     let access = AccessFlags::from_bits(info.mw_access_flags).ok_or(libc::EINVAL)?;
     if access.contains(AccessFlags::ZERO_BASED) {
         return Err(libc::EINVAL);
     }
-    let lkey = if info.mr.is_null() {
-        if info.addr != 0 || info.length != 0 {
-            return Err(libc::EINVAL);
-        }
-        0
-    } else {
-        // SAFETY: a live region of this library by the contract.
-        unsafe { (*info.mr).lkey }
+    let lkey = match mr_lkey {
+        Some(lkey) => lkey,
+        None if info.addr != 0 || info.length != 0 => return Err(libc::EINVAL),
+        None => 0,
     };
     Ok(SendOp::BindMw {
-        // SAFETY: a live window by the contract; its `rkey` (which the program may set
-        // for a type 2 window) is read in place.
-        mw: unsafe { (*mw).rkey },
+        mw,
         rkey,
         lkey,
         addr: info.addr,
@@ -144,48 +113,33 @@ pub(crate) unsafe fn bind_op(
 }
 
 /// `ibv_context_ops::bind_mw` (verbs.h's inline `ibv_bind_mw`, which has already refused
-/// a window that is not type 1 and a region of another PD): posts the bind on `qp` with
-/// the rkey `ibv_inc_rkey(mw->rkey)` and sets `mw->rkey` to it. 0, or the errno of the post
-/// (EINVAL: the checks `bind_op` makes; a QP that cannot take it).
-///
-/// # Safety
-///
-/// `qp`, `mw` and `mw_bind` are NULL or live objects of this library (`mw_bind` readable,
-/// its region NULL or live).
-pub unsafe extern "C" fn bind_mw(
-    qp: *mut ibv_qp,
-    mw: *mut ibv_mw,
-    mw_bind: *mut ibv_mw_bind,
+/// a window that is not type 1 and a region of another PD) once the FFI layer has the
+/// bind (`op`: [`bind_op`] with the rkey [`inc_rkey`]`(mw->rkey)`): posts it on `q` and
+/// sets `mw->rkey` to the new rkey. 0, or the errno of the post (EINVAL: the checks
+/// `bind_op` makes; a QP that cannot take it).
+pub(crate) fn bind(
+    q: &QpInner,
+    mw: Handle<'_, Mw>,
+    b: &ibv_mw_bind,
+    rkey: u32,
+    op: Result<SendOp, c_int>,
 ) -> c_int {
-    guard_int("ibv_bind_mw", || {
-        // SAFETY: by the contract.
-        let (Some(q), Some(b)) = (unsafe { qp_from(qp) }, unsafe { mw_bind.as_ref() }) else {
-            return libc::EINVAL;
-        };
-        if mw.is_null() {
-            return libc::EINVAL;
-        }
-        // SAFETY: a live window by the contract; its `rkey` is read in place.
-        let rkey = inc_rkey(unsafe { (*mw).rkey });
-        // SAFETY: by the contract.
-        let op = match unsafe { bind_op(mw, rkey, &b.bind_info) } {
-            Ok(op) => op,
-            Err(e) => return e,
-        };
-        let flags = match send_flags(b.send_flags) {
-            Ok(f) => f,
-            Err(e) => return e,
-        };
-        let mut wr = SendWr::new(b.wr_id, op, &[]);
-        wr.flags = flags;
-        if let Err(e) = q.qp.post_send(std::slice::from_ref(&wr)) {
-            return e.error.errno();
-        }
-        // SAFETY: the program's live window; the rkey field is written as rxe's provider
-        // writes it once the bind is posted.
-        unsafe { (*mw).rkey = rkey };
-        0
-    })
+    let op = match op {
+        Ok(op) => op,
+        Err(e) => return e,
+    };
+    let flags = match send_flags(b.send_flags) {
+        Ok(f) => f,
+        Err(e) => return e,
+    };
+    let mut wr = SendWr::new(b.wr_id, op, &[]);
+    wr.flags = flags;
+    if let Err(e) = q.qp.post_send(std::slice::from_ref(&wr)) {
+        return e.error.errno();
+    }
+    // As rxe's provider writes it once the bind is posted.
+    mw.set_rkey(rkey);
+    0
 }
 
 /// verbs.h's `ibv_inc_rkey`: the key byte (low 8 bits) plus one, the index kept.

@@ -1,72 +1,30 @@
-//! Protection domains: `ibv_alloc_pd`, `ibv_dealloc_pd` (the object is `context::Pd`).
+//! Protection domains: `ibv_alloc_pd`, `ibv_dealloc_pd` (the object is `context::Pd`; the
+//! C entry points are in [`crate::ffi::device`]).
 
-#![allow(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use crate::abi::*;
-use crate::context::{Pd, ctx_from, pd_from};
-use crate::ffi::{errno_of, guard_int, guard_ptr, null_with};
+use crate::context::{Ctx, Pd, PdInner};
+use crate::ffi::{errno_of, null_with};
 use core::ffi::c_int;
 
-symver!(
-    "ibv_alloc_pd" @ "IBVERBS_1.1",
-    "ibv_dealloc_pd" @ "IBVERBS_1.1",
-    "ibv_import_pd" @ "IBVERBS_1.10",
-    "ibv_unimport_pd" @ "IBVERBS_1.10",
-);
-
-/// `ibv_alloc_pd`: NULL with errno EINVAL for a NULL context.
-///
-/// # Safety
-///
-/// `context` is NULL or open.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
-    guard_ptr("ibv_alloc_pd", || {
-        // SAFETY: NULL or a live context by the contract.
-        let Some(c) = (unsafe { ctx_from(context) }) else {
-            return null_with(libc::EINVAL);
-        };
-        match c.shared().dev.alloc_pd() {
-            Ok(pd) => Pd::create(c.shared(), pd),
-            Err(e) => null_with(errno_of(&e)),
-        }
-    })
+/// `ibv_alloc_pd` once the FFI layer has the context: NULL with errno EINVAL for a NULL
+/// context.
+pub(crate) fn alloc(ctx: Option<&Ctx>) -> *mut ibv_pd {
+    let Some(c) = ctx else {
+        return null_with(libc::EINVAL);
+    };
+    match c.shared().dev.alloc_pd() {
+        Ok(pd) => Pd::create(c.shared(), pd),
+        Err(e) => null_with(errno_of(&e)),
+    }
 }
 
-/// `ibv_dealloc_pd`: 0; EBUSY while an object (MR, QP, SRQ, AH) uses the PD, EINVAL for
-/// NULL.
-///
-/// # Safety
-///
-/// `pd` is NULL or a live PD, not used afterwards on success.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
-    guard_int("ibv_dealloc_pd", || {
-        // SAFETY: NULL or a live PD by the contract.
-        let Some(p) = (unsafe { pd_from(pd) }) else {
-            return libc::EINVAL;
-        };
-        if p.inner.users() > 0 {
-            return libc::EBUSY;
-        }
-        // SAFETY: a live PD of this library with no users, not used afterwards.
-        unsafe { Pd::free(pd) };
-        0
-    })
-}
-
-/// `ibv_import_pd`: a kernel object shared between processes; none here (EOPNOTSUPP).
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_ibv_import_pd(
-    context: *mut ibv_context,
-    pd_handle: u32,
-) -> *mut ibv_pd {
-    let _ = (context, pd_handle);
-    null_with(libc::EOPNOTSUPP)
-}
-
-/// `ibv_unimport_pd`: nothing was imported; does nothing.
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_ibv_unimport_pd(pd: *mut ibv_pd) {
-    let _ = pd;
+/// Whether the PD may be freed (`ibv_dealloc_pd`): EBUSY while an object (MR, QP, SRQ,
+/// AH) uses it.
+pub(crate) fn release(p: &PdInner) -> Result<(), c_int> {
+    if p.users() > 0 {
+        return Err(libc::EBUSY);
+    }
+    Ok(())
 }

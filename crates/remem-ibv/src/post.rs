@@ -21,21 +21,19 @@
 //!
 //! **Receive.** Each work request's scatter list is copied to the stack and posted at once.
 
-#![allow(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use crate::abi::*;
-use crate::ffi::guard_int;
-use crate::qp::{QpInner, qp_from};
-use crate::srq::srq_from;
+use crate::ffi::wr::{RecvWrRef, SendWrRef};
+use crate::qp::QpInner;
 use core::ffi::c_int;
+use core::mem::MaybeUninit;
 use remem_verbs::{
-    AccessFlags, MemRegion, MemoryBuffer, MemoryRegion, PostError, ProtectionDomain, QpCap, QpType,
-    RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest,
+    AccessFlags, MemRegion, MemoryBuffer, MemoryRegion, PostError, ProtectionDomain, QpCap, RecvWr,
+    SendFlags, SendOp, SendWr, Sge, UdDest,
 };
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
-
-symver!();
 
 /// The bytes of an ATOMIC WRITE's value.
 const ATOMIC_WRITE_LEN: usize = 8;
@@ -135,70 +133,6 @@ impl SendPath {
     }
 }
 
-/// The remem operation of an `ibv_send_wr`; EINVAL for an unknown opcode (or a bad bind,
-/// [`crate::mw::bind_op`]), EOPNOTSUPP for one remem does not implement (TSO, driver
-/// opcodes).
-///
-/// # Safety
-///
-/// `w` is the program's work request (its unions are read as the opcode says).
-unsafe fn send_op(w: &ibv_send_wr) -> Result<SendOp, c_int> {
-    // SAFETY: each union member is read for the opcode that uses it; all members are
-    // plain integers (any bit pattern is valid).
-    unsafe {
-        let rdma = w.wr.rdma;
-        let atomic = w.wr.atomic;
-        let imm = u32::from_be(w.u_imm_data.imm_data);
-        Ok(match w.opcode {
-            IBV_WR_RDMA_WRITE => SendOp::RdmaWrite {
-                remote_addr: rdma.remote_addr,
-                rkey: rdma.rkey,
-            },
-            IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::RdmaWriteWithImm {
-                remote_addr: rdma.remote_addr,
-                rkey: rdma.rkey,
-                imm,
-            },
-            IBV_WR_SEND => SendOp::Send,
-            IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm { imm },
-            IBV_WR_RDMA_READ => SendOp::RdmaRead {
-                remote_addr: rdma.remote_addr,
-                rkey: rdma.rkey,
-            },
-            IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::AtomicCmpAndSwp {
-                remote_addr: atomic.remote_addr,
-                rkey: atomic.rkey,
-                compare: atomic.compare_add,
-                swap: atomic.swap,
-            },
-            IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::AtomicFetchAndAdd {
-                remote_addr: atomic.remote_addr,
-                rkey: atomic.rkey,
-                add: atomic.compare_add,
-            },
-            IBV_WR_SEND_WITH_INV => SendOp::SendWithInv {
-                rkey: w.u_imm_data.invalidate_rkey,
-            },
-            IBV_WR_ATOMIC_WRITE => SendOp::AtomicWrite {
-                remote_addr: rdma.remote_addr,
-                rkey: rdma.rkey,
-            },
-            IBV_WR_LOCAL_INV => SendOp::LocalInv {
-                rkey: w.u_imm_data.invalidate_rkey,
-            },
-            IBV_WR_BIND_MW => {
-                // The program's window and region (NULL or live), as the contract says.
-                let b = w.u_bind_mw.bind_mw;
-                crate::mw::bind_op(b.mw, b.rkey, &b.bind_info)?
-            }
-            IBV_WR_TSO | IBV_WR_DRIVER1 => {
-                return Err(libc::EOPNOTSUPP);
-            }
-            _ => return Err(libc::EINVAL),
-        })
-    }
-}
-
 /// The send flags of a work request; EINVAL for bits verbs does not define.
 /// `IBV_SEND_IP_CSUM` (checksum offload of raw packet QPs) means nothing here and is
 /// ignored.
@@ -210,76 +144,15 @@ pub(crate) fn send_flags(bits: u32) -> Result<SendFlags, c_int> {
     Ok(SendFlags::from_bits_truncate(bits & known))
 }
 
-/// The UD destination of an address handle; EINVAL for NULL.
-///
-/// # Safety
-///
-/// `ah` is NULL or a live address handle of this library.
-pub(crate) unsafe fn ud_dest(
-    ah: *mut ibv_ah,
-    remote_qpn: u32,
-    remote_qkey: u32,
-) -> Result<UdDest, c_int> {
-    // SAFETY: by the contract.
-    let a = unsafe { crate::ah::ah_from(ah) }.ok_or(libc::EINVAL)?;
-    Ok(UdDest {
-        ah: Arc::clone(&a.ah),
-        remote_qpn,
-        remote_qkey,
-    })
-}
-
-/// Appends the program's bytes at `addr` (`len` of them) to the inline buffer.
-///
-/// # Safety
-///
-/// `addr..addr + len` is readable program memory (what verbs requires of inline data).
-pub(crate) unsafe fn copy_inline(p: &mut Pending, addr: u64, len: usize) -> Result<(), c_int> {
-    if len == 0 {
-        return Ok(());
-    }
-    if addr == 0 {
+/// Reads one of the program's send work requests into the batch.
+fn parse_send(q: &QpInner, w: SendWrRef<'_>, p: &mut Pending) -> Result<(), c_int> {
+    let op = w.op()?;
+    let flags = send_flags(w.wr().send_flags)?;
+    let list = w.sges()?;
+    if list.len() > q.cap.max_send_sge as usize {
         return Err(libc::EINVAL);
     }
-    // SAFETY: by the contract; the bytes are copied out before the call returns.
-    let src = unsafe { std::slice::from_raw_parts(addr as usize as *const u8, len) };
-    p.inline.extend_from_slice(src);
-    Ok(())
-}
-
-/// Reads one `ibv_send_wr` into the batch.
-///
-/// # Safety
-///
-/// `w` is the program's work request; its `sg_list` has `num_sge` readable entries and,
-/// for an inline send, each names readable memory.
-unsafe fn parse_send(
-    q: &QpInner,
-    w: &ibv_send_wr,
-    tag: usize,
-    p: &mut Pending,
-) -> Result<(), c_int> {
-    // SAFETY: by the contract.
-    let op = unsafe { send_op(w) }?;
-    let flags = send_flags(w.send_flags)?;
-    let n = usize::try_from(w.num_sge).map_err(|_| libc::EINVAL)?;
-    if n > q.cap.max_send_sge as usize || (n > 0 && w.sg_list.is_null()) {
-        return Err(libc::EINVAL);
-    }
-    let list: &[ibv_sge] = if n == 0 {
-        &[]
-    } else {
-        // SAFETY: by the contract, `n` readable entries.
-        unsafe { std::slice::from_raw_parts(w.sg_list, n) }
-    };
-    let ud = if q.qp_type == QpType::Ud {
-        // SAFETY: the union member of a UD work request; `ah` is the program's handle.
-        let u = unsafe { w.wr.ud };
-        // SAFETY: as above.
-        Some(unsafe { ud_dest(u.ah, u.remote_qpn, u.remote_qkey) }?)
-    } else {
-        None
-    };
+    let ud = w.ud_dest()?;
     let sge_start = p.sges.len() as u32;
     let mut inline = None;
     if flags.contains(SendFlags::INLINE) {
@@ -288,11 +161,13 @@ unsafe fn parse_send(
             return Err(libc::EINVAL);
         }
         let start = p.inline.len() as u32;
-        for s in list {
-            // SAFETY: by the contract, inline SGEs name readable memory.
-            if let Err(e) = unsafe { copy_inline(p, s.addr, s.length as usize) } {
-                p.inline.truncate(start as usize);
-                return Err(e);
+        for i in 0..list.len() {
+            match w.inline_sge(i) {
+                Ok(bytes) => p.inline.extend_from_slice(bytes),
+                Err(e) => {
+                    p.inline.truncate(start as usize);
+                    return Err(e);
+                }
             }
         }
         inline = Some((start, total as u32));
@@ -304,13 +179,13 @@ unsafe fn parse_send(
         }));
     }
     p.wrs.push(PendingWr {
-        wr_id: w.wr_id,
+        wr_id: w.wr().wr_id,
         op,
         flags,
         ud,
         sges: (sge_start, p.sges.len() as u32 - sge_start),
         inline,
-        tag,
+        tag: w.ptr() as usize,
     });
     Ok(())
 }
@@ -393,174 +268,102 @@ fn flush_inner(q: &QpInner, p: &Pending) -> Result<(), (usize, c_int)> {
     Ok(())
 }
 
-/// `ibv_context_ops::post_send` (verbs.h's inline `ibv_post_send`): 0, or the errno of
-/// the first work request not posted, which `bad_wr` names.
-///
-/// # Safety
-///
-/// `qp` is a live QP; `wr` is a valid list of work requests; `bad_wr` is NULL or
-/// writable.
-pub unsafe extern "C" fn post_send(
-    qp: *mut ibv_qp,
-    wr: *mut ibv_send_wr,
-    bad_wr: *mut *mut ibv_send_wr,
+/// `ibv_post_send` once the FFI layer has the program's list: 0, or the errno of the
+/// first work request not posted, which `bad` names (`head` for a NULL QP).
+pub(crate) fn post_send(
+    q: Option<&QpInner>,
+    head: *mut ibv_send_wr,
+    list: Option<SendWrRef<'_>>,
+    bad: Option<&mut MaybeUninit<*mut ibv_send_wr>>,
 ) -> c_int {
     let set_bad = |p: *mut ibv_send_wr| {
-        if !bad_wr.is_null() {
-            // SAFETY: writable by the contract.
-            unsafe { bad_wr.write(p) };
+        if let Some(b) = bad {
+            b.write(p);
         }
     };
-    guard_int("ibv_post_send", || {
-        // SAFETY: by the contract.
-        let Some(q) = (unsafe { qp_from(qp) }) else {
-            set_bad(wr);
-            return libc::EINVAL;
-        };
-        let mut p = q.send.old.lock().unwrap_or_else(|e| e.into_inner());
-        let mut cur = wr;
-        while !cur.is_null() {
-            // Read up to a batch, stopping at the first work request refused.
-            let mut refused = None;
-            while !cur.is_null() && p.wrs.len() < SEND_BATCH {
-                // SAFETY: each element of the program's list is a readable work request.
-                let w = unsafe { &*cur };
-                // SAFETY: as above, with its SGEs and inline data.
-                if let Err(e) = unsafe { parse_send(q, w, cur as usize, &mut p) } {
-                    refused = Some((cur, e));
-                    break;
-                }
-                cur = w.next;
+    let Some(q) = q else {
+        set_bad(head);
+        return libc::EINVAL;
+    };
+    let mut p = q.send.old.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cur = list;
+    while cur.is_some() {
+        // Read up to a batch, stopping at the first work request refused.
+        let mut refused = None;
+        while let Some(w) = cur
+            && p.wrs.len() < SEND_BATCH
+        {
+            if let Err(e) = parse_send(q, w, &mut p) {
+                refused = Some((w.ptr(), e));
+                break;
             }
-            if let Err((tag, e)) = flush(q, &mut p) {
-                set_bad(tag as *mut ibv_send_wr);
-                return e;
-            }
-            if let Some((bad, e)) = refused {
-                set_bad(bad);
-                return e;
-            }
+            cur = w.next();
         }
-        0
-    })
+        if let Err((tag, e)) = flush(q, &mut p) {
+            set_bad(tag as *mut ibv_send_wr);
+            return e;
+        }
+        if let Some((bad, e)) = refused {
+            set_bad(bad);
+            return e;
+        }
+    }
+    0
 }
 
-/// Posts one `ibv_recv_wr` with `post`, its scatter list copied to the stack.
-///
-/// # Safety
-///
-/// `w` is the program's work request with `num_sge` readable entries.
-unsafe fn recv_one(
-    w: &ibv_recv_wr,
+/// Posts one receive with `post`, its scatter list copied to the stack.
+fn recv_one(
+    w: RecvWrRef<'_>,
     max_sge: u32,
     post: impl FnOnce(&RecvWr<'_>) -> Result<(), PostError>,
 ) -> Result<(), c_int> {
-    let n = usize::try_from(w.num_sge).map_err(|_| libc::EINVAL)?;
-    if n > max_sge as usize || n > MAX_SGE || (n > 0 && w.sg_list.is_null()) {
+    let list = w.sges()?;
+    let n = list.len();
+    if n > max_sge as usize || n > MAX_SGE {
         return Err(libc::EINVAL);
     }
     let mut sges = [Sge::default(); MAX_SGE];
-    if n > 0 {
-        // SAFETY: by the contract, `n` readable entries.
-        let list = unsafe { std::slice::from_raw_parts(w.sg_list, n) };
-        for (d, s) in sges.iter_mut().zip(list) {
-            *d = Sge {
-                addr: s.addr,
-                length: s.length,
-                lkey: s.lkey,
-            };
-        }
+    for (d, s) in sges.iter_mut().zip(list) {
+        *d = Sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        };
     }
     post(&RecvWr {
-        wr_id: w.wr_id,
+        wr_id: w.wr().wr_id,
         sg_list: &sges[..n],
     })
     .map_err(|e| e.error.errno())
 }
 
-/// Posts a list of receives one by one; the first refused is `bad_wr`.
-///
-/// # Safety
-///
-/// `wr` is a valid list; `bad_wr` is NULL or writable.
-unsafe fn post_recv_list(
-    wr: *mut ibv_recv_wr,
-    bad_wr: *mut *mut ibv_recv_wr,
-    max_sge: u32,
+/// `ibv_post_recv` / `ibv_post_srq_recv` once the FFI layer has the program's list: posts
+/// the receives one by one with `post`; the first refused is `bad`. A NULL QP or SRQ
+/// (`max_sge` `None`) is EINVAL with `bad` the head.
+pub(crate) fn post_recv_list(
+    head: *mut ibv_recv_wr,
+    list: Option<RecvWrRef<'_>>,
+    bad: Option<&mut MaybeUninit<*mut ibv_recv_wr>>,
+    max_sge: Option<u32>,
     post: impl Fn(&RecvWr<'_>) -> Result<(), PostError>,
 ) -> c_int {
-    let mut cur = wr;
-    while !cur.is_null() {
-        // SAFETY: each element of the program's list is a readable work request.
-        let w = unsafe { &*cur };
-        // SAFETY: as above, with its SGEs.
-        if let Err(e) = unsafe { recv_one(w, max_sge, &post) } {
-            if !bad_wr.is_null() {
-                // SAFETY: writable by the contract.
-                unsafe { bad_wr.write(cur) };
+    let Some(max_sge) = max_sge else {
+        if let Some(b) = bad {
+            b.write(head);
+        }
+        return libc::EINVAL;
+    };
+    let mut cur = list;
+    while let Some(w) = cur {
+        if let Err(e) = recv_one(w, max_sge, &post) {
+            if let Some(b) = bad {
+                b.write(w.ptr());
             }
             return e;
         }
-        cur = w.next;
+        cur = w.next();
     }
     0
-}
-
-/// `ibv_context_ops::post_recv` (verbs.h's inline `ibv_post_recv`). A QP that takes its
-/// receives from an SRQ refuses them (EINVAL).
-///
-/// # Safety
-///
-/// `qp` is a live QP; `wr` is a valid list; `bad_wr` is NULL or writable.
-pub unsafe extern "C" fn post_recv(
-    qp: *mut ibv_qp,
-    wr: *mut ibv_recv_wr,
-    bad_wr: *mut *mut ibv_recv_wr,
-) -> c_int {
-    guard_int("ibv_post_recv", || {
-        // SAFETY: by the contract.
-        let Some(q) = (unsafe { qp_from(qp) }) else {
-            if !bad_wr.is_null() {
-                // SAFETY: writable by the contract.
-                unsafe { bad_wr.write(wr) };
-            }
-            return libc::EINVAL;
-        };
-        // SAFETY: by the contract.
-        unsafe {
-            post_recv_list(wr, bad_wr, q.cap.max_recv_sge, |r| {
-                q.qp.post_recv(std::slice::from_ref(r))
-            })
-        }
-    })
-}
-
-/// `ibv_context_ops::post_srq_recv` (verbs.h's inline `ibv_post_srq_recv`).
-///
-/// # Safety
-///
-/// `srq` is a live SRQ; `wr` is a valid list; `bad_wr` is NULL or writable.
-pub unsafe extern "C" fn post_srq_recv(
-    srq: *mut ibv_srq,
-    wr: *mut ibv_recv_wr,
-    bad_wr: *mut *mut ibv_recv_wr,
-) -> c_int {
-    guard_int("ibv_post_srq_recv", || {
-        // SAFETY: by the contract.
-        let Some(s) = (unsafe { srq_from(srq) }) else {
-            if !bad_wr.is_null() {
-                // SAFETY: writable by the contract.
-                unsafe { bad_wr.write(wr) };
-            }
-            return libc::EINVAL;
-        };
-        // SAFETY: by the contract.
-        unsafe {
-            post_recv_list(wr, bad_wr, s.max_sge, |r| {
-                s.srq.post_recv(std::slice::from_ref(r))
-            })
-        }
-    })
 }
 
 #[cfg(test)]
@@ -575,51 +378,5 @@ mod tests {
         );
         assert_eq!(send_flags(IBV_SEND_IP_CSUM).unwrap(), SendFlags::empty());
         assert_eq!(send_flags(1 << 7), Err(libc::EINVAL));
-
-        // SAFETY: a zeroed work request is a valid value (all fields integers or NULL).
-        let mut w: ibv_send_wr = unsafe { std::mem::zeroed() };
-        w.opcode = IBV_WR_SEND_WITH_IMM;
-        w.u_imm_data.imm_data = 0x0102_0304u32.to_be();
-        // SAFETY: `w` is a local work request.
-        let op = unsafe { send_op(&w) };
-        assert_eq!(op, Ok(SendOp::SendWithImm { imm: 0x0102_0304 }));
-        w.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
-        w.wr.atomic = ibv_send_wr_atomic {
-            remote_addr: 0x1000,
-            compare_add: 1,
-            swap: 2,
-            rkey: 9,
-        };
-        assert_eq!(
-            // SAFETY: as above.
-            unsafe { send_op(&w) },
-            Ok(SendOp::AtomicCmpAndSwp {
-                remote_addr: 0x1000,
-                rkey: 9,
-                compare: 1,
-                swap: 2
-            })
-        );
-        w.opcode = IBV_WR_LOCAL_INV;
-        w.u_imm_data.invalidate_rkey = 0x1234_5678;
-        assert_eq!(
-            // SAFETY: as above.
-            unsafe { send_op(&w) },
-            Ok(SendOp::LocalInv { rkey: 0x1234_5678 })
-        );
-        // A bind names a window: none is EINVAL.
-        w.opcode = IBV_WR_BIND_MW;
-        // SAFETY: as above.
-        assert_eq!(unsafe { send_op(&w) }, Err(libc::EINVAL));
-        w.opcode = IBV_WR_TSO;
-        // SAFETY: as above.
-        assert_eq!(unsafe { send_op(&w) }, Err(libc::EOPNOTSUPP));
-        w.opcode = 77;
-        // SAFETY: as above.
-        assert_eq!(unsafe { send_op(&w) }, Err(libc::EINVAL));
     }
 }
-
-#[cfg(test)]
-#[path = "queues_tests.rs"]
-mod queues_tests;

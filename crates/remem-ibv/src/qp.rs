@@ -10,33 +10,22 @@
 //! as the kernel does (`ib_modify_qp_is_ok`), and an address vector without a GRH is
 //! EINVAL on RoCE, as rxe answers.
 
-#![allow(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use crate::abi::*;
 use crate::ah::{ah_attr_from, ah_attr_to};
-use crate::context::{CtxShared, PdUse, pd_from};
-use crate::cq::cq_from;
-use crate::ffi::{guard_int, guard_ptr, null_with};
+use crate::context::{CtxShared, PdInner, PdUse};
+use crate::cq::CqInner;
+use crate::ffi::handles::{Handle, into_abi};
 use crate::post::SendPath;
-use crate::srq::srq_from;
+use crate::srq::SrqInner;
 use core::ffi::c_int;
+use core::mem::MaybeUninit;
 use remem_verbs::{
     AccessFlags, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, QueuePair,
 };
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-
-symver!(
-    "ibv_create_qp" @ "IBVERBS_1.1",
-    "ibv_destroy_qp" @ "IBVERBS_1.1",
-    "ibv_modify_qp" @ "IBVERBS_1.1",
-    "ibv_query_qp" @ "IBVERBS_1.1",
-    "ibv_query_qp_data_in_order" @ "IBVERBS_1.14",
-    "ibv_query_ece" @ "IBVERBS_1.10",
-    "ibv_set_ece" @ "IBVERBS_1.10",
-    "ibv_attach_mcast" @ "IBVERBS_1.1",
-    "ibv_detach_mcast" @ "IBVERBS_1.1",
-);
 
 /// A queue pair: what `ibv_create_qp` (as `ibv_qp`) and `ibv_qp_to_qp_ex` (as `ibv_qp_ex`)
 /// return pointers to (`abi` first). The program writes parts of the ABI struct
@@ -69,9 +58,9 @@ pub struct QpInner {
     pub wr_api: bool,
     /// Its context.
     pub ctx: Arc<CtxShared>,
-    send_cq: *mut ibv_cq,
-    recv_cq: *mut ibv_cq,
-    srq: *mut ibv_srq,
+    pub(crate) send_cq: *mut ibv_cq,
+    pub(crate) recv_cq: *mut ibv_cq,
+    pub(crate) srq: *mut ibv_srq,
     /// The send side (bounce region for inline data, batches).
     pub(crate) send: SendPath,
     _pd: PdUse,
@@ -85,31 +74,6 @@ impl std::fmt::Debug for QpInner {
             .field("cap", &self.cap)
             .finish_non_exhaustive()
     }
-}
-
-/// The library's side of a program's `*mut ibv_qp` (or `*mut ibv_qp_ex`); `None` for
-/// NULL.
-///
-/// # Safety
-///
-/// `qp` is NULL or a live QP made by this library; the reference must not outlive it.
-pub unsafe fn qp_from<'a>(qp: *mut ibv_qp) -> Option<&'a QpInner> {
-    if qp.is_null() {
-        return None;
-    }
-    // SAFETY: by the contract, a non-NULL `qp` is the first field of a boxed `Qp`; the
-    // reference covers only the library's part, never the ABI struct.
-    Some(unsafe { &(*qp.cast::<Qp>()).inner })
-}
-
-/// Sets the `state` the program reads in its `ibv_qp`.
-///
-/// # Safety
-///
-/// `qp` is a live QP of this library.
-pub(crate) unsafe fn set_state(qp: *mut ibv_qp, state: QpState) {
-    // SAFETY: by the contract; written in place, no reference is made.
-    unsafe { (&raw mut (*qp).state).write(state as ibv_qp_state) };
 }
 
 /// The transport service of `ibv_qp_type`: EOPNOTSUPP for kinds verbs defines and remem
@@ -156,7 +120,7 @@ fn cap_from(c: &ibv_qp_cap) -> QpCap {
     }
 }
 
-fn cap_to(c: &QpCap) -> ibv_qp_cap {
+pub(crate) fn cap_to(c: &QpCap) -> ibv_qp_cap {
     ibv_qp_cap {
         max_send_wr: c.max_send_wr,
         max_recv_wr: c.max_recv_wr,
@@ -261,36 +225,31 @@ pub(crate) fn qp_attr_to(q: &QpAttr) -> ibv_qp_attr {
     }
 }
 
+/// The CQs and SRQ `ibv_qp_init_attr` names (the FFI layer resolves them): a NULL CQ is
+/// EINVAL.
+pub(crate) type Queues<'a> = Result<(&'a CqInner, &'a CqInner, Option<&'a SrqInner>), c_int>;
+
 /// Creates a QP object from `init` on `pd` (`ibv_create_qp`, and `ibv_create_qp_ex` with
-/// `wr_api` when it asked for the `ibv_wr_*` API). Writes the granted queue sizes back
-/// into `init.cap`.
+/// `wr_api` when it asked for the `ibv_wr_*` API): `queues` are `init`'s CQs and SRQ.
+/// Writes the granted queue sizes back into `init.cap`; the pointer the program holds.
 pub(crate) fn create(
-    pd: *mut ibv_pd,
+    pd: Option<&Arc<PdInner>>,
     init: &mut ibv_qp_init_attr,
+    queues: Queues<'_>,
     wr_api: bool,
-) -> Result<*mut Qp, c_int> {
-    // SAFETY: the PD pointer comes from the program: NULL or one of this library's.
-    let p = unsafe { pd_from(pd) }.ok_or(libc::EINVAL)?;
+) -> Result<*mut ibv_qp, c_int> {
+    let p = pd.ok_or(libc::EINVAL)?;
     let qp_type = qp_type_from(init.qp_type)?;
-    let ctx = &p.inner.ctx;
-    // SAFETY: the CQ and SRQ pointers come from the program: NULL or this library's.
-    let (scq, rcq, srq) = unsafe {
-        (
-            cq_from(init.send_cq).ok_or(libc::EINVAL)?,
-            cq_from(init.recv_cq).ok_or(libc::EINVAL)?,
-            srq_from(init.srq),
-        )
-    };
+    let ctx = &p.ctx;
+    let (scq, rcq, srq) = queues?;
     if !Arc::ptr_eq(&scq.ctx, ctx)
         || !Arc::ptr_eq(&rcq.ctx, ctx)
         || srq.is_some_and(|s| !Arc::ptr_eq(&s.ctx, ctx))
     {
         return Err(libc::EINVAL);
     }
-    let qp = p
-        .inner
-        .pd
-        .create_qp(&QpInitAttr {
+    let qp =
+        p.pd.create_qp(&QpInitAttr {
             qp_type,
             send_cq: Arc::clone(&scq.cq),
             recv_cq: Arc::clone(&rcq.cq),
@@ -300,12 +259,12 @@ pub(crate) fn create(
         })
         .map_err(|e| e.errno())?;
     let cap = qp.cap();
-    let send = SendPath::new(&p.inner.pd, &cap)?;
+    let send = SendPath::new(&p.pd, &cap)?;
     let qp_num = qp.qp_num();
     let base = ibv_qp {
         context: ctx.ibv_context(),
         qp_context: init.qp_context,
-        pd,
+        pd: p.ibv_pd(),
         send_cq: init.send_cq,
         recv_cq: init.recv_cq,
         srq: init.srq,
@@ -317,9 +276,9 @@ pub(crate) fn create(
         cond: libc::PTHREAD_COND_INITIALIZER,
         events_completed: 0,
     };
-    let raw = Box::into_raw(Box::new(Qp {
-        abi: crate::qp_ex::abi(base),
-        wr_flush: Some(crate::qp_ex::wr_flush),
+    let raw = into_abi(Qp {
+        abi: crate::ffi::queues::qp_ex_abi(base),
+        wr_flush: Some(crate::ffi::queues::wr_flush),
         inner: QpInner {
             qp,
             qp_type,
@@ -331,9 +290,9 @@ pub(crate) fn create(
             recv_cq: init.recv_cq,
             srq: init.srq,
             send,
-            _pd: p.inner.hold(),
+            _pd: p.hold(),
         },
-    }));
+    });
     scq.users.fetch_add(1, Ordering::AcqRel);
     rcq.users.fetch_add(1, Ordering::AcqRel);
     if let Some(s) = srq {
@@ -344,242 +303,73 @@ pub(crate) fn create(
     Ok(raw)
 }
 
-/// `ibv_create_qp`: RC, UC and UD QPs (UC as far as remem's provider has them); writes the
-/// granted queue sizes back into `attr.cap`.
-///
-/// # Safety
-///
-/// `pd` is NULL or a live PD; `attr` is NULL or readable and writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_create_qp(
-    pd: *mut ibv_pd,
-    attr: *mut ibv_qp_init_attr,
-) -> *mut ibv_qp {
-    guard_ptr("ibv_create_qp", || {
-        // SAFETY: by the contract.
-        let Some(init) = (unsafe { attr.as_mut() }) else {
-            return null_with(libc::EINVAL);
-        };
-        match create(pd, init, false) {
-            Ok(q) => q.cast(),
-            Err(e) => null_with(e),
-        }
-    })
-}
-
-/// `ibv_destroy_qp`: waits until the program has acked every async event about the QP,
-/// then destroys it (remem finishes sending what the QP owes on the wire).
-///
-/// # Safety
-///
-/// `qp` is NULL or a live QP, not used afterwards on success.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
-    guard_int("ibv_destroy_qp", || {
-        // SAFETY: by the contract.
-        let Some(q) = (unsafe { qp_from(qp) }) else {
-            return libc::EINVAL;
-        };
-        q.ctx.unregister_qp(q.qp.qp_num());
-        // SAFETY: a QP's CQs and SRQ stay alive while it does (their `users` count it, and
-        // destroying them is EBUSY until then).
-        unsafe {
-            for cq in [q.send_cq, q.recv_cq] {
-                if let Some(c) = cq_from(cq) {
-                    c.users.fetch_sub(1, Ordering::AcqRel);
-                }
-            }
-            if let Some(s) = srq_from(q.srq) {
-                s.users.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-        // SAFETY: the Box made in `create`; the program no longer uses it.
-        drop(unsafe { Box::from_raw(qp.cast::<Qp>()) });
-        0
-    })
+/// Destroys the QP's library side before the box is freed: waits until the program has
+/// acked every async event about it, and releases its hold on its CQs and SRQ.
+pub(crate) fn release(q: &QpInner) {
+    q.ctx.unregister_qp(q.qp.qp_num());
+    let (scq, rcq, srq) = q.queues();
+    for c in [scq, rcq].into_iter().flatten() {
+        c.users.fetch_sub(1, Ordering::AcqRel);
+    }
+    if let Some(s) = srq {
+        s.users.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// `ibv_modify_qp`: 0 or the errno (EINVAL for a transition or attribute remem refuses).
-///
-/// # Safety
-///
-/// `qp` is NULL or a live QP; `attr` is NULL or readable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_modify_qp(
-    qp: *mut ibv_qp,
-    attr: *mut ibv_qp_attr,
-    attr_mask: c_int,
-) -> c_int {
-    guard_int("ibv_modify_qp", || {
-        // SAFETY: by the contract.
-        let (Some(q), Some(a)) = (unsafe { qp_from(qp) }, unsafe { attr.as_ref() }) else {
-            return libc::EINVAL;
-        };
-        let (mut attr, mask) = match qp_attr_from(a, attr_mask) {
-            Ok(x) => x,
-            Err(e) => return e,
-        };
-        if mask.contains(QpAttrMask::AV) {
-            // The program's GID index names remem's entry through the context's map.
-            match q.ctx.soft_gid_index(attr.ah_attr.sgid_index) {
-                Some(i) => attr.ah_attr.sgid_index = i,
-                None => return libc::EINVAL,
-            }
+pub(crate) fn modify(qp: Handle<'_, Qp>, a: &ibv_qp_attr, attr_mask: c_int) -> c_int {
+    let q = qp.inner();
+    let (mut attr, mask) = match qp_attr_from(a, attr_mask) {
+        Ok(x) => x,
+        Err(e) => return e,
+    };
+    if mask.contains(QpAttrMask::AV) {
+        // The program's GID index names remem's entry through the context's map.
+        match q.ctx.soft_gid_index(attr.ah_attr.sgid_index) {
+            Some(i) => attr.ah_attr.sgid_index = i,
+            None => return libc::EINVAL,
         }
-        match q.qp.modify(&attr, mask) {
-            Ok(()) => {
-                // SAFETY: `qp` is live by the contract.
-                unsafe { set_state(qp, q.qp.state()) };
-                0
-            }
-            Err(e) => e.errno(),
+    }
+    match q.qp.modify(&attr, mask) {
+        Ok(()) => {
+            qp.set_state(q.qp.state());
+            0
         }
-    })
+        Err(e) => e.errno(),
+    }
 }
 
-/// `ibv_query_qp`: every attribute (whatever `attr_mask` names), and the creation
-/// attributes.
-///
-/// # Safety
-///
-/// `qp` is NULL or a live QP; `attr` and `init_attr` are NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_query_qp(
-    qp: *mut ibv_qp,
-    attr: *mut ibv_qp_attr,
-    attr_mask: c_int,
-    init_attr: *mut ibv_qp_init_attr,
+/// `ibv_query_qp`: every attribute, and the creation attributes.
+pub(crate) fn query(
+    qp: Handle<'_, Qp>,
+    attr: &mut MaybeUninit<ibv_qp_attr>,
+    init_attr: &mut MaybeUninit<ibv_qp_init_attr>,
 ) -> c_int {
-    let _ = attr_mask;
-    guard_int("ibv_query_qp", || {
-        // SAFETY: by the contract.
-        let Some(q) = (unsafe { qp_from(qp) }) else {
-            return libc::EINVAL;
-        };
-        if attr.is_null() || init_attr.is_null() {
-            return libc::EINVAL;
-        }
-        let mut now = match q.qp.query() {
-            Ok(a) => a,
-            Err(e) => return e.errno(),
-        };
-        // remem's GID index as the program numbers it.
-        now.ah_attr.sgid_index = q.ctx.program_gid_index(now.ah_attr.sgid_index).unwrap_or(0);
-        // SAFETY: `qp` is live; its program-visible fields are read in place; the
-        // out-pointers are writable by the contract.
-        unsafe {
-            set_state(qp, now.qp_state);
-            attr.write(qp_attr_to(&now));
-            init_attr.write(ibv_qp_init_attr {
-                qp_context: (*qp).qp_context,
-                send_cq: (*qp).send_cq,
-                recv_cq: (*qp).recv_cq,
-                srq: (*qp).srq,
-                cap: cap_to(&q.cap),
-                qp_type: (*qp).qp_type,
-                sq_sig_all: c_int::from(q.sq_sig_all),
-            });
-        }
-        0
-    })
-}
-
-/// `ibv_query_qp_data_in_order`: 0 = no in-order guarantee is promised.
-///
-/// # Safety
-///
-/// The pointers are NULL or valid objects of this library, as verbs.h documents.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_query_qp_data_in_order(
-    qp: *mut ibv_qp,
-    op: ibv_wr_opcode,
-    flags: u32,
-) -> c_int {
-    let _ = (qp, op, flags);
+    let q = qp.inner();
+    let mut now = match q.qp.query() {
+        Ok(a) => a,
+        Err(e) => return e.errno(),
+    };
+    // remem's GID index as the program numbers it.
+    now.ah_attr.sgid_index = q.ctx.program_gid_index(now.ah_attr.sgid_index).unwrap_or(0);
+    qp.set_state(now.qp_state);
+    attr.write(qp_attr_to(&now));
+    init_attr.write(qp.init_attr());
     0
 }
 
-/// `ibv_query_ece`: no enhanced connection establishment (EOPNOTSUPP).
-///
-/// # Safety
-///
-/// The pointers are NULL or valid objects of this library, as verbs.h documents.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_query_ece(qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_int {
-    let _ = (qp, ece);
-    libc::EOPNOTSUPP
+/// `ibv_attach_mcast`: 0 or the errno.
+pub(crate) fn attach_mcast(q: &QpInner, gid: &ibv_gid, lid: u16) -> c_int {
+    q.qp.attach_mcast(&crate::ffi::gid(gid), lid)
+        .err()
+        .map_or(0, |e| e.errno())
 }
 
-/// `ibv_set_ece`: EOPNOTSUPP.
-///
-/// # Safety
-///
-/// The pointers are NULL or valid objects of this library, as verbs.h documents.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_set_ece(qp: *mut ibv_qp, ece: *mut ibv_ece) -> c_int {
-    let _ = (qp, ece);
-    libc::EOPNOTSUPP
-}
-
-/// `ibv_attach_mcast`: attaches a UD QP to the multicast group `gid` (`lid` is ignored on
-/// RoCE); 0, or EINVAL (not a UD QP, not a multicast GID), ENOMEM (beyond the device's
-/// `max_mcast_*` limits, rxe's), EOPNOTSUPP (an IPv6 group).
-///
-/// # Safety
-///
-/// The pointers are NULL or valid objects of this library, as verbs.h documents.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_attach_mcast(
-    qp: *mut ibv_qp,
-    gid: *const ibv_gid,
-    lid: u16,
-) -> c_int {
-    guard_int("ibv_attach_mcast", || {
-        // SAFETY: by the contract.
-        match unsafe { mcast_args(qp, gid) } {
-            Some((q, mgid)) => q.qp.attach_mcast(&mgid, lid).err().map_or(0, |e| e.errno()),
-            None => libc::EINVAL,
-        }
-    })
-}
-
-/// `ibv_detach_mcast`: detaches the QP from the group; EINVAL if it is not attached.
-///
-/// # Safety
-///
-/// The pointers are NULL or valid objects of this library, as verbs.h documents.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_detach_mcast(
-    qp: *mut ibv_qp,
-    gid: *const ibv_gid,
-    lid: u16,
-) -> c_int {
-    guard_int("ibv_detach_mcast", || {
-        // SAFETY: by the contract.
-        match unsafe { mcast_args(qp, gid) } {
-            Some((q, mgid)) => q.qp.detach_mcast(&mgid, lid).err().map_or(0, |e| e.errno()),
-            None => libc::EINVAL,
-        }
-    })
-}
-
-/// The QP and the GID of an attach or detach (None: a NULL or foreign pointer).
-///
-/// # Safety
-///
-/// `qp` and `gid` are NULL or valid, as verbs.h documents.
-unsafe fn mcast_args<'a>(
-    qp: *mut ibv_qp,
-    gid: *const ibv_gid,
-) -> Option<(&'a QpInner, remem_verbs::Gid)> {
-    // SAFETY: by the contract.
-    let q = unsafe { qp_from(qp) }?;
-    if gid.is_null() {
-        return None;
-    }
-    // SAFETY: non-NULL and valid by the contract; a GID is 16 plain bytes.
-    let raw = unsafe { (*gid).raw };
-    Some((q, remem_verbs::Gid(raw)))
+/// `ibv_detach_mcast`: 0 or the errno.
+pub(crate) fn detach_mcast(q: &QpInner, gid: &ibv_gid, lid: u16) -> c_int {
+    q.qp.detach_mcast(&crate::ffi::gid(gid), lid)
+        .err()
+        .map_or(0, |e| e.errno())
 }
 
 #[cfg(test)]
@@ -587,8 +377,7 @@ mod tests {
     use super::*;
 
     fn zero_attr() -> ibv_qp_attr {
-        // SAFETY: all-zero is a valid `ibv_qp_attr` (integers and a GID union).
-        unsafe { std::mem::zeroed() }
+        crate::ffi::zeroed()
     }
 
     #[test]

@@ -6,14 +6,8 @@
 #![allow(clippy::undocumented_unsafe_blocks)] // test code: every call is a C entry point on objects made here
 
 use crate::abi::*;
-use crate::ah::*;
-use crate::channel::*;
 use crate::context::{Ctx, Pd, ctx_from, pd_from};
-use crate::cq::*;
-use crate::post::{post_recv, post_send, post_srq_recv};
-use crate::qp::*;
-use crate::qp_ex::*;
-use crate::srq::*;
+use crate::ffi::queues::*;
 use core::ffi::{c_int, c_void};
 use remem_verbs::{AccessFlags, Context, MemRegion, MemoryBuffer, MemoryRegion};
 use std::ptr::null_mut;
@@ -196,7 +190,9 @@ fn poll(cq: *mut ibv_cq, n: usize) -> Vec<ibv_wc> {
     let mut got = 0;
     let end = Instant::now() + Duration::from_secs(10);
     while got < n && Instant::now() < end {
-        let r = unsafe { crate::cq::poll_cq(cq, (n - got) as c_int, out.as_mut_ptr().add(got)) };
+        let r = unsafe {
+            crate::ffi::queues::poll_cq(cq, (n - got) as c_int, out.as_mut_ptr().add(got))
+        };
         assert!(r >= 0, "poll_cq: {r}");
         got += r as usize;
         if r == 0 {
@@ -430,13 +426,13 @@ fn wr_api_and_cq_ex() {
         flags: 0,
         parent_domain: null_mut(),
     };
-    let cqx = unsafe { crate::cq_ex::create_cq_ex(e.ctx, &mut cattr) };
+    let cqx = unsafe { crate::ffi::queues::create_cq_ex(e.ctx, &mut cattr) };
     assert!(!cqx.is_null());
     let cq: *mut ibv_cq = cqx.cast();
     // Timestamps are not offered.
     let mut ts = cattr;
     ts.wc_flags |= IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
-    assert!(unsafe { crate::cq_ex::create_cq_ex(e.ctx, &mut ts) }.is_null());
+    assert!(unsafe { crate::ffi::queues::create_cq_ex(e.ctx, &mut ts) }.is_null());
     assert_eq!(crate::ffi::errno(), libc::EOPNOTSUPP);
 
     let mk = |ops: u64| {
@@ -553,7 +549,7 @@ fn wr_api_and_cq_ex() {
     }
     let mut one = [zero_wc()];
     assert_eq!(
-        unsafe { crate::cq::poll_cq(cq, 1, one.as_mut_ptr()) },
+        unsafe { crate::ffi::queues::poll_cq(cq, 1, one.as_mut_ptr()) },
         0,
         "nothing was posted"
     );
@@ -892,12 +888,166 @@ fn cq_overrun_fails_poll() {
     }
     // The completion queued before the overrun, then the error.
     let mut wc = [zero_wc(), zero_wc()];
-    assert_eq!(unsafe { crate::cq::poll_cq(tiny, 2, wc.as_mut_ptr()) }, 1);
+    assert_eq!(
+        unsafe { crate::ffi::queues::poll_cq(tiny, 2, wc.as_mut_ptr()) },
+        1
+    );
     assert_eq!(wc[0].wr_id, 0);
-    let r = unsafe { crate::cq::poll_cq(tiny, 2, wc.as_mut_ptr()) };
+    let r = unsafe { crate::ffi::queues::poll_cq(tiny, 2, wc.as_mut_ptr()) };
     assert_eq!(r, -libc::ENOMEM);
     assert_eq!(crate::ffi::errno(), libc::ENOMEM);
     for q in [a, b] {
         assert_eq!(unsafe { remem_ibv_ibv_destroy_qp(q) }, 0);
+    }
+}
+
+/// Async events across two opens of a device (moved from `event`, whose module is safe
+/// code: the test reads the program's side through raw pointers).
+mod async_events {
+    use crate::abi::*;
+    use crate::context::{Ctx, ctx_from};
+    use crate::event::translate;
+    use remem_verbs::{AsyncEvent, AsyncEventElement, AsyncEventType, CqId};
+    use std::sync::Arc;
+
+    #[test]
+    fn each_open_of_a_device_has_its_own_async_fd_and_its_own_objects_events() {
+        let dev: Arc<dyn remem_verbs::Context> = Arc::new(
+            remem_soft::SoftContext::bind_with(
+                "127.0.0.1:0".parse().unwrap(),
+                &remem_soft::SoftOptions::default(),
+            )
+            .unwrap(),
+        );
+        let (a, b) = (
+            Ctx::create(Arc::clone(&dev), std::ptr::null_mut()),
+            Ctx::create(Arc::clone(&dev), std::ptr::null_mut()),
+        );
+        // SAFETY: live contexts just made.
+        let (sa, sb) = unsafe {
+            (
+                Arc::clone(ctx_from(a).unwrap().shared()),
+                Arc::clone(ctx_from(b).unwrap().shared()),
+            )
+        };
+        // Two descriptors, as two opens of a kernel device give (UCX keys its event
+        // handlers by descriptor; O_NONBLOCK on one must not change the other).
+        // SAFETY: live contexts.
+        let (fa, fb) = unsafe { ((*a).async_fd, (*b).async_fd) };
+        assert!(fa >= 0 && fb >= 0 && fa != fb, "{fa} {fb}");
+        assert!(sa.events.is_some() && sb.events.is_some());
+        let cq = 0x2000 as *mut ibv_cq;
+        sb.register_cq(CqId(3), cq);
+        let ev = AsyncEvent {
+            event_type: AsyncEventType::CqErr,
+            element: AsyncEventElement::Cq(CqId(3)),
+        };
+        // The event reaches both queues; only the owner's context reports it.
+        assert!(translate(&sa, &ev).is_none(), "another context's CQ");
+        let got = translate(&sb, &ev).expect("its own CQ");
+        assert_eq!(got.event_type, IBV_EVENT_CQ_ERR);
+        // SAFETY: a CQ event carries a CQ pointer.
+        assert_eq!(unsafe { got.element.cq }, cq);
+        sb.event_acked(cq as usize);
+        sb.unregister_cq(CqId(3));
+        assert!(
+            translate(&sb, &ev).is_none(),
+            "destroyed objects get no events"
+        );
+        // A port event goes to every context.
+        let port = AsyncEvent {
+            event_type: AsyncEventType::PortActive,
+            element: AsyncEventElement::Port(1),
+        };
+        for s in [&sa, &sb] {
+            let port = translate(s, &port).unwrap();
+            // SAFETY: a port event carries a port number.
+            let port_num = unsafe { port.element.port_num };
+            assert_eq!(port_num, 1);
+        }
+        // SAFETY: made by Ctx::create, not used afterwards.
+        unsafe {
+            Ctx::free(a);
+            Ctx::free(b);
+        }
+    }
+}
+
+/// `ibv_rereg_mr` through its entry point (moved from `mr`, whose module is safe code).
+mod rereg {
+    use crate::abi::*;
+    use crate::ffi::device::{
+        remem_ibv_ibv_dereg_mr, remem_ibv_ibv_reg_mr, remem_ibv_ibv_rereg_mr,
+    };
+    use crate::mr::Mr;
+    use core::ffi::c_int;
+    use remem_verbs::AccessFlags;
+    use std::ptr::null_mut;
+    use std::sync::Arc;
+
+    #[test]
+    fn rereg_keeps_the_object_and_handle_and_drops_the_old_registration() {
+        let ctx =
+            crate::context::Ctx::create(crate::context::tests::soft_device(), std::ptr::null_mut());
+        // SAFETY: a live context.
+        let pd = unsafe { crate::ffi::device::remem_ibv_ibv_alloc_pd(ctx) };
+        let mut a = vec![0u8; 4096];
+        let mut b = vec![0u8; 2048];
+        let rw = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) as c_int;
+        // SAFETY: live PD, memory that outlives the MR.
+        let mr = unsafe { remem_ibv_ibv_reg_mr(pd, a.as_mut_ptr().cast(), a.len(), rw) };
+        assert!(!mr.is_null());
+        // SAFETY: the live MR just made (read through its pointer only).
+        let (handle, rkey, old) = unsafe {
+            (
+                (*mr).handle,
+                (*mr).rkey,
+                Arc::clone(&(*mr.cast::<Mr>()).inner.state().mr),
+            )
+        };
+        let rereg = |flags: u32, addr: *mut u8, len: usize, access: u32| {
+            // SAFETY: live MR and PD; the memory outlives the MR.
+            unsafe {
+                remem_ibv_ibv_rereg_mr(mr, flags as c_int, pd, addr.cast(), len, access as c_int)
+            }
+        };
+        // Bad input: nothing changes.
+        assert_eq!(rereg(0, null_mut(), 0, 0), IBV_REREG_MR_ERR_INPUT);
+        assert_eq!(
+            rereg(
+                IBV_REREG_MR_CHANGE_ACCESS,
+                null_mut(),
+                0,
+                IBV_ACCESS_REMOTE_WRITE
+            ),
+            IBV_REREG_MR_ERR_INPUT
+        );
+        // SAFETY: the live MR.
+        assert_eq!(unsafe { (*mr).rkey }, rkey);
+        // Access and translation at once.
+        let flags = IBV_REREG_MR_CHANGE_ACCESS | IBV_REREG_MR_CHANGE_TRANSLATION;
+        assert_eq!(
+            rereg(flags, b.as_mut_ptr(), b.len(), IBV_ACCESS_LOCAL_WRITE),
+            0
+        );
+        // SAFETY: the live MR.
+        let m = unsafe { &*mr.cast::<Mr>() };
+        assert_eq!(m.abi.handle, handle, "same handle");
+        assert_ne!(m.abi.rkey, rkey, "new keys");
+        assert_eq!((m.abi.addr, m.abi.length), (b.as_mut_ptr().cast(), b.len()));
+        let st = m.inner.state();
+        assert_eq!(st.mr.access(), AccessFlags::LOCAL_WRITE);
+        assert_eq!((st.mr.addr(), st.mr.len()), (b.as_ptr() as u64, b.len()));
+        drop(st);
+        // The old registration is gone (its last handle is the test's): its keys are
+        // revoked when that drops, as at ibv_dereg_mr.
+        assert_eq!(Arc::strong_count(&old), 1);
+        drop(old);
+        // SAFETY: the live MR and PD, not used afterwards.
+        unsafe {
+            assert_eq!(remem_ibv_ibv_dereg_mr(mr), 0);
+            assert_eq!(crate::ffi::device::remem_ibv_ibv_dealloc_pd(pd), 0);
+            crate::context::Ctx::free(ctx);
+        }
     }
 }

@@ -14,6 +14,8 @@
 //! ranks of an MPI job) do not interleave. A file that cannot be opened is reported on
 //! stderr once and the exit goes on.
 
+#![forbid(unsafe_code)]
+
 use remem_soft::SoftContext;
 use remem_verbs::{Context as _, Counter};
 use std::io::Write;

@@ -1,26 +1,18 @@
 //! The list of every exported C symbol and its version (each module declares its own
 //! with `symver!`, next to the functions).
 
+#![forbid(unsafe_code)]
+
 /// Every exported C symbol with its default version, as `(name, version)`.
 pub fn exports() -> Vec<(&'static str, &'static str)> {
     [
         crate::device::SYMBOLS,
         crate::query::SYMBOLS,
-        crate::pd::SYMBOLS,
-        crate::mr::SYMBOLS,
-        crate::mw::SYMBOLS,
-        crate::event::SYMBOLS,
+        crate::ffi::device::SYMBOLS,
         crate::misc::SYMBOLS,
         crate::private::SYMBOLS,
         crate::private::DATA_SYMBOLS,
-        crate::channel::SYMBOLS,
-        crate::cq::SYMBOLS,
-        crate::cq_ex::SYMBOLS,
-        crate::qp::SYMBOLS,
-        crate::qp_ex::SYMBOLS,
-        crate::post::SYMBOLS,
-        crate::srq::SYMBOLS,
-        crate::ah::SYMBOLS,
+        crate::ffi::queues::SYMBOLS,
     ]
     .concat()
 }

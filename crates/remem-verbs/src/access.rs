@@ -1,5 +1,7 @@
 //! Memory access rights (`enum ibv_access_flags`).
 
+#![forbid(unsafe_code)]
+
 bitflags::bitflags! {
     /// Access rights of a memory region or of a queue pair's responder
     /// (`enum ibv_access_flags`; the bit values are rdma-core's).

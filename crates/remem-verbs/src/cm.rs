@@ -42,6 +42,8 @@
 //!
 //! [`Error::InvalidArgument`]: crate::Error::InvalidArgument
 
+#![forbid(unsafe_code)]
+
 use crate::error::Result;
 use crate::provider::{Context, QueuePair};
 use crate::qp::{AhAttr, QpAttr, QpAttrMask, QpState, QpType};

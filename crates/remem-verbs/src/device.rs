@@ -1,5 +1,7 @@
 //! Devices, their attributes, ports and GID tables.
 
+#![forbid(unsafe_code)]
+
 use crate::types::{Gid, LinkLayer, Mtu, PortState};
 use std::net::SocketAddr;
 

@@ -1,5 +1,7 @@
 //! Typed errors of the verbs model.
 
+#![forbid(unsafe_code)]
+
 use crate::qp::{QpAttrMask, QpState, QpType};
 
 /// The result type of the verbs model.

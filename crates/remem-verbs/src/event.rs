@@ -1,5 +1,7 @@
 //! Asynchronous events (`struct ibv_async_event`).
 
+#![forbid(unsafe_code)]
+
 use std::fmt;
 
 /// What happened (`enum ibv_event_type`; values are rdma-core's).

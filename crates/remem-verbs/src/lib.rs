@@ -22,7 +22,8 @@
 //! | `rdma_event_channel`, `rdma_cm_id`, `rdma_cm_event`, `rdma_conn_param` | [`CmChannel`], [`CmId`], [`CmEvent`], [`ConnParam`] |
 //!
 //! Memory that a NIC or a remote peer reads and writes is owned by a [`MemoryBuffer`]; the
-//! module [`mem`] is the only place in remem's safe crates that uses `unsafe`.
+//! module [`mem`] is the only place in this crate that uses `unsafe` (the crate denies
+//! `unsafe_code`, `mem` allows it, and every other module forbids it).
 
 #![warn(missing_docs)]
 
@@ -62,3 +63,31 @@ pub use qp::{
 pub use types::{Gid, LinkLayer, Mtu, PortState};
 pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{FlushLevel, FlushType, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest};
+
+/// The crate's unsafe boundary, checked: `mem` alone allows `unsafe_code`, every other
+/// module forbids it.
+#[cfg(test)]
+mod unsafe_boundary {
+    #[test]
+    fn only_mem_allows_unsafe_code() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut checked = 0;
+        for e in std::fs::read_dir(&src).expect("src is readable") {
+            let p = e.expect("a directory entry").path();
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            if !name.ends_with(".rs") || name == "lib.rs" {
+                continue;
+            }
+            let text = std::fs::read_to_string(&p).expect("a source file");
+            let allows = text.contains("#![allow(unsafe_code)]");
+            let forbids = text.contains("#![forbid(unsafe_code)]");
+            if name == "mem.rs" {
+                assert!(allows && !forbids, "mem.rs is the NIC-memory exception");
+            } else {
+                assert!(forbids && !allows, "{name} must forbid unsafe_code");
+            }
+            checked += 1;
+        }
+        assert!(checked >= 12, "checked {checked} modules");
+    }
+}

@@ -10,6 +10,8 @@
 //! type from a handle it is given (e.g. the CQ named in [`QpInitAttr`]): a handle from
 //! another provider is rejected with [`Error::InvalidArgument`], never misused.
 
+#![forbid(unsafe_code)]
+
 use crate::access::AccessFlags;
 use crate::device::{DeviceAttr, DeviceInfo, GidEntry, PortAttr};
 use crate::error::{Error, PostError, Result};

@@ -1,5 +1,7 @@
 //! Queue pairs: types, states, attributes, attribute masks and the `ibv_modify_qp` rules.
 
+#![forbid(unsafe_code)]
+
 use crate::access::AccessFlags;
 use crate::error::{Error, Result};
 use crate::provider::{CompletionQueue, SharedReceiveQueue};

@@ -24,6 +24,8 @@
 //! assert_eq!((rts.sq_psn, rts.timeout), (0x33, 17));
 //! ```
 
+#![forbid(unsafe_code)]
+
 use crate::{
     AccessFlags, AhAttr, Context, Error, Gid, GidEntry, GidType, Mtu, QpAttr, QpAttrMask, QpState,
     QpType, QueuePair, Result,

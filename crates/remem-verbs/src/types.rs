@@ -1,5 +1,7 @@
 //! Small value types shared by the whole model: GIDs, MTUs, port states.
 
+#![forbid(unsafe_code)]
+
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 

@@ -1,5 +1,7 @@
 //! Work completions (`struct ibv_wc`).
 
+#![forbid(unsafe_code)]
+
 use std::fmt;
 
 /// The outcome of a work request (`enum ibv_wc_status`; rdma-core's values).

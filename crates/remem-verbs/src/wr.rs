@@ -5,6 +5,8 @@
 //! it lies inside a memory region of the QP's protection domain (inline data included), so a
 //! safe caller can never make a provider read or write memory that was not registered.
 
+#![forbid(unsafe_code)]
+
 use crate::provider::AddressHandle;
 use std::sync::Arc;
 

@@ -1,6 +1,8 @@
 //! The macros that declare the ABI: each records what the layout test needs
 //! (`abi::tests`) next to the declaration, so that no type or constant escapes the test.
 
+#![forbid(unsafe_code)]
+
 /// A C layout record of one Rust type (used by the layout test).
 #[cfg(test)]
 #[derive(Debug)]

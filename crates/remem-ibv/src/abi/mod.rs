@@ -14,6 +14,7 @@
 //! against the installed verbs.h and compares the size, alignment and every field offset
 //! of every type declared here, and the value of every constant.
 
+#![forbid(unsafe_code)]
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
 
 #[macro_use]

@@ -1,6 +1,8 @@
 //! The layout test: every type and constant of `abi` against the installed
 //! `<infiniband/verbs.h>`, measured by a C program compiled with `cc` at test time.
 
+#![forbid(unsafe_code)]
+
 use super::macros::TypeLayout;
 use super::{CONSTS, TYPE_LAYOUTS};
 use std::collections::BTreeMap;

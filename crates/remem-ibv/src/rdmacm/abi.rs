@@ -8,6 +8,7 @@
 //! (`rdma_post_send`, `rdma_reg_msgs`, `rdma_get_send_comp`, ...): nothing to declare or
 //! export here.
 
+#![forbid(unsafe_code)]
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
 
 use crate::abi::{ibv_ah_attr, ibv_comp_channel, ibv_context, ibv_cq, ibv_gid, ibv_pd, ibv_qp};

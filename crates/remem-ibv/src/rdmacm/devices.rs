@@ -139,12 +139,18 @@ impl CmDev {
         self.verbs as *mut ibv_context
     }
 
+    /// The device's context (open for the life of the process).
+    pub fn ctx(&self) -> Option<&crate::context::Ctx> {
+        // SAFETY: the device's context, opened once and never closed.
+        unsafe { crate::context::ctx_from(self.verbs()) }
+    }
+
     /// The device's default PD (`rdma_cm_id.pd`), made on first use.
     pub fn default_pd(&self) -> Result<*mut ibv_pd, c_int> {
         let mut pd = self.pd.lock().unwrap_or_else(|e| e.into_inner());
         if *pd == 0 {
             // SAFETY: the device's open context.
-            let p = unsafe { crate::pd::remem_ibv_ibv_alloc_pd(self.verbs()) };
+            let p = unsafe { crate::ffi::device::remem_ibv_ibv_alloc_pd(self.verbs()) };
             if p.is_null() {
                 return Err(crate::ffi::errno());
             }

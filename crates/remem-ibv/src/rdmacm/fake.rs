@@ -5,6 +5,8 @@
 //! data, no listener `Rejected` 8, disconnect `Disconnected` on both sides, a dropped
 //! unanswered request is rejected, SIDR in the UDP port space).
 
+#![forbid(unsafe_code)]
+
 use super::devices::Source;
 use crate::abi::ibv_context;
 use core::ffi::c_int;

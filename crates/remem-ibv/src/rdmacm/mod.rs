@@ -26,7 +26,11 @@
 //!   queued; `O_NONBLOCK` is the program's) and the events handed out
 //!   (`rdma_get_cm_event` / `rdma_ack_cm_event`).
 //! - [`id`]: `rdma_cm_id`s and the calls on them, synchronous ids (no channel: the calls
-//!   block until their event), endpoints (`rdma_create_ep`, `rdma_get_request`).
+//!   block until their event), endpoints (`rdma_create_ep`, `rdma_get_request`); one file
+//!   per concern: `id/mod.rs` (the id and its state), `fields` (the ABI fields written in
+//!   place), `events`, `lifecycle` (create, destroy), `addr` (bind, resolve, listen),
+//!   `conn` (connect, accept, reject, disconnect), `endpoint` (synchronous endpoints),
+//!   `options` (options, migration, QP attributes, ECE), `mcast`.
 //! - [`qp`]: `rdma_create_qp` (on the id's device, moved to INIT with the CM's
 //!   attributes and attached to the CM id, which moves it on), SRQs.
 //! - [`addrinfo`]: `rdma_getaddrinfo` / `rdma_freeaddrinfo`.
@@ -35,6 +39,8 @@
 //! Errors follow librdmacm: -1 with errno (pointer results: NULL with errno), and the
 //! `EAI_*` codes of `rdma_getaddrinfo`. Every exported body runs inside
 //! [`crate::ffi::guard`].
+
+#![deny(unsafe_code)]
 
 pub mod abi;
 pub mod addrinfo;
@@ -64,6 +70,7 @@ pub fn exports() -> Vec<(&'static str, &'static str)> {
         qp::SYMBOLS,
         addrinfo::SYMBOLS,
         rsocket::SYMBOLS,
+        crate::ffi::rdmacm::SYMBOLS,
     ]
     .concat()
 }

@@ -63,12 +63,12 @@ unsafe fn destroy_cqs(id: *mut rdma_cm_id, s: &IdShared) {
         );
         for cq in [rcq, scq] {
             if !cq.is_null() {
-                crate::cq::remem_ibv_ibv_destroy_cq(cq);
+                crate::ffi::queues::remem_ibv_ibv_destroy_cq(cq);
             }
         }
         for ch in [rch, sch] {
             if !ch.is_null() {
-                crate::channel::remem_ibv_ibv_destroy_comp_channel(ch);
+                crate::ffi::queues::remem_ibv_ibv_destroy_comp_channel(ch);
             }
         }
     }
@@ -85,18 +85,20 @@ fn make_cq(
     id: *mut rdma_cm_id,
 ) -> Result<(*mut ibv_comp_channel, *mut ibv_cq), c_int> {
     // SAFETY: an open context of this library.
-    let ch = unsafe { crate::channel::remem_ibv_ibv_create_comp_channel(verbs) };
+    let ch = unsafe { crate::ffi::queues::remem_ibv_ibv_create_comp_channel(verbs) };
     if ch.is_null() {
         return Err(crate::ffi::errno());
     }
     let cqe = c_int::try_from(size).unwrap_or(c_int::MAX);
     // SAFETY: the context and the channel just made; the id is the CQ's context, as
     // librdmacm sets it.
-    let cq = unsafe { crate::cq::remem_ibv_ibv_create_cq(verbs, cqe, id.cast::<c_void>(), ch, 0) };
+    let cq = unsafe {
+        crate::ffi::queues::remem_ibv_ibv_create_cq(verbs, cqe, id.cast::<c_void>(), ch, 0)
+    };
     if cq.is_null() {
         let e = crate::ffi::errno();
         // SAFETY: the channel just made, unused.
-        unsafe { crate::channel::remem_ibv_ibv_destroy_comp_channel(ch) };
+        unsafe { crate::ffi::queues::remem_ibv_ibv_destroy_comp_channel(ch) };
         return Err(e);
     }
     Ok((ch, cq))
@@ -105,7 +107,9 @@ fn make_cq(
 /// Moves a new QP of the id to INIT (a UD QP to RTS) with the CM's attributes.
 fn init_qp(s: &IdShared, cm: &Arc<dyn CmId>, qp: *mut ibv_qp) -> Result<(), c_int> {
     // SAFETY: the QP just made.
-    let q = unsafe { crate::qp::qp_from(qp) }.ok_or(libc::EINVAL)?;
+    let h = unsafe { crate::ffi::handles::Handle::<crate::qp::Qp>::from_abi(qp) }
+        .ok_or(libc::EINVAL)?;
+    let q = h.inner();
     let (attr, mask) = cm.init_qp_attr(QpState::Init).map_err(|e| errno_of(&e))?;
     q.qp.modify(&attr, mask).map_err(|e| errno_of(&e))?;
     if s.qp_type == IBV_QPT_UD {
@@ -124,8 +128,7 @@ fn init_qp(s: &IdShared, cm: &Arc<dyn CmId>, qp: *mut ibv_qp) -> Result<(), c_in
         q.qp.modify(&rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
             .map_err(|e| errno_of(&e))?;
     }
-    // SAFETY: the QP just made.
-    unsafe { crate::qp::set_state(qp, q.qp.state()) };
+    h.set_state(q.qp.state());
     Ok(())
 }
 
@@ -226,7 +229,7 @@ fn create_qp(
         a.srq = id_srq;
     }
     // SAFETY: an open context of this library and the program's attributes.
-    let qp = unsafe { crate::qp_ex::create_qp_ex(verbs, a) };
+    let qp = unsafe { crate::ffi::queues::create_qp_ex(verbs, a) };
     if qp.is_null() {
         let e = crate::ffi::errno();
         // SAFETY: a live id.
@@ -235,12 +238,12 @@ fn create_qp(
     }
     let attached = init_qp(s, &cm, qp).and_then(|()| {
         // SAFETY: the QP just made.
-        let q = unsafe { crate::qp::qp_from(qp) }.ok_or(libc::EINVAL)?;
+        let q = unsafe { crate::ffi::handles::qp_from(qp) }.ok_or(libc::EINVAL)?;
         cm.set_qp(Some(Arc::clone(&q.qp))).map_err(|e| errno_of(&e))
     });
     if let Err(e) = attached {
         // SAFETY: the QP just made, never the program's.
-        unsafe { crate::qp::remem_ibv_ibv_destroy_qp(qp) };
+        unsafe { crate::ffi::queues::remem_ibv_ibv_destroy_qp(qp) };
         // SAFETY: a live id.
         unsafe { destroy_cqs(id, s) };
         return Err(e);
@@ -319,7 +322,7 @@ pub unsafe extern "C" fn remem_ibv_rdma_destroy_qp(id: *mut rdma_cm_id) {
             unsafe {
                 let qp = (*id).qp;
                 if !qp.is_null() {
-                    crate::qp::remem_ibv_ibv_destroy_qp(qp);
+                    crate::ffi::queues::remem_ibv_ibv_destroy_qp(qp);
                 }
             }
             set!(id, qp, std::ptr::null_mut());
@@ -369,7 +372,7 @@ pub unsafe extern "C" fn remem_ibv_rdma_create_srq_ex(
             return fail(libc::EINVAL);
         }
         // SAFETY: an open context and the program's attributes.
-        let srq = unsafe { crate::srq::create_srq_ex(p.inner.ctx.ibv_context(), a) };
+        let srq = unsafe { crate::ffi::queues::create_srq_ex(p.inner.ctx.ibv_context(), a) };
         if srq.is_null() {
             return -1;
         }
@@ -427,7 +430,7 @@ pub unsafe extern "C" fn remem_ibv_rdma_destroy_srq(id: *mut rdma_cm_id) {
             unsafe {
                 let srq = (*id).srq;
                 if !srq.is_null() {
-                    crate::srq::remem_ibv_ibv_destroy_srq(srq);
+                    crate::ffi::queues::remem_ibv_ibv_destroy_srq(srq);
                 }
             }
             set!(id, srq, std::ptr::null_mut());

@@ -14,6 +14,7 @@ use super::qp::*;
 use super::sockaddr::std_to_storage;
 use crate::abi::*;
 use crate::ffi::errno;
+use crate::ffi::rdmacm::*;
 use core::ffi::{c_int, c_void};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;

@@ -1,0 +1,229 @@
+//! The C entry points of the drop-in librdmacm that have moved out of their object
+//! modules (`rdma_cm_id` options, migration, QP attributes, ECE, multicast): each converts
+//! the program's pointers once and calls safe code in [`crate::rdmacm::id`].
+
+use super::handles::Handle;
+use super::{opt_mut, opt_ref, out};
+use crate::abi::*;
+use crate::rdmacm::abi::*;
+use crate::rdmacm::id::{self, RdmaId, id_from};
+use crate::rdmacm::sockaddr::sockaddr_to_std;
+use crate::rdmacm::{fail, guard_neg};
+use core::ffi::{c_int, c_void};
+
+symver!(
+    "rdma_set_option" @ "RDMACM_1.0",
+    "rdma_migrate_id" @ "RDMACM_1.0",
+    "rdma_init_qp_attr" @ "RDMACM_1.2",
+    "rdma_set_local_ece" @ "RDMACM_1.3",
+    "rdma_get_remote_ece" @ "RDMACM_1.3",
+    "rdma_join_multicast" @ "RDMACM_1.0",
+    "rdma_join_multicast_ex" @ "RDMACM_1.1",
+    "rdma_leave_multicast" @ "RDMACM_1.0",
+);
+
+// ----- options, migration, QP attributes, ECE (rdmacm::id::options) ------------------------
+
+/// `rdma_set_option`: `RDMA_OPTION_ID_TOS` and `RDMA_OPTION_ID_ACK_TIMEOUT` (a `uint8_t`),
+/// `RDMA_OPTION_ID_REUSEADDR` and `RDMA_OPTION_ID_AFONLY` (an `int`) are accepted (the
+/// soft device does not use them); `RDMA_OPTION_IB_PATH` is ENOSYS (RoCE resolves its own
+/// route); anything else, or a wrong `optlen`, is EINVAL.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id; `optval` is NULL or `optlen` readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_set_option(
+    id: *mut rdma_cm_id,
+    level: c_int,
+    optname: c_int,
+    optval: *mut c_void,
+    optlen: usize,
+) -> c_int {
+    guard_neg("rdma_set_option", || {
+        if id.is_null() || optval.is_null() {
+            return fail(libc::EINVAL);
+        }
+        match (level, optname) {
+            (RDMA_OPTION_ID, RDMA_OPTION_ID_TOS | RDMA_OPTION_ID_ACK_TIMEOUT) if optlen == 1 => 0,
+            (RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR | RDMA_OPTION_ID_AFONLY)
+                if optlen == size_of::<c_int>() =>
+            {
+                0
+            }
+            (RDMA_OPTION_IB, RDMA_OPTION_IB_PATH) => fail(libc::ENOSYS),
+            _ => fail(libc::EINVAL),
+        }
+    })
+}
+
+/// `rdma_migrate_id`: see `id::migrate`.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id; `channel` is NULL or a live channel.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_migrate_id(
+    id: *mut rdma_cm_id,
+    channel: *mut rdma_event_channel,
+) -> c_int {
+    guard_neg("rdma_migrate_id", || {
+        // SAFETY: by the contract.
+        let Some(h) = (unsafe { Handle::<RdmaId>::from_abi(id) }) else {
+            return fail(libc::EINVAL);
+        };
+        match id::migrate(h, channel) {
+            Ok(0) => 0,
+            Ok(old_private) => {
+                // SAFETY: the id's former private channel, used by nothing else now.
+                unsafe {
+                    crate::rdmacm::channel::free_channel(old_private as *mut rdma_event_channel)
+                };
+                0
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// `rdma_init_qp_attr`: see `id::init_qp_attr`; -1/EINVAL for NULL arguments.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id; `qp_attr` is NULL or readable and writable; `qp_attr_mask`
+/// is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_init_qp_attr(
+    id: *mut rdma_cm_id,
+    qp_attr: *mut ibv_qp_attr,
+    qp_attr_mask: *mut c_int,
+) -> c_int {
+    guard_neg("rdma_init_qp_attr", || {
+        // SAFETY: by the contract.
+        match unsafe { (id_from(id), opt_mut(qp_attr), out(qp_attr_mask)) } {
+            (Some(s), Some(a), Some(m)) => id::init_qp_attr(s, a, m),
+            _ => fail(libc::EINVAL),
+        }
+    })
+}
+
+/// `rdma_set_local_ece`: see `id::set_local_ece`; -1/EINVAL for NULL arguments.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id; `ece` is NULL or readable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_set_local_ece(
+    id: *mut rdma_cm_id,
+    ece: *mut ibv_ece,
+) -> c_int {
+    guard_neg("rdma_set_local_ece", || {
+        // SAFETY: by the contract.
+        match unsafe { (Handle::<RdmaId>::from_abi(id), opt_ref(ece)) } {
+            (Some(h), Some(e)) => id::set_local_ece(h, e),
+            _ => fail(libc::EINVAL),
+        }
+    })
+}
+
+/// `rdma_get_remote_ece`: no ECE comes from the peer here (vendor id 0). -1/EINVAL for
+/// NULL arguments or an id with a QP.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id; `ece` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_get_remote_ece(
+    id: *mut rdma_cm_id,
+    ece: *mut ibv_ece,
+) -> c_int {
+    guard_neg("rdma_get_remote_ece", || {
+        // SAFETY: by the contract.
+        match unsafe { (Handle::<RdmaId>::from_abi(id), out(ece)) } {
+            (Some(h), Some(e)) if h.qp_ptr().is_null() => {
+                e.write(ibv_ece {
+                    vendor_id: 0,
+                    options: 0,
+                    comp_mask: 0,
+                });
+                0
+            }
+            _ => fail(libc::EINVAL),
+        }
+    })
+}
+
+// ----- multicast (rdmacm::id::mcast) -------------------------------------------------------
+
+/// `rdma_join_multicast`: `rdma_join_multicast_ex` with `RDMA_MC_JOIN_FLAG_FULLMEMBER`.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id of this library; `addr` is NULL or a valid socket address.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_join_multicast(
+    id: *mut rdma_cm_id,
+    addr: *mut libc::sockaddr,
+    context: *mut c_void,
+) -> c_int {
+    let mut attr = rdma_cm_join_mc_attr_ex {
+        comp_mask: RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS,
+        join_flags: RDMA_MC_JOIN_FLAG_FULLMEMBER,
+        addr,
+    };
+    // SAFETY: by the contract; `attr` is on the stack.
+    unsafe { remem_ibv_rdma_join_multicast_ex(id, &mut attr, context) }
+}
+
+/// `rdma_join_multicast_ex`: joins the IPv4 multicast group `attr->addr` on the id's device
+/// (bound or resolved), as the kernel does for RoCE v2: a MULTICAST_JOIN event follows
+/// whose `ud` parameters address the group (the MGID `::ffff:a.b.c.d` as `dgid`,
+/// `is_global`, hop limit 64, QPN 0xFFFFFF, Q_Key `RDMA_UDP_QKEY`) and whose
+/// `ud.private_data` is `context`; taking that event attaches the id's QP to the group (none
+/// for a `RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER` join), as librdmacm does. -1 with EINVAL
+/// (no address or join flags, an address that is not IPv4 multicast, an id not bound to a
+/// device, a group joined already), EOPNOTSUPP (an IPv6 group), ENOSYS (an unknown flag).
+///
+/// # Safety
+///
+/// `id` is NULL or a live id of this library; `attr` is NULL or valid, its `addr` NULL or a
+/// valid socket address.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_join_multicast_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut rdma_cm_join_mc_attr_ex,
+    context: *mut c_void,
+) -> c_int {
+    guard_neg("rdma_join_multicast_ex", || {
+        // SAFETY: by the contract.
+        let Some(shared) = (unsafe { id_from(id) }) else {
+            return fail(libc::EINVAL);
+        };
+        // SAFETY: by the contract, `attr` is NULL or valid.
+        let (attr, group) = match unsafe { opt_ref(attr) } {
+            // SAFETY: by the contract, its `addr` is NULL or a valid socket address.
+            Some(a) => (Some(*a), unsafe { sockaddr_to_std(a.addr) }),
+            None => (None, None),
+        };
+        id::join(shared, attr, group, context)
+    })
+}
+
+/// `rdma_leave_multicast`: see `id::leave`; -1/EINVAL for a NULL id.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id of this library; `addr` is NULL or a valid socket address.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_leave_multicast(
+    id: *mut rdma_cm_id,
+    addr: *mut libc::sockaddr,
+) -> c_int {
+    guard_neg("rdma_leave_multicast", || {
+        // SAFETY: by the contract.
+        match unsafe { (Handle::<RdmaId>::from_abi(id), sockaddr_to_std(addr)) } {
+            (Some(h), group) => id::leave(h, group),
+            (None, _) => fail(libc::EINVAL),
+        }
+    })
+}

@@ -1,0 +1,52 @@
+//! The few system calls the objects make on their own descriptors (`fcntl`, `poll`), as
+//! safe functions: they pass no memory but a `pollfd` on the stack.
+
+use core::ffi::c_int;
+
+/// `fcntl(fd, F_GETFL)`: the descriptor's status flags, or -1 with errno.
+pub fn get_fl(fd: c_int) -> c_int {
+    // SAFETY: F_GETFL reads the descriptor's flags; no memory is passed.
+    unsafe { libc::fcntl(fd, libc::F_GETFL) }
+}
+
+/// `fcntl(fd, F_SETFL, flags)`: 0, or -1 with errno.
+pub fn set_fl(fd: c_int, flags: c_int) -> c_int {
+    // SAFETY: F_SETFL sets the descriptor's flags; no memory is passed.
+    unsafe { libc::fcntl(fd, libc::F_SETFL, flags) }
+}
+
+/// Waits until `fd` is readable (`poll` for `POLLIN`, `timeout_ms` as poll's, -1: no
+/// limit): poll's result (-1 with errno, e.g. EINTR).
+pub fn poll_in(fd: c_int, timeout_ms: c_int) -> c_int {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd on the stack, valid for the call.
+    unsafe { libc::poll(&mut pfd, 1, timeout_ms) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_and_poll_on_a_pipe() {
+        let mut fds = [0; 2];
+        // SAFETY: a two-element array for pipe(2).
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let fl = get_fl(fds[0]);
+        assert!(fl >= 0 && fl & libc::O_NONBLOCK == 0);
+        assert_eq!(set_fl(fds[0], fl | libc::O_NONBLOCK), 0);
+        assert_ne!(get_fl(fds[0]) & libc::O_NONBLOCK, 0);
+        assert_eq!(poll_in(fds[0], 0), 0, "nothing written yet");
+        // SAFETY: one byte from a static.
+        assert_eq!(unsafe { libc::write(fds[1], b"x".as_ptr().cast(), 1) }, 1);
+        assert_eq!(poll_in(fds[0], -1), 1);
+        for fd in fds {
+            // SAFETY: the pipe's own descriptors.
+            unsafe { libc::close(fd) };
+        }
+    }
+}

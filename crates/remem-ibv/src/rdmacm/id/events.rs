@@ -1,0 +1,280 @@
+//! Provider events turned into `rdma_cm_event`s: the ids of connection requests, what
+//! each event does to its id, the synchronous ids' waits.
+
+#![allow(unsafe_code)]
+
+use super::*;
+
+/// Creates the id of a connection request (the router, with the routes locked): on the
+/// listener's device, its channel (a private one if the listener is synchronous), its
+/// port space; registered at once so its own events find it. `None` if it cannot be
+/// made (the request is then dropped, which rejects it).
+pub(crate) fn new_child(
+    listener: &Arc<IdShared>,
+    ev: &remem_verbs::cm::CmEvent,
+    routes: &mut router::Routes,
+) -> Option<usize> {
+    let lst = listener.state();
+    let listen_handle = ev.listen_id.as_ref()?.handle();
+    let dev = lst
+        .cm
+        .iter()
+        .find(|(_, c)| c.handle() == listen_handle)
+        .map(|(d, _)| Arc::clone(d))
+        .or_else(|| devices::by_context(&ev.id.context()))?;
+    let chan = if lst.sync {
+        Chan::of(std::ptr::null_mut()).ok()?
+    } else {
+        Chan {
+            inner: Arc::clone(&lst.channel),
+            abi: lst.channel_abi,
+            private: 0,
+        }
+    };
+    drop(lst);
+    let abi = chan.abi;
+    let shared = Arc::new(IdShared::new(listener.ps, listener.qp_type, chan));
+    let p = boxed(Arc::clone(&shared), abi, std::ptr::null_mut(), listener.ps);
+    {
+        let mut st = shared.state();
+        if attach_dev(&shared, &mut st, &dev, ev.id.port_num()).is_err() {
+            drop(st);
+            // SAFETY: the id just made, seen by nobody.
+            unsafe { free_unseen(p) };
+            return None;
+        }
+        st.cm.push((dev, Arc::clone(&ev.id)));
+        if let CmEventParam::Conn(c) = &ev.param {
+            st.req = *c;
+        }
+    }
+    update_addrs(&shared, &ev.id);
+    routes.insert(ev.id.handle(), Arc::downgrade(&shared));
+    Some(p as usize)
+}
+
+/// Frees an id no program has seen (a connection request dropped before it was handed
+/// out): its provider id is dropped (the request is rejected).
+///
+/// # Safety
+///
+/// `id` is an id of this library the program never saw; not used afterwards.
+pub(super) unsafe fn free_unseen(id: *mut rdma_cm_id) {
+    // SAFETY: by the contract, the Box made by `boxed`.
+    let b = unsafe { Box::from_raw(id.cast::<RdmaId>()) };
+    let (cms, private) = {
+        let mut st = b.shared.state();
+        (std::mem::take(&mut st.cm), std::mem::take(&mut st.private))
+    };
+    {
+        let mut routes = router::routes();
+        for (_, c) in &cms {
+            routes.remove(&c.handle());
+        }
+    }
+    drop(cms);
+    if private != 0 {
+        // SAFETY: the id's own private channel.
+        unsafe { free_channel(private as *mut rdma_event_channel) };
+    }
+}
+
+/// The program's view of the peer's connection parameters: the peer's initiator depth is
+/// what it asks of this side's responder resources, and the other way round.
+pub(super) fn conn_to_abi(c: &PeerConnParam) -> rdma_conn_param {
+    rdma_conn_param {
+        private_data: std::ptr::null(),
+        private_data_len: 0,
+        responder_resources: c.initiator_depth,
+        initiator_depth: c.responder_resources,
+        flow_control: u8::from(c.flow_control),
+        retry_count: c.retry_count,
+        rnr_retry_count: c.rnr_retry_count,
+        srq: u8::from(c.srq),
+        qp_num: c.qp_num,
+    }
+}
+
+/// Turns a queued provider event into the event handed to the program (boxed; freed by
+/// `rdma_ack_cm_event`), updating the ids it concerns. `None` drops it.
+pub(crate) fn hand_out(p: Pending) -> Option<*mut rdma_cm_event> {
+    let Pending { target, ev, child } = p;
+    let tp = target.abi_ptr();
+    let mut out = Box::new(Event {
+        // SAFETY: plain data (pointers, integers, a union of them): all-zero is valid.
+        abi: unsafe { std::mem::zeroed() },
+        private_data: ev.private_data.clone(),
+        counted: Arc::clone(&target),
+    });
+    out.abi.id = tp;
+    out.abi.event = ev.kind.value();
+    out.abi.status = ev.status;
+    match ev.kind {
+        CmEventKind::ConnectRequest => {
+            let c = child? as *mut rdma_cm_id;
+            // SAFETY: both live ids of this library; the child is not yet the program's,
+            // the listener's `context` is the program's value, read once.
+            unsafe { (&raw mut (*c).context).write((*tp).context) };
+            out.abi.id = c;
+            out.abi.listen_id = tp;
+        }
+        CmEventKind::AddrResolved => {
+            if let Ok((_, cm)) = target.cm() {
+                update_addrs(&target, &cm);
+            }
+        }
+        CmEventKind::RouteResolved => {
+            if let Ok((_, cm)) = target.cm() {
+                update_addrs(&target, &cm);
+            }
+            let mut st = target.state();
+            set_path(&target, &mut st);
+        }
+        CmEventKind::Established | CmEventKind::Disconnected => {
+            {
+                let mut st = target.state();
+                if ev.kind == CmEventKind::Established {
+                    st.connected = true;
+                } else {
+                    st.disconnected = true;
+                }
+            }
+            refresh_qp_state(&target);
+        }
+        CmEventKind::Rejected | CmEventKind::ConnectError | CmEventKind::Unreachable => {
+            refresh_qp_state(&target)
+        }
+        CmEventKind::MulticastJoin => {
+            // librdmacm's `ucma_process_join`: the id's QP (unless a send-only join) is
+            // attached to the group as the event is taken; a failure turns the event into
+            // MULTICAST_ERROR.
+            if let CmEventParam::Ud(u) = &ev.param
+                && let Some(join) = find_join(&target, &u.ah_attr.dgid)
+                && !join.send_only
+            {
+                // SAFETY: `tp` is the live id; its `qp` is NULL or the program's QP.
+                let qp = unsafe { (*tp).qp };
+                if !qp.is_null() {
+                    let gid = ibv_gid {
+                        raw: u.ah_attr.dgid.0,
+                    };
+                    // SAFETY: a QP of this library and a GID on the stack.
+                    let r = unsafe { crate::ffi::queues::remem_ibv_ibv_attach_mcast(qp, &gid, 0) };
+                    if r != 0 {
+                        out.abi.event = CmEventKind::MulticastError.value();
+                        out.abi.status = -r;
+                    } else {
+                        notify(&format!("joined {}", u.ah_attr.dgid.to_ip()));
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    let ev_kind = ev.kind;
+    let mc_context = match &ev.param {
+        CmEventParam::Ud(u) if ev_kind == CmEventKind::MulticastJoin => {
+            find_join(&target, &u.ah_attr.dgid).map_or(0, |j| j.context)
+        }
+        _ => 0,
+    };
+    // The parameters: `ud` for the datagram port spaces, `conn` otherwise.
+    if target.qp_type == IBV_QPT_UD || ev_kind == CmEventKind::MulticastJoin {
+        // SAFETY: plain data; all-zero is valid.
+        let mut ud: rdma_ud_param = unsafe { std::mem::zeroed() };
+        if let CmEventParam::Ud(u) = &ev.param {
+            ud.qp_num = u.qp_num;
+            ud.qkey = u.qkey;
+            let mut ah = u.ah_attr;
+            if let Some(d) = target.state().dev.as_ref() {
+                // SAFETY: the device's context, open for the life of the process.
+                if let Some(c) = unsafe { crate::context::ctx_from(d.verbs()) } {
+                    ah.sgid_index = c.shared().program_gid_index(ah.sgid_index).unwrap_or(0);
+                }
+            }
+            ud.ah_attr = crate::ah::ah_attr_to(&ah);
+        }
+        out.abi.param.ud = ud;
+    } else {
+        let conn = match &ev.param {
+            CmEventParam::Conn(c) => conn_to_abi(c),
+            // SAFETY: plain data; all-zero is valid.
+            _ => unsafe { std::mem::zeroed() },
+        };
+        out.abi.param.conn = conn;
+    }
+    drop(ev);
+    let len = out.private_data.len().min(usize::from(u8::MAX));
+    let data = if len == 0 {
+        std::ptr::null()
+    } else {
+        out.private_data.as_ptr().cast::<c_void>()
+    };
+    // `private_data` and `private_data_len` lie at the same offsets in `conn` and `ud`;
+    // write both views.
+    if matches!(
+        ev_kind,
+        CmEventKind::MulticastJoin | CmEventKind::MulticastError
+    ) {
+        // A join's event carries the join's context, as librdmacm fills it.
+        out.abi.param.ud.private_data = mc_context as *const c_void;
+        out.abi.param.ud.private_data_len = 0;
+    } else if target.qp_type == IBV_QPT_UD {
+        out.abi.param.ud.private_data = data;
+        out.abi.param.ud.private_data_len = len as u8;
+    } else {
+        out.abi.param.conn.private_data = data;
+        out.abi.param.conn.private_data_len = len as u8;
+    }
+    target.event_out();
+    Some(Box::into_raw(out).cast())
+}
+
+/// A synchronous id's wait for the event of the call just made (`ucma_complete` in
+/// librdmacm): acks the previous `id->event`, takes the next event of its private
+/// channel into `id->event`, and fails as librdmacm does. 0 at once for an id with a
+/// program's channel.
+pub(super) fn complete(id: &Arc<IdShared>) -> c_int {
+    let (sync, channel) = {
+        let st = id.state();
+        (st.sync, Arc::clone(&st.channel))
+    };
+    if !sync {
+        return 0;
+    }
+    ack_own_event(id);
+    let ev = loop {
+        match channel.wait() {
+            Ok(p) => {
+                if let Some(ev) = hand_out(p) {
+                    break ev;
+                }
+            }
+            Err(e) => return fail(e),
+        }
+    };
+    set!(id.abi_ptr(), event, ev);
+    // SAFETY: the event just handed out.
+    let (kind, status) = unsafe { ((*ev).event, (*ev).status) };
+    match (kind, status) {
+        (RDMA_CM_EVENT_REJECTED, _) => fail(libc::ECONNREFUSED),
+        (_, s) if s < 0 => fail(-s),
+        (_, s) if s > 0 => fail(s),
+        (RDMA_CM_EVENT_ADDR_ERROR | RDMA_CM_EVENT_ROUTE_ERROR, _) => fail(libc::EHOSTUNREACH),
+        (RDMA_CM_EVENT_UNREACHABLE, _) => fail(libc::ETIMEDOUT),
+        (RDMA_CM_EVENT_CONNECT_ERROR, _) => fail(libc::ECONNRESET),
+        _ => 0,
+    }
+}
+
+/// Acks the event a synchronous call left in `id->event`, if any.
+pub(super) fn ack_own_event(id: &IdShared) {
+    let p = id.abi_ptr();
+    // SAFETY: a live id; the field is the library's in synchronous use.
+    let ev = unsafe { (*p).event };
+    if !ev.is_null() {
+        set!(p, event, std::ptr::null_mut());
+        // SAFETY: an event handed out by this library, not acked yet.
+        unsafe { crate::rdmacm::channel::ack(ev) };
+    }
+}

@@ -1,0 +1,356 @@
+//! RDMA CM ids (`rdma_cm_id`) and the calls on them.
+//!
+//! An id is a boxed [`RdmaId`]: the `rdma_cm_id` programs see first, then the library's
+//! side ([`IdShared`]). It gets a device when it binds or resolves an address
+//! ([`super::devices`]); from then on it holds the provider's CM id on that device (a
+//! wildcard bind holds one per device: a listener on every device). The program writes
+//! parts of its `rdma_cm_id` (`context`); the library writes the others in place through
+//! raw pointers (`verbs`, `pd`, `route`, `qp`, `event`, `channel`), never holding a Rust
+//! reference to the ABI struct.
+//!
+//! **Synchronous ids.** An id created without a channel (or by `rdma_create_ep`) gets a
+//! private one; the calls that lead to an event (`rdma_resolve_addr`,
+//! `rdma_resolve_route`, `rdma_connect`, `rdma_accept` on a connected port space,
+//! `rdma_disconnect`, `rdma_get_request`) wait for it, leave it in `id->event` (acked by
+//! the next such call or by `rdma_destroy_id`), and fail as librdmacm does: ECONNREFUSED
+//! for a reject, the negated status for a negative one, the status otherwise.
+//!
+//! **Destroying** an id stops its events (unregisters its provider ids, drops those still
+//! queued — a connection request not handed out is rejected), drops the provider ids
+//! (the provider disconnects or rejects), then waits until every event handed out for it
+//! is acked, as librdmacm's `rdma_destroy_id` does.
+
+#![allow(unsafe_code)]
+
+use super::abi::*;
+use super::router;
+use super::sockaddr::{sockaddr_to_std, std_to_storage};
+use super::{errno_of, fail, guard_neg};
+use crate::abi::*;
+use crate::rdmacm::channel::{
+    ChannelInner, Event, Pending, channel_from, free_channel, new_channel,
+};
+use crate::rdmacm::devices::{self, CmDev};
+use core::ffi::{c_int, c_void};
+use remem_verbs::cm::{CmEventKind, CmEventParam, CmId, ConnParam, PeerConnParam, PortSpace};
+use remem_verbs::{Gid, QpState};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+symver!(
+    "rdma_create_id" @ "RDMACM_1.0",
+    "rdma_destroy_id" @ "RDMACM_1.0",
+    "rdma_bind_addr" @ "RDMACM_1.0",
+    "rdma_resolve_addr" @ "RDMACM_1.0",
+    "rdma_resolve_route" @ "RDMACM_1.0",
+    "rdma_listen" @ "RDMACM_1.0",
+    "rdma_connect" @ "RDMACM_1.0",
+    "rdma_accept" @ "RDMACM_1.0",
+    "rdma_reject" @ "RDMACM_1.0",
+    "rdma_reject_ece" @ "RDMACM_1.3",
+    "rdma_disconnect" @ "RDMACM_1.0",
+    "rdma_establish" @ "RDMACM_1.2",
+    "rdma_notify" @ "RDMACM_1.0",
+    "rdma_get_request" @ "RDMACM_1.0",
+    "rdma_create_ep" @ "RDMACM_1.0",
+    "rdma_destroy_ep" @ "RDMACM_1.0",
+    "rdma_get_src_port" @ "RDMACM_1.0",
+    "rdma_get_dst_port" @ "RDMACM_1.0",
+);
+
+/// The backlog of a listener when the program gives none (as the kernel's rdma_ucm
+/// `max_backlog`), and the most it may ask for.
+pub const MAX_BACKLOG: u32 = 1024;
+
+/// An id: what `rdma_create_id` returns a pointer to (`abi` first).
+#[repr(C)]
+pub struct RdmaId {
+    /// The `rdma_cm_id` programs see.
+    pub abi: rdma_cm_id,
+    /// The library's side.
+    pub(crate) shared: Arc<IdShared>,
+}
+
+/// The library's side of an id.
+pub struct IdShared {
+    /// The `rdma_cm_id` (address).
+    ptr: AtomicUsize,
+    /// Its port space.
+    pub ps: PortSpace,
+    /// Its QP type (`IBV_QPT_UD` for the UDP and IPoIB port spaces).
+    pub qp_type: ibv_qp_type,
+    st: Mutex<IdState>,
+    acked: Condvar,
+}
+
+impl std::fmt::Debug for IdShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdShared")
+            .field("ps", &self.ps)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The attributes a passive endpoint keeps for the QPs of its connections
+/// (`rdma_create_ep` with `RAI_PASSIVE`).
+#[derive(Clone, Copy)]
+pub(crate) struct EpAttr {
+    pub init: ibv_qp_init_attr,
+}
+
+// SAFETY: the pointers in the attributes (CQs, SRQ, the QP context) are the program's
+// objects; the library only passes them back to its own calls on the program's behalf
+// (`rdma_get_request` creating a QP), never dereferencing them on another thread.
+unsafe impl Send for EpAttr {}
+
+pub(crate) struct IdState {
+    /// The channel the id's events go to now.
+    pub channel: Arc<ChannelInner>,
+    /// Its `rdma_event_channel` (address).
+    pub channel_abi: usize,
+    /// A synchronous id's private channel (address of the `rdma_event_channel`; 0 if
+    /// none), freed with the id.
+    pub private: usize,
+    /// Whether the id is synchronous.
+    pub sync: bool,
+    /// The device, once bound to a specific address or resolved.
+    pub dev: Option<Arc<CmDev>>,
+    /// The provider ids: one, or one per device for a wildcard bind.
+    pub cm: Vec<(Arc<CmDev>, Arc<dyn CmId>)>,
+    /// Events handed out and not acked.
+    pub outstanding: u32,
+    /// A passive endpoint's QP attributes.
+    pub ep: Option<EpAttr>,
+    /// The peer's parameters from the connection request (for `rdma_accept(id, NULL)`).
+    pub req: PeerConnParam,
+    /// The CQs (and their channels) `rdma_create_qp` made for the id.
+    pub own_cqs: bool,
+    /// The path record `route.path_rec` points to.
+    pub path: Option<Box<ibv_sa_path_rec>>,
+    /// The ECE values set with `rdma_set_local_ece` (kept, not sent: no ECE here).
+    pub local_ece: (u32, u32),
+    /// An ESTABLISHED event was handed out for the id.
+    pub connected: bool,
+    /// A DISCONNECTED event was handed out for the id.
+    pub disconnected: bool,
+    /// The multicast groups joined (`rdma_join_multicast`).
+    pub mcast: Vec<McJoin>,
+}
+
+/// A multicast group an id joined.
+#[derive(Clone, Copy)]
+pub(crate) struct McJoin {
+    /// The group's IPv4 address.
+    pub group: std::net::Ipv4Addr,
+    /// The program's context pointer for the join (the event's `ud.private_data`).
+    pub context: usize,
+    /// Joined as a send-only full member: librdmacm attaches no QP.
+    pub send_only: bool,
+}
+
+impl IdShared {
+    fn new(ps: PortSpace, qp_type: ibv_qp_type, channel: Chan) -> IdShared {
+        IdShared {
+            ptr: AtomicUsize::new(0),
+            ps,
+            qp_type,
+            st: Mutex::new(IdState {
+                channel: channel.inner,
+                channel_abi: channel.abi,
+                private: channel.private,
+                sync: channel.private != 0,
+                dev: None,
+                cm: Vec::new(),
+                outstanding: 0,
+                ep: None,
+                req: PeerConnParam::default(),
+                own_cqs: false,
+                path: None,
+                local_ece: (0, 0),
+                connected: false,
+                disconnected: false,
+                mcast: Vec::new(),
+            }),
+            acked: Condvar::new(),
+        }
+    }
+
+    /// The id's state, locked.
+    pub(crate) fn state(&self) -> MutexGuard<'_, IdState> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The `rdma_cm_id` programs see.
+    pub fn abi_ptr(&self) -> *mut rdma_cm_id {
+        self.ptr.load(Ordering::Acquire) as *mut rdma_cm_id
+    }
+
+    /// Queues a provider event on the id's current channel (the router, with the routes
+    /// locked).
+    pub(crate) fn queue(&self, p: Pending) {
+        let st = self.state();
+        st.channel.push(p);
+    }
+
+    /// Counts an event handed out.
+    fn event_out(&self) {
+        self.state().outstanding += 1;
+    }
+
+    /// Counts the ack of an event.
+    pub(crate) fn event_acked(&self) {
+        let mut st = self.state();
+        st.outstanding = st.outstanding.saturating_sub(1);
+        self.acked.notify_all();
+    }
+
+    /// Waits until every event handed out for the id is acked.
+    fn wait_acked(&self) {
+        let mut st = self.state();
+        while st.outstanding > 0 {
+            st = self.acked.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// The single provider id (EINVAL before the id has a device).
+    pub(crate) fn cm(&self) -> Result<(Arc<CmDev>, Arc<dyn CmId>), c_int> {
+        let st = self.state();
+        match (&st.dev, st.cm.as_slice()) {
+            (Some(_), [(d, c)]) => Ok((Arc::clone(d), Arc::clone(c))),
+            _ => Err(libc::EINVAL),
+        }
+    }
+}
+
+/// A channel for a new id: the program's, or a private one.
+pub(crate) struct Chan {
+    inner: Arc<ChannelInner>,
+    abi: usize,
+    private: usize,
+}
+
+impl Chan {
+    /// The program's channel, or (NULL) a new private one.
+    pub(crate) fn of(channel: *mut rdma_event_channel) -> Result<Chan, c_int> {
+        if channel.is_null() {
+            let ch = new_channel()?;
+            // SAFETY: the channel just made.
+            let inner = unsafe { channel_from(ch) }.ok_or(libc::EINVAL)?;
+            Ok(Chan {
+                inner,
+                abi: ch as usize,
+                private: ch as usize,
+            })
+        } else {
+            // SAFETY: a live channel of the program, by the callers' contract.
+            let inner = unsafe { channel_from(channel) }.ok_or(libc::EINVAL)?;
+            Ok(Chan {
+                inner,
+                abi: channel as usize,
+                private: 0,
+            })
+        }
+    }
+}
+
+/// The library's side of a program's id; `None` for NULL.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id of this library; the reference must not outlive it.
+pub(crate) unsafe fn id_from<'a>(id: *mut rdma_cm_id) -> Option<&'a Arc<IdShared>> {
+    // SAFETY: by the contract, a non-NULL `id` is the first field of a boxed `RdmaId`;
+    // the reference covers the library's part only.
+    unsafe { id.cast::<RdmaId>().as_ref().map(|r| &r.shared) }
+}
+
+/// A zeroed `rdma_route`.
+fn no_route() -> rdma_route {
+    // SAFETY: plain data (addresses, GIDs, a NULL pointer, integers): all-zero is valid.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Boxes a new id; the pointer programs see.
+fn boxed(
+    shared: Arc<IdShared>,
+    channel_abi: usize,
+    context: *mut c_void,
+    ps: PortSpace,
+) -> *mut rdma_cm_id {
+    let abi = rdma_cm_id {
+        verbs: std::ptr::null_mut(),
+        channel: channel_abi as *mut rdma_event_channel,
+        context,
+        qp: std::ptr::null_mut(),
+        route: no_route(),
+        ps: rdma_port_space::from(ps.value()),
+        port_num: 0,
+        event: std::ptr::null_mut(),
+        send_cq_channel: std::ptr::null_mut(),
+        send_cq: std::ptr::null_mut(),
+        recv_cq_channel: std::ptr::null_mut(),
+        recv_cq: std::ptr::null_mut(),
+        srq: std::ptr::null_mut(),
+        pd: std::ptr::null_mut(),
+        qp_type: shared.qp_type,
+    };
+    let raw = Box::into_raw(Box::new(RdmaId {
+        abi,
+        shared: Arc::clone(&shared),
+    }));
+    shared.ptr.store(raw as usize, Ordering::Release);
+    raw.cast()
+}
+
+/// Creates an id (`rdma_create_id`, and `rdma_create_ep`'s with a QP type).
+pub(crate) fn create_id(
+    channel: *mut rdma_event_channel,
+    context: *mut c_void,
+    ps: PortSpace,
+    qp_type: ibv_qp_type,
+) -> Result<*mut rdma_cm_id, c_int> {
+    devices::count()?;
+    let chan = Chan::of(channel)?;
+    let abi = chan.abi;
+    let shared = Arc::new(IdShared::new(ps, qp_type, chan));
+    Ok(boxed(shared, abi, context, ps))
+}
+
+/// The QP type of a port space's ids.
+fn qp_type_of(ps: PortSpace) -> ibv_qp_type {
+    match ps {
+        PortSpace::Udp | PortSpace::Ipoib => IBV_QPT_UD,
+        PortSpace::Tcp | PortSpace::Ib => IBV_QPT_RC,
+    }
+}
+
+/// Writes `f(&mut field)` into the id's ABI struct in place.
+macro_rules! set {
+    ($id:expr, $field:ident, $value:expr) => {{
+        let p = $id;
+        let v = $value;
+        // SAFETY: a live id of this library (the callers' contract); the field is
+        // written in place, no reference to the struct is made.
+        unsafe { (&raw mut (*p).$field).write(v) }
+    }};
+}
+
+mod addr;
+mod conn;
+mod endpoint;
+mod events;
+mod fields;
+mod lifecycle;
+mod mcast;
+mod options;
+
+pub use addr::*;
+pub use conn::*;
+pub use endpoint::*;
+pub(crate) use events::*;
+use fields::*;
+pub use lifecycle::*;
+pub(crate) use mcast::*;
+pub(crate) use options::*;
