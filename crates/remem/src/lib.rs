@@ -205,7 +205,7 @@
 //!
 //! Memory the NIC or the peer may touch is never exposed as `&[u8]`: see [`LocalMr`] for
 //! the model. The crate's design (dispatcher, credits, cancellation) is described in
-//! ARCHITECTURE.md.
+//! the repository's docs/api.md.
 //!
 //! # Devices
 //!

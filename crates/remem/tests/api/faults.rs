@@ -7,7 +7,7 @@
 //! the connection reports it lost: nothing hangs.
 //!
 //! (The kernel here has no `sch_netem`, so `tc netem` on a veth pair cannot be used; the
-//! faults are injected by the soft NIC on its way to the socket — see ARCHITECTURE.md.)
+//! faults are injected by the soft NIC on its way to the socket — see docs/soft-provider.md.)
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
