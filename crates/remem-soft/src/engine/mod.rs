@@ -1,5 +1,8 @@
 //! A soft device's packet engine: QP registry, dispatch of received packets, transmit
-//! scheduling, timers, the GSI QP and multicast groups ([`mcast`]). It does no socket IO
+//! scheduling, timers, the GSI QP and multicast groups ([`mcast`]). It knows a QP through
+//! one narrow port, [`QpPort`] (packets in, packets out, timers, release), and the GSI (the
+//! connection manager) through [`GsiPort`]; the verbs layer implements both, and the
+//! engine's own bookkeeping of a QP is a [`port::QpMarks`]. It does no socket IO
 //! of its own (multicast groups aside): [`Engine::on_datagram`] takes a received UDP
 //! payload, [`Engine::poll_transmit_into`] builds the next packet through a [`TxBuild`]
 //! (the driver's stager: headers into its batch, the payload copied or referenced where it
@@ -28,8 +31,9 @@
 #![forbid(unsafe_code)]
 
 pub mod mcast;
+pub mod port;
 
-use crate::verbs::qp::SoftQp;
+pub use port::{GsiPort, QpPort};
 use crate::transport::glue;
 use remem_verbs::QpType;
 use remem_wire::Packet;
@@ -201,7 +205,7 @@ pub struct Engine {
     last_peer: AtomicU64,
     /// Bumped by every change of `peer_ports` (invalidates `last_peer`).
     peer_ports_gen: AtomicU64,
-    qps: RwLock<QpnMap<Weak<SoftQp>>>,
+    qps: RwLock<QpnMap<Weak<dyn QpPort>>>,
     ready: Mutex<Ready>,
     /// Whether `ready`'s queue is non-empty, as of its lock's last release: an idle pump
     /// reads this instead of taking the lock the application's posts take.
@@ -216,8 +220,9 @@ pub struct Engine {
     scanned: AtomicU64,
     /// The next PSN of the GSI (QP 1), which sends the connection manager's MADs.
     gsi_psn: AtomicU64,
-    /// The connection manager, behind QP 1.
-    pub cm: crate::verbs::cm_id::CmDevice,
+    /// The connection manager, behind QP 1 (none until [`Engine::attach_gsi`]: MADs are
+    /// then dropped as for an unknown QP).
+    gsi: std::sync::OnceLock<Arc<dyn GsiPort>>,
     /// The multicast groups the device's UD QPs are attached to.
     pub mcast: crate::engine::mcast::McastTable,
     /// Counters.
@@ -231,7 +236,7 @@ struct Ready {
     /// QPs kept alive until their queued packets are out: an ACK owed for a message the
     /// application has already seen completed must leave even if it destroys the QP at
     /// once (else the peer retries into a void and fails with RETRY_EXC_ERR).
-    held: QpnMap<Arc<SoftQp>>,
+    held: QpnMap<Arc<dyn QpPort>>,
 }
 
 /// How often (nanoseconds) [`Engine::on_timeout`] scans every timer even when the cached
@@ -295,7 +300,7 @@ impl Engine {
             deadline: AtomicU64::new(u64::MAX),
             scanned: AtomicU64::new(0),
             gsi_psn: AtomicU64::new(0),
-            cm: crate::verbs::cm_id::CmDevice::new(crate::cm::CmConfig::default()),
+            gsi: std::sync::OnceLock::new(),
             mcast: crate::engine::mcast::McastTable::default(),
             stats: EngineStats::default(),
         }
@@ -404,10 +409,17 @@ impl Engine {
         SocketAddr::new(ip, port)
     }
 
+    /// Gives the engine its GSI (QP 1): the device's connection manager, which takes the
+    /// MADs received on QP 1 and gives those to send. Set once; a second call is refused
+    /// (`false`).
+    pub fn attach_gsi(&self, gsi: Arc<dyn GsiPort>) -> bool {
+        self.gsi.set(gsi).is_ok()
+    }
+
     /// Registers a QP so that packets reach it. The engine holds it weakly: dropping the
     /// last handle destroys the QP.
-    pub fn register(&self, qp: &Arc<SoftQp>) {
-        let qpn = remem_verbs::QueuePair::qp_num(&**qp);
+    pub fn register(&self, qp: &Arc<dyn QpPort>) {
+        let qpn = qp.number();
         self.qps
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -420,16 +432,15 @@ impl Engine {
     }
 
     /// Whether `qp` is registered with this engine (a QP of this device).
-    pub fn owns(&self, qp: &Arc<SoftQp>) -> bool {
-        let qpn = remem_verbs::QueuePair::qp_num(&**qp);
+    pub fn owns(&self, qp: &Arc<dyn QpPort>) -> bool {
         self.qps
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&qpn)
-            .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(qp)))
+            .get(&qp.number())
+            .is_some_and(|w| std::ptr::addr_eq(w.as_ptr(), Arc::as_ptr(qp)))
     }
 
-    pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<SoftQp>> {
+    pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<dyn QpPort>> {
         let found = self
             .qps
             .read()
@@ -453,9 +464,9 @@ impl Engine {
     /// Whether the application has dropped every handle of `qp`: only the engine keeps it
     /// (its transmit hold, and `ours` references of the caller). Such a QP is destroyed as
     /// far as its peer is concerned: it takes no packet, and sends only the
-    /// acknowledgements it owed ([`SoftQp::release`]).
-    fn released(&self, qp: &Arc<SoftQp>, ours: usize) -> bool {
-        Arc::strong_count(qp) <= ours + usize::from(qp.is_held())
+    /// acknowledgements it owed ([`QpPort::release`]).
+    fn released(&self, qp: &Arc<dyn QpPort>, ours: usize) -> bool {
+        Arc::strong_count(qp) <= ours + usize::from(qp.marks().is_held())
     }
 
     /// Marks a QP as possibly having packets to send.
@@ -468,31 +479,31 @@ impl Engine {
     }
 
     /// Marks a QP as having packets to send, keeping it alive until they are sent.
-    fn mark_ready_held(&self, qp: Arc<SoftQp>) {
-        let qpn = remem_verbs::QueuePair::qp_num(&*qp);
+    fn mark_ready_held(&self, qp: Arc<dyn QpPort>) {
+        let qpn = qp.number();
         let mut r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
         if r.set.insert(qpn) {
             r.queue.push_back(qpn);
         }
         self.ready_hint.store(true, Ordering::SeqCst);
-        qp.set_held(true);
+        qp.marks().set_held(true);
         r.held.insert(qpn, qp);
     }
 
     /// Notes that `qp` may have a timer running: it joins the timed set (a lock only the
     /// first time: the QP remembers that it is in), and the engine's cached deadline
     /// comes down to the QP's (read without the QP's lock).
-    fn mark_timed(&self, qp: &SoftQp) {
-        let next = qp.deadline_ns();
+    fn mark_timed(&self, qp: &dyn QpPort) {
+        let marks = qp.marks();
+        let next = marks.deadline_ns();
         if next == u64::MAX {
             // No timer: the set forgets it at the next scan if it is in.
             return;
         }
-        if !qp.is_timed() {
-            let qpn = remem_verbs::QueuePair::qp_num(qp);
+        if !marks.is_timed() {
             let mut timed = self.timed.lock().unwrap_or_else(|p| p.into_inner());
-            timed.insert(qpn);
-            qp.set_timed(true);
+            timed.insert(qp.number());
+            marks.set_timed(true);
         }
         self.deadline.fetch_min(next, Ordering::Relaxed);
     }
@@ -570,7 +581,7 @@ impl Engine {
             3 => Some(QpType::Ud),
             _ => None, // nothing else parses
         };
-        if service != Some(remem_verbs::QueuePair::qp_type(&*qp)) {
+        if service != Some(qp.service()) {
             count(&self.stats.drop_wrong_transport);
             return Err(DropCause::WrongTransport);
         }
@@ -594,7 +605,7 @@ impl Engine {
             return Err(cause);
         }
         count(&self.stats.rcvd_pkts);
-        self.mark_timed(&qp);
+        self.mark_timed(&*qp);
         self.mark_ready_held(qp);
         Ok(())
     }
@@ -681,8 +692,12 @@ impl Engine {
             count(&self.stats.drop_bad_qkey);
             return Err(DropCause::BadQkey);
         }
+        let Some(gsi) = self.gsi.get() else {
+            count(&self.stats.drop_unknown_qp);
+            return Err(DropCause::UnknownQp);
+        };
         count(&self.stats.rcvd_pkts);
-        self.cm.on_mad(now, from, pkt.payload);
+        gsi.on_mad(now, from, pkt.payload);
         self.note_cm_deadline();
         self.mark_ready(crate::cm::GSI_QPN);
         Ok(())
@@ -691,7 +706,7 @@ impl Engine {
     /// Builds the GSI's next MAD packet into `buf`.
     fn gsi_transmit(&self, buf: &mut [u8]) -> Option<(SocketAddr, usize)> {
         loop {
-            let (ip, mad) = self.cm.poll_transmit()?;
+            let (ip, mad) = self.gsi.get()?.poll_transmit()?;
             let psn = self.gsi_psn.fetch_add(1, Ordering::Relaxed) as u32 & 0x00ff_ffff;
             let mut bth = remem_wire::Bth::new(
                 remem_wire::Opcode::UdSendOnly,
@@ -776,7 +791,7 @@ impl Engine {
                 r.set.remove(&qpn);
                 let held = r.held.remove(&qpn);
                 if let Some(qp) = &held {
-                    qp.set_held(false);
+                    qp.marks().set_held(false);
                 }
                 (qpn, held)
             };
@@ -802,14 +817,14 @@ impl Engine {
             }
             let mut dst = self.local;
             let first = self.requests_first.load(Ordering::Relaxed);
-            let (built, more) = qp.poll_transmit_more(now, first, |tx, path, fill| {
+            let (built, more) = qp.poll_transmit(now, first, &mut |tx, path, fill| {
                 dst = self.path_addr(path.dgid.to_ip(), path.udp_port);
                 let h = glue::headers(tx);
                 let (hdr, total) = h.write(tx.payload_len as usize, out.buf()).ok()?;
                 out.payload(tx, hdr, fill).ok()?;
                 Some(total)
             });
-            self.mark_timed(&qp);
+            self.mark_timed(&*qp);
             match built {
                 Some(Some(len)) => {
                     // It may have more: keep it in the rotation (and alive, if it was
@@ -872,14 +887,14 @@ impl Engine {
                 return false;
             };
             let Some(t) = qp.next_timeout() else {
-                qp.set_timed(false);
+                qp.marks().set_timed(false);
                 return false;
             };
             next = Some(next.map_or(t, |n| n.min(t)));
             true
         });
         drop(timed);
-        let next = match (next, self.cm.next_timeout()) {
+        let next = match (next, self.gsi_next_timeout()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
@@ -890,8 +905,13 @@ impl Engine {
     /// Lowers the cached deadline to the connection manager's next timer (after it
     /// handled a MAD or sent one, which may arm one).
     fn note_cm_deadline(&self) {
-        let t = deadline_ns(self.cm.next_timeout());
+        let t = deadline_ns(self.gsi_next_timeout());
         self.deadline.fetch_min(t, Ordering::Relaxed);
+    }
+
+    /// The connection manager's next timer deadline.
+    fn gsi_next_timeout(&self) -> Option<Instant> {
+        self.gsi.get().and_then(|g| g.next_timeout())
     }
 
     /// Runs expired timers. Cheap when none is due: the time is compared against a
@@ -905,8 +925,10 @@ impl Engine {
             return;
         }
         self.scanned.store(at, Ordering::Relaxed);
-        if self.cm.next_timeout().is_some_and(|t| t <= now) {
-            self.cm.on_timeout(now);
+        if let Some(gsi) = self.gsi.get()
+            && gsi.next_timeout().is_some_and(|t| t <= now)
+        {
+            gsi.on_timeout(now);
             self.mark_ready(crate::cm::GSI_QPN);
         }
         let qpns: Vec<u32> = self
