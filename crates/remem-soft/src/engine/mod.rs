@@ -239,6 +239,21 @@ struct Ready {
     held: QpnMap<Arc<dyn QpPort>>,
 }
 
+/// Where a received packet goes once [`Engine::admit`] let it through.
+enum Admitted<'p> {
+    /// A MAD for the GSI.
+    Gsi(Arc<dyn GsiPort>, &'p [u8]),
+    /// A packet for one QP.
+    Qp(Arc<dyn QpPort>, crate::transport::RxPacket<'p>),
+    /// A UD datagram for the QPs attached to its multicast group.
+    Multicast(Vec<u32>, crate::transport::RxPacket<'p>),
+}
+
+/// Adds one to a counter.
+fn count(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
 /// How often (nanoseconds) [`Engine::on_timeout`] scans every timer even when the cached
 /// deadline says none is due: the connection manager arms timers from application threads
 /// without telling the engine (its timeouts are milliseconds and more).
@@ -509,7 +524,8 @@ impl Engine {
     }
 
     /// Handles a received UDP payload from `from` to local address `to`; `gro_index` is its
-    /// position in the GRO batch it arrived in (0 when it came alone).
+    /// position in the GRO batch it arrived in (0 when it came alone): [`Engine::admit`]
+    /// checks it, then the QPs it is for (or the GSI) take it.
     pub fn on_datagram(
         &self,
         now: Instant,
@@ -518,18 +534,97 @@ impl Engine {
         payload: &[u8],
         gro_index: u16,
     ) -> Result<(), DropCause> {
-        let count = |c: &AtomicU64| {
-            c.fetch_add(1, Ordering::Relaxed);
-        };
         // An IPv4 packet that reached an IPv6 socket carries IPv4-mapped addresses: it is
         // an IPv4 packet all the same (its ICRC covers an IPv4 header; its GRH is IPv4's).
         let (from, to) = (
             SocketAddr::new(from.ip().to_canonical(), from.port()),
             to.to_canonical(),
         );
+        let src = crate::transport::UdSource {
+            src: from.ip(),
+            dst: to,
+        };
+        match self.admit(from, to, payload, gro_index)? {
+            Admitted::Gsi(gsi, mad) => {
+                count(&self.stats.rcvd_pkts);
+                gsi.on_mad(now, from.ip(), mad);
+                self.note_cm_deadline();
+                self.mark_ready(crate::cm::GSI_QPN);
+                Ok(())
+            }
+            Admitted::Qp(qp, rx) => {
+                qp.handle_packet(now, &rx, &src, from.port())
+                    .map_err(|cause| self.dropped(cause))?;
+                count(&self.stats.rcvd_pkts);
+                self.mark_timed(&*qp);
+                self.mark_ready_held(qp);
+                Ok(())
+            }
+            Admitted::Multicast(members, rx) => {
+                // A copy for each attached UD QP, each taking it as a unicast datagram
+                // would be taken (what one refuses is counted as for unicast). Taken when
+                // at least one QP took it (the error returned otherwise is the last QP's).
+                let mut last = Err(DropCause::UnknownQp);
+                for qpn in members {
+                    let Some(qp) = self.qp(qpn) else {
+                        continue;
+                    };
+                    if self.released(&qp, 1) {
+                        qp.release();
+                        continue;
+                    }
+                    match qp.handle_packet(now, &rx, &src, from.port()) {
+                        Ok(()) => {
+                            last = Ok(());
+                            self.mark_ready_held(qp);
+                        }
+                        Err(cause) => {
+                            self.dropped(cause);
+                            if last.is_err() {
+                                last = Err(cause);
+                            }
+                        }
+                    }
+                }
+                if last.is_ok() {
+                    count(&self.stats.rcvd_pkts);
+                }
+                last
+            }
+        }
+    }
+
+    /// The checks a received packet passes before anything executes it, in order, each
+    /// with the cause it is dropped for (and counted under, [`Engine::dropped`]):
+    ///
+    /// | # | check | dropped as |
+    /// |---|-------|------------|
+    /// | 1 | it parses as a RoCEv2 packet (BTH and the extension headers its opcode names) | [`DropCause::Malformed`] |
+    /// | 2 | its ICRC: an IPv6 packet's as it is, an IPv4 one's for identification 0, its GRO index, or one solved for (`icrc_id_recovered`) | [`DropCause::BadIcrc`] |
+    /// | 3 | its P_Key is the default partition's (0xFFFF or 0x7FFF) | [`DropCause::BadPkey`] |
+    /// | 4 | to QP 1 (the GSI): a UD SEND ONLY, with a DETH, with the GSI's Q_Key, and the device has a GSI ([`Engine::attach_gsi`]) | `WrongTransport`, `Malformed`, `BadQkey`, `UnknownQp` |
+    /// | 5 | to the multicast QPN: its destination is a group some QP is attached to, its opcode UD's | `UnknownQp`, `WrongTransport` |
+    /// | 6 | to any other QPN: a live QP has that number, and the application has not destroyed it ([`Engine::released`]) | [`DropCause::UnknownQp`] |
+    /// | 7 | its opcode is of the QP's transport service (rxe's `check_type_state`) | [`DropCause::WrongTransport`] |
+    /// | 8 | the transport's fields parse ([`glue::rx`]) | [`DropCause::Malformed`] |
+    ///
+    /// What depends on the QP's state is checked by the QP, under its lock, as it takes
+    /// the packet ([`QpPort::handle_packet`]), and counted here too: an RC or UC packet
+    /// from another address (or UDP port) than its path's ([`DropCause::WrongSource`],
+    /// rxe's `check_addr`), a state that takes no such packet ([`DropCause::QpState`]), a
+    /// UD Q_Key other than the QP's ([`DropCause::BadQkey`]), a UD or UC SEND with no
+    /// receive posted ([`DropCause::NoReceive`]), a UC message its responder refused
+    /// ([`DropCause::Refused`]). A multicast packet takes steps 6 to 8 and the QP's checks
+    /// once per attached QP.
+    fn admit<'p>(
+        &self,
+        from: SocketAddr,
+        to: IpAddr,
+        payload: &'p [u8],
+        gro_index: u16,
+    ) -> Result<Admitted<'p>, DropCause> {
         let Ok(pkt) = Packet::parse(payload) else {
-            count(&self.stats.drop_malformed);
-            return Err(DropCause::Malformed);
+            return Err(self.dropped(DropCause::Malformed));
         };
         let ports = UdpPorts {
             src: from.port(),
@@ -544,35 +639,56 @@ impl Engine {
             ip => icrc::verify(&ip, ports, payload).then_some(0),
         };
         match fitted {
-            None => {
-                count(&self.stats.drop_bad_icrc);
-                return Err(DropCause::BadIcrc);
-            }
+            None => return Err(self.dropped(DropCause::BadIcrc)),
             Some(id) if id != 0 && id != gro_index => count(&self.stats.icrc_id_recovered),
             Some(_) => {}
         }
         // The default partition only (full or limited membership), as rxe checks it.
         if pkt.headers.bth.pkey & 0x7fff != 0x7fff {
-            count(&self.stats.drop_bad_pkey);
-            return Err(DropCause::BadPkey);
+            return Err(self.dropped(DropCause::BadPkey));
         }
         let qpn = pkt.headers.bth.dest_qp;
         if qpn == crate::cm::GSI_QPN {
-            return self.on_gsi(now, from.ip(), &pkt);
+            // A UD SEND ONLY with the GSI's Q_Key carries a MAD for the connection manager
+            // (which counts what it drops itself; the packet counts as taken).
+            if pkt.headers.bth.opcode != remem_wire::Opcode::UdSendOnly {
+                return Err(self.dropped(DropCause::WrongTransport));
+            }
+            let Some(deth) = pkt.headers.deth else {
+                return Err(self.dropped(DropCause::Malformed));
+            };
+            if deth.qkey != crate::cm::GSI_QKEY {
+                return Err(self.dropped(DropCause::BadQkey));
+            }
+            let Some(gsi) = self.gsi.get() else {
+                return Err(self.dropped(DropCause::UnknownQp));
+            };
+            return Ok(Admitted::Gsi(gsi.clone(), pkt.payload));
         }
         if qpn == crate::engine::mcast::MULTICAST_QPN {
-            return self.on_multicast(now, from, to, &pkt);
+            let members = match to {
+                IpAddr::V4(group) if group.is_multicast() => self.mcast.members(group),
+                _ => Vec::new(),
+            };
+            if members.is_empty() {
+                return Err(self.dropped(DropCause::UnknownQp));
+            }
+            if pkt.headers.bth.opcode.value() >> 5 != 3 {
+                return Err(self.dropped(DropCause::WrongTransport));
+            }
+            let Some(rx) = glue::rx(&pkt) else {
+                return Err(self.dropped(DropCause::Malformed));
+            };
+            return Ok(Admitted::Multicast(members, rx));
         }
         let Some(qp) = self.qp(qpn) else {
-            count(&self.stats.drop_unknown_qp);
-            return Err(DropCause::UnknownQp);
+            return Err(self.dropped(DropCause::UnknownQp));
         };
         // A QP the application destroyed, kept only until what it owes has left, is gone
         // for its peer: no packet reaches it (it would still execute WRITEs, READs…).
         if self.released(&qp, 1) {
             qp.release();
-            count(&self.stats.drop_unknown_qp);
-            return Err(DropCause::UnknownQp);
+            return Err(self.dropped(DropCause::UnknownQp));
         }
         // The opcode's transport service (its top three bits) must be the QP's.
         let service = match pkt.headers.bth.opcode.value() >> 5 {
@@ -582,125 +698,31 @@ impl Engine {
             _ => None, // nothing else parses
         };
         if service != Some(qp.service()) {
-            count(&self.stats.drop_wrong_transport);
-            return Err(DropCause::WrongTransport);
+            return Err(self.dropped(DropCause::WrongTransport));
         }
         let Some(rx) = glue::rx(&pkt) else {
-            count(&self.stats.drop_malformed);
-            return Err(DropCause::Malformed);
+            return Err(self.dropped(DropCause::Malformed));
         };
-        let src = crate::transport::UdSource {
-            src: from.ip(),
-            dst: to,
-        };
-        if let Err(cause) = qp.handle_packet(now, &rx, &src, from.port()) {
-            count(match cause {
-                DropCause::WrongSource => &self.stats.drop_wrong_source,
-                DropCause::QpState => &self.stats.drop_qp_state,
-                DropCause::BadQkey => &self.stats.drop_bad_qkey,
-                DropCause::NoReceive => &self.stats.drop_ud_no_recv,
-                DropCause::Refused => &self.stats.drop_uc_refused,
-                _ => &self.stats.drop_malformed,
-            });
-            return Err(cause);
-        }
-        count(&self.stats.rcvd_pkts);
-        self.mark_timed(&*qp);
-        self.mark_ready_held(qp);
-        Ok(())
+        Ok(Admitted::Qp(qp, rx))
     }
 
-    /// A packet to the multicast QPN: a copy for each UD QP attached to the group its
-    /// destination address is (none: [`DropCause::UnknownQp`]), each taking it as a unicast
-    /// datagram would be taken (what one refuses is counted as for unicast). Taken when at
-    /// least one QP took it (the error returned otherwise is the last QP's).
-    fn on_multicast(
-        &self,
-        now: Instant,
-        from: SocketAddr,
-        to: IpAddr,
-        pkt: &Packet<'_>,
-    ) -> Result<(), DropCause> {
-        let count = |c: &AtomicU64| {
-            c.fetch_add(1, Ordering::Relaxed);
-        };
-        let members = match to {
-            IpAddr::V4(group) if group.is_multicast() => self.mcast.members(group),
-            _ => Vec::new(),
-        };
-        if members.is_empty() {
-            count(&self.stats.drop_unknown_qp);
-            return Err(DropCause::UnknownQp);
-        }
-        if pkt.headers.bth.opcode.value() >> 5 != 3 {
-            count(&self.stats.drop_wrong_transport);
-            return Err(DropCause::WrongTransport);
-        }
-        let Some(rx) = glue::rx(pkt) else {
-            count(&self.stats.drop_malformed);
-            return Err(DropCause::Malformed);
-        };
-        let src = crate::transport::UdSource { src: from.ip(), dst: to };
-        let mut last = Err(DropCause::UnknownQp);
-        for qpn in members {
-            let Some(qp) = self.qp(qpn) else {
-                continue;
-            };
-            if self.released(&qp, 1) {
-                qp.release();
-                continue;
-            }
-            match qp.handle_packet(now, &rx, &src, from.port()) {
-                Ok(()) => {
-                    last = Ok(());
-                    self.mark_ready_held(qp);
-                }
-                Err(cause) => {
-                    count(match cause {
-                        DropCause::QpState => &self.stats.drop_qp_state,
-                        DropCause::BadQkey => &self.stats.drop_bad_qkey,
-                        DropCause::NoReceive => &self.stats.drop_ud_no_recv,
-                        _ => &self.stats.drop_malformed,
-                    });
-                    if last.is_err() {
-                        last = Err(cause);
-                    }
-                }
-            }
-        }
-        if last.is_ok() {
-            count(&self.stats.rcvd_pkts);
-        }
-        last
-    }
-
-    /// A packet to QP 1, the GSI: a UD SEND ONLY with the GSI's Q_Key carries a MAD for the
-    /// connection manager (which counts what it drops itself; the packet counts as taken).
-    fn on_gsi(&self, now: Instant, from: IpAddr, pkt: &Packet<'_>) -> Result<(), DropCause> {
-        let count = |c: &AtomicU64| {
-            c.fetch_add(1, Ordering::Relaxed);
-        };
-        if pkt.headers.bth.opcode != remem_wire::Opcode::UdSendOnly {
-            count(&self.stats.drop_wrong_transport);
-            return Err(DropCause::WrongTransport);
-        }
-        let Some(deth) = pkt.headers.deth else {
-            count(&self.stats.drop_malformed);
-            return Err(DropCause::Malformed);
-        };
-        if deth.qkey != crate::cm::GSI_QKEY {
-            count(&self.stats.drop_bad_qkey);
-            return Err(DropCause::BadQkey);
-        }
-        let Some(gsi) = self.gsi.get() else {
-            count(&self.stats.drop_unknown_qp);
-            return Err(DropCause::UnknownQp);
-        };
-        count(&self.stats.rcvd_pkts);
-        gsi.on_mad(now, from, pkt.payload);
-        self.note_cm_deadline();
-        self.mark_ready(crate::cm::GSI_QPN);
-        Ok(())
+    /// Counts a received packet dropped for `cause` (one counter per cause) and returns
+    /// the cause.
+    fn dropped(&self, cause: DropCause) -> DropCause {
+        let s = &self.stats;
+        count(match cause {
+            DropCause::Malformed => &s.drop_malformed,
+            DropCause::BadIcrc => &s.drop_bad_icrc,
+            DropCause::UnknownQp => &s.drop_unknown_qp,
+            DropCause::WrongTransport => &s.drop_wrong_transport,
+            DropCause::WrongSource => &s.drop_wrong_source,
+            DropCause::BadPkey => &s.drop_bad_pkey,
+            DropCause::QpState => &s.drop_qp_state,
+            DropCause::BadQkey => &s.drop_bad_qkey,
+            DropCause::NoReceive => &s.drop_ud_no_recv,
+            DropCause::Refused => &s.drop_uc_refused,
+        });
+        cause
     }
 
     /// Builds the GSI's next MAD packet into `buf`.
