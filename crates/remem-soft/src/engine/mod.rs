@@ -524,7 +524,7 @@ impl Engine {
     }
 
     /// Handles a received UDP payload from `from` to local address `to`; `gro_index` is its
-    /// position in the GRO batch it arrived in (0 when it came alone): [`Engine::admit`]
+    /// position in the GRO batch it arrived in (0 when it came alone): `Engine::admit`
     /// checks it, then the QPs it is for (or the GSI) take it.
     pub fn on_datagram(
         &self,
@@ -1732,6 +1732,89 @@ mod tests {
             engine.on_datagram(Instant::now(), from, to, &pkt, 0),
             Err(DropCause::UnknownQp)
         );
+    }
+
+    /// A GSI that records the MADs handed to it and sends one MAD back to each sender.
+    #[derive(Debug, Default)]
+    struct RecordingGsi {
+        got: Mutex<Vec<(IpAddr, Vec<u8>)>>,
+        replies: Mutex<Vec<IpAddr>>,
+    }
+
+    impl GsiPort for RecordingGsi {
+        fn on_mad(&self, _now: Instant, from: IpAddr, mad: &[u8]) {
+            self.got.lock().unwrap().push((from, mad.to_vec()));
+            self.replies.lock().unwrap().push(from);
+        }
+
+        fn poll_transmit(&self) -> Option<(IpAddr, Box<[u8; crate::cm::MAD_LEN]>)> {
+            let to = self.replies.lock().unwrap().pop()?;
+            Some((to, Box::new([0xab; crate::cm::MAD_LEN])))
+        }
+
+        fn next_timeout(&self) -> Option<Instant> {
+            None
+        }
+
+        fn on_timeout(&self, _now: Instant) {}
+    }
+
+    #[test]
+    fn the_gsi_port_takes_qp1_mads_and_sends_its_own() {
+        let (local, peer) = (
+            std::net::Ipv4Addr::new(127, 0, 1, 20),
+            std::net::Ipv4Addr::new(127, 0, 1, 21),
+        );
+        let engine = Engine::new(SocketAddr::new(local.into(), 4791), 4791);
+        let mut h = remem_wire::Headers::new(remem_wire::Bth::new(
+            remem_wire::Opcode::UdSendOnly,
+            crate::cm::GSI_QPN,
+            remem_wire::Psn::new(7),
+        ));
+        h.deth = Some(remem_wire::Deth {
+            qkey: crate::cm::GSI_QKEY,
+            src_qp: crate::cm::GSI_QPN,
+        });
+        let mad = [0x5a; crate::cm::MAD_LEN];
+        let mut pkt = vec![0u8; h.packet_len(mad.len())];
+        let n = h.build(&mad, &mut pkt).unwrap();
+        pkt.truncate(n);
+        let ip = IpFields::V4 {
+            src: peer,
+            dst: local,
+            id: 0,
+            flags_frag: IPV4_DF,
+        };
+        let ports = UdpPorts {
+            src: 4791,
+            dst: 4791,
+        };
+        icrc::fill(&ip, ports, &mut pkt).unwrap();
+        let from = SocketAddr::new(peer.into(), 4791);
+        let now = Instant::now();
+        // No GSI attached: QP 1 is a QP nobody has.
+        assert_eq!(
+            engine.on_datagram(now, from, local.into(), &pkt, 0),
+            Err(DropCause::UnknownQp)
+        );
+        assert_eq!(engine.stats.drop_unknown_qp.load(Ordering::Relaxed), 1);
+        let gsi = Arc::new(RecordingGsi::default());
+        assert!(engine.attach_gsi(gsi.clone()));
+        assert!(!engine.attach_gsi(Arc::new(RecordingGsi::default())));
+        engine.on_datagram(now, from, local.into(), &pkt, 0).unwrap();
+        assert_eq!(
+            *gsi.got.lock().unwrap(),
+            vec![(IpAddr::from(peer), mad.to_vec())]
+        );
+        // Its reply leaves from QP 1 as a UD SEND ONLY to the sender.
+        let mut out = vec![0u8; 8192];
+        let (dst, len) = engine.poll_transmit(now, &mut out, 0).unwrap();
+        assert_eq!(dst, from);
+        let reply = Packet::parse(&out[..len]).unwrap();
+        assert_eq!(reply.headers.bth.opcode, remem_wire::Opcode::UdSendOnly);
+        assert_eq!(reply.headers.bth.dest_qp, crate::cm::GSI_QPN);
+        assert_eq!(reply.payload, &[0xab; crate::cm::MAD_LEN][..]);
+        assert!(engine.poll_transmit(now, &mut out, 0).is_none());
     }
 
     #[test]

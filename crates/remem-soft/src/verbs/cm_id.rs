@@ -190,11 +190,6 @@ impl CmDevice {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Replaces the settings.
-    pub fn set_config(&self, cfg: CmConfig) {
-        self.lock().agent.set_config(cfg);
-    }
-
     /// The agent's counters.
     pub fn stats(&self) -> AgentStats {
         self.lock().agent.stats()

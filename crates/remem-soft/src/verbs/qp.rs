@@ -341,8 +341,6 @@ pub enum Transport {
     Ud(UdTransport),
 }
 
-pub use crate::transport::glue::Fill;
-
 impl Transport {
     /// The QP state.
     pub fn state(&self) -> QpState {
@@ -729,7 +727,7 @@ impl SoftQp {
 }
 
 /// What the engine sees of a QP: the transport behind the QP's lock, with its
-/// environment and path ([`SoftQp::with_env`]).
+/// environment and path (`SoftQp::with_env`).
 impl QpPort for SoftQp {
     fn number(&self) -> u32 {
         self.qpn
