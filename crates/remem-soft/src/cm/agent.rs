@@ -458,11 +458,6 @@ impl Agent {
         }
     }
 
-    /// Replaces the settings (for connections made from now on).
-    pub fn set_config(&mut self, cfg: CmConfig) {
-        self.cfg = cfg;
-    }
-
     /// The counters.
     pub fn stats(&self) -> AgentStats {
         self.stats

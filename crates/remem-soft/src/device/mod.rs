@@ -134,11 +134,6 @@ impl DeviceShared {
         );
         let peer_port = opts.peer_port.unwrap_or(local.port());
         let engine = Arc::new(Engine::new(local, peer_port));
-        engine.cm.set_config(
-            opts.cm
-                .clone()
-                .unwrap_or_else(crate::cm::CmConfig::from_env),
-        );
         engine.set_requests_first(opts.inline && opts.defer_responses);
         let driver = if opts.inline {
             Driver::Inline(Mutex::new(
@@ -208,7 +203,8 @@ impl DeviceShared {
         }
     }
 
-    /// Every counter, rxe names first.
+    /// Every counter of the device and its engine, rxe names first (the connection
+    /// manager's follow them: `verbs::context::SoftContext`'s counters).
     pub fn counters(&self) -> Vec<Counter> {
         let e = &self.engine.stats;
         let counter = |name, c: &AtomicU64| Counter {
@@ -254,14 +250,6 @@ impl DeviceShared {
                 Driver::Inline(_) => 0,
             },
         });
-        out.extend(
-            self.engine
-                .cm
-                .stats()
-                .named()
-                .into_iter()
-                .map(|(name, value)| Counter { name, value }),
-        );
         out
     }
 

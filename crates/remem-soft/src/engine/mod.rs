@@ -1,5 +1,8 @@
 //! A soft device's packet engine: QP registry, dispatch of received packets, transmit
-//! scheduling, timers, the GSI QP and multicast groups ([`mcast`]). It does no socket IO
+//! scheduling, timers, the GSI QP and multicast groups ([`mcast`]). It knows a QP through
+//! one narrow port, [`QpPort`] (packets in, packets out, timers, release), and the GSI (the
+//! connection manager) through [`GsiPort`]; the verbs layer implements both, and the
+//! engine's own bookkeeping of a QP is a [`port::QpMarks`]. It does no socket IO
 //! of its own (multicast groups aside): [`Engine::on_datagram`] takes a received UDP
 //! payload, [`Engine::poll_transmit_into`] builds the next packet through a [`TxBuild`]
 //! (the driver's stager: headers into its batch, the payload copied or referenced where it
@@ -28,8 +31,9 @@
 #![forbid(unsafe_code)]
 
 pub mod mcast;
+pub mod port;
 
-use crate::verbs::qp::SoftQp;
+pub use port::{GsiPort, QpPort};
 use crate::transport::glue;
 use remem_verbs::QpType;
 use remem_wire::Packet;
@@ -201,7 +205,7 @@ pub struct Engine {
     last_peer: AtomicU64,
     /// Bumped by every change of `peer_ports` (invalidates `last_peer`).
     peer_ports_gen: AtomicU64,
-    qps: RwLock<QpnMap<Weak<SoftQp>>>,
+    qps: RwLock<QpnMap<Weak<dyn QpPort>>>,
     ready: Mutex<Ready>,
     /// Whether `ready`'s queue is non-empty, as of its lock's last release: an idle pump
     /// reads this instead of taking the lock the application's posts take.
@@ -216,8 +220,9 @@ pub struct Engine {
     scanned: AtomicU64,
     /// The next PSN of the GSI (QP 1), which sends the connection manager's MADs.
     gsi_psn: AtomicU64,
-    /// The connection manager, behind QP 1.
-    pub cm: crate::verbs::cm_id::CmDevice,
+    /// The connection manager, behind QP 1 (none until [`Engine::attach_gsi`]: MADs are
+    /// then dropped as for an unknown QP).
+    gsi: std::sync::OnceLock<Arc<dyn GsiPort>>,
     /// The multicast groups the device's UD QPs are attached to.
     pub mcast: crate::engine::mcast::McastTable,
     /// Counters.
@@ -231,7 +236,22 @@ struct Ready {
     /// QPs kept alive until their queued packets are out: an ACK owed for a message the
     /// application has already seen completed must leave even if it destroys the QP at
     /// once (else the peer retries into a void and fails with RETRY_EXC_ERR).
-    held: QpnMap<Arc<SoftQp>>,
+    held: QpnMap<Arc<dyn QpPort>>,
+}
+
+/// Where a received packet goes once [`Engine::admit`] let it through.
+enum Admitted<'p> {
+    /// A MAD for the GSI.
+    Gsi(Arc<dyn GsiPort>, &'p [u8]),
+    /// A packet for one QP.
+    Qp(Arc<dyn QpPort>, crate::transport::RxPacket<'p>),
+    /// A UD datagram for the QPs attached to its multicast group.
+    Multicast(Vec<u32>, crate::transport::RxPacket<'p>),
+}
+
+/// Adds one to a counter.
+fn count(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
 }
 
 /// How often (nanoseconds) [`Engine::on_timeout`] scans every timer even when the cached
@@ -295,7 +315,7 @@ impl Engine {
             deadline: AtomicU64::new(u64::MAX),
             scanned: AtomicU64::new(0),
             gsi_psn: AtomicU64::new(0),
-            cm: crate::verbs::cm_id::CmDevice::new(crate::cm::CmConfig::default()),
+            gsi: std::sync::OnceLock::new(),
             mcast: crate::engine::mcast::McastTable::default(),
             stats: EngineStats::default(),
         }
@@ -404,10 +424,17 @@ impl Engine {
         SocketAddr::new(ip, port)
     }
 
+    /// Gives the engine its GSI (QP 1): the device's connection manager, which takes the
+    /// MADs received on QP 1 and gives those to send. Set once; a second call is refused
+    /// (`false`).
+    pub fn attach_gsi(&self, gsi: Arc<dyn GsiPort>) -> bool {
+        self.gsi.set(gsi).is_ok()
+    }
+
     /// Registers a QP so that packets reach it. The engine holds it weakly: dropping the
     /// last handle destroys the QP.
-    pub fn register(&self, qp: &Arc<SoftQp>) {
-        let qpn = remem_verbs::QueuePair::qp_num(&**qp);
+    pub fn register(&self, qp: &Arc<dyn QpPort>) {
+        let qpn = qp.number();
         self.qps
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -420,16 +447,15 @@ impl Engine {
     }
 
     /// Whether `qp` is registered with this engine (a QP of this device).
-    pub fn owns(&self, qp: &Arc<SoftQp>) -> bool {
-        let qpn = remem_verbs::QueuePair::qp_num(&**qp);
+    pub fn owns(&self, qp: &Arc<dyn QpPort>) -> bool {
         self.qps
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&qpn)
-            .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(qp)))
+            .get(&qp.number())
+            .is_some_and(|w| std::ptr::addr_eq(w.as_ptr(), Arc::as_ptr(qp)))
     }
 
-    pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<SoftQp>> {
+    pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<dyn QpPort>> {
         let found = self
             .qps
             .read()
@@ -453,9 +479,9 @@ impl Engine {
     /// Whether the application has dropped every handle of `qp`: only the engine keeps it
     /// (its transmit hold, and `ours` references of the caller). Such a QP is destroyed as
     /// far as its peer is concerned: it takes no packet, and sends only the
-    /// acknowledgements it owed ([`SoftQp::release`]).
-    fn released(&self, qp: &Arc<SoftQp>, ours: usize) -> bool {
-        Arc::strong_count(qp) <= ours + usize::from(qp.is_held())
+    /// acknowledgements it owed ([`QpPort::release`]).
+    fn released(&self, qp: &Arc<dyn QpPort>, ours: usize) -> bool {
+        Arc::strong_count(qp) <= ours + usize::from(qp.marks().is_held())
     }
 
     /// Marks a QP as possibly having packets to send.
@@ -468,37 +494,38 @@ impl Engine {
     }
 
     /// Marks a QP as having packets to send, keeping it alive until they are sent.
-    fn mark_ready_held(&self, qp: Arc<SoftQp>) {
-        let qpn = remem_verbs::QueuePair::qp_num(&*qp);
+    fn mark_ready_held(&self, qp: Arc<dyn QpPort>) {
+        let qpn = qp.number();
         let mut r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
         if r.set.insert(qpn) {
             r.queue.push_back(qpn);
         }
         self.ready_hint.store(true, Ordering::SeqCst);
-        qp.set_held(true);
+        qp.marks().set_held(true);
         r.held.insert(qpn, qp);
     }
 
     /// Notes that `qp` may have a timer running: it joins the timed set (a lock only the
     /// first time: the QP remembers that it is in), and the engine's cached deadline
     /// comes down to the QP's (read without the QP's lock).
-    fn mark_timed(&self, qp: &SoftQp) {
-        let next = qp.deadline_ns();
+    fn mark_timed(&self, qp: &dyn QpPort) {
+        let marks = qp.marks();
+        let next = marks.deadline_ns();
         if next == u64::MAX {
             // No timer: the set forgets it at the next scan if it is in.
             return;
         }
-        if !qp.is_timed() {
-            let qpn = remem_verbs::QueuePair::qp_num(qp);
+        if !marks.is_timed() {
             let mut timed = self.timed.lock().unwrap_or_else(|p| p.into_inner());
-            timed.insert(qpn);
-            qp.set_timed(true);
+            timed.insert(qp.number());
+            marks.set_timed(true);
         }
         self.deadline.fetch_min(next, Ordering::Relaxed);
     }
 
     /// Handles a received UDP payload from `from` to local address `to`; `gro_index` is its
-    /// position in the GRO batch it arrived in (0 when it came alone).
+    /// position in the GRO batch it arrived in (0 when it came alone): `Engine::admit`
+    /// checks it, then the QPs it is for (or the GSI) take it.
     pub fn on_datagram(
         &self,
         now: Instant,
@@ -507,18 +534,97 @@ impl Engine {
         payload: &[u8],
         gro_index: u16,
     ) -> Result<(), DropCause> {
-        let count = |c: &AtomicU64| {
-            c.fetch_add(1, Ordering::Relaxed);
-        };
         // An IPv4 packet that reached an IPv6 socket carries IPv4-mapped addresses: it is
         // an IPv4 packet all the same (its ICRC covers an IPv4 header; its GRH is IPv4's).
         let (from, to) = (
             SocketAddr::new(from.ip().to_canonical(), from.port()),
             to.to_canonical(),
         );
+        let src = crate::transport::UdSource {
+            src: from.ip(),
+            dst: to,
+        };
+        match self.admit(from, to, payload, gro_index)? {
+            Admitted::Gsi(gsi, mad) => {
+                count(&self.stats.rcvd_pkts);
+                gsi.on_mad(now, from.ip(), mad);
+                self.note_cm_deadline();
+                self.mark_ready(crate::cm::GSI_QPN);
+                Ok(())
+            }
+            Admitted::Qp(qp, rx) => {
+                qp.handle_packet(now, &rx, &src, from.port())
+                    .map_err(|cause| self.dropped(cause))?;
+                count(&self.stats.rcvd_pkts);
+                self.mark_timed(&*qp);
+                self.mark_ready_held(qp);
+                Ok(())
+            }
+            Admitted::Multicast(members, rx) => {
+                // A copy for each attached UD QP, each taking it as a unicast datagram
+                // would be taken (what one refuses is counted as for unicast). Taken when
+                // at least one QP took it (the error returned otherwise is the last QP's).
+                let mut last = Err(DropCause::UnknownQp);
+                for qpn in members {
+                    let Some(qp) = self.qp(qpn) else {
+                        continue;
+                    };
+                    if self.released(&qp, 1) {
+                        qp.release();
+                        continue;
+                    }
+                    match qp.handle_packet(now, &rx, &src, from.port()) {
+                        Ok(()) => {
+                            last = Ok(());
+                            self.mark_ready_held(qp);
+                        }
+                        Err(cause) => {
+                            self.dropped(cause);
+                            if last.is_err() {
+                                last = Err(cause);
+                            }
+                        }
+                    }
+                }
+                if last.is_ok() {
+                    count(&self.stats.rcvd_pkts);
+                }
+                last
+            }
+        }
+    }
+
+    /// The checks a received packet passes before anything executes it, in order, each
+    /// with the cause it is dropped for (and counted under, [`Engine::dropped`]):
+    ///
+    /// | # | check | dropped as |
+    /// |---|-------|------------|
+    /// | 1 | it parses as a RoCEv2 packet (BTH and the extension headers its opcode names) | [`DropCause::Malformed`] |
+    /// | 2 | its ICRC: an IPv6 packet's as it is, an IPv4 one's for identification 0, its GRO index, or one solved for (`icrc_id_recovered`) | [`DropCause::BadIcrc`] |
+    /// | 3 | its P_Key is the default partition's (0xFFFF or 0x7FFF) | [`DropCause::BadPkey`] |
+    /// | 4 | to QP 1 (the GSI): a UD SEND ONLY, with a DETH, with the GSI's Q_Key, and the device has a GSI ([`Engine::attach_gsi`]) | `WrongTransport`, `Malformed`, `BadQkey`, `UnknownQp` |
+    /// | 5 | to the multicast QPN: its destination is a group some QP is attached to, its opcode UD's | `UnknownQp`, `WrongTransport` |
+    /// | 6 | to any other QPN: a live QP has that number, and the application has not destroyed it ([`Engine::released`]) | [`DropCause::UnknownQp`] |
+    /// | 7 | its opcode is of the QP's transport service (rxe's `check_type_state`) | [`DropCause::WrongTransport`] |
+    /// | 8 | the transport's fields parse ([`glue::rx`]) | [`DropCause::Malformed`] |
+    ///
+    /// What depends on the QP's state is checked by the QP, under its lock, as it takes
+    /// the packet ([`QpPort::handle_packet`]), and counted here too: an RC or UC packet
+    /// from another address (or UDP port) than its path's ([`DropCause::WrongSource`],
+    /// rxe's `check_addr`), a state that takes no such packet ([`DropCause::QpState`]), a
+    /// UD Q_Key other than the QP's ([`DropCause::BadQkey`]), a UD or UC SEND with no
+    /// receive posted ([`DropCause::NoReceive`]), a UC message its responder refused
+    /// ([`DropCause::Refused`]). A multicast packet takes steps 6 to 8 and the QP's checks
+    /// once per attached QP.
+    fn admit<'p>(
+        &self,
+        from: SocketAddr,
+        to: IpAddr,
+        payload: &'p [u8],
+        gro_index: u16,
+    ) -> Result<Admitted<'p>, DropCause> {
         let Ok(pkt) = Packet::parse(payload) else {
-            count(&self.stats.drop_malformed);
-            return Err(DropCause::Malformed);
+            return Err(self.dropped(DropCause::Malformed));
         };
         let ports = UdpPorts {
             src: from.port(),
@@ -533,35 +639,56 @@ impl Engine {
             ip => icrc::verify(&ip, ports, payload).then_some(0),
         };
         match fitted {
-            None => {
-                count(&self.stats.drop_bad_icrc);
-                return Err(DropCause::BadIcrc);
-            }
+            None => return Err(self.dropped(DropCause::BadIcrc)),
             Some(id) if id != 0 && id != gro_index => count(&self.stats.icrc_id_recovered),
             Some(_) => {}
         }
         // The default partition only (full or limited membership), as rxe checks it.
         if pkt.headers.bth.pkey & 0x7fff != 0x7fff {
-            count(&self.stats.drop_bad_pkey);
-            return Err(DropCause::BadPkey);
+            return Err(self.dropped(DropCause::BadPkey));
         }
         let qpn = pkt.headers.bth.dest_qp;
         if qpn == crate::cm::GSI_QPN {
-            return self.on_gsi(now, from.ip(), &pkt);
+            // A UD SEND ONLY with the GSI's Q_Key carries a MAD for the connection manager
+            // (which counts what it drops itself; the packet counts as taken).
+            if pkt.headers.bth.opcode != remem_wire::Opcode::UdSendOnly {
+                return Err(self.dropped(DropCause::WrongTransport));
+            }
+            let Some(deth) = pkt.headers.deth else {
+                return Err(self.dropped(DropCause::Malformed));
+            };
+            if deth.qkey != crate::cm::GSI_QKEY {
+                return Err(self.dropped(DropCause::BadQkey));
+            }
+            let Some(gsi) = self.gsi.get() else {
+                return Err(self.dropped(DropCause::UnknownQp));
+            };
+            return Ok(Admitted::Gsi(gsi.clone(), pkt.payload));
         }
         if qpn == crate::engine::mcast::MULTICAST_QPN {
-            return self.on_multicast(now, from, to, &pkt);
+            let members = match to {
+                IpAddr::V4(group) if group.is_multicast() => self.mcast.members(group),
+                _ => Vec::new(),
+            };
+            if members.is_empty() {
+                return Err(self.dropped(DropCause::UnknownQp));
+            }
+            if pkt.headers.bth.opcode.value() >> 5 != 3 {
+                return Err(self.dropped(DropCause::WrongTransport));
+            }
+            let Some(rx) = glue::rx(&pkt) else {
+                return Err(self.dropped(DropCause::Malformed));
+            };
+            return Ok(Admitted::Multicast(members, rx));
         }
         let Some(qp) = self.qp(qpn) else {
-            count(&self.stats.drop_unknown_qp);
-            return Err(DropCause::UnknownQp);
+            return Err(self.dropped(DropCause::UnknownQp));
         };
         // A QP the application destroyed, kept only until what it owes has left, is gone
         // for its peer: no packet reaches it (it would still execute WRITEs, READs…).
         if self.released(&qp, 1) {
             qp.release();
-            count(&self.stats.drop_unknown_qp);
-            return Err(DropCause::UnknownQp);
+            return Err(self.dropped(DropCause::UnknownQp));
         }
         // The opcode's transport service (its top three bits) must be the QP's.
         let service = match pkt.headers.bth.opcode.value() >> 5 {
@@ -570,128 +697,38 @@ impl Engine {
             3 => Some(QpType::Ud),
             _ => None, // nothing else parses
         };
-        if service != Some(remem_verbs::QueuePair::qp_type(&*qp)) {
-            count(&self.stats.drop_wrong_transport);
-            return Err(DropCause::WrongTransport);
+        if service != Some(qp.service()) {
+            return Err(self.dropped(DropCause::WrongTransport));
         }
         let Some(rx) = glue::rx(&pkt) else {
-            count(&self.stats.drop_malformed);
-            return Err(DropCause::Malformed);
+            return Err(self.dropped(DropCause::Malformed));
         };
-        let src = crate::transport::UdSource {
-            src: from.ip(),
-            dst: to,
-        };
-        if let Err(cause) = qp.handle_packet(now, &rx, &src, from.port()) {
-            count(match cause {
-                DropCause::WrongSource => &self.stats.drop_wrong_source,
-                DropCause::QpState => &self.stats.drop_qp_state,
-                DropCause::BadQkey => &self.stats.drop_bad_qkey,
-                DropCause::NoReceive => &self.stats.drop_ud_no_recv,
-                DropCause::Refused => &self.stats.drop_uc_refused,
-                _ => &self.stats.drop_malformed,
-            });
-            return Err(cause);
-        }
-        count(&self.stats.rcvd_pkts);
-        self.mark_timed(&qp);
-        self.mark_ready_held(qp);
-        Ok(())
+        Ok(Admitted::Qp(qp, rx))
     }
 
-    /// A packet to the multicast QPN: a copy for each UD QP attached to the group its
-    /// destination address is (none: [`DropCause::UnknownQp`]), each taking it as a unicast
-    /// datagram would be taken (what one refuses is counted as for unicast). Taken when at
-    /// least one QP took it (the error returned otherwise is the last QP's).
-    fn on_multicast(
-        &self,
-        now: Instant,
-        from: SocketAddr,
-        to: IpAddr,
-        pkt: &Packet<'_>,
-    ) -> Result<(), DropCause> {
-        let count = |c: &AtomicU64| {
-            c.fetch_add(1, Ordering::Relaxed);
-        };
-        let members = match to {
-            IpAddr::V4(group) if group.is_multicast() => self.mcast.members(group),
-            _ => Vec::new(),
-        };
-        if members.is_empty() {
-            count(&self.stats.drop_unknown_qp);
-            return Err(DropCause::UnknownQp);
-        }
-        if pkt.headers.bth.opcode.value() >> 5 != 3 {
-            count(&self.stats.drop_wrong_transport);
-            return Err(DropCause::WrongTransport);
-        }
-        let Some(rx) = glue::rx(pkt) else {
-            count(&self.stats.drop_malformed);
-            return Err(DropCause::Malformed);
-        };
-        let src = crate::transport::UdSource { src: from.ip(), dst: to };
-        let mut last = Err(DropCause::UnknownQp);
-        for qpn in members {
-            let Some(qp) = self.qp(qpn) else {
-                continue;
-            };
-            if self.released(&qp, 1) {
-                qp.release();
-                continue;
-            }
-            match qp.handle_packet(now, &rx, &src, from.port()) {
-                Ok(()) => {
-                    last = Ok(());
-                    self.mark_ready_held(qp);
-                }
-                Err(cause) => {
-                    count(match cause {
-                        DropCause::QpState => &self.stats.drop_qp_state,
-                        DropCause::BadQkey => &self.stats.drop_bad_qkey,
-                        DropCause::NoReceive => &self.stats.drop_ud_no_recv,
-                        _ => &self.stats.drop_malformed,
-                    });
-                    if last.is_err() {
-                        last = Err(cause);
-                    }
-                }
-            }
-        }
-        if last.is_ok() {
-            count(&self.stats.rcvd_pkts);
-        }
-        last
-    }
-
-    /// A packet to QP 1, the GSI: a UD SEND ONLY with the GSI's Q_Key carries a MAD for the
-    /// connection manager (which counts what it drops itself; the packet counts as taken).
-    fn on_gsi(&self, now: Instant, from: IpAddr, pkt: &Packet<'_>) -> Result<(), DropCause> {
-        let count = |c: &AtomicU64| {
-            c.fetch_add(1, Ordering::Relaxed);
-        };
-        if pkt.headers.bth.opcode != remem_wire::Opcode::UdSendOnly {
-            count(&self.stats.drop_wrong_transport);
-            return Err(DropCause::WrongTransport);
-        }
-        let Some(deth) = pkt.headers.deth else {
-            count(&self.stats.drop_malformed);
-            return Err(DropCause::Malformed);
-        };
-        if deth.qkey != crate::cm::GSI_QKEY {
-            count(&self.stats.drop_bad_qkey);
-            return Err(DropCause::BadQkey);
-        }
-        count(&self.stats.rcvd_pkts);
-        self.cm.on_mad(now, from, pkt.payload);
-        self.note_cm_deadline();
-        self.mark_ready(crate::cm::GSI_QPN);
-        Ok(())
+    /// Counts a received packet dropped for `cause` (one counter per cause) and returns
+    /// the cause.
+    fn dropped(&self, cause: DropCause) -> DropCause {
+        let s = &self.stats;
+        count(match cause {
+            DropCause::Malformed => &s.drop_malformed,
+            DropCause::BadIcrc => &s.drop_bad_icrc,
+            DropCause::UnknownQp => &s.drop_unknown_qp,
+            DropCause::WrongTransport => &s.drop_wrong_transport,
+            DropCause::WrongSource => &s.drop_wrong_source,
+            DropCause::BadPkey => &s.drop_bad_pkey,
+            DropCause::QpState => &s.drop_qp_state,
+            DropCause::BadQkey => &s.drop_bad_qkey,
+            DropCause::NoReceive => &s.drop_ud_no_recv,
+            DropCause::Refused => &s.drop_uc_refused,
+        });
+        cause
     }
 
     /// Builds the GSI's next MAD packet into `buf`.
     fn gsi_transmit(&self, buf: &mut [u8]) -> Option<(SocketAddr, usize)> {
         loop {
-            let (ip, mad) = self.cm.poll_transmit()?;
+            let (ip, mad) = self.gsi.get()?.poll_transmit()?;
             let psn = self.gsi_psn.fetch_add(1, Ordering::Relaxed) as u32 & 0x00ff_ffff;
             let mut bth = remem_wire::Bth::new(
                 remem_wire::Opcode::UdSendOnly,
@@ -776,7 +813,7 @@ impl Engine {
                 r.set.remove(&qpn);
                 let held = r.held.remove(&qpn);
                 if let Some(qp) = &held {
-                    qp.set_held(false);
+                    qp.marks().set_held(false);
                 }
                 (qpn, held)
             };
@@ -802,14 +839,14 @@ impl Engine {
             }
             let mut dst = self.local;
             let first = self.requests_first.load(Ordering::Relaxed);
-            let (built, more) = qp.poll_transmit_more(now, first, |tx, path, fill| {
+            let (built, more) = qp.poll_transmit(now, first, &mut |tx, path, fill| {
                 dst = self.path_addr(path.dgid.to_ip(), path.udp_port);
                 let h = glue::headers(tx);
                 let (hdr, total) = h.write(tx.payload_len as usize, out.buf()).ok()?;
                 out.payload(tx, hdr, fill).ok()?;
                 Some(total)
             });
-            self.mark_timed(&qp);
+            self.mark_timed(&*qp);
             match built {
                 Some(Some(len)) => {
                     // It may have more: keep it in the rotation (and alive, if it was
@@ -872,14 +909,14 @@ impl Engine {
                 return false;
             };
             let Some(t) = qp.next_timeout() else {
-                qp.set_timed(false);
+                qp.marks().set_timed(false);
                 return false;
             };
             next = Some(next.map_or(t, |n| n.min(t)));
             true
         });
         drop(timed);
-        let next = match (next, self.cm.next_timeout()) {
+        let next = match (next, self.gsi_next_timeout()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
@@ -890,8 +927,13 @@ impl Engine {
     /// Lowers the cached deadline to the connection manager's next timer (after it
     /// handled a MAD or sent one, which may arm one).
     fn note_cm_deadline(&self) {
-        let t = deadline_ns(self.cm.next_timeout());
+        let t = deadline_ns(self.gsi_next_timeout());
         self.deadline.fetch_min(t, Ordering::Relaxed);
+    }
+
+    /// The connection manager's next timer deadline.
+    fn gsi_next_timeout(&self) -> Option<Instant> {
+        self.gsi.get().and_then(|g| g.next_timeout())
     }
 
     /// Runs expired timers. Cheap when none is due: the time is compared against a
@@ -905,8 +947,10 @@ impl Engine {
             return;
         }
         self.scanned.store(at, Ordering::Relaxed);
-        if self.cm.next_timeout().is_some_and(|t| t <= now) {
-            self.cm.on_timeout(now);
+        if let Some(gsi) = self.gsi.get()
+            && gsi.next_timeout().is_some_and(|t| t <= now)
+        {
+            gsi.on_timeout(now);
             self.mark_ready(crate::cm::GSI_QPN);
         }
         let qpns: Vec<u32> = self
@@ -1688,6 +1732,89 @@ mod tests {
             engine.on_datagram(Instant::now(), from, to, &pkt, 0),
             Err(DropCause::UnknownQp)
         );
+    }
+
+    /// A GSI that records the MADs handed to it and sends one MAD back to each sender.
+    #[derive(Debug, Default)]
+    struct RecordingGsi {
+        got: Mutex<Vec<(IpAddr, Vec<u8>)>>,
+        replies: Mutex<Vec<IpAddr>>,
+    }
+
+    impl GsiPort for RecordingGsi {
+        fn on_mad(&self, _now: Instant, from: IpAddr, mad: &[u8]) {
+            self.got.lock().unwrap().push((from, mad.to_vec()));
+            self.replies.lock().unwrap().push(from);
+        }
+
+        fn poll_transmit(&self) -> Option<(IpAddr, Box<[u8; crate::cm::MAD_LEN]>)> {
+            let to = self.replies.lock().unwrap().pop()?;
+            Some((to, Box::new([0xab; crate::cm::MAD_LEN])))
+        }
+
+        fn next_timeout(&self) -> Option<Instant> {
+            None
+        }
+
+        fn on_timeout(&self, _now: Instant) {}
+    }
+
+    #[test]
+    fn the_gsi_port_takes_qp1_mads_and_sends_its_own() {
+        let (local, peer) = (
+            std::net::Ipv4Addr::new(127, 0, 1, 20),
+            std::net::Ipv4Addr::new(127, 0, 1, 21),
+        );
+        let engine = Engine::new(SocketAddr::new(local.into(), 4791), 4791);
+        let mut h = remem_wire::Headers::new(remem_wire::Bth::new(
+            remem_wire::Opcode::UdSendOnly,
+            crate::cm::GSI_QPN,
+            remem_wire::Psn::new(7),
+        ));
+        h.deth = Some(remem_wire::Deth {
+            qkey: crate::cm::GSI_QKEY,
+            src_qp: crate::cm::GSI_QPN,
+        });
+        let mad = [0x5a; crate::cm::MAD_LEN];
+        let mut pkt = vec![0u8; h.packet_len(mad.len())];
+        let n = h.build(&mad, &mut pkt).unwrap();
+        pkt.truncate(n);
+        let ip = IpFields::V4 {
+            src: peer,
+            dst: local,
+            id: 0,
+            flags_frag: IPV4_DF,
+        };
+        let ports = UdpPorts {
+            src: 4791,
+            dst: 4791,
+        };
+        icrc::fill(&ip, ports, &mut pkt).unwrap();
+        let from = SocketAddr::new(peer.into(), 4791);
+        let now = Instant::now();
+        // No GSI attached: QP 1 is a QP nobody has.
+        assert_eq!(
+            engine.on_datagram(now, from, local.into(), &pkt, 0),
+            Err(DropCause::UnknownQp)
+        );
+        assert_eq!(engine.stats.drop_unknown_qp.load(Ordering::Relaxed), 1);
+        let gsi = Arc::new(RecordingGsi::default());
+        assert!(engine.attach_gsi(gsi.clone()));
+        assert!(!engine.attach_gsi(Arc::new(RecordingGsi::default())));
+        engine.on_datagram(now, from, local.into(), &pkt, 0).unwrap();
+        assert_eq!(
+            *gsi.got.lock().unwrap(),
+            vec![(IpAddr::from(peer), mad.to_vec())]
+        );
+        // Its reply leaves from QP 1 as a UD SEND ONLY to the sender.
+        let mut out = vec![0u8; 8192];
+        let (dst, len) = engine.poll_transmit(now, &mut out, 0).unwrap();
+        assert_eq!(dst, from);
+        let reply = Packet::parse(&out[..len]).unwrap();
+        assert_eq!(reply.headers.bth.opcode, remem_wire::Opcode::UdSendOnly);
+        assert_eq!(reply.headers.bth.dest_qp, crate::cm::GSI_QPN);
+        assert_eq!(reply.payload, &[0xab; crate::cm::MAD_LEN][..]);
+        assert!(engine.poll_transmit(now, &mut out, 0).is_none());
     }
 
     #[test]

@@ -27,6 +27,7 @@
 
 
 use crate::device::DeviceShared;
+use crate::engine::{GsiPort, QpPort};
 use crate::device::events::FdQueue;
 use crate::cm::agent::{Agent, ConnectArgs, Event, QpParams};
 use crate::cm::{AgentStats, CmConfig, GSI_QPN, MAD_LEN};
@@ -189,11 +190,6 @@ impl CmDevice {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Replaces the settings.
-    pub fn set_config(&self, cfg: CmConfig) {
-        self.lock().agent.set_config(cfg);
-    }
-
     /// The agent's counters.
     pub fn stats(&self) -> AgentStats {
         self.lock().agent.stats()
@@ -272,6 +268,7 @@ impl CmDevice {
                 let port = service_id as u16;
                 let id = SoftCmId::new(
                     l.dev.clone(),
+                    l.cm.clone(),
                     l.channel.clone(),
                     l.ps,
                     IdState {
@@ -361,12 +358,35 @@ impl CmDevice {
     }
 }
 
+/// The engine hands QP 1's MADs here, and takes the MADs to send from here; what they bring
+/// comes back up as the agent's events ([`Event`]), which [`CmDevice::on_mad`] and
+/// [`CmDevice::on_timeout`] turn into CM ids (a new connection request) and their events.
+impl GsiPort for CmDevice {
+    fn on_mad(&self, now: Instant, from: IpAddr, mad: &[u8]) {
+        CmDevice::on_mad(self, now, from, mad);
+    }
+
+    fn poll_transmit(&self) -> Option<(IpAddr, Box<[u8; MAD_LEN]>)> {
+        CmDevice::poll_transmit(self)
+    }
+
+    fn next_timeout(&self) -> Option<Instant> {
+        CmDevice::next_timeout(self)
+    }
+
+    fn on_timeout(&self, now: Instant) {
+        CmDevice::on_timeout(self, now);
+    }
+}
+
 /// An RDMA CM id on a soft device (`rdma_cm_id`).
 #[derive(Debug)]
 pub struct SoftCmId {
     handle: u64,
     ps: PortSpace,
     dev: Arc<DeviceShared>,
+    /// The device's connection manager (the engine's GSI).
+    cm: Arc<CmDevice>,
     /// Held weakly: queued events hold their ids, so an id holding its channel would keep
     /// a dropped channel with unread events (and its ids, and the device) alive for ever.
     /// Events of an id whose channel is gone are dropped (rdma_cm requires the channel to
@@ -379,6 +399,7 @@ pub struct SoftCmId {
 /// Creates an id on `dev` reporting to `channel` (which must be a [`SoftCmChannel`]).
 pub(crate) fn create_id(
     dev: &Arc<DeviceShared>,
+    cm: &Arc<CmDevice>,
     channel: &Arc<dyn CmChannel>,
     ps: PortSpace,
 ) -> Result<Arc<dyn CmId>> {
@@ -387,7 +408,7 @@ pub(crate) fn create_id(
         .downcast::<SoftCmChannel>()
         .map_err(|_| Error::InvalidArgument("CM channel of another provider".into()))?;
     {
-        let mut st = dev.engine.cm.lock();
+        let mut st = cm.lock();
         if st.ids >= MAX_CM_IDS {
             return Err(Error::Exhausted("CM ids"));
         }
@@ -395,6 +416,7 @@ pub(crate) fn create_id(
     }
     Ok(SoftCmId::new(
         dev.clone(),
+        cm.clone(),
         Arc::downgrade(&channel),
         ps,
         IdState {
@@ -418,6 +440,7 @@ fn errno_error(errno: rustix::io::Errno, what: String) -> Error {
 impl SoftCmId {
     fn new(
         dev: Arc<DeviceShared>,
+        cm: Arc<CmDevice>,
         channel: Weak<SoftCmChannel>,
         ps: PortSpace,
         st: IdState,
@@ -426,6 +449,7 @@ impl SoftCmId {
             handle: NEXT_HANDLE.fetch_add(1, Ordering::Relaxed),
             ps,
             dev,
+            cm,
             channel,
             me: me.clone(),
             st: Mutex::new(st),
@@ -437,7 +461,7 @@ impl SoftCmId {
     }
 
     fn cm(&self) -> &CmDevice {
-        &self.dev.engine.cm
+        &self.cm
     }
 
     fn local_ip(&self) -> IpAddr {
@@ -454,7 +478,7 @@ impl SoftCmId {
     /// Called without the id's lock (the progress thread takes it to deliver events).
     fn wake_and_send(&self, n: u64) {
         self.wake();
-        let cm = &self.dev.engine.cm;
+        let cm = &self.cm;
         self.dev.drive_until(SEND_WAIT_LIMIT, &|| cm.taken(n));
     }
 
@@ -464,11 +488,13 @@ impl SoftCmId {
     /// at a disconnection, so the peer receives it rather than a flush. Called without the
     /// id's lock.
     fn send_posted(&self, qp: &Arc<dyn QueuePair>) {
-        let Some(soft) = self.dev.engine.qp(qp.qp_num()) else {
-            return;
+        let any: Arc<dyn Any + Send + Sync> = qp.clone();
+        let Ok(soft) = any.downcast::<crate::verbs::qp::SoftQp>() else {
+            return; // a QP of another provider
         };
-        if !std::ptr::addr_eq(Arc::as_ptr(&soft), Arc::as_ptr(qp)) {
-            return; // a QP of another device with the same number
+        let port: Arc<dyn QpPort> = soft.clone();
+        if !self.dev.engine.owns(&port) {
+            return; // a QP of another device
         }
         if soft.has_unsent() {
             self.dev.wake(qp.qp_num());
@@ -865,7 +891,7 @@ impl Drop for SoftCmId {
         let st = self.st.get_mut().unwrap_or_else(|p| p.into_inner());
         let (conn, bound, qp, phase) = (st.conn, st.bound, st.qp.take(), st.phase);
         let now = Instant::now();
-        let cm = &self.dev.engine.cm;
+        let cm = &self.cm;
         let (before, after) = cm.with(|s| {
             let before = CmDevice::queued(s);
             s.ids = s.ids.saturating_sub(1);
@@ -909,7 +935,10 @@ impl CmId for SoftCmId {
     }
 
     fn context(&self) -> Arc<dyn Context> {
-        Arc::new(crate::verbs::context::SoftContext::alias(self.dev.clone()))
+        Arc::new(crate::verbs::context::SoftContext::alias(
+            self.dev.clone(),
+            self.cm.clone(),
+        ))
     }
 
     fn bind(&self, addr: SocketAddr) -> Result<()> {
@@ -1012,7 +1041,8 @@ impl CmId for SoftCmId {
             let soft = any
                 .downcast::<crate::verbs::qp::SoftQp>()
                 .map_err(|_| Error::InvalidArgument("QP of another provider".into()))?;
-            if !self.dev.engine.owns(&soft) {
+            let port: Arc<dyn QpPort> = soft;
+            if !self.dev.engine.owns(&port) {
                 return Err(Error::InvalidArgument("QP of another device".into()));
             }
             let want_ud = self.ps.qp_type() == QpType::Ud;

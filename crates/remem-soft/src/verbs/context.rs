@@ -2,6 +2,7 @@
 
 use crate::device::netdev::{Netdev, gid_table_for};
 use crate::device::DeviceShared;
+use crate::verbs::cm_id::CmDevice;
 pub use crate::device::options::SoftOptions;
 use remem_verbs::{
     AsyncEvent, AtomicCap, CompletionChannel, CompletionQueue, Context, Counter, DeviceAttr,
@@ -18,6 +19,8 @@ use std::time::Duration;
 #[derive(Debug)]
 pub struct SoftContext {
     dev: Arc<DeviceShared>,
+    /// The device's connection manager (its engine's GSI): what CM ids are made on.
+    cm: Arc<CmDevice>,
     /// Whether dropping this handle flushes the device (the application's handle does; a
     /// CM id's `context()` handle does not).
     flush_on_drop: bool,
@@ -92,16 +95,13 @@ impl SoftContext {
         let info = netdev.device_info(port);
         let port_attr = port_attr(netdev.active_mtu(), netdev.up, info.gids.len());
         let attr = device_attr(info.node_guid);
-        Ok(SoftContext {
-            dev: DeviceShared::open(
-                info,
-                attr,
-                port_attr,
-                SocketAddr::new(ip, port),
-                &SoftOptions::from_env(),
-            )?,
-            flush_on_drop: true,
-        })
+        Self::open(
+            info,
+            attr,
+            port_attr,
+            SocketAddr::new(ip, port),
+            &SoftOptions::from_env(),
+        )
     }
 
     /// Opens a soft device bound to `addr` (any local address; port 0 picks a free port),
@@ -156,18 +156,36 @@ impl SoftContext {
             attr.flush_persistent = false;
             attr.atomic_write = false;
         }
+        Self::open(info, attr, port, addr, opts)
+    }
+
+    /// Opens the device ([`DeviceShared::open`]) and gives its engine its GSI: the
+    /// connection manager, with `opts.cm` (else the environment's settings).
+    fn open(
+        info: DeviceInfo,
+        attr: DeviceAttr,
+        port: PortAttr,
+        addr: SocketAddr,
+        opts: &SoftOptions,
+    ) -> Result<Self> {
         let dev = DeviceShared::open(info, attr, port, addr, opts)?;
+        let cm = Arc::new(CmDevice::new(
+            opts.cm.clone().unwrap_or_else(crate::cm::CmConfig::from_env),
+        ));
+        dev.engine.attach_gsi(cm.clone());
         Ok(SoftContext {
             dev,
+            cm,
             flush_on_drop: true,
         })
     }
 
     /// Another handle of the device `dev` (what a CM id's `context()` returns): the same
     /// device, objects and counters; dropping it does not flush the device.
-    pub(crate) fn alias(dev: Arc<DeviceShared>) -> Self {
+    pub(crate) fn alias(dev: Arc<DeviceShared>, cm: Arc<CmDevice>) -> Self {
         SoftContext {
             dev,
+            cm,
             flush_on_drop: false,
         }
     }
@@ -286,7 +304,15 @@ impl Context for SoftContext {
     }
 
     fn counters(&self) -> Vec<Counter> {
-        self.dev.counters()
+        let mut out = self.dev.counters();
+        out.extend(
+            self.cm
+                .stats()
+                .named()
+                .into_iter()
+                .map(|(name, value)| Counter { name, value }),
+        );
+        out
     }
 
     /// Soft devices send to any UDP port (but 0): an address vector may name one.
@@ -312,7 +338,7 @@ impl Context for SoftContext {
         channel: &Arc<dyn remem_verbs::cm::CmChannel>,
         ps: remem_verbs::cm::PortSpace,
     ) -> Result<Arc<dyn remem_verbs::cm::CmId>> {
-        crate::verbs::cm_id::create_id(&self.dev, channel, ps)
+        crate::verbs::cm_id::create_id(&self.dev, &self.cm, channel, ps)
     }
 
     fn caller_driven(&self) -> bool {

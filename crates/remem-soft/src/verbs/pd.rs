@@ -172,7 +172,8 @@ impl ProtectionDomain for SoftPd {
             recv_cq,
             srq,
         })?);
-        dev.engine.register(&qp);
+        let port: Arc<dyn crate::engine::QpPort> = qp.clone();
+        dev.engine.register(&port);
         Ok(qp)
     }
 

@@ -1,6 +1,7 @@
 //! The soft provider's queue pair: verbs validation around the RC, UC and UD transports.
 
 use crate::engine::DropCause;
+use crate::engine::port::{Emit, QpMarks, QpPort};
 use crate::device::DeviceShared;
 use crate::verbs::cq::SoftCq;
 use crate::mem::mr::MrTable;
@@ -340,8 +341,6 @@ pub enum Transport {
     Ud(UdTransport),
 }
 
-pub use crate::transport::glue::Fill;
-
 impl Transport {
     /// The QP state.
     pub fn state(&self) -> QpState {
@@ -430,36 +429,7 @@ impl Transport {
     }
 }
 
-/// Where a packet goes, as its QP's or address handle's address vector says: the
-/// destination GID's IP address, at `udp_port` when it names one (0: the device's default
-/// for that address, [`crate::engine::Engine::peer_addr`]). The port is the path's alone
-/// — a connection learns it from its peer — so no other path's destination changes with it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Path {
-    /// The destination GID, as on the wire: a loopback device's link-local GID mapped to
-    /// its address ([`crate::device::netdev::wire_gid`]).
-    pub dgid: remem_verbs::Gid,
-    /// The destination UDP port; 0: the device's default.
-    pub udp_port: u16,
-}
-
-impl Path {
-    /// Whether the source UDP port of the path's packets is checked: when the path names a
-    /// port other than 4791. Only soft devices receive elsewhere than 4791, and a soft
-    /// device sends from the port it receives on; a 4791 peer (a NIC, kernel rxe) sends
-    /// from a port of its choosing (its flow entropy), which tells nothing.
-    pub fn checks_source_port(&self) -> bool {
-        self.udp_port != 0 && self.udp_port != remem_verbs::ROCEV2_UDP_PORT
-    }
-
-    /// Whether a packet from `ip`, UDP port `port`, comes from the path's peer: its
-    /// destination GID's address (an IPv4 source matches the IPv4-mapped GID), and its
-    /// port when [`Path::checks_source_port`].
-    pub fn is_source(&self, ip: std::net::IpAddr, port: u16) -> bool {
-        remem_verbs::Gid::from(ip.to_canonical()) == self.dgid
-            && (!self.checks_source_port() || port == self.udp_port)
-    }
-}
+pub use crate::engine::port::Path;
 
 /// The state of a QP behind its lock: attributes, the transport and its environment.
 #[derive(Debug)]
@@ -622,16 +592,9 @@ pub struct SoftQp {
     /// The QP's share of the device's `max_qp`.
     _slot: Slot,
     inner: std::sync::Mutex<QpInner>,
-    /// Whether the engine's transmit queue holds a strong reference (kept with that
-    /// reference, under the engine's lock).
-    held: std::sync::atomic::AtomicBool,
-    /// The transport's next timer deadline as of the last call into it
-    /// ([`crate::engine::deadline_ns`]; `u64::MAX`: none): the engine reads it without
-    /// the QP's lock.
-    deadline: std::sync::atomic::AtomicU64,
-    /// Whether the engine's set of QPs with timers holds this QP (set and cleared by the
-    /// engine under that set's lock).
-    timed: std::sync::atomic::AtomicBool,
+    /// The engine's bookkeeping of this QP (its transmit hold, its timer deadline as the
+    /// transport last said, its place in the engine's timed set).
+    marks: crate::engine::port::QpMarks,
 }
 
 impl std::fmt::Debug for SoftQp {
@@ -711,46 +674,13 @@ impl SoftQp {
             dev: parts.dev,
             _slot: parts.slot,
             inner: std::sync::Mutex::new(QpInner { attr, env, t }),
-            held: std::sync::atomic::AtomicBool::new(false),
-            deadline: std::sync::atomic::AtomicU64::new(u64::MAX),
-            timed: std::sync::atomic::AtomicBool::new(false),
+            marks: crate::engine::port::QpMarks::default(),
         })
-    }
-
-    /// Records whether the engine's transmit queue holds a strong reference to this QP
-    /// (the engine sets it as it takes or gives back that reference).
-    pub(crate) fn set_held(&self, held: bool) {
-        self.held.store(held, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Whether the engine's transmit queue holds a strong reference to this QP.
-    pub(crate) fn is_held(&self) -> bool {
-        self.held.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// The transport's next timer deadline as of the last call into it
-    /// ([`crate::engine::deadline_ns`]), read without the QP's lock.
-    pub(crate) fn deadline_ns(&self) -> u64 {
-        self.deadline.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Whether the engine's timed set holds this QP.
-    pub(crate) fn is_timed(&self) -> bool {
-        self.timed.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Records whether the engine's timed set holds this QP (under that set's lock).
-    pub(crate) fn set_timed(&self, timed: bool) {
-        self.timed
-            .store(timed, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Publishes the transport's next deadline (with the QP's lock held).
     fn publish_deadline(&self, t: &Transport) {
-        self.deadline.store(
-            crate::engine::deadline_ns(t.next_timeout()),
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        self.marks.publish_deadline(t.next_timeout());
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, QpInner> {
@@ -781,6 +711,36 @@ impl SoftQp {
         self.dev.wake(self.qpn);
     }
 
+    /// Whether the send queue holds work whose packets have not all left yet (RC: a
+    /// request the requester may send, or a response owed; UC, UD: a work request not yet
+    /// handed to the driver). A disconnection waits for this to clear before the QP goes
+    /// to ERR (`cm::SoftCmId::disconnect`).
+    pub(crate) fn has_unsent(&self) -> bool {
+        let g = self.lock();
+        match &g.t {
+            Transport::Rc(t) => t.wants_transmit(std::time::Instant::now()),
+            Transport::Uc(t) => t.send_queue_len() > 0,
+            Transport::Ud(t) => t.send_queue_len() > 0,
+        }
+    }
+
+}
+
+/// What the engine sees of a QP: the transport behind the QP's lock, with its
+/// environment and path (`SoftQp::with_env`).
+impl QpPort for SoftQp {
+    fn number(&self) -> u32 {
+        self.qpn
+    }
+
+    fn service(&self) -> QpType {
+        self.qp_type
+    }
+
+    fn marks(&self) -> &QpMarks {
+        &self.marks
+    }
+
     /// Handles a packet addressed to this QP, received from `src` (from UDP port
     /// `src_port`). What the QP's state does not take is dropped first
     /// ([`DropCause::QpState`]: anything in RESET, INIT or ERR, an RC response before RTS).
@@ -793,7 +753,7 @@ impl SoftQp {
     /// responses without spoofing the peer's address, and a QP answers only packets from
     /// where its answers go. UD datagrams may come from anywhere; their Q_Key is checked
     /// ([`DropCause::BadQkey`]).
-    pub fn handle_packet(
+    fn handle_packet(
         &self,
         now: std::time::Instant,
         pkt: &crate::transport::RxPacket<'_>,
@@ -815,7 +775,7 @@ impl SoftQp {
     /// send what it owes (see [`crate::engine`]): it takes no more packets, runs no
     /// timers, and sends only the acknowledgements it had queued
     /// ([`RcTransport::release`]).
-    pub fn release(&self) {
+    fn release(&self) {
         let mut g = self.lock();
         match &mut g.t {
             Transport::Rc(t) => t.release(),
@@ -823,29 +783,6 @@ impl SoftQp {
             Transport::Ud(t) => t.release(),
         }
         g.env.rq.clear();
-    }
-
-    /// Whether the send queue holds work whose packets have not all left yet (RC: a
-    /// request the requester may send, or a response owed; UC, UD: a work request not yet
-    /// handed to the driver). A disconnection waits for this to clear before the QP goes
-    /// to ERR (`cm::SoftCmId::disconnect`).
-    pub(crate) fn has_unsent(&self) -> bool {
-        let g = self.lock();
-        match &g.t {
-            Transport::Rc(t) => t.wants_transmit(std::time::Instant::now()),
-            Transport::Uc(t) => t.send_queue_len() > 0,
-            Transport::Ud(t) => t.send_queue_len() > 0,
-        }
-    }
-
-    /// Handles expired timers.
-    pub fn handle_timeout(&self, now: std::time::Instant) {
-        self.with_env(|t, env, _| t.handle_timeout(now, env));
-    }
-
-    /// The next deadline of this QP's timers.
-    pub fn next_timeout(&self) -> Option<std::time::Instant> {
-        self.lock().t.next_timeout()
     }
 
     /// Produces the next packet (`emit` gets its headers, the destination GID and a writer
@@ -857,12 +794,12 @@ impl SoftQp {
     /// timer), instead of polling it once more for nothing. `requests_first`: an RC QP
     /// sends its own requests before what its responder owes
     /// (`RcTransport::poll_transmit_ordered`).
-    pub fn poll_transmit_more<R>(
+    fn poll_transmit(
         &self,
         now: std::time::Instant,
         requests_first: bool,
-        emit: impl FnOnce(&crate::transport::TxPacket, Path, &mut Fill<'_>) -> R,
-    ) -> (Option<R>, bool) {
+        emit: &mut Emit<'_>,
+    ) -> (Option<Option<usize>>, bool) {
         self.with_env(|t, env, path| match t {
             Transport::Rc(rc) => {
                 let built = rc.poll_transmit_ordered(now, env, requests_first, |tx, fill| {
@@ -883,6 +820,16 @@ impl SoftQp {
                 true,
             ),
         })
+    }
+
+    /// Handles expired timers.
+    fn handle_timeout(&self, now: std::time::Instant) {
+        self.with_env(|t, env, _| t.handle_timeout(now, env));
+    }
+
+    /// The next deadline of this QP's timers.
+    fn next_timeout(&self) -> Option<std::time::Instant> {
+        self.lock().t.next_timeout()
     }
 }
 
