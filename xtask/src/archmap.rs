@@ -26,7 +26,13 @@ pub type Map = BTreeMap<String, Deps>;
 pub fn from_metadata(root: &Path) -> Result<Map, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
         .current_dir(root)
         .output()
         .map_err(|e| format!("cargo metadata: {e}"))?;
@@ -72,7 +78,8 @@ pub fn from_metadata(root: &Path) -> Result<Map, String> {
             }
         }
         deps.normal.sort();
-        deps.dev.retain(|d| !deps.normal.iter().any(|(n, _)| n == d));
+        deps.dev
+            .retain(|d| !deps.normal.iter().any(|(n, _)| n == d));
         deps.dev.sort();
         map.insert(name, deps);
     }
@@ -241,15 +248,17 @@ pub fn stale_references(root: &Path, doc: &str) -> Vec<String> {
 
 /// Whether `text` defines `name`: a function, type, trait or constant of that name.
 fn defines(text: &str, name: &str) -> bool {
-    ["fn ", "struct ", "enum ", "trait ", "type ", "const ", "static "]
-        .iter()
-        .any(|kw| {
-            let pat = format!("{kw}{name}");
-            text.match_indices(&pat).any(|(at, m)| {
-                let after = text[at + m.len()..].chars().next();
-                !matches!(after, Some(c) if c.is_alphanumeric() || c == '_')
-            })
+    [
+        "fn ", "struct ", "enum ", "trait ", "type ", "const ", "static ",
+    ]
+    .iter()
+    .any(|kw| {
+        let pat = format!("{kw}{name}");
+        text.match_indices(&pat).any(|(at, m)| {
+            let after = text[at + m.len()..].chars().next();
+            !matches!(after, Some(c) if c.is_alphanumeric() || c == '_')
         })
+    })
 }
 
 #[cfg(test)]
@@ -298,7 +307,8 @@ mod tests {
         assert!(stale[0].contains("no_such_function"), "{stale:?}");
         assert!(stale[1].contains("gone.rs"), "{stale:?}");
         // Every hop after a file on its line counts, up to the next file.
-        let doc = "`xtask/src/archmap.rs` `render` → `Deps` → `nope` then `xtask/src/main.rs` `main`";
+        let doc =
+            "`xtask/src/archmap.rs` `render` → `Deps` → `nope` then `xtask/src/main.rs` `main`";
         let stale = stale_references(&root(), doc);
         assert_eq!(stale.len(), 1, "{stale:?}");
         assert!(stale[0].contains("`nope`"), "{stale:?}");
@@ -306,10 +316,8 @@ mod tests {
 
     #[test]
     fn a_missing_or_wrong_edge_is_a_difference() {
-        let doc = from_document(
-            "x\n```text crate-map\na → b, c?  (dev: d)\nb →\nc →\nd →\n```\n",
-        )
-        .unwrap();
+        let doc = from_document("x\n```text crate-map\na → b, c?  (dev: d)\nb →\nc →\nd →\n```\n")
+            .unwrap();
         let mut truth = doc.clone();
         assert!(differences(&doc, &truth).is_empty());
         // An edge the document inverts or omits, an optional one written as required,

@@ -378,7 +378,10 @@ mod tests {
         ev.raise(e(1));
         let sub = ev.subscribe().unwrap();
         assert_ne!(sub.fd().as_raw_fd(), ev.fd().as_raw_fd());
-        assert!(!readable(sub.fd()), "only events raised after it subscribed");
+        assert!(
+            !readable(sub.fd()),
+            "only events raised after it subscribed"
+        );
         ev.raise(e(2));
         assert!(readable(sub.fd()));
         assert_eq!(sub.pop(), Some(e(2)));

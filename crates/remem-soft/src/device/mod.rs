@@ -15,8 +15,8 @@ pub mod quota;
 use crate::engine::Engine;
 use crate::io::driver::{Inline, Nic, Progress};
 use crate::mem::keys;
-use crate::transport::Stat;
 use crate::mem::mr::MrTable;
+use crate::transport::Stat;
 use events::AsyncEvents;
 use remem_verbs::{AhAttr, Counter, DeviceAttr, DeviceInfo, Error, GidType, PortAttr, Result};
 use std::net::{SocketAddr, UdpSocket};
@@ -117,7 +117,9 @@ impl DeviceShared {
             info.name = info.name.replace(&asked.to_string(), &local.to_string());
             info.udp_addr = Some(local);
         }
-        let faults = opts.faults.or_else(crate::io::faults::FaultConfig::from_env);
+        let faults = opts
+            .faults
+            .or_else(crate::io::faults::FaultConfig::from_env);
         let pcap = match &opts.pcap {
             Some(path) => Some(crate::io::pcap::PcapWriter::open(path)?),
             None => None,

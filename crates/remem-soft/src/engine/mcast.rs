@@ -209,11 +209,10 @@ fn open_group(engine: &Arc<Engine>, group: Ipv4Addr) -> Result<GroupRx> {
         rustix::net::SocketFlags::CLOEXEC,
         None,
     )
-        .map_err(|e| fail("socket", e))?;
+    .map_err(|e| fail("socket", e))?;
     // Every device on the host that joins the group binds the same address and port.
     sockopt::set_socket_reuseaddr(&fd, true).map_err(|e| fail("SO_REUSEADDR", e))?;
-    rustix::net::bind(&fd, &SocketAddrV4::new(group, local.port()))
-        .map_err(|e| fail("bind", e))?;
+    rustix::net::bind(&fd, &SocketAddrV4::new(group, local.port())).map_err(|e| fail("bind", e))?;
     // Best effort, as the device's own socket: a burst to the group waits here while the
     // thread hands datagrams over one by one (the kernel may cap it at rmem_max).
     let _ = sockopt::set_socket_recv_buffer_size(&fd, RX_BUFFER);

@@ -33,8 +33,8 @@
 pub mod mcast;
 pub mod port;
 
-pub use port::{GsiPort, QpPort};
 use crate::transport::glue;
+pub use port::{GsiPort, QpPort};
 use remem_verbs::QpType;
 use remem_wire::Packet;
 use remem_wire::icrc::{self, IPV4_DF, IpFields, UdpPorts};
@@ -991,15 +991,14 @@ impl Engine {
 mod tests {
     use super::*;
     use crate::SoftOptions;
-    use remem_verbs::rc::{self, RcOptions, RcPeer};
-    use remem_verbs::{
-        AccessFlags, Gid, MemRegion, MemoryRegion, Mtu,
-        QpCap, QpInitAttr, QpType, QueuePair, RecvWr, SendOp, SendWr, Sge,
-        WcOpcode, WcStatus, WorkCompletion,
-    };
     use crate::mem::mr::{MwBind, MwType};
     use crate::testing::{Side, Spec};
-    
+    use remem_verbs::rc::{self, RcOptions, RcPeer};
+    use remem_verbs::{
+        AccessFlags, Gid, MemRegion, MemoryRegion, Mtu, QpCap, QpInitAttr, QpType, QueuePair,
+        RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    };
+
     use std::time::Duration;
 
     /// Two sides (the crate's test fixture, [`crate::testing::Side`]) with `opts` on
@@ -1094,9 +1093,8 @@ mod tests {
     /// to `[4096, 8192)` with remote READ and WRITE: the pair, the window's rkey.
     fn window_pair(ips: [&str; 2], ty: MwType) -> (Side, Side, Arc<dyn MemoryRegion>, u32) {
         let (a, b) = threaded_pair(ips, Duration::ZERO);
-        let mr = b
-            .pd
-            .reg_mr(
+        let mr =
+            b.pd.reg_mr(
                 MemRegion::whole(b.buf.clone()),
                 AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
             )
@@ -1147,7 +1145,13 @@ mod tests {
                 (2, WcOpcode::RdmaRead, WcStatus::Success)
             ]
         );
-        assert!(b.buf.to_vec(4096 + 128, 64).unwrap().iter().all(|&x| x == 0x77));
+        assert!(
+            b.buf
+                .to_vec(4096 + 128, 64)
+                .unwrap()
+                .iter()
+                .all(|&x| x == 0x77)
+        );
         assert!(a.buf.to_vec(1024, 64).unwrap().iter().all(|&x| x == 0x77));
         // Invalidated (as a local invalidate does), the rkey is refused: a remote access
         // error NAK, nothing written.
@@ -1161,7 +1165,13 @@ mod tests {
             statuses(&wcs).last(),
             Some(&(3, WcOpcode::RdmaWrite, WcStatus::RemAccessErr))
         );
-        assert!(b.buf.to_vec(4096 + 128, 64).unwrap().iter().all(|&x| x == 0x77));
+        assert!(
+            b.buf
+                .to_vec(4096 + 128, 64)
+                .unwrap()
+                .iter()
+                .all(|&x| x == 0x77)
+        );
     }
 
     #[test]
@@ -1259,9 +1269,8 @@ mod tests {
     fn bind_and_local_invalidate_work_requests_run_in_send_queue_order() {
         let (a, b) = threaded_pair(["127.0.1.49", "127.0.1.50"], Duration::ZERO);
         // `a` binds a type 2 window over its own buffer, then `b` writes through it.
-        let mr = a
-            .pd
-            .reg_mr(
+        let mr =
+            a.pd.reg_mr(
                 MemRegion::whole(a.buf.clone()),
                 AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
             )
@@ -1334,9 +1343,8 @@ mod tests {
     #[test]
     fn a_refused_bind_completes_with_mw_bind_err_and_fails_the_qp() {
         let (a, _b) = threaded_pair(["127.0.1.51", "127.0.1.52"], Duration::ZERO);
-        let mr = a
-            .pd
-            .reg_mr(
+        let mr =
+            a.pd.reg_mr(
                 MemRegion::whole(a.buf.clone()),
                 AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
             )
@@ -1357,7 +1365,12 @@ mod tests {
             access: AccessFlags::REMOTE_WRITE,
         };
         post(6, bad);
-        post(7, SendOp::LocalInv { rkey: mw.rkey() + 1 });
+        post(
+            7,
+            SendOp::LocalInv {
+                rkey: mw.rkey() + 1,
+            },
+        );
         assert_eq!(
             statuses(&wait_wcs(&a, 2)),
             [
@@ -1390,9 +1403,8 @@ mod tests {
         let (a, b) = pair(["127.0.1.53", "127.0.1.54"], &opts, cap, 1 << 16);
         connect(&a, &b);
         connect(&b, &a);
-        let mr = a
-            .pd
-            .reg_mr(
+        let mr =
+            a.pd.reg_mr(
                 MemRegion::whole(a.buf.clone()),
                 AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
             )
@@ -1801,7 +1813,9 @@ mod tests {
         let gsi = Arc::new(RecordingGsi::default());
         assert!(engine.attach_gsi(gsi.clone()));
         assert!(!engine.attach_gsi(Arc::new(RecordingGsi::default())));
-        engine.on_datagram(now, from, local.into(), &pkt, 0).unwrap();
+        engine
+            .on_datagram(now, from, local.into(), &pkt, 0)
+            .unwrap();
         assert_eq!(
             *gsi.got.lock().unwrap(),
             vec![(IpAddr::from(peer), mad.to_vec())]

@@ -130,10 +130,16 @@ mod tests {
             let frame = &bytes[at + 16..at + 16 + len];
             let id = u16::from_be_bytes([frame[18], frame[19]]);
             assert_eq!(usize::from(id), n, "the packet's index in its batch");
-            assert_eq!(&frame[30..34], &PEER.parse::<SocketAddr>().map(|a| match a.ip() {
-                std::net::IpAddr::V4(v4) => v4.octets(),
-                _ => unreachable!(),
-            }).unwrap());
+            assert_eq!(
+                &frame[30..34],
+                &PEER
+                    .parse::<SocketAddr>()
+                    .map(|a| match a.ip() {
+                        std::net::IpAddr::V4(v4) => v4.octets(),
+                        _ => unreachable!(),
+                    })
+                    .unwrap()
+            );
             assert_eq!(frame[42..], pkts[n][..]);
             at += 16 + len;
             n += 1;

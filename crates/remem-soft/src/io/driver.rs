@@ -49,8 +49,8 @@ use crate::io::faulty::Faulty;
 use crate::io::pcap::PcapWriter;
 use crate::io::socket::{Outgoing, Socket, Udp};
 use crate::io::sys::{Batch, MAX_BATCHES, MAX_IOV, Piece};
-use crate::transport::glue::{CopySink, PayloadSink};
 use crate::mem::grant::{HeldRanges, Mark};
+use crate::transport::glue::{CopySink, PayloadSink};
 use crate::transport::{AccessError, Grant, Held, TxPacket};
 use quinn_udp::RecvMeta;
 use remem_verbs::MemError;
@@ -1185,8 +1185,9 @@ mod tests {
 
     #[test]
     fn a_socket_bound_to_one_address_asks_for_no_ancillary_data() {
-        let on =
-            |socket: &UdpSocket, level, name| crate::io::sys::tests::int_option(socket, level, name);
+        let on = |socket: &UdpSocket, level, name| {
+            crate::io::sys::tests::int_option(socket, level, name)
+        };
         let bound = UdpSocket::bind("127.0.0.1:0").unwrap();
         let probe = bound.try_clone().unwrap();
         let _nic = Nic::new(bound).unwrap();

@@ -95,7 +95,9 @@ impl<S: Socket> Faulty<S> {
         let c = self.injector.counts;
         stats.fault_dropped.store(c.dropped, Ordering::Relaxed);
         stats.fault_corrupted.store(c.corrupted, Ordering::Relaxed);
-        stats.fault_duplicated.store(c.duplicated, Ordering::Relaxed);
+        stats
+            .fault_duplicated
+            .store(c.duplicated, Ordering::Relaxed);
         stats.fault_reordered.store(c.reordered, Ordering::Relaxed);
     }
 
@@ -185,9 +187,7 @@ impl<S: Socket> Faulty<S> {
                     let at = o.own.len();
                     o.own.extend_from_slice(&out.own[r.clone()]);
                     match o.pieces[start..].last_mut() {
-                        Some(Piece::Own { start, len }) if *start + *len == at => {
-                            *len += r.len()
-                        }
+                        Some(Piece::Own { start, len }) if *start + *len == at => *len += r.len(),
                         _ => o.pieces.push(Piece::Own {
                             start: at,
                             len: r.len(),
@@ -295,7 +295,12 @@ impl<S: Socket> Socket for Faulty<S> {
                     self.flush(out.batches, out.mem, stats);
                     let dst = out.batches[p.batch].dst;
                     let mut bytes = Vec::with_capacity(p.len);
-                    gather(out, &self.parts[p.parts.clone()], &mut self.scratch, &mut bytes);
+                    gather(
+                        out,
+                        &self.parts[p.parts.clone()],
+                        &mut self.scratch,
+                        &mut bytes,
+                    );
                     let (ip, ports) = self.icrc_fields(dst, 0);
                     let _ = icrc::fill(&ip, ports, &mut bytes);
                     let mut ready = Vec::new();
@@ -391,14 +396,21 @@ mod tests {
                 };
                 let mut f = FaultInjector::new(cfg);
                 let (pkts, ..) = batch(N);
-                let go: Vec<bool> = pkts.iter().map(|p| f.fate(p, p.len()) == Fate::Go).collect();
+                let go: Vec<bool> = pkts
+                    .iter()
+                    .map(|p| f.fate(p, p.len()) == Fate::Go)
+                    .collect();
                 (cfg, go)
             })
             .find(|(_, go)| go.iter().skip_while(|g| **g).any(|g| *g))
             .unwrap();
         let (pkts, f, stats) = send(cfg, N);
-        let survivors: Vec<&Vec<u8>> =
-            pkts.iter().zip(&go).filter(|(_, g)| **g).map(|(p, _)| p).collect();
+        let survivors: Vec<&Vec<u8>> = pkts
+            .iter()
+            .zip(&go)
+            .filter(|(_, g)| **g)
+            .map(|(p, _)| p)
+            .collect();
         assert_eq!(f.inner.calls.len(), 1, "one call");
         assert_eq!(f.inner.calls[0].len(), 1, "one GSO batch");
         let sent = &f.inner.calls[0][0];
@@ -407,7 +419,10 @@ mod tests {
             // The same packet, its ICRC for its new index in the batch.
             assert_eq!(got[..got.len() - 4], want[..want.len() - 4], "packet {j}");
             let (ip, ports) = fields(j as u16);
-            assert!(icrc::verify(&ip, ports, got), "packet {j}: ICRC for index {j}");
+            assert!(
+                icrc::verify(&ip, ports, got),
+                "packet {j}: ICRC for index {j}"
+            );
         }
         assert_eq!(f.inner.refs, survivors.len(), "payloads still referenced");
         assert_eq!(f.inner.zero_copy, survivors.len());
@@ -425,7 +440,12 @@ mod tests {
         // Every packet faulted: six calls of one datagram, each ICRC for identification 0.
         let sent: Vec<&Vec<u8>> = f.inner.calls.iter().flatten().flatten().collect();
         assert_eq!(f.inner.calls.len(), 6);
-        assert!(f.inner.calls.iter().all(|c| c.len() == 1 && c[0].len() == 1));
+        assert!(
+            f.inner
+                .calls
+                .iter()
+                .all(|c| c.len() == 1 && c[0].len() == 1)
+        );
         for (i, got) in sent.iter().enumerate() {
             let want = &pkts[i / 2];
             assert_eq!(got[..got.len() - 4], want[..want.len() - 4]);

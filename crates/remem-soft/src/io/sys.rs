@@ -432,8 +432,16 @@ pub(crate) mod tests {
         let want = [&own[..8], &data[200..], &data[..100], &own[8..]].concat();
         assert_eq!(&got[..len], want);
         // A name beyond the ranges: nothing sent.
-        let err = send_gso(&tx, false, rx.local_addr().unwrap(), None, &own, &[Piece::Ref(3)], &mem)
-            .unwrap_err();
+        let err = send_gso(
+            &tx,
+            false,
+            rx.local_addr().unwrap(),
+            None,
+            &own,
+            &[Piece::Ref(3)],
+            &mem,
+        )
+        .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
     }
 

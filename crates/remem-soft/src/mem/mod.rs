@@ -15,7 +15,6 @@ pub mod mr;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PdId(pub u32);
 
-
 /// Why a remote key cannot be used for an access (all are NAKed as remote access errors;
 /// the cause is for counters and logs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,4 +33,3 @@ pub enum RemoteKeyError {
     /// request) and has been revoked since: its memory region was deregistered.
     Revoked,
 }
-

@@ -24,10 +24,10 @@
 //! revokes the windows bound to it too (the verbs layer refuses that first, as rxe does:
 //! [`MrTable::windows_bound`]).
 
-use crate::mem::keys::KeyGen;
 use crate::mem::PdId;
 use crate::mem::RemoteKeyError;
 use crate::mem::grant::{Grant, KeyedRegion};
+use crate::mem::keys::KeyGen;
 pub use remem_verbs::MwType;
 use remem_verbs::{AccessFlags, Error, MemRegion, Result, Sge};
 use std::collections::HashMap;
@@ -131,10 +131,15 @@ impl Tables {
     fn unbind(&mut self, index: u32) -> Option<Arc<MrEntry>> {
         let slot = self.mws.get_mut(&index)?;
         let b = slot.bound.take()?;
-        if self.by_rkey.get(&b.entry.rkey).is_some_and(|x| Arc::ptr_eq(x, &b.entry)) {
+        if self
+            .by_rkey
+            .get(&b.entry.rkey)
+            .is_some_and(|x| Arc::ptr_eq(x, &b.entry))
+        {
             self.by_rkey.remove(&b.entry.rkey);
         }
-        b.mr.windows.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        b.mr.windows
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         Some(b.entry)
     }
 }
@@ -558,7 +563,9 @@ impl MrTable {
         need: AccessFlags,
     ) -> std::result::Result<Grant, RemoteKeyError> {
         let t = self.tables.read().unwrap_or_else(|p| p.into_inner());
-        Self::granted(&t, pd, Some(qpn), rkey, need)?.key.grant_all()
+        Self::granted(&t, pd, Some(qpn), rkey, need)?
+            .key
+            .grant_all()
     }
 
     /// Resolves an `ibv_sge`: unknown lkey or a region of another PD →
@@ -846,7 +853,9 @@ mod tests {
     fn bindable(access: AccessFlags) -> (MrTable, Arc<MemoryBuffer>, Arc<MrEntry>) {
         let t = MrTable::default();
         let buf = Arc::new(MemoryBuffer::zeroed(4096).unwrap());
-        let e = t.insert(PdId(1), MemRegion::whole(buf.clone()), access).unwrap();
+        let e = t
+            .insert(PdId(1), MemRegion::whole(buf.clone()), access)
+            .unwrap();
         (t, buf, e)
     }
 
@@ -874,7 +883,9 @@ mod tests {
             Some(RemoteKeyError::UnknownKey)
         );
         let va = buf.addr() + 1024;
-        let rkey = t.bind_mw(mw, PdId(1), 5, 0x42, &to(&e, va, 512, RW)).unwrap();
+        let rkey = t
+            .bind_mw(mw, PdId(1), 5, 0x42, &to(&e, va, 512, RW))
+            .unwrap();
         assert_eq!(rkey, (mw & !0xff) | 0x42, "the consumer's key byte");
         assert_eq!(t.windows_bound(&e), 1);
         let g = t.remote(PdId(1), rkey, va + 8, 16, w).unwrap();
@@ -888,7 +899,8 @@ mod tests {
             );
         }
         assert_eq!(
-            t.remote(PdId(1), rkey, va, 8, AccessFlags::REMOTE_ATOMIC).err(),
+            t.remote(PdId(1), rkey, va, 8, AccessFlags::REMOTE_ATOMIC)
+                .err(),
             Some(RemoteKeyError::MissingAccess)
         );
         assert_eq!(
@@ -901,9 +913,14 @@ mod tests {
             Some(RemoteKeyError::OtherPd)
         );
         // Rebinding a type 1 window revokes the old rkey (and grants from it) at once.
-        let again = t.bind_mw(rkey, PdId(1), 5, 0x43, &to(&e, va, 8, RW)).unwrap();
+        let again = t
+            .bind_mw(rkey, PdId(1), 5, 0x43, &to(&e, va, 8, RW))
+            .unwrap();
         assert!(g.is_revoked());
-        assert_eq!(g.write(0, b"x"), Err(crate::transport::AccessError::Revoked));
+        assert_eq!(
+            g.write(0, b"x"),
+            Err(crate::transport::AccessError::Revoked)
+        );
         assert_eq!(
             t.remote(PdId(1), rkey, va, 8, w).err(),
             Some(RemoteKeyError::UnknownKey)
@@ -960,14 +977,21 @@ mod tests {
         // The region needs MW_BIND (C10-73), and LOCAL_WRITE for remote write rights
         // (C10-74); it must be of the PD and still registered.
         let nobind = t
-            .insert(PdId(1), MemRegion::whole(buf.clone()), AccessFlags::LOCAL_WRITE)
+            .insert(
+                PdId(1),
+                MemRegion::whole(buf.clone()),
+                AccessFlags::LOCAL_WRITE,
+            )
             .unwrap();
         assert_eq!(bind(&to(&nobind, va, 8, RW)), Err(MwError::NoBindAccess));
         let ro = t
             .insert(PdId(1), MemRegion::whole(buf.clone()), AccessFlags::MW_BIND)
             .unwrap();
         assert_eq!(bind(&to(&ro, va, 8, RW)), Err(MwError::NeedsLocalWrite));
-        assert!(t.bind_mw(mw, PdId(1), 9, 1, &to(&ro, va, 8, AccessFlags::REMOTE_READ)).is_ok());
+        assert!(
+            t.bind_mw(mw, PdId(1), 9, 1, &to(&ro, va, 8, AccessFlags::REMOTE_READ))
+                .is_ok()
+        );
         let mw2 = t.alloc_mw(PdId(1), MwType::Two);
         let other = t
             .insert(
@@ -1000,7 +1024,9 @@ mod tests {
         let (t, buf, e) = bindable(AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND);
         let va = buf.addr();
         let mw = t.alloc_mw(PdId(1), MwType::Two);
-        let rkey = t.bind_mw(mw, PdId(1), 9, 0x10, &to(&e, va, 64, RW)).unwrap();
+        let rkey = t
+            .bind_mw(mw, PdId(1), 9, 0x10, &to(&e, va, 64, RW))
+            .unwrap();
         let w = AccessFlags::REMOTE_WRITE;
         assert!(t.remote_on(PdId(1), 9, rkey, va, 8, w).is_ok());
         assert_eq!(
@@ -1038,11 +1064,15 @@ mod tests {
             Err(MwError::InvalidState)
         );
         // Free again: a new bind, remote invalidation from its QP.
-        let rkey = t.bind_mw(rkey, PdId(1), 9, 0x11, &to(&e, va, 64, RW)).unwrap();
+        let rkey = t
+            .bind_mw(rkey, PdId(1), 9, 0x11, &to(&e, va, 64, RW))
+            .unwrap();
         t.invalidate(PdId(1), 9, rkey, true).unwrap();
         assert!(t.remote_on(PdId(1), 9, rkey, va, 8, w).is_err());
         // Deallocating a bound window revokes it too.
-        let rkey = t.bind_mw(rkey, PdId(1), 9, 0x12, &to(&e, va, 64, RW)).unwrap();
+        let rkey = t
+            .bind_mw(rkey, PdId(1), 9, 0x12, &to(&e, va, 64, RW))
+            .unwrap();
         let held = t.remote_on(PdId(1), 9, rkey, va, 8, w).unwrap();
         t.dealloc_mw(rkey).unwrap();
         assert!(held.is_revoked());
@@ -1056,7 +1086,9 @@ mod tests {
         let one = t.alloc_mw(PdId(1), MwType::One);
         let two = t.alloc_mw(PdId(1), MwType::Two);
         let k1 = t.bind_mw(one, PdId(1), 3, 1, &to(&e, va, 64, RW)).unwrap();
-        let k2 = t.bind_mw(two, PdId(1), 3, 2, &to(&e, va + 64, 64, RW)).unwrap();
+        let k2 = t
+            .bind_mw(two, PdId(1), 3, 2, &to(&e, va + 64, 64, RW))
+            .unwrap();
         assert_eq!(t.windows_bound(&e), 2);
         let w = AccessFlags::REMOTE_WRITE;
         let g1 = t.remote(PdId(1), k1, va, 8, w).unwrap();
@@ -1067,7 +1099,10 @@ mod tests {
         assert!(t.remote(PdId(1), k2, va + 64, 8, w).is_err());
         // The windows stay allocated, unbound (the type 2 one free again).
         assert_eq!(t.windows(), 2);
-        assert_eq!(t.invalidate(PdId(1), 3, k2, false), Err(MwError::InvalidState));
+        assert_eq!(
+            t.invalidate(PdId(1), 3, k2, false),
+            Err(MwError::InvalidState)
+        );
     }
 
     #[test]

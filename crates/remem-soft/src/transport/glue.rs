@@ -41,8 +41,7 @@ pub trait PayloadSink {
 }
 
 /// A packet's payload writer, as the transports hand it out.
-pub type Fill<'a> = dyn FnMut(&mut dyn PayloadSink) -> std::result::Result<(), AccessError>
-    + 'a;
+pub type Fill<'a> = dyn FnMut(&mut dyn PayloadSink) -> std::result::Result<(), AccessError> + 'a;
 
 /// A [`PayloadSink`] that copies the payload into a slice (exactly the payload's length).
 #[derive(Debug)]

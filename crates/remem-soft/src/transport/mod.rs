@@ -17,10 +17,10 @@
 
 #![forbid(unsafe_code)]
 
-pub mod glue;
-mod rc;
 #[cfg(test)]
 mod fake;
+pub mod glue;
+mod rc;
 #[cfg(test)]
 mod sim;
 mod uc;
@@ -33,8 +33,8 @@ pub use rc::{RcConfig, RcTransport};
 pub use uc::{UcDrop, UcTransport};
 pub use ud::{UdDrop, UdSource, UdTransport};
 
-use wqe::RecvWqe;
 use remem_verbs::{AccessFlags, AsyncEvent, WorkCompletion};
+use wqe::RecvWqe;
 
 /// What a packet is, independent of its position in a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

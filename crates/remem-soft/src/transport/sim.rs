@@ -9,11 +9,10 @@
 //! the model's original values (so each executed exactly once), and every SEND arrives once,
 //! in order, with its data and immediate.
 
-use crate::mem::grant::KeyedRegion;
 use super::{
-    Env, Grant, Kind, Psn, RcConfig, RcTransport, RemoteKeyError, RxPacket, Stat,
-    TxPacket,
+    Env, Grant, Kind, Psn, RcConfig, RcTransport, RemoteKeyError, RxPacket, Stat, TxPacket,
 };
+use crate::mem::grant::KeyedRegion;
 use crate::transport::wqe::{RecvWqe, SendData, SendWqe};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -1756,7 +1755,12 @@ mod slow {
                 rate: Some(4_000_000),
                 ..Faults::NONE
             };
-            let out = run(nodes, Net::new(1, faults), Duration::from_secs(60), |_, _| {});
+            let out = run(
+                nodes,
+                Net::new(1, faults),
+                Duration::from_secs(60),
+                |_, _| {},
+            );
             let what = format!("mtu {mtu}: {:?}", out.elapsed);
             all_done(&out, ids.last().unwrap().0 + 1, 1 << 20, &what);
             let n = &out.nodes[0];
@@ -1841,7 +1845,12 @@ mod slow {
                     )),
                     ..Faults::NONE
                 };
-                let out = run(nodes, Net::new(3, faults), Duration::from_secs(60), |_, _| {});
+                let out = run(
+                    nodes,
+                    Net::new(3, faults),
+                    Duration::from_secs(60),
+                    |_, _| {},
+                );
                 let n = &out.nodes[0];
                 let what = format!(
                     "read {read} pause {pause_ms} ms: {:?}, requester stats {:?}, responder stats {:?}",
@@ -1905,13 +1914,22 @@ mod slow {
             while transmit_one(&mut nodes[0], now).is_some() {}
         }
         let n = &nodes[0];
-        assert_eq!(n.rc.state(), QpState::Err, "{injected} injected, {:?}", n.stats);
+        assert_eq!(
+            n.rc.state(),
+            QpState::Err,
+            "{injected} injected, {:?}",
+            n.stats
+        );
         assert_eq!(n.send_wcs[0].status, WcStatus::RetryExcErr);
         let timeout = Duration::from_nanos(remem_verbs::qp::local_ack_timeout_ns(8).unwrap());
         let elapsed = now - start;
         // Eight ACK timeouts; the budget (4 responses per re-request, 7 re-requests) can
         // add at most 28 steps.
         assert!(elapsed >= timeout * 8, "{elapsed:?}");
-        assert!(elapsed <= timeout * 8 + step * (28 + 8), "{elapsed:?} {:?}", n.stats);
+        assert!(
+            elapsed <= timeout * 8 + step * (28 + 8),
+            "{elapsed:?} {:?}",
+            n.stats
+        );
     }
 }

@@ -552,12 +552,12 @@ impl UcTransport {
 mod tests {
     use super::*;
     use crate::mem::grant::KeyedRegion;
-    
+
     use crate::transport::wqe::SendData;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
     use remem_verbs::{MemRegion, MemoryBuffer};
-    
+
     use std::sync::Arc;
 
     const MTU: u32 = 256;
@@ -674,9 +674,17 @@ mod tests {
         a.post_send(wqe(3, SendOp::Send, &m), &mut ea);
         a.post_send(wqe(4, inv, &[]), &mut ea);
         let w = transmit(&mut a, &mut ea);
-        assert_eq!(w.len(), 4, "two messages of two packets, nothing for the local ones");
+        assert_eq!(
+            w.len(),
+            4,
+            "two messages of two packets, nothing for the local ones"
+        );
         assert_eq!(ea.local_ops, [bind, inv]);
-        let done: Vec<_> = ea.sent.iter().map(|c| (c.wr_id, c.opcode, c.status)).collect();
+        let done: Vec<_> = ea
+            .sent
+            .iter()
+            .map(|c| (c.wr_id, c.opcode, c.status))
+            .collect();
         assert_eq!(
             done,
             [

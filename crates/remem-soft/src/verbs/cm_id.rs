@@ -25,12 +25,11 @@
 //! Lock order: an id's state, then the device's CM state; the CM state is never held
 //! while an id's lock is taken, a QP is modified, or an id is dropped.
 
-
-use crate::device::DeviceShared;
-use crate::engine::{GsiPort, QpPort};
-use crate::device::events::FdQueue;
 use crate::cm::agent::{Agent, ConnectArgs, Event, QpParams};
 use crate::cm::{AgentStats, CmConfig, GSI_QPN, MAD_LEN};
+use crate::device::DeviceShared;
+use crate::device::events::FdQueue;
+use crate::engine::{GsiPort, QpPort};
 use remem_verbs::cm::{
     CmChannel, CmEvent, CmEventKind, CmEventParam, CmId, ConnParam, PeerConnParam, PortSpace,
     PrivateDataLimit, RDMA_UDP_QKEY, UdParam, check_private_data,

@@ -1,9 +1,9 @@
 //! An open soft device.
 
-use crate::device::netdev::{Netdev, gid_table_for};
 use crate::device::DeviceShared;
-use crate::verbs::cm_id::CmDevice;
+use crate::device::netdev::{Netdev, gid_table_for};
 pub use crate::device::options::SoftOptions;
+use crate::verbs::cm_id::CmDevice;
 use remem_verbs::{
     AsyncEvent, AtomicCap, CompletionChannel, CompletionQueue, Context, Counter, DeviceAttr,
     DeviceInfo, Error, GidEntry, LinkLayer, Mtu, PortAttr, PortState, ProtectionDomain, Result,
@@ -170,7 +170,9 @@ impl SoftContext {
     ) -> Result<Self> {
         let dev = DeviceShared::open(info, attr, port, addr, opts)?;
         let cm = Arc::new(CmDevice::new(
-            opts.cm.clone().unwrap_or_else(crate::cm::CmConfig::from_env),
+            opts.cm
+                .clone()
+                .unwrap_or_else(crate::cm::CmConfig::from_env),
         ));
         dev.engine.attach_gsi(cm.clone());
         Ok(SoftContext {

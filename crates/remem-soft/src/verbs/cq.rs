@@ -248,7 +248,10 @@ mod tests {
         assert!(cq.push(wc(3), false) && cq.push(wc(4), false));
         let refused = |r: Result<u32>| matches!(r, Err(Error::InvalidArgument(_)));
         assert!(refused(cq.resize(3, 3)), "below the fill");
-        assert!(refused(cq.resize(3, 7)), "asked below the fill, whatever the rounding");
+        assert!(
+            refused(cq.resize(3, 7)),
+            "asked below the fill, whatever the rounding"
+        );
         assert!(refused(cq.resize(0, 1)));
         assert!(refused(cq.resize(5, 4)), "a size below the ask");
         assert!(refused(cq.resize(8, 9)), "past max_cqe");

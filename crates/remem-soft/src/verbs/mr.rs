@@ -59,4 +59,3 @@ impl remem_verbs::MemoryRegion for SoftMr {
         self.dev.mrs.windows_bound(&self.entry)
     }
 }
-

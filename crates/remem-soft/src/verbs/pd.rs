@@ -2,9 +2,9 @@
 //! queues, address handles and memory windows are made; and the device's other object
 //! constructors (CQs, completion channels, PDs) and handle checks.
 
-use crate::device::{DeviceShared, MAX_UNACKED_PSNS};
 use crate::device::events::SoftCompChannel;
 use crate::device::quota;
+use crate::device::{DeviceShared, MAX_UNACKED_PSNS};
 use crate::transport::wqe::PdId;
 use crate::verbs::ah::SoftAh;
 use crate::verbs::cq::SoftCq;
@@ -214,12 +214,12 @@ impl ProtectionDomain for SoftPd {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{FIRST_QPN, MAX_QPN, MULTICAST_QPN, STAT_NAMES};
-    use crate::transport::Stat;
-    use remem_verbs::GidType;
-    use crate::{SoftContext, SoftOptions};
     use crate::device::events::readable;
+    use crate::device::{FIRST_QPN, MAX_QPN, MULTICAST_QPN, STAT_NAMES};
     use crate::transport::RemoteKeyError;
+    use crate::transport::Stat;
+    use crate::{SoftContext, SoftOptions};
+    use remem_verbs::GidType;
     use remem_verbs::{
         AsyncEvent, AsyncEventElement, AsyncEventType, Context, Gid, MemoryBuffer, PostError,
         QpCap, QpType, RecvWr, Sge, WorkCompletion,
@@ -542,7 +542,11 @@ mod tests {
         // Index 0, the device's link-local name, sends from the bound address too, and a
         // loopback device's link-local GID names it as a destination.
         let peer_ll = crate::device::netdev::link_local_gid("127.0.0.2".parse().unwrap(), None);
-        for (sgid_index, dgid) in [(0, peer_ll), (1, peer_ll), (0, Gid::from(Ipv4Addr::new(127, 0, 0, 2)))] {
+        for (sgid_index, dgid) in [
+            (0, peer_ll),
+            (1, peer_ll),
+            (0, Gid::from(Ipv4Addr::new(127, 0, 0, 2))),
+        ] {
             let av = AhAttr {
                 dgid,
                 sgid_index,
@@ -608,7 +612,11 @@ mod tests {
             },
             // A link-local GID that names no loopback device: unreachable.
             AhAttr {
-                dgid: Gid::from("fe80::5054:ff:fe28:c219".parse::<std::net::Ipv6Addr>().unwrap()),
+                dgid: Gid::from(
+                    "fe80::5054:ff:fe28:c219"
+                        .parse::<std::net::Ipv6Addr>()
+                        .unwrap(),
+                ),
                 ..good
             },
         ]

@@ -1,17 +1,17 @@
 //! The soft provider's queue pair: verbs validation around the RC, UC and UD transports.
 
+use crate::device::DeviceShared;
+use crate::device::quota::Slot;
 use crate::engine::DropCause;
 use crate::engine::port::{Emit, QpMarks, QpPort};
-use crate::device::DeviceShared;
-use crate::verbs::cq::SoftCq;
 use crate::mem::mr::MrTable;
-use crate::device::quota::Slot;
-use crate::verbs::srq::SoftSrq;
+use crate::transport::wqe::{PdId, RecvWqe, SendData, SendWqe};
 use crate::transport::{
     AccessError, Env, Grant, RcConfig, RcTransport, RemoteKeyError, Stat, UcDrop, UcTransport,
     UdDrop, UdSource, UdTransport,
 };
-use crate::transport::wqe::{PdId, RecvWqe, SendData, SendWqe};
+use crate::verbs::cq::SoftCq;
+use crate::verbs::srq::SoftSrq;
 use remem_verbs::{
     AccessFlags, Error, PostError, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, Result,
     SendFlags, SendOp, SendWr, WcStatus, WorkCompletion, check_modify,
@@ -502,7 +502,9 @@ impl Env for QpEnv {
         len: u64,
         need: AccessFlags,
     ) -> std::result::Result<Grant, RemoteKeyError> {
-        self.dev.mrs.remote_on(self.pd, self.qpn, rkey, va, len, need)
+        self.dev
+            .mrs
+            .remote_on(self.pd, self.qpn, rkey, va, len, need)
     }
 
     fn remote_region(
@@ -723,7 +725,6 @@ impl SoftQp {
             Transport::Ud(t) => t.send_queue_len() > 0,
         }
     }
-
 }
 
 /// What the engine sees of a QP: the transport behind the QP's lock, with its

@@ -1,8 +1,8 @@
 //! Shared receive queues.
 
 use crate::device::DeviceShared;
-use crate::verbs::qp::{build_recv_wqe, post_each};
 use crate::transport::wqe::{PdId, RecvWqe};
+use crate::verbs::qp::{build_recv_wqe, post_each};
 use remem_verbs::{
     AsyncEvent, AsyncEventElement, AsyncEventType, Error, PostError, RecvWr, Result, SrqAttr,
 };

@@ -70,8 +70,7 @@ impl RcTransport {
             } else {
                 self.req.cur_pkt = 0;
             }
-            if e.wqe.op.is_local() && status != WcStatus::Success && self.state != QpState::Err
-            {
+            if e.wqe.op.is_local() && status != WcStatus::Success && self.state != QpState::Err {
                 // A refused bind or invalidate: the QP goes to ERR (rxe), the rest of the
                 // send queue is flushed.
                 env.count(Stat::SendErr);
@@ -404,7 +403,9 @@ impl RcTransport {
             && let Some(at) = self.req.last_answer
         {
             let gap = now.saturating_duration_since(at);
-            self.req.pacing.on_answer_gap(now, gap, pkt.payload.len() as u32);
+            self.req
+                .pacing
+                .on_answer_gap(now, gap, pkt.payload.len() as u32);
         }
         self.req.last_answer = Some(now);
         let e = &mut self.req.sq[i];

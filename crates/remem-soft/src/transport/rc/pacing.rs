@@ -508,15 +508,29 @@ mod tests {
         let t0 = Instant::now();
         p.on_answer_gap(t0, MS, 4096);
         let rto = p.answer_rto(4096);
-        assert!(rto >= MIN_RTO + 2 * MS - Duration::from_micros(1), "{rto:?}");
-        assert!(rto <= MIN_RTO + 2 * MS + Duration::from_micros(1), "{rto:?}");
+        assert!(
+            rto >= MIN_RTO + 2 * MS - Duration::from_micros(1),
+            "{rto:?}"
+        );
+        assert!(
+            rto <= MIN_RTO + 2 * MS + Duration::from_micros(1),
+            "{rto:?}"
+        );
         // A smaller response is expected sooner.
         assert!(p.answer_rto(64) < MIN_RTO + Duration::from_micros(70));
         // A burst of back-to-back responses right after does not forget the pause...
         for i in 0..200u32 {
-            p.on_answer_gap(t0 + i * Duration::from_micros(10), Duration::from_micros(10), 4096);
+            p.on_answer_gap(
+                t0 + i * Duration::from_micros(10),
+                Duration::from_micros(10),
+                4096,
+            );
         }
-        assert!(p.answer_rto(4096) > MIN_RTO + MS, "{:?}", p.answer_rto(4096));
+        assert!(
+            p.answer_rto(4096) > MIN_RTO + MS,
+            "{:?}",
+            p.answer_rto(4096)
+        );
         // ...but fast responses for a few half-lives do.
         let later = t0 + PACE_HALF_LIFE * 12;
         p.on_answer_gap(later, Duration::from_micros(10), 4096);

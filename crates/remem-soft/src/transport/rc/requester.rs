@@ -542,7 +542,11 @@ impl RcTransport {
         match head {
             Some(e) if matches!(e.wqe.op, SendOp::RdmaRead { .. }) => {
                 let offset = u64::from(e.resp_pkts) * u64::from(self.cfg.mtu);
-                let bytes = e.wqe.len.saturating_sub(offset).min(u64::from(self.cfg.mtu));
+                let bytes = e
+                    .wqe
+                    .len
+                    .saturating_sub(offset)
+                    .min(u64::from(self.cfg.mtu));
                 r.pacing.answer_rto(bytes as u32)
             }
             _ => r.pacing.rto(),

@@ -712,9 +712,8 @@ impl RcTransport {
         // else fails the request: a completion flagged WITH_INV must never tell the
         // application that a peer's access ended when it did not.
         let invalidates = pkt.kind == Kind::SendInv && pkt.pos.ends();
-        let refused_invalidate = invalidates
-            && placed.is_ok()
-            && !pkt.ieth.is_some_and(|rkey| env.invalidate(rkey));
+        let refused_invalidate =
+            invalidates && placed.is_ok() && !pkt.ieth.is_some_and(|rkey| env.invalidate(rkey));
         let failure = match placed {
             // Longer than the receive buffer: the receive completes with a local length
             // error and the requester gets an invalid-request NAK.

@@ -2,8 +2,8 @@
 
 use super::*;
 use crate::transport::fake::{FakeEnv as TestEnv, RKEY};
-use remem_verbs::{AsyncEvent, AsyncEventElement, AsyncEventType};
 use remem_verbs::MemRegion;
+use remem_verbs::{AsyncEvent, AsyncEventElement, AsyncEventType};
 
 const MTU: u32 = 256;
 const EPSN: Psn = Psn::new(0x00ff_fffe); // the READs below wrap the 24-bit PSN space
@@ -289,7 +289,11 @@ fn what_a_peer_makes_the_responder_queue_is_bounded() {
         t.handle_packet(now, &fa(next), &mut env);
     }
     assert_eq!(transmit(&mut t, &mut env, 100_000).len(), 24);
-    assert_eq!(env.target.load_u64(0).unwrap(), 25, "a duplicate was executed");
+    assert_eq!(
+        env.target.load_u64(0).unwrap(),
+        25,
+        "a duplicate was executed"
+    );
     assert_eq!(t.state(), QpState::Rts);
     assert!(env.events.is_empty());
 }
