@@ -203,13 +203,16 @@ fn document_order(doc: &str) -> Option<Vec<String>> {
 /// Every file the document names that does not exist, and every hop whose function is not
 /// defined in the file named before it. A file is a backticked token ending in `.rs`, taken
 /// under `crates/` when its first component is a crate there, else under `root`; a hop is
-/// such a file followed by a backticked path (`Type::function` or `function`), whose last
-/// component must appear as `fn <name>` in the file.
+/// such a file followed by a chain of backticked paths (`Type::function` or `function`)
+/// separated only by spaces and arrows, whose last components must be defined in the file
+/// (a function, type, trait or constant). A list item's continuation lines are part of it.
 pub fn stale_references(root: &Path, doc: &str) -> Vec<String> {
     let mut out = Vec::new();
-    for (n, line) in doc.lines().enumerate() {
-        let tokens: Vec<&str> = line.split('`').skip(1).step_by(2).collect();
-        for (i, tok) in tokens.iter().enumerate() {
+    for (n, line) in paragraphs(doc) {
+        // parts[k] for odd k is a backticked token; parts[k + 1] the text after it.
+        let parts: Vec<&str> = line.split('`').collect();
+        for k in (1..parts.len()).step_by(2) {
+            let tok = parts[k];
             if !tok.ends_with(".rs") || !tok.contains('/') || tok.contains(' ') {
                 continue;
             }
@@ -223,15 +226,19 @@ pub fn stale_references(root: &Path, doc: &str) -> Vec<String> {
                 out.push(format!("line {}: `{tok}` does not exist", n + 1));
                 continue;
             };
-            // The hops: the tokens after the file on its line, up to the next file, that
-            // are paths of identifiers.
-            for next in tokens[i + 1..].iter().take_while(|t| !t.ends_with(".rs")) {
+            // The hops: the chain of identifier paths right after the file, separated
+            // only by spaces and arrows (`file` `a` → `B::c` → `d`: prose ends it).
+            let mut k = k;
+            while k + 2 < parts.len() && parts[k + 1].chars().all(|c| c.is_whitespace() || c == '→')
+            {
+                k += 2;
+                let next = parts[k];
                 let is_path = !next.is_empty()
                     && next.split("::").all(|s| {
                         !s.is_empty() && s.chars().all(|c| c.is_alphanumeric() || c == '_')
                     });
                 if !is_path {
-                    continue;
+                    break;
                 }
                 let name = next.rsplit("::").next().unwrap_or(next);
                 if !defines(&text, name) {
@@ -242,6 +249,31 @@ pub fn stale_references(root: &Path, doc: &str) -> Vec<String> {
                 }
             }
         }
+    }
+    out
+}
+
+/// The document's lines joined into logical lines: a list item or a table row with the
+/// lines that continue it (indented, not starting a new item), each with its first line's
+/// number (from 0). A hop's file and functions may then sit on different lines of an item.
+fn paragraphs(doc: &str) -> Vec<(usize, String)> {
+    let mut out: Vec<(usize, String)> = Vec::new();
+    let mut open = false;
+    for (n, line) in doc.lines().enumerate() {
+        let t = line.trim_start();
+        let starts_item = t.starts_with("- ")
+            || t.starts_with('|')
+            || t.split_once(". ")
+                .is_some_and(|(k, _)| k.parse::<u32>().is_ok());
+        let continues = open && !starts_item && !t.is_empty() && line.starts_with(' ');
+        match out.last_mut() {
+            Some((_, text)) if continues => {
+                text.push(' ');
+                text.push_str(t);
+            }
+            _ => out.push((n, line.to_string())),
+        }
+        open = starts_item || continues;
     }
     out
 }
@@ -306,6 +338,10 @@ mod tests {
         assert_eq!(stale.len(), 2, "{stale:?}");
         assert!(stale[0].contains("no_such_function"), "{stale:?}");
         assert!(stale[1].contains("gone.rs"), "{stale:?}");
+        // A list item's continuation lines belong to it.
+        let doc = "1. `xtask/src/archmap.rs` `render` →\n   `nope_either`\n";
+        let stale = stale_references(&root(), doc);
+        assert_eq!(stale.len(), 1, "{stale:?}");
         // Every hop after a file on its line counts, up to the next file.
         let doc =
             "`xtask/src/archmap.rs` `render` → `Deps` → `nope` then `xtask/src/main.rs` `main`";
