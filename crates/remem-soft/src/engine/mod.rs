@@ -298,7 +298,7 @@ pub(crate) fn ip_fields(src: IpAddr, dst: IpAddr, id: u16) -> IpFields {
 impl Engine {
     /// An engine for a device bound to `local`, sending to peers on `peer_port`.
     /// (It does no IO: packet capture and fault injection are layers of the driver's
-    /// `Nic`, around its socket: `Nic::with_pcap`, `Nic::with_faults`.)
+    /// `Nic`, as decorators of its socket: `Nic::with_pcap`, `Nic::with_faults`.)
     pub fn new(local: SocketAddr, peer_port: u16) -> Self {
         Engine {
             local,
