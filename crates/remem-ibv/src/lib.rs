@@ -210,7 +210,6 @@ pub mod misc;
 pub mod mr;
 pub mod mw;
 pub mod pd;
-pub mod private;
 pub mod query;
 pub mod rdmacm;
 pub mod stats;

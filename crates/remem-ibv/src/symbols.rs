@@ -10,8 +10,8 @@ pub fn exports() -> Vec<(&'static str, &'static str)> {
         crate::query::SYMBOLS,
         crate::ffi::device::SYMBOLS,
         crate::misc::SYMBOLS,
-        crate::private::SYMBOLS,
-        crate::private::DATA_SYMBOLS,
+        crate::ffi::private::SYMBOLS,
+        crate::ffi::private::DATA_SYMBOLS,
         crate::ffi::queues::SYMBOLS,
     ]
     .concat()

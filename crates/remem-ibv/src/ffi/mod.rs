@@ -23,6 +23,7 @@
 
 pub mod device;
 pub mod handles;
+pub mod private;
 pub mod queues;
 pub mod rdmacm;
 pub mod sys;
