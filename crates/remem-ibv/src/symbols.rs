@@ -9,7 +9,7 @@ pub fn exports() -> Vec<(&'static str, &'static str)> {
         crate::device::SYMBOLS,
         crate::query::SYMBOLS,
         crate::ffi::device::SYMBOLS,
-        crate::misc::SYMBOLS,
+        crate::ffi::verbs::SYMBOLS,
         crate::ffi::private::SYMBOLS,
         crate::ffi::private::DATA_SYMBOLS,
         crate::ffi::queues::SYMBOLS,

@@ -27,6 +27,7 @@ pub mod private;
 pub mod queues;
 pub mod rdmacm;
 pub mod sys;
+pub mod verbs;
 pub mod wr;
 
 #[cfg(test)]
@@ -303,3 +304,5 @@ mod tests {
         assert_eq!(r, libc::EIO);
     }
 }
+
+zeroable!(crate::abi::ibv_sa_path_rec, crate::abi::ib_uverbs_qp_attr,);
