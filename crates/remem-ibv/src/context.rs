@@ -361,8 +361,8 @@ pub unsafe fn ctx_from<'a>(ctx: *mut ibv_context) -> Option<&'a Ctx> {
 /// The function tables of every context.
 fn verbs_context_table(device: *mut ibv_device, async_fd: i32) -> verbs_context {
     let ops = ibv_context_ops {
-        _compat_query_device: Some(crate::query::remem_ibv_ibv_query_device),
-        _compat_query_port: Some(crate::query::remem_ibv_ibv_query_port),
+        _compat_query_device: Some(crate::ffi::verbs::remem_ibv_ibv_query_device),
+        _compat_query_port: Some(crate::ffi::verbs::remem_ibv_ibv_query_port),
         _compat_alloc_pd: None,
         _compat_dealloc_pd: None,
         _compat_reg_mr: None,
@@ -395,7 +395,7 @@ fn verbs_context_table(device: *mut ibv_device, async_fd: i32) -> verbs_context 
         _compat_async_event: None,
     };
     verbs_context {
-        query_port: Some(crate::query::query_port),
+        query_port: Some(crate::ffi::verbs::query_port),
         advise_mr: None,
         alloc_null_mr: None,
         read_counters: None,
@@ -422,7 +422,7 @@ fn verbs_context_table(device: *mut ibv_device, async_fd: i32) -> verbs_context 
         query_rt_values: None,
         create_cq_ex: Some(crate::ffi::queues::create_cq_ex),
         r#priv: std::ptr::null_mut(),
-        query_device_ex: Some(crate::query::query_device_ex),
+        query_device_ex: Some(crate::ffi::verbs::query_device_ex),
         ibv_destroy_flow: None,
         ABI_placeholder2: None,
         ibv_create_flow: None,

@@ -7,7 +7,6 @@
 pub fn exports() -> Vec<(&'static str, &'static str)> {
     [
         crate::device::SYMBOLS,
-        crate::query::SYMBOLS,
         crate::ffi::device::SYMBOLS,
         crate::ffi::verbs::SYMBOLS,
         crate::ffi::private::SYMBOLS,

@@ -25,7 +25,6 @@ const FFI: &[&str] = &[
     // holds its own `extern "C"` entry points. The list only shrinks.
     "context.rs",
     "device.rs",
-    "query.rs",
     "rdmacm/addrinfo.rs",
     "rdmacm/channel.rs",
     "rdmacm/devices.rs",

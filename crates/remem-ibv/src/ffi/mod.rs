@@ -305,4 +305,8 @@ mod tests {
     }
 }
 
-zeroable!(crate::abi::ibv_sa_path_rec, crate::abi::ib_uverbs_qp_attr,);
+zeroable!(
+    crate::abi::ibv_sa_path_rec,
+    crate::abi::ib_uverbs_qp_attr,
+    crate::abi::ibv_device_attr_ex,
+);

@@ -2,13 +2,22 @@
 //! list, contexts): each converts the program's pointers once and calls safe code in
 //! [`crate::misc`], [`crate::query`], [`crate::device`] and [`crate::context`].
 
-use super::null_with;
-use super::{cstr, set_errno, slice_mut};
+use super::{cstr, guard_int, guard_neg, null_with, opt_ref, out, set_errno, slice_mut, zeroed};
 use crate::abi::*;
-use crate::misc;
-use core::ffi::{c_char, c_int, c_void};
+use crate::context::{Ctx, ctx_from};
+use crate::{misc, query};
+use core::ffi::{c_char, c_int, c_uint, c_void};
 
 symver!(
+    "ibv_query_device" @ "IBVERBS_1.1",
+    "ibv_query_port" @ "IBVERBS_1.1",
+    "ibv_query_gid" @ "IBVERBS_1.1",
+    "_ibv_query_gid_ex" @ "IBVERBS_1.11",
+    "_ibv_query_gid_table" @ "IBVERBS_1.11",
+    "ibv_query_pkey" @ "IBVERBS_1.1",
+    "ibv_get_pkey_index" @ "IBVERBS_1.5",
+    "ibv_query_gid_type" @ "IBVERBS_PRIVATE_34",
+    "ibv_resolve_eth_l2_from_gid" @ "IBVERBS_1.1",
     "ibv_fork_init" @ "IBVERBS_1.1",
     "ibv_is_fork_initialized" @ "IBVERBS_1.13",
     "ibv_dontfork_range" @ "IBVERBS_1.1",
@@ -228,4 +237,400 @@ pub extern "C" fn remem_ibv_ibv_import_dm(
 #[unsafe(no_mangle)]
 pub extern "C" fn remem_ibv_ibv_unimport_dm(dm: *mut ibv_dm) {
     let _ = dm;
+}
+
+// ----- queries (crate::query) -------------------------------------------------------------------
+
+/// The context of a query: EINVAL for NULL.
+///
+/// # Safety
+///
+/// `context` is NULL or open, for `'a`.
+unsafe fn ctx<'a>(context: *mut ibv_context) -> Result<&'a Ctx, c_int> {
+    // SAFETY: by the contract.
+    unsafe { ctx_from(context) }.ok_or(libc::EINVAL)
+}
+
+/// Copies `value` into `dst`, at most `len` bytes of it (a caller's struct of an older,
+/// smaller layout gets the prefix it has).
+///
+/// # Safety
+///
+/// `dst` is writable for `len` bytes.
+unsafe fn write_prefix<T>(dst: *mut T, value: &T, len: usize) {
+    let n = len.min(size_of::<T>());
+    // SAFETY: `value` is readable for size_of::<T>() >= n bytes, `dst` writable for
+    // len >= n bytes, and they do not overlap (`value` is a Rust local).
+    unsafe { std::ptr::copy_nonoverlapping((value as *const T).cast::<u8>(), dst.cast::<u8>(), n) };
+}
+
+/// The index of the network interface `name` (`if_nametoindex`); 0 if there is none.
+pub fn if_index(name: &core::ffi::CStr) -> u32 {
+    // SAFETY: if_nametoindex reads a NUL-terminated string.
+    unsafe { libc::if_nametoindex(name.as_ptr()) }
+}
+
+/// `ibv_query_device`: 0, or EINVAL for a NULL argument.
+///
+/// # Safety
+///
+/// `context` is NULL or open; `attr` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_query_device(
+    context: *mut ibv_context,
+    attr: *mut ibv_device_attr,
+) -> c_int {
+    guard_int("ibv_query_device", || {
+        // SAFETY: by the contract.
+        let (c, attr) = unsafe { (ctx(context), out(attr)) };
+        let c = match c {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
+        let Some(attr) = attr else {
+            return libc::EINVAL;
+        };
+        match query::query_device_attr(c) {
+            Ok(a) => {
+                attr.write(a);
+                0
+            }
+            Err(e) => e,
+        }
+    })
+}
+
+/// `verbs_context::query_device_ex` (verbs.h's inline `ibv_query_device_ex`): the basic
+/// attributes, the placement extensions in `device_cap_flags_ex` ([`cap_flags_ex`]), and
+/// zeros for the extensions remem has none of. EINVAL for a NULL
+/// argument, an input with a non-zero `comp_mask`, or `attr_size` smaller than
+/// `struct ibv_device_attr`; a smaller (older) `ibv_device_attr_ex` gets its prefix.
+///
+/// # Safety
+///
+/// `context` is NULL or open; `input` NULL or readable; `attr` NULL or writable for
+/// `attr_size` bytes.
+pub unsafe extern "C" fn query_device_ex(
+    context: *mut ibv_context,
+    input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    guard_int("ibv_query_device_ex", || {
+        // SAFETY: by the contract.
+        let (c, input) = unsafe { (ctx(context), opt_ref(input)) };
+        let c = match c {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
+        if input.is_some_and(|i| i.comp_mask != 0) {
+            return libc::EINVAL;
+        }
+        if attr.is_null() || attr_size < size_of::<ibv_device_attr>() {
+            return libc::EINVAL;
+        }
+        let (orig, flags_ex) = match query::query_device_both(c) {
+            Ok(a) => a,
+            Err(e) => return e,
+        };
+        let mut ex: ibv_device_attr_ex = zeroed();
+        ex.device_cap_flags_ex = flags_ex;
+        ex.phys_port_cnt_ex = u32::from(orig.phys_port_cnt);
+        ex.orig_attr = orig;
+        // SAFETY: writable for attr_size bytes by the contract.
+        unsafe { write_prefix(attr, &ex, attr_size) };
+        0
+    })
+}
+
+/// `verbs_context::query_port` (verbs.h's inline `ibv_query_port`): 0; EINVAL for a NULL
+/// argument or a port other than 1. A smaller (older) `ibv_port_attr` gets its prefix.
+///
+/// # Safety
+///
+/// `context` is NULL or open; `attr` is NULL or writable for `attr_len` bytes.
+pub unsafe extern "C" fn query_port(
+    context: *mut ibv_context,
+    port_num: u8,
+    attr: *mut ibv_port_attr,
+    attr_len: usize,
+) -> c_int {
+    guard_int("ibv_query_port", || {
+        // SAFETY: by the contract.
+        let c = match unsafe { ctx(context) } {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
+        if attr.is_null() {
+            return libc::EINVAL;
+        }
+        match query::port_of(c, u32::from(port_num)) {
+            Ok(p) => {
+                // SAFETY: writable for attr_len bytes by the contract.
+                unsafe { write_prefix(attr, &query::port_attr(&p), attr_len) };
+                0
+            }
+            Err(e) => e,
+        }
+    })
+}
+
+/// `ibv_query_port`, the exported symbol (reached by programs built without verbs.h's
+/// inline wrapper): writes the compat layout, `ibv_port_attr` up to `link_layer`.
+///
+/// # Safety
+///
+/// `context` is NULL or open; `attr` is NULL or writable for the compat layout.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_query_port(
+    context: *mut ibv_context,
+    port_num: u8,
+    attr: *mut _compat_ibv_port_attr,
+) -> c_int {
+    // SAFETY: forwarded contract; the compat layout is the prefix written.
+    unsafe { query_port(context, port_num, attr.cast(), query::COMPAT_PORT_ATTR_LEN) }
+}
+
+/// `ibv_query_gid`: 0 (an empty slot of the table reads as the zero GID, as in
+/// rdma-core); -1 with errno EINVAL for a bad port or index or a NULL argument.
+///
+/// # Safety
+///
+/// `context` is NULL or open; `gid` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_query_gid(
+    context: *mut ibv_context,
+    port_num: u8,
+    index: c_int,
+    gid: *mut ibv_gid,
+) -> c_int {
+    guard_neg("ibv_query_gid", || {
+        // SAFETY: by the contract.
+        let (c, gid) = unsafe { (ctx(context), out(gid)) };
+        let r = c.and_then(|c| {
+            let gid = gid.ok_or(libc::EINVAL)?;
+            Ok((gid, query::gid(c, port_num, index)?))
+        });
+        match r {
+            Ok((gid, raw)) => {
+                gid.write(ibv_gid { raw });
+                0
+            }
+            Err(e) => {
+                set_errno(e);
+                -1
+            }
+        }
+    })
+}
+
+/// `_ibv_query_gid_ex` (verbs.h's inline `ibv_query_gid_ex`): 0; EINVAL for a bad
+/// port, index, flags, NULL argument or an `entry_size` smaller than
+/// `struct ibv_gid_entry`; ENODATA for an empty slot.
+///
+/// # Safety
+///
+/// `context` is NULL or open; `entry` NULL or writable for `entry_size` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv__ibv_query_gid_ex(
+    context: *mut ibv_context,
+    port_num: u32,
+    gid_index: u32,
+    entry: *mut ibv_gid_entry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    guard_int("ibv_query_gid_ex", || {
+        // SAFETY: by the contract.
+        let c = match unsafe { ctx(context) } {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
+        if entry.is_null() || flags != 0 || entry_size < size_of::<ibv_gid_entry>() {
+            return libc::EINVAL;
+        }
+        // SAFETY: non-NULL, writable for entry_size >= size_of bytes by the contract.
+        let entry = unsafe { out(entry) }.expect("checked non-NULL");
+        match query::gid_of(c, port_num, gid_index) {
+            Ok(e) => {
+                entry.write(query::gid_entry(&e));
+                0
+            }
+            Err(e) => e,
+        }
+    })
+}
+
+/// `_ibv_query_gid_table` (verbs.h's inline `ibv_query_gid_table`): the valid entries of
+/// every port, packed at `entry_size` strides; their number, or a negative errno: EINVAL
+/// for bad flags, a NULL argument or an `entry_size` smaller than `struct ibv_gid_entry`,
+/// or too few `max_entries`.
+///
+/// # Safety
+///
+/// `context` is NULL or open; `entries` NULL or writable for `max_entries` entries of
+/// `entry_size` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv__ibv_query_gid_table(
+    context: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    let r = guard_int("ibv_query_gid_table", || {
+        // SAFETY: by the contract.
+        let c = match unsafe { ctx(context) } {
+            Ok(c) => c,
+            Err(e) => return -e,
+        };
+        if entries.is_null() || flags != 0 || entry_size < size_of::<ibv_gid_entry>() {
+            return -libc::EINVAL;
+        }
+        let all = match query::gid_tables(c) {
+            Ok(all) => all,
+            Err(e) => return -e,
+        };
+        if all.len() > max_entries {
+            return -libc::EINVAL;
+        }
+        for (i, e) in all.iter().enumerate() {
+            // SAFETY: i < max_entries, each slot writable for entry_size bytes by the
+            // contract; the slot may be unaligned for a foreign entry_size.
+            unsafe {
+                entries
+                    .cast::<u8>()
+                    .add(i * entry_size)
+                    .cast::<ibv_gid_entry>()
+                    .write_unaligned(query::gid_entry(e))
+            };
+        }
+        all.len() as c_int
+    });
+    // guard_int's panic value is EIO, positive: make it negative.
+    if r == libc::EIO {
+        -(libc::EIO as isize)
+    } else {
+        r as isize
+    }
+}
+
+/// `ibv_query_gid_type` (IBVERBS_PRIVATE_34; perftest uses it): 0 with the sysfs type
+/// (RoCE v2, or IB/RoCE v1); -1 with errno EINVAL for a bad port, index or NULL argument,
+/// ENODATA for an empty slot.
+///
+/// # Safety
+///
+/// `context` is NULL or open; `gid_type` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_query_gid_type(
+    context: *mut ibv_context,
+    port_num: u8,
+    index: c_uint,
+    gid_type: *mut ibv_gid_type_sysfs,
+) -> c_int {
+    guard_neg("ibv_query_gid_type", || {
+        // SAFETY: by the contract.
+        let (c, gid_type) = unsafe { (ctx(context), out(gid_type)) };
+        let r = c.and_then(|c| {
+            let out = gid_type.ok_or(libc::EINVAL)?;
+            Ok((out, query::gid_type(c, port_num, index)?))
+        });
+        match r {
+            Ok((out, t)) => {
+                out.write(t);
+                0
+            }
+            Err(e) => {
+                set_errno(e);
+                -1
+            }
+        }
+    })
+}
+
+/// `ibv_query_pkey`: the default P_Key (big-endian) at index 0; -1 with errno EINVAL for
+/// a bad port, index or NULL argument.
+///
+/// # Safety
+///
+/// `context` is NULL or open; `pkey` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_query_pkey(
+    context: *mut ibv_context,
+    port_num: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
+    guard_neg("ibv_query_pkey", || {
+        // SAFETY: by the contract.
+        let (c, out) = unsafe { (ctx(context), out(pkey)) };
+        let r = c.and_then(|c| query::pkey(c, port_num, index, out.is_some()));
+        match (r, out) {
+            (Ok(p), Some(out)) => {
+                out.write(p);
+                0
+            }
+            (r, _) => {
+                set_errno(r.err().unwrap_or(libc::EINVAL));
+                -1
+            }
+        }
+    })
+}
+
+/// `ibv_get_pkey_index`: the index of `pkey` (big-endian) in the P_Key table; -1 with
+/// errno EINVAL for a bad port, ENOENT for a P_Key not in the table.
+///
+/// # Safety
+///
+/// `context` is NULL or open.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_get_pkey_index(
+    context: *mut ibv_context,
+    port_num: u8,
+    pkey: u16,
+) -> c_int {
+    guard_neg("ibv_get_pkey_index", || {
+        // SAFETY: by the contract.
+        match unsafe { ctx(context) }.and_then(|c| query::pkey_index(c, port_num, pkey)) {
+            Ok(i) => i,
+            Err(e) => {
+                set_errno(e);
+                -1
+            }
+        }
+    })
+}
+
+/// `ibv_resolve_eth_l2_from_gid`: the Ethernet address of a RoCE destination. Soft
+/// devices speak UDP and have no layer 2 of their own: EOPNOTSUPP.
+///
+/// # Safety
+///
+/// No pointer is dereferenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_resolve_eth_l2_from_gid(
+    context: *mut ibv_context,
+    attr: *mut ibv_ah_attr,
+    eth_mac: *mut u8,
+    vid: *mut u16,
+) -> c_int {
+    let _ = (context, attr, eth_mac, vid);
+    libc::EOPNOTSUPP
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_prefix_writes_no_more_than_asked() {
+        let mut buf = [0xaau8; 8];
+        let value = 0x1122_3344_5566_7788u64;
+        // SAFETY: buf is writable for 8 bytes.
+        unsafe { write_prefix(buf.as_mut_ptr().cast::<u64>(), &value, 3) };
+        assert_eq!(&buf[..3], &value.to_ne_bytes()[..3]);
+        assert_eq!(&buf[3..], &[0xaa; 5]);
+    }
 }
