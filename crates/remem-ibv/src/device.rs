@@ -452,7 +452,7 @@ pub unsafe extern "C" fn remem_ibv_ibv_close_device(context: *mut ibv_context) -
         }
         crate::stats::snapshot();
         // SAFETY: a context this library made (checked above), not used afterwards.
-        unsafe { Ctx::free(context) };
+        unsafe { crate::ffi::handles::ctx_free(context) };
         0
     })
 }
@@ -519,6 +519,6 @@ mod tests {
         let seen = shared.gid_table(1).unwrap();
         assert_eq!(seen, dropin::program_gid_table(addr.ip()));
         // SAFETY: made by Ctx::create, not used afterwards.
-        unsafe { Ctx::free(ctx) };
+        unsafe { crate::ffi::handles::ctx_free(ctx) };
     }
 }

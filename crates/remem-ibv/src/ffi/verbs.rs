@@ -623,6 +623,11 @@ pub unsafe extern "C" fn remem_ibv_ibv_resolve_eth_l2_from_gid(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::context::{Pd, program_gids};
+    use crate::ffi::handles::{Handle, ctx_free, free, pd_from};
+    use remem_verbs::CqId;
+    use std::sync::{Arc, mpsc};
+    use std::time::Duration;
 
     #[test]
     fn write_prefix_writes_no_more_than_asked() {
@@ -632,5 +637,131 @@ mod tests {
         unsafe { write_prefix(buf.as_mut_ptr().cast::<u64>(), &value, 3) };
         assert_eq!(&buf[..3], &value.to_ne_bytes()[..3]);
         assert_eq!(&buf[3..], &[0xaa; 5]);
+    }
+
+    #[test]
+    fn context_pointer_round_trips() {
+        let ctx = Ctx::create(crate::context::tests::soft_device(), std::ptr::null_mut());
+        // SAFETY: a live context just made.
+        let c = unsafe { ctx_from(ctx) }.unwrap();
+        assert_eq!(c.shared().ibv_context(), ctx);
+        assert_eq!(c.vctx.sz, size_of::<verbs_context>());
+        // SAFETY: a live context; reading its fields.
+        assert_eq!(unsafe { (*ctx).abi_compat }, VERBS_ABI_IS_EXTENDED);
+        // SAFETY: made by Ctx::create, not used afterwards.
+        unsafe { ctx_free(ctx) };
+        // SAFETY: NULL is allowed.
+        assert!(unsafe { ctx_from(std::ptr::null_mut()) }.is_none());
+    }
+
+    #[test]
+    fn cmd_fd_is_an_open_descriptor_closed_with_the_context() {
+        let ctx = Ctx::create(crate::context::tests::soft_device(), std::ptr::null_mut());
+        // SAFETY: a live context just made; reading a field.
+        let fd = unsafe { (*ctx).cmd_fd };
+        assert!(fd >= 0);
+        // SAFETY: fstat of a descriptor into a local.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::fstat(fd, &mut st) }, 0);
+        assert_eq!(
+            st.st_mode & libc::S_IFMT,
+            libc::S_IFCHR,
+            "/dev/null without a device"
+        );
+        // SAFETY: fcntl on a descriptor.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        assert!(flags & libc::FD_CLOEXEC != 0);
+        // SAFETY: made by Ctx::create, not used afterwards.
+        unsafe { ctx_free(ctx) };
+        // SAFETY: fcntl on a (now closed) descriptor number.
+        assert_eq!(unsafe { libc::fcntl(fd, libc::F_GETFD) }, -1);
+    }
+
+    #[test]
+    fn programs_see_rxes_gid_table() {
+        let ctx = Ctx::create(crate::context::tests::soft_device(), std::ptr::null_mut());
+        // SAFETY: a live context just made.
+        let shared = unsafe { ctx_from(ctx) }.unwrap().shared();
+        // A soft device's table is all RoCE v2 in rxe's layout: programs see it as is.
+        let soft = shared.dev.gid_table(1).unwrap();
+        let seen = shared.gid_table(1).unwrap();
+        assert_eq!(seen, soft);
+        assert!(seen.len() >= 2);
+        assert!(seen[0].gid.to_ipv6().is_unicast_link_local());
+        assert_eq!(
+            remem_verbs::first_roce_v2_ipv4(&seen).map(|e| e.index),
+            Some(1)
+        );
+        for i in 0..seen.len() as u8 {
+            assert_eq!(shared.soft_gid_index(i), Some(i));
+            assert_eq!(shared.program_gid_index(i), Some(i));
+        }
+        assert_eq!(shared.soft_gid_index(seen.len() as u8), None);
+        // A table with RoCE v1 entries (another provider's): programs see the v2 ones.
+        let mixed: Vec<remem_verbs::GidEntry> =
+            [remem_verbs::GidType::RoceV1, remem_verbs::GidType::RoceV2]
+                .into_iter()
+                .enumerate()
+                .map(|(i, gid_type)| remem_verbs::GidEntry {
+                    index: i as u32,
+                    gid_type,
+                    ..soft[1].clone()
+                })
+                .collect();
+        assert_eq!(program_gids(&mixed), vec![1]);
+        // SAFETY: made by Ctx::create, not used afterwards.
+        unsafe { ctx_free(ctx) };
+    }
+
+    #[test]
+    fn unregistering_waits_for_the_acks() {
+        let ctx = Ctx::create(crate::context::tests::soft_device(), std::ptr::null_mut());
+        // SAFETY: a live context just made.
+        let shared = Arc::clone(unsafe { ctx_from(ctx) }.unwrap().shared());
+        let qp = 0x1000 as *mut ibv_qp;
+        shared.register_qp(7, qp);
+        assert_eq!(shared.qp_ptr(7), Some(qp));
+        shared.event_out(qp as usize);
+        shared.event_out(qp as usize);
+        let (tx, rx) = mpsc::channel();
+        let s2 = Arc::clone(&shared);
+        let t = std::thread::spawn(move || {
+            s2.unregister_qp(7);
+            tx.send(()).unwrap();
+        });
+        shared.event_acked(qp as usize);
+        // One event still out: the destroy must still be waiting (checked for a while).
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+        shared.event_acked(qp as usize);
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("unregister returns");
+        t.join().unwrap();
+        assert_eq!(shared.qp_ptr(7), None);
+        // Unregistering what is not registered returns at once.
+        shared.unregister_cq(CqId(5));
+        // SAFETY: made by Ctx::create, not used afterwards.
+        unsafe { ctx_free(ctx) };
+    }
+
+    #[test]
+    fn pd_users_block_nothing_but_are_counted() {
+        let ctx = Ctx::create(crate::context::tests::soft_device(), std::ptr::null_mut());
+        // SAFETY: a live context just made.
+        let c = unsafe { ctx_from(ctx) }.unwrap();
+        let pd = Pd::create(c.shared(), c.shared().dev.alloc_pd().unwrap());
+        // SAFETY: a live PD just made.
+        let p = unsafe { pd_from(pd) }.unwrap();
+        assert_eq!(p.inner.ibv_pd(), pd);
+        assert_eq!(p.abi.context, ctx);
+        let hold = p.inner.hold();
+        assert_eq!(p.inner.users(), 1);
+        drop(hold);
+        assert_eq!(p.inner.users(), 0);
+        // SAFETY: made by Pd::create / Ctx::create, not used afterwards.
+        unsafe {
+            free(Handle::<Pd>::from_abi(pd).expect("a PD"));
+            ctx_free(ctx);
+        }
     }
 }
