@@ -6,7 +6,6 @@
 /// Every exported C symbol with its default version, as `(name, version)`.
 pub fn exports() -> Vec<(&'static str, &'static str)> {
     [
-        crate::device::SYMBOLS,
         crate::ffi::device::SYMBOLS,
         crate::ffi::verbs::SYMBOLS,
         crate::ffi::private::SYMBOLS,

@@ -2,13 +2,24 @@
 //! list, contexts): each converts the program's pointers once and calls safe code in
 //! [`crate::misc`], [`crate::query`], [`crate::device`] and [`crate::context`].
 
-use super::{cstr, guard_int, guard_neg, null_with, opt_ref, out, set_errno, slice_mut, zeroed};
+use super::handles::{ctx_free, ctx_from};
+use super::{
+    cstr, guard_int, guard_neg, guard_ptr, null_with, opt_ref, out, set_errno, slice_mut, zeroed,
+};
 use crate::abi::*;
-use crate::context::{Ctx, ctx_from};
-use crate::{misc, query};
+use crate::context::Ctx;
+use crate::{device, misc, query};
 use core::ffi::{c_char, c_int, c_uint, c_void};
 
 symver!(
+    "ibv_get_device_list" @ "IBVERBS_1.1",
+    "ibv_free_device_list" @ "IBVERBS_1.1",
+    "ibv_get_device_name" @ "IBVERBS_1.1",
+    "ibv_get_device_guid" @ "IBVERBS_1.1",
+    "ibv_get_device_index" @ "IBVERBS_1.9",
+    "ibv_open_device" @ "IBVERBS_1.1",
+    "ibv_close_device" @ "IBVERBS_1.1",
+    "ibv_import_device" @ "IBVERBS_1.10",
     "ibv_query_device" @ "IBVERBS_1.1",
     "ibv_query_port" @ "IBVERBS_1.1",
     "ibv_query_gid" @ "IBVERBS_1.1",
@@ -620,6 +631,168 @@ pub unsafe extern "C" fn remem_ibv_ibv_resolve_eth_l2_from_gid(
     libc::EOPNOTSUPP
 }
 
+// ----- the device list (crate::device) --------------------------------------------------------
+
+/// Has `f` run when the process exits (`atexit`; a failure to register is ignored, as
+/// the flush it runs is a courtesy).
+pub fn at_exit(f: extern "C" fn()) {
+    // SAFETY: registers a function of this library that takes no argument and does not
+    // unwind (the callers' catch panics); the library is never unloaded while the process
+    // runs (its devices' threads live in it).
+    unsafe { libc::atexit(f) };
+}
+
+/// `ibv_get_device_list`: a NULL-terminated array of the devices (free it with
+/// `ibv_free_device_list`); `*num_devices` their number. NULL with errno EINVAL if
+/// `REMEM_IBV_DEVICES` is bad.
+///
+/// # Safety
+///
+/// `num_devices` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_get_device_list(
+    num_devices: *mut c_int,
+) -> *mut *mut ibv_device {
+    guard_ptr("ibv_get_device_list", || {
+        // SAFETY: by the contract.
+        let num_devices = unsafe { out(num_devices) };
+        let devs = match device::devices() {
+            Ok(d) => d,
+            Err(why) => {
+                eprintln!("remem-ibv: {}: {why}", device::DEVICES_ENV);
+                if let Some(n) = num_devices {
+                    n.write(0);
+                }
+                return null_with(libc::EINVAL);
+            }
+        };
+        let mut list: Vec<*mut ibv_device> =
+            devs.iter().map(|d| (&raw const d.abi).cast_mut()).collect();
+        list.push(std::ptr::null_mut());
+        if let Some(n) = num_devices {
+            n.write(devs.len() as c_int);
+        }
+        Box::into_raw(list.into_boxed_slice()).cast()
+    })
+}
+
+/// `ibv_free_device_list`.
+///
+/// # Safety
+///
+/// `list` is NULL or came from `ibv_get_device_list` and is not used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_free_device_list(list: *mut *mut ibv_device) {
+    if list.is_null() {
+        return;
+    }
+    let mut n = 0;
+    // SAFETY: the list is NULL-terminated (made by ibv_get_device_list).
+    while !unsafe { *list.add(n) }.is_null() {
+        n += 1;
+    }
+    // SAFETY: the boxed slice of n + 1 pointers made by ibv_get_device_list.
+    drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(list, n + 1)) });
+}
+
+/// `ibv_get_device_name`: NULL (errno EINVAL) for a pointer that is not a device.
+///
+/// # Safety
+///
+/// `device` is NULL or from the device list.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
+    match device::device_from(device) {
+        Some(d) => d.abi.name.as_ptr(),
+        None => null_with::<c_char>(libc::EINVAL),
+    }
+}
+
+/// `ibv_get_device_guid`: the node GUID, big-endian (0 with errno EINVAL for a pointer
+/// that is not a device).
+///
+/// # Safety
+///
+/// `device` is NULL or from the device list.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_get_device_guid(device: *mut ibv_device) -> u64 {
+    match device::device_from(device) {
+        Some(d) => d.guid().to_be(),
+        None => {
+            set_errno(libc::EINVAL);
+            0
+        }
+    }
+}
+
+/// `ibv_get_device_index`: the device's position in the list; -1 for a pointer that is
+/// not a device.
+///
+/// # Safety
+///
+/// `device` is NULL or from the device list.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_get_device_index(device: *mut ibv_device) -> c_int {
+    device::device_from(device).map_or(-1, |d| d.index as c_int)
+}
+
+/// `ibv_open_device`: opens the soft device (its progress thread starts in this process).
+/// NULL with errno: EINVAL for a pointer that is not a device, ENODEV (or the socket's
+/// error) if it cannot be opened.
+///
+/// # Safety
+///
+/// `device` is NULL or from the device list.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
+    guard_ptr("ibv_open_device", || {
+        let Some(d) = device::device_from(device) else {
+            return null_with(libc::EINVAL);
+        };
+        match d.open() {
+            Ok(dev) => {
+                let ctx = Ctx::create(dev, device);
+                // ibv_get_async_event blocks unless the program sets O_NONBLOCK itself.
+                // SAFETY: `ctx` was just made and is live.
+                let c = unsafe { ctx_from(ctx) }.expect("a context of this library");
+                device::set_blocking(c.vctx.context.async_fd);
+                ctx
+            }
+            Err(e) => {
+                eprintln!("remem-ibv: cannot open {}: {e}", d.config.name);
+                null_with(super::errno_of(&e))
+            }
+        }
+    })
+}
+
+/// `ibv_close_device`: 0, or EINVAL for a context this library did not make. Objects the
+/// program did not destroy stay usable until it does (they keep the device open).
+///
+/// # Safety
+///
+/// `context` is NULL or an open context, not used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_ibv_close_device(context: *mut ibv_context) -> c_int {
+    guard_int("ibv_close_device", || {
+        // SAFETY: NULL or a live context by the contract.
+        if unsafe { ctx_from(context) }.is_none() {
+            return libc::EINVAL;
+        }
+        crate::stats::snapshot();
+        // SAFETY: a context this library made (checked above), not used afterwards.
+        unsafe { ctx_free(context) };
+        0
+    })
+}
+
+/// `ibv_import_device`: shares a kernel uverbs context; there is none here (EOPNOTSUPP).
+#[unsafe(no_mangle)]
+pub extern "C" fn remem_ibv_ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
+    let _ = cmd_fd;
+    null_with(libc::EOPNOTSUPP)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -763,5 +936,25 @@ mod tests {
             free(Handle::<Pd>::from_abi(pd).expect("a PD"));
             ctx_free(ctx);
         }
+    }
+
+    #[test]
+    fn programs_see_the_table_remem_run_describes() {
+        // `remem run` writes /sys/class/infiniband/<dev>/ports/1/gids from
+        // `remem_soft::dropin::program_gid_table`; an open device's table is the same.
+        let addr: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let config = device::DeviceConfig {
+            name: "t".into(),
+            spec: device::Spec::Soft(addr),
+        };
+        let d = device::Device::new(0, config).unwrap();
+        let dev = d.open().unwrap();
+        let ctx = Ctx::create(dev, (&raw const d.abi).cast_mut());
+        // SAFETY: a live context just made.
+        let shared = unsafe { crate::context::ctx_from(ctx) }.unwrap().shared();
+        let seen = shared.gid_table(1).unwrap();
+        assert_eq!(seen, remem_soft::dropin::program_gid_table(addr.ip()));
+        // SAFETY: made by Ctx::create, not used afterwards.
+        unsafe { crate::ffi::handles::ctx_free(ctx) };
     }
 }
