@@ -12,7 +12,8 @@
 //!   need, each with its `// SAFETY:` argument here;
 //! - [`wr`]: the program's work-request lists, read under the verbs contract;
 //! - [`sys`]: `fcntl` and `poll` on the library's own descriptors;
-//! - the entry modules ([`queues`], [`device`], [`rdmacm`]): the exported `extern "C"` functions, each a thin
+//! - the entry modules ([`queues`], [`device`], [`verbs`], [`private`], [`rdmacm`]): the
+//!   exported `extern "C"` functions, each a thin
 //!   shell that converts its arguments with the helpers above and calls safe code in the
 //!   object modules (`qp`, `cq`, ...), which say `#![deny(unsafe_code)]`.
 //!

@@ -312,7 +312,7 @@ pub unsafe extern "C" fn remem_ibv_ibv_query_device(
 }
 
 /// `verbs_context::query_device_ex` (verbs.h's inline `ibv_query_device_ex`): the basic
-/// attributes, the placement extensions in `device_cap_flags_ex` ([`cap_flags_ex`]), and
+/// attributes, the placement extensions in `device_cap_flags_ex` ([`query::cap_flags_ex`]), and
 /// zeros for the extensions remem has none of. EINVAL for a NULL
 /// argument, an input with a non-zero `comp_mask`, or `attr_size` smaller than
 /// `struct ibv_device_attr`; a smaller (older) `ibv_device_attr_ex` gets its prefix.
