@@ -1,9 +1,14 @@
 //! The context (`ibv_context` inside a `verbs_context`), the protection domain object,
 //! and the per-context registries that turn remem's async events into object pointers.
+//!
+//! Safe code: the program's pointers become these objects in the FFI layer
+//! ([`crate::ffi::handles`]: [`ctx_from`], [`pd_from`], and the boxing of new ones).
 
-#![allow(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use crate::abi::*;
+pub use crate::ffi::handles::{ctx_from, pd_from};
+use crate::ffi::handles::{ctx_into_abi, into_abi_at};
 use remem_verbs::{CqId, ProtectionDomain};
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
@@ -230,7 +235,7 @@ impl Ctx {
     }
 
     /// Makes a context for `dev`, opened from `device`; returns the pointer programs see.
-    /// Freed by [`Ctx::free`].
+    /// Freed by [`crate::ffi::handles::ctx_free`].
     pub fn create(dev: Arc<dyn remem_verbs::Context>, device: *mut ibv_device) -> *mut ibv_context {
         let events = dev.subscribe_async_events().ok();
         let async_fd = events
@@ -258,33 +263,14 @@ impl Ctx {
         let raw_cmd_fd = cmd_fd.as_ref().map_or(-1, |f| f.as_raw_fd());
         let mut vctx = verbs_context_table(device, async_fd);
         vctx.context.cmd_fd = raw_cmd_fd;
-        let ctx = Box::new(Ctx {
-            vctx,
-            shared,
-            _cmd_fd: cmd_fd,
-        });
-        let raw = Box::into_raw(ctx);
-        // SAFETY: `raw` is the live allocation just made; taking a field's address
-        // creates no reference.
-        let ibv = unsafe { &raw mut (*raw).vctx.context };
-        // SAFETY: as above; a shared reference to the live box, nothing else sees it yet.
-        let this = unsafe { &*raw };
-        this.shared.ctx.store(ibv as usize, Ordering::Release);
-        ibv
-    }
-
-    /// Frees a context made by [`Ctx::create`].
-    ///
-    /// # Safety
-    ///
-    /// `ctx` came from [`Ctx::create`], is not freed yet, and is not used afterwards.
-    pub unsafe fn free(ctx: *mut ibv_context) {
-        let raw = ctx
-            .cast::<u8>()
-            .wrapping_sub(std::mem::offset_of!(verbs_context, context))
-            .cast::<Ctx>();
-        // SAFETY: by the contract, `raw` is the Box made in `create`.
-        drop(unsafe { Box::from_raw(raw) });
+        ctx_into_abi(
+            Ctx {
+                vctx,
+                shared,
+                _cmd_fd: cmd_fd,
+            },
+            |c, ibv| c.shared.ctx.store(ibv as usize, Ordering::Release),
+        )
     }
 }
 
@@ -295,20 +281,16 @@ impl Ctx {
 /// (cmd_fd -1) only if neither opens. No command goes through it: the soft device's verbs
 /// are calls into this library.
 fn open_cmd_fd(device: *mut ibv_device) -> Option<std::os::fd::OwnedFd> {
-    let dev_name = if device.is_null() {
-        String::new()
-    } else {
-        // SAFETY: a non-NULL device pointer is one of this library's live device entries
-        // (the list is never freed while a context is open); `dev_name` is NUL-terminated
-        // within its array (the entry is built with `copy_c_str`).
-        let name = unsafe { &(*device).dev_name };
-        let bytes: Vec<u8> = name
+    let dev_name = crate::device::device_from(device).map_or_else(String::new, |d| {
+        let bytes: Vec<u8> = d
+            .abi
+            .dev_name
             .iter()
             .take_while(|&&c| c != 0)
             .map(|&c| c as u8)
             .collect();
         String::from_utf8_lossy(&bytes).into_owned()
-    };
+    });
     let open = |path: &str| {
         std::fs::OpenOptions::new()
             .read(true)
@@ -334,35 +316,11 @@ pub fn program_gids(table: &[remem_verbs::GidEntry]) -> Vec<u8> {
     v2
 }
 
-/// The context behind a program's `*mut ibv_context`; `None` for NULL or a context this
-/// library did not make (its `abi_compat` is not the extended-ABI marker).
-///
-/// # Safety
-///
-/// `ctx` is NULL or points to a live `ibv_context`; the returned reference must not
-/// outlive it.
-pub unsafe fn ctx_from<'a>(ctx: *mut ibv_context) -> Option<&'a Ctx> {
-    if ctx.is_null() {
-        return None;
-    }
-    // SAFETY: non-NULL and live by the contract; reading one pointer field.
-    if unsafe { (*ctx).abi_compat } != VERBS_ABI_IS_EXTENDED {
-        return None;
-    }
-    let raw = ctx
-        .cast::<u8>()
-        .wrapping_sub(std::mem::offset_of!(verbs_context, context))
-        .cast::<Ctx>();
-    // SAFETY: every context this library hands out is `vctx.context` of a boxed `Ctx`
-    // (checked by the marker above), so `raw` is that box.
-    Some(unsafe { &*raw })
-}
-
 /// The function tables of every context.
 fn verbs_context_table(device: *mut ibv_device, async_fd: i32) -> verbs_context {
     let ops = ibv_context_ops {
-        _compat_query_device: Some(crate::query::remem_ibv_ibv_query_device),
-        _compat_query_port: Some(crate::query::remem_ibv_ibv_query_port),
+        _compat_query_device: Some(crate::ffi::verbs::remem_ibv_ibv_query_device),
+        _compat_query_port: Some(crate::ffi::verbs::remem_ibv_ibv_query_port),
         _compat_alloc_pd: None,
         _compat_dealloc_pd: None,
         _compat_reg_mr: None,
@@ -395,7 +353,7 @@ fn verbs_context_table(device: *mut ibv_device, async_fd: i32) -> verbs_context 
         _compat_async_event: None,
     };
     verbs_context {
-        query_port: Some(crate::query::query_port),
+        query_port: Some(crate::ffi::verbs::query_port),
         advise_mr: None,
         alloc_null_mr: None,
         read_counters: None,
@@ -422,7 +380,7 @@ fn verbs_context_table(device: *mut ibv_device, async_fd: i32) -> verbs_context 
         query_rt_values: None,
         create_cq_ex: Some(crate::ffi::queues::create_cq_ex),
         r#priv: std::ptr::null_mut(),
-        query_device_ex: Some(crate::query::query_device_ex),
+        query_device_ex: Some(crate::ffi::verbs::query_device_ex),
         ibv_destroy_flow: None,
         ABI_placeholder2: None,
         ibv_create_flow: None,
@@ -515,54 +473,34 @@ impl PdInner {
 
 impl Pd {
     /// Makes a PD object for `pd` in `ctx`; returns the pointer programs see. Freed by
-    /// [`Pd::free`].
+    /// [`crate::ffi::handles::free`].
     pub fn create(ctx: &Arc<CtxShared>, pd: Arc<dyn ProtectionDomain>) -> *mut ibv_pd {
-        let raw = Box::into_raw(Box::new(Pd {
-            abi: ibv_pd {
-                context: ctx.ibv_context(),
-                handle: 0,
+        into_abi_at(
+            Pd {
+                abi: ibv_pd {
+                    context: ctx.ibv_context(),
+                    handle: 0,
+                },
+                inner: Arc::new(PdInner {
+                    pd,
+                    ctx: Arc::clone(ctx),
+                    ibv: AtomicUsize::new(0),
+                    users: AtomicUsize::new(0),
+                }),
             },
-            inner: Arc::new(PdInner {
-                pd,
-                ctx: Arc::clone(ctx),
-                ibv: AtomicUsize::new(0),
-                users: AtomicUsize::new(0),
-            }),
-        }));
-        // SAFETY: `raw` is the live box just made, not yet shared.
-        let this = unsafe { &mut *raw };
-        this.abi.handle = (raw as usize as u32) >> 4;
-        this.inner.ibv.store(raw as usize, Ordering::Release);
-        raw.cast()
+            |p, at| {
+                p.abi.handle = (at as u32) >> 4;
+                p.inner.ibv.store(at, Ordering::Release);
+            },
+        )
     }
-
-    /// Frees a PD made by [`Pd::create`].
-    ///
-    /// # Safety
-    ///
-    /// `pd` came from [`Pd::create`], is not freed yet, and is not used afterwards.
-    pub unsafe fn free(pd: *mut ibv_pd) {
-        // SAFETY: by the contract, the Box made in `create` (`abi` is its first field).
-        drop(unsafe { Box::from_raw(pd.cast::<Pd>()) });
-    }
-}
-
-/// The PD behind a program's `*mut ibv_pd`; `None` for NULL.
-///
-/// # Safety
-///
-/// `pd` is NULL or a live PD made by this library; the reference must not outlive it.
-pub unsafe fn pd_from<'a>(pd: *mut ibv_pd) -> Option<&'a Pd> {
-    // SAFETY: by the contract, a non-NULL `pd` is the first field of a boxed `Pd`.
-    unsafe { pd.cast::<Pd>().as_ref() }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use super::*;
-    use std::sync::mpsc;
-    use std::time::Duration;
+    use std::sync::Arc;
 
+    /// A soft device on a loopback address of its own, for tests.
     pub(crate) fn soft_device() -> Arc<dyn remem_verbs::Context> {
         Arc::new(
             remem_soft::SoftContext::bind_with(
@@ -571,131 +509,5 @@ pub(crate) mod tests {
             )
             .unwrap(),
         )
-    }
-
-    #[test]
-    fn context_pointer_round_trips() {
-        let ctx = Ctx::create(soft_device(), std::ptr::null_mut());
-        // SAFETY: a live context just made.
-        let c = unsafe { ctx_from(ctx) }.unwrap();
-        assert_eq!(c.shared().ibv_context(), ctx);
-        assert_eq!(c.vctx.sz, size_of::<verbs_context>());
-        // SAFETY: a live context; reading its fields.
-        assert_eq!(unsafe { (*ctx).abi_compat }, VERBS_ABI_IS_EXTENDED);
-        // SAFETY: made by Ctx::create, not used afterwards.
-        unsafe { Ctx::free(ctx) };
-        // SAFETY: NULL is allowed.
-        assert!(unsafe { ctx_from(std::ptr::null_mut()) }.is_none());
-    }
-
-    #[test]
-    fn cmd_fd_is_an_open_descriptor_closed_with_the_context() {
-        let ctx = Ctx::create(soft_device(), std::ptr::null_mut());
-        // SAFETY: a live context just made; reading a field.
-        let fd = unsafe { (*ctx).cmd_fd };
-        assert!(fd >= 0);
-        // SAFETY: fstat of a descriptor into a local.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        assert_eq!(unsafe { libc::fstat(fd, &mut st) }, 0);
-        assert_eq!(
-            st.st_mode & libc::S_IFMT,
-            libc::S_IFCHR,
-            "/dev/null without a device"
-        );
-        // SAFETY: fcntl on a descriptor.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
-        assert!(flags & libc::FD_CLOEXEC != 0);
-        // SAFETY: made by Ctx::create, not used afterwards.
-        unsafe { Ctx::free(ctx) };
-        // SAFETY: fcntl on a (now closed) descriptor number.
-        assert_eq!(unsafe { libc::fcntl(fd, libc::F_GETFD) }, -1);
-    }
-
-    #[test]
-    fn programs_see_rxes_gid_table() {
-        let ctx = Ctx::create(soft_device(), std::ptr::null_mut());
-        // SAFETY: a live context just made.
-        let shared = unsafe { ctx_from(ctx) }.unwrap().shared();
-        // A soft device's table is all RoCE v2 in rxe's layout: programs see it as is.
-        let soft = shared.dev.gid_table(1).unwrap();
-        let seen = shared.gid_table(1).unwrap();
-        assert_eq!(seen, soft);
-        assert!(seen.len() >= 2);
-        assert!(seen[0].gid.to_ipv6().is_unicast_link_local());
-        assert_eq!(
-            remem_verbs::first_roce_v2_ipv4(&seen).map(|e| e.index),
-            Some(1)
-        );
-        for i in 0..seen.len() as u8 {
-            assert_eq!(shared.soft_gid_index(i), Some(i));
-            assert_eq!(shared.program_gid_index(i), Some(i));
-        }
-        assert_eq!(shared.soft_gid_index(seen.len() as u8), None);
-        // A table with RoCE v1 entries (another provider's): programs see the v2 ones.
-        let mixed: Vec<remem_verbs::GidEntry> =
-            [remem_verbs::GidType::RoceV1, remem_verbs::GidType::RoceV2]
-                .into_iter()
-                .enumerate()
-                .map(|(i, gid_type)| remem_verbs::GidEntry {
-                    index: i as u32,
-                    gid_type,
-                    ..soft[1].clone()
-                })
-                .collect();
-        assert_eq!(program_gids(&mixed), vec![1]);
-        // SAFETY: made by Ctx::create, not used afterwards.
-        unsafe { Ctx::free(ctx) };
-    }
-
-    #[test]
-    fn unregistering_waits_for_the_acks() {
-        let ctx = Ctx::create(soft_device(), std::ptr::null_mut());
-        // SAFETY: a live context just made.
-        let shared = Arc::clone(unsafe { ctx_from(ctx) }.unwrap().shared());
-        let qp = 0x1000 as *mut ibv_qp;
-        shared.register_qp(7, qp);
-        assert_eq!(shared.qp_ptr(7), Some(qp));
-        shared.event_out(qp as usize);
-        shared.event_out(qp as usize);
-        let (tx, rx) = mpsc::channel();
-        let s2 = Arc::clone(&shared);
-        let t = std::thread::spawn(move || {
-            s2.unregister_qp(7);
-            tx.send(()).unwrap();
-        });
-        shared.event_acked(qp as usize);
-        // One event still out: the destroy must still be waiting (checked for a while).
-        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
-        shared.event_acked(qp as usize);
-        rx.recv_timeout(Duration::from_secs(10))
-            .expect("unregister returns");
-        t.join().unwrap();
-        assert_eq!(shared.qp_ptr(7), None);
-        // Unregistering what is not registered returns at once.
-        shared.unregister_cq(CqId(5));
-        // SAFETY: made by Ctx::create, not used afterwards.
-        unsafe { Ctx::free(ctx) };
-    }
-
-    #[test]
-    fn pd_users_block_nothing_but_are_counted() {
-        let ctx = Ctx::create(soft_device(), std::ptr::null_mut());
-        // SAFETY: a live context just made.
-        let c = unsafe { ctx_from(ctx) }.unwrap();
-        let pd = Pd::create(c.shared(), c.shared().dev.alloc_pd().unwrap());
-        // SAFETY: a live PD just made.
-        let p = unsafe { pd_from(pd) }.unwrap();
-        assert_eq!(p.inner.ibv_pd(), pd);
-        assert_eq!(p.abi.context, ctx);
-        let hold = p.inner.hold();
-        assert_eq!(p.inner.users(), 1);
-        drop(hold);
-        assert_eq!(p.inner.users(), 0);
-        // SAFETY: made by Pd::create / Ctx::create, not used afterwards.
-        unsafe {
-            Pd::free(pd);
-            Ctx::free(ctx);
-        }
     }
 }

@@ -12,27 +12,18 @@
 //!
 //! The list is made once per process, at the first `ibv_get_device_list`; its entries live
 //! as long as the process (as rdma-core's do while any list or context refers to them).
+//!
+//! Safe code: the C entry points are in [`crate::ffi::verbs`].
 
-#![allow(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use crate::abi::*;
-use crate::context::Ctx;
-use crate::ffi::{guard_int, guard_ptr, null_with, set_errno};
+/// `ibv_open_device`'s entry point (the RDMA CM opens devices through it).
+pub use crate::ffi::verbs::remem_ibv_ibv_open_device;
 use core::ffi::{c_char, c_int};
 use remem_soft::{SoftContext, SoftOptions};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-
-symver!(
-    "ibv_get_device_list" @ "IBVERBS_1.1",
-    "ibv_free_device_list" @ "IBVERBS_1.1",
-    "ibv_get_device_name" @ "IBVERBS_1.1",
-    "ibv_get_device_guid" @ "IBVERBS_1.1",
-    "ibv_get_device_index" @ "IBVERBS_1.9",
-    "ibv_open_device" @ "IBVERBS_1.1",
-    "ibv_close_device" @ "IBVERBS_1.1",
-    "ibv_import_device" @ "IBVERBS_1.10",
-);
 
 use remem_soft::dropin;
 pub use remem_soft::dropin::{
@@ -85,7 +76,7 @@ impl std::fmt::Debug for Device {
 }
 
 impl Device {
-    fn new(index: usize, config: DeviceConfig) -> Result<Device, String> {
+    pub(crate) fn new(index: usize, config: DeviceConfig) -> Result<Device, String> {
         let mut state = DeviceState::default();
         match &config.spec {
             Spec::Loopback => {
@@ -160,7 +151,7 @@ impl Device {
     }
 
     /// Opens the remem device (or shares the one already open).
-    fn open(&self) -> remem_verbs::Result<Arc<dyn remem_verbs::Context>> {
+    pub(crate) fn open(&self) -> remem_verbs::Result<Arc<dyn remem_verbs::Context>> {
         let mut st = self.state();
         if let Some(dev) = st.open.as_ref().and_then(Weak::upgrade) {
             return Ok(dev);
@@ -213,10 +204,7 @@ fn flush_at_exit(dev: &Arc<SoftContext>) {
     opened.push(Arc::downgrade(dev));
     drop(opened);
     REGISTERED.call_once(|| {
-        // SAFETY: registers a function of this library that takes no argument and does not
-        // unwind (it catches panics); the library is never unloaded while the process runs
-        // (its devices' threads live in it).
-        unsafe { libc::atexit(flush_open_devices) };
+        crate::ffi::verbs::at_exit(flush_open_devices);
     });
 }
 
@@ -270,7 +258,7 @@ fn copy_c_str(dst: &mut [c_char], s: &str) {
 }
 
 /// The devices of this process (made at the first call).
-fn devices() -> Result<&'static [Device], &'static str> {
+pub(crate) fn devices() -> Result<&'static [Device], &'static str> {
     static DEVICES: OnceLock<Result<Vec<Device>, String>> = OnceLock::new();
     DEVICES
         .get_or_init(|| {
@@ -301,167 +289,13 @@ pub fn device_from<'a>(device: *mut ibv_device) -> Option<&'a Device> {
         .map(|d| -> &'a Device { d })
 }
 
-/// `ibv_get_device_list`: a NULL-terminated array of the devices (free it with
-/// `ibv_free_device_list`); `*num_devices` their number. NULL with errno EINVAL if
-/// `REMEM_IBV_DEVICES` is bad.
-///
-/// # Safety
-///
-/// `num_devices` is NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_get_device_list(
-    num_devices: *mut c_int,
-) -> *mut *mut ibv_device {
-    guard_ptr("ibv_get_device_list", || {
-        let devs = match devices() {
-            Ok(d) => d,
-            Err(why) => {
-                eprintln!("remem-ibv: {DEVICES_ENV}: {why}");
-                if !num_devices.is_null() {
-                    // SAFETY: non-NULL, writable by the contract.
-                    unsafe { *num_devices = 0 };
-                }
-                return null_with(libc::EINVAL);
-            }
-        };
-        let mut list: Vec<*mut ibv_device> =
-            devs.iter().map(|d| (&raw const d.abi).cast_mut()).collect();
-        list.push(std::ptr::null_mut());
-        if !num_devices.is_null() {
-            // SAFETY: non-NULL, writable by the contract.
-            unsafe { *num_devices = devs.len() as c_int };
-        }
-        Box::into_raw(list.into_boxed_slice()).cast()
-    })
-}
-
-/// `ibv_free_device_list`.
-///
-/// # Safety
-///
-/// `list` is NULL or came from `ibv_get_device_list` and is not used afterwards.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_free_device_list(list: *mut *mut ibv_device) {
-    if list.is_null() {
-        return;
-    }
-    let mut n = 0;
-    // SAFETY: the list is NULL-terminated (made by ibv_get_device_list).
-    while !unsafe { *list.add(n) }.is_null() {
-        n += 1;
-    }
-    // SAFETY: the boxed slice of n + 1 pointers made by ibv_get_device_list.
-    drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(list, n + 1)) });
-}
-
-/// `ibv_get_device_name`: NULL (errno EINVAL) for a pointer that is not a device.
-///
-/// # Safety
-///
-/// `device` is NULL or from the device list.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
-    match device_from(device) {
-        Some(d) => d.abi.name.as_ptr(),
-        None => null_with::<c_char>(libc::EINVAL),
-    }
-}
-
-/// `ibv_get_device_guid`: the node GUID, big-endian (0 with errno EINVAL for a pointer
-/// that is not a device).
-///
-/// # Safety
-///
-/// `device` is NULL or from the device list.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_get_device_guid(device: *mut ibv_device) -> u64 {
-    match device_from(device) {
-        Some(d) => d.guid().to_be(),
-        None => {
-            set_errno(libc::EINVAL);
-            0
-        }
-    }
-}
-
-/// `ibv_get_device_index`: the device's position in the list; -1 for a pointer that is
-/// not a device.
-///
-/// # Safety
-///
-/// `device` is NULL or from the device list.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_get_device_index(device: *mut ibv_device) -> c_int {
-    device_from(device).map_or(-1, |d| d.index as c_int)
-}
-
-/// `ibv_open_device`: opens the soft device (its progress thread starts in this process).
-/// NULL with errno: EINVAL for a pointer that is not a device, ENODEV (or the socket's
-/// error) if it cannot be opened.
-///
-/// # Safety
-///
-/// `device` is NULL or from the device list.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
-    guard_ptr("ibv_open_device", || {
-        let Some(d) = device_from(device) else {
-            return null_with(libc::EINVAL);
-        };
-        match d.open() {
-            Ok(dev) => {
-                let ctx = Ctx::create(dev, device);
-                // ibv_get_async_event blocks unless the program sets O_NONBLOCK itself.
-                // SAFETY: `ctx` was just made and is live.
-                let fd = unsafe { (*ctx).async_fd };
-                set_blocking(fd);
-                ctx
-            }
-            Err(e) => {
-                eprintln!("remem-ibv: cannot open {}: {e}", d.config.name);
-                null_with(crate::ffi::errno_of(&e))
-            }
-        }
-    })
-}
-
 /// Clears `O_NONBLOCK` on `fd` (a failure leaves it non-blocking: `ibv_get_async_event`
 /// then polls before reading either way).
-fn set_blocking(fd: c_int) {
-    // SAFETY: fcntl on an fd this library owns; F_GETFL/F_SETFL touch only its flags.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags >= 0 {
-            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
-        }
+pub(crate) fn set_blocking(fd: c_int) {
+    let flags = crate::ffi::sys::get_fl(fd);
+    if flags >= 0 {
+        crate::ffi::sys::set_fl(fd, flags & !libc::O_NONBLOCK);
     }
-}
-
-/// `ibv_close_device`: 0, or EINVAL for a context this library did not make. Objects the
-/// program did not destroy stay usable until it does (they keep the device open).
-///
-/// # Safety
-///
-/// `context` is NULL or an open context, not used afterwards.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_close_device(context: *mut ibv_context) -> c_int {
-    guard_int("ibv_close_device", || {
-        // SAFETY: NULL or a live context by the contract.
-        if unsafe { crate::context::ctx_from(context) }.is_none() {
-            return libc::EINVAL;
-        }
-        crate::stats::snapshot();
-        // SAFETY: a context this library made (checked above), not used afterwards.
-        unsafe { Ctx::free(context) };
-        0
-    })
-}
-
-/// `ibv_import_device`: shares a kernel uverbs context; there is none here (EOPNOTSUPP).
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
-    let _ = cmd_fd;
-    null_with(libc::EOPNOTSUPP)
 }
 
 #[cfg(test)]
@@ -504,21 +338,5 @@ mod tests {
             "/sys/class/infiniband_verbs/uverbs3"
         );
         assert_eq!(c_str(&d.abi.ibdev_path), "/sys/class/infiniband/dev3");
-    }
-
-    #[test]
-    fn programs_see_the_table_remem_run_describes() {
-        // `remem run` writes /sys/class/infiniband/<dev>/ports/1/gids from
-        // `dropin::program_gid_table`; an open device's table is the same.
-        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let d = Device::new(0, soft("t", "127.0.0.1:0")).unwrap();
-        let dev = d.open().unwrap();
-        let ctx = Ctx::create(dev, (&raw const d.abi).cast_mut());
-        // SAFETY: a live context just made.
-        let shared = unsafe { crate::context::ctx_from(ctx) }.unwrap().shared();
-        let seen = shared.gid_table(1).unwrap();
-        assert_eq!(seen, dropin::program_gid_table(addr.ip()));
-        // SAFETY: made by Ctx::create, not used afterwards.
-        unsafe { Ctx::free(ctx) };
     }
 }

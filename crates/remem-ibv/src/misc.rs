@@ -1,65 +1,13 @@
 //! The helpers: strings, rate conversions, fork support, sysfs, kernel-struct copies,
-//! and the imports that have no meaning without a kernel.
+//! and the imports that have no meaning without a kernel: the safe part (the C entry
+//! points are in [`crate::ffi::verbs`]).
 
-#![allow(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use crate::abi::*;
-use crate::ffi::null_with;
-use core::ffi::{CStr, c_char, c_int, c_void};
+use core::ffi::{CStr, c_int};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-
-symver!(
-    "ibv_fork_init" @ "IBVERBS_1.1",
-    "ibv_is_fork_initialized" @ "IBVERBS_1.13",
-    "ibv_dontfork_range" @ "IBVERBS_1.1",
-    "ibv_dofork_range" @ "IBVERBS_1.1",
-    "ibv_wc_status_str" @ "IBVERBS_1.1",
-    "ibv_event_type_str" @ "IBVERBS_1.1",
-    "ibv_node_type_str" @ "IBVERBS_1.1",
-    "ibv_port_state_str" @ "IBVERBS_1.1",
-    "ibv_rate_to_mult" @ "IBVERBS_1.0",
-    "mult_to_ibv_rate" @ "IBVERBS_1.0",
-    "ibv_rate_to_mbps" @ "IBVERBS_1.1",
-    "mbps_to_ibv_rate" @ "IBVERBS_1.1",
-    "ibv_get_sysfs_path" @ "IBVERBS_1.0",
-    "ibv_read_sysfs_file" @ "IBVERBS_1.0",
-    "ibv_copy_qp_attr_from_kern" @ "IBVERBS_1.0",
-    "ibv_copy_ah_attr_from_kern" @ "IBVERBS_1.1",
-    "ibv_copy_path_rec_from_kern" @ "IBVERBS_1.0",
-    "ibv_copy_path_rec_to_kern" @ "IBVERBS_1.0",
-    "ibv_import_dm" @ "IBVERBS_1.13",
-    "ibv_unimport_dm" @ "IBVERBS_1.13",
-);
-
-// ----- fork ------------------------------------------------------------------------------
-
-/// `ibv_fork_init`: nothing to prepare (no memory is pinned; a forked child sees the
-/// parent's registered memory copy-on-write like any other memory). Returns 0.
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_ibv_fork_init() -> c_int {
-    0
-}
-
-/// `ibv_is_fork_initialized`: `IBV_FORK_UNNEEDED` (fork needs no preparation here).
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_ibv_is_fork_initialized() -> ibv_fork_status {
-    IBV_FORK_UNNEEDED
-}
-
-/// `ibv_dontfork_range`: nothing to do; 0.
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_ibv_dontfork_range(base: *mut c_void, size: usize) -> c_int {
-    let _ = (base, size);
-    0
-}
-
-/// `ibv_dofork_range`: nothing to do; 0.
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_ibv_dofork_range(base: *mut c_void, size: usize) -> c_int {
-    let _ = (base, size);
-    0
-}
 
 // ----- strings ---------------------------------------------------------------------------
 
@@ -148,30 +96,6 @@ pub fn port_state_str(state: ibv_port_state) -> &'static CStr {
     TEXT.get(state as usize).copied().unwrap_or(c"unknown")
 }
 
-/// `ibv_wc_status_str`.
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_ibv_wc_status_str(status: ibv_wc_status) -> *const c_char {
-    wc_status_str(status).as_ptr()
-}
-
-/// `ibv_event_type_str`.
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_ibv_event_type_str(event: ibv_event_type) -> *const c_char {
-    event_type_str(event).as_ptr()
-}
-
-/// `ibv_node_type_str`.
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_ibv_node_type_str(node_type: ibv_node_type) -> *const c_char {
-    node_type_str(node_type).as_ptr()
-}
-
-/// `ibv_port_state_str`.
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_ibv_port_state_str(state: ibv_port_state) -> *const c_char {
-    port_state_str(state).as_ptr()
-}
-
 // ----- rates -------------------------------------------------------------------------------
 
 /// `(rate, multiple of 2.5 Gb/s)` for the rates that are whole multiples.
@@ -214,33 +138,29 @@ const MBPS: [(ibv_rate, c_int); 23] = [
     (IBV_RATE_1200_GBPS, 1275000),
 ];
 
-/// `ibv_rate_to_mult`: the rate as a multiple of 2.5 Gb/s; -1 if it is not one.
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_ibv_rate_to_mult(rate: ibv_rate) -> c_int {
+/// The rate as a multiple of 2.5 Gb/s (`ibv_rate_to_mult`); -1 if it is not one.
+pub fn rate_to_mult(rate: ibv_rate) -> c_int {
     MULT.iter()
         .find(|(r, _)| *r == rate)
         .map_or(-1, |(_, m)| *m)
 }
 
-/// `mult_to_ibv_rate`: the rate of a multiple of 2.5 Gb/s; `IBV_RATE_MAX` if none.
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_mult_to_ibv_rate(mult: c_int) -> ibv_rate {
+/// The rate of a multiple of 2.5 Gb/s (`mult_to_ibv_rate`); `IBV_RATE_MAX` if none.
+pub fn mult_to_rate(mult: c_int) -> ibv_rate {
     MULT.iter()
         .find(|(_, m)| *m == mult)
         .map_or(IBV_RATE_MAX, |(r, _)| *r)
 }
 
-/// `ibv_rate_to_mbps`: the rate in Mb/s; -1 if unknown.
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_ibv_rate_to_mbps(rate: ibv_rate) -> c_int {
+/// The rate in Mb/s (`ibv_rate_to_mbps`); -1 if unknown.
+pub fn rate_to_mbps(rate: ibv_rate) -> c_int {
     MBPS.iter()
         .find(|(r, _)| *r == rate)
         .map_or(-1, |(_, m)| *m)
 }
 
-/// `mbps_to_ibv_rate`: the rate of exactly `mbps`; `IBV_RATE_MAX` if none.
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_mbps_to_ibv_rate(mbps: c_int) -> ibv_rate {
+/// The rate of exactly `mbps` (`mbps_to_ibv_rate`); `IBV_RATE_MAX` if none.
+pub fn mbps_to_rate(mbps: c_int) -> ibv_rate {
     MBPS.iter()
         .find(|(_, m)| *m == mbps)
         .map_or(IBV_RATE_MAX, |(r, _)| *r)
@@ -248,50 +168,23 @@ pub extern "C" fn remem_ibv_mbps_to_ibv_rate(mbps: c_int) -> ibv_rate {
 
 // ----- sysfs -------------------------------------------------------------------------------
 
-/// `ibv_get_sysfs_path`: `/sys` (the soft devices have no sysfs entries).
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_ibv_get_sysfs_path() -> *const c_char {
-    c"/sys".as_ptr()
-}
-
-/// `ibv_read_sysfs_file`: reads `dir/file` into `buf` (NUL-terminated, a trailing
-/// newline removed); the length read, or -1 with errno set.
-///
-/// # Safety
-///
-/// `dir` and `file` are NULL or NUL-terminated strings; `buf` is NULL or writable for
-/// `size` bytes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_read_sysfs_file(
-    dir: *const c_char,
-    file: *const c_char,
-    buf: *mut c_char,
-    size: usize,
-) -> c_int {
-    if dir.is_null() || file.is_null() || buf.is_null() || size == 0 {
-        crate::ffi::set_errno(libc::EINVAL);
-        return -1;
-    }
-    // SAFETY: non-NULL NUL-terminated strings by the contract.
-    let (dir, file) = unsafe { (CStr::from_ptr(dir), CStr::from_ptr(file)) };
+/// `ibv_read_sysfs_file` once the FFI layer has its arguments: reads `dir/file` into
+/// `buf` (NUL-terminated, a trailing newline removed; `buf` is not empty); the length
+/// read, or the errno of the failure.
+pub fn read_sysfs_file(dir: &CStr, file: &CStr, buf: &mut [u8]) -> Result<usize, c_int> {
     let path = std::path::Path::new(OsStr::from_bytes(dir.to_bytes()))
         .join(OsStr::from_bytes(file.to_bytes()));
     match std::fs::read(&path) {
         Ok(mut data) => {
-            data.truncate(size - 1);
+            data.truncate(buf.len() - 1);
             if data.last() == Some(&b'\n') {
                 data.pop();
             }
-            // SAFETY: `buf` is writable for `size` bytes and `data.len() < size`.
-            let out = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), size) };
-            out[..data.len()].copy_from_slice(&data);
-            out[data.len()] = 0;
-            data.len() as c_int
+            buf[..data.len()].copy_from_slice(&data);
+            buf[data.len()] = 0;
+            Ok(data.len())
         }
-        Err(e) => {
-            crate::ffi::set_errno(e.raw_os_error().unwrap_or(libc::EIO));
-            -1
-        }
+        Err(e) => Err(e.raw_os_error().unwrap_or(libc::EIO)),
     }
 }
 
@@ -381,8 +274,7 @@ pub fn path_rec_from_kern(k: &ib_user_path_rec) -> ibv_sa_path_rec {
 
 /// The kernel's `ib_user_path_rec` of an `ibv_sa_path_rec`.
 pub fn path_rec_to_kern(p: &ibv_sa_path_rec) -> ib_user_path_rec {
-    // SAFETY: reading the raw bytes of GID unions (always initialised).
-    let (dgid, sgid) = unsafe { (p.dgid.raw, p.sgid.raw) };
+    let (dgid, sgid) = (crate::ffi::gid(&p.dgid).0, crate::ffi::gid(&p.sgid).0);
     ib_user_path_rec {
         dgid,
         sgid,
@@ -404,91 +296,6 @@ pub fn path_rec_to_kern(p: &ibv_sa_path_rec) -> ib_user_path_rec {
         packet_life_time: p.packet_life_time,
         preference: p.preference,
     }
-}
-
-/// `ibv_copy_qp_attr_from_kern`: copies a kernel `struct ib_uverbs_qp_attr` into an
-/// `ibv_qp_attr` (a helper for providers and rdma_cm). Nothing for a NULL argument.
-///
-/// # Safety
-///
-/// `dst` is NULL or writable, `src` NULL or readable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_copy_qp_attr_from_kern(
-    dst: *mut ibv_qp_attr,
-    src: *mut ib_uverbs_qp_attr,
-) {
-    if !dst.is_null() && !src.is_null() {
-        // SAFETY: valid by the contract; read_unaligned copes with any caller alignment.
-        unsafe { dst.write_unaligned(qp_attr_from_kern(&src.read_unaligned())) };
-    }
-}
-
-/// `ibv_copy_ah_attr_from_kern`: copies a kernel `struct ib_uverbs_ah_attr`.
-///
-/// # Safety
-///
-/// `dst` is NULL or writable, `src` NULL or readable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_copy_ah_attr_from_kern(
-    dst: *mut ibv_ah_attr,
-    src: *mut ib_uverbs_ah_attr,
-) {
-    if !dst.is_null() && !src.is_null() {
-        // SAFETY: valid by the contract.
-        unsafe { dst.write_unaligned(ah_attr_from_kern(&src.read_unaligned())) };
-    }
-}
-
-/// `ibv_copy_path_rec_from_kern`: copies a kernel `struct ib_user_path_rec` into an
-/// `ibv_sa_path_rec`.
-///
-/// # Safety
-///
-/// `dst` is NULL or writable, `src` NULL or readable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_copy_path_rec_from_kern(
-    dst: *mut ibv_sa_path_rec,
-    src: *mut ib_user_path_rec,
-) {
-    if !dst.is_null() && !src.is_null() {
-        // SAFETY: valid by the contract.
-        unsafe { dst.write_unaligned(path_rec_from_kern(&src.read_unaligned())) };
-    }
-}
-
-/// `ibv_copy_path_rec_to_kern`: copies an `ibv_sa_path_rec` into a kernel
-/// `struct ib_user_path_rec`.
-///
-/// # Safety
-///
-/// `dst` is NULL or writable, `src` NULL or readable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_copy_path_rec_to_kern(
-    dst: *mut ib_user_path_rec,
-    src: *mut ibv_sa_path_rec,
-) {
-    if !dst.is_null() && !src.is_null() {
-        // SAFETY: valid by the contract.
-        unsafe { dst.write_unaligned(path_rec_to_kern(&src.read_unaligned())) };
-    }
-}
-
-// ----- imports -----------------------------------------------------------------------------
-
-/// `ibv_import_dm`: no device memory here (EOPNOTSUPP).
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_ibv_import_dm(
-    context: *mut ibv_context,
-    dm_handle: u32,
-) -> *mut ibv_dm {
-    let _ = (context, dm_handle);
-    null_with(libc::EOPNOTSUPP)
-}
-
-/// `ibv_unimport_dm`: nothing was imported; does nothing.
-#[unsafe(no_mangle)]
-pub extern "C" fn remem_ibv_ibv_unimport_dm(dm: *mut ibv_dm) {
-    let _ = dm;
 }
 
 #[cfg(test)]
@@ -513,21 +320,20 @@ mod tests {
     #[test]
     fn rates_round_trip() {
         for (rate, mult) in MULT {
-            assert_eq!(remem_ibv_mult_to_ibv_rate(mult), rate);
-            assert_eq!(remem_ibv_ibv_rate_to_mult(rate), mult);
+            assert_eq!(mult_to_rate(mult), rate);
+            assert_eq!(rate_to_mult(rate), mult);
         }
         for (rate, mbps) in MBPS {
-            assert_eq!(remem_ibv_mbps_to_ibv_rate(mbps), rate);
-            assert_eq!(remem_ibv_ibv_rate_to_mbps(rate), mbps);
+            assert_eq!(mbps_to_rate(mbps), rate);
+            assert_eq!(rate_to_mbps(rate), mbps);
         }
-        assert_eq!(remem_ibv_ibv_rate_to_mbps(IBV_RATE_MAX), -1);
-        assert_eq!(remem_ibv_mult_to_ibv_rate(3), IBV_RATE_MAX);
+        assert_eq!(rate_to_mbps(IBV_RATE_MAX), -1);
+        assert_eq!(mult_to_rate(3), IBV_RATE_MAX);
     }
 
     #[test]
     fn path_records_round_trip_through_the_kernel_layout() {
-        // SAFETY: all-zero is a valid value of this plain C struct.
-        let mut p: ibv_sa_path_rec = unsafe { std::mem::zeroed() };
+        let mut p: ibv_sa_path_rec = crate::ffi::zeroed();
         p.dgid = ibv_gid { raw: [7; 16] };
         p.dlid = 0x1234u16.to_be();
         p.flow_label = 0xabcdu32.to_be();
@@ -539,9 +345,8 @@ mod tests {
         assert_eq!(k.dgid, [7; 16]);
         assert_eq!(k.mtu, IBV_MTU_4096);
         let back = path_rec_from_kern(&k);
-        // SAFETY: comparing the bytes of plain C structs without padding holes read.
-        let same = unsafe { (back.dgid.raw, back.sgid.raw) == (p.dgid.raw, p.sgid.raw) };
-        assert!(same);
+        let gids = |r: &ibv_sa_path_rec| (crate::ffi::gid(&r.dgid), crate::ffi::gid(&r.sgid));
+        assert_eq!(gids(&back), gids(&p));
         assert_eq!(
             (
                 back.dlid,
@@ -564,8 +369,7 @@ mod tests {
 
     #[test]
     fn qp_attr_from_the_kernel_layout() {
-        // SAFETY: all-zero is a valid value of this plain C struct.
-        let mut k: ib_uverbs_qp_attr = unsafe { std::mem::zeroed() };
+        let mut k: ib_uverbs_qp_attr = crate::ffi::zeroed();
         k.qp_state = IBV_QPS_RTS;
         k.max_send_wr = 17;
         k.ah_attr.grh.dgid = [1; 16];
@@ -574,8 +378,7 @@ mod tests {
         let a = qp_attr_from_kern(&k);
         assert_eq!(a.qp_state, IBV_QPS_RTS);
         assert_eq!(a.cap.max_send_wr, 17);
-        // SAFETY: reading the raw bytes of a GID union.
-        assert_eq!(unsafe { a.ah_attr.grh.dgid.raw }, [1; 16]);
+        assert_eq!(crate::ffi::gid(&a.ah_attr.grh.dgid).0, [1; 16]);
         assert_eq!((a.ah_attr.is_global, a.alt_timeout), (1, 3));
     }
 }

@@ -1,4 +1,5 @@
-//! Device, port, GID and P_Key queries.
+//! Device, port, GID and P_Key queries: the safe part (the C entry points are in
+//! [`crate::ffi::verbs`]).
 //!
 //! The values come from the remem device (`remem_verbs::DeviceAttr`, `PortAttr`, the GID
 //! table), with the node GUID of the device entry (`ibv_get_device_guid` and
@@ -13,25 +14,12 @@
 //! soft device sends from its bound address under either, and a loopback device's
 //! link-local GID names it as a destination.
 
-#![allow(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use crate::abi::*;
-use crate::context::{Ctx, ctx_from};
-use crate::ffi::{guard_int, set_errno};
-use core::ffi::{c_int, c_uint};
+use crate::context::Ctx;
+use core::ffi::c_int;
 use remem_verbs::{AtomicCap, DeviceAttr, GidEntry, GidType, LinkLayer, PortAttr};
-
-symver!(
-    "ibv_query_device" @ "IBVERBS_1.1",
-    "ibv_query_port" @ "IBVERBS_1.1",
-    "ibv_query_gid" @ "IBVERBS_1.1",
-    "_ibv_query_gid_ex" @ "IBVERBS_1.11",
-    "_ibv_query_gid_table" @ "IBVERBS_1.11",
-    "ibv_query_pkey" @ "IBVERBS_1.1",
-    "ibv_get_pkey_index" @ "IBVERBS_1.5",
-    "ibv_query_gid_type" @ "IBVERBS_PRIVATE_34",
-    "ibv_resolve_eth_l2_from_gid" @ "IBVERBS_1.1",
-);
 
 /// The default (full-membership) P_Key, the only entry of the P_Key table.
 pub const DEFAULT_PKEY: u16 = 0xffff;
@@ -140,10 +128,7 @@ pub fn port_attr(p: &PortAttr) -> ibv_port_attr {
 /// `ibv_gid_entry` of a GID table entry.
 pub fn gid_entry(e: &GidEntry) -> ibv_gid_entry {
     let ndev_ifindex = e.netdev.as_deref().map_or(0, |name| {
-        std::ffi::CString::new(name).map_or(0, |c| {
-            // SAFETY: if_nametoindex reads a NUL-terminated string.
-            unsafe { libc::if_nametoindex(c.as_ptr()) }
-        })
+        std::ffi::CString::new(name).map_or(0, |c| crate::ffi::verbs::if_index(&c))
     });
     ibv_gid_entry {
         gid: ibv_gid { raw: e.gid.0 },
@@ -158,27 +143,9 @@ pub fn gid_entry(e: &GidEntry) -> ibv_gid_entry {
     }
 }
 
-/// Copies `value` into `dst`, at most `len` bytes of it.
-///
-/// # Safety
-///
-/// `dst` is writable for `len` bytes.
-unsafe fn write_prefix<T>(dst: *mut T, value: &T, len: usize) {
-    let n = len.min(size_of::<T>());
-    // SAFETY: `value` is readable for size_of::<T>() >= n bytes, `dst` writable for
-    // len >= n bytes, and they do not overlap (`value` is a Rust local).
-    unsafe { std::ptr::copy_nonoverlapping((value as *const T).cast::<u8>(), dst.cast::<u8>(), n) };
-}
-
 // ----- lookups ---------------------------------------------------------------------------------
 
-/// The context, or EINVAL.
-fn ctx<'a>(context: *mut ibv_context) -> Result<&'a Ctx, c_int> {
-    // SAFETY: the exported functions' contracts: NULL or a live context.
-    unsafe { ctx_from(context) }.ok_or(libc::EINVAL)
-}
-
-fn errno(e: remem_verbs::Error) -> c_int {
+pub(crate) fn errno(e: remem_verbs::Error) -> c_int {
     crate::ffi::errno_of(&e)
 }
 
@@ -190,7 +157,7 @@ fn guid_of(c: &Ctx) -> u64 {
 
 /// The port as programs see it: its GID table holds the RoCE v2 entries only
 /// (`CtxShared::gid_table`).
-fn port_of(c: &Ctx, port_num: u32) -> Result<PortAttr, c_int> {
+pub(crate) fn port_of(c: &Ctx, port_num: u32) -> Result<PortAttr, c_int> {
     let ports = c.shared().dev.query_device().map_err(errno)?.phys_port_cnt;
     if port_num == 0 || port_num > u32::from(ports) {
         return Err(libc::EINVAL);
@@ -202,7 +169,7 @@ fn port_of(c: &Ctx, port_num: u32) -> Result<PortAttr, c_int> {
 
 /// The GID table entry `index` of `port_num`: EINVAL outside the table, ENODATA for an
 /// empty slot.
-fn gid_of(c: &Ctx, port_num: u32, index: u32) -> Result<GidEntry, c_int> {
+pub(crate) fn gid_of(c: &Ctx, port_num: u32, index: u32) -> Result<GidEntry, c_int> {
     let port = port_of(c, port_num)?;
     if index >= port.gid_tbl_len {
         return Err(libc::EINVAL);
@@ -217,41 +184,12 @@ fn gid_of(c: &Ctx, port_num: u32, index: u32) -> Result<GidEntry, c_int> {
 
 // ----- device ---------------------------------------------------------------------------------
 
-/// `ibv_query_device`: 0, or EINVAL for a NULL argument.
-///
-/// # Safety
-///
-/// `context` is NULL or open; `attr` is NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_query_device(
-    context: *mut ibv_context,
-    attr: *mut ibv_device_attr,
-) -> c_int {
-    guard_int("ibv_query_device", || {
-        let c = match ctx(context) {
-            Ok(c) => c,
-            Err(e) => return e,
-        };
-        if attr.is_null() {
-            return libc::EINVAL;
-        }
-        match query_device_attr(c) {
-            Ok(a) => {
-                // SAFETY: writable by the contract.
-                unsafe { attr.write(a) };
-                0
-            }
-            Err(e) => e,
-        }
-    })
-}
-
-fn query_device_attr(c: &Ctx) -> Result<ibv_device_attr, c_int> {
+pub(crate) fn query_device_attr(c: &Ctx) -> Result<ibv_device_attr, c_int> {
     query_device_both(c).map(|(a, _)| a)
 }
 
 /// The basic attributes and the `device_cap_flags_ex` of the context's device.
-fn query_device_both(c: &Ctx) -> Result<(ibv_device_attr, u64), c_int> {
+pub(crate) fn query_device_both(c: &Ctx) -> Result<(ibv_device_attr, u64), c_int> {
     let a = c.shared().dev.query_device().map_err(errno)?;
     let pkeys = c.shared().dev.query_port(1).map_or(1, |p| p.pkey_tbl_len);
     let basic = device_attr(&a, guid_of(c), pkeys);
@@ -276,356 +214,64 @@ pub fn cap_flags_ex(a: &DeviceAttr) -> u64 {
     f
 }
 
-/// `verbs_context::query_device_ex` (verbs.h's inline `ibv_query_device_ex`): the basic
-/// attributes, the placement extensions in `device_cap_flags_ex` ([`cap_flags_ex`]), and
-/// zeros for the extensions remem has none of. EINVAL for a NULL
-/// argument, an input with a non-zero `comp_mask`, or `attr_size` smaller than
-/// `struct ibv_device_attr`; a smaller (older) `ibv_device_attr_ex` gets its prefix.
-///
-/// # Safety
-///
-/// `context` is NULL or open; `input` NULL or readable; `attr` NULL or writable for
-/// `attr_size` bytes.
-pub unsafe extern "C" fn query_device_ex(
-    context: *mut ibv_context,
-    input: *const ibv_query_device_ex_input,
-    attr: *mut ibv_device_attr_ex,
-    attr_size: usize,
-) -> c_int {
-    guard_int("ibv_query_device_ex", || {
-        let c = match ctx(context) {
-            Ok(c) => c,
-            Err(e) => return e,
-        };
-        // SAFETY: NULL or readable by the contract.
-        if !input.is_null() && unsafe { (*input).comp_mask } != 0 {
-            return libc::EINVAL;
-        }
-        if attr.is_null() || attr_size < size_of::<ibv_device_attr>() {
-            return libc::EINVAL;
-        }
-        let (orig, flags_ex) = match query_device_both(c) {
-            Ok(a) => a,
-            Err(e) => return e,
-        };
-        // SAFETY: an all-zero ibv_device_attr_ex is valid (integers, no pointers).
-        let mut ex: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
-        ex.device_cap_flags_ex = flags_ex;
-        ex.phys_port_cnt_ex = u32::from(orig.phys_port_cnt);
-        ex.orig_attr = orig;
-        // SAFETY: writable for attr_size bytes by the contract.
-        unsafe { write_prefix(attr, &ex, attr_size) };
-        0
-    })
-}
-
 // ----- port ---------------------------------------------------------------------------------------
-
-/// `verbs_context::query_port` (verbs.h's inline `ibv_query_port`): 0; EINVAL for a NULL
-/// argument or a port other than 1. A smaller (older) `ibv_port_attr` gets its prefix.
-///
-/// # Safety
-///
-/// `context` is NULL or open; `attr` is NULL or writable for `attr_len` bytes.
-pub unsafe extern "C" fn query_port(
-    context: *mut ibv_context,
-    port_num: u8,
-    attr: *mut ibv_port_attr,
-    attr_len: usize,
-) -> c_int {
-    guard_int("ibv_query_port", || {
-        let c = match ctx(context) {
-            Ok(c) => c,
-            Err(e) => return e,
-        };
-        if attr.is_null() {
-            return libc::EINVAL;
-        }
-        match port_of(c, u32::from(port_num)) {
-            Ok(p) => {
-                // SAFETY: writable for attr_len bytes by the contract.
-                unsafe { write_prefix(attr, &port_attr(&p), attr_len) };
-                0
-            }
-            Err(e) => e,
-        }
-    })
-}
 
 /// The size of rdma-core's `struct _compat_ibv_port_attr`: `ibv_port_attr` up to
 /// `link_layer`, and one reserved byte.
-const COMPAT_PORT_ATTR_LEN: usize = std::mem::offset_of!(ibv_port_attr, flags) + 1;
-
-/// `ibv_query_port`, the exported symbol (reached by programs built without verbs.h's
-/// inline wrapper): writes the compat layout, `ibv_port_attr` up to `link_layer`.
-///
-/// # Safety
-///
-/// `context` is NULL or open; `attr` is NULL or writable for the compat layout.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_query_port(
-    context: *mut ibv_context,
-    port_num: u8,
-    attr: *mut _compat_ibv_port_attr,
-) -> c_int {
-    // SAFETY: forwarded contract; the compat layout is the prefix written.
-    unsafe { query_port(context, port_num, attr.cast(), COMPAT_PORT_ATTR_LEN) }
-}
+pub(crate) const COMPAT_PORT_ATTR_LEN: usize = std::mem::offset_of!(ibv_port_attr, flags) + 1;
 
 // ----- GIDs ----------------------------------------------------------------------------------------
 
-/// `ibv_query_gid`: 0 (an empty slot of the table reads as the zero GID, as in
-/// rdma-core); -1 with errno EINVAL for a bad port or index or a NULL argument.
-///
-/// # Safety
-///
-/// `context` is NULL or open; `gid` NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_query_gid(
-    context: *mut ibv_context,
-    port_num: u8,
-    index: c_int,
-    gid: *mut ibv_gid,
-) -> c_int {
-    crate::ffi::guard_neg("ibv_query_gid", || {
-        let r = ctx(context).and_then(|c| {
-            if gid.is_null() || index < 0 {
-                return Err(libc::EINVAL);
-            }
-            match gid_of(c, u32::from(port_num), index as u32) {
-                Ok(e) => Ok(e.gid.0),
-                Err(libc::ENODATA) => Ok([0; 16]),
-                Err(e) => Err(e),
-            }
-        });
-        match r {
-            Ok(raw) => {
-                // SAFETY: writable by the contract.
-                unsafe { gid.write(ibv_gid { raw }) };
-                0
-            }
-            Err(e) => {
-                set_errno(e);
-                -1
-            }
-        }
-    })
-}
-
-/// `_ibv_query_gid_ex` (verbs.h's inline `ibv_query_gid_ex`): 0; EINVAL for a bad
-/// port, index, flags, NULL argument or an `entry_size` smaller than
-/// `struct ibv_gid_entry`; ENODATA for an empty slot.
-///
-/// # Safety
-///
-/// `context` is NULL or open; `entry` NULL or writable for `entry_size` bytes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv__ibv_query_gid_ex(
-    context: *mut ibv_context,
-    port_num: u32,
-    gid_index: u32,
-    entry: *mut ibv_gid_entry,
-    flags: u32,
-    entry_size: usize,
-) -> c_int {
-    guard_int("ibv_query_gid_ex", || {
-        let c = match ctx(context) {
-            Ok(c) => c,
-            Err(e) => return e,
-        };
-        if entry.is_null() || flags != 0 || entry_size < size_of::<ibv_gid_entry>() {
-            return libc::EINVAL;
-        }
-        match gid_of(c, port_num, gid_index) {
-            Ok(e) => {
-                // SAFETY: writable for entry_size >= size_of bytes by the contract.
-                unsafe { entry.write(gid_entry(&e)) };
-                0
-            }
-            Err(e) => e,
-        }
-    })
-}
-
-/// `_ibv_query_gid_table` (verbs.h's inline `ibv_query_gid_table`): the valid entries of
-/// every port, packed at `entry_size` strides; their number, or a negative errno: EINVAL
-/// for bad flags, a NULL argument or an `entry_size` smaller than `struct ibv_gid_entry`,
-/// or too few `max_entries`.
-///
-/// # Safety
-///
-/// `context` is NULL or open; `entries` NULL or writable for `max_entries` entries of
-/// `entry_size` bytes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv__ibv_query_gid_table(
-    context: *mut ibv_context,
-    entries: *mut ibv_gid_entry,
-    max_entries: usize,
-    flags: u32,
-    entry_size: usize,
-) -> isize {
-    let r = guard_int("ibv_query_gid_table", || {
-        let c = match ctx(context) {
-            Ok(c) => c,
-            Err(e) => return -e,
-        };
-        if entries.is_null() || flags != 0 || entry_size < size_of::<ibv_gid_entry>() {
-            return -libc::EINVAL;
-        }
-        let ports = match c.shared().dev.query_device() {
-            Ok(a) => a.phys_port_cnt,
-            Err(e) => return -errno(e),
-        };
-        let mut all = Vec::new();
-        for port in 1..=ports {
-            match c.shared().gid_table(port) {
-                Ok(t) => all.extend(t),
-                Err(e) => return -errno(e),
-            }
-        }
-        if all.len() > max_entries {
-            return -libc::EINVAL;
-        }
-        for (i, e) in all.iter().enumerate() {
-            // SAFETY: i < max_entries, each slot writable for entry_size bytes by the
-            // contract; the slot may be unaligned for a foreign entry_size.
-            unsafe {
-                entries
-                    .cast::<u8>()
-                    .add(i * entry_size)
-                    .cast::<ibv_gid_entry>()
-                    .write_unaligned(gid_entry(e))
-            };
-        }
-        all.len() as c_int
-    });
-    // guard_int's panic value is EIO, positive: make it negative.
-    if r == libc::EIO {
-        -(libc::EIO as isize)
-    } else {
-        r as isize
+/// `ibv_query_gid` once the FFI layer has the context: the GID at `index` (zeros for an
+/// empty slot); EINVAL for a negative index or one past the table.
+pub(crate) fn gid(c: &Ctx, port_num: u8, index: c_int) -> Result<[u8; 16], c_int> {
+    let index = u32::try_from(index).map_err(|_| libc::EINVAL)?;
+    match gid_of(c, u32::from(port_num), index) {
+        Ok(e) => Ok(e.gid.0),
+        Err(libc::ENODATA) => Ok([0; 16]),
+        Err(e) => Err(e),
     }
 }
 
-/// `ibv_query_gid_type` (IBVERBS_PRIVATE_34; perftest uses it): 0 with the sysfs type
-/// (RoCE v2, or IB/RoCE v1); -1 with errno EINVAL for a bad port, index or NULL argument,
-/// ENODATA for an empty slot.
-///
-/// # Safety
-///
-/// `context` is NULL or open; `gid_type` NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_query_gid_type(
-    context: *mut ibv_context,
-    port_num: u8,
-    index: c_uint,
-    gid_type: *mut ibv_gid_type_sysfs,
-) -> c_int {
-    crate::ffi::guard_neg("ibv_query_gid_type", || {
-        let r = ctx(context).and_then(|c| {
-            if gid_type.is_null() {
-                return Err(libc::EINVAL);
-            }
-            gid_of(c, u32::from(port_num), index)
-        });
-        match r {
-            Ok(e) => {
-                let t = match e.gid_type {
-                    GidType::RoceV2 => IBV_GID_TYPE_SYSFS_ROCE_V2,
-                    GidType::Ib | GidType::RoceV1 => IBV_GID_TYPE_SYSFS_IB_ROCE_V1,
-                };
-                // SAFETY: writable by the contract.
-                unsafe { gid_type.write(t) };
-                0
-            }
-            Err(e) => {
-                set_errno(e);
-                -1
-            }
-        }
+/// Every port's GID table (`ibv_query_gid_table`).
+pub(crate) fn gid_tables(c: &Ctx) -> Result<Vec<GidEntry>, c_int> {
+    let ports = c.shared().dev.query_device().map_err(errno)?.phys_port_cnt;
+    let mut all = Vec::new();
+    for port in 1..=ports {
+        all.extend(c.shared().gid_table(port).map_err(errno)?);
+    }
+    Ok(all)
+}
+
+/// `ibv_query_gid_type`: the sysfs type of the GID at `index`.
+pub(crate) fn gid_type(c: &Ctx, port_num: u8, index: u32) -> Result<ibv_gid_type_sysfs, c_int> {
+    let e = gid_of(c, u32::from(port_num), index)?;
+    Ok(match e.gid_type {
+        GidType::RoceV2 => IBV_GID_TYPE_SYSFS_ROCE_V2,
+        GidType::Ib | GidType::RoceV1 => IBV_GID_TYPE_SYSFS_IB_ROCE_V1,
     })
 }
 
 // ----- P_Keys ---------------------------------------------------------------------------------------
 
-/// `ibv_query_pkey`: the default P_Key (big-endian) at index 0; -1 with errno EINVAL for
-/// a bad port, index or NULL argument.
-///
-/// # Safety
-///
-/// `context` is NULL or open; `pkey` NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_query_pkey(
-    context: *mut ibv_context,
-    port_num: u8,
-    index: c_int,
-    pkey: *mut u16,
-) -> c_int {
-    crate::ffi::guard_neg("ibv_query_pkey", || {
-        let r = ctx(context).and_then(|c| {
-            let port = port_of(c, u32::from(port_num))?;
-            if pkey.is_null() || index < 0 || index as u32 >= u32::from(port.pkey_tbl_len) {
-                return Err(libc::EINVAL);
-            }
-            Ok(())
-        });
-        match r {
-            Ok(()) => {
-                // SAFETY: writable by the contract.
-                unsafe { pkey.write(DEFAULT_PKEY.to_be()) };
-                0
-            }
-            Err(e) => {
-                set_errno(e);
-                -1
-            }
-        }
-    })
+/// `ibv_query_pkey`: the P_Key at `index` (network order); EINVAL without a place for it
+/// (`has_out` false) or past the table.
+pub(crate) fn pkey(c: &Ctx, port_num: u8, index: c_int, has_out: bool) -> Result<u16, c_int> {
+    let port = port_of(c, u32::from(port_num))?;
+    if !has_out || index < 0 || index as u32 >= u32::from(port.pkey_tbl_len) {
+        return Err(libc::EINVAL);
+    }
+    Ok(DEFAULT_PKEY.to_be())
 }
 
-/// `ibv_get_pkey_index`: the index of `pkey` (big-endian) in the P_Key table; -1 with
-/// errno EINVAL for a bad port, ENOENT for a P_Key not in the table.
-///
-/// # Safety
-///
-/// `context` is NULL or open.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_get_pkey_index(
-    context: *mut ibv_context,
-    port_num: u8,
-    pkey: u16,
-) -> c_int {
-    crate::ffi::guard_neg("ibv_get_pkey_index", || {
-        let r = ctx(context).and_then(|c| port_of(c, u32::from(port_num)));
-        match r {
-            Ok(_) if u16::from_be(pkey) == DEFAULT_PKEY => 0,
-            Ok(_) => {
-                set_errno(libc::ENOENT);
-                -1
-            }
-            Err(e) => {
-                set_errno(e);
-                -1
-            }
-        }
-    })
-}
-
-/// `ibv_resolve_eth_l2_from_gid`: the Ethernet address of a RoCE destination. Soft
-/// devices speak UDP and have no layer 2 of their own: EOPNOTSUPP.
-///
-/// # Safety
-///
-/// No pointer is dereferenced.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_ibv_resolve_eth_l2_from_gid(
-    context: *mut ibv_context,
-    attr: *mut ibv_ah_attr,
-    eth_mac: *mut u8,
-    vid: *mut u16,
-) -> c_int {
-    let _ = (context, attr, eth_mac, vid);
-    libc::EOPNOTSUPP
+/// `ibv_get_pkey_index`: the index of `pkey` (network order); ENOENT if absent.
+pub(crate) fn pkey_index(c: &Ctx, port_num: u8, pkey: u16) -> Result<c_int, c_int> {
+    port_of(c, u32::from(port_num))?;
+    if u16::from_be(pkey) == DEFAULT_PKEY {
+        Ok(0)
+    } else {
+        Err(libc::ENOENT)
+    }
 }
 
 #[cfg(test)]
@@ -740,21 +386,10 @@ mod tests {
             port_num: 1,
             netdev: Some("lo".into()),
         });
-        // SAFETY: reading the raw bytes of a GID union (always initialised).
-        let raw = unsafe { e.gid.raw };
+        let raw = crate::ffi::gid(&e.gid).0;
         assert_eq!(&raw[10..], &[0xff, 0xff, 127, 0, 0, 7]);
         assert_eq!(e.gid_type, IBV_GID_TYPE_ROCE_V2);
         assert_eq!(e.gid_index, 1);
         assert_eq!(e.ndev_ifindex, 1, "lo is interface 1");
-    }
-
-    #[test]
-    fn write_prefix_writes_no_more_than_asked() {
-        let mut buf = [0xaau8; 8];
-        let value = 0x1122_3344_5566_7788u64;
-        // SAFETY: buf is writable for 8 bytes.
-        unsafe { write_prefix(buf.as_mut_ptr().cast::<u64>(), &value, 3) };
-        assert_eq!(&buf[..3], &value.to_ne_bytes()[..3]);
-        assert_eq!(&buf[3..], &[0xaa; 5]);
     }
 }

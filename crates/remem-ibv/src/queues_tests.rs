@@ -967,8 +967,8 @@ mod async_events {
         }
         // SAFETY: made by Ctx::create, not used afterwards.
         unsafe {
-            Ctx::free(a);
-            Ctx::free(b);
+            crate::ffi::handles::ctx_free(a);
+            crate::ffi::handles::ctx_free(b);
         }
     }
 }
@@ -1047,7 +1047,7 @@ mod rereg {
         unsafe {
             assert_eq!(remem_ibv_ibv_dereg_mr(mr), 0);
             assert_eq!(crate::ffi::device::remem_ibv_ibv_dealloc_pd(pd), 0);
-            crate::context::Ctx::free(ctx);
+            crate::ffi::handles::ctx_free(ctx);
         }
     }
 }

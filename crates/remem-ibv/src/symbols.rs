@@ -6,12 +6,10 @@
 /// Every exported C symbol with its default version, as `(name, version)`.
 pub fn exports() -> Vec<(&'static str, &'static str)> {
     [
-        crate::device::SYMBOLS,
-        crate::query::SYMBOLS,
         crate::ffi::device::SYMBOLS,
-        crate::misc::SYMBOLS,
-        crate::private::SYMBOLS,
-        crate::private::DATA_SYMBOLS,
+        crate::ffi::verbs::SYMBOLS,
+        crate::ffi::private::SYMBOLS,
+        crate::ffi::private::DATA_SYMBOLS,
         crate::ffi::queues::SYMBOLS,
     ]
     .concat()

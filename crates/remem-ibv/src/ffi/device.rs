@@ -55,14 +55,14 @@ pub unsafe extern "C" fn remem_ibv_ibv_alloc_pd(context: *mut ibv_context) -> *m
 pub unsafe extern "C" fn remem_ibv_ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     guard_int("ibv_dealloc_pd", || {
         // SAFETY: NULL or a live PD by the contract.
-        let Some(p) = (unsafe { pd_from(pd) }) else {
+        let Some(h) = (unsafe { Handle::<Pd>::from_abi(pd) }) else {
             return libc::EINVAL;
         };
-        if let Err(e) = pd::release(&p.inner) {
+        if let Err(e) = pd::release(h.inner()) {
             return e;
         }
         // SAFETY: a live PD of this library with no users, not used afterwards.
-        unsafe { Pd::free(pd) };
+        unsafe { free(h) };
         0
     })
 }

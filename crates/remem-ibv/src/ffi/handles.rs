@@ -417,3 +417,70 @@ impl<'a> Handle<'a, RdmaId> {
         unsafe { (&raw mut (*self.abi()).channel).write(ch) };
     }
 }
+
+// ----- contexts and protection domains (crate::context) -------------------------------------
+
+object!(crate::context::Pd, ibv_pd, Arc<crate::context::PdInner>);
+
+/// The context behind a program's `*mut ibv_context`; `None` for NULL or a context this
+/// library did not make (its `abi_compat` is not the extended-ABI marker).
+///
+/// # Safety
+///
+/// `ctx` is NULL or points to a live `ibv_context`; the returned reference must not
+/// outlive it.
+pub unsafe fn ctx_from<'a>(ctx: *mut ibv_context) -> Option<&'a crate::context::Ctx> {
+    if ctx.is_null() {
+        return None;
+    }
+    // SAFETY: non-NULL and live by the contract; reading one field.
+    if unsafe { (*ctx).abi_compat } != VERBS_ABI_IS_EXTENDED {
+        return None;
+    }
+    let raw = ctx
+        .cast::<u8>()
+        .wrapping_sub(core::mem::offset_of!(verbs_context, context))
+        .cast::<crate::context::Ctx>();
+    // SAFETY: every context this library hands out is `vctx.context` of a boxed `Ctx`
+    // (checked by the marker above), so `raw` is that box.
+    Some(unsafe { &*raw })
+}
+
+/// Boxes a new context; `init` runs on it with the `*mut ibv_context` the program will
+/// hold (its `vctx.context`) before that is returned. Freed by [`ctx_free`].
+pub fn ctx_into_abi(
+    ctx: crate::context::Ctx,
+    init: impl FnOnce(&crate::context::Ctx, *mut ibv_context),
+) -> *mut ibv_context {
+    let raw = Box::into_raw(Box::new(ctx));
+    // SAFETY: `raw` is the live allocation just made; taking a field's address creates
+    // no reference.
+    let ibv = unsafe { &raw mut (*raw).vctx.context };
+    // SAFETY: as above; a shared reference to the live box, which nothing else sees yet.
+    init(unsafe { &*raw }, ibv);
+    ibv
+}
+
+/// Frees a context made by [`ctx_into_abi`].
+///
+/// # Safety
+///
+/// `ctx` came from [`ctx_into_abi`], is not freed yet, and is not used afterwards.
+pub unsafe fn ctx_free(ctx: *mut ibv_context) {
+    let raw = ctx
+        .cast::<u8>()
+        .wrapping_sub(core::mem::offset_of!(verbs_context, context))
+        .cast::<crate::context::Ctx>();
+    // SAFETY: by the contract, `raw` is the Box made in `ctx_into_abi`.
+    drop(unsafe { Box::from_raw(raw) });
+}
+
+/// The PD behind a program's `*mut ibv_pd`; `None` for NULL.
+///
+/// # Safety
+///
+/// `pd` is NULL or a live PD made by this library; the reference must not outlive it.
+pub unsafe fn pd_from<'a>(pd: *mut ibv_pd) -> Option<&'a crate::context::Pd> {
+    // SAFETY: by the contract, a non-NULL `pd` is the first field of a boxed `Pd`.
+    unsafe { pd.cast::<crate::context::Pd>().as_ref() }
+}

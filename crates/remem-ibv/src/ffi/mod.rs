@@ -12,7 +12,8 @@
 //!   need, each with its `// SAFETY:` argument here;
 //! - [`wr`]: the program's work-request lists, read under the verbs contract;
 //! - [`sys`]: `fcntl` and `poll` on the library's own descriptors;
-//! - the entry modules ([`queues`], [`device`], [`rdmacm`]): the exported `extern "C"` functions, each a thin
+//! - the entry modules ([`queues`], [`device`], [`verbs`], [`private`], [`rdmacm`]): the
+//!   exported `extern "C"` functions, each a thin
 //!   shell that converts its arguments with the helpers above and calls safe code in the
 //!   object modules (`qp`, `cq`, ...), which say `#![deny(unsafe_code)]`.
 //!
@@ -23,9 +24,11 @@
 
 pub mod device;
 pub mod handles;
+pub mod private;
 pub mod queues;
 pub mod rdmacm;
 pub mod sys;
+pub mod verbs;
 pub mod wr;
 
 #[cfg(test)]
@@ -302,3 +305,9 @@ mod tests {
         assert_eq!(r, libc::EIO);
     }
 }
+
+zeroable!(
+    crate::abi::ibv_sa_path_rec,
+    crate::abi::ib_uverbs_qp_attr,
+    crate::abi::ibv_device_attr_ex,
+);

@@ -15,13 +15,11 @@
 //!   library makes none);
 //! - `verbs_allow_disassociate_destroy` is a `bool` variable, false.
 //!
-//! (`ibv_query_gid_type`, the one private symbol programs call, is in `query`.)
+//! (`ibv_query_gid_type`, the one private symbol programs call, is with the queries.)
 //!
 //! `__verbs_log` and `ibv_read_ibdev_sysfs_file` are variadic in C; the stubs take only
 //! the fixed arguments, which a variadic call passes the same way (x86_64 and aarch64
 //! Linux), and read none of the others.
-
-#![allow(unsafe_code)]
 
 use crate::ffi::{null_with, set_errno};
 use core::ffi::{c_int, c_uint, c_void};
