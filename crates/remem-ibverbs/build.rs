@@ -3,7 +3,9 @@
 //! `rdma-mummy-sys` (the bindings under `sideway`) builds a C shim of rdma-core with cmake
 //! (through make, cmake's default generator) and reads its headers with bindgen, which
 //! loads libclang. Without them its build script panics deep in a dependency; this one
-//! stops first, with one message naming what to install and how to leave the crate out.
+//! stops with one message naming what to install and how to leave the crate out. Cargo
+//! may run that dependency's build script first: then, for cmake, `.cargo/cmake` (the
+//! workspace's `CMAKE`) says the same.
 //! It honours what those build scripts honour: `CMAKE` (and `CMAKE_<target>`, `HOST_CMAKE`)
 //! for the cmake binary, `CMAKE_GENERATOR` (another generator needs no make) and
 //! `LIBCLANG_PATH` (where libclang is looked for; found as bindgen finds it, by clang-sys).
@@ -40,15 +42,15 @@ fn main() {
             why,
         });
     }
-    if std::env::var_os("CMAKE_GENERATOR").is_none() {
-        if let Err(why) = runs(&OsString::from("make")) {
-            missing.push(Missing {
-                what: "make (cmake's default generator)",
-                debian: "make",
-                fedora: "make",
-                why,
-            });
-        }
+    if std::env::var_os("CMAKE_GENERATOR").is_none()
+        && let Err(why) = runs(&OsString::from("make"))
+    {
+        missing.push(Missing {
+            what: "make (cmake's default generator)",
+            debian: "make",
+            fedora: "make",
+            why,
+        });
     }
     if let Err(why) = clang_sys::load() {
         missing.push(Missing {
@@ -92,9 +94,8 @@ fn runs(program: &OsString) -> Result<(), String> {
 /// What the build says when something is missing: what, why, what to install, and how
 /// to build the workspace without this crate.
 fn message(missing: &[Missing]) -> String {
-    let list = |f: fn(&Missing) -> &'static str| {
-        missing.iter().map(f).collect::<Vec<_>>().join(" ")
-    };
+    let list =
+        |f: fn(&Missing) -> &'static str| missing.iter().map(f).collect::<Vec<_>>().join(" ");
     let mut text = String::from(
         "error: remem-ibverbs (the rdma-core provider) cannot be built on this machine: \
          its bindings (rdma-mummy-sys) build rdma-core's C shim with cmake and read its \

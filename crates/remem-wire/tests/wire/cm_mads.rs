@@ -7,12 +7,12 @@
 //! Without `../shared` the capture test is reported as ignored, with the reason (the build
 //! script's `rxe_vectors_missing`, as in `rxe_vectors`).
 
+use crate::rxe_vectors::{dissect, pcap_frames, vectors_dir};
 use remem_wire::Packet;
 use remem_wire::mad::*;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
-use crate::rxe_vectors::{dissect, pcap_frames, vectors_dir};
 
 /// The UDP payloads (RoCEv2 packets) of a pcap of Ethernet/IPv4 frames.
 fn roce_packets(pcap: &[u8]) -> Vec<Vec<u8>> {
