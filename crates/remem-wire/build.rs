@@ -1,4 +1,4 @@
-//! Tells the kernel-capture test (`tests/rxe_vectors.rs`) whether the captures are there, so
+//! Tells the kernel-capture test (`tests/wire/rxe_vectors.rs`) whether the captures are there, so
 //! that without them the test is reported as *ignored* with the reason in `cargo test`'s
 //! summary instead of passing silently (the harness swallows a passing test's output).
 

@@ -2,8 +2,8 @@
 //! unmodified program does, for the queue verbs' error paths and blocking behaviour
 //! (`tests/c/queues.c`). Skipped (visibly) without a C compiler or verbs.h.
 
-mod common;
-mod support;
+use crate::common;
+use crate::support;
 
 use common::DropIn;
 use std::path::PathBuf;

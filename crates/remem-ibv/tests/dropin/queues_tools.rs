@@ -7,8 +7,8 @@
 //! A test whose program is not installed prints `skipped: …` and passes; so do the UC
 //! runs while the soft provider has no UC queue pairs (asked of remem-soft directly).
 
-mod common;
-mod support;
+use crate::common;
+use crate::support;
 
 use common::{DropIn, tool};
 use support::{assert_both_ok, free_port, have_timeout, roce_v2_gid_index, run_pair, serial};

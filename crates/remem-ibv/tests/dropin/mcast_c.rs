@@ -7,8 +7,8 @@
 //! (`REMEM_RDMACM_NOTIFY`, which the program writes itself). `rdma_join_multicast`'s
 //! MULTICAST_JOIN event carries the `ud` parameters the kernel fills for RoCE v2.
 
-mod common;
-mod support;
+use crate::common;
+use crate::support;
 
 use common::DropIn;
 use support::CmSide;

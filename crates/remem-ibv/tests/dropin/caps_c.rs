@@ -4,7 +4,7 @@
 //! revoked: remote access error), the GRH area and `wc.sl` of a UD receive over IPv4.
 //! Skipped (visibly) without a C compiler or verbs.h.
 
-mod common;
+use crate::common;
 
 use common::{DropIn, run, text};
 use std::time::Duration;

@@ -8,8 +8,8 @@
 //! A test whose program is not installed prints `skipped: …` and passes (fails under
 //! `REMEM_REQUIRE_IBV_TOOLS=1`).
 
-mod common;
-mod support;
+use crate::common;
+use crate::support;
 
 use common::{DropIn, tool};
 use support::{CmSide, Ran, assert_both_ok, cm_addrs, have_timeout, run_cm_pair, serial};

@@ -10,8 +10,8 @@
 //!
 //! Each is repeated: the DREQ was lost in about one run in four.
 
-mod common;
-mod support;
+use crate::common;
+use crate::support;
 
 use common::DropIn;
 use std::path::{Path, PathBuf};

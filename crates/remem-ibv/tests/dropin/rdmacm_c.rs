@@ -4,8 +4,8 @@
 //! `rdma_establish`), data over it, a reject with private data, errno values
 //! (tests/c/cm.c).
 
-mod common;
-mod support;
+use crate::common;
+use crate::support;
 
 use common::{DropIn, run, text};
 use std::time::Duration;

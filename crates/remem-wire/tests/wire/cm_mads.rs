@@ -5,45 +5,21 @@
 //! against the IBTA layout (tables 107, 108, 119, 120) and round-tripped.
 //!
 //! Without `../shared` the capture test is reported as ignored, with the reason (the build
-//! script's `rxe_vectors_missing`, as in `rxe_vectors.rs`).
+//! script's `rxe_vectors_missing`, as in `rxe_vectors`).
 
+use crate::rxe_vectors::{dissect, pcap_frames, vectors_dir};
 use remem_wire::Packet;
 use remem_wire::mad::*;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-fn vectors_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("REMEM_VECTORS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/vectors/rxe")
-        });
-    dir.is_dir().then_some(dir)
-}
-
-/// The UDP payloads (RoCEv2 packets) of a classic little-endian Ethernet/IPv4 pcap.
+/// The UDP payloads (RoCEv2 packets) of a pcap of Ethernet/IPv4 frames.
 fn roce_packets(pcap: &[u8]) -> Vec<Vec<u8>> {
-    assert_eq!(
-        &pcap[..4],
-        &0xa1b2_c3d4u32.to_le_bytes(),
-        "little-endian µs pcap"
-    );
-    let u32_at = |at: usize| u32::from_le_bytes(pcap[at..at + 4].try_into().unwrap());
-    assert_eq!(u32_at(20), 1, "Ethernet");
-    let mut out = Vec::new();
-    let mut at = 24;
-    while at + 16 <= pcap.len() {
-        let len = u32_at(at + 8) as usize;
-        let frame = &pcap[at + 16..at + 16 + len];
-        at += 16 + len;
-        assert_eq!(&frame[12..14], &[0x08, 0x00], "IPv4");
-        let ip = &frame[14..];
-        assert_eq!(ip[0], 0x45);
-        let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
-        out.push(ip[28..total].to_vec());
-    }
-    out
+    pcap_frames(pcap)
+        .iter()
+        .map(|frame| dissect(frame).roce)
+        .collect()
 }
 
 /// Wireshark's decode, frame number -> field -> value (the first occurrence of each field

@@ -5,7 +5,7 @@
 //! and it does not start) — and carries the soname `libibverbs.so.1`. The same file is the
 //! drop-in librdmacm: every `RDMACM` reference of rdmacm-utils and perftest resolves too.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::process::Command;

@@ -12,7 +12,9 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-fn vectors_dir() -> Option<PathBuf> {
+/// The kernel captures: `$REMEM_VECTORS_DIR`, else `../shared/vectors/rxe` beside the
+/// repository; `None` when absent.
+pub(crate) fn vectors_dir() -> Option<PathBuf> {
     let dir = std::env::var_os("REMEM_VECTORS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -22,7 +24,7 @@ fn vectors_dir() -> Option<PathBuf> {
 }
 
 /// Frames of a classic pcap file (either byte order, µs or ns timestamps).
-fn pcap_frames(bytes: &[u8]) -> Vec<Vec<u8>> {
+pub(crate) fn pcap_frames(bytes: &[u8]) -> Vec<Vec<u8>> {
     let magic = u32::from_le_bytes(bytes[..4].try_into().unwrap());
     let le = match magic {
         0xa1b2_c3d4 | 0xa1b2_3c4d => true,
@@ -50,13 +52,15 @@ fn pcap_frames(bytes: &[u8]) -> Vec<Vec<u8>> {
     frames
 }
 
-struct Frame {
+/// One captured frame: the IPv4 and UDP fields its ICRC covers, and the RoCEv2 packet.
+pub(crate) struct Frame {
     ip: IpFields,
     ports: UdpPorts,
-    roce: Vec<u8>,
+    pub(crate) roce: Vec<u8>,
 }
 
-fn dissect(frame: &[u8]) -> Frame {
+/// Splits an Ethernet/IPv4/UDP frame into its [`Frame`] fields.
+pub(crate) fn dissect(frame: &[u8]) -> Frame {
     assert_eq!(&frame[12..14], &[0x08, 0x00], "IPv4 ethertype");
     let ip = &frame[14..];
     assert_eq!(ip[0], 0x45, "IPv4 without options");

@@ -1,7 +1,7 @@
 //! rdma-core's own tools (Debian `ibverbs-utils`) on the drop-in library: what they print
 //! must be the soft device, real values included.
 
-mod common;
+use crate::common;
 
 use common::{DropIn, run, text, tool};
 use std::time::Duration;

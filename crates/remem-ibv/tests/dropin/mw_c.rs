@@ -1,8 +1,8 @@
 //! Memory windows (type 1 and 2) through the drop-in's C ABI, as an unmodified program
 //! uses them (`tests/c/mw.c`). Skipped (visibly) without a C compiler or verbs.h.
 
-mod common;
-mod support;
+use crate::common;
+use crate::support;
 
 use common::DropIn;
 use support::{dropin_command, have_timeout};

@@ -1,7 +1,7 @@
 //! C programs compiled against rdma-core's verbs.h and linked with the drop-in library:
 //! the results and errno values of the device, query, PD and MR verbs (tests/c/*.c).
 
-mod common;
+use crate::common;
 
 use common::{DropIn, run, text};
 use std::path::PathBuf;

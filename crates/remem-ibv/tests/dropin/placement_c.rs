@@ -4,8 +4,8 @@
 //! with native ATOMIC WRITE (`tests/c/rpma_native.c`). Skipped (visibly) without a C
 //! compiler, verbs.h or librpma.
 
-mod common;
-mod support;
+use crate::common;
+use crate::support;
 
 use common::DropIn;
 use support::{dropin_command, have_timeout};
