@@ -12,6 +12,24 @@ use crate::rdmacm::{fail, guard_neg};
 use core::ffi::{c_int, c_void};
 
 symver!(
+    "rdma_create_id" @ "RDMACM_1.0",
+    "rdma_destroy_id" @ "RDMACM_1.0",
+    "rdma_bind_addr" @ "RDMACM_1.0",
+    "rdma_resolve_addr" @ "RDMACM_1.0",
+    "rdma_resolve_route" @ "RDMACM_1.0",
+    "rdma_listen" @ "RDMACM_1.0",
+    "rdma_connect" @ "RDMACM_1.0",
+    "rdma_accept" @ "RDMACM_1.0",
+    "rdma_reject" @ "RDMACM_1.0",
+    "rdma_reject_ece" @ "RDMACM_1.3",
+    "rdma_disconnect" @ "RDMACM_1.0",
+    "rdma_establish" @ "RDMACM_1.2",
+    "rdma_notify" @ "RDMACM_1.0",
+    "rdma_get_request" @ "RDMACM_1.0",
+    "rdma_create_ep" @ "RDMACM_1.0",
+    "rdma_destroy_ep" @ "RDMACM_1.0",
+    "rdma_get_src_port" @ "RDMACM_1.0",
+    "rdma_get_dst_port" @ "RDMACM_1.0",
     "rdma_set_option" @ "RDMACM_1.0",
     "rdma_migrate_id" @ "RDMACM_1.0",
     "rdma_init_qp_attr" @ "RDMACM_1.2",
@@ -21,6 +39,28 @@ symver!(
     "rdma_join_multicast_ex" @ "RDMACM_1.1",
     "rdma_leave_multicast" @ "RDMACM_1.0",
 );
+
+/// The program's channel argument, resolved: `None` for NULL, EINVAL for a destroyed
+/// channel.
+///
+/// # Safety
+///
+/// `ch` is NULL, a live channel of this library, or one destroyed since (a tombstone).
+pub(crate) unsafe fn program_channel(
+    ch: *mut rdma_event_channel,
+) -> Option<Result<id::Chan, c_int>> {
+    if ch.is_null() {
+        return None;
+    }
+    // SAFETY: by the contract.
+    let inner = unsafe { crate::rdmacm::channel::channel_from(ch) };
+    Some(inner.map(|i| id::Chan::program(i, ch)).ok_or(libc::EINVAL))
+}
+
+// SAFETY: the pointers in the attributes (CQs, SRQ, the QP context) are the program's
+// objects; the library only passes them back to its own calls on the program's behalf
+// (`rdma_get_request` creating a QP), never dereferencing them on another thread.
+unsafe impl Send for id::EpAttr {}
 
 // ----- options, migration, QP attributes, ECE (rdmacm::id::options) ------------------------
 
@@ -72,7 +112,8 @@ pub unsafe extern "C" fn remem_ibv_rdma_migrate_id(
         let Some(h) = (unsafe { Handle::<RdmaId>::from_abi(id) }) else {
             return fail(libc::EINVAL);
         };
-        match id::migrate(h, channel) {
+        // SAFETY: by the contract.
+        match id::migrate(h, unsafe { program_channel(channel) }) {
             Ok(0) => 0,
             Ok(old_private) => {
                 // SAFETY: the id's former private channel, used by nothing else now.

@@ -191,17 +191,19 @@ static TOMBSTONES: Mutex<VecDeque<usize>> = Mutex::new(VecDeque::new());
 /// How many destroyed channels keep their memory (a few dozen bytes each).
 const TOMBSTONES_KEPT: usize = 64;
 
-/// Makes a channel; the pointer programs see. Freed by [`free_channel`].
-pub(crate) fn new_channel() -> Result<*mut rdma_event_channel, c_int> {
+/// Makes a channel: the pointer programs see (freed by [`free_channel`]) and its library
+/// side.
+pub(crate) fn new_channel() -> Result<(*mut rdma_event_channel, Arc<ChannelInner>), c_int> {
     let inner = ChannelInner::new()?;
     let abi = rdma_event_channel {
         fd: inner.fd.as_raw_fd(),
     };
-    Ok(Box::into_raw(Box::new(Channel {
+    let p = Box::into_raw(Box::new(Channel {
         abi,
-        inner: Mutex::new(Some(inner)),
+        inner: Mutex::new(Some(Arc::clone(&inner))),
     }))
-    .cast())
+    .cast();
+    Ok((p, inner))
 }
 
 /// The library's side of a program's channel; `None` for NULL or a destroyed channel.
@@ -291,7 +293,7 @@ pub extern "C" fn remem_ibv_rdma_create_event_channel() -> *mut rdma_event_chann
         if let Err(e) = super::devices::count() {
             return null_with(e);
         }
-        new_channel().unwrap_or_else(null_with)
+        new_channel().map_or_else(null_with, |(p, _)| p)
     })
 }
 
@@ -474,7 +476,7 @@ mod tests {
             libc::sigemptyset(&mut sa.sa_mask);
             libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut());
         }
-        let channel = new_channel().unwrap();
+        let (channel, _) = new_channel().unwrap();
         // SAFETY: the channel just made.
         let inner = unsafe { channel_from(channel) }.unwrap();
         let at = channel as usize;

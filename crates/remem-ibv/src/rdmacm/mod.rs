@@ -50,7 +50,7 @@ pub mod id;
 pub mod qp;
 pub mod router;
 pub mod rsocket;
-pub mod sockaddr;
+pub use crate::ffi::sockaddr;
 
 #[cfg(test)]
 mod fake;
@@ -66,7 +66,6 @@ pub fn exports() -> Vec<(&'static str, &'static str)> {
     [
         channel::SYMBOLS,
         devices::SYMBOLS,
-        id::SYMBOLS,
         qp::SYMBOLS,
         addrinfo::SYMBOLS,
         rsocket::SYMBOLS,

@@ -42,8 +42,7 @@ pub(super) fn bind(id: &Arc<IdShared>, addr: SocketAddr) -> Result<(), c_int> {
     let local = first
         .local_addr()
         .unwrap_or_else(|| SocketAddr::new(addr.ip(), port));
-    // SAFETY: a live id.
-    unsafe { set_src(id.abi_ptr(), local) };
+    id.handle().set_src(local);
     Ok(())
 }
 
@@ -120,8 +119,7 @@ pub(super) fn resolve_addr(
             _ => return Err(libc::EINVAL),
         }
     };
-    // SAFETY: a live id.
-    unsafe { set_dst(id.abi_ptr(), dst) };
+    id.handle().set_dst(dst);
     cm.resolve_addr(src, dst, timeout).map_err(|e| errno_of(&e))
 }
 
@@ -214,8 +212,7 @@ pub unsafe extern "C" fn remem_ibv_rdma_listen(id: *mut rdma_cm_id, backlog: c_i
             }
         }
         if let Some(a) = cms.first().and_then(|c| c.local_addr()) {
-            // SAFETY: a live id.
-            unsafe { set_src(s.abi_ptr(), a) };
+            s.handle().set_src(a);
             notify(&format!("listening {a}"));
         }
         0

@@ -52,7 +52,7 @@ pub unsafe extern "C" fn remem_ibv_rdma_get_request(
             _ => Some(libc::EINVAL),
         };
         if let Some(e) = err {
-            set!(listen, event, ev);
+            s.handle().set_event(ev);
             return fail(e);
         }
         if let Some(ep) = ep {
@@ -63,11 +63,14 @@ pub unsafe extern "C" fn remem_ibv_rdma_get_request(
             let r = unsafe { crate::rdmacm::qp::remem_ibv_rdma_create_qp(child, pd, &mut attr) };
             if r != 0 {
                 let e = crate::ffi::errno();
-                set!(listen, event, ev);
+                s.handle().set_event(ev);
                 return fail(e);
             }
         }
-        set!(child, event, ev);
+        // SAFETY: the new id, live, handed out in the event.
+        if let Some(c) = unsafe { crate::ffi::handles::Handle::<RdmaId>::from_abi(child) } {
+            c.set_event(ev);
+        }
         // SAFETY: non-NULL and writable by the contract.
         unsafe { id.write(child) };
         0
@@ -110,7 +113,7 @@ pub unsafe extern "C" fn remem_ibv_rdma_create_ep(
         } else {
             r.ai_qp_type as ibv_qp_type
         };
-        let cm_id = match create_id(std::ptr::null_mut(), std::ptr::null_mut(), ps, qp_type) {
+        let cm_id = match create_id(None, std::ptr::null_mut(), ps, qp_type) {
             Ok(p) => p,
             Err(e) => return fail(e),
         };
@@ -152,7 +155,7 @@ pub(super) unsafe fn setup_ep(
             return fail(e);
         }
         if !pd.is_null() {
-            set!(id, pd, pd);
+            s.handle().set_pd(pd);
         }
         // SAFETY: NULL or readable by the contract.
         if let Some(init) = unsafe { qp_init_attr.as_ref() } {

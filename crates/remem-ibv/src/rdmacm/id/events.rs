@@ -23,7 +23,7 @@ pub(crate) fn new_child(
         .map(|(d, _)| Arc::clone(d))
         .or_else(|| devices::by_context(&ev.id.context()))?;
     let chan = if lst.sync {
-        Chan::of(std::ptr::null_mut()).ok()?
+        Chan::private().ok()?
     } else {
         Chan {
             inner: Arc::clone(&lst.channel),
@@ -253,7 +253,7 @@ pub(super) fn complete(id: &Arc<IdShared>) -> c_int {
             Err(e) => return fail(e),
         }
     };
-    set!(id.abi_ptr(), event, ev);
+    id.handle().set_event(ev);
     // SAFETY: the event just handed out.
     let (kind, status) = unsafe { ((*ev).event, (*ev).status) };
     match (kind, status) {
@@ -269,11 +269,10 @@ pub(super) fn complete(id: &Arc<IdShared>) -> c_int {
 
 /// Acks the event a synchronous call left in `id->event`, if any.
 pub(super) fn ack_own_event(id: &IdShared) {
-    let p = id.abi_ptr();
-    // SAFETY: a live id; the field is the library's in synchronous use.
-    let ev = unsafe { (*p).event };
+    let h = id.handle();
+    let ev = h.event();
     if !ev.is_null() {
-        set!(p, event, std::ptr::null_mut());
+        h.set_event(std::ptr::null_mut());
         // SAFETY: an event handed out by this library, not acked yet.
         unsafe { crate::rdmacm::channel::ack(ev) };
     }

@@ -25,7 +25,9 @@ pub unsafe extern "C" fn remem_ibv_rdma_create_id(
             Ok(ps) => ps,
             Err(e) => return fail(e),
         };
-        match create_id(channel, context, ps, qp_type_of(ps)) {
+        // SAFETY: by the contract.
+        let chan = unsafe { crate::ffi::rdmacm::program_channel(channel) };
+        match create_id(chan, context, ps, qp_type_of(ps)) {
             Ok(p) => {
                 // SAFETY: non-NULL and writable by the contract.
                 unsafe { id.write(p) };

@@ -1,6 +1,7 @@
-//! `struct sockaddr` to and from `std::net::SocketAddr`.
-
-#![allow(unsafe_code)]
+//! The program's `struct sockaddr`s to and from `std::net::SocketAddr`: the one place
+//! the drop-in librdmacm reads or writes a socket address in program memory
+//! (`rdma_bind_addr`'s argument, an `rdma_addrinfo`'s, the `sockaddr_storage` of an
+//! id's route). Re-exported as `crate::rdmacm::sockaddr`.
 
 use core::ffi::c_int;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
@@ -11,7 +12,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 /// # Safety
 ///
 /// `sa` is NULL or points to a socket address of its family's size.
-pub(crate) unsafe fn sockaddr_to_std(sa: *const libc::sockaddr) -> Option<SocketAddr> {
+pub unsafe fn sockaddr_to_std(sa: *const libc::sockaddr) -> Option<SocketAddr> {
     if sa.is_null() {
         return None;
     }
@@ -41,7 +42,7 @@ pub(crate) unsafe fn sockaddr_to_std(sa: *const libc::sockaddr) -> Option<Socket
 }
 
 /// A `SocketAddr` as a `sockaddr_storage` (AF_INET or AF_INET6), and its length.
-pub(crate) fn std_to_storage(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+pub fn std_to_storage(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: sockaddr_storage is plain data; all-zero is a valid (AF_UNSPEC) value.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let len = match addr {
