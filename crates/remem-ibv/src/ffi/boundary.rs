@@ -33,8 +33,6 @@ const FFI: &[&str] = &[
     "rdmacm/id/addr.rs",
     "rdmacm/id/conn.rs",
     "rdmacm/id/endpoint.rs",
-    "rdmacm/id/events.rs",
-    "rdmacm/id/lifecycle.rs",
     "rdmacm/qp.rs",
     "rdmacm/router.rs",
     "rdmacm/rsocket.rs",

@@ -268,3 +268,111 @@ pub unsafe extern "C" fn remem_ibv_rdma_leave_multicast(
         }
     })
 }
+
+// ----- creating and destroying ids (rdmacm::id::lifecycle) --------------------------------
+
+// SAFETY: a struct of integers, pointers and unions of those (rdma_cma.h; the layout
+// tests check it): all-zero is a valid value.
+unsafe impl super::Zeroable for rdma_cm_event {}
+// SAFETY: as above.
+unsafe impl super::Zeroable for rdma_ud_param {}
+// SAFETY: as above.
+unsafe impl super::Zeroable for rdma_conn_param {}
+
+impl Handle<'_, RdmaId> {
+    /// Acks the event a synchronous call left in `id->event`, if any.
+    pub(crate) fn ack_own_event(self) {
+        let ev = self.event();
+        if !ev.is_null() {
+            self.set_event(std::ptr::null_mut());
+            // SAFETY: `id->event` is NULL or the event a synchronous call of this library
+            // left there (`id::complete`, `rdma_get_request`): handed out, not acked, and
+            // acked only here, once (the field is cleared first).
+            unsafe { crate::rdmacm::channel::ack(ev) };
+        }
+    }
+}
+
+/// Frees an id no program has seen (a connection request dropped before it was handed
+/// out): its provider ids are dropped (the request is rejected), then its private channel
+/// and the id.
+pub(crate) fn free_unseen(u: id::Unseen) {
+    let private = id::release_unseen(u.shared());
+    let h = u.shared().handle();
+    if private != 0 {
+        // SAFETY: the id's own private channel, used by nothing else now.
+        unsafe { crate::rdmacm::channel::free_channel(private as *mut rdma_event_channel) };
+    }
+    // SAFETY: an `Unseen` is an id the program never saw (only `id::new_child` makes one,
+    // and handing it out consumes it): nothing else holds its pointer, and `u` is
+    // consumed here, so it is freed once.
+    unsafe { super::handles::free(h) };
+}
+
+/// Destroys an id (see the documentation of [`crate::rdmacm::id`]).
+///
+/// # Safety
+///
+/// `h` is a live id of this library, not used afterwards.
+pub(crate) unsafe fn destroy_id(h: Handle<'_, RdmaId>) {
+    let private = id::stop(h.inner());
+    if private != 0 {
+        // SAFETY: the id's own private channel, used by nothing else now.
+        unsafe { crate::rdmacm::channel::free_channel(private as *mut rdma_event_channel) };
+    }
+    // SAFETY: by the contract; `stop` left no handle to it in the library.
+    unsafe { super::handles::free(h) };
+}
+
+/// `rdma_create_id`: a new id on `channel` (NULL: synchronous). -1 with errno: EINVAL
+/// (NULL `id`, unknown port space), ENODEV (no devices).
+///
+/// # Safety
+///
+/// `channel` is NULL or a live channel; `id` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_create_id(
+    channel: *mut rdma_event_channel,
+    id: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: rdma_port_space,
+) -> c_int {
+    guard_neg("rdma_create_id", || {
+        // SAFETY: by the contract.
+        let Some(id_out) = (unsafe { out(id) }) else {
+            return fail(libc::EINVAL);
+        };
+        let ps = match crate::rdmacm::devices::port_space(ps) {
+            Ok(ps) => ps,
+            Err(e) => return fail(e),
+        };
+        // SAFETY: by the contract.
+        let chan = unsafe { program_channel(channel) };
+        match id::create_id(chan, context, ps, id::qp_type_of(ps)) {
+            Ok(p) => {
+                id_out.write(p);
+                0
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// `rdma_destroy_id`: destroys the id once its events are acked (the program destroys
+/// its QP first, as the man page requires). -1/EINVAL for NULL.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id, not used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
+    guard_neg("rdma_destroy_id", || {
+        // SAFETY: by the contract.
+        let Some(h) = (unsafe { Handle::<RdmaId>::from_abi(id) }) else {
+            return fail(libc::EINVAL);
+        };
+        // SAFETY: by the contract.
+        unsafe { destroy_id(h) };
+        0
+    })
+}

@@ -37,8 +37,8 @@ pub(crate) struct Pending {
     pub target: Arc<IdShared>,
     /// The provider's event.
     pub ev: CmEvent,
-    /// For a connection request, the new `rdma_cm_id` made for it (a `*mut RdmaId`).
-    pub child: Option<usize>,
+    /// For a connection request, the new `rdma_cm_id` made for it.
+    pub child: Option<super::id::Unseen>,
 }
 
 /// The library's side of a channel.

@@ -224,7 +224,9 @@ pub unsafe extern "C" fn remem_ibv_rdma_destroy_ep(id: *mut rdma_cm_id) {
                 if !(*id).srq.is_null() {
                     crate::rdmacm::qp::remem_ibv_rdma_destroy_srq(id);
                 }
-                destroy(id);
+                if let Some(h) = crate::ffi::handles::Handle::<RdmaId>::from_abi(id) {
+                    crate::ffi::rdmacm::destroy_id(h);
+                }
             }
         },
     )

@@ -28,7 +28,7 @@ use super::router;
 use super::sockaddr::sockaddr_to_std;
 use super::{errno_of, fail, guard_neg};
 use crate::abi::*;
-use crate::rdmacm::channel::{ChannelInner, Event, Pending, free_channel, new_channel};
+use crate::rdmacm::channel::{ChannelInner, Event, Pending, new_channel};
 use crate::rdmacm::devices::{self, CmDev};
 use core::ffi::{c_int, c_void};
 use remem_verbs::cm::{CmEventKind, CmEventParam, CmId, ConnParam, PeerConnParam, PortSpace};
@@ -227,6 +227,18 @@ impl Chan {
     }
 }
 
+/// The id made for a connection request and not handed out yet (`Pending::child`):
+/// owned by its event until the program gets it (`hand_out`) or the library frees it
+/// (`crate::ffi::rdmacm::free_unseen`). Only `new_child` makes one.
+pub(crate) struct Unseen(Arc<IdShared>);
+
+impl Unseen {
+    /// The id's library side.
+    pub(crate) fn shared(&self) -> &Arc<IdShared> {
+        &self.0
+    }
+}
+
 pub(crate) use crate::ffi::handles::id_from;
 
 /// A zeroed `rdma_route`.
@@ -285,7 +297,7 @@ pub(crate) fn create_id(
 }
 
 /// The QP type of a port space's ids.
-fn qp_type_of(ps: PortSpace) -> ibv_qp_type {
+pub(crate) fn qp_type_of(ps: PortSpace) -> ibv_qp_type {
     match ps {
         PortSpace::Udp | PortSpace::Ipoib => IBV_QPT_UD,
         PortSpace::Tcp | PortSpace::Ib => IBV_QPT_RC,
@@ -306,6 +318,6 @@ pub use conn::*;
 pub use endpoint::*;
 pub(crate) use events::*;
 use fields::*;
-pub use lifecycle::*;
+pub(crate) use lifecycle::*;
 pub(crate) use mcast::*;
 pub(crate) use options::*;
