@@ -3,7 +3,7 @@
 //! the program's pointers once and calls safe code in [`crate::rdmacm::id`].
 
 use super::handles::Handle;
-use super::{opt_mut, opt_ref, out};
+use super::{opt_mut, opt_ref, out, slice};
 use crate::abi::*;
 use crate::rdmacm::abi::*;
 use crate::rdmacm::id::{self, RdmaId, id_from};
@@ -374,5 +374,283 @@ pub unsafe extern "C" fn remem_ibv_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int
         // SAFETY: by the contract.
         unsafe { destroy_id(h) };
         0
+    })
+}
+
+// ----- addresses (rdmacm::id::addr) --------------------------------------------------------
+
+/// `rdma_bind_addr`: binds a local address (the unspecified address: every device).
+/// -1 with errno: EINVAL (NULL, another family, already bound), EADDRNOTAVAIL (no device
+/// has the address), EADDRINUSE.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id; `addr` is NULL or a socket address of its family's size.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_bind_addr(
+    id: *mut rdma_cm_id,
+    addr: *mut libc::sockaddr,
+) -> c_int {
+    guard_neg("rdma_bind_addr", || {
+        // SAFETY: by the contract.
+        let (Some(s), Some(a)) = (unsafe { id_from(id) }, unsafe { sockaddr_to_std(addr) }) else {
+            return fail(libc::EINVAL);
+        };
+        match id::bind(s, a) {
+            Ok(()) => 0,
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// `rdma_resolve_addr`: resolves `dst` to a device (see [`crate::rdmacm::devices`]) and,
+/// for a synchronous id, waits for the result. -1 with errno: EINVAL, EADDRNOTAVAIL
+/// (`src` is no device's), ENODEV (no device reaches `dst`'s family), or the resolution's.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id; `src_addr` and `dst_addr` are NULL or socket addresses.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_resolve_addr(
+    id: *mut rdma_cm_id,
+    src_addr: *mut libc::sockaddr,
+    dst_addr: *mut libc::sockaddr,
+    timeout_ms: c_int,
+) -> c_int {
+    guard_neg("rdma_resolve_addr", || {
+        // SAFETY: by the contract.
+        let (Some(s), Some(dst)) = (unsafe { id_from(id) }, unsafe { sockaddr_to_std(dst_addr) })
+        else {
+            return fail(libc::EINVAL);
+        };
+        // SAFETY: by the contract.
+        let src = unsafe { sockaddr_to_std(src_addr) };
+        if !src_addr.is_null() && src.is_none() {
+            return fail(libc::EINVAL);
+        }
+        match id::resolve_addr(s, src, dst, id::millis(timeout_ms)) {
+            Ok(()) => id::complete(s),
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// `rdma_resolve_route`: see `id::resolve_route`; -1/EINVAL for NULL.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_resolve_route(
+    id: *mut rdma_cm_id,
+    timeout_ms: c_int,
+) -> c_int {
+    guard_neg("rdma_resolve_route", || {
+        // SAFETY: by the contract.
+        match unsafe { id_from(id) } {
+            Some(s) => id::resolve_route(s, timeout_ms),
+            None => fail(libc::EINVAL),
+        }
+    })
+}
+
+/// `rdma_listen`: see `id::listen`; -1/EINVAL for NULL.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
+    guard_neg("rdma_listen", || {
+        // SAFETY: by the contract.
+        match unsafe { id_from(id) } {
+            Some(s) => id::listen(s, backlog),
+            None => fail(libc::EINVAL),
+        }
+    })
+}
+
+/// `rdma_get_src_port`: the bound port, network order (0 unbound).
+///
+/// # Safety
+///
+/// `id` is a live id.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
+    // SAFETY: by the contract.
+    unsafe { Handle::<RdmaId>::from_abi(id) }.map_or(0, |h| h.src_port())
+}
+
+/// `rdma_get_dst_port`: the peer's port, network order (0 before it is known).
+///
+/// # Safety
+///
+/// `id` is a live id.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
+    // SAFETY: by the contract.
+    unsafe { Handle::<RdmaId>::from_abi(id) }.map_or(0, |h| h.dst_port())
+}
+
+// ----- connections (rdmacm::id::conn) ------------------------------------------------------
+
+/// The program's connection parameters and their private data; `None` for NULL.
+///
+/// # Safety
+///
+/// `p` is NULL or readable, its `private_data` NULL or `private_data_len` readable bytes,
+/// for `'a`.
+unsafe fn conn_arg<'a>(p: *const rdma_conn_param) -> Option<id::ConnArg<'a>> {
+    // SAFETY: by the contract.
+    let param = unsafe { opt_ref(p) }?;
+    // SAFETY: by the contract (NULL or `private_data_len` bytes; none for NULL).
+    let private_data = unsafe {
+        slice(
+            param.private_data.cast::<u8>(),
+            usize::from(param.private_data_len),
+        )
+    }
+    .unwrap_or(&[]);
+    Some(id::ConnArg {
+        param,
+        private_data,
+    })
+}
+
+/// `rdma_connect`: see `id::connect`; -1/EINVAL for a NULL id.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id; `conn_param` is NULL or readable (with its private data).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_connect(
+    id: *mut rdma_cm_id,
+    conn_param: *mut rdma_conn_param,
+) -> c_int {
+    guard_neg("rdma_connect", || {
+        // SAFETY: by the contract.
+        match unsafe { (id_from(id), conn_arg(conn_param)) } {
+            (Some(s), arg) => id::connect(s, arg),
+            (None, _) => fail(libc::EINVAL),
+        }
+    })
+}
+
+/// `rdma_accept`: see `id::accept`; -1/EINVAL for a NULL id.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id; `conn_param` is NULL or readable (with its private data).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_accept(
+    id: *mut rdma_cm_id,
+    conn_param: *mut rdma_conn_param,
+) -> c_int {
+    guard_neg("rdma_accept", || {
+        // SAFETY: by the contract.
+        match unsafe { (id_from(id), conn_arg(conn_param)) } {
+            (Some(s), arg) => id::accept(s, arg),
+            (None, _) => fail(libc::EINVAL),
+        }
+    })
+}
+
+/// `rdma_reject` and `rdma_reject_ece` once their arguments are read.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id; `data` is NULL or `len` readable bytes.
+unsafe fn reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
+    // SAFETY: by the contract.
+    let Some(s) = (unsafe { id_from(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    // SAFETY: by the contract (none for NULL).
+    let bytes = unsafe { slice(data.cast::<u8>(), usize::from(len)) }.unwrap_or(&[]);
+    id::reject(s, bytes)
+}
+
+/// `rdma_reject`: see `id::reject`; -1/EINVAL for a NULL id.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id; `private_data` is NULL or `private_data_len` readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_reject(
+    id: *mut rdma_cm_id,
+    private_data: *const c_void,
+    private_data_len: u8,
+) -> c_int {
+    // SAFETY: by the contract.
+    guard_neg("rdma_reject", || unsafe {
+        reject(id, private_data, private_data_len)
+    })
+}
+
+/// `rdma_reject_ece`: as `rdma_reject` (there is no ECE to refuse here).
+///
+/// # Safety
+///
+/// As `rdma_reject`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_reject_ece(
+    id: *mut rdma_cm_id,
+    private_data: *const c_void,
+    private_data_len: u8,
+) -> c_int {
+    // SAFETY: by the contract.
+    guard_neg("rdma_reject_ece", || unsafe {
+        reject(id, private_data, private_data_len)
+    })
+}
+
+/// `rdma_disconnect`: see `id::disconnect`; -1/EINVAL for NULL.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
+    guard_neg("rdma_disconnect", || {
+        // SAFETY: by the contract.
+        match unsafe { id_from(id) } {
+            Some(s) => id::disconnect(s),
+            None => fail(libc::EINVAL),
+        }
+    })
+}
+
+/// `rdma_establish`: see `id::establish`; -1/EINVAL for NULL.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_establish(id: *mut rdma_cm_id) -> c_int {
+    guard_neg("rdma_establish", || {
+        // SAFETY: by the contract.
+        match unsafe { Handle::<RdmaId>::from_abi(id) } {
+            Some(h) => id::establish(h),
+            None => fail(libc::EINVAL),
+        }
+    })
+}
+
+/// `rdma_notify`: see `id::notify_event`; -1/EINVAL for NULL.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_notify(
+    id: *mut rdma_cm_id,
+    event: ibv_event_type,
+) -> c_int {
+    guard_neg("rdma_notify", || {
+        // SAFETY: by the contract.
+        match unsafe { id_from(id) } {
+            Some(s) => id::notify_event(s, event),
+            None => fail(libc::EINVAL),
+        }
     })
 }

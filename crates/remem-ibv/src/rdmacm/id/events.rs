@@ -226,7 +226,7 @@ pub(crate) fn take_event(p: Pending) -> Option<Box<Event>> {
 /// librdmacm): acks the previous `id->event`, takes the next event of its private
 /// channel into `id->event`, and fails as librdmacm does. 0 at once for an id with a
 /// program's channel.
-pub(super) fn complete(id: &Arc<IdShared>) -> c_int {
+pub(crate) fn complete(id: &Arc<IdShared>) -> c_int {
     let (sync, channel) = {
         let st = id.state();
         (st.sync, Arc::clone(&st.channel))

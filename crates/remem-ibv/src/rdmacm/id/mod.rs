@@ -314,7 +314,7 @@ mod mcast;
 mod options;
 
 pub use addr::*;
-pub use conn::*;
+pub(crate) use conn::*;
 pub use endpoint::*;
 pub(crate) use events::*;
 use fields::*;
