@@ -30,7 +30,6 @@ const FFI: &[&str] = &[
     "rdmacm/addrinfo.rs",
     "rdmacm/channel.rs",
     "rdmacm/devices.rs",
-    "rdmacm/id/endpoint.rs",
     "rdmacm/qp.rs",
     "rdmacm/router.rs",
     "rdmacm/rsocket.rs",

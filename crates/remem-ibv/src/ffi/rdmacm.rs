@@ -654,3 +654,109 @@ pub unsafe extern "C" fn remem_ibv_rdma_notify(
         }
     })
 }
+
+// ----- synchronous endpoints (rdmacm::id::endpoint) ----------------------------------------
+
+/// `rdma_create_qp` for an endpoint (`id::CreateQp`).
+fn endpoint_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> c_int {
+    // SAFETY: `id::get_request` and `id::create_ep` pass a live id they just made, the PD
+    // the program gave (to the listener or to `rdma_create_ep`, which it keeps alive while
+    // the endpoint lives) or NULL, and attributes the program gave (or a copy of them).
+    unsafe { crate::rdmacm::qp::remem_ibv_rdma_create_qp(id, pd, attr) }
+}
+
+/// `rdma_get_request`: see `id::get_request`; -1/EINVAL for NULL arguments.
+///
+/// # Safety
+///
+/// `listen` is NULL or a live id; `id` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_get_request(
+    listen: *mut rdma_cm_id,
+    id: *mut *mut rdma_cm_id,
+) -> c_int {
+    guard_neg("rdma_get_request", || {
+        // SAFETY: by the contract.
+        let (Some(s), Some(id_out)) = (unsafe { id_from(listen) }, unsafe { out(id) }) else {
+            return fail(libc::EINVAL);
+        };
+        match id::get_request(s, &mut endpoint_qp) {
+            Ok(child) => {
+                id_out.write(child);
+                0
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// `rdma_create_ep`: see `id::create_ep`. -1 with errno (EINVAL for NULL `id` or `res`).
+///
+/// # Safety
+///
+/// `id` is NULL or writable; `res` is NULL or a valid `rdma_addrinfo` (its addresses NULL
+/// or socket addresses); `pd` is NULL or a live PD; `qp_init_attr` is NULL or readable and
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_create_ep(
+    id: *mut *mut rdma_cm_id,
+    res: *mut rdma_addrinfo,
+    pd: *mut ibv_pd,
+    qp_init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    guard_neg("rdma_create_ep", || {
+        // SAFETY: by the contract.
+        let (Some(ai), Some(id_out)) = (unsafe { opt_ref(res) }, unsafe { out(id) }) else {
+            return fail(libc::EINVAL);
+        };
+        // SAFETY: by the contract.
+        let args = unsafe {
+            id::EpArgs {
+                ai,
+                src: sockaddr_to_std(ai.ai_src_addr),
+                dst: sockaddr_to_std(ai.ai_dst_addr),
+                pd,
+                init: opt_mut(qp_init_attr),
+            }
+        };
+        // SAFETY: the id `create_ep` just made, never the program's.
+        let destroy = |p| unsafe { remem_ibv_rdma_destroy_ep(p) };
+        match id::create_ep(args, &mut endpoint_qp, destroy) {
+            Ok(p) => {
+                id_out.write(p);
+                0
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// `rdma_destroy_ep`: destroys the endpoint's QP and SRQ (and the CQs made for them),
+/// then the id.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id, not used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_destroy_ep(id: *mut rdma_cm_id) {
+    super::guard(
+        "rdma_destroy_ep",
+        || (),
+        || {
+            // SAFETY: by the contract.
+            let Some(h) = (unsafe { Handle::<RdmaId>::from_abi(id) }) else {
+                return;
+            };
+            // SAFETY: a live id (the contract), its QP and SRQ the library's.
+            unsafe {
+                if !h.qp_ptr().is_null() {
+                    crate::rdmacm::qp::remem_ibv_rdma_destroy_qp(id);
+                }
+                if !h.srq_ptr().is_null() {
+                    crate::rdmacm::qp::remem_ibv_rdma_destroy_srq(id);
+                }
+                destroy_id(h);
+            }
+        },
+    )
+}

@@ -21,12 +21,12 @@
 //! (the provider disconnects or rejects), then waits until every event handed out for it
 //! is acked, as librdmacm's `rdma_destroy_id` does.
 
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use super::abi::*;
 use super::router;
-use super::sockaddr::sockaddr_to_std;
-use super::{errno_of, fail, guard_neg};
+
+use super::{errno_of, fail};
 use crate::abi::*;
 use crate::rdmacm::channel::{ChannelInner, Event, Pending, new_channel};
 use crate::rdmacm::devices::{self, CmDev};
@@ -279,13 +279,24 @@ fn boxed(
 }
 
 /// Creates an id (`rdma_create_id`, and `rdma_create_ep`'s with a QP type) on the
-/// program's channel (`None`: a private one; an error: a destroyed one).
+/// program's channel (`None`: a private one; an error: a destroyed one): the pointer
+/// programs see.
 pub(crate) fn create_id(
     channel: Option<Result<Chan, c_int>>,
     context: *mut c_void,
     ps: PortSpace,
     qp_type: ibv_qp_type,
 ) -> Result<*mut rdma_cm_id, c_int> {
+    new_id(channel, context, ps, qp_type).map(|s| s.abi_ptr())
+}
+
+/// [`create_id`], returning the new id's library side.
+pub(crate) fn new_id(
+    channel: Option<Result<Chan, c_int>>,
+    context: *mut c_void,
+    ps: PortSpace,
+    qp_type: ibv_qp_type,
+) -> Result<Arc<IdShared>, c_int> {
     devices::count()?;
     let chan = match channel {
         Some(c) => c?,
@@ -293,7 +304,8 @@ pub(crate) fn create_id(
     };
     let abi = chan.abi;
     let shared = Arc::new(IdShared::new(ps, qp_type, chan));
-    Ok(boxed(shared, abi, context, ps))
+    boxed(Arc::clone(&shared), abi, context, ps);
+    Ok(shared)
 }
 
 /// The QP type of a port space's ids.
@@ -315,7 +327,7 @@ mod options;
 
 pub use addr::*;
 pub(crate) use conn::*;
-pub use endpoint::*;
+pub(crate) use endpoint::*;
 pub(crate) use events::*;
 use fields::*;
 pub(crate) use lifecycle::*;
