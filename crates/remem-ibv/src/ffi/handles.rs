@@ -479,6 +479,10 @@ impl<'a> Handle<'a, RdmaId> {
     }
 
     /// Sets `route.path_rec` (the library's record, kept by the id) and `num_paths` 1.
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`rec` is stored, never dereferenced"
+    )]
     pub fn set_path_rec(self, rec: *mut ibv_sa_path_rec) {
         let p = self.abi();
         // SAFETY: a live id; fields written in place, no reference is made.
@@ -503,6 +507,10 @@ impl<'a> Handle<'a, RdmaId> {
     }
 
     /// Sets `id->verbs`.
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`verbs` is stored, never dereferenced"
+    )]
     pub fn set_verbs(self, verbs: *mut ibv_context) {
         // SAFETY: a live id; the field is written in place, no reference is made.
         unsafe { (&raw mut (*self.abi()).verbs).write(verbs) };

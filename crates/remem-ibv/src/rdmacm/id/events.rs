@@ -149,18 +149,17 @@ pub(crate) fn take_event(p: Pending) -> Option<Box<Event>> {
             if let CmEventParam::Ud(u) = &ev.param
                 && let Some(join) = find_join(&target, &u.ah_attr.dgid)
                 && !join.send_only
+                && let Some(qp) = th.qp()
             {
-                if let Some(qp) = th.qp() {
-                    let gid = ibv_gid {
-                        raw: u.ah_attr.dgid.0,
-                    };
-                    let r = crate::qp::attach_mcast(qp.inner(), &gid, 0);
-                    if r != 0 {
-                        out.abi.event = CmEventKind::MulticastError.value();
-                        out.abi.status = -r;
-                    } else {
-                        notify(&format!("joined {}", u.ah_attr.dgid.to_ip()));
-                    }
+                let gid = ibv_gid {
+                    raw: u.ah_attr.dgid.0,
+                };
+                let r = crate::qp::attach_mcast(qp.inner(), &gid, 0);
+                if r != 0 {
+                    out.abi.event = CmEventKind::MulticastError.value();
+                    out.abi.status = -r;
+                } else {
+                    notify(&format!("joined {}", u.ah_attr.dgid.to_ip()));
                 }
             }
         }
@@ -180,10 +179,10 @@ pub(crate) fn take_event(p: Pending) -> Option<Box<Event>> {
             ud.qp_num = u.qp_num;
             ud.qkey = u.qkey;
             let mut ah = u.ah_attr;
-            if let Some(d) = target.state().dev.as_ref() {
-                if let Some(c) = d.ctx() {
-                    ah.sgid_index = c.shared().program_gid_index(ah.sgid_index).unwrap_or(0);
-                }
+            if let Some(d) = target.state().dev.as_ref()
+                && let Some(c) = d.ctx()
+            {
+                ah.sgid_index = c.shared().program_gid_index(ah.sgid_index).unwrap_or(0);
             }
             ud.ah_attr = crate::ah::ah_attr_to(&ah);
         }
