@@ -28,7 +28,6 @@ const FFI: &[&str] = &[
     "private.rs",
     "query.rs",
     "rdmacm/addrinfo.rs",
-    "rdmacm/channel.rs",
     "rdmacm/devices.rs",
     "rdmacm/qp.rs",
     "rdmacm/router.rs",

@@ -3,15 +3,23 @@
 //! the program's pointers once and calls safe code in [`crate::rdmacm::id`].
 
 use super::handles::Handle;
-use super::{opt_mut, opt_ref, out, slice};
+use super::{guard_ptr, null_with, opt_mut, opt_ref, out, slice};
 use crate::abi::*;
 use crate::rdmacm::abi::*;
+use crate::rdmacm::channel::{ChannelInner, Event};
 use crate::rdmacm::id::{self, RdmaId, id_from};
 use crate::rdmacm::sockaddr::sockaddr_to_std;
 use crate::rdmacm::{fail, guard_neg};
-use core::ffi::{c_int, c_void};
+use core::ffi::{c_char, c_int, c_void};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 
 symver!(
+    "rdma_create_event_channel" @ "RDMACM_1.0",
+    "rdma_destroy_event_channel" @ "RDMACM_1.0",
+    "rdma_get_cm_event" @ "RDMACM_1.0",
+    "rdma_ack_cm_event" @ "RDMACM_1.0",
+    "rdma_event_str" @ "RDMACM_1.0",
     "rdma_create_id" @ "RDMACM_1.0",
     "rdma_destroy_id" @ "RDMACM_1.0",
     "rdma_bind_addr" @ "RDMACM_1.0",
@@ -53,7 +61,7 @@ pub(crate) unsafe fn program_channel(
         return None;
     }
     // SAFETY: by the contract.
-    let inner = unsafe { crate::rdmacm::channel::channel_from(ch) };
+    let inner = unsafe { channel_from(ch) };
     Some(inner.map(|i| id::Chan::program(i, ch)).ok_or(libc::EINVAL))
 }
 
@@ -117,9 +125,7 @@ pub unsafe extern "C" fn remem_ibv_rdma_migrate_id(
             Ok(0) => 0,
             Ok(old_private) => {
                 // SAFETY: the id's former private channel, used by nothing else now.
-                unsafe {
-                    crate::rdmacm::channel::free_channel(old_private as *mut rdma_event_channel)
-                };
+                unsafe { free_channel(old_private as *mut rdma_event_channel) };
                 0
             }
             Err(e) => fail(e),
@@ -288,7 +294,7 @@ impl Handle<'_, RdmaId> {
             // SAFETY: `id->event` is NULL or the event a synchronous call of this library
             // left there (`id::complete`, `rdma_get_request`): handed out, not acked, and
             // acked only here, once (the field is cleared first).
-            unsafe { crate::rdmacm::channel::ack(ev) };
+            unsafe { ack(ev) };
         }
     }
 }
@@ -301,7 +307,7 @@ pub(crate) fn free_unseen(u: id::Unseen) {
     let h = u.shared().handle();
     if private != 0 {
         // SAFETY: the id's own private channel, used by nothing else now.
-        unsafe { crate::rdmacm::channel::free_channel(private as *mut rdma_event_channel) };
+        unsafe { free_channel(private as *mut rdma_event_channel) };
     }
     // SAFETY: an `Unseen` is an id the program never saw (only `id::new_child` makes one,
     // and handing it out consumes it): nothing else holds its pointer, and `u` is
@@ -318,7 +324,7 @@ pub(crate) unsafe fn destroy_id(h: Handle<'_, RdmaId>) {
     let private = id::stop(h.inner());
     if private != 0 {
         // SAFETY: the id's own private channel, used by nothing else now.
-        unsafe { crate::rdmacm::channel::free_channel(private as *mut rdma_event_channel) };
+        unsafe { free_channel(private as *mut rdma_event_channel) };
     }
     // SAFETY: by the contract; `stop` left no handle to it in the library.
     unsafe { super::handles::free(h) };
@@ -759,4 +765,319 @@ pub unsafe extern "C" fn remem_ibv_rdma_destroy_ep(id: *mut rdma_cm_id) {
             }
         },
     )
+}
+
+// ----- event channels (rdmacm::channel) ----------------------------------------------------
+
+/// A channel: what `rdma_create_event_channel` returns a pointer to (`abi` first).
+#[repr(C)]
+pub struct Channel {
+    /// The `rdma_event_channel` programs see (its `fd`).
+    pub abi: rdma_event_channel,
+    /// The queue; `None` once the channel is destroyed (a tombstone, see [`free_channel`]).
+    inner: Mutex<Option<Arc<ChannelInner>>>,
+}
+
+/// Destroyed channels whose memory is kept a while (their queue and fd are released at
+/// once): [`free_channel`].
+static TOMBSTONES: Mutex<VecDeque<usize>> = Mutex::new(VecDeque::new());
+
+/// How many destroyed channels keep their memory (a few dozen bytes each).
+const TOMBSTONES_KEPT: usize = 64;
+
+/// Makes a channel: the pointer programs see (freed by [`free_channel`]) and its library
+/// side.
+pub(crate) fn new_channel() -> Result<(*mut rdma_event_channel, Arc<ChannelInner>), c_int> {
+    let inner = ChannelInner::new()?;
+    let abi = rdma_event_channel { fd: inner.fd() };
+    let p = Box::into_raw(Box::new(Channel {
+        abi,
+        inner: Mutex::new(Some(Arc::clone(&inner))),
+    }))
+    .cast();
+    Ok((p, inner))
+}
+
+/// The library's side of a program's channel; `None` for NULL or a destroyed channel.
+///
+/// # Safety
+///
+/// `ch` is NULL, a live channel of this library, or one destroyed since (its tombstone is
+/// kept for a while: [`free_channel`]).
+pub(crate) unsafe fn channel_from(ch: *mut rdma_event_channel) -> Option<Arc<ChannelInner>> {
+    // SAFETY: by the contract, a non-NULL `ch` is the first field of a boxed `Channel`;
+    // the reference covers the library's part only and ends in this function.
+    let c = unsafe { ch.cast::<Channel>().as_ref() }?;
+    c.inner.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Destroys a channel made by [`new_channel`]: its queue and fd are released now (ids
+/// still on it, and a thread still waiting in `rdma_get_cm_event`, keep the queue alive
+/// until they are done), and its memory is kept as a tombstone until 64 more channels
+/// are destroyed. Programs use a channel after destroying it: rping's CM thread loops back
+/// into `rdma_get_cm_event` while its main thread destroys the channel at exit. With
+/// librdmacm that thread is nearly always blocked in `read` by then, and a blocked `read`
+/// outlives the descriptor's close: it just never returns. Here a waiter holds the queue
+/// and waits on, and a call that starts after the destroy finds the tombstone and waits
+/// the same way (until a signal: EINTR), instead of reading freed memory — or failing
+/// with EBADF as a `read` of the closed descriptor would, which makes rping exit 255 when
+/// its teardown is quicker than the kernel's.
+///
+/// # Safety
+///
+/// `ch` came from [`new_channel`] and is not destroyed yet (or is a tombstone still kept,
+/// which a second destroy leaves as it is).
+pub(crate) unsafe fn free_channel(ch: *mut rdma_event_channel) {
+    // SAFETY: by the contract, the live Box made in `new_channel`.
+    let c = unsafe { &*ch.cast::<Channel>() };
+    let inner = c.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if inner.is_none() {
+        // Destroyed already (a program's second destroy): the tombstone is queued once.
+        return;
+    }
+    // Dropped outside the queue's lock (an event's drop may release its id).
+    let dropped = inner.as_ref().map(|i| i.close());
+    drop(dropped);
+    drop(inner);
+    let evicted = {
+        let mut t = TOMBSTONES.lock().unwrap_or_else(|e| e.into_inner());
+        t.push_back(ch as usize);
+        if t.len() > TOMBSTONES_KEPT {
+            t.pop_front()
+        } else {
+            None
+        }
+    };
+    if let Some(old) = evicted {
+        // SAFETY: a Box made in `new_channel`, destroyed 64 destroys ago and freed only
+        // here, once.
+        drop(unsafe { Box::from_raw(old as *mut Channel) });
+    }
+}
+
+/// Frees an event handed out and counts its ack.
+///
+/// # Safety
+///
+/// `ev` is a live event of this library, not used afterwards.
+pub(crate) unsafe fn ack(ev: *mut rdma_cm_event) {
+    // SAFETY: by the contract, the Box made by `id::hand_out`.
+    let ev = unsafe { Box::from_raw(ev.cast::<Event>()) };
+    ev.counted.event_acked();
+}
+
+/// `rdma_create_event_channel`: a channel (its fd blocking); NULL with errno (ENODEV when
+/// there are no devices, EINVAL for a bad `REMEM_IBV_DEVICES`, or the eventfd's error).
+#[unsafe(no_mangle)]
+pub extern "C" fn remem_ibv_rdma_create_event_channel() -> *mut rdma_event_channel {
+    guard_ptr("rdma_create_event_channel", || {
+        if let Err(e) = crate::rdmacm::devices::count() {
+            return null_with(e);
+        }
+        new_channel().map_or_else(null_with, |(p, _)| p)
+    })
+}
+
+/// `rdma_destroy_event_channel`: frees the channel (the program has destroyed its ids and
+/// acked their events first, as the man page requires). A thread still waiting in
+/// `rdma_get_cm_event` on it keeps waiting (its queue and fd live until it returns).
+///
+/// # Safety
+///
+/// `channel` is NULL or a live channel, not used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
+    crate::ffi::guard(
+        "rdma_destroy_event_channel",
+        || (),
+        || {
+            if !channel.is_null() {
+                // SAFETY: a live channel by the contract, not used afterwards.
+                unsafe { free_channel(channel) };
+            }
+        },
+    )
+}
+
+/// `rdma_get_cm_event`: the next event of the channel, waiting for one unless the fd is
+/// non-blocking. -1 with errno: EINVAL for NULL arguments, EAGAIN (non-blocking, none
+/// queued), EINTR (a signal; the only way out of a wait on a channel destroyed since:
+/// `rdma_destroy_event_channel`).
+///
+/// # Safety
+///
+/// `channel` is NULL, a live channel or one destroyed recently; `event` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_get_cm_event(
+    channel: *mut rdma_event_channel,
+    event: *mut *mut rdma_cm_event,
+) -> c_int {
+    guard_neg("rdma_get_cm_event", || {
+        if channel.is_null() || event.is_null() {
+            return fail(libc::EINVAL);
+        }
+        // SAFETY: by the contract, a live channel or a tombstone. The wait holds the
+        // channel's queue (and fd) itself: a program may destroy the channel while a
+        // thread of its own still waits in here (rping does at exit), as a thread blocked
+        // in librdmacm's `read` holds the file.
+        let Some(ch) = (unsafe { channel_from(channel) }) else {
+            // A destroyed channel: wait as a thread that was already blocked in it waits,
+            // until a signal interrupts (see `free_channel`).
+            // SAFETY: poll on no descriptors: only a signal ends it.
+            unsafe { libc::poll(std::ptr::null_mut(), 0, -1) };
+            return fail(libc::EINTR);
+        };
+        loop {
+            let p = match ch.wait() {
+                Ok(p) => p,
+                Err(e) => return fail(e),
+            };
+            if let Some(ev) = id::hand_out(p) {
+                // SAFETY: non-NULL and writable by the contract.
+                unsafe { event.write(ev) };
+                return 0;
+            }
+        }
+    })
+}
+
+/// `rdma_ack_cm_event`: frees the event (EINVAL for NULL).
+///
+/// # Safety
+///
+/// `event` is NULL or an event from `rdma_get_cm_event` not acked yet, not used
+/// afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
+    guard_neg("rdma_ack_cm_event", || {
+        if event.is_null() {
+            return fail(libc::EINVAL);
+        }
+        // SAFETY: by the contract.
+        unsafe { ack(event) };
+        0
+    })
+}
+
+/// `rdma_event_str`: the name of an event type (`"UNKNOWN EVENT"` for another value).
+#[unsafe(no_mangle)]
+pub extern "C" fn remem_ibv_rdma_event_str(event: rdma_cm_event_type) -> *const c_char {
+    let s: &'static core::ffi::CStr = match event {
+        RDMA_CM_EVENT_ADDR_RESOLVED => c"RDMA_CM_EVENT_ADDR_RESOLVED",
+        RDMA_CM_EVENT_ADDR_ERROR => c"RDMA_CM_EVENT_ADDR_ERROR",
+        RDMA_CM_EVENT_ROUTE_RESOLVED => c"RDMA_CM_EVENT_ROUTE_RESOLVED",
+        RDMA_CM_EVENT_ROUTE_ERROR => c"RDMA_CM_EVENT_ROUTE_ERROR",
+        RDMA_CM_EVENT_CONNECT_REQUEST => c"RDMA_CM_EVENT_CONNECT_REQUEST",
+        RDMA_CM_EVENT_CONNECT_RESPONSE => c"RDMA_CM_EVENT_CONNECT_RESPONSE",
+        RDMA_CM_EVENT_CONNECT_ERROR => c"RDMA_CM_EVENT_CONNECT_ERROR",
+        RDMA_CM_EVENT_UNREACHABLE => c"RDMA_CM_EVENT_UNREACHABLE",
+        RDMA_CM_EVENT_REJECTED => c"RDMA_CM_EVENT_REJECTED",
+        RDMA_CM_EVENT_ESTABLISHED => c"RDMA_CM_EVENT_ESTABLISHED",
+        RDMA_CM_EVENT_DISCONNECTED => c"RDMA_CM_EVENT_DISCONNECTED",
+        RDMA_CM_EVENT_DEVICE_REMOVAL => c"RDMA_CM_EVENT_DEVICE_REMOVAL",
+        RDMA_CM_EVENT_MULTICAST_JOIN => c"RDMA_CM_EVENT_MULTICAST_JOIN",
+        RDMA_CM_EVENT_MULTICAST_ERROR => c"RDMA_CM_EVENT_MULTICAST_ERROR",
+        RDMA_CM_EVENT_ADDR_CHANGE => c"RDMA_CM_EVENT_ADDR_CHANGE",
+        RDMA_CM_EVENT_TIMEWAIT_EXIT => c"RDMA_CM_EVENT_TIMEWAIT_EXIT",
+        _ => c"UNKNOWN EVENT",
+    };
+    s.as_ptr()
+}
+
+#[cfg(test)]
+mod channel_tests {
+    use super::*;
+
+    #[test]
+    fn event_names() {
+        // SAFETY: the strings are static C strings.
+        let name = |e| unsafe { core::ffi::CStr::from_ptr(remem_ibv_rdma_event_str(e)) };
+        assert_eq!(
+            name(RDMA_CM_EVENT_ESTABLISHED).to_str().unwrap(),
+            "RDMA_CM_EVENT_ESTABLISHED"
+        );
+        assert_eq!(
+            name(RDMA_CM_EVENT_TIMEWAIT_EXIT).to_str().unwrap(),
+            "RDMA_CM_EVENT_TIMEWAIT_EXIT"
+        );
+        assert_eq!(name(99).to_str().unwrap(), "UNKNOWN EVENT");
+    }
+
+    #[test]
+    fn null_arguments_are_einval() {
+        let mut ev = std::ptr::null_mut();
+        assert_eq!(
+            // SAFETY: NULL channel is allowed.
+            unsafe { remem_ibv_rdma_get_cm_event(std::ptr::null_mut(), &mut ev) },
+            -1
+        );
+        assert_eq!(crate::ffi::errno(), libc::EINVAL);
+        assert_eq!(
+            // SAFETY: NULL is allowed.
+            unsafe { remem_ibv_rdma_ack_cm_event(std::ptr::null_mut()) },
+            -1
+        );
+        assert_eq!(crate::ffi::errno(), libc::EINVAL);
+    }
+
+    /// rping destroys its channel at exit while its CM thread still waits in
+    /// `rdma_get_cm_event`: the waiter must not touch freed memory (this test runs under
+    /// valgrind in CI). It holds the channel's queue while it waits and returns EINTR
+    /// when a signal interrupts it.
+    #[test]
+    fn destroying_a_channel_under_a_waiter_frees_nothing_it_uses() {
+        extern "C" fn nothing(_: c_int) {}
+        // SAFETY: installs a handler that does nothing for SIGUSR2, without SA_RESTART
+        // (poll is never restarted anyway): the waiter's poll returns EINTR.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = nothing as *const () as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut());
+        }
+        let (channel, _) = new_channel().unwrap();
+        // SAFETY: the channel just made.
+        let inner = unsafe { channel_from(channel) }.unwrap();
+        let at = channel as usize;
+        let waiter = std::thread::spawn(move || {
+            let mut ev = std::ptr::null_mut();
+            // SAFETY: a live channel when the call starts; `ev` is writable.
+            let r = unsafe { remem_ibv_rdma_get_cm_event(at as *mut _, &mut ev) };
+            (r, crate::ffi::errno())
+        });
+        // The waiter holds the queue once it is inside the call.
+        while Arc::strong_count(&inner) < 3 {
+            std::thread::yield_now();
+        }
+        // SAFETY: the channel is not used by this thread afterwards but to check that a
+        // destroyed channel is refused (its tombstone is kept).
+        unsafe { remem_ibv_rdma_destroy_event_channel(channel) };
+        assert_eq!(Arc::strong_count(&inner), 2, "the waiter still holds it");
+        // A call that starts after the destroy waits too, until a signal.
+        let late = std::thread::spawn(move || {
+            let mut ev = std::ptr::null_mut();
+            // SAFETY: a channel destroyed just now: its tombstone is kept.
+            let r = unsafe { remem_ibv_rdma_get_cm_event(at as *mut _, &mut ev) };
+            (r, crate::ffi::errno())
+        });
+        {
+            use std::os::unix::thread::JoinHandleExt;
+            let tid = late.as_pthread_t();
+            while !late.is_finished() {
+                // SAFETY: the thread is alive until joined.
+                unsafe { libc::pthread_kill(tid, libc::SIGUSR2) };
+                std::thread::yield_now();
+            }
+        }
+        assert_eq!(late.join().unwrap(), (-1, libc::EINTR));
+        // Interrupt the wait until the waiter returns (a signal may land before it polls).
+        use std::os::unix::thread::JoinHandleExt;
+        let tid = waiter.as_pthread_t();
+        while Arc::strong_count(&inner) > 1 {
+            // SAFETY: the waiter thread is alive while it holds its reference.
+            unsafe { libc::pthread_kill(tid, libc::SIGUSR2) };
+            std::thread::yield_now();
+        }
+        assert_eq!(waiter.join().unwrap(), (-1, libc::EINTR));
+    }
 }

@@ -1,5 +1,6 @@
-//! The few system calls the objects make on their own descriptors (`fcntl`, `poll`), as
-//! safe functions: they pass no memory but a `pollfd` on the stack.
+//! The few system calls the objects make on their own descriptors (`fcntl`, `poll`, an
+//! rdmacm channel's eventfd), as safe functions: they pass no memory but a `pollfd` or a
+//! `u64` on the stack.
 
 use core::ffi::c_int;
 
@@ -25,6 +26,33 @@ pub fn poll_in(fd: c_int, timeout_ms: c_int) -> c_int {
     };
     // SAFETY: one pollfd on the stack, valid for the call.
     unsafe { libc::poll(&mut pfd, 1, timeout_ms) }
+}
+
+/// A new eventfd (counter 0, blocking, close-on-exec), or errno.
+pub fn eventfd() -> Result<std::os::fd::OwnedFd, c_int> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: eventfd with valid flags; no memory is passed.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(super::errno());
+    }
+    // SAFETY: a descriptor just created, owned by nothing else.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds `n` to an eventfd's counter (`write(2)` of 8 bytes): write's result.
+pub fn eventfd_add(fd: c_int, n: u64) -> isize {
+    // SAFETY: writing 8 bytes from a live u64.
+    unsafe { libc::write(fd, (&raw const n).cast(), 8) }
+}
+
+/// Reads (and so resets) an eventfd's counter (`read(2)` of 8 bytes): the counter, or
+/// `None` if the read failed (EAGAIN on a non-blocking fd whose counter is 0, ...).
+pub fn eventfd_take(fd: c_int) -> Option<u64> {
+    let mut v: u64 = 0;
+    // SAFETY: reading 8 bytes into a live u64.
+    let r = unsafe { libc::read(fd, (&raw mut v).cast(), 8) };
+    (r == 8).then_some(v)
 }
 
 #[cfg(test)]

@@ -64,7 +64,6 @@ use core::ffi::c_int;
 /// Every C symbol the drop-in librdmacm exports, with its version.
 pub fn exports() -> Vec<(&'static str, &'static str)> {
     [
-        channel::SYMBOLS,
         devices::SYMBOLS,
         qp::SYMBOLS,
         addrinfo::SYMBOLS,

@@ -6,7 +6,6 @@
 
 use super::abi::*;
 use super::addrinfo::*;
-use super::channel::*;
 use super::devices::*;
 use super::fake;
 use super::qp::*;
