@@ -30,7 +30,6 @@ const FFI: &[&str] = &[
     "rdmacm/addrinfo.rs",
     "rdmacm/devices.rs",
     "rdmacm/qp.rs",
-    "rdmacm/router.rs",
     "rdmacm/rsocket.rs",
 ];
 

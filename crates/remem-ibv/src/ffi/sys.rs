@@ -1,6 +1,6 @@
 //! The few system calls the objects make on their own descriptors (`fcntl`, `poll`, an
-//! rdmacm channel's eventfd), as safe functions: they pass no memory but a `pollfd` or a
-//! `u64` on the stack.
+//! rdmacm channel's eventfd, the rdmacm router's epoll), as safe functions: they pass no
+//! memory but a `pollfd`, a `u64` or `epoll_event`s of the library's own.
 
 use core::ffi::c_int;
 
@@ -53,6 +53,40 @@ pub fn eventfd_take(fd: c_int) -> Option<u64> {
     // SAFETY: reading 8 bytes into a live u64.
     let r = unsafe { libc::read(fd, (&raw mut v).cast(), 8) };
     (r == 8).then_some(v)
+}
+
+/// A new epoll instance (close-on-exec), or errno.
+pub fn epoll_create() -> Result<std::os::fd::OwnedFd, c_int> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: epoll_create1 with a valid flag; no memory is passed.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return Err(super::errno());
+    }
+    // SAFETY: a descriptor just created, owned by nothing else.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Registers `fd` with the epoll instance `epfd` for `EPOLLIN`, with `data` as its
+/// events' `u64`; errno on failure.
+pub fn epoll_add_in(epfd: c_int, fd: c_int, data: u64) -> Result<(), c_int> {
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: data,
+    };
+    // SAFETY: one epoll_event on the stack, valid for the call.
+    if unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+        return Err(super::errno());
+    }
+    Ok(())
+}
+
+/// Waits for events of the epoll instance `epfd` into `events` (`timeout_ms` as
+/// `epoll_wait`'s): how many arrived, or -1 with errno (EINTR, ...).
+pub fn epoll_wait(epfd: c_int, events: &mut [libc::epoll_event], timeout_ms: c_int) -> c_int {
+    let max = c_int::try_from(events.len()).unwrap_or(c_int::MAX);
+    // SAFETY: `events` has room for `max` entries.
+    unsafe { libc::epoll_wait(epfd, events.as_mut_ptr(), max, timeout_ms) }
 }
 
 #[cfg(test)]
