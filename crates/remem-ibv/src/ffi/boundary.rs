@@ -17,6 +17,7 @@ const FFI: &[&str] = &[
     "ffi/handles.rs",
     "ffi/queues.rs",
     "ffi/rdmacm.rs",
+    "ffi/rsocket.rs",
     "ffi/sockaddr.rs",
     "ffi/sys.rs",
     "ffi/wr.rs",
@@ -30,7 +31,6 @@ const FFI: &[&str] = &[
     "rdmacm/addrinfo.rs",
     "rdmacm/devices.rs",
     "rdmacm/qp.rs",
-    "rdmacm/rsocket.rs",
 ];
 
 /// Test-only modules that call the C entry points as a program does.

@@ -25,6 +25,7 @@ pub mod device;
 pub mod handles;
 pub mod queues;
 pub mod rdmacm;
+pub mod rsocket;
 pub mod sockaddr;
 pub mod sys;
 pub mod wr;

@@ -49,7 +49,7 @@ pub mod devices;
 pub mod id;
 pub mod qp;
 pub mod router;
-pub mod rsocket;
+pub use crate::ffi::rsocket;
 pub use crate::ffi::sockaddr;
 
 #[cfg(test)]
