@@ -28,7 +28,6 @@ const FFI: &[&str] = &[
     "misc.rs",
     "private.rs",
     "query.rs",
-    "rdmacm/addrinfo.rs",
     "rdmacm/devices.rs",
     "rdmacm/qp.rs",
 ];

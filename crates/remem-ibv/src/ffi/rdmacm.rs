@@ -6,15 +6,20 @@ use super::handles::Handle;
 use super::{guard_ptr, null_with, opt_mut, opt_ref, out, slice};
 use crate::abi::*;
 use crate::rdmacm::abi::*;
+use crate::rdmacm::addrinfo::Hints;
 use crate::rdmacm::channel::{ChannelInner, Event};
 use crate::rdmacm::id::{self, RdmaId, id_from};
 use crate::rdmacm::sockaddr::sockaddr_to_std;
 use crate::rdmacm::{fail, guard_neg};
+use core::ffi::CStr;
 use core::ffi::{c_char, c_int, c_void};
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 symver!(
+    "rdma_getaddrinfo" @ "RDMACM_1.0",
+    "rdma_freeaddrinfo" @ "RDMACM_1.0",
     "rdma_create_event_channel" @ "RDMACM_1.0",
     "rdma_destroy_event_channel" @ "RDMACM_1.0",
     "rdma_get_cm_event" @ "RDMACM_1.0",
@@ -1079,5 +1084,284 @@ mod channel_tests {
             std::thread::yield_now();
         }
         assert_eq!(waiter.join().unwrap(), (-1, libc::EINTR));
+    }
+}
+
+// ----- rdma_getaddrinfo (rdmacm::addrinfo) -------------------------------------------------
+
+/// `malloc`s a copy of a socket address.
+fn alloc_addr(a: SocketAddr) -> Result<(*mut libc::sockaddr, libc::socklen_t), c_int> {
+    let (ss, len) = crate::rdmacm::sockaddr::std_to_storage(a);
+    // SAFETY: malloc of `len` bytes, checked.
+    let p = unsafe { libc::malloc(len as usize) }.cast::<u8>();
+    if p.is_null() {
+        super::set_errno(libc::ENOMEM);
+        return Err(libc::EAI_SYSTEM);
+    }
+    // SAFETY: `len` bytes of the storage into the `len` bytes just allocated.
+    unsafe { std::ptr::copy_nonoverlapping((&raw const ss).cast::<u8>(), p, len as usize) };
+    Ok((p.cast(), len))
+}
+
+/// `rdma_getaddrinfo` once the C strings are read: reads the hints (and their addresses),
+/// and allocates the answer for the program (freed by `rdma_freeaddrinfo`).
+///
+/// # Safety
+///
+/// `hints` is NULL or a valid `rdma_addrinfo` (its addresses NULL or socket addresses).
+unsafe fn getaddrinfo(
+    node: Option<&CStr>,
+    service: Option<&CStr>,
+    hints: Option<&rdma_addrinfo>,
+) -> Result<*mut rdma_addrinfo, c_int> {
+    let hints = hints.map(|h| {
+        (
+            Hints {
+                flags: h.ai_flags,
+                family: h.ai_family,
+                qp_type: h.ai_qp_type,
+                port_space: h.ai_port_space,
+            },
+            // SAFETY: by the contract.
+            unsafe { sockaddr_to_std(h.ai_src_addr) },
+            // SAFETY: by the contract.
+            unsafe { sockaddr_to_std(h.ai_dst_addr) },
+        )
+    });
+    let a = crate::rdmacm::addrinfo::answer(node, service, hints)?;
+    // SAFETY: calloc of one structure, checked; all-zero is a valid (empty) one.
+    let rai = unsafe { libc::calloc(1, size_of::<rdma_addrinfo>()) }.cast::<rdma_addrinfo>();
+    if rai.is_null() {
+        super::set_errno(libc::ENOMEM);
+        return Err(libc::EAI_SYSTEM);
+    }
+    // SAFETY: the structure just allocated.
+    let r = unsafe { &mut *rai };
+    r.ai_flags = a.flags;
+    r.ai_family = a.family;
+    r.ai_qp_type = a.qp_type;
+    r.ai_port_space = a.port_space;
+    let fill = |r: &mut rdma_addrinfo| -> Result<(), c_int> {
+        if let Some(s) = a.src {
+            let (p, len) = alloc_addr(s)?;
+            r.ai_src_addr = p;
+            r.ai_src_len = len;
+        }
+        if let Some(d) = a.dst {
+            let (p, len) = alloc_addr(d)?;
+            r.ai_dst_addr = p;
+            r.ai_dst_len = len;
+        }
+        Ok(())
+    };
+    if let Err(e) = fill(r) {
+        // SAFETY: the structure just made.
+        unsafe { remem_ibv_rdma_freeaddrinfo(rai) };
+        return Err(e);
+    }
+    Ok(rai)
+}
+
+/// `rdma_getaddrinfo`: see the module documentation. 0, or an `EAI_*` code (EAI_SYSTEM
+/// with errno; EINVAL-style misuse, a NULL `res`, is `EAI_SYSTEM`/EINVAL).
+///
+/// # Safety
+///
+/// `node` and `service` are NULL or C strings; `hints` is NULL or a valid
+/// `rdma_addrinfo`; `res` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_getaddrinfo(
+    node: *const c_char,
+    service: *const c_char,
+    hints: *const rdma_addrinfo,
+    res: *mut *mut rdma_addrinfo,
+) -> c_int {
+    super::guard(
+        "rdma_getaddrinfo",
+        || {
+            super::set_errno(libc::EIO);
+            libc::EAI_SYSTEM
+        },
+        || {
+            if res.is_null() {
+                super::set_errno(libc::EINVAL);
+                return libc::EAI_SYSTEM;
+            }
+            // SAFETY: NULL or C strings / a valid structure, by the contract.
+            let (node, service, hints) = unsafe {
+                (
+                    (!node.is_null()).then(|| CStr::from_ptr(node)),
+                    (!service.is_null()).then(|| CStr::from_ptr(service)),
+                    hints.as_ref(),
+                )
+            };
+            // SAFETY: by the contract.
+            match unsafe { getaddrinfo(node, service, hints) } {
+                Ok(p) => {
+                    // SAFETY: non-NULL and writable by the contract.
+                    unsafe { res.write(p) };
+                    0
+                }
+                Err(code) => code,
+            }
+        },
+    )
+}
+
+/// `rdma_freeaddrinfo`: frees a list `rdma_getaddrinfo` returned.
+///
+/// # Safety
+///
+/// `res` is NULL or a list from `rdma_getaddrinfo`, not used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
+    let mut cur = res;
+    while !cur.is_null() {
+        // SAFETY: an entry rdma_getaddrinfo made; its parts were malloc'd (or NULL).
+        unsafe {
+            let next = (*cur).ai_next;
+            libc::free((*cur).ai_src_addr.cast());
+            libc::free((*cur).ai_dst_addr.cast());
+            libc::free((*cur).ai_src_canonname.cast());
+            libc::free((*cur).ai_dst_canonname.cast());
+            libc::free((*cur).ai_route);
+            libc::free((*cur).ai_connect);
+            libc::free(cur.cast());
+            cur = next;
+        }
+    }
+}
+
+#[cfg(test)]
+mod addrinfo_tests {
+    use super::*;
+    use crate::rdmacm::sockaddr::std_to_storage;
+
+    fn get(
+        node: Option<&CStr>,
+        service: Option<&CStr>,
+        h: Option<rdma_addrinfo>,
+    ) -> Result<*mut rdma_addrinfo, c_int> {
+        // SAFETY: hints made by the tests (no addresses, or socket addresses).
+        unsafe { getaddrinfo(node, service, h.as_ref()) }
+    }
+
+    fn hints(flags: c_int, ps: rdma_port_space) -> rdma_addrinfo {
+        // SAFETY: plain data; all-zero is valid.
+        let mut h: rdma_addrinfo = unsafe { std::mem::zeroed() };
+        h.ai_flags = flags;
+        h.ai_port_space = ps as c_int;
+        h
+    }
+
+    #[test]
+    fn passive_numeric_and_wildcard() {
+        let r = get(None, Some(c"7471"), Some(hints(RAI_PASSIVE, RDMA_PS_TCP))).unwrap();
+        // SAFETY: the result just made.
+        unsafe {
+            assert!((*r).ai_dst_addr.is_null());
+            assert_eq!(
+                sockaddr_to_std((*r).ai_src_addr),
+                Some("0.0.0.0:7471".parse().unwrap())
+            );
+            assert_eq!((*r).ai_qp_type, IBV_QPT_RC as c_int);
+            assert_eq!((*r).ai_port_space, RDMA_PS_TCP as c_int);
+            assert_eq!((*r).ai_src_len as usize, size_of::<libc::sockaddr_in>());
+            remem_ibv_rdma_freeaddrinfo(r);
+        }
+        let r = get(
+            Some(c"127.0.0.7"),
+            Some(c"7471"),
+            Some(hints(RAI_PASSIVE | RAI_NUMERICHOST, RDMA_PS_UDP)),
+        )
+        .unwrap();
+        // SAFETY: the result just made.
+        unsafe {
+            assert_eq!(
+                sockaddr_to_std((*r).ai_src_addr),
+                Some("127.0.0.7:7471".parse().unwrap())
+            );
+            assert_eq!((*r).ai_qp_type, IBV_QPT_UD as c_int);
+            remem_ibv_rdma_freeaddrinfo(r);
+        }
+    }
+
+    #[test]
+    fn active_names_the_destination() {
+        let r = get(Some(c"127.0.0.9"), Some(c"20079"), None).unwrap();
+        // SAFETY: the result just made.
+        unsafe {
+            assert!((*r).ai_src_addr.is_null());
+            assert_eq!(
+                sockaddr_to_std((*r).ai_dst_addr),
+                Some("127.0.0.9:20079".parse().unwrap())
+            );
+            assert_eq!((*r).ai_family, libc::AF_INET);
+            remem_ibv_rdma_freeaddrinfo(r);
+        }
+        let r = get(Some(c"::1"), Some(c"1"), None).unwrap();
+        // SAFETY: the result just made.
+        unsafe {
+            assert_eq!((*r).ai_family, libc::AF_INET6);
+            assert_eq!((*r).ai_dst_len as usize, size_of::<libc::sockaddr_in6>());
+            remem_ibv_rdma_freeaddrinfo(r);
+        }
+    }
+
+    #[test]
+    fn bad_input_gets_eai_codes() {
+        assert_eq!(get(None, None, None).err(), Some(libc::EAI_NONAME));
+        assert_eq!(
+            get(Some(c"not a host"), None, Some(hints(RAI_NUMERICHOST, 0))).err(),
+            Some(libc::EAI_NONAME)
+        );
+        assert_eq!(
+            get(Some(c"127.0.0.1"), None, Some(hints(0x100, 0))).err(),
+            Some(libc::EAI_BADFLAGS)
+        );
+        let mut h = hints(0, RDMA_PS_TCP);
+        h.ai_qp_type = IBV_QPT_UD as c_int;
+        assert_eq!(
+            get(Some(c"127.0.0.1"), None, Some(h)).err(),
+            Some(libc::EAI_SERVICE)
+        );
+        let mut h = hints(0, 0);
+        h.ai_family = libc::AF_UNIX;
+        assert_eq!(
+            get(Some(c"127.0.0.1"), None, Some(h)).err(),
+            Some(libc::EAI_FAMILY)
+        );
+        let mut out = std::ptr::null_mut();
+        assert_eq!(
+            // SAFETY: NULL strings and hints are allowed; `out` is writable.
+            unsafe {
+                remem_ibv_rdma_getaddrinfo(
+                    std::ptr::null(),
+                    std::ptr::null(),
+                    std::ptr::null(),
+                    &mut out,
+                )
+            },
+            libc::EAI_NONAME
+        );
+        // SAFETY: NULL is allowed.
+        unsafe { remem_ibv_rdma_freeaddrinfo(std::ptr::null_mut()) };
+    }
+
+    #[test]
+    fn hints_addresses_are_used_without_a_node() {
+        let (ss, len) = std_to_storage("127.0.0.3:5000".parse().unwrap());
+        let mut h = hints(0, 0);
+        h.ai_dst_addr = (&raw const ss).cast_mut().cast();
+        h.ai_dst_len = len;
+        let r = get(None, None, Some(h)).unwrap();
+        // SAFETY: the result just made.
+        unsafe {
+            assert_eq!(
+                sockaddr_to_std((*r).ai_dst_addr),
+                Some("127.0.0.3:5000".parse().unwrap())
+            );
+            remem_ibv_rdma_freeaddrinfo(r);
+        }
     }
 }

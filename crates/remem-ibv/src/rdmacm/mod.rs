@@ -66,7 +66,6 @@ pub fn exports() -> Vec<(&'static str, &'static str)> {
     [
         devices::SYMBOLS,
         qp::SYMBOLS,
-        addrinfo::SYMBOLS,
         rsocket::SYMBOLS,
         crate::ffi::rdmacm::SYMBOLS,
     ]
