@@ -19,12 +19,12 @@
 //!   [`symbols::exports`] lists them all.
 //! - [`ffi`], the one unsafe boundary: the entry points (`ffi::queues`: channels, CQs,
 //!   SRQs, QPs, posting, address handles; `ffi::device`: PDs, memory regions and windows, async
-//!   events; `ffi::rdmacm`: the moved `rdma_*` calls) convert the program's raw pointers
+//!   events; `ffi::rdmacm`: the `rdma_*` calls, `ffi::rsocket`, with `ffi::sockaddr`) convert the program's raw pointers
 //!   once — [`ffi::handles::Handle`] for the library's objects, [`ffi::wr`] for
 //!   work-request lists, [`ffi::opt_ref`]/[`ffi::out`]/[`ffi::slice()`] for the rest — and
 //!   call safe code in the object modules. A unit test (`ffi::boundary`) fails when
 //!   `unsafe` appears outside its allow-list; the modules not yet split (`context`,
-//!   `device`, `query`, `misc`, `private`, most of `rdmacm`) are listed there.
+//!   `device`, `query`, `misc`, `private`, `rdmacm::qp`, `rdmacm::devices`) are listed there.
 //! - the objects: every verbs object is a Rust struct whose FIRST field is the ABI struct
 //!   the program sees (`ibv_pd`, `ibv_qp`, ...), boxed; the pointer handed out is cast
 //!   back on each call ([`ffi::handles::Object`]). The Rust side holds the remem-verbs

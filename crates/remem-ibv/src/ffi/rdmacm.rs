@@ -1,6 +1,14 @@
-//! The C entry points of the drop-in librdmacm that have moved out of their object
-//! modules (`rdma_cm_id` options, migration, QP attributes, ECE, multicast): each converts
-//! the program's pointers once and calls safe code in [`crate::rdmacm::id`].
+//! The C entry points of the drop-in librdmacm (all but `rdma_create_qp`/`_srq`
+//! (`rdmacm::qp`) and `rdma_get_devices` (`rdmacm::devices`)): each converts the
+//! program's pointers once and calls safe code in [`crate::rdmacm`].
+//!
+//! By section: options, migration, QP attributes, ECE, multicast (`rdmacm::id::options`,
+//! `mcast`); creating and destroying ids (`id::lifecycle`; an id not handed out yet is an
+//! `id::Unseen`, freed only by `free_unseen`); addresses (`id::addr`); connections
+//! (`id::conn`; the program's `rdma_conn_param` is read into an `id::ConnArg`);
+//! synchronous endpoints (`id::endpoint`); event channels (`rdmacm::channel`: the
+//! program's [`Channel`] and its tombstones live here); `rdma_getaddrinfo`
+//! (`rdmacm::addrinfo`: the answer is allocated here for the program).
 
 use super::handles::Handle;
 use super::{guard_ptr, null_with, opt_mut, opt_ref, out, slice};

@@ -14,6 +14,9 @@
 //! `EAI_BADFLAGS`, `EAI_FAMILY` (not IPv4 or IPv6) and `EAI_QPTYPE`-style mismatches
 //! (a UD QP type with a connected port space) answer bad hints; EAI_SYSTEM with errno
 //! for allocation failures.
+//!
+//! The entry points, and the allocation of the `rdma_addrinfo` the program gets, are in
+//! `crate::ffi::rdmacm`; this module answers (`answer`).
 
 #![forbid(unsafe_code)]
 

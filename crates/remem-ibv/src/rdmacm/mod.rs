@@ -34,7 +34,13 @@
 //! - [`qp`]: `rdma_create_qp` (on the id's device, moved to INIT with the CM's
 //!   attributes and attached to the CM id, which moves it on), SRQs.
 //! - [`addrinfo`]: `rdma_getaddrinfo` / `rdma_freeaddrinfo`.
-//! - [`rsocket`]: rsockets are not implemented (stubs; `rpoll`/`rselect` pass through).
+//! - [`rsocket`] (`crate::ffi::rsocket`): rsockets are not implemented (stubs;
+//!   `rpoll`/`rselect` pass through).
+//! - [`sockaddr`] (`crate::ffi::sockaddr`): the program's `struct sockaddr`s.
+//!
+//! The C entry points of `channel`, `id`, `addrinfo` are in [`crate::ffi::rdmacm`], which
+//! converts the program's pointers once and calls the safe code here (every module but
+//! `qp` and `devices` says `#![forbid(unsafe_code)]`).
 //!
 //! Errors follow librdmacm: -1 with errno (pointer results: NULL with errno), and the
 //! `EAI_*` codes of `rdma_getaddrinfo`. Every exported body runs inside

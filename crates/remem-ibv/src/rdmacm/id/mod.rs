@@ -7,7 +7,7 @@
 //! parts of its `rdma_cm_id` (`context`); the library writes the others in place
 //! (`verbs`, `pd`, `route`, `qp`, `event`, `channel`) through the methods of
 //! `crate::ffi::handles::Handle<RdmaId>`, never holding a Rust reference to the ABI
-//! struct; [`IdShared::handle`] is the id of a library side.
+//! struct; `IdShared::handle` is the id of a library side.
 //!
 //! **Synchronous ids.** An id created without a channel (or by `rdma_create_ep`) gets a
 //! private one; the calls that lead to an event (`rdma_resolve_addr`,
