@@ -20,12 +20,13 @@
 //! - [`ffi`], the one unsafe boundary: the entry points (`ffi::queues`: channels, CQs,
 //!   SRQs, QPs, posting, address handles; `ffi::device`: PDs, memory regions and windows, async
 //!   events; `ffi::verbs`: the device list, contexts, queries, helpers; `ffi::private`: the
-//!   provider-internal stubs; `ffi::rdmacm`: the moved `rdma_*` calls) convert the program's raw pointers
+//!   provider-internal stubs; `ffi::rdmacm`: the `rdma_*` calls, `ffi::rsocket`, with
+//!   `ffi::sockaddr`) convert the program's raw pointers
 //!   once — [`ffi::handles::Handle`] for the library's objects, [`ffi::wr`] for
 //!   work-request lists, [`ffi::opt_ref`]/[`ffi::out`]/[`ffi::slice()`] for the rest — and
 //!   call safe code in the object modules. A unit test (`ffi::boundary`) fails when
-//!   `unsafe` appears outside its allow-list; the modules not yet split (most of
-//!   `rdmacm`) are listed there.
+//!   `unsafe` appears outside its allow-list; the modules not yet split (`rdmacm::qp`,
+//!   `rdmacm::devices`) are listed there.
 //! - the objects: every verbs object is a Rust struct whose FIRST field is the ABI struct
 //!   the program sees (`ibv_pd`, `ibv_qp`, ...), boxed; the pointer handed out is cast
 //!   back on each call ([`ffi::handles::Object`]). The Rust side holds the remem-verbs

@@ -18,25 +18,15 @@ const FFI: &[&str] = &[
     "ffi/private.rs",
     "ffi/queues.rs",
     "ffi/rdmacm.rs",
+    "ffi/rsocket.rs",
+    "ffi/sockaddr.rs",
     "ffi/sys.rs",
     "ffi/verbs.rs",
     "ffi/wr.rs",
     // Not yet split into safe logic and FFI entry points (issue 31): each of these still
     // holds its own `extern "C"` entry points. The list only shrinks.
-    "rdmacm/addrinfo.rs",
-    "rdmacm/channel.rs",
     "rdmacm/devices.rs",
-    "rdmacm/id/addr.rs",
-    "rdmacm/id/conn.rs",
-    "rdmacm/id/endpoint.rs",
-    "rdmacm/id/events.rs",
-    "rdmacm/id/fields.rs",
-    "rdmacm/id/lifecycle.rs",
-    "rdmacm/id/mod.rs",
     "rdmacm/qp.rs",
-    "rdmacm/router.rs",
-    "rdmacm/rsocket.rs",
-    "rdmacm/sockaddr.rs",
 ];
 
 /// Test-only modules that call the C entry points as a program does.

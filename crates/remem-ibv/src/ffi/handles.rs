@@ -483,4 +483,184 @@ pub unsafe fn ctx_free(ctx: *mut ibv_context) {
 pub unsafe fn pd_from<'a>(pd: *mut ibv_pd) -> Option<&'a crate::context::Pd> {
     // SAFETY: by the contract, a non-NULL `pd` is the first field of a boxed `Pd`.
     unsafe { pd.cast::<crate::context::Pd>().as_ref() }
+
+// ----- rdma_cm_id fields the library writes in place (issue 31: rdmacm::id) ---------------
+
+/// The `ibv_gid` of an IP address on RoCE (IPv4-mapped for IPv4).
+fn ip_gid(ip: std::net::IpAddr) -> ibv_gid {
+    ibv_gid {
+        raw: remem_verbs::Gid::from(ip.to_canonical()).0,
+    }
+}
+
+impl IdShared {
+    /// The id whose library side this is.
+    ///
+    /// An id's library side is reachable only while its id lives: from the id itself,
+    /// from the router's routes and the channels' queued events (which `rdma_destroy_id`
+    /// removes before it frees the id), and from the events handed out (which it waits
+    /// for). Panics if called before the id is boxed (a bug).
+    pub(crate) fn handle(&self) -> Handle<'_, RdmaId> {
+        // SAFETY: `abi_ptr` is the boxed `RdmaId` holding this side, alive while the side
+        // is reachable (above), so for the borrow of `self`.
+        unsafe { Handle::from_abi(self.abi_ptr()) }.expect("an id's library side knows its id")
+    }
+}
+
+impl<'a> Handle<'a, RdmaId> {
+    /// Sets the id's source address (`route.addr.src_addr`, and `ibaddr.sgid` and
+    /// `pkey`).
+    pub fn set_src(self, a: std::net::SocketAddr) {
+        let (ss, _) = super::sockaddr::std_to_storage(a);
+        let p = self.abi();
+        // SAFETY: a live id; fields written in place, no reference is made.
+        unsafe {
+            (&raw mut (*p).route.addr.u_src_addr.src_storage).write(ss);
+            (&raw mut (*p).route.addr.addr.ibaddr.sgid).write(ip_gid(a.ip()));
+            (&raw mut (*p).route.addr.addr.ibaddr.pkey).write(0xffff_u16.to_be());
+        }
+    }
+
+    /// Sets the id's destination address (`route.addr.dst_addr`, and `ibaddr.dgid`).
+    pub fn set_dst(self, a: std::net::SocketAddr) {
+        let (ss, _) = super::sockaddr::std_to_storage(a);
+        let p = self.abi();
+        // SAFETY: a live id; fields written in place, no reference is made.
+        unsafe {
+            (&raw mut (*p).route.addr.u_dst_addr.dst_storage).write(ss);
+            (&raw mut (*p).route.addr.addr.ibaddr.dgid).write(ip_gid(a.ip()));
+        }
+    }
+
+    /// The source and destination GIDs of `route.addr.ibaddr`.
+    pub fn gids(self) -> (ibv_gid, ibv_gid) {
+        let p = self.abi();
+        // SAFETY: a live id; two fields read in place.
+        unsafe {
+            (
+                (*p).route.addr.addr.ibaddr.sgid,
+                (*p).route.addr.addr.ibaddr.dgid,
+            )
+        }
+    }
+
+    /// Sets `route.path_rec` (the library's record, kept by the id) and `num_paths` 1.
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`rec` is stored, never dereferenced"
+    )]
+    pub fn set_path_rec(self, rec: *mut ibv_sa_path_rec) {
+        let p = self.abi();
+        // SAFETY: a live id; fields written in place, no reference is made.
+        unsafe {
+            (&raw mut (*p).route.path_rec).write(rec);
+            (&raw mut (*p).route.num_paths).write(1);
+        }
+    }
+
+    /// The source port of `route.addr`, network order (0 for no address).
+    pub fn src_port(self) -> u16 {
+        // SAFETY: a live id; the field read in place (a union of address structures).
+        let ss = unsafe { (*self.abi()).route.addr.u_src_addr.src_storage };
+        port_of(&ss)
+    }
+
+    /// The destination port of `route.addr`, network order (0 for no address).
+    pub fn dst_port(self) -> u16 {
+        // SAFETY: a live id; the field read in place (a union of address structures).
+        let ss = unsafe { (*self.abi()).route.addr.u_dst_addr.dst_storage };
+        port_of(&ss)
+    }
+
+    /// Sets `id->verbs`.
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`verbs` is stored, never dereferenced"
+    )]
+    pub fn set_verbs(self, verbs: *mut ibv_context) {
+        // SAFETY: a live id; the field is written in place, no reference is made.
+        unsafe { (&raw mut (*self.abi()).verbs).write(verbs) };
+    }
+
+    /// `id->pd`.
+    pub fn pd(self) -> *mut ibv_pd {
+        // SAFETY: a live id; one field read in place.
+        unsafe { (*self.abi()).pd }
+    }
+
+    /// Sets `id->pd`.
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`pd` is stored, never dereferenced"
+    )]
+    pub fn set_pd(self, pd: *mut ibv_pd) {
+        // SAFETY: a live id; the field is written in place, no reference is made.
+        unsafe { (&raw mut (*self.abi()).pd).write(pd) };
+    }
+
+    /// Sets `id->port_num`.
+    pub fn set_port_num(self, port: u8) {
+        // SAFETY: a live id; the field is written in place, no reference is made.
+        unsafe { (&raw mut (*self.abi()).port_num).write(port) };
+    }
+
+    /// `id->srq`.
+    pub fn srq_ptr(self) -> *mut ibv_srq {
+        // SAFETY: a live id; one field read in place.
+        unsafe { (*self.abi()).srq }
+    }
+
+    /// `id->context` (the program's).
+    pub fn context(self) -> *mut core::ffi::c_void {
+        // SAFETY: a live id; one field read in place.
+        unsafe { (*self.abi()).context }
+    }
+
+    /// Sets `id->context` (a new id's, before the program sees it).
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`context` is stored, never dereferenced"
+    )]
+    pub fn set_context(self, context: *mut core::ffi::c_void) {
+        // SAFETY: a live id; the field is written in place, no reference is made.
+        unsafe { (&raw mut (*self.abi()).context).write(context) };
+    }
+
+    /// `id->event`: the event a synchronous call left (NULL if none).
+    pub fn event(self) -> *mut crate::rdmacm::abi::rdma_cm_event {
+        // SAFETY: a live id; one field read in place.
+        unsafe { (*self.abi()).event }
+    }
+
+    /// Sets `id->event`.
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`ev` is stored, never dereferenced"
+    )]
+    pub fn set_event(self, ev: *mut crate::rdmacm::abi::rdma_cm_event) {
+        // SAFETY: a live id; the field is written in place, no reference is made.
+        unsafe { (&raw mut (*self.abi()).event).write(ev) };
+    }
+}
+
+/// The port of a socket address, network order (0 for another family).
+fn port_of(ss: &libc::sockaddr_storage) -> u16 {
+    let p = (&raw const *ss).cast::<u8>();
+    match c_int::from(ss.ss_family) {
+        // SAFETY: an AF_INET storage holds a sockaddr_in (a storage is aligned for it).
+        libc::AF_INET => unsafe { (*p.cast::<libc::sockaddr_in>()).sin_port },
+        // SAFETY: an AF_INET6 storage holds a sockaddr_in6.
+        libc::AF_INET6 => unsafe { (*p.cast::<libc::sockaddr_in6>()).sin6_port },
+        _ => 0,
+    }
+}
+
+/// The library's side of a program's id; `None` for NULL.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id of this library; the reference must not outlive it.
+pub unsafe fn id_from<'a>(id: *mut rdma_cm_id) -> Option<&'a Arc<IdShared>> {
+    // SAFETY: by the contract.
+    unsafe { Handle::<RdmaId>::from_abi(id) }.map(Handle::inner)
 }

@@ -27,6 +27,8 @@ pub mod handles;
 pub mod private;
 pub mod queues;
 pub mod rdmacm;
+pub mod rsocket;
+pub mod sockaddr;
 pub mod sys;
 pub mod verbs;
 pub mod wr;

@@ -34,7 +34,13 @@
 //! - [`qp`]: `rdma_create_qp` (on the id's device, moved to INIT with the CM's
 //!   attributes and attached to the CM id, which moves it on), SRQs.
 //! - [`addrinfo`]: `rdma_getaddrinfo` / `rdma_freeaddrinfo`.
-//! - [`rsocket`]: rsockets are not implemented (stubs; `rpoll`/`rselect` pass through).
+//! - [`rsocket`] (`crate::ffi::rsocket`): rsockets are not implemented (stubs;
+//!   `rpoll`/`rselect` pass through).
+//! - [`sockaddr`] (`crate::ffi::sockaddr`): the program's `struct sockaddr`s.
+//!
+//! The C entry points of `channel`, `id`, `addrinfo` are in [`crate::ffi::rdmacm`], which
+//! converts the program's pointers once and calls the safe code here (every module but
+//! `qp` and `devices` says `#![forbid(unsafe_code)]`).
 //!
 //! Errors follow librdmacm: -1 with errno (pointer results: NULL with errno), and the
 //! `EAI_*` codes of `rdma_getaddrinfo`. Every exported body runs inside
@@ -49,8 +55,8 @@ pub mod devices;
 pub mod id;
 pub mod qp;
 pub mod router;
-pub mod rsocket;
-pub mod sockaddr;
+pub use crate::ffi::rsocket;
+pub use crate::ffi::sockaddr;
 
 #[cfg(test)]
 mod fake;
@@ -64,11 +70,8 @@ use core::ffi::c_int;
 /// Every C symbol the drop-in librdmacm exports, with its version.
 pub fn exports() -> Vec<(&'static str, &'static str)> {
     [
-        channel::SYMBOLS,
         devices::SYMBOLS,
-        id::SYMBOLS,
         qp::SYMBOLS,
-        addrinfo::SYMBOLS,
         rsocket::SYMBOLS,
         crate::ffi::rdmacm::SYMBOLS,
     ]

@@ -10,13 +10,14 @@
 //!
 //! Lock order: the routes, then an id's state, then a channel's queue.
 
-#![allow(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use super::id::IdShared;
+use crate::ffi::sys;
 use core::ffi::c_int;
 use remem_verbs::cm::{CmChannel, CmEvent, CmEventKind};
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock, Weak};
 
 /// The provider ids known to the router, by handle.
@@ -33,13 +34,7 @@ fn router() -> Result<&'static Router, c_int> {
     static ROUTER: OnceLock<Result<Router, c_int>> = OnceLock::new();
     ROUTER
         .get_or_init(|| {
-            // SAFETY: epoll_create1 with a valid flag; the result is checked.
-            let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-            if fd < 0 {
-                return Err(crate::ffi::errno());
-            }
-            // SAFETY: a descriptor just created and owned by nothing else.
-            let epoll = unsafe { OwnedFd::from_raw_fd(fd) };
+            let epoll = sys::epoll_create()?;
             std::thread::Builder::new()
                 .name("remem-rdmacm".into())
                 .spawn(run)
@@ -57,23 +52,13 @@ fn router() -> Result<&'static Router, c_int> {
 pub(crate) fn watch(channel: &Arc<dyn CmChannel>) -> Result<(), c_int> {
     let r = router()?;
     let mut chans = r.channels.lock().unwrap_or_else(|e| e.into_inner());
-    let mut ev = libc::epoll_event {
-        events: libc::EPOLLIN as u32,
-        u64: chans.len() as u64,
-    };
-    // SAFETY: both descriptors are live (the channel is kept in `channels` for the life
-    // of the process); `ev` is a valid event.
-    let rc = unsafe {
-        libc::epoll_ctl(
-            r.epoll.as_raw_fd(),
-            libc::EPOLL_CTL_ADD,
-            channel.fd().as_raw_fd(),
-            &mut ev,
-        )
-    };
-    if rc != 0 {
-        return Err(crate::ffi::errno());
-    }
+    // The channel is kept in `channels` for the life of the process, so its descriptor
+    // stays open while registered.
+    sys::epoll_add_in(
+        r.epoll.as_raw_fd(),
+        channel.fd().as_raw_fd(),
+        chans.len() as u64,
+    )?;
     chans.push(Arc::clone(channel));
     Ok(())
 }
@@ -88,8 +73,7 @@ fn run() {
     let Ok(r) = router() else { return };
     let mut events = [libc::epoll_event { events: 0, u64: 0 }; 16];
     loop {
-        // SAFETY: `events` has room for 16 entries; the epoll fd lives for the process.
-        let n = unsafe { libc::epoll_wait(r.epoll.as_raw_fd(), events.as_mut_ptr(), 16, -1) };
+        let n = sys::epoll_wait(r.epoll.as_raw_fd(), &mut events, -1);
         if n < 0 {
             if crate::ffi::errno() == libc::EINTR {
                 continue;

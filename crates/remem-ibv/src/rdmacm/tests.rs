@@ -5,11 +5,8 @@
 #![allow(unsafe_code)]
 
 use super::abi::*;
-use super::addrinfo::*;
-use super::channel::*;
 use super::devices::*;
 use super::fake;
-use super::id::*;
 use super::qp::*;
 use super::sockaddr::std_to_storage;
 use crate::abi::*;

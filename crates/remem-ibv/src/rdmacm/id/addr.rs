@@ -1,13 +1,13 @@
 //! Addresses: `rdma_bind_addr`, `rdma_resolve_addr`, `rdma_resolve_route`, `rdma_listen`,
-//! the ports.
+//! the ports. The entry points are in `crate::ffi::rdmacm`.
 
-#![allow(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use super::*;
 
 /// Binds `addr` on the devices it covers (one provider id per device; the first picks
 /// the port when `addr`'s is 0, the others take the same).
-pub(super) fn bind(id: &Arc<IdShared>, addr: SocketAddr) -> Result<(), c_int> {
+pub(crate) fn bind(id: &Arc<IdShared>, addr: SocketAddr) -> Result<(), c_int> {
     if !id.state().cm.is_empty() {
         return Err(libc::EINVAL);
     }
@@ -42,41 +42,18 @@ pub(super) fn bind(id: &Arc<IdShared>, addr: SocketAddr) -> Result<(), c_int> {
     let local = first
         .local_addr()
         .unwrap_or_else(|| SocketAddr::new(addr.ip(), port));
-    // SAFETY: a live id.
-    unsafe { set_src(id.abi_ptr(), local) };
+    id.handle().set_src(local);
     Ok(())
 }
 
-/// `rdma_bind_addr`: binds a local address (the unspecified address: every device).
-/// -1 with errno: EINVAL (NULL, another family, already bound), EADDRNOTAVAIL (no device
-/// has the address), EADDRINUSE.
-///
-/// # Safety
-///
-/// `id` is NULL or a live id; `addr` is NULL or a socket address of its family's size.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_rdma_bind_addr(
-    id: *mut rdma_cm_id,
-    addr: *mut libc::sockaddr,
-) -> c_int {
-    guard_neg("rdma_bind_addr", || {
-        // SAFETY: by the contract.
-        let (Some(s), Some(a)) = (unsafe { id_from(id) }, unsafe { sockaddr_to_std(addr) }) else {
-            return fail(libc::EINVAL);
-        };
-        match bind(s, a) {
-            Ok(()) => 0,
-            Err(e) => fail(e),
-        }
-    })
-}
-
 /// A duration of `ms` milliseconds (a negative value counts as 0).
-pub(super) fn millis(ms: c_int) -> Duration {
+pub(crate) fn millis(ms: c_int) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
 
-pub(super) fn resolve_addr(
+/// `rdma_resolve_addr` once the FFI layer has its addresses: gives the id the device that
+/// reaches `dst` (or has `src`), and starts the resolution.
+pub(crate) fn resolve_addr(
     id: &Arc<IdShared>,
     src: Option<SocketAddr>,
     dst: SocketAddr,
@@ -120,106 +97,48 @@ pub(super) fn resolve_addr(
             _ => return Err(libc::EINVAL),
         }
     };
-    // SAFETY: a live id.
-    unsafe { set_dst(id.abi_ptr(), dst) };
+    id.handle().set_dst(dst);
     cm.resolve_addr(src, dst, timeout).map_err(|e| errno_of(&e))
 }
 
-/// `rdma_resolve_addr`: resolves `dst` to a device (see [`super::devices`]) and, for a
-/// synchronous id, waits for the result. -1 with errno: EINVAL, EADDRNOTAVAIL (`src`
-/// is no device's), ENODEV (no device reaches `dst`'s family), or the resolution's.
-///
-/// # Safety
-///
-/// `id` is NULL or a live id; `src_addr` and `dst_addr` are NULL or socket addresses.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_rdma_resolve_addr(
-    id: *mut rdma_cm_id,
-    src_addr: *mut libc::sockaddr,
-    dst_addr: *mut libc::sockaddr,
-    timeout_ms: c_int,
-) -> c_int {
-    guard_neg("rdma_resolve_addr", || {
-        // SAFETY: by the contract.
-        let (Some(s), Some(dst)) = (unsafe { id_from(id) }, unsafe { sockaddr_to_std(dst_addr) })
-        else {
-            return fail(libc::EINVAL);
-        };
-        // SAFETY: by the contract.
-        let src = unsafe { sockaddr_to_std(src_addr) };
-        if !src_addr.is_null() && src.is_none() {
-            return fail(libc::EINVAL);
-        }
-        match resolve_addr(s, src, dst, millis(timeout_ms)) {
-            Ok(()) => complete(s),
-            Err(e) => fail(e),
-        }
-    })
+/// `rdma_resolve_route` once the FFI layer has the id: resolves the route to the resolved
+/// address (synchronous ids wait). -1/EINVAL before the address is resolved.
+pub(crate) fn resolve_route(s: &Arc<IdShared>, timeout_ms: c_int) -> c_int {
+    let r = s.cm().and_then(|(_, cm)| {
+        cm.resolve_route(millis(timeout_ms))
+            .map_err(|e| errno_of(&e))
+    });
+    match r {
+        Ok(()) => complete(s),
+        Err(e) => fail(e),
+    }
 }
 
-/// `rdma_resolve_route`: resolves the route to the resolved address (synchronous ids
-/// wait). -1/EINVAL before the address is resolved.
-///
-/// # Safety
-///
-/// `id` is NULL or a live id.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_rdma_resolve_route(
-    id: *mut rdma_cm_id,
-    timeout_ms: c_int,
-) -> c_int {
-    guard_neg("rdma_resolve_route", || {
-        // SAFETY: by the contract.
-        let Some(s) = (unsafe { id_from(id) }) else {
-            return fail(libc::EINVAL);
-        };
-        let r = s.cm().and_then(|(_, cm)| {
-            cm.resolve_route(millis(timeout_ms))
-                .map_err(|e| errno_of(&e))
-        });
-        match r {
-            Ok(()) => complete(s),
-            Err(e) => fail(e),
+/// `rdma_listen` once the FFI layer has the id: listens on the bound address (unbound:
+/// every device, a free port). A backlog of 0 or less, or above 1024, is 1024 (as the
+/// kernel's rdma_ucm).
+pub(crate) fn listen(s: &Arc<IdShared>, backlog: c_int) -> c_int {
+    if s.state().cm.is_empty() {
+        let any: SocketAddr = (std::net::Ipv4Addr::UNSPECIFIED, 0).into();
+        if let Err(e) = bind(s, any) {
+            return fail(e);
         }
-    })
-}
-
-/// `rdma_listen`: listens on the bound address (unbound: every device, a free port).
-/// A backlog of 0 or less, or above 1024, is 1024 (as the kernel's rdma_ucm).
-///
-/// # Safety
-///
-/// `id` is NULL or a live id.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
-    guard_neg("rdma_listen", || {
-        // SAFETY: by the contract.
-        let Some(s) = (unsafe { id_from(id) }) else {
-            return fail(libc::EINVAL);
-        };
-        if s.state().cm.is_empty() {
-            let any: SocketAddr = (std::net::Ipv4Addr::UNSPECIFIED, 0).into();
-            if let Err(e) = bind(s, any) {
-                return fail(e);
-            }
+    }
+    let backlog = u32::try_from(backlog)
+        .ok()
+        .filter(|b| (1..=MAX_BACKLOG).contains(b))
+        .unwrap_or(MAX_BACKLOG);
+    let cms: Vec<_> = s.state().cm.iter().map(|(_, c)| Arc::clone(c)).collect();
+    for c in &cms {
+        if let Err(e) = c.listen(backlog) {
+            return fail(errno_of(&e));
         }
-        let backlog = u32::try_from(backlog)
-            .ok()
-            .filter(|b| (1..=MAX_BACKLOG).contains(b))
-            .unwrap_or(MAX_BACKLOG);
-        let cms: Vec<_> = s.state().cm.iter().map(|(_, c)| Arc::clone(c)).collect();
-        for c in &cms {
-            if let Err(e) = c.listen(backlog) {
-                return fail(errno_of(&e));
-            }
-        }
-        if let Some(a) = cms.first().and_then(|c| c.local_addr()) {
-            // SAFETY: a live id.
-            unsafe { set_src(s.abi_ptr(), a) };
-            notify(&format!("listening {a}"));
-        }
-        0
-    })
+    }
+    if let Some(a) = cms.first().and_then(|c| c.local_addr()) {
+        s.handle().set_src(a);
+        notify(&format!("listening {a}"));
+    }
+    0
 }
 
 /// The environment variable naming a file (typically a FIFO) that hears of every
@@ -243,50 +162,5 @@ pub(super) fn notify(line: &str) {
         .open(path)
     {
         let _ = f.write_all(format!("{line}\n").as_bytes());
-    }
-}
-
-/// `rdma_get_src_port`: the bound port, network order (0 unbound).
-///
-/// # Safety
-///
-/// `id` is a live id.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
-    if id.is_null() {
-        return 0;
-    }
-    // SAFETY: a live id; the route's source address is an address structure.
-    unsafe { port_of((&raw const (*id).route.addr.u_src_addr).cast()) }
-}
-
-/// `rdma_get_dst_port`: the peer's port, network order (0 before it is known).
-///
-/// # Safety
-///
-/// `id` is a live id.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
-    if id.is_null() {
-        return 0;
-    }
-    // SAFETY: a live id; the route's destination address is an address structure.
-    unsafe { port_of((&raw const (*id).route.addr.u_dst_addr).cast()) }
-}
-
-/// The port of a socket address, network order (0 for another family).
-///
-/// # Safety
-///
-/// `sa` points to a `sockaddr_storage`.
-pub(super) unsafe fn port_of(sa: *const libc::sockaddr_storage) -> u16 {
-    // SAFETY: by the contract.
-    let family = c_int::from(unsafe { (*sa).ss_family });
-    match family {
-        // SAFETY: an AF_INET storage holds a sockaddr_in.
-        libc::AF_INET => unsafe { (*sa.cast::<libc::sockaddr_in>()).sin_port },
-        // SAFETY: an AF_INET6 storage holds a sockaddr_in6.
-        libc::AF_INET6 => unsafe { (*sa.cast::<libc::sockaddr_in6>()).sin6_port },
-        _ => 0,
     }
 }

@@ -1,178 +1,137 @@
-//! Synchronous endpoints: `rdma_get_request`, `rdma_create_ep`, `rdma_destroy_ep`.
+//! Synchronous endpoints: `rdma_get_request`, `rdma_create_ep`, `rdma_destroy_ep`. The
+//! entry points are in `crate::ffi::rdmacm`, which passes in the QP creation
+//! (`rdma_create_qp` on the program's attributes).
 
-#![allow(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use super::*;
 
-/// `rdma_get_request`: the next connection request of a synchronous listener (waiting
-/// for one); the new id holds the request in `id->event` and, for an endpoint made with
-/// QP attributes, a QP. -1 with errno: EINVAL (not synchronous, another event),
-/// ECONNREFUSED, or the event's status.
-///
-/// # Safety
-///
-/// `listen` is NULL or a live id; `id` is NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_rdma_get_request(
-    listen: *mut rdma_cm_id,
-    id: *mut *mut rdma_cm_id,
-) -> c_int {
-    guard_neg("rdma_get_request", || {
-        // SAFETY: by the contract.
-        let Some(s) = (unsafe { id_from(listen) }) else {
-            return fail(libc::EINVAL);
-        };
-        if id.is_null() {
-            return fail(libc::EINVAL);
-        }
-        let (sync, channel, ep) = {
-            let st = s.state();
-            (st.sync, Arc::clone(&st.channel), st.ep)
-        };
-        if !sync {
-            return fail(libc::EINVAL);
-        }
-        ack_own_event(s);
-        let ev = loop {
-            match channel.wait() {
-                Ok(p) => {
-                    if let Some(ev) = hand_out(p) {
-                        break ev;
-                    }
-                }
-                Err(e) => return fail(e),
-            }
-        };
-        // SAFETY: the event just handed out.
-        let (kind, status, child) = unsafe { ((*ev).event, (*ev).status, (*ev).id) };
-        let err = match (kind, status) {
-            (RDMA_CM_EVENT_REJECTED, _) => Some(libc::ECONNREFUSED),
-            (_, s) if s != 0 => Some(s.abs()),
-            (RDMA_CM_EVENT_CONNECT_REQUEST, _) => None,
-            _ => Some(libc::EINVAL),
-        };
-        if let Some(e) = err {
-            set!(listen, event, ev);
-            return fail(e);
-        }
-        if let Some(ep) = ep {
-            let mut attr = ep.init;
-            // SAFETY: a live id; reading the PD the endpoint was given.
-            let pd = unsafe { (*listen).pd };
-            // SAFETY: the new id (live), the listener's PD and a local attribute copy.
-            let r = unsafe { crate::rdmacm::qp::remem_ibv_rdma_create_qp(child, pd, &mut attr) };
-            if r != 0 {
-                let e = crate::ffi::errno();
-                set!(listen, event, ev);
-                return fail(e);
-            }
-        }
-        set!(child, event, ev);
-        // SAFETY: non-NULL and writable by the contract.
-        unsafe { id.write(child) };
-        0
-    })
-}
+/// `rdma_create_qp` as the FFI layer makes it for an endpoint: on the id (live), a PD (the
+/// program's, or NULL), attributes (the program's, or a copy): 0, or -1 with errno.
+pub(crate) type CreateQp<'f> =
+    &'f mut dyn FnMut(*mut rdma_cm_id, *mut ibv_pd, &mut ibv_qp_init_attr) -> c_int;
 
-/// `rdma_create_ep`: a synchronous id for `res` (from `rdma_getaddrinfo`): passive
-/// (`RAI_PASSIVE`), bound to `res->ai_src_addr`, keeping `pd` and `qp_init_attr` for the
-/// QPs of its connections; active, with the address and route resolved and (given
-/// `qp_init_attr`) a QP. -1 with errno.
-///
-/// # Safety
-///
-/// `id` is NULL or writable; `res` is NULL or a valid `rdma_addrinfo`; `pd` is NULL or
-/// a live PD; `qp_init_attr` is NULL or readable and writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_rdma_create_ep(
-    id: *mut *mut rdma_cm_id,
-    res: *mut rdma_addrinfo,
-    pd: *mut ibv_pd,
-    qp_init_attr: *mut ibv_qp_init_attr,
-) -> c_int {
-    guard_neg("rdma_create_ep", || {
-        // SAFETY: by the contract.
-        let Some(r) = (unsafe { res.as_ref() }) else {
-            return fail(libc::EINVAL);
-        };
-        if id.is_null() {
-            return fail(libc::EINVAL);
-        }
-        let ps = match u32::try_from(r.ai_port_space)
-            .map_err(|_| libc::EINVAL)
-            .and_then(devices::port_space)
-        {
-            Ok(ps) => ps,
-            Err(e) => return fail(e),
-        };
-        let qp_type = if r.ai_qp_type == 0 {
-            qp_type_of(ps)
-        } else {
-            r.ai_qp_type as ibv_qp_type
-        };
-        let cm_id = match create_id(std::ptr::null_mut(), std::ptr::null_mut(), ps, qp_type) {
-            Ok(p) => p,
-            Err(e) => return fail(e),
-        };
-        // SAFETY: the id just made.
-        let rc = unsafe { setup_ep(cm_id, r, pd, qp_init_attr) };
-        if rc != 0 {
-            let e = crate::ffi::errno();
-            // SAFETY: the id just made, never the program's.
-            unsafe { remem_ibv_rdma_destroy_ep(cm_id) };
-            return fail(e);
-        }
-        // SAFETY: non-NULL and writable by the contract.
-        unsafe { id.write(cm_id) };
-        0
-    })
-}
-
-/// The rest of `rdma_create_ep` on the new id.
-///
-/// # Safety
-///
-/// As `rdma_create_ep`; `id` is the new id.
-pub(super) unsafe fn setup_ep(
-    id: *mut rdma_cm_id,
-    r: &rdma_addrinfo,
-    pd: *mut ibv_pd,
-    qp_init_attr: *mut ibv_qp_init_attr,
-) -> c_int {
-    // SAFETY: the new id, live.
-    let Some(s) = (unsafe { id_from(id) }) else {
-        return fail(libc::EINVAL);
+/// `rdma_get_request` once the FFI layer has the listener: the next connection request of
+/// a synchronous listener (waiting for one); the new id holds the request in `id->event`
+/// and, for an endpoint made with QP attributes, a QP (`create_qp`). EINVAL (not
+/// synchronous, another event), ECONNREFUSED, or the event's status.
+pub(crate) fn get_request(
+    s: &Arc<IdShared>,
+    create_qp: CreateQp<'_>,
+) -> Result<*mut rdma_cm_id, c_int> {
+    let (sync, channel, ep) = {
+        let st = s.state();
+        (st.sync, Arc::clone(&st.channel), st.ep)
     };
+    if !sync {
+        return Err(libc::EINVAL);
+    }
+    ack_own_event(s);
+    let (ev, child) = loop {
+        let p = channel.wait()?;
+        let child = p.child.as_ref().map(|c| Arc::clone(c.shared()));
+        if let Some(ev) = take_event(p) {
+            break (ev, child);
+        }
+    };
+    let (kind, status) = (ev.abi.event, ev.abi.status);
+    let ev: *mut rdma_cm_event = Box::into_raw(ev).cast();
+    let err = match (kind, status) {
+        (RDMA_CM_EVENT_REJECTED, _) => Some(libc::ECONNREFUSED),
+        (_, s) if s != 0 => Some(s.abs()),
+        (RDMA_CM_EVENT_CONNECT_REQUEST, _) => None,
+        _ => Some(libc::EINVAL),
+    };
+    let listen = s.handle();
+    let child = match (err, child) {
+        (None, Some(c)) => c,
+        (e, _) => {
+            listen.set_event(ev);
+            return Err(e.unwrap_or(libc::EINVAL));
+        }
+    };
+    let ch = child.handle();
+    if let Some(ep) = ep {
+        let mut attr = ep.init;
+        if create_qp(ch.abi(), listen.pd(), &mut attr) != 0 {
+            let e = crate::ffi::errno();
+            listen.set_event(ev);
+            return Err(e);
+        }
+    }
+    ch.set_event(ev);
+    Ok(ch.abi())
+}
+
+/// The program's `rdma_addrinfo` and attributes for `rdma_create_ep`, as the FFI layer
+/// read them.
+pub(crate) struct EpArgs<'a> {
+    /// The addrinfo.
+    pub ai: &'a rdma_addrinfo,
+    /// Its `ai_src_addr`.
+    pub src: Option<SocketAddr>,
+    /// Its `ai_dst_addr`.
+    pub dst: Option<SocketAddr>,
+    /// The program's PD (or NULL).
+    pub pd: *mut ibv_pd,
+    /// The program's QP attributes.
+    pub init: Option<&'a mut ibv_qp_init_attr>,
+}
+
+/// `rdma_create_ep` once the FFI layer has read its arguments: a synchronous id for `res`
+/// (from `rdma_getaddrinfo`): passive (`RAI_PASSIVE`), bound to `res->ai_src_addr`,
+/// keeping `pd` and `qp_init_attr` for the QPs of its connections; active, with the
+/// address and route resolved and (given `qp_init_attr`) a QP (`create_qp`). On failure
+/// the new id is left to `destroy_ep`.
+pub(crate) fn create_ep(
+    args: EpArgs<'_>,
+    create_qp: CreateQp<'_>,
+    destroy_ep: impl FnOnce(*mut rdma_cm_id),
+) -> Result<*mut rdma_cm_id, c_int> {
+    let r = args.ai;
+    let ps = u32::try_from(r.ai_port_space)
+        .map_err(|_| libc::EINVAL)
+        .and_then(devices::port_space)?;
+    let qp_type = if r.ai_qp_type == 0 {
+        qp_type_of(ps)
+    } else {
+        r.ai_qp_type as ibv_qp_type
+    };
+    let s = new_id(None, std::ptr::null_mut(), ps, qp_type)?;
+    let cm_id = s.abi_ptr();
+    if setup_ep(&s, args, create_qp) != 0 {
+        let e = crate::ffi::errno();
+        destroy_ep(cm_id);
+        return Err(e);
+    }
+    Ok(cm_id)
+}
+
+/// The rest of `rdma_create_ep` on the new id `s`: 0, or -1 with errno.
+fn setup_ep(s: &Arc<IdShared>, args: EpArgs<'_>, create_qp: CreateQp<'_>) -> c_int {
+    let r = args.ai;
+    let pd = args.pd;
     if r.ai_flags & RAI_PASSIVE != 0 {
-        // SAFETY: the program's addrinfo (a socket address or NULL).
-        let Some(a) = (unsafe { sockaddr_to_std(r.ai_src_addr) }) else {
+        let Some(a) = args.src else {
             return fail(libc::EINVAL);
         };
         if let Err(e) = bind(s, a) {
             return fail(e);
         }
         if !pd.is_null() {
-            set!(id, pd, pd);
+            s.handle().set_pd(pd);
         }
-        // SAFETY: NULL or readable by the contract.
-        if let Some(init) = unsafe { qp_init_attr.as_ref() } {
+        if let Some(init) = args.init {
             let mut init = *init;
             init.qp_type = s.qp_type;
             s.state().ep = Some(EpAttr { init });
         }
         return 0;
     }
-    // SAFETY: the program's addrinfo (socket addresses or NULL).
-    let (src, dst) = unsafe {
-        (
-            sockaddr_to_std(r.ai_src_addr),
-            sockaddr_to_std(r.ai_dst_addr),
-        )
-    };
-    let Some(dst) = dst else {
+    let Some(dst) = args.dst else {
         return fail(libc::EINVAL);
     };
-    if let Err(e) = resolve_addr(s, src, dst, Duration::from_millis(2000)) {
+    if let Err(e) = resolve_addr(s, args.src, dst, Duration::from_millis(2000)) {
         return fail(e);
     }
     if complete(s) != 0 {
@@ -189,40 +148,9 @@ pub(super) unsafe fn setup_ep(
         }
         Err(e) => return fail(e),
     }
-    // SAFETY: NULL or readable and writable by the contract.
-    if let Some(init) = unsafe { qp_init_attr.as_mut() } {
+    if let Some(init) = args.init {
         init.qp_type = s.qp_type;
-        // SAFETY: the live id, the program's PD or NULL, its attributes.
-        return unsafe { crate::rdmacm::qp::remem_ibv_rdma_create_qp(id, pd, init) };
+        return create_qp(s.abi_ptr(), pd, init);
     }
     0
-}
-
-/// `rdma_destroy_ep`: destroys the endpoint's QP and SRQ (and the CQs made for them),
-/// then the id.
-///
-/// # Safety
-///
-/// `id` is NULL or a live id, not used afterwards.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_rdma_destroy_ep(id: *mut rdma_cm_id) {
-    crate::ffi::guard(
-        "rdma_destroy_ep",
-        || (),
-        || {
-            if id.is_null() {
-                return;
-            }
-            // SAFETY: a live id by the contract.
-            unsafe {
-                if !(*id).qp.is_null() {
-                    crate::rdmacm::qp::remem_ibv_rdma_destroy_qp(id);
-                }
-                if !(*id).srq.is_null() {
-                    crate::rdmacm::qp::remem_ibv_rdma_destroy_srq(id);
-                }
-                destroy(id);
-            }
-        },
-    )
 }

@@ -1,7 +1,7 @@
 //! Provider events turned into `rdma_cm_event`s: the ids of connection requests, what
 //! each event does to its id, the synchronous ids' waits.
 
-#![allow(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use super::*;
 
@@ -13,7 +13,7 @@ pub(crate) fn new_child(
     listener: &Arc<IdShared>,
     ev: &remem_verbs::cm::CmEvent,
     routes: &mut router::Routes,
-) -> Option<usize> {
+) -> Option<Unseen> {
     let lst = listener.state();
     let listen_handle = ev.listen_id.as_ref()?.handle();
     let dev = lst
@@ -23,7 +23,7 @@ pub(crate) fn new_child(
         .map(|(d, _)| Arc::clone(d))
         .or_else(|| devices::by_context(&ev.id.context()))?;
     let chan = if lst.sync {
-        Chan::of(std::ptr::null_mut()).ok()?
+        Chan::private().ok()?
     } else {
         Chan {
             inner: Arc::clone(&lst.channel),
@@ -34,13 +34,12 @@ pub(crate) fn new_child(
     drop(lst);
     let abi = chan.abi;
     let shared = Arc::new(IdShared::new(listener.ps, listener.qp_type, chan));
-    let p = boxed(Arc::clone(&shared), abi, std::ptr::null_mut(), listener.ps);
+    boxed(Arc::clone(&shared), abi, std::ptr::null_mut(), listener.ps);
     {
         let mut st = shared.state();
         if attach_dev(&shared, &mut st, &dev, ev.id.port_num()).is_err() {
             drop(st);
-            // SAFETY: the id just made, seen by nobody.
-            unsafe { free_unseen(p) };
+            crate::ffi::rdmacm::free_unseen(Unseen(shared));
             return None;
         }
         st.cm.push((dev, Arc::clone(&ev.id)));
@@ -50,20 +49,16 @@ pub(crate) fn new_child(
     }
     update_addrs(&shared, &ev.id);
     routes.insert(ev.id.handle(), Arc::downgrade(&shared));
-    Some(p as usize)
+    Some(Unseen(shared))
 }
 
-/// Frees an id no program has seen (a connection request dropped before it was handed
-/// out): its provider id is dropped (the request is rejected).
-///
-/// # Safety
-///
-/// `id` is an id of this library the program never saw; not used afterwards.
-pub(super) unsafe fn free_unseen(id: *mut rdma_cm_id) {
-    // SAFETY: by the contract, the Box made by `boxed`.
-    let b = unsafe { Box::from_raw(id.cast::<RdmaId>()) };
+/// Releases what an id no program has seen holds (a connection request dropped before it
+/// was handed out): its provider ids are unregistered and dropped (the request is
+/// rejected). Its private channel (address; 0 if none), for the FFI layer to free with the
+/// id (`crate::ffi::rdmacm::free_unseen`).
+pub(crate) fn release_unseen(id: &IdShared) -> usize {
     let (cms, private) = {
-        let mut st = b.shared.state();
+        let mut st = id.state();
         (std::mem::take(&mut st.cm), std::mem::take(&mut st.private))
     };
     {
@@ -73,10 +68,7 @@ pub(super) unsafe fn free_unseen(id: *mut rdma_cm_id) {
         }
     }
     drop(cms);
-    if private != 0 {
-        // SAFETY: the id's own private channel.
-        unsafe { free_channel(private as *mut rdma_event_channel) };
-    }
+    private
 }
 
 /// The program's view of the peer's connection parameters: the peer's initiator depth is
@@ -95,14 +87,20 @@ pub(super) fn conn_to_abi(c: &PeerConnParam) -> rdma_conn_param {
     }
 }
 
-/// Turns a queued provider event into the event handed to the program (boxed; freed by
-/// `rdma_ack_cm_event`), updating the ids it concerns. `None` drops it.
+/// Turns a queued provider event into the event handed to the program (see
+/// [`take_event`]): the pointer the program gets (freed by `rdma_ack_cm_event`).
 pub(crate) fn hand_out(p: Pending) -> Option<*mut rdma_cm_event> {
+    take_event(p).map(|b| Box::into_raw(b).cast())
+}
+
+/// Turns a queued provider event into the event handed to the program, updating the ids
+/// it concerns; `None` drops it.
+pub(crate) fn take_event(p: Pending) -> Option<Box<Event>> {
     let Pending { target, ev, child } = p;
-    let tp = target.abi_ptr();
+    let th = target.handle();
+    let tp = th.abi();
     let mut out = Box::new(Event {
-        // SAFETY: plain data (pointers, integers, a union of them): all-zero is valid.
-        abi: unsafe { std::mem::zeroed() },
+        abi: crate::ffi::zeroed(),
         private_data: ev.private_data.clone(),
         counted: Arc::clone(&target),
     });
@@ -111,11 +109,11 @@ pub(crate) fn hand_out(p: Pending) -> Option<*mut rdma_cm_event> {
     out.abi.status = ev.status;
     match ev.kind {
         CmEventKind::ConnectRequest => {
-            let c = child? as *mut rdma_cm_id;
-            // SAFETY: both live ids of this library; the child is not yet the program's,
-            // the listener's `context` is the program's value, read once.
-            unsafe { (&raw mut (*c).context).write((*tp).context) };
-            out.abi.id = c;
+            // The child becomes the program's with the event.
+            let c = child?.0;
+            let ch = c.handle();
+            ch.set_context(th.context());
+            out.abi.id = ch.abi();
             out.abi.listen_id = tp;
         }
         CmEventKind::AddrResolved => {
@@ -151,21 +149,17 @@ pub(crate) fn hand_out(p: Pending) -> Option<*mut rdma_cm_event> {
             if let CmEventParam::Ud(u) = &ev.param
                 && let Some(join) = find_join(&target, &u.ah_attr.dgid)
                 && !join.send_only
+                && let Some(qp) = th.qp()
             {
-                // SAFETY: `tp` is the live id; its `qp` is NULL or the program's QP.
-                let qp = unsafe { (*tp).qp };
-                if !qp.is_null() {
-                    let gid = ibv_gid {
-                        raw: u.ah_attr.dgid.0,
-                    };
-                    // SAFETY: a QP of this library and a GID on the stack.
-                    let r = unsafe { crate::ffi::queues::remem_ibv_ibv_attach_mcast(qp, &gid, 0) };
-                    if r != 0 {
-                        out.abi.event = CmEventKind::MulticastError.value();
-                        out.abi.status = -r;
-                    } else {
-                        notify(&format!("joined {}", u.ah_attr.dgid.to_ip()));
-                    }
+                let gid = ibv_gid {
+                    raw: u.ah_attr.dgid.0,
+                };
+                let r = crate::qp::attach_mcast(qp.inner(), &gid, 0);
+                if r != 0 {
+                    out.abi.event = CmEventKind::MulticastError.value();
+                    out.abi.status = -r;
+                } else {
+                    notify(&format!("joined {}", u.ah_attr.dgid.to_ip()));
                 }
             }
         }
@@ -180,17 +174,15 @@ pub(crate) fn hand_out(p: Pending) -> Option<*mut rdma_cm_event> {
     };
     // The parameters: `ud` for the datagram port spaces, `conn` otherwise.
     if target.qp_type == IBV_QPT_UD || ev_kind == CmEventKind::MulticastJoin {
-        // SAFETY: plain data; all-zero is valid.
-        let mut ud: rdma_ud_param = unsafe { std::mem::zeroed() };
+        let mut ud: rdma_ud_param = crate::ffi::zeroed();
         if let CmEventParam::Ud(u) = &ev.param {
             ud.qp_num = u.qp_num;
             ud.qkey = u.qkey;
             let mut ah = u.ah_attr;
-            if let Some(d) = target.state().dev.as_ref() {
-                // SAFETY: the device's context, open for the life of the process.
-                if let Some(c) = unsafe { crate::context::ctx_from(d.verbs()) } {
-                    ah.sgid_index = c.shared().program_gid_index(ah.sgid_index).unwrap_or(0);
-                }
+            if let Some(d) = target.state().dev.as_ref()
+                && let Some(c) = d.ctx()
+            {
+                ah.sgid_index = c.shared().program_gid_index(ah.sgid_index).unwrap_or(0);
             }
             ud.ah_attr = crate::ah::ah_attr_to(&ah);
         }
@@ -198,8 +190,7 @@ pub(crate) fn hand_out(p: Pending) -> Option<*mut rdma_cm_event> {
     } else {
         let conn = match &ev.param {
             CmEventParam::Conn(c) => conn_to_abi(c),
-            // SAFETY: plain data; all-zero is valid.
-            _ => unsafe { std::mem::zeroed() },
+            _ => crate::ffi::zeroed(),
         };
         out.abi.param.conn = conn;
     }
@@ -227,14 +218,14 @@ pub(crate) fn hand_out(p: Pending) -> Option<*mut rdma_cm_event> {
         out.abi.param.conn.private_data_len = len as u8;
     }
     target.event_out();
-    Some(Box::into_raw(out).cast())
+    Some(out)
 }
 
 /// A synchronous id's wait for the event of the call just made (`ucma_complete` in
 /// librdmacm): acks the previous `id->event`, takes the next event of its private
 /// channel into `id->event`, and fails as librdmacm does. 0 at once for an id with a
 /// program's channel.
-pub(super) fn complete(id: &Arc<IdShared>) -> c_int {
+pub(crate) fn complete(id: &Arc<IdShared>) -> c_int {
     let (sync, channel) = {
         let st = id.state();
         (st.sync, Arc::clone(&st.channel))
@@ -246,16 +237,15 @@ pub(super) fn complete(id: &Arc<IdShared>) -> c_int {
     let ev = loop {
         match channel.wait() {
             Ok(p) => {
-                if let Some(ev) = hand_out(p) {
+                if let Some(ev) = take_event(p) {
                     break ev;
                 }
             }
             Err(e) => return fail(e),
         }
     };
-    set!(id.abi_ptr(), event, ev);
-    // SAFETY: the event just handed out.
-    let (kind, status) = unsafe { ((*ev).event, (*ev).status) };
+    let (kind, status) = (ev.abi.event, ev.abi.status);
+    id.handle().set_event(Box::into_raw(ev).cast());
     match (kind, status) {
         (RDMA_CM_EVENT_REJECTED, _) => fail(libc::ECONNREFUSED),
         (_, s) if s < 0 => fail(-s),
@@ -269,12 +259,5 @@ pub(super) fn complete(id: &Arc<IdShared>) -> c_int {
 
 /// Acks the event a synchronous call left in `id->event`, if any.
 pub(super) fn ack_own_event(id: &IdShared) {
-    let p = id.abi_ptr();
-    // SAFETY: a live id; the field is the library's in synchronous use.
-    let ev = unsafe { (*p).event };
-    if !ev.is_null() {
-        set!(p, event, std::ptr::null_mut());
-        // SAFETY: an event handed out by this library, not acked yet.
-        unsafe { crate::rdmacm::channel::ack(ev) };
-    }
+    id.handle().ack_own_event();
 }

@@ -1,67 +1,29 @@
-//! `rdma_create_id` and `rdma_destroy_id`.
+//! Destroying an id (`rdma_destroy_id`, `rdma_destroy_ep`): see the module documentation
+//! of [`super`]. The entry points are in `crate::ffi::rdmacm`.
 
-#![allow(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use super::*;
 
-/// `rdma_create_id`: a new id on `channel` (NULL: synchronous). -1 with errno: EINVAL
-/// (NULL `id`, unknown port space), ENODEV (no devices).
-///
-/// # Safety
-///
-/// `channel` is NULL or a live channel; `id` is NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_rdma_create_id(
-    channel: *mut rdma_event_channel,
-    id: *mut *mut rdma_cm_id,
-    context: *mut c_void,
-    ps: rdma_port_space,
-) -> c_int {
-    guard_neg("rdma_create_id", || {
-        if id.is_null() {
-            return fail(libc::EINVAL);
-        }
-        let ps = match devices::port_space(ps) {
-            Ok(ps) => ps,
-            Err(e) => return fail(e),
-        };
-        match create_id(channel, context, ps, qp_type_of(ps)) {
-            Ok(p) => {
-                // SAFETY: non-NULL and writable by the contract.
-                unsafe { id.write(p) };
-                0
-            }
-            Err(e) => fail(e),
-        }
-    })
-}
-
-/// Destroys an id (see the module documentation).
-///
-/// # Safety
-///
-/// `id` is a live id of this library, not used afterwards.
-pub(crate) unsafe fn destroy(id: *mut rdma_cm_id) {
-    // SAFETY: by the contract.
-    let Some(shared) = (unsafe { id_from(id) }).cloned() else {
-        return;
-    };
+/// Destroys the library's side of an id: stops its events (unregisters its provider ids,
+/// drops those still queued, freeing the ids of connection requests not handed out, which
+/// rejects them), drops its provider ids, acks its own event and waits until every event
+/// handed out for it is acked. Its private channel (address; 0 if none), for the FFI
+/// layer to free with the id (`crate::ffi::rdmacm::destroy_id`).
+pub(crate) fn stop(shared: &Arc<IdShared>) -> usize {
     let (cms, purged) = {
         let mut routes = router::routes();
         let mut st = shared.state();
         for (_, c) in &st.cm {
             routes.remove(&c.handle());
         }
-        let purged = st.channel.take_for(&shared);
+        let purged = st.channel.take_for(shared);
         // The new ids of connection requests never handed out: unregister them now,
         // free them below.
         for p in &purged {
-            if let Some(c) = p.child {
-                // SAFETY: a child id made by the router, not yet the program's.
-                if let Some(cs) = unsafe { id_from(c as *mut rdma_cm_id) } {
-                    for (_, cm) in &cs.state().cm {
-                        routes.remove(&cm.handle());
-                    }
+            if let Some(c) = &p.child {
+                for (_, cm) in &c.shared().state().cm {
+                    routes.remove(&cm.handle());
                 }
             }
         }
@@ -69,36 +31,12 @@ pub(crate) unsafe fn destroy(id: *mut rdma_cm_id) {
     };
     for p in purged {
         if let Some(c) = p.child {
-            // SAFETY: as above; its CONNECT_REQUEST is gone with `purged`.
-            unsafe { free_unseen(c as *mut rdma_cm_id) };
+            // Its CONNECT_REQUEST is gone with `purged`.
+            crate::ffi::rdmacm::free_unseen(c);
         }
     }
     drop(cms);
-    ack_own_event(&shared);
+    ack_own_event(shared);
     shared.wait_acked();
-    let private = std::mem::take(&mut shared.state().private);
-    if private != 0 {
-        // SAFETY: the id's own private channel, used by nothing else now.
-        unsafe { free_channel(private as *mut rdma_event_channel) };
-    }
-    // SAFETY: the Box made by `boxed`; the program does not use the id afterwards.
-    drop(unsafe { Box::from_raw(id.cast::<RdmaId>()) });
-}
-
-/// `rdma_destroy_id`: destroys the id once its events are acked (the program destroys
-/// its QP first, as the man page requires). -1/EINVAL for NULL.
-///
-/// # Safety
-///
-/// `id` is NULL or a live id, not used afterwards.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
-    guard_neg("rdma_destroy_id", || {
-        if id.is_null() {
-            return fail(libc::EINVAL);
-        }
-        // SAFETY: by the contract.
-        unsafe { destroy(id) };
-        0
-    })
+    std::mem::take(&mut shared.state().private)
 }

@@ -4,9 +4,10 @@
 //! side ([`IdShared`]). It gets a device when it binds or resolves an address
 //! ([`super::devices`]); from then on it holds the provider's CM id on that device (a
 //! wildcard bind holds one per device: a listener on every device). The program writes
-//! parts of its `rdma_cm_id` (`context`); the library writes the others in place through
-//! raw pointers (`verbs`, `pd`, `route`, `qp`, `event`, `channel`), never holding a Rust
-//! reference to the ABI struct.
+//! parts of its `rdma_cm_id` (`context`); the library writes the others in place
+//! (`verbs`, `pd`, `route`, `qp`, `event`, `channel`) through the methods of
+//! `crate::ffi::handles::Handle<RdmaId>`, never holding a Rust reference to the ABI
+//! struct; `IdShared::handle` is the id of a library side.
 //!
 //! **Synchronous ids.** An id created without a channel (or by `rdma_create_ep`) gets a
 //! private one; the calls that lead to an event (`rdma_resolve_addr`,
@@ -20,16 +21,14 @@
 //! (the provider disconnects or rejects), then waits until every event handed out for it
 //! is acked, as librdmacm's `rdma_destroy_id` does.
 
-#![allow(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use super::abi::*;
 use super::router;
-use super::sockaddr::{sockaddr_to_std, std_to_storage};
-use super::{errno_of, fail, guard_neg};
+
+use super::{errno_of, fail};
 use crate::abi::*;
-use crate::rdmacm::channel::{
-    ChannelInner, Event, Pending, channel_from, free_channel, new_channel,
-};
+use crate::rdmacm::channel::{ChannelInner, Event, Pending, new_channel};
 use crate::rdmacm::devices::{self, CmDev};
 use core::ffi::{c_int, c_void};
 use remem_verbs::cm::{CmEventKind, CmEventParam, CmId, ConnParam, PeerConnParam, PortSpace};
@@ -38,27 +37,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
-
-symver!(
-    "rdma_create_id" @ "RDMACM_1.0",
-    "rdma_destroy_id" @ "RDMACM_1.0",
-    "rdma_bind_addr" @ "RDMACM_1.0",
-    "rdma_resolve_addr" @ "RDMACM_1.0",
-    "rdma_resolve_route" @ "RDMACM_1.0",
-    "rdma_listen" @ "RDMACM_1.0",
-    "rdma_connect" @ "RDMACM_1.0",
-    "rdma_accept" @ "RDMACM_1.0",
-    "rdma_reject" @ "RDMACM_1.0",
-    "rdma_reject_ece" @ "RDMACM_1.3",
-    "rdma_disconnect" @ "RDMACM_1.0",
-    "rdma_establish" @ "RDMACM_1.2",
-    "rdma_notify" @ "RDMACM_1.0",
-    "rdma_get_request" @ "RDMACM_1.0",
-    "rdma_create_ep" @ "RDMACM_1.0",
-    "rdma_destroy_ep" @ "RDMACM_1.0",
-    "rdma_get_src_port" @ "RDMACM_1.0",
-    "rdma_get_dst_port" @ "RDMACM_1.0",
-);
 
 /// The backlog of a listener when the program gives none (as the kernel's rdma_ucm
 /// `max_backlog`), and the most it may ask for.
@@ -100,10 +78,7 @@ pub(crate) struct EpAttr {
     pub init: ibv_qp_init_attr,
 }
 
-// SAFETY: the pointers in the attributes (CQs, SRQ, the QP context) are the program's
-// objects; the library only passes them back to its own calls on the program's behalf
-// (`rdma_get_request` creating a QP), never dereferencing them on another thread.
-unsafe impl Send for EpAttr {}
+// `EpAttr` is `Send`: see `crate::ffi::rdmacm`.
 
 pub(crate) struct IdState {
     /// The channel the id's events go to now.
@@ -224,7 +199,7 @@ impl IdShared {
     }
 }
 
-/// A channel for a new id: the program's, or a private one.
+/// A channel for a new id: the program's (resolved by the FFI layer), or a private one.
 pub(crate) struct Chan {
     inner: Arc<ChannelInner>,
     abi: usize,
@@ -232,44 +207,43 @@ pub(crate) struct Chan {
 }
 
 impl Chan {
-    /// The program's channel, or (NULL) a new private one.
-    pub(crate) fn of(channel: *mut rdma_event_channel) -> Result<Chan, c_int> {
-        if channel.is_null() {
-            let ch = new_channel()?;
-            // SAFETY: the channel just made.
-            let inner = unsafe { channel_from(ch) }.ok_or(libc::EINVAL)?;
-            Ok(Chan {
-                inner,
-                abi: ch as usize,
-                private: ch as usize,
-            })
-        } else {
-            // SAFETY: a live channel of the program, by the callers' contract.
-            let inner = unsafe { channel_from(channel) }.ok_or(libc::EINVAL)?;
-            Ok(Chan {
-                inner,
-                abi: channel as usize,
-                private: 0,
-            })
+    /// The program's channel `abi`, whose library side the FFI layer resolved.
+    pub(crate) fn program(inner: Arc<ChannelInner>, abi: *mut rdma_event_channel) -> Chan {
+        Chan {
+            inner,
+            abi: abi as usize,
+            private: 0,
         }
+    }
+
+    /// A new private channel (a synchronous id's).
+    pub(crate) fn private() -> Result<Chan, c_int> {
+        let (ch, inner) = new_channel()?;
+        Ok(Chan {
+            inner,
+            abi: ch as usize,
+            private: ch as usize,
+        })
     }
 }
 
-/// The library's side of a program's id; `None` for NULL.
-///
-/// # Safety
-///
-/// `id` is NULL or a live id of this library; the reference must not outlive it.
-pub(crate) unsafe fn id_from<'a>(id: *mut rdma_cm_id) -> Option<&'a Arc<IdShared>> {
-    // SAFETY: by the contract, a non-NULL `id` is the first field of a boxed `RdmaId`;
-    // the reference covers the library's part only.
-    unsafe { id.cast::<RdmaId>().as_ref().map(|r| &r.shared) }
+/// The id made for a connection request and not handed out yet (`Pending::child`):
+/// owned by its event until the program gets it (`hand_out`) or the library frees it
+/// (`crate::ffi::rdmacm::free_unseen`). Only `new_child` makes one.
+pub(crate) struct Unseen(Arc<IdShared>);
+
+impl Unseen {
+    /// The id's library side.
+    pub(crate) fn shared(&self) -> &Arc<IdShared> {
+        &self.0
+    }
 }
+
+pub(crate) use crate::ffi::handles::id_from;
 
 /// A zeroed `rdma_route`.
 fn no_route() -> rdma_route {
-    // SAFETY: plain data (addresses, GIDs, a NULL pointer, integers): all-zero is valid.
-    unsafe { std::mem::zeroed() }
+    crate::ffi::zeroed()
 }
 
 /// Boxes a new id; the pointer programs see.
@@ -296,45 +270,50 @@ fn boxed(
         pd: std::ptr::null_mut(),
         qp_type: shared.qp_type,
     };
-    let raw = Box::into_raw(Box::new(RdmaId {
+    let raw = crate::ffi::handles::into_abi(RdmaId {
         abi,
         shared: Arc::clone(&shared),
-    }));
+    });
     shared.ptr.store(raw as usize, Ordering::Release);
-    raw.cast()
+    raw
 }
 
-/// Creates an id (`rdma_create_id`, and `rdma_create_ep`'s with a QP type).
+/// Creates an id (`rdma_create_id`, and `rdma_create_ep`'s with a QP type) on the
+/// program's channel (`None`: a private one; an error: a destroyed one): the pointer
+/// programs see.
 pub(crate) fn create_id(
-    channel: *mut rdma_event_channel,
+    channel: Option<Result<Chan, c_int>>,
     context: *mut c_void,
     ps: PortSpace,
     qp_type: ibv_qp_type,
 ) -> Result<*mut rdma_cm_id, c_int> {
+    new_id(channel, context, ps, qp_type).map(|s| s.abi_ptr())
+}
+
+/// [`create_id`], returning the new id's library side.
+pub(crate) fn new_id(
+    channel: Option<Result<Chan, c_int>>,
+    context: *mut c_void,
+    ps: PortSpace,
+    qp_type: ibv_qp_type,
+) -> Result<Arc<IdShared>, c_int> {
     devices::count()?;
-    let chan = Chan::of(channel)?;
+    let chan = match channel {
+        Some(c) => c?,
+        None => Chan::private()?,
+    };
     let abi = chan.abi;
     let shared = Arc::new(IdShared::new(ps, qp_type, chan));
-    Ok(boxed(shared, abi, context, ps))
+    boxed(Arc::clone(&shared), abi, context, ps);
+    Ok(shared)
 }
 
 /// The QP type of a port space's ids.
-fn qp_type_of(ps: PortSpace) -> ibv_qp_type {
+pub(crate) fn qp_type_of(ps: PortSpace) -> ibv_qp_type {
     match ps {
         PortSpace::Udp | PortSpace::Ipoib => IBV_QPT_UD,
         PortSpace::Tcp | PortSpace::Ib => IBV_QPT_RC,
     }
-}
-
-/// Writes `f(&mut field)` into the id's ABI struct in place.
-macro_rules! set {
-    ($id:expr, $field:ident, $value:expr) => {{
-        let p = $id;
-        let v = $value;
-        // SAFETY: a live id of this library (the callers' contract); the field is
-        // written in place, no reference to the struct is made.
-        unsafe { (&raw mut (*p).$field).write(v) }
-    }};
 }
 
 mod addr;
@@ -347,10 +326,10 @@ mod mcast;
 mod options;
 
 pub use addr::*;
-pub use conn::*;
-pub use endpoint::*;
+pub(crate) use conn::*;
+pub(crate) use endpoint::*;
 pub(crate) use events::*;
 use fields::*;
-pub use lifecycle::*;
+pub(crate) use lifecycle::*;
 pub(crate) use mcast::*;
 pub(crate) use options::*;

@@ -7,22 +7,26 @@ use super::*;
 use crate::ffi::handles::Handle;
 use core::mem::MaybeUninit;
 
-/// `rdma_migrate_id` once the FFI layer has the id: moves it and its queued events to
+/// `rdma_migrate_id` once the FFI layer has the id and the channel (`None`: NULL; an
+/// error: a destroyed one): moves it and its queued events to
 /// `channel` (NULL: a private channel, making it synchronous; -1/EINVAL for a synchronous
 /// id asked to stay synchronous), waiting until the events handed out on the old one are
 /// acked. The old private channel (address; 0 if none), for the FFI layer to free.
 pub(crate) fn migrate(
     id: Handle<'_, RdmaId>,
-    channel: *mut rdma_event_channel,
+    channel: Option<Result<Chan, c_int>>,
 ) -> Result<usize, c_int> {
     let s = id.inner();
     if s.state().sync {
-        if channel.is_null() {
+        if channel.is_none() {
             return Err(libc::EINVAL);
         }
         ack_own_event(s);
     }
-    let chan = Chan::of(channel)?;
+    let chan = match channel {
+        Some(c) => c?,
+        None => Chan::private()?,
+    };
     let old_private = {
         let _routes = router::routes();
         let mut st = s.state();

@@ -6,8 +6,9 @@
 //!
 //! The symbols exist (at `RDMACM_1.0`) because programs linked against librdmacm
 //! reference them and start with immediate binding (`-z now`).
-
-#![allow(unsafe_code)]
+//!
+//! An entry module of the FFI layer (every item is an `extern "C"` entry point);
+//! re-exported as `crate::rdmacm::rsocket`.
 
 use crate::ffi::set_errno;
 use core::ffi::{c_int, c_void};

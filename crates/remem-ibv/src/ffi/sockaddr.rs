@@ -1,8 +1,9 @@
-//! `struct sockaddr` to and from `std::net::SocketAddr`.
+//! The program's `struct sockaddr`s to and from `std::net::SocketAddr`: the one place
+//! the drop-in librdmacm reads or writes a socket address in program memory
+//! (`rdma_bind_addr`'s argument, an `rdma_addrinfo`'s, the `sockaddr_storage` of an
+//! id's route). Re-exported as `crate::rdmacm::sockaddr`.
 
-#![allow(unsafe_code)]
-
-use core::ffi::c_int;
+use core::ffi::{CStr, c_int};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
 /// Reads a `struct sockaddr` (AF_INET or AF_INET6) into a `SocketAddr`; `None` for NULL
@@ -11,7 +12,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 /// # Safety
 ///
 /// `sa` is NULL or points to a socket address of its family's size.
-pub(crate) unsafe fn sockaddr_to_std(sa: *const libc::sockaddr) -> Option<SocketAddr> {
+pub unsafe fn sockaddr_to_std(sa: *const libc::sockaddr) -> Option<SocketAddr> {
     if sa.is_null() {
         return None;
     }
@@ -41,7 +42,7 @@ pub(crate) unsafe fn sockaddr_to_std(sa: *const libc::sockaddr) -> Option<Socket
 }
 
 /// A `SocketAddr` as a `sockaddr_storage` (AF_INET or AF_INET6), and its length.
-pub(crate) fn std_to_storage(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+pub fn std_to_storage(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: sockaddr_storage is plain data; all-zero is a valid (AF_UNSPEC) value.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let len = match addr {
@@ -74,6 +75,57 @@ pub(crate) fn std_to_storage(addr: SocketAddr) -> (libc::sockaddr_storage, libc:
         }
     };
     (ss, len as libc::socklen_t)
+}
+
+/// Resolves `node`/`service` with the C library's `getaddrinfo` for `rdma_getaddrinfo`
+/// (`None` node and service: no address): the first IPv4 or IPv6 address, or an
+/// `EAI_*` code.
+pub(crate) fn resolve(
+    node: Option<&CStr>,
+    service: Option<&CStr>,
+    h: &crate::rdmacm::addrinfo::Hints,
+) -> Result<Option<SocketAddr>, c_int> {
+    if node.is_none() && service.is_none() {
+        return Ok(None);
+    }
+    // SAFETY: plain data; all-zero is a valid (empty) hints structure.
+    let mut hints: libc::addrinfo = unsafe { std::mem::zeroed() };
+    hints.ai_socktype = libc::SOCK_STREAM;
+    if h.flags & crate::rdmacm::abi::RAI_PASSIVE != 0 {
+        hints.ai_flags |= libc::AI_PASSIVE;
+    }
+    if h.flags & crate::rdmacm::abi::RAI_NUMERICHOST != 0 {
+        hints.ai_flags |= libc::AI_NUMERICHOST;
+    }
+    hints.ai_family = h.family;
+    let mut res: *mut libc::addrinfo = std::ptr::null_mut();
+    // SAFETY: C strings or NULL, a valid hints structure, a result pointer.
+    let rc = unsafe {
+        libc::getaddrinfo(
+            node.map_or(std::ptr::null(), CStr::as_ptr),
+            service.map_or(std::ptr::null(), CStr::as_ptr),
+            &hints,
+            &mut res,
+        )
+    };
+    if rc != 0 {
+        return Err(rc);
+    }
+    let mut found = None;
+    let mut cur = res;
+    while !cur.is_null() {
+        // SAFETY: a list entry getaddrinfo made.
+        let a = unsafe { &*cur };
+        // SAFETY: getaddrinfo's address of the entry's family.
+        if let Some(sa) = unsafe { sockaddr_to_std(a.ai_addr) } {
+            found = Some(sa);
+            break;
+        }
+        cur = a.ai_next;
+    }
+    // SAFETY: the list getaddrinfo made.
+    unsafe { libc::freeaddrinfo(res) };
+    found.map(Some).ok_or(libc::EAI_FAMILY)
 }
 
 #[cfg(test)]
