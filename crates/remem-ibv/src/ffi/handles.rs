@@ -483,6 +483,7 @@ pub unsafe fn ctx_free(ctx: *mut ibv_context) {
 pub unsafe fn pd_from<'a>(pd: *mut ibv_pd) -> Option<&'a crate::context::Pd> {
     // SAFETY: by the contract, a non-NULL `pd` is the first field of a boxed `Pd`.
     unsafe { pd.cast::<crate::context::Pd>().as_ref() }
+}
 
 // ----- rdma_cm_id fields the library writes in place (issue 31: rdmacm::id) ---------------
 
