@@ -485,6 +485,61 @@ pub unsafe fn pd_from<'a>(pd: *mut ibv_pd) -> Option<&'a crate::context::Pd> {
     unsafe { pd.cast::<crate::context::Pd>().as_ref() }
 }
 
+// ----- the RDMA CM's devices (crate::rdmacm::devices) ----------------------------------------
+
+/// A context this library opened for the RDMA CM ([`crate::rdmacm::devices`]): it is
+/// never closed by the library and lives for the process (a program must not close the
+/// contexts `rdma_get_devices` lists or `rdma_cm_id.verbs` holds, as with librdmacm), so
+/// its [`Ctx`](crate::context::Ctx) is reachable from safe code for as long as the
+/// process runs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CmContext(usize);
+
+impl CmContext {
+    /// Opens configured device `index` (`REMEM_IBV_DEVICES`) as `ibv_open_device` does:
+    /// EINVAL if the configuration is bad, ENODEV for no such device, else the errno of
+    /// `ibv_open_device`.
+    pub(crate) fn open_configured(index: usize) -> Result<Self, c_int> {
+        let devs = crate::device::configured().map_err(|_| libc::EINVAL)?;
+        let d = devs.get(index).ok_or(libc::ENODEV)?;
+        // SAFETY: a device entry of this library's list (which lives for the process).
+        let ctx = unsafe { super::verbs::remem_ibv_ibv_open_device((&raw const d.abi).cast_mut()) };
+        if ctx.is_null() {
+            Err(super::errno())
+        } else {
+            Ok(Self(ctx as usize))
+        }
+    }
+
+    /// A new context on a test's device `dev` (no `ibv_device` behind it).
+    #[cfg(test)]
+    pub(crate) fn create(dev: Arc<dyn remem_verbs::Context>) -> Self {
+        Self(crate::context::Ctx::create(dev, core::ptr::null_mut()) as usize)
+    }
+
+    /// The `ibv_context` the program sees.
+    pub(crate) fn as_ptr(self) -> *mut ibv_context {
+        self.0 as *mut ibv_context
+    }
+
+    /// The library's context.
+    pub(crate) fn ctx(self) -> Option<&'static crate::context::Ctx> {
+        // SAFETY: a context this library made, never closed (see the type).
+        unsafe { ctx_from(self.as_ptr()) }
+    }
+
+    /// A new PD on the context, as `ibv_alloc_pd` (NULL-free: its errno otherwise).
+    pub(crate) fn alloc_pd(self) -> Result<*mut ibv_pd, c_int> {
+        // SAFETY: the context is open (see the type).
+        let p = unsafe { super::device::remem_ibv_ibv_alloc_pd(self.as_ptr()) };
+        if p.is_null() {
+            Err(super::errno())
+        } else {
+            Ok(p)
+        }
+    }
+}
+
 // ----- rdma_cm_id fields the library writes in place (issue 31: rdmacm::id) ---------------
 
 /// The `ibv_gid` of an IP address on RoCE (IPv4-mapped for IPv4).

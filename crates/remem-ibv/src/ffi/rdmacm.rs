@@ -1,5 +1,5 @@
 //! The C entry points of the drop-in librdmacm (all but `rdma_create_qp`/`_srq`
-//! (`rdmacm::qp`) and `rdma_get_devices` (`rdmacm::devices`)): each converts the
+//! (`rdmacm::qp`)): each converts the
 //! program's pointers once and calls safe code in [`crate::rdmacm`].
 //!
 //! By section: options, migration, QP attributes, ECE, multicast (`rdmacm::id::options`,
@@ -59,6 +59,8 @@ symver!(
     "rdma_join_multicast" @ "RDMACM_1.0",
     "rdma_join_multicast_ex" @ "RDMACM_1.1",
     "rdma_leave_multicast" @ "RDMACM_1.0",
+    "rdma_get_devices" @ "RDMACM_1.0",
+    "rdma_free_devices" @ "RDMACM_1.0",
 );
 
 /// The program's channel argument, resolved: `None` for NULL, EINVAL for a destroyed
@@ -995,6 +997,69 @@ pub extern "C" fn remem_ibv_rdma_event_str(event: rdma_cm_event_type) -> *const 
         _ => c"UNKNOWN EVENT",
     };
     s.as_ptr()
+}
+
+// ----- devices (rdmacm::devices) -------------------------------------------------------
+
+/// `rdma_get_devices`: every device, opened (`ibv_context`s of this library), in a
+/// NULL-terminated array freed by `rdma_free_devices`; `*num_devices` their number. NULL
+/// with errno (ENODEV: no devices) if none can be opened.
+///
+/// # Safety
+///
+/// `num_devices` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_get_devices(
+    num_devices: *mut c_int,
+) -> *mut *mut ibv_context {
+    guard_ptr("rdma_get_devices", || {
+        let set_num = |n: usize| {
+            if !num_devices.is_null() {
+                // SAFETY: non-NULL and writable by the contract.
+                unsafe { *num_devices = n as c_int };
+            }
+        };
+        let n = match crate::rdmacm::devices::count() {
+            Ok(n) => n,
+            Err(e) => {
+                set_num(0);
+                return null_with(e);
+            }
+        };
+        let list: Vec<*mut ibv_context> = (0..n)
+            .filter_map(|i| crate::rdmacm::devices::open(i).ok())
+            .map(|d| d.verbs())
+            .collect();
+        if list.is_empty() {
+            set_num(0);
+            return null_with(libc::ENODEV);
+        }
+        set_num(list.len());
+        // SAFETY: calloc of len + 1 pointers (zeroed: the NULL terminator); freed by
+        // rdma_free_devices with free().
+        let out = unsafe { libc::calloc(list.len() + 1, size_of::<*mut ibv_context>()) }
+            .cast::<*mut ibv_context>();
+        if out.is_null() {
+            set_num(0);
+            return null_with(libc::ENOMEM);
+        }
+        for (i, c) in list.iter().enumerate() {
+            // SAFETY: within the len + 1 slots just allocated.
+            unsafe { out.add(i).write(*c) };
+        }
+        out
+    })
+}
+
+/// `rdma_free_devices`: frees the array (the devices stay open, as librdmacm's do).
+///
+/// # Safety
+///
+/// `list` is NULL or came from `rdma_get_devices` and is not used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_free_devices(list: *mut *mut ibv_context) {
+    // SAFETY: NULL or the calloc'd array of rdma_get_devices, by the contract.
+    unsafe { libc::free(list.cast()) };
 }
 
 #[cfg(test)]

@@ -69,13 +69,7 @@ use core::ffi::c_int;
 
 /// Every C symbol the drop-in librdmacm exports, with its version.
 pub fn exports() -> Vec<(&'static str, &'static str)> {
-    [
-        devices::SYMBOLS,
-        qp::SYMBOLS,
-        rsocket::SYMBOLS,
-        crate::ffi::rdmacm::SYMBOLS,
-    ]
-    .concat()
+    [qp::SYMBOLS, rsocket::SYMBOLS, crate::ffi::rdmacm::SYMBOLS].concat()
 }
 
 /// -1 with errno `e`: how librdmacm's calls fail.

@@ -5,7 +5,6 @@
 #![allow(unsafe_code)]
 
 use super::abi::*;
-use super::devices::*;
 use super::fake;
 use super::qp::*;
 use super::sockaddr::std_to_storage;
