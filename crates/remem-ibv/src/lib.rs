@@ -69,8 +69,8 @@
 //!   inside [`ffi::guard`].
 //! - Unsafe: the crate denies `unsafe_code`; the object modules say
 //!   `#![forbid(unsafe_code)]` and take references and handles, never raw pointers to
-//!   dereference. Only the modules of [`ffi`] (and those `ffi::boundary` still lists)
-//!   allow it, with a `// SAFETY:` note on every block.
+//!   dereference. Only the modules of [`ffi`] allow it (`ffi::boundary` checks so),
+//!   with a `// SAFETY:` note on every block.
 //!
 //! # What is reported as rxe reports it, and why
 //!

@@ -682,6 +682,90 @@ impl<'a> Handle<'a, RdmaId> {
         unsafe { (&raw mut (*self.abi()).context).write(context) };
     }
 
+    /// `id->send_cq`.
+    pub fn send_cq(self) -> *mut ibv_cq {
+        // SAFETY: a live id; one field read in place.
+        unsafe { (*self.abi()).send_cq }
+    }
+
+    /// Sets `id->send_cq`.
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`cq` is stored, never dereferenced"
+    )]
+    pub fn set_send_cq(self, cq: *mut ibv_cq) {
+        // SAFETY: a live id; the field is written in place, no reference is made.
+        unsafe { (&raw mut (*self.abi()).send_cq).write(cq) };
+    }
+
+    /// `id->recv_cq`.
+    pub fn recv_cq(self) -> *mut ibv_cq {
+        // SAFETY: a live id; one field read in place.
+        unsafe { (*self.abi()).recv_cq }
+    }
+
+    /// Sets `id->recv_cq`.
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`cq` is stored, never dereferenced"
+    )]
+    pub fn set_recv_cq(self, cq: *mut ibv_cq) {
+        // SAFETY: a live id; the field is written in place, no reference is made.
+        unsafe { (&raw mut (*self.abi()).recv_cq).write(cq) };
+    }
+
+    /// `id->send_cq_channel`.
+    pub fn send_cq_channel(self) -> *mut ibv_comp_channel {
+        // SAFETY: a live id; one field read in place.
+        unsafe { (*self.abi()).send_cq_channel }
+    }
+
+    /// Sets `id->send_cq_channel`.
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`ch` is stored, never dereferenced"
+    )]
+    pub fn set_send_cq_channel(self, ch: *mut ibv_comp_channel) {
+        // SAFETY: a live id; the field is written in place, no reference is made.
+        unsafe { (&raw mut (*self.abi()).send_cq_channel).write(ch) };
+    }
+
+    /// `id->recv_cq_channel`.
+    pub fn recv_cq_channel(self) -> *mut ibv_comp_channel {
+        // SAFETY: a live id; one field read in place.
+        unsafe { (*self.abi()).recv_cq_channel }
+    }
+
+    /// Sets `id->recv_cq_channel`.
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`ch` is stored, never dereferenced"
+    )]
+    pub fn set_recv_cq_channel(self, ch: *mut ibv_comp_channel) {
+        // SAFETY: a live id; the field is written in place, no reference is made.
+        unsafe { (&raw mut (*self.abi()).recv_cq_channel).write(ch) };
+    }
+
+    /// Sets `id->qp`.
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`qp` is stored, never dereferenced"
+    )]
+    pub fn set_qp(self, qp: *mut ibv_qp) {
+        // SAFETY: a live id; the field is written in place, no reference is made.
+        unsafe { (&raw mut (*self.abi()).qp).write(qp) };
+    }
+
+    /// Sets `id->srq`.
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`srq` is stored, never dereferenced"
+    )]
+    pub fn set_srq(self, srq: *mut ibv_srq) {
+        // SAFETY: a live id; the field is written in place, no reference is made.
+        unsafe { (&raw mut (*self.abi()).srq).write(srq) };
+    }
+
     /// `id->event`: the event a synchronous call left (NULL if none).
     pub fn event(self) -> *mut crate::rdmacm::abi::rdma_cm_event {
         // SAFETY: a live id; one field read in place.
