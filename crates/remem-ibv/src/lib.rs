@@ -25,8 +25,9 @@
 //!   once — [`ffi::handles::Handle`] for the library's objects, [`ffi::wr`] for
 //!   work-request lists, [`ffi::opt_ref`]/[`ffi::out`]/[`ffi::slice()`] for the rest — and
 //!   call safe code in the object modules. A unit test (`ffi::boundary`) fails when
-//!   `unsafe` appears outside its allow-list; the modules not yet split (`rdmacm::qp`,
-//!   `rdmacm::devices`) are listed there.
+//!   `unsafe` appears outside its allow-list, which is the modules of `ffi` (and the
+//!   test-only modules that call the C entry points as a program does); every other
+//!   module, `rdmacm::devices` and `rdmacm::qp` included, forbids it.
 //! - the objects: every verbs object is a Rust struct whose FIRST field is the ABI struct
 //!   the program sees (`ibv_pd`, `ibv_qp`, ...), boxed; the pointer handed out is cast
 //!   back on each call ([`ffi::handles::Object`]). The Rust side holds the remem-verbs
@@ -69,8 +70,8 @@
 //!   inside [`ffi::guard`].
 //! - Unsafe: the crate denies `unsafe_code`; the object modules say
 //!   `#![forbid(unsafe_code)]` and take references and handles, never raw pointers to
-//!   dereference. Only the modules of [`ffi`] (and those `ffi::boundary` still lists)
-//!   allow it, with a `// SAFETY:` note on every block.
+//!   dereference. Only the modules of [`ffi`] allow it (`ffi::boundary` checks so),
+//!   with a `// SAFETY:` note on every block.
 //!
 //! # What is reported as rxe reports it, and why
 //!

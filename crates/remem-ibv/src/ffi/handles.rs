@@ -485,6 +485,61 @@ pub unsafe fn pd_from<'a>(pd: *mut ibv_pd) -> Option<&'a crate::context::Pd> {
     unsafe { pd.cast::<crate::context::Pd>().as_ref() }
 }
 
+// ----- the RDMA CM's devices (crate::rdmacm::devices) ----------------------------------------
+
+/// A context this library opened for the RDMA CM ([`crate::rdmacm::devices`]): it is
+/// never closed by the library and lives for the process (a program must not close the
+/// contexts `rdma_get_devices` lists or `rdma_cm_id.verbs` holds, as with librdmacm), so
+/// its [`Ctx`](crate::context::Ctx) is reachable from safe code for as long as the
+/// process runs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CmContext(usize);
+
+impl CmContext {
+    /// Opens configured device `index` (`REMEM_IBV_DEVICES`) as `ibv_open_device` does:
+    /// EINVAL if the configuration is bad, ENODEV for no such device, else the errno of
+    /// `ibv_open_device`.
+    pub(crate) fn open_configured(index: usize) -> Result<Self, c_int> {
+        let devs = crate::device::configured().map_err(|_| libc::EINVAL)?;
+        let d = devs.get(index).ok_or(libc::ENODEV)?;
+        // SAFETY: a device entry of this library's list (which lives for the process).
+        let ctx = unsafe { super::verbs::remem_ibv_ibv_open_device((&raw const d.abi).cast_mut()) };
+        if ctx.is_null() {
+            Err(super::errno())
+        } else {
+            Ok(Self(ctx as usize))
+        }
+    }
+
+    /// A new context on a test's device `dev` (no `ibv_device` behind it).
+    #[cfg(test)]
+    pub(crate) fn create(dev: Arc<dyn remem_verbs::Context>) -> Self {
+        Self(crate::context::Ctx::create(dev, core::ptr::null_mut()) as usize)
+    }
+
+    /// The `ibv_context` the program sees.
+    pub(crate) fn as_ptr(self) -> *mut ibv_context {
+        self.0 as *mut ibv_context
+    }
+
+    /// The library's context.
+    pub(crate) fn ctx(self) -> Option<&'static crate::context::Ctx> {
+        // SAFETY: a context this library made, never closed (see the type).
+        unsafe { ctx_from(self.as_ptr()) }
+    }
+
+    /// A new PD on the context, as `ibv_alloc_pd` (NULL-free: its errno otherwise).
+    pub(crate) fn alloc_pd(self) -> Result<*mut ibv_pd, c_int> {
+        // SAFETY: the context is open (see the type).
+        let p = unsafe { super::device::remem_ibv_ibv_alloc_pd(self.as_ptr()) };
+        if p.is_null() {
+            Err(super::errno())
+        } else {
+            Ok(p)
+        }
+    }
+}
+
 // ----- rdma_cm_id fields the library writes in place (issue 31: rdmacm::id) ---------------
 
 /// The `ibv_gid` of an IP address on RoCE (IPv4-mapped for IPv4).
@@ -625,6 +680,90 @@ impl<'a> Handle<'a, RdmaId> {
     pub fn set_context(self, context: *mut core::ffi::c_void) {
         // SAFETY: a live id; the field is written in place, no reference is made.
         unsafe { (&raw mut (*self.abi()).context).write(context) };
+    }
+
+    /// `id->send_cq`.
+    pub fn send_cq(self) -> *mut ibv_cq {
+        // SAFETY: a live id; one field read in place.
+        unsafe { (*self.abi()).send_cq }
+    }
+
+    /// Sets `id->send_cq`.
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`cq` is stored, never dereferenced"
+    )]
+    pub fn set_send_cq(self, cq: *mut ibv_cq) {
+        // SAFETY: a live id; the field is written in place, no reference is made.
+        unsafe { (&raw mut (*self.abi()).send_cq).write(cq) };
+    }
+
+    /// `id->recv_cq`.
+    pub fn recv_cq(self) -> *mut ibv_cq {
+        // SAFETY: a live id; one field read in place.
+        unsafe { (*self.abi()).recv_cq }
+    }
+
+    /// Sets `id->recv_cq`.
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`cq` is stored, never dereferenced"
+    )]
+    pub fn set_recv_cq(self, cq: *mut ibv_cq) {
+        // SAFETY: a live id; the field is written in place, no reference is made.
+        unsafe { (&raw mut (*self.abi()).recv_cq).write(cq) };
+    }
+
+    /// `id->send_cq_channel`.
+    pub fn send_cq_channel(self) -> *mut ibv_comp_channel {
+        // SAFETY: a live id; one field read in place.
+        unsafe { (*self.abi()).send_cq_channel }
+    }
+
+    /// Sets `id->send_cq_channel`.
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`ch` is stored, never dereferenced"
+    )]
+    pub fn set_send_cq_channel(self, ch: *mut ibv_comp_channel) {
+        // SAFETY: a live id; the field is written in place, no reference is made.
+        unsafe { (&raw mut (*self.abi()).send_cq_channel).write(ch) };
+    }
+
+    /// `id->recv_cq_channel`.
+    pub fn recv_cq_channel(self) -> *mut ibv_comp_channel {
+        // SAFETY: a live id; one field read in place.
+        unsafe { (*self.abi()).recv_cq_channel }
+    }
+
+    /// Sets `id->recv_cq_channel`.
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`ch` is stored, never dereferenced"
+    )]
+    pub fn set_recv_cq_channel(self, ch: *mut ibv_comp_channel) {
+        // SAFETY: a live id; the field is written in place, no reference is made.
+        unsafe { (&raw mut (*self.abi()).recv_cq_channel).write(ch) };
+    }
+
+    /// Sets `id->qp`.
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`qp` is stored, never dereferenced"
+    )]
+    pub fn set_qp(self, qp: *mut ibv_qp) {
+        // SAFETY: a live id; the field is written in place, no reference is made.
+        unsafe { (&raw mut (*self.abi()).qp).write(qp) };
+    }
+
+    /// Sets `id->srq`.
+    #[allow(
+        clippy::not_unsafe_ptr_arg_deref,
+        reason = "`srq` is stored, never dereferenced"
+    )]
+    pub fn set_srq(self, srq: *mut ibv_srq) {
+        // SAFETY: a live id; the field is written in place, no reference is made.
+        unsafe { (&raw mut (*self.abi()).srq).write(srq) };
     }
 
     /// `id->event`: the event a synchronous call left (NULL if none).

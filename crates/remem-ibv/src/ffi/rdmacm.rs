@@ -1,5 +1,4 @@
-//! The C entry points of the drop-in librdmacm (all but `rdma_create_qp`/`_srq`
-//! (`rdmacm::qp`) and `rdma_get_devices` (`rdmacm::devices`)): each converts the
+//! The C entry points of the drop-in librdmacm: each converts the
 //! program's pointers once and calls safe code in [`crate::rdmacm`].
 //!
 //! By section: options, migration, QP attributes, ECE, multicast (`rdmacm::id::options`,
@@ -17,6 +16,7 @@ use crate::rdmacm::abi::*;
 use crate::rdmacm::addrinfo::Hints;
 use crate::rdmacm::channel::{ChannelInner, Event};
 use crate::rdmacm::id::{self, RdmaId, id_from};
+use crate::rdmacm::qp;
 use crate::rdmacm::sockaddr::sockaddr_to_std;
 use crate::rdmacm::{fail, guard_neg};
 use core::ffi::CStr;
@@ -59,6 +59,14 @@ symver!(
     "rdma_join_multicast" @ "RDMACM_1.0",
     "rdma_join_multicast_ex" @ "RDMACM_1.1",
     "rdma_leave_multicast" @ "RDMACM_1.0",
+    "rdma_get_devices" @ "RDMACM_1.0",
+    "rdma_free_devices" @ "RDMACM_1.0",
+    "rdma_create_qp" @ "RDMACM_1.0",
+    "rdma_create_qp_ex" @ "RDMACM_1.0",
+    "rdma_destroy_qp" @ "RDMACM_1.0",
+    "rdma_create_srq" @ "RDMACM_1.0",
+    "rdma_create_srq_ex" @ "RDMACM_1.0",
+    "rdma_destroy_srq" @ "RDMACM_1.0",
 );
 
 /// The program's channel argument, resolved: `None` for NULL, EINVAL for a destroyed
@@ -681,7 +689,7 @@ fn endpoint_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr
     // SAFETY: `id::get_request` and `id::create_ep` pass a live id they just made, the PD
     // the program gave (to the listener or to `rdma_create_ep`, which it keeps alive while
     // the endpoint lives) or NULL, and attributes the program gave (or a copy of them).
-    unsafe { crate::rdmacm::qp::remem_ibv_rdma_create_qp(id, pd, attr) }
+    unsafe { remem_ibv_rdma_create_qp(id, pd, attr) }
 }
 
 /// `rdma_get_request`: see `id::get_request`; -1/EINVAL for NULL arguments.
@@ -769,10 +777,10 @@ pub unsafe extern "C" fn remem_ibv_rdma_destroy_ep(id: *mut rdma_cm_id) {
             // SAFETY: a live id (the contract), its QP and SRQ the library's.
             unsafe {
                 if !h.qp_ptr().is_null() {
-                    crate::rdmacm::qp::remem_ibv_rdma_destroy_qp(id);
+                    remem_ibv_rdma_destroy_qp(id);
                 }
                 if !h.srq_ptr().is_null() {
-                    crate::rdmacm::qp::remem_ibv_rdma_destroy_srq(id);
+                    remem_ibv_rdma_destroy_srq(id);
                 }
                 destroy_id(h);
             }
@@ -995,6 +1003,352 @@ pub extern "C" fn remem_ibv_rdma_event_str(event: rdma_cm_event_type) -> *const 
         _ => c"UNKNOWN EVENT",
     };
     s.as_ptr()
+}
+
+// ----- QPs and SRQs on ids (rdmacm::qp) ---------------------------------------------------
+
+/// Destroys the CQs and completion channels `rdma_create_qp` made for the id (nothing if
+/// it made none, or they are destroyed already), and clears the id's fields naming them.
+pub(crate) fn destroy_own_cqs(h: Handle<'_, RdmaId>) {
+    {
+        let mut st = h.inner().state();
+        if !st.own_cqs {
+            return;
+        }
+        st.own_cqs = false;
+    }
+    for cq in [h.recv_cq(), h.send_cq()] {
+        if !cq.is_null() {
+            // SAFETY: a CQ `rdma_create_qp` made for the id (`own_cqs`), not destroyed
+            // yet (the flag is cleared once they are).
+            unsafe { super::queues::remem_ibv_ibv_destroy_cq(cq) };
+        }
+    }
+    for ch in [h.recv_cq_channel(), h.send_cq_channel()] {
+        if !ch.is_null() {
+            // SAFETY: as above, a completion channel made with the CQs (now destroyed).
+            unsafe { super::queues::remem_ibv_ibv_destroy_comp_channel(ch) };
+        }
+    }
+    h.set_send_cq(core::ptr::null_mut());
+    h.set_recv_cq(core::ptr::null_mut());
+    h.set_send_cq_channel(core::ptr::null_mut());
+    h.set_recv_cq_channel(core::ptr::null_mut());
+}
+
+/// The verbs calls of `rdmacm::qp`, on objects of this library (its contract): the
+/// entry points below pass it with a live id whose fields name live objects or NULL,
+/// and attributes the program gave (or a copy).
+struct QpVerbs;
+
+impl qp::Verbs for QpVerbs {
+    fn pd_ctx(&self, pd: *mut ibv_pd) -> Option<Arc<crate::context::CtxShared>> {
+        // SAFETY: the program's PD or the id's: NULL or a live PD of this library.
+        unsafe { super::handles::pd_from(pd) }.map(|p| Arc::clone(&p.inner.ctx))
+    }
+
+    fn make_cq(
+        &self,
+        verbs: *mut ibv_context,
+        cqe: c_int,
+        id: *mut rdma_cm_id,
+    ) -> Result<(*mut ibv_comp_channel, *mut ibv_cq), c_int> {
+        // SAFETY: an open context of this library (a live PD's).
+        let ch = unsafe { super::queues::remem_ibv_ibv_create_comp_channel(verbs) };
+        if ch.is_null() {
+            return Err(super::errno());
+        }
+        // SAFETY: the context and the channel just made; the id is the CQ's context, as
+        // librdmacm sets it.
+        let cq = unsafe {
+            super::queues::remem_ibv_ibv_create_cq(verbs, cqe, id.cast::<c_void>(), ch, 0)
+        };
+        if cq.is_null() {
+            let e = super::errno();
+            // SAFETY: the channel just made, unused.
+            unsafe { super::queues::remem_ibv_ibv_destroy_comp_channel(ch) };
+            return Err(e);
+        }
+        Ok((ch, cq))
+    }
+
+    fn create_qp(
+        &self,
+        verbs: *mut ibv_context,
+        attr: &mut ibv_qp_init_attr_ex,
+    ) -> Result<(*mut ibv_qp, *mut ibv_pd), c_int> {
+        // SAFETY: an open context of this library and the program's attributes (their PD
+        // checked live, their CQs and SRQ the program's or the id's).
+        let qp = unsafe { super::queues::create_qp_ex(verbs, attr) };
+        if qp.is_null() {
+            return Err(super::errno());
+        }
+        // SAFETY: the QP just made; reading its PD.
+        Ok((qp, unsafe { (*qp).pd }))
+    }
+
+    fn with_qp(
+        &self,
+        qp: *mut ibv_qp,
+        f: &mut dyn FnMut(Handle<'_, crate::qp::Qp>) -> Result<(), c_int>,
+    ) -> Result<(), c_int> {
+        // SAFETY: a QP `create_qp` just made, alive for the call.
+        f(unsafe { Handle::from_abi(qp) }.ok_or(libc::EINVAL)?)
+    }
+
+    fn destroy_qp(&self, qp: *mut ibv_qp) {
+        if !qp.is_null() {
+            // SAFETY: the id's QP: one `create_qp` made, or the program's own attached
+            // one, which it no longer uses (`rdma_destroy_qp`'s contract).
+            unsafe { super::queues::remem_ibv_ibv_destroy_qp(qp) };
+        }
+    }
+
+    fn create_srq(
+        &self,
+        verbs: *mut ibv_context,
+        attr: &mut ibv_srq_init_attr_ex,
+    ) -> Result<*mut ibv_srq, c_int> {
+        // SAFETY: an open context (a live PD's) and the program's attributes.
+        let srq = unsafe { super::queues::create_srq_ex(verbs, attr) };
+        if srq.is_null() {
+            Err(super::errno())
+        } else {
+            Ok(srq)
+        }
+    }
+
+    fn destroy_srq(&self, srq: *mut ibv_srq) {
+        if !srq.is_null() {
+            // SAFETY: the id's SRQ, which the program no longer uses
+            // (`rdma_destroy_srq`'s contract).
+            unsafe { super::queues::remem_ibv_ibv_destroy_srq(srq) };
+        }
+    }
+}
+
+/// `rdma_create_qp_ex`: see `qp::create_qp`. -1 with errno (EINVAL for NULL arguments).
+///
+/// # Safety
+///
+/// `id` is NULL or a live id; `attr` is NULL or readable and writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_create_qp_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> c_int {
+    guard_neg("rdma_create_qp_ex", || {
+        // SAFETY: by the contract.
+        let (Some(h), Some(a)) = (unsafe { Handle::<RdmaId>::from_abi(id) }, unsafe {
+            attr.as_mut()
+        }) else {
+            return fail(libc::EINVAL);
+        };
+        match qp::create_qp(h, a, &QpVerbs) {
+            Ok(()) => 0,
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// `rdma_create_qp`: `rdma_create_qp_ex` on `pd` (NULL: the id's) with the basic
+/// attributes; the granted sizes and the CQs used are written back.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id; `pd` is NULL or a live PD; `qp_init_attr` is NULL or
+/// readable and writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_create_qp(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    qp_init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    guard_neg("rdma_create_qp", || {
+        // SAFETY: by the contract.
+        let (Some(h), Some(b)) = (unsafe { Handle::<RdmaId>::from_abi(id) }, unsafe {
+            qp_init_attr.as_mut()
+        }) else {
+            return fail(libc::EINVAL);
+        };
+        // SAFETY: plain data; all-zero is valid.
+        let mut ex: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+        ex.qp_context = b.qp_context;
+        ex.send_cq = b.send_cq;
+        ex.recv_cq = b.recv_cq;
+        ex.srq = b.srq;
+        ex.cap = b.cap;
+        ex.qp_type = b.qp_type;
+        ex.sq_sig_all = b.sq_sig_all;
+        ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+        ex.pd = if pd.is_null() { h.pd() } else { pd };
+        let r = qp::create_qp(h, &mut ex, &QpVerbs);
+        b.send_cq = ex.send_cq;
+        b.recv_cq = ex.recv_cq;
+        b.srq = ex.srq;
+        b.cap = ex.cap;
+        match r {
+            Ok(()) => 0,
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// `rdma_destroy_qp`: see `qp::destroy_qp`.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id whose QP the program no longer uses.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_destroy_qp(id: *mut rdma_cm_id) {
+    super::guard(
+        "rdma_destroy_qp",
+        || (),
+        || {
+            // SAFETY: by the contract.
+            if let Some(h) = unsafe { Handle::<RdmaId>::from_abi(id) } {
+                qp::destroy_qp(h, &QpVerbs);
+            }
+        },
+    )
+}
+
+/// `rdma_create_srq_ex`: see `qp::create_srq`. -1 with errno (EINVAL for NULL
+/// arguments).
+///
+/// # Safety
+///
+/// `id` is NULL or a live id; `attr` is NULL or readable and writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_create_srq_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_srq_init_attr_ex,
+) -> c_int {
+    guard_neg("rdma_create_srq_ex", || {
+        // SAFETY: by the contract.
+        let (Some(h), Some(a)) = (unsafe { Handle::<RdmaId>::from_abi(id) }, unsafe {
+            attr.as_mut()
+        }) else {
+            return fail(libc::EINVAL);
+        };
+        match qp::create_srq(h, a, &QpVerbs) {
+            Ok(()) => 0,
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// `rdma_create_srq`: `rdma_create_srq_ex` with a basic SRQ on `pd` (NULL: the id's).
+///
+/// # Safety
+///
+/// `id` is NULL or a live id; `pd` is NULL or a live PD; `attr` is NULL or readable and
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_create_srq(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_srq_init_attr,
+) -> c_int {
+    guard_neg("rdma_create_srq", || {
+        // SAFETY: by the contract.
+        let Some(b) = (unsafe { attr.as_mut() }) else {
+            return fail(libc::EINVAL);
+        };
+        // SAFETY: plain data; all-zero is valid.
+        let mut ex: ibv_srq_init_attr_ex = unsafe { std::mem::zeroed() };
+        ex.srq_context = b.srq_context;
+        ex.attr = b.attr;
+        ex.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD;
+        ex.srq_type = IBV_SRQT_BASIC;
+        ex.pd = pd;
+        // SAFETY: by the contract; `ex` is a local copy.
+        let r = unsafe { remem_ibv_rdma_create_srq_ex(id, &mut ex) };
+        b.attr = ex.attr;
+        r
+    })
+}
+
+/// `rdma_destroy_srq`: see `qp::destroy_srq`.
+///
+/// # Safety
+///
+/// `id` is NULL or a live id whose SRQ the program no longer uses.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_destroy_srq(id: *mut rdma_cm_id) {
+    super::guard(
+        "rdma_destroy_srq",
+        || (),
+        || {
+            // SAFETY: by the contract.
+            if let Some(h) = unsafe { Handle::<RdmaId>::from_abi(id) } {
+                qp::destroy_srq(h, &QpVerbs);
+            }
+        },
+    )
+}
+
+// ----- devices (rdmacm::devices) -------------------------------------------------------
+
+/// `rdma_get_devices`: every device, opened (`ibv_context`s of this library), in a
+/// NULL-terminated array freed by `rdma_free_devices`; `*num_devices` their number. NULL
+/// with errno (ENODEV: no devices) if none can be opened.
+///
+/// # Safety
+///
+/// `num_devices` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_get_devices(
+    num_devices: *mut c_int,
+) -> *mut *mut ibv_context {
+    guard_ptr("rdma_get_devices", || {
+        let set_num = |n: usize| {
+            if !num_devices.is_null() {
+                // SAFETY: non-NULL and writable by the contract.
+                unsafe { *num_devices = n as c_int };
+            }
+        };
+        let n = match crate::rdmacm::devices::count() {
+            Ok(n) => n,
+            Err(e) => {
+                set_num(0);
+                return null_with(e);
+            }
+        };
+        let list: Vec<*mut ibv_context> = (0..n)
+            .filter_map(|i| crate::rdmacm::devices::open(i).ok())
+            .map(|d| d.verbs())
+            .collect();
+        if list.is_empty() {
+            set_num(0);
+            return null_with(libc::ENODEV);
+        }
+        set_num(list.len());
+        // SAFETY: calloc of len + 1 pointers (zeroed: the NULL terminator); freed by
+        // rdma_free_devices with free().
+        let out = unsafe { libc::calloc(list.len() + 1, size_of::<*mut ibv_context>()) }
+            .cast::<*mut ibv_context>();
+        if out.is_null() {
+            set_num(0);
+            return null_with(libc::ENOMEM);
+        }
+        for (i, c) in list.iter().enumerate() {
+            // SAFETY: within the len + 1 slots just allocated.
+            unsafe { out.add(i).write(*c) };
+        }
+        out
+    })
+}
+
+/// `rdma_free_devices`: frees the array (the devices stay open, as librdmacm's do).
+///
+/// # Safety
+///
+/// `list` is NULL or came from `rdma_get_devices` and is not used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn remem_ibv_rdma_free_devices(list: *mut *mut ibv_context) {
+    // SAFETY: NULL or the calloc'd array of rdma_get_devices, by the contract.
+    unsafe { libc::free(list.cast()) };
 }
 
 #[cfg(test)]

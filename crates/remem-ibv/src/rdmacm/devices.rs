@@ -13,22 +13,16 @@
 //! else the first device of the same scope (loopback or not) and family, else the first
 //! of the family.
 
-#![allow(unsafe_code)]
+#![forbid(unsafe_code)]
 
 use super::abi::*;
 use crate::abi::{ibv_context, ibv_pd};
-use crate::context::ctx_from;
-use crate::ffi::{guard_ptr, null_with};
+pub(crate) use crate::ffi::handles::CmContext;
 use core::ffi::c_int;
 use remem_verbs::cm::{CmChannel, CmId, PortSpace};
 use remem_verbs::{Context, GidType};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::{Arc, Mutex, OnceLock};
-
-symver!(
-    "rdma_get_devices" @ "RDMACM_1.0",
-    "rdma_free_devices" @ "RDMACM_1.0",
-);
 
 /// Where devices come from: the drop-in's configured devices (`REMEM_IBV_DEVICES`), or a
 /// test's.
@@ -36,8 +30,8 @@ pub(crate) trait Source: Send + Sync {
     /// The addresses of every configured device, in list order (an errno if the
     /// configuration is bad).
     fn addrs(&self) -> Result<Vec<Vec<IpAddr>>, c_int>;
-    /// Opens device `index` as an `ibv_context` of this library.
-    fn open(&self, index: usize) -> Result<*mut ibv_context, c_int>;
+    /// Opens device `index` as a context of this library.
+    fn open(&self, index: usize) -> Result<CmContext, c_int>;
     /// The provider's CM channel for `dev`.
     fn create_cm_channel(&self, dev: &Arc<dyn Context>) -> remem_verbs::Result<Arc<dyn CmChannel>>;
     /// A CM id on `dev` reporting to `channel`.
@@ -63,17 +57,8 @@ impl Source for Configured {
         }
     }
 
-    fn open(&self, index: usize) -> Result<*mut ibv_context, c_int> {
-        let devs = crate::device::configured().map_err(|_| libc::EINVAL)?;
-        let d = devs.get(index).ok_or(libc::ENODEV)?;
-        // SAFETY: a device entry of this library's list.
-        let ctx =
-            unsafe { crate::device::remem_ibv_ibv_open_device((&raw const d.abi).cast_mut()) };
-        if ctx.is_null() {
-            Err(crate::ffi::errno())
-        } else {
-            Ok(ctx)
-        }
+    fn open(&self, index: usize) -> Result<CmContext, c_int> {
+        CmContext::open_configured(index)
     }
 
     fn create_cm_channel(&self, dev: &Arc<dyn Context>) -> remem_verbs::Result<Arc<dyn CmChannel>> {
@@ -110,8 +95,8 @@ pub(crate) struct CmDev {
     pub index: usize,
     /// Its IP addresses (from its GID table once open).
     pub ips: Vec<IpAddr>,
-    /// The `ibv_context` (address) ids on it report as `verbs`.
-    verbs: usize,
+    /// The context ids on it report as `verbs`.
+    verbs: CmContext,
     /// The remem device.
     pub dev: Arc<dyn Context>,
     /// The provider's CM channel, watched by the router.
@@ -136,25 +121,19 @@ impl std::fmt::Debug for CmDev {
 impl CmDev {
     /// The `ibv_context` of the device (this library's; never closed).
     pub fn verbs(&self) -> *mut ibv_context {
-        self.verbs as *mut ibv_context
+        self.verbs.as_ptr()
     }
 
     /// The device's context (open for the life of the process).
     pub fn ctx(&self) -> Option<&crate::context::Ctx> {
-        // SAFETY: the device's context, opened once and never closed.
-        unsafe { crate::context::ctx_from(self.verbs()) }
+        self.verbs.ctx()
     }
 
     /// The device's default PD (`rdma_cm_id.pd`), made on first use.
     pub fn default_pd(&self) -> Result<*mut ibv_pd, c_int> {
         let mut pd = self.pd.lock().unwrap_or_else(|e| e.into_inner());
         if *pd == 0 {
-            // SAFETY: the device's open context.
-            let p = unsafe { crate::ffi::device::remem_ibv_ibv_alloc_pd(self.verbs()) };
-            if p.is_null() {
-                return Err(crate::ffi::errno());
-            }
-            *pd = p as usize;
+            *pd = self.verbs.alloc_pd()? as usize;
         }
         Ok(*pd as *mut ibv_pd)
     }
@@ -199,8 +178,7 @@ pub(crate) fn open(index: usize) -> Result<Arc<CmDev>, c_int> {
     }
     let src = source();
     let verbs = src.open(index)?;
-    // SAFETY: a context this library just opened; it is never closed.
-    let ctx = unsafe { ctx_from(verbs) }.ok_or(libc::ENODEV)?;
+    let ctx = verbs.ctx().ok_or(libc::ENODEV)?;
     let dev = Arc::clone(&ctx.shared().dev);
     let channel = src
         .create_cm_channel(&dev)
@@ -227,7 +205,7 @@ pub(crate) fn open(index: usize) -> Result<Arc<CmDev>, c_int> {
     let d = Arc::new(CmDev {
         index,
         ips,
-        verbs: verbs as usize,
+        verbs,
         dev,
         channel,
         pd: Mutex::new(0),
@@ -316,67 +294,6 @@ pub(crate) fn pick_for_dst(
         .or_else(|| kernel_src.and_then(|s| find(&|a| *a == s)))
         .or_else(|| find(&|a| a.is_ipv4() == dst.is_ipv4() && a.is_loopback() == dst.is_loopback()))
         .or_else(|| find(&|a| a.is_ipv4() == dst.is_ipv4()))
-}
-
-/// `rdma_get_devices`: every device, opened (`ibv_context`s of this library), in a
-/// NULL-terminated array freed by `rdma_free_devices`; `*num_devices` their number. NULL
-/// with errno (ENODEV: no devices) if none can be opened.
-///
-/// # Safety
-///
-/// `num_devices` is NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_rdma_get_devices(
-    num_devices: *mut c_int,
-) -> *mut *mut ibv_context {
-    guard_ptr("rdma_get_devices", || {
-        let set_num = |n: usize| {
-            if !num_devices.is_null() {
-                // SAFETY: non-NULL and writable by the contract.
-                unsafe { *num_devices = n as c_int };
-            }
-        };
-        let n = match count() {
-            Ok(n) => n,
-            Err(e) => {
-                set_num(0);
-                return null_with(e);
-            }
-        };
-        let list: Vec<*mut ibv_context> = (0..n)
-            .filter_map(|i| open(i).ok())
-            .map(|d| d.verbs())
-            .collect();
-        if list.is_empty() {
-            set_num(0);
-            return null_with(libc::ENODEV);
-        }
-        set_num(list.len());
-        // SAFETY: calloc of len + 1 pointers (zeroed: the NULL terminator); freed by
-        // rdma_free_devices with free().
-        let out = unsafe { libc::calloc(list.len() + 1, size_of::<*mut ibv_context>()) }
-            .cast::<*mut ibv_context>();
-        if out.is_null() {
-            set_num(0);
-            return null_with(libc::ENOMEM);
-        }
-        for (i, c) in list.iter().enumerate() {
-            // SAFETY: within the len + 1 slots just allocated.
-            unsafe { out.add(i).write(*c) };
-        }
-        out
-    })
-}
-
-/// `rdma_free_devices`: frees the array (the devices stay open, as librdmacm's do).
-///
-/// # Safety
-///
-/// `list` is NULL or came from `rdma_get_devices` and is not used afterwards.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn remem_ibv_rdma_free_devices(list: *mut *mut ibv_context) {
-    // SAFETY: NULL or the calloc'd array of rdma_get_devices, by the contract.
-    unsafe { libc::free(list.cast()) };
 }
 
 /// The port space of an `enum rdma_port_space` value (EINVAL otherwise).

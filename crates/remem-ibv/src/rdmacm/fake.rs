@@ -7,8 +7,7 @@
 
 #![forbid(unsafe_code)]
 
-use super::devices::Source;
-use crate::abi::ibv_context;
+use super::devices::{CmContext, Source};
 use core::ffi::c_int;
 use remem_verbs::cm::*;
 use remem_verbs::{
@@ -33,7 +32,7 @@ pub(crate) fn install() {
 
 #[derive(Default)]
 struct Fake {
-    opened: Mutex<HashMap<usize, usize>>,
+    opened: Mutex<HashMap<usize, CmContext>>,
 }
 
 fn ip(i: usize) -> IpAddr {
@@ -45,10 +44,10 @@ impl Source for Fake {
         Ok((0..IPS.len()).map(|i| vec![ip(i)]).collect())
     }
 
-    fn open(&self, index: usize) -> std::result::Result<*mut ibv_context, c_int> {
+    fn open(&self, index: usize) -> std::result::Result<CmContext, c_int> {
         let mut opened = self.opened.lock().unwrap();
-        if let Some(p) = opened.get(&index) {
-            return Ok(*p as *mut ibv_context);
+        if let Some(c) = opened.get(&index) {
+            return Ok(*c);
         }
         let dev: Arc<dyn Context> = Arc::new(
             remem_soft::SoftContext::bind_with(
@@ -57,8 +56,8 @@ impl Source for Fake {
             )
             .map_err(|e| e.errno())?,
         );
-        let ctx = crate::context::Ctx::create(dev, std::ptr::null_mut());
-        opened.insert(index, ctx as usize);
+        let ctx = CmContext::create(dev);
+        opened.insert(index, ctx);
         Ok(ctx)
     }
 

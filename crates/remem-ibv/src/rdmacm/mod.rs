@@ -38,9 +38,10 @@
 //!   `rpoll`/`rselect` pass through).
 //! - [`sockaddr`] (`crate::ffi::sockaddr`): the program's `struct sockaddr`s.
 //!
-//! The C entry points of `channel`, `id`, `addrinfo` are in [`crate::ffi::rdmacm`], which
-//! converts the program's pointers once and calls the safe code here (every module but
-//! `qp` and `devices` says `#![forbid(unsafe_code)]`).
+//! The C entry points of `channel`, `id`, `devices`, `qp`, `addrinfo` are in
+//! [`crate::ffi::rdmacm`], which converts the program's pointers once and calls the safe
+//! code here (every module says `#![forbid(unsafe_code)]`; this one denies it, as its
+//! test-only `tests` calls the C entry points as a program does).
 //!
 //! Errors follow librdmacm: -1 with errno (pointer results: NULL with errno), and the
 //! `EAI_*` codes of `rdma_getaddrinfo`. Every exported body runs inside
@@ -69,13 +70,7 @@ use core::ffi::c_int;
 
 /// Every C symbol the drop-in librdmacm exports, with its version.
 pub fn exports() -> Vec<(&'static str, &'static str)> {
-    [
-        devices::SYMBOLS,
-        qp::SYMBOLS,
-        rsocket::SYMBOLS,
-        crate::ffi::rdmacm::SYMBOLS,
-    ]
-    .concat()
+    [rsocket::SYMBOLS, crate::ffi::rdmacm::SYMBOLS].concat()
 }
 
 /// -1 with errno `e`: how librdmacm's calls fail.

@@ -5,9 +5,7 @@
 #![allow(unsafe_code)]
 
 use super::abi::*;
-use super::devices::*;
 use super::fake;
-use super::qp::*;
 use super::sockaddr::std_to_storage;
 use crate::abi::*;
 use crate::ffi::errno;
@@ -718,6 +716,68 @@ fn init_qp_attr_and_options() {
         );
         assert_eq!(errno(), libc::EINVAL);
     }
+    destroy_id(id);
+    destroy_channel(ch);
+}
+
+#[test]
+fn an_id_s_srq_serves_the_qp_made_on_it_until_destroyed() {
+    setup();
+    let ch = channel();
+    let id = create_id(ch, 0, RDMA_PS_TCP);
+    let mut attr = ibv_srq_init_attr {
+        srq_context: std::ptr::null_mut(),
+        attr: ibv_srq_attr {
+            max_wr: 8,
+            max_sge: 1,
+            srq_limit: 0,
+        },
+    };
+    // SAFETY: a live id (no device yet), its PD (NULL) and attributes.
+    unsafe {
+        assert_eq!(
+            remem_ibv_rdma_create_srq(id, std::ptr::null_mut(), &mut attr),
+            -1
+        );
+        assert_eq!(errno(), libc::EINVAL);
+    }
+    assert_eq!(bind(id, &format!("{}:45015", fake::IPS[0])), 0);
+    // SAFETY: as above, on a bound id.
+    unsafe {
+        assert_eq!(
+            remem_ibv_rdma_create_srq(id, std::ptr::null_mut(), &mut attr),
+            0,
+            "rdma_create_srq: errno {}",
+            errno()
+        );
+    }
+    let srq = get!(id, srq);
+    assert!(!srq.is_null());
+    // SAFETY: a live id that has an SRQ already; an XRC SRQ is not supported.
+    unsafe {
+        assert_eq!(
+            remem_ibv_rdma_create_srq(id, std::ptr::null_mut(), &mut attr),
+            -1
+        );
+        assert_eq!(errno(), libc::EINVAL);
+        let mut ex: ibv_srq_init_attr_ex = std::mem::zeroed();
+        ex.comp_mask = IBV_SRQ_INIT_ATTR_TYPE;
+        ex.srq_type = IBV_SRQT_XRC;
+        assert_eq!(remem_ibv_rdma_create_srq_ex(id, &mut ex), -1);
+        assert_eq!(errno(), libc::EINVAL);
+    }
+    let mut a = qp_attr(IBV_QPT_RC);
+    // SAFETY: a live id, its own PD (NULL), attributes.
+    let rc = unsafe { remem_ibv_rdma_create_qp(id, std::ptr::null_mut(), &mut a) };
+    assert_eq!(rc, 0, "rdma_create_qp: errno {}", errno());
+    assert_eq!(a.srq, srq, "the QP uses the id's SRQ");
+    assert!(!get!(id, send_cq).is_null() && !get!(id, recv_cq).is_null());
+    destroy_qp(id);
+    // SAFETY: a live id whose SRQ the test no longer uses.
+    unsafe { remem_ibv_rdma_destroy_srq(id) };
+    assert!(get!(id, srq).is_null());
+    // SAFETY: NULL ids are ignored.
+    unsafe { remem_ibv_rdma_destroy_srq(std::ptr::null_mut()) };
     destroy_id(id);
     destroy_channel(ch);
 }
