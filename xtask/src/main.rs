@@ -34,7 +34,7 @@ enum Task {
         what: Rxe,
     },
     /// Print ARCHITECTURE.md's crate map as the manifests give it; exit 1 if the
-    /// document disagrees.
+    /// document disagrees, or names a file or function the code does not have.
     CrateMap,
 }
 
