@@ -1,6 +1,7 @@
 //! The test fixture the crate's unit tests, integration tests and benchmarks share (public
 //! with the `internals` feature): [`Side`], a soft device with one queue pair, one CQ for
-//! both its queues and one registered buffer, and [`pair`], two of them on one UDP port.
+//! both its queues and one registered buffer (and more queue pairs on request), and
+//! [`pair`], two of them on one UDP port.
 
 #![forbid(unsafe_code)]
 
@@ -78,16 +79,7 @@ impl Side {
     pub fn new(ctx: SoftContext, spec: &Spec) -> Side {
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(spec.cqe, None).unwrap();
-        let qp = pd
-            .create_qp(&QpInitAttr {
-                qp_type: spec.qp_type,
-                send_cq: cq.clone(),
-                recv_cq: cq.clone(),
-                srq: None,
-                cap: spec.cap,
-                sq_sig_all: spec.sq_sig_all,
-            })
-            .unwrap();
+        let qp = new_qp(&pd, &cq, spec);
         let buf = Arc::new(MemoryBuffer::zeroed(spec.len).unwrap());
         let access = AccessFlags::LOCAL_WRITE
             | AccessFlags::REMOTE_WRITE
@@ -105,6 +97,12 @@ impl Side {
             buf,
             wcs: RefCell::new(Vec::new()),
         }
+    }
+
+    /// Another queue pair on this side's device, in its protection domain with [`Side::cq`]
+    /// for both its queues, of `spec`'s type, sizes and `sq_sig_all`.
+    pub fn create_qp(&self, spec: &Spec) -> Arc<dyn QueuePair> {
+        new_qp(&self.pd, &self.cq, spec)
     }
 
     /// The device's packet engine.
@@ -159,6 +157,23 @@ impl Side {
         let counters = self.ctx.counters();
         counters.iter().find(|c| c.name == name).unwrap().value
     }
+}
+
+/// A queue pair in `pd` with `cq` for both its queues, as `spec` says.
+fn new_qp(
+    pd: &Arc<dyn ProtectionDomain>,
+    cq: &Arc<dyn CompletionQueue>,
+    spec: &Spec,
+) -> Arc<dyn QueuePair> {
+    pd.create_qp(&QpInitAttr {
+        qp_type: spec.qp_type,
+        send_cq: cq.clone(),
+        recv_cq: cq.clone(),
+        srq: None,
+        cap: spec.cap,
+        sq_sig_all: spec.sq_sig_all,
+    })
+    .unwrap()
 }
 
 /// Two sides as `spec` says, devices with `opts` on addresses `ips` and one UDP port (a

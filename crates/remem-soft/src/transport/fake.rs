@@ -1,9 +1,13 @@
-//! The one fake [`Env`] the RC, UC and UD unit tests run their transports in: a receive
-//! queue, the completions and asynchronous events the transport reports, its counters by
-//! rxe name, one revocable 64 KiB region under [`RKEY`] with the access rights
-//! [`FakeEnv::key_access`], and the local operations it executed (refused while
-//! [`FakeEnv::refuse_local`]). The deterministic simulation (`sim`) has its own environment
-//! (memory checked against a model), as has the fuzzer (an integration test).
+//! The one fake [`Env`] the transports' tests run in: the RC, UC and UD unit tests, the
+//! deterministic simulation (`sim`, one per node) and the responder fuzzer (an integration
+//! test, through the `internals` feature). It holds a receive queue, the completions and
+//! asynchronous events the transport reports, its counters by rxe name ([`stat_name`]), a
+//! key table (rkey → registration and access rights, as a device's MR table), and the local
+//! operations it executed (refused while [`FakeEnv::refuse_local`]).
+//!
+//! [`FakeEnv::new`] registers one revocable 64 KiB region under [`RKEY`] ([`FakeEnv::target`],
+//! [`FakeEnv::key`]); [`FakeEnv::with_key`] registers a given one under a given rkey, and
+//! [`FakeEnv::register`] adds more.
 
 use super::wqe::RecvWqe;
 use super::{Env, Grant, RemoteKeyError, Stat};
@@ -14,8 +18,29 @@ use remem_verbs::{
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-/// The rkey of the fake's region; any other is unknown.
+/// The rkey of [`FakeEnv::new`]'s region.
 pub const RKEY: u32 = 0x77;
+
+/// The rxe name of a transport statistic (the counters' names in `/sys/class/infiniband`).
+pub fn stat_name(s: Stat) -> &'static str {
+    match s {
+        Stat::DuplicateRequest => "duplicate_request",
+        Stat::OutOfSeqRequest => "out_of_seq_request",
+        Stat::RcvdRnrNak => "rcvd_rnr_err",
+        Stat::SentRnrNak => "send_rnr_err",
+        Stat::RcvdSeqNak => "rcvd_seq_err",
+        Stat::RetryExceeded => "retry_exceeded_err",
+        Stat::RnrRetryExceeded => "retry_rnr_exceeded_err",
+        Stat::CompleterRetry => "completer_retry_err",
+        Stat::SendErr => "send_err",
+        Stat::DuplicateReadDropped => "drop_duplicate_read",
+        Stat::ReadOverflowDropped => "drop_read_overflow",
+        Stat::ResponseQueueFull => "drop_resp_queue_full",
+        Stat::Retransmitted => "retransmitted_pkts",
+        Stat::CwndReduced => "cwnd_reductions",
+        Stat::EarlyRetransmit => "early_retransmits",
+    }
+}
 
 /// One side of a transport test: see the module's doc.
 pub struct FakeEnv {
@@ -25,16 +50,17 @@ pub struct FakeEnv {
     pub sent: Vec<WorkCompletion>,
     /// Receive completions, in order.
     pub recvd: Vec<WorkCompletion>,
-    /// Counters by rxe name (`out_of_seq_request`, …; `other` for the rest).
+    /// Counters by rxe name ([`stat_name`]).
     pub stats: HashMap<&'static str, u64>,
     /// Asynchronous events, in order.
     pub events: Vec<AsyncEvent>,
-    /// The memory under [`RKEY`].
+    /// The memory of the first region registered (that of [`FakeEnv::key`]).
     pub target: Arc<MemoryBuffer>,
-    /// Its key; revoked, [`RKEY`] is unknown.
+    /// The first region's registration; revoked, its rkey is unknown.
     pub key: Arc<KeyedRegion>,
-    /// The access rights [`RKEY`] grants (default: local write and every remote right).
-    pub key_access: AccessFlags,
+    /// The key table: registrations and the rights they grant, by rkey. A revoked
+    /// registration's rkey is unknown.
+    pub keys: HashMap<u32, (Arc<KeyedRegion>, AccessFlags)>,
     /// Local operations executed, in order.
     pub local_ops: Vec<SendOp>,
     /// Refuse local operations (`MwBindErr`).
@@ -44,25 +70,50 @@ pub struct FakeEnv {
 impl Default for FakeEnv {
     fn default() -> Self {
         let target = Arc::new(MemoryBuffer::zeroed(64 * 1024).unwrap());
+        FakeEnv::with_key(
+            RKEY,
+            KeyedRegion::new(MemRegion::whole(target)),
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE,
+        )
+    }
+}
+
+impl FakeEnv {
+    /// A fresh side with a zeroed 64 KiB region under [`RKEY`] granting local write and
+    /// every remote right.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A fresh side with `key` (its [`target`](FakeEnv::target) the key's buffer) under
+    /// `rkey`, granting `access`.
+    pub fn with_key(rkey: u32, key: Arc<KeyedRegion>, access: AccessFlags) -> Self {
         FakeEnv {
             rq: VecDeque::new(),
             sent: Vec::new(),
             recvd: Vec::new(),
             stats: HashMap::new(),
             events: Vec::new(),
-            key: KeyedRegion::new(MemRegion::whole(target.clone())),
-            target,
-            key_access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE,
+            target: key.region().buffer().clone(),
+            keys: HashMap::from([(rkey, (key.clone(), access))]),
+            key,
             local_ops: Vec::new(),
             refuse_local: false,
         }
     }
-}
 
-impl FakeEnv {
-    /// A fresh side.
-    pub fn new() -> Self {
-        Self::default()
+    /// Registers `key` under `rkey` granting `access` (replacing what `rkey` named).
+    pub fn register(&mut self, rkey: u32, key: Arc<KeyedRegion>, access: AccessFlags) {
+        self.keys.insert(rkey, (key, access));
+    }
+
+    /// Sets the rights `rkey` grants.
+    ///
+    /// # Panics
+    ///
+    /// If `rkey` is not registered.
+    pub fn set_access(&mut self, rkey: u32, access: AccessFlags) {
+        self.keys.get_mut(&rkey).expect("a registered rkey").1 = access;
     }
 
     /// The counter named `name` (an rxe name).
@@ -80,6 +131,16 @@ impl FakeEnv {
         });
         buf
     }
+
+    /// The registration `rkey` names, if it grants `need`.
+    fn lookup(&self, rkey: u32, need: AccessFlags) -> Result<&Arc<KeyedRegion>, RemoteKeyError> {
+        match self.keys.get(&rkey) {
+            Some((key, _)) if key.is_revoked() => Err(RemoteKeyError::UnknownKey),
+            Some((_, access)) if !access.contains(need) => Err(RemoteKeyError::MissingAccess),
+            Some((key, _)) => Ok(key),
+            None => Err(RemoteKeyError::UnknownKey),
+        }
+    }
 }
 
 impl Env for FakeEnv {
@@ -90,19 +151,11 @@ impl Env for FakeEnv {
         len: u64,
         need: AccessFlags,
     ) -> Result<Grant, RemoteKeyError> {
-        if rkey != RKEY || self.key.is_revoked() {
-            return Err(RemoteKeyError::UnknownKey);
-        }
-        if !self.key_access.contains(need) {
-            return Err(RemoteKeyError::MissingAccess);
-        }
-        self.key.grant(va, len)
+        self.lookup(rkey, need)?.grant(va, len)
     }
 
     fn remote_region(&mut self, rkey: u32, need: AccessFlags) -> Result<Grant, RemoteKeyError> {
-        let va = self.key.region().addr();
-        let len = self.key.region().len() as u64;
-        self.remote(rkey, va, len, need)
+        self.lookup(rkey, need)?.grant_all()
     }
 
     fn local_op(&mut self, op: &SendOp) -> Result<(), WcStatus> {
@@ -126,17 +179,7 @@ impl Env for FakeEnv {
     }
 
     fn count(&mut self, stat: Stat) {
-        let name = match stat {
-            Stat::DuplicateRequest => "duplicate_request",
-            Stat::SendErr => "send_err",
-            Stat::DuplicateReadDropped => "drop_duplicate_read",
-            Stat::ReadOverflowDropped => "drop_read_overflow",
-            Stat::OutOfSeqRequest => "out_of_seq_request",
-            Stat::ResponseQueueFull => "drop_resp_queue_full",
-            Stat::SentRnrNak => "send_rnr_err",
-            _ => "other",
-        };
-        *self.stats.entry(name).or_default() += 1;
+        *self.stats.entry(stat_name(stat)).or_default() += 1;
     }
 
     fn async_event(&mut self, event: AsyncEvent) {

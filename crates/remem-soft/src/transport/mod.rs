@@ -17,8 +17,8 @@
 
 #![forbid(unsafe_code)]
 
-#[cfg(test)]
-mod fake;
+#[cfg(any(test, feature = "internals"))]
+pub mod fake;
 pub mod glue;
 mod rc;
 #[cfg(test)]

@@ -9,18 +9,17 @@
 //! the model's original values (so each executed exactly once), and every SEND arrives once,
 //! in order, with its data and immediate.
 
-use super::{
-    Env, Grant, Kind, Psn, RcConfig, RcTransport, RemoteKeyError, RxPacket, Stat, TxPacket,
-};
+use super::fake::FakeEnv;
+use super::{Kind, Psn, RcConfig, RcTransport, RxPacket, TxPacket};
 use crate::mem::grant::KeyedRegion;
 use crate::transport::wqe::{RecvWqe, SendData, SendWqe};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use remem_verbs::{
     AccessFlags, AsyncEvent, AsyncEventElement, AsyncEventType, FlushLevel, FlushType, MemRegion,
-    MemoryBuffer, QpState, SendOp, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    MemoryBuffer, QpState, SendOp, WcFlags, WcOpcode, WcStatus,
 };
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -98,104 +97,11 @@ impl SimPacket {
     }
 }
 
-/// Memory regions by rkey, as a device's MR table would hold them.
-#[derive(Default)]
-struct Keys {
-    by_rkey: HashMap<u32, (Arc<KeyedRegion>, AccessFlags)>,
-}
-
-struct NodeEnv<'a> {
-    keys: &'a Keys,
-    rq: &'a mut VecDeque<RecvWqe>,
-    send_wcs: &'a mut Vec<WorkCompletion>,
-    recv_wcs: &'a mut Vec<WorkCompletion>,
-    stats: &'a mut HashMap<&'static str, u64>,
-    events: &'a mut Vec<AsyncEvent>,
-}
-
-impl Env for NodeEnv<'_> {
-    fn remote(
-        &mut self,
-        rkey: u32,
-        va: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Result<Grant, RemoteKeyError> {
-        let (key, access) = self
-            .keys
-            .by_rkey
-            .get(&rkey)
-            .ok_or(RemoteKeyError::UnknownKey)?;
-        if !access.contains(need) {
-            return Err(RemoteKeyError::MissingAccess);
-        }
-        key.grant(va, len)
-    }
-
-    fn remote_region(&mut self, rkey: u32, need: AccessFlags) -> Result<Grant, RemoteKeyError> {
-        let (key, access) = self
-            .keys
-            .by_rkey
-            .get(&rkey)
-            .ok_or(RemoteKeyError::UnknownKey)?;
-        if !access.contains(need) {
-            return Err(RemoteKeyError::MissingAccess);
-        }
-        key.grant_all()
-    }
-
-    fn take_recv(&mut self) -> Option<RecvWqe> {
-        self.rq.pop_front()
-    }
-
-    fn send_completion(&mut self, wc: WorkCompletion) {
-        self.send_wcs.push(wc);
-    }
-
-    fn recv_completion(&mut self, wc: WorkCompletion, _solicited: bool) {
-        self.recv_wcs.push(wc);
-    }
-
-    fn count(&mut self, stat: Stat) {
-        *self.stats.entry(stat_name(stat)).or_default() += 1;
-    }
-
-    fn async_event(&mut self, event: AsyncEvent) {
-        self.events.push(event);
-    }
-}
-
-fn stat_name(s: Stat) -> &'static str {
-    match s {
-        Stat::DuplicateRequest => "duplicate_request",
-        Stat::OutOfSeqRequest => "out_of_seq_request",
-        Stat::RcvdRnrNak => "rcvd_rnr_err",
-        Stat::SentRnrNak => "send_rnr_err",
-        Stat::RcvdSeqNak => "rcvd_seq_err",
-        Stat::RetryExceeded => "retry_exceeded_err",
-        Stat::RnrRetryExceeded => "retry_rnr_exceeded_err",
-        Stat::CompleterRetry => "completer_retry_err",
-        Stat::SendErr => "send_err",
-        Stat::DuplicateReadDropped => "drop_duplicate_read",
-        Stat::ReadOverflowDropped => "drop_read_overflow",
-        Stat::ResponseQueueFull => "drop_resp_queue_full",
-        Stat::Retransmitted => "retransmitted_pkts",
-        Stat::CwndReduced => "cwnd_reductions",
-        Stat::EarlyRetransmit => "early_retransmits",
-    }
-}
-
+/// One endpoint: its transport and the [`FakeEnv`] it runs in (the key table holds one
+/// region, [`FakeEnv::target`], under `target_rkey`).
 struct Node {
     rc: RcTransport,
-    keys: Keys,
-    rq: VecDeque<RecvWqe>,
-    send_wcs: Vec<WorkCompletion>,
-    recv_wcs: Vec<WorkCompletion>,
-    stats: HashMap<&'static str, u64>,
-    /// Affiliated asynchronous events raised.
-    events: Vec<AsyncEvent>,
-    /// Memory the peer reads, writes and runs atomics on.
-    target: Arc<MemoryBuffer>,
+    env: FakeEnv,
     target_rkey: u32,
     /// Local buffers: sources of sends/writes, sinks of reads/atomics.
     local: Arc<MemoryBuffer>,
@@ -213,23 +119,13 @@ impl Node {
     /// A node whose target and local buffers have these sizes.
     fn sized(cfg: RcConfig, rkey: u32, target_len: usize, local_len: usize) -> Self {
         let target = Arc::new(MemoryBuffer::zeroed(target_len).unwrap());
-        let mut keys = Keys::default();
-        keys.by_rkey.insert(
-            rkey,
-            (
-                KeyedRegion::new(MemRegion::whole(target.clone())),
-                AccessFlags::LOCAL_WRITE | (AccessFlags::REMOTE - AccessFlags::FLUSH_PERSISTENT),
-            ),
-        );
         Node {
             rc: RcTransport::new(cfg),
-            keys,
-            rq: VecDeque::new(),
-            send_wcs: Vec::new(),
-            recv_wcs: Vec::new(),
-            stats: HashMap::new(),
-            events: Vec::new(),
-            target,
+            env: FakeEnv::with_key(
+                rkey,
+                KeyedRegion::new(MemRegion::whole(target)),
+                AccessFlags::LOCAL_WRITE | (AccessFlags::REMOTE - AccessFlags::FLUSH_PERSISTENT),
+            ),
             target_rkey: rkey,
             local: Arc::new(MemoryBuffer::zeroed(local_len).unwrap()),
             recv_buf: Arc::new(MemoryBuffer::zeroed(RECV_LEN).unwrap()),
@@ -237,18 +133,8 @@ impl Node {
         }
     }
 
-    fn env(&mut self) -> (&mut RcTransport, NodeEnv<'_>) {
-        (
-            &mut self.rc,
-            NodeEnv {
-                keys: &self.keys,
-                rq: &mut self.rq,
-                send_wcs: &mut self.send_wcs,
-                recv_wcs: &mut self.recv_wcs,
-                stats: &mut self.stats,
-                events: &mut self.events,
-            },
-        )
+    fn env(&mut self) -> (&mut RcTransport, &mut FakeEnv) {
+        (&mut self.rc, &mut self.env)
     }
 }
 
@@ -426,7 +312,7 @@ fn workload(rng: &mut StdRng, nodes: &[Node; 2], ops: usize) -> Workload {
         // same memory after a READ when it carries FENCE (table "work request operation
         // ordering"), so overlapping operations are fenced and the model stays sequential.
         let mut reads: Vec<(usize, usize)> = Vec::new();
-        let peer_base = nodes[peer].target.addr();
+        let peer_base = nodes[peer].env.target.addr();
         let rkey = nodes[peer].target_rkey;
         for i in 0..ops {
             let wr_id = (me as u64) << 32 | i as u64;
@@ -613,8 +499,8 @@ struct Outcome {
 
 /// The next packet `node` sends at `now`, if any.
 fn transmit_one(node: &mut Node, now: Instant) -> Option<SimPacket> {
-    let (rc, mut env) = node.env();
-    rc.poll_transmit(now, &mut env, |hdr, fill| {
+    let (rc, env) = node.env();
+    rc.poll_transmit(now, env, |hdr, fill| {
         let mut payload = vec![0u8; hdr.payload_len as usize];
         fill(&mut payload).expect("payload source in bounds");
         SimPacket { hdr: *hdr, payload }
@@ -658,13 +544,13 @@ fn run(
                 break;
             }
             let (to, pkt) = entry.remove();
-            let (rc, mut env) = nodes[to].env();
-            rc.handle_packet(now, &pkt.rx(), &mut env);
+            let (rc, env) = nodes[to].env();
+            rc.handle_packet(now, &pkt.rx(), env);
         }
         for n in nodes.iter_mut() {
             if n.rc.next_timeout().is_some_and(|t| t <= now) {
-                let (rc, mut env) = n.env();
-                rc.handle_timeout(now, &mut env);
+                let (rc, env) = n.env();
+                rc.handle_timeout(now, env);
             }
         }
     }
@@ -700,10 +586,10 @@ fn connected_pair_with(seed: u64, mtu: u32, tweak: impl Fn(&mut RcConfig)) -> ([
     for n in nodes.iter_mut() {
         let mut c = *n.rc.config();
         tweak(&mut c);
-        let (rc, mut env) = n.env();
-        rc.set_state(c, QpState::Init, &mut env);
-        rc.set_state(c, QpState::Rtr, &mut env);
-        rc.set_state(c, QpState::Rts, &mut env);
+        let (rc, env) = n.env();
+        rc.set_state(c, QpState::Init, env);
+        rc.set_state(c, QpState::Rtr, env);
+        rc.set_state(c, QpState::Rts, env);
     }
     (nodes, rng)
 }
@@ -714,7 +600,7 @@ fn post_recvs(node: &mut Node, count: usize, size: usize) {
     for i in 0..count {
         let slot = (have + i) % (RECV_LEN / size);
         let region = MemRegion::new(node.recv_buf.clone(), slot * size..(slot + 1) * size).unwrap();
-        node.rq.push_back(RecvWqe {
+        node.env.rq.push_back(RecvWqe {
             wr_id: 1000 + (have + i) as u64,
             sges: vec![region.into()],
             total_len: size as u64,
@@ -729,8 +615,8 @@ fn check_seed(seed: u64, faults: Faults, ops: usize) -> Outcome {
     let wl = workload(&mut rng, &nodes, ops);
     for (me, list) in wl.wqes.iter().enumerate() {
         for (wqe, _) in list {
-            let (rc, mut env) = nodes[me].env();
-            rc.post_send(wqe.clone(), &mut env);
+            let (rc, env) = nodes[me].env();
+            rc.post_send(wqe.clone(), env);
         }
     }
     // Receives trickle in (to exercise RNR): a few now, more as time passes.
@@ -756,19 +642,23 @@ fn check_seed(seed: u64, faults: Faults, ops: usize) -> Outcome {
             n.rc.state(),
             QpState::Rts,
             "{ctx}: QP left RTS; stats {:?}",
-            n.stats
+            n.env.stats
         );
         assert_eq!(n.rc.send_queue_len(), 0, "{ctx}: work requests left over");
-        assert!(n.events.is_empty(), "{ctx}: async events {:?}", n.events);
+        assert!(
+            n.env.events.is_empty(),
+            "{ctx}: async events {:?}",
+            n.env.events
+        );
         // Exactly one completion per signaled WR, in post order, all successful.
         let signaled: Vec<u64> = wl.wqes[me]
             .iter()
             .filter(|(w, _)| w.signaled)
             .map(|(w, _)| w.wr_id)
             .collect();
-        let got: Vec<u64> = n.send_wcs.iter().map(|wc| wc.wr_id).collect();
+        let got: Vec<u64> = n.env.sent.iter().map(|wc| wc.wr_id).collect();
         assert_eq!(got, signaled, "{ctx}: send completions");
-        for wc in &n.send_wcs {
+        for wc in &n.env.sent {
             assert_eq!(wc.status, WcStatus::Success, "{ctx}: {wc:?}");
         }
         for (wqe, expect) in &wl.wqes[me] {
@@ -792,17 +682,17 @@ fn check_seed(seed: u64, faults: Faults, ops: usize) -> Outcome {
             }
         }
         same_bytes(
-            &n.target.to_vec(0, TARGET_LEN).unwrap(),
+            &n.env.target.to_vec(0, TARGET_LEN).unwrap(),
             &wl.target[me],
             &format!("{ctx}: target memory vs model"),
         );
         // Arrivals: in order, once each.
         assert_eq!(
-            n.recv_wcs.len(),
+            n.env.recvd.len(),
             wl.arrivals[me].len(),
             "{ctx}: receive completions"
         );
-        for (i, (wc, (opcode, data, imm))) in n.recv_wcs.iter().zip(&wl.arrivals[me]).enumerate() {
+        for (i, (wc, (opcode, data, imm))) in n.env.recvd.iter().zip(&wl.arrivals[me]).enumerate() {
             assert_eq!(wc.status, WcStatus::Success, "{ctx}: recv {i}");
             assert_eq!(wc.opcode, *opcode, "{ctx}: recv {i}");
             assert_eq!(wc.imm(), *imm, "{ctx}: recv {i} imm");
@@ -855,7 +745,7 @@ fn clean_network_all_operations() {
         assert_eq!(out.net_dropped, 0);
         for n in &out.nodes {
             assert_eq!(
-                n.stats.get("completer_retry_err"),
+                n.env.stats.get("completer_retry_err"),
                 None,
                 "seed {seed}: retries on a clean network"
             );
@@ -879,7 +769,7 @@ fn lossy_network_many_seeds() {
         retries += out
             .nodes
             .iter()
-            .map(|n| n.stats.get("completer_retry_err").copied().unwrap_or(0))
+            .map(|n| n.env.stats.get("completer_retry_err").copied().unwrap_or(0))
             .sum::<u64>();
         assert!(out.elapsed < Duration::from_secs(120));
     }
@@ -903,7 +793,7 @@ fn heavy_duplication_and_reordering() {
         dups += out
             .nodes
             .iter()
-            .map(|n| n.stats.get("duplicate_request").copied().unwrap_or(0))
+            .map(|n| n.env.stats.get("duplicate_request").copied().unwrap_or(0))
             .sum::<u64>();
     }
     assert!(dups > 0);
@@ -928,8 +818,8 @@ fn retry_exhaustion_fails_with_retry_exc_err_and_flushes() {
             fence: false,
             ud: None,
         };
-        let (rc, mut env) = nodes[0].env();
-        rc.post_send(wqe, &mut env);
+        let (rc, env) = nodes[0].env();
+        rc.post_send(wqe, env);
     }
     let net = Net::new(
         1,
@@ -941,7 +831,7 @@ fn retry_exhaustion_fails_with_retry_exc_err_and_flushes() {
     let out = run(nodes, net, Duration::from_secs(60), |_, _| {});
     let n = &out.nodes[0];
     assert_eq!(n.rc.state(), QpState::Err);
-    let st: Vec<(u64, WcStatus)> = n.send_wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    let st: Vec<(u64, WcStatus)> = n.env.sent.iter().map(|w| (w.wr_id, w.status)).collect();
     // The first fails after retries; the others are flushed (unsignaled ones too).
     assert_eq!(
         st,
@@ -951,8 +841,8 @@ fn retry_exhaustion_fails_with_retry_exc_err_and_flushes() {
             (2, WcStatus::WrFlushErr)
         ]
     );
-    assert_eq!(n.stats["retry_exceeded_err"], 1);
-    assert_eq!(n.stats["completer_retry_err"], 7);
+    assert_eq!(n.env.stats["retry_exceeded_err"], 1);
+    assert_eq!(n.env.stats["completer_retry_err"], 7);
     // 8 transmissions of each of the first packets: the original and 7 retries.
     assert!(out.net_sent >= 8);
 }
@@ -971,8 +861,8 @@ fn post_op(node: &mut Node, wr_id: u64, op: SendOp, len: usize) {
         fence: false,
         ud: None,
     };
-    let (rc, mut env) = node.env();
-    rc.post_send(wqe, &mut env);
+    let (rc, env) = node.env();
+    rc.post_send(wqe, env);
 }
 
 /// The affiliated asynchronous event `event_type` of the responder's QP (node 1's, 0x22).
@@ -1005,8 +895,8 @@ fn bad_rkey_is_remote_access_error_and_both_sides_error() {
         7,
     );
     let a = &out.nodes[0];
-    assert_eq!(a.send_wcs.len(), 1);
-    assert_eq!(a.send_wcs[0].status, WcStatus::RemAccessErr);
+    assert_eq!(a.env.sent.len(), 1);
+    assert_eq!(a.env.sent[0].status, WcStatus::RemAccessErr);
     assert_eq!(a.rc.state(), QpState::Err);
     assert_eq!(
         out.nodes[1].rc.state(),
@@ -1014,16 +904,16 @@ fn bad_rkey_is_remote_access_error_and_both_sides_error() {
         "responder QP goes to ERR"
     );
     assert_eq!(
-        out.nodes[1].events,
+        out.nodes[1].env.events,
         [responder_event(AsyncEventType::QpAccessErr)],
         "the responder's client learns of it"
     );
     assert!(
-        a.events.is_empty(),
+        a.env.events.is_empty(),
         "the requester's error is its completion"
     );
     same_bytes(
-        &out.nodes[1].target.to_vec(0, TARGET_LEN).unwrap(),
+        &out.nodes[1].env.target.to_vec(0, TARGET_LEN).unwrap(),
         &[0; TARGET_LEN],
         "target untouched",
     );
@@ -1033,7 +923,7 @@ fn bad_rkey_is_remote_access_error_and_both_sides_error() {
 fn out_of_bounds_and_missing_rights_are_access_errors() {
     // In bounds of nothing: one byte past the end of the target region.
     let (nodes, _) = connected_pair(3, 1024);
-    let end = nodes[1].target.addr() + TARGET_LEN as u64;
+    let end = nodes[1].env.target.addr() + TARGET_LEN as u64;
     drop(nodes);
     let out = one_op(
         SendOp::RdmaWrite {
@@ -1044,9 +934,9 @@ fn out_of_bounds_and_missing_rights_are_access_errors() {
         0,
         7,
     );
-    assert_eq!(out.nodes[0].send_wcs[0].status, WcStatus::RemAccessErr);
+    assert_eq!(out.nodes[0].env.sent[0].status, WcStatus::RemAccessErr);
     same_bytes(
-        &out.nodes[1].target.to_vec(0, TARGET_LEN).unwrap(),
+        &out.nodes[1].env.target.to_vec(0, TARGET_LEN).unwrap(),
         &[0; TARGET_LEN],
         "target untouched",
     );
@@ -1055,21 +945,24 @@ fn out_of_bounds_and_missing_rights_are_access_errors() {
 #[test]
 fn send_longer_than_receive_buffer() {
     let out = one_op(SendOp::Send, 300, 1, 7);
-    assert_eq!(out.nodes[0].send_wcs[0].status, WcStatus::RemInvReqErr);
+    assert_eq!(out.nodes[0].env.sent[0].status, WcStatus::RemInvReqErr);
     let b = &out.nodes[1];
-    assert_eq!(b.recv_wcs.len(), 1);
-    assert_eq!(b.recv_wcs[0].status, WcStatus::LocLenErr);
+    assert_eq!(b.env.recvd.len(), 1);
+    assert_eq!(b.env.recvd[0].status, WcStatus::LocLenErr);
     assert_eq!(b.rc.state(), QpState::Err);
-    assert!(b.events.is_empty(), "reported by the receive's completion");
+    assert!(
+        b.env.events.is_empty(),
+        "reported by the receive's completion"
+    );
 }
 
 #[test]
 fn rnr_retry_exhaustion() {
     let out = one_op(SendOp::Send, 10, 0, 2);
     let a = &out.nodes[0];
-    assert_eq!(a.send_wcs[0].status, WcStatus::RnrRetryExcErr);
-    assert_eq!(a.stats["rcvd_rnr_err"], 3, "original + 2 retries");
-    assert_eq!(out.nodes[1].stats["send_rnr_err"], 3);
+    assert_eq!(a.env.sent[0].status, WcStatus::RnrRetryExcErr);
+    assert_eq!(a.env.stats["rcvd_rnr_err"], 3, "original + 2 retries");
+    assert_eq!(out.nodes[1].env.stats["send_rnr_err"], 3);
     assert_eq!(
         out.nodes[1].rc.state(),
         QpState::Rts,
@@ -1089,13 +982,13 @@ fn zero_length_operations() {
         7,
     );
     assert_eq!(
-        out.nodes[0].send_wcs[0].status,
+        out.nodes[0].env.sent[0].status,
         WcStatus::Success,
         "zero-length WRITE checks no key"
     );
     let out = one_op(SendOp::Send, 0, 1, 7);
-    assert_eq!(out.nodes[0].send_wcs[0].status, WcStatus::Success);
-    assert_eq!(out.nodes[1].recv_wcs[0].byte_len, 0);
+    assert_eq!(out.nodes[0].env.sent[0].status, WcStatus::Success);
+    assert_eq!(out.nodes[1].env.recvd[0].byte_len, 0);
     let out = one_op(
         SendOp::RdmaRead {
             remote_addr: 0,
@@ -1105,13 +998,13 @@ fn zero_length_operations() {
         0,
         7,
     );
-    assert_eq!(out.nodes[0].send_wcs[0].status, WcStatus::Success);
+    assert_eq!(out.nodes[0].env.sent[0].status, WcStatus::Success);
 }
 
 #[test]
 fn misaligned_atomic_is_invalid_request() {
     let (nodes, _) = connected_pair(3, 1024);
-    let va = nodes[1].target.addr() + 4;
+    let va = nodes[1].env.target.addr() + 4;
     drop(nodes);
     let out = one_op(
         SendOp::AtomicFetchAndAdd {
@@ -1123,13 +1016,13 @@ fn misaligned_atomic_is_invalid_request() {
         0,
         7,
     );
-    assert_eq!(out.nodes[0].send_wcs[0].status, WcStatus::RemInvReqErr);
+    assert_eq!(out.nodes[0].env.sent[0].status, WcStatus::RemInvReqErr);
     assert_eq!(
-        out.nodes[1].events,
+        out.nodes[1].env.events,
         [responder_event(AsyncEventType::QpReqErr)]
     );
     same_bytes(
-        &out.nodes[1].target.to_vec(0, TARGET_LEN).unwrap(),
+        &out.nodes[1].env.target.to_vec(0, TARGET_LEN).unwrap(),
         &[0; TARGET_LEN],
         "target untouched",
     );
@@ -1138,8 +1031,8 @@ fn misaligned_atomic_is_invalid_request() {
 #[test]
 fn single_read() {
     let (mut nodes, _) = connected_pair(3, 1024);
-    nodes[1].target.write(0, &[7u8; 100]).unwrap();
-    let va = nodes[1].target.addr();
+    nodes[1].env.target.write(0, &[7u8; 100]).unwrap();
+    let va = nodes[1].env.target.addr();
     let read = SendOp::RdmaRead {
         remote_addr: va,
         rkey: 0xbbbb,
@@ -1147,8 +1040,8 @@ fn single_read() {
     post_op(&mut nodes[0], 5, read, 100);
     let net = Net::new(1, Faults::NONE);
     let out = run(nodes, net, Duration::from_secs(1), |_, _| {});
-    assert_eq!(out.nodes[0].send_wcs.len(), 1);
-    assert_eq!(out.nodes[0].send_wcs[0].status, WcStatus::Success);
+    assert_eq!(out.nodes[0].env.sent.len(), 1);
+    assert_eq!(out.nodes[0].env.sent[0].status, WcStatus::Success);
     same_bytes(
         &out.nodes[0].local.to_vec(0, 100).unwrap(),
         &[7u8; 100],
@@ -1163,8 +1056,8 @@ fn hand_over(nodes: &mut [Node; 2], from: usize, max: usize, now: Instant) -> us
         let Some(pkt) = transmit_one(&mut nodes[from], now) else {
             break;
         };
-        let (rc, mut env) = nodes[1 - from].env();
-        rc.handle_packet(now, &pkt.rx(), &mut env);
+        let (rc, env) = nodes[1 - from].env();
+        rc.handle_packet(now, &pkt.rx(), env);
         moved += 1;
     }
     moved
@@ -1173,8 +1066,8 @@ fn hand_over(nodes: &mut [Node; 2], from: usize, max: usize, now: Instant) -> us
 #[test]
 fn a_read_whose_region_is_deregistered_mid_response_fails_with_remote_access_error() {
     let (mut nodes, _) = connected_pair(3, 1024);
-    nodes[1].target.fill(0, TARGET_LEN, 0x5a).unwrap();
-    let va = nodes[1].target.addr();
+    nodes[1].env.target.fill(0, TARGET_LEN, 0x5a).unwrap();
+    let va = nodes[1].env.target.addr();
     let local = nodes[0].local.clone();
     let read = SendOp::RdmaRead {
         remote_addr: va,
@@ -1185,8 +1078,8 @@ fn a_read_whose_region_is_deregistered_mid_response_fails_with_remote_access_err
     assert_eq!(hand_over(&mut nodes, 0, 10, now), 1, "the READ request");
     assert_eq!(hand_over(&mut nodes, 1, 10, now), 10, "10 of 64 responses");
     // The responder's application deregisters the region and reuses the memory.
-    nodes[1].keys.by_rkey[&0xbbbb].0.revoke();
-    nodes[1].target.fill(0, TARGET_LEN, 0x77).unwrap();
+    nodes[1].env.keys[&0xbbbb].0.revoke();
+    nodes[1].env.target.fill(0, TARGET_LEN, 0x77).unwrap();
     let out = run(
         nodes,
         Net::new(1, Faults::NONE),
@@ -1194,20 +1087,20 @@ fn a_read_whose_region_is_deregistered_mid_response_fails_with_remote_access_err
         |_, _| {},
     );
     let (a, b) = (&out.nodes[0], &out.nodes[1]);
-    assert_eq!(a.send_wcs.len(), 1);
+    assert_eq!(a.env.sent.len(), 1);
     assert_eq!(
-        a.send_wcs[0].status,
+        a.env.sent[0].status,
         WcStatus::RemAccessErr,
         "at once, no retries"
     );
-    assert_eq!(a.stats.get("completer_retry_err"), None);
+    assert_eq!(a.env.stats.get("completer_retry_err"), None);
     assert_eq!(
         local.to_vec(10 * 1024, TARGET_LEN - 10 * 1024).unwrap(),
         vec![0; TARGET_LEN - 10 * 1024],
         "nothing after the deregistration arrived"
     );
     assert_eq!(b.rc.state(), QpState::Err);
-    assert_eq!(b.events, [responder_event(AsyncEventType::QpAccessErr)]);
+    assert_eq!(b.env.events, [responder_event(AsyncEventType::QpAccessErr)]);
 }
 
 #[test]
@@ -1311,7 +1204,7 @@ fn stream_pair_moved(seed: u64, shift: u32) -> [Node; 2] {
         buf.write(0, &bytes).unwrap();
     };
     fill(&nodes[0].local);
-    fill(&nodes[1].target);
+    fill(&nodes[1].env.target);
     bring_up(&mut nodes);
     nodes
 }
@@ -1320,9 +1213,9 @@ fn stream_pair_moved(seed: u64, shift: u32) -> [Node; 2] {
 fn bring_up(nodes: &mut [Node; 2]) {
     for n in nodes.iter_mut() {
         let c = *n.rc.config();
-        let (rc, mut env) = n.env();
+        let (rc, env) = n.env();
         for s in [QpState::Init, QpState::Rtr, QpState::Rts] {
-            rc.set_state(c, s, &mut env);
+            rc.set_state(c, s, env);
         }
     }
 }
@@ -1338,7 +1231,7 @@ fn stream(read: bool, faults: Faults, seed: u64) -> Outcome {
 /// circle.
 fn stream_moved(read: bool, faults: Faults, seed: u64, shift: u32) -> Outcome {
     let mut nodes = stream_pair_moved(seed, shift);
-    let va = nodes[1].target.addr();
+    let va = nodes[1].env.target.addr();
     for i in 0..STREAM_MSGS {
         let off = i * STREAM_LEN;
         let remote_addr = va + off as u64;
@@ -1364,8 +1257,8 @@ fn stream_moved(read: bool, faults: Faults, seed: u64, shift: u32) -> Outcome {
             fence: false,
             ud: None,
         };
-        let (rc, mut env) = nodes[0].env();
-        rc.post_send(wqe, &mut env);
+        let (rc, env) = nodes[0].env();
+        rc.post_send(wqe, env);
     }
     let mut net = Net::new(seed, faults);
     for t in net.drop_psn.iter_mut() {
@@ -1374,15 +1267,15 @@ fn stream_moved(read: bool, faults: Faults, seed: u64, shift: u32) -> Outcome {
     let out = run(nodes, net, Duration::from_secs(600), |_, _| {});
     let n = &out.nodes[0];
     let ctx = format!("read {read} seed {seed} drop {}", faults.drop);
-    assert_eq!(n.rc.state(), QpState::Rts, "{ctx}: stats {:?}", n.stats);
-    let wcs: Vec<(u64, WcStatus)> = n.send_wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(n.rc.state(), QpState::Rts, "{ctx}: stats {:?}", n.env.stats);
+    let wcs: Vec<(u64, WcStatus)> = n.env.sent.iter().map(|w| (w.wr_id, w.status)).collect();
     let want: Vec<(u64, WcStatus)> = (0..STREAM_MSGS as u64)
         .map(|i| (i, WcStatus::Success))
         .collect();
     assert_eq!(wcs, want, "{ctx}: completions");
     same_bytes(
         &out.nodes[0].local.to_vec(0, STREAM_BYTES).unwrap(),
-        &out.nodes[1].target.to_vec(0, STREAM_BYTES).unwrap(),
+        &out.nodes[1].env.target.to_vec(0, STREAM_BYTES).unwrap(),
         &format!("{ctx}: the stream's bytes"),
     );
     out
@@ -1411,19 +1304,19 @@ fn stream_within(read: bool, drop: f64, max_per_pkt: f64, max_time: Duration) {
         let what = format!(
             "read {read} drop {drop} seed {seed}: {per_pkt:.2} packets sent per packet needed, \
              {per_loss:.1} resent per packet lost, {elapsed:?}; lost {:?}; requester stats {:?}",
-            out.dropped_by, out.nodes[0].stats
+            out.dropped_by, out.nodes[0].env.stats
         );
         assert!(per_pkt <= max_per_pkt, "{what}");
         assert!(elapsed <= max_time, "{what}");
         let n = &out.nodes[0];
-        assert_eq!(n.stats.get("retry_exceeded_err"), None, "{what}");
+        assert_eq!(n.env.stats.get("retry_exceeded_err"), None, "{what}");
         if !read {
             // The requester counts what it resent.
-            let resent = n.stats.get("retransmitted_pkts").copied().unwrap_or(0);
+            let resent = n.env.stats.get("retransmitted_pkts").copied().unwrap_or(0);
             assert_eq!(resent, out.sent_by[0] - STREAM_PKTS, "{what}");
         }
         if drop > 0.0 {
-            assert!(n.stats.contains_key("cwnd_reductions"), "{what}");
+            assert!(n.env.stats.contains_key("cwnd_reductions"), "{what}");
         }
     }
 }
@@ -1437,7 +1330,11 @@ fn a_clean_stream_is_not_slowed() {
         let (per_pkt, _, elapsed) = stream_cost(read, &out);
         assert_eq!(per_pkt, 1.0);
         assert!(elapsed < Duration::from_micros(3500), "{elapsed:?}");
-        assert!(out.nodes[0].stats.is_empty(), "{:?}", out.nodes[0].stats);
+        assert!(
+            out.nodes[0].env.stats.is_empty(),
+            "{:?}",
+            out.nodes[0].env.stats
+        );
     }
 }
 
@@ -1479,7 +1376,7 @@ fn a_dead_peer_still_fails_after_retry_cnt_ack_timeouts() {
         let wqe = SendWqe {
             wr_id,
             op: SendOp::RdmaWrite {
-                remote_addr: nodes[1].target.addr(),
+                remote_addr: nodes[1].env.target.addr(),
                 rkey: 0xbbbb,
             },
             data: SendData::Sges(vec![region.clone().into()]),
@@ -1489,8 +1386,8 @@ fn a_dead_peer_still_fails_after_retry_cnt_ack_timeouts() {
             fence: false,
             ud: None,
         };
-        let (rc, mut env) = nodes[0].env();
-        rc.post_send(wqe, &mut env);
+        let (rc, env) = nodes[0].env();
+        rc.post_send(wqe, env);
     }
     let out = run(
         nodes,
@@ -1500,7 +1397,7 @@ fn a_dead_peer_still_fails_after_retry_cnt_ack_timeouts() {
     );
     let n = &out.nodes[0];
     assert_eq!(n.rc.state(), QpState::Err);
-    let st: Vec<(u64, WcStatus)> = n.send_wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    let st: Vec<(u64, WcStatus)> = n.env.sent.iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(
         st,
         [
@@ -1509,9 +1406,9 @@ fn a_dead_peer_still_fails_after_retry_cnt_ack_timeouts() {
             (2, WcStatus::WrFlushErr)
         ]
     );
-    assert_eq!(n.stats["retry_exceeded_err"], 1);
-    assert_eq!(n.stats["completer_retry_err"], 7);
-    assert!(n.stats["early_retransmits"] >= 7, "{:?}", n.stats);
+    assert_eq!(n.env.stats["retry_exceeded_err"], 1);
+    assert_eq!(n.env.stats["completer_retry_err"], 7);
+    assert!(n.env.stats["early_retransmits"] >= 7, "{:?}", n.env.stats);
     // (retry_cnt + 1) × the local ACK timeout (code 16: 268.4 ms) after the last progress
     // (the first message's ACK).
     let timeout = Duration::from_nanos(remem_verbs::qp::local_ack_timeout_ns(16).unwrap());
@@ -1520,7 +1417,7 @@ fn a_dead_peer_still_fails_after_retry_cnt_ack_timeouts() {
         out.elapsed <= timeout * 8 + Duration::from_millis(1),
         "{:?} {:?}",
         out.elapsed,
-        n.stats
+        n.env.stats
     );
 }
 
@@ -1539,8 +1436,18 @@ fn a_slow_peer_sees_no_spurious_retry_exhaustion() {
         };
         let out = stream(read, faults, 2);
         let n = &out.nodes[0];
-        assert_eq!(n.stats.get("retry_exceeded_err"), None, "{:?}", n.stats);
-        assert_eq!(n.stats.get("completer_retry_err"), None, "{:?}", n.stats);
+        assert_eq!(
+            n.env.stats.get("retry_exceeded_err"),
+            None,
+            "{:?}",
+            n.env.stats
+        );
+        assert_eq!(
+            n.env.stats.get("completer_retry_err"),
+            None,
+            "{:?}",
+            n.env.stats
+        );
         // The last packets waited out the longest delay, and the RTO (estimated when the
         // round trip was short) fired before their answers came.
         assert!(
@@ -1549,9 +1456,12 @@ fn a_slow_peer_sees_no_spurious_retry_exhaustion() {
             out.elapsed
         );
         assert!(
-            n.stats.get("early_retransmits").is_some_and(|&e| e >= 3),
+            n.env
+                .stats
+                .get("early_retransmits")
+                .is_some_and(|&e| e >= 3),
             "{read}: {:?}",
-            n.stats
+            n.env.stats
         );
     }
 }
@@ -1569,7 +1479,7 @@ fn stream_costs() {
                 eprintln!(
                     "read {read} drop {drop} seed {seed}: {per_pkt:.2} sent per needed, \
                      {per_loss:.1} resent per lost, {elapsed:?}; lost {:?}; stats {:?}",
-                    out.dropped_by, out.nodes[0].stats
+                    out.dropped_by, out.nodes[0].env.stats
                 );
             }
         }
@@ -1639,22 +1549,22 @@ fn a_stream_whose_psns_wrap_recovers_losses_at_the_wrap() {
             let lost: u32 = losses.iter().map(|l| l.2).sum();
             let what = format!(
                 "read {read} moved {m}: lost {:?}, sent {:?}, requester stats {:?}, {:?}",
-                out.dropped_by, out.sent_by, out.nodes[0].stats, out.elapsed
+                out.dropped_by, out.sent_by, out.nodes[0].env.stats, out.elapsed
             );
             // Every targeted loss happened (the stream went through the wrap and its
             // retransmissions too).
             assert_eq!(out.net_dropped, u64::from(lost), "{what}");
             let n = &out.nodes[0];
-            assert_eq!(n.stats.get("retry_exceeded_err"), None, "{what}");
-            assert!(n.stats.contains_key("cwnd_reductions"), "{what}");
+            assert_eq!(n.env.stats.get("retry_exceeded_err"), None, "{what}");
+            assert!(n.env.stats.contains_key("cwnd_reductions"), "{what}");
             assert_eq!(
                 (out.sent_by, out.dropped_by, out.elapsed),
                 (away.sent_by, away.dropped_by, away.elapsed),
                 "{what}: moved away from the wrap"
             );
-            assert_eq!(n.stats, away.nodes[0].stats, "{what}: moved away");
+            assert_eq!(n.env.stats, away.nodes[0].env.stats, "{what}: moved away");
             assert_eq!(
-                out.nodes[1].stats, away.nodes[1].stats,
+                out.nodes[1].env.stats, away.nodes[1].env.stats,
                 "{what}: moved away"
             );
         }
@@ -1685,7 +1595,7 @@ mod slow {
         ];
         let mut rng = StdRng::seed_from_u64(seed);
         let bytes: Vec<u8> = (0..len).map(|_| rng.random()).collect();
-        nodes[1].target.write(0, &bytes).unwrap();
+        nodes[1].env.target.write(0, &bytes).unwrap();
         bring_up(&mut nodes);
         nodes
     }
@@ -1695,7 +1605,7 @@ mod slow {
     /// that the round trip the requester measures before a large READ is a small
     /// message's).
     fn post_mixed(nodes: &mut [Node; 2], reads: &[usize], small: usize) -> Vec<(u64, usize)> {
-        let va = nodes[1].target.addr();
+        let va = nodes[1].env.target.addr();
         let mut wr_id = 0;
         let mut read_ids = Vec::new();
         post_recvs(&mut nodes[1], reads.len() * small, 64);
@@ -1706,7 +1616,7 @@ mod slow {
                 } else {
                     SendOp::RdmaWrite {
                         // Beyond the bytes the READs read back: the last 4 KiB.
-                        remote_addr: va + (nodes[1].target.len() - 4096) as u64,
+                        remote_addr: va + (nodes[1].env.target.len() - 4096) as u64,
                         rkey: 0xbbbb,
                     }
                 };
@@ -1728,12 +1638,12 @@ mod slow {
     /// that the last READ brought node 1's bytes.
     fn all_done(out: &Outcome, posted: u64, last_read: usize, what: &str) {
         let n = &out.nodes[0];
-        let st: Vec<(u64, WcStatus)> = n.send_wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+        let st: Vec<(u64, WcStatus)> = n.env.sent.iter().map(|w| (w.wr_id, w.status)).collect();
         let want: Vec<(u64, WcStatus)> = (0..posted).map(|i| (i, WcStatus::Success)).collect();
-        assert_eq!(st, want, "{what}: completions; stats {:?}", n.stats);
+        assert_eq!(st, want, "{what}: completions; stats {:?}", n.env.stats);
         same_bytes(
             &n.local.to_vec(0, last_read).unwrap(),
-            &out.nodes[1].target.to_vec(0, last_read).unwrap(),
+            &out.nodes[1].env.target.to_vec(0, last_read).unwrap(),
             &format!("{what}: the last READ's bytes"),
         );
     }
@@ -1764,11 +1674,15 @@ mod slow {
             let what = format!("mtu {mtu}: {:?}", out.elapsed);
             all_done(&out, ids.last().unwrap().0 + 1, 1 << 20, &what);
             let n = &out.nodes[0];
-            assert!(n.stats.is_empty(), "{what}: requester stats {:?}", n.stats);
             assert!(
-                out.nodes[1].stats.is_empty(),
+                n.env.stats.is_empty(),
+                "{what}: requester stats {:?}",
+                n.env.stats
+            );
+            assert!(
+                out.nodes[1].env.stats.is_empty(),
                 "{what}: responder stats {:?}",
-                out.nodes[1].stats
+                out.nodes[1].env.stats
             );
             // The link's time, not more: 22 MiB at 4 MB/s.
             assert!(out.elapsed < Duration::from_secs(7), "{what}");
@@ -1780,7 +1694,7 @@ mod slow {
     #[test]
     fn a_slow_responder_answers_a_read_sweep_without_retransmission() {
         let mut nodes = pair(2, 4096, 4 << 20);
-        let va = nodes[1].target.addr();
+        let va = nodes[1].env.target.addr();
         let mut next = 1usize;
         let read = SendOp::RdmaRead {
             remote_addr: va,
@@ -1796,16 +1710,16 @@ mod slow {
             Net::new(2, faults),
             Duration::from_secs(60),
             |nodes, _| {
-                if nodes[0].send_wcs.len() == next && next < 22 {
+                if nodes[0].env.sent.len() == next && next < 22 {
                     next += 1;
                     post_op(&mut nodes[0], next as u64, read, 1 << next);
                 }
             },
         );
         let n = &out.nodes[0];
-        assert_eq!(n.send_wcs.len(), 22, "stats {:?}", n.stats);
-        assert!(n.send_wcs.iter().all(|w| w.status == WcStatus::Success));
-        assert!(n.stats.is_empty(), "requester stats {:?}", n.stats);
+        assert_eq!(n.env.sent.len(), 22, "stats {:?}", n.env.stats);
+        assert!(n.env.sent.iter().all(|w| w.status == WcStatus::Success));
+        assert!(n.env.stats.is_empty(), "requester stats {:?}", n.env.stats);
     }
 
     /// A responder that pauses mid-stream for 100–500 ms (rxe's responder descheduled
@@ -1819,7 +1733,7 @@ mod slow {
             for pause_ms in [100, 300, 500] {
                 let len = 4 << 20;
                 let mut nodes = pair(3, 4096, len);
-                let va = nodes[1].target.addr();
+                let va = nodes[1].env.target.addr();
                 let n_ops = 4u64;
                 for wr_id in 0..n_ops {
                     let op = if read {
@@ -1854,14 +1768,14 @@ mod slow {
                 let n = &out.nodes[0];
                 let what = format!(
                     "read {read} pause {pause_ms} ms: {:?}, requester stats {:?}, responder stats {:?}",
-                    out.elapsed, n.stats, out.nodes[1].stats
+                    out.elapsed, n.env.stats, out.nodes[1].env.stats
                 );
                 let st: Vec<(u64, WcStatus)> =
-                    n.send_wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+                    n.env.sent.iter().map(|w| (w.wr_id, w.status)).collect();
                 let want: Vec<(u64, WcStatus)> =
                     (0..n_ops).map(|i| (i, WcStatus::Success)).collect();
                 assert_eq!(st, want, "{what}");
-                assert_eq!(n.stats.get("retry_exceeded_err"), None, "{what}");
+                assert_eq!(n.env.stats.get("retry_exceeded_err"), None, "{what}");
                 // The link's time and the pause, and at most a message's time again for
                 // each retry the silence cost (what the responder sends again for it).
                 let stalls = pause_ms / 67 + 1;
@@ -1880,7 +1794,7 @@ mod slow {
     #[test]
     fn made_up_duplicate_responses_do_not_keep_a_dead_read_alive() {
         let (mut nodes, _) = connected_pair(4, 1024);
-        let va = nodes[1].target.addr();
+        let va = nodes[1].env.target.addr();
         let read = SendOp::RdmaRead {
             remote_addr: va,
             rkey: 0xbbbb,
@@ -1904,11 +1818,11 @@ mod slow {
         while nodes[0].rc.state() == QpState::Rts && now - start < Duration::from_secs(1) {
             now += step;
             let n = &mut nodes[0];
-            let (rc, mut env) = n.env();
-            rc.handle_packet(now, &stale.rx(), &mut env);
+            let (rc, env) = n.env();
+            rc.handle_packet(now, &stale.rx(), env);
             injected += 1;
             if rc.next_timeout().is_some_and(|t| t <= now) {
-                rc.handle_timeout(now, &mut env);
+                rc.handle_timeout(now, env);
             }
             // What it resends goes nowhere.
             while transmit_one(&mut nodes[0], now).is_some() {}
@@ -1918,9 +1832,9 @@ mod slow {
             n.rc.state(),
             QpState::Err,
             "{injected} injected, {:?}",
-            n.stats
+            n.env.stats
         );
-        assert_eq!(n.send_wcs[0].status, WcStatus::RetryExcErr);
+        assert_eq!(n.env.sent[0].status, WcStatus::RetryExcErr);
         let timeout = Duration::from_nanos(remem_verbs::qp::local_ack_timeout_ns(8).unwrap());
         let elapsed = now - start;
         // Eight ACK timeouts; the budget (4 responses per re-request, 7 re-requests) can
@@ -1929,7 +1843,7 @@ mod slow {
         assert!(
             elapsed <= timeout * 8 + step * (28 + 8),
             "{elapsed:?} {:?}",
-            n.stats
+            n.env.stats
         );
     }
 }

@@ -917,11 +917,11 @@ mod tests {
         a.post_send(wqe(2, write(va + 65_000, RKEY), &pattern(2, 600)), &mut ea);
         let wire = transmit(&mut a, &mut ea);
         assert_eq!(deliver(&mut b, &mut eb, &wire), [Err(UcDrop::Refused); 6]);
-        eb.key_access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+        eb.set_access(RKEY, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ);
         a.post_send(wqe(3, write(va, RKEY), &pattern(3, 10)), &mut ea);
         let wire = transmit(&mut a, &mut ea);
         assert_eq!(deliver(&mut b, &mut eb, &wire), [Err(UcDrop::Refused)]);
-        eb.key_access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        eb.set_access(RKEY, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
         assert!(
             eb.target
                 .to_vec(0, 64 * 1024)

@@ -19,11 +19,10 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use remem_soft::mem::grant::KeyedRegion;
+use remem_soft::transport::fake::FakeEnv;
 use remem_soft::transport::wqe::RecvWqe;
-use remem_soft::transport::{
-    Env, Grant, Kind, Pos, RcConfig, RcTransport, RemoteKeyError, RxPacket, Stat, glue,
-};
-use remem_verbs::{AccessFlags, AsyncEvent, MemRegion, MemoryBuffer, QpState, WorkCompletion};
+use remem_soft::transport::{Kind, Pos, RcConfig, RcTransport, RxPacket, glue};
+use remem_verbs::{AccessFlags, MemRegion, MemoryBuffer, QpState};
 use remem_wire::{AtomicEth, Feth, Packet, Psn, Reth};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -65,75 +64,38 @@ impl Target {
     }
 }
 
-struct FuzzEnv<'a> {
-    t: &'a Target,
-    /// This sequence's registration of `t.revocable_buf`.
-    revocable: Arc<KeyedRegion>,
-    recvs: usize,
-    events: Vec<AsyncEvent>,
-}
-
 const WRITABLE: AccessFlags = AccessFlags::REMOTE.difference(AccessFlags::FLUSH_PERSISTENT);
 
-impl Env for FuzzEnv<'_> {
-    fn remote(
-        &mut self,
-        rkey: u32,
-        va: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Result<Grant, RemoteKeyError> {
-        let (key, access) = self.key(rkey)?;
-        if !access.contains(need) {
-            return Err(RemoteKeyError::MissingAccess);
-        }
-        key.grant(va, len)
+/// A sequence's environment: the writable, read-only and (a fresh registration of the)
+/// revocable regions under their keys, and `recvs` receives posted.
+fn env(t: &Target, recvs: usize) -> FakeEnv {
+    let mut env = FakeEnv::with_key(WRITABLE_KEY, t.writable.clone(), WRITABLE);
+    env.register(READONLY_KEY, t.readonly.clone(), AccessFlags::REMOTE_READ);
+    env.register(
+        REVOCABLE_KEY,
+        KeyedRegion::new(MemRegion::whole(t.revocable_buf.clone())),
+        WRITABLE,
+    );
+    for _ in 0..recvs {
+        post_recv(t, &mut env);
     }
-
-    fn remote_region(&mut self, rkey: u32, need: AccessFlags) -> Result<Grant, RemoteKeyError> {
-        let (key, access) = self.key(rkey)?;
-        if !access.contains(need) {
-            return Err(RemoteKeyError::MissingAccess);
-        }
-        key.grant_all()
-    }
-
-    fn take_recv(&mut self) -> Option<RecvWqe> {
-        // Receives come and go: sometimes none is posted (RNR).
-        if self.recvs == 0 {
-            return None;
-        }
-        self.recvs -= 1;
-        let i = self.recvs % 4;
-        Some(RecvWqe {
-            wr_id: i as u64,
-            sges: vec![
-                MemRegion::new(self.t.recv_buf.clone(), i * 4096..(i + 1) * 4096)
-                    .unwrap()
-                    .into(),
-            ],
-            total_len: 4096,
-        })
-    }
-
-    fn send_completion(&mut self, _wc: WorkCompletion) {}
-    fn recv_completion(&mut self, _wc: WorkCompletion, _solicited: bool) {}
-    fn count(&mut self, _stat: Stat) {}
-    fn async_event(&mut self, event: AsyncEvent) {
-        self.events.push(event);
-    }
+    env
 }
 
-impl FuzzEnv<'_> {
-    /// The registration and rights of `rkey` (a revoked key is unknown, as in the table).
-    fn key(&self, rkey: u32) -> Result<(&Arc<KeyedRegion>, AccessFlags), RemoteKeyError> {
-        match rkey {
-            WRITABLE_KEY => Ok((&self.t.writable, WRITABLE)),
-            READONLY_KEY => Ok((&self.t.readonly, AccessFlags::REMOTE_READ)),
-            REVOCABLE_KEY if !self.revocable.is_revoked() => Ok((&self.revocable, WRITABLE)),
-            _ => Err(RemoteKeyError::UnknownKey),
-        }
-    }
+/// Posts a receive of one of four 4 KiB slots of `t.recv_buf`. Receives come and go (a
+/// sequence posts a few now and then, and sometimes none is posted: RNR); the last posted
+/// is taken first.
+fn post_recv(t: &Target, env: &mut FakeEnv) {
+    let i = env.rq.len() % 4;
+    env.rq.push_front(RecvWqe {
+        wr_id: i as u64,
+        sges: vec![
+            MemRegion::new(t.recv_buf.clone(), i * 4096..(i + 1) * 4096)
+                .unwrap()
+                .into(),
+        ],
+        total_len: 4096,
+    });
 }
 
 const KINDS: [Kind; 13] = [
@@ -198,13 +160,13 @@ fn length(rng: &mut StdRng) -> u32 {
 /// and state; `revoked`: the revocable region's contents when its key was revoked.
 fn check(
     qp: &mut RcTransport,
-    env: &mut FuzzEnv<'_>,
+    t: &Target,
+    env: &mut FakeEnv,
     revoked: Option<&[u8]>,
     now: Instant,
     counts: &mut Counts,
     budget: usize,
 ) {
-    let t = env.t;
     let mut sent = 0;
     while sent < budget
         && let Some(bytes) = qp.poll_transmit(now, env, |hdr, fill| {
@@ -288,12 +250,7 @@ fn one_sequence(seed: u64, t: &Target, counts: &mut Counts) {
         window: 64,
         ..RcConfig::default()
     };
-    let mut env = FuzzEnv {
-        t,
-        revocable: KeyedRegion::new(MemRegion::whole(t.revocable_buf.clone())),
-        recvs: rng.random_range(0..6),
-        events: Vec::new(),
-    };
+    let mut env = env(t, rng.random_range(0..6));
     let mut revoked: Option<Vec<u8>> = None;
     let mut qp = RcTransport::new(cfg);
     for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
@@ -341,7 +298,7 @@ fn one_sequence(seed: u64, t: &Target, counts: &mut Counts) {
                     if rng.random_bool(0.2) {
                         maybe_revoke(&mut env, &mut revoked, counts);
                     }
-                    check(&mut qp, &mut env, revoked.as_deref(), now, counts, 0);
+                    check(&mut qp, t, &mut env, revoked.as_deref(), now, counts, 0);
                 }
             }
         } else if rng.random_bool(0.1) {
@@ -415,7 +372,7 @@ fn one_sequence(seed: u64, t: &Target, counts: &mut Counts) {
             qp.handle_timeout(now, &mut env);
         }
         if rng.random_bool(0.1) {
-            env.recvs += 1;
+            post_recv(t, &mut env);
         }
         if rng.random_bool(0.05) {
             maybe_revoke(&mut env, &mut revoked, counts);
@@ -423,10 +380,19 @@ fn one_sequence(seed: u64, t: &Target, counts: &mut Counts) {
         // Responses leave a few at a time, so that some are still queued when the key is
         // revoked.
         let budget = rng.random_range(0..8);
-        check(&mut qp, &mut env, revoked.as_deref(), now, counts, budget);
+        check(
+            &mut qp,
+            t,
+            &mut env,
+            revoked.as_deref(),
+            now,
+            counts,
+            budget,
+        );
     }
     check(
         &mut qp,
+        t,
         &mut env,
         revoked.as_deref(),
         now,
@@ -436,15 +402,16 @@ fn one_sequence(seed: u64, t: &Target, counts: &mut Counts) {
 }
 
 /// Revokes the revocable key (once per sequence), remembering its memory at that moment.
-fn maybe_revoke(env: &mut FuzzEnv<'_>, revoked: &mut Option<Vec<u8>>, counts: &mut Counts) {
+fn maybe_revoke(env: &mut FakeEnv, revoked: &mut Option<Vec<u8>>, counts: &mut Counts) {
     if revoked.is_some() {
         return;
     }
-    if Arc::strong_count(&env.revocable) > 1 {
+    let revocable = &env.keys[&REVOCABLE_KEY].0;
+    if Arc::strong_count(revocable) > 1 {
         counts.revoked_in_use += 1;
     }
-    env.revocable.revoke();
-    *revoked = Some(env.t.revocable_buf.to_vec(0, LEN).unwrap());
+    revocable.revoke();
+    *revoked = Some(revocable.region().buffer().to_vec(0, LEN).unwrap());
 }
 
 #[test]
