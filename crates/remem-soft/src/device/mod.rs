@@ -28,24 +28,8 @@ use std::sync::{Arc, Mutex};
 /// 1024, four QPs against a slow rxe peer overflowed its queues and the go-back-N resends
 /// ran out of retries (RETRY_EXC_ERR).
 pub const MAX_UNACKED_PSNS: u32 = 128;
-/// Transport statistics in counter order, with their rxe names.
-pub const STAT_NAMES: [(Stat, &str); 15] = [
-    (Stat::DuplicateRequest, "duplicate_request"),
-    (Stat::OutOfSeqRequest, "out_of_seq_request"),
-    (Stat::RcvdRnrNak, "rcvd_rnr_err"),
-    (Stat::SentRnrNak, "send_rnr_err"),
-    (Stat::RcvdSeqNak, "rcvd_seq_err"),
-    (Stat::RetryExceeded, "retry_exceeded_err"),
-    (Stat::RnrRetryExceeded, "retry_rnr_exceeded_err"),
-    (Stat::CompleterRetry, "completer_retry_err"),
-    (Stat::SendErr, "send_err"),
-    (Stat::DuplicateReadDropped, "drop_duplicate_read"),
-    (Stat::ReadOverflowDropped, "drop_read_overflow"),
-    (Stat::ResponseQueueFull, "drop_resp_queue_full"),
-    (Stat::Retransmitted, "retransmitted_pkts"),
-    (Stat::CwndReduced, "cwnd_reductions"),
-    (Stat::EarlyRetransmit, "early_retransmits"),
-];
+/// Transport statistics in counter order, with their rxe names (the transport's table).
+pub use crate::transport::STAT_NAMES;
 
 static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -221,7 +205,7 @@ impl DeviceShared {
             STAT_NAMES
                 .iter()
                 .zip(&self.stats)
-                .map(|((_, name), v)| counter(name, v)),
+                .map(|((stat, _), v)| counter(stat.rxe_name(), v)),
         );
         out.extend([
             counter("drop_malformed", &e.drop_malformed),

@@ -1,7 +1,7 @@
 //! The one fake [`Env`] the transports' tests run in: the RC, UC and UD unit tests, the
 //! deterministic simulation (`sim`, one per node) and the responder fuzzer (an integration
 //! test, through the `internals` feature). It holds a receive queue, the completions and
-//! asynchronous events the transport reports, its counters by rxe name ([`stat_name`]), a
+//! asynchronous events the transport reports, its counters by rxe name ([`Stat::rxe_name`]), a
 //! key table (rkey → registration and access rights, as a device's MR table), and the local
 //! operations it executed (refused while [`FakeEnv::refuse_local`]).
 //!
@@ -21,27 +21,6 @@ use std::sync::Arc;
 /// The rkey of [`FakeEnv::new`]'s region.
 pub const RKEY: u32 = 0x77;
 
-/// The rxe name of a transport statistic (the counters' names in `/sys/class/infiniband`).
-pub fn stat_name(s: Stat) -> &'static str {
-    match s {
-        Stat::DuplicateRequest => "duplicate_request",
-        Stat::OutOfSeqRequest => "out_of_seq_request",
-        Stat::RcvdRnrNak => "rcvd_rnr_err",
-        Stat::SentRnrNak => "send_rnr_err",
-        Stat::RcvdSeqNak => "rcvd_seq_err",
-        Stat::RetryExceeded => "retry_exceeded_err",
-        Stat::RnrRetryExceeded => "retry_rnr_exceeded_err",
-        Stat::CompleterRetry => "completer_retry_err",
-        Stat::SendErr => "send_err",
-        Stat::DuplicateReadDropped => "drop_duplicate_read",
-        Stat::ReadOverflowDropped => "drop_read_overflow",
-        Stat::ResponseQueueFull => "drop_resp_queue_full",
-        Stat::Retransmitted => "retransmitted_pkts",
-        Stat::CwndReduced => "cwnd_reductions",
-        Stat::EarlyRetransmit => "early_retransmits",
-    }
-}
-
 /// One side of a transport test: see the module's doc.
 pub struct FakeEnv {
     /// The receive queue.
@@ -50,7 +29,7 @@ pub struct FakeEnv {
     pub sent: Vec<WorkCompletion>,
     /// Receive completions, in order.
     pub recvd: Vec<WorkCompletion>,
-    /// Counters by rxe name ([`stat_name`]).
+    /// Counters by rxe name ([`Stat::rxe_name`]).
     pub stats: HashMap<&'static str, u64>,
     /// Asynchronous events, in order.
     pub events: Vec<AsyncEvent>,
@@ -179,7 +158,7 @@ impl Env for FakeEnv {
     }
 
     fn count(&mut self, stat: Stat) {
-        *self.stats.entry(stat_name(stat)).or_default() += 1;
+        *self.stats.entry(stat.rxe_name()).or_default() += 1;
     }
 
     fn async_event(&mut self, event: AsyncEvent) {

@@ -235,6 +235,25 @@ impl<'a> RxPacket<'a> {
     }
 }
 
+/// Transport statistics in counter order, with their rxe names.
+pub const STAT_NAMES: [(Stat, &str); 15] = [
+    (Stat::DuplicateRequest, "duplicate_request"),
+    (Stat::OutOfSeqRequest, "out_of_seq_request"),
+    (Stat::RcvdRnrNak, "rcvd_rnr_err"),
+    (Stat::SentRnrNak, "send_rnr_err"),
+    (Stat::RcvdSeqNak, "rcvd_seq_err"),
+    (Stat::RetryExceeded, "retry_exceeded_err"),
+    (Stat::RnrRetryExceeded, "retry_rnr_exceeded_err"),
+    (Stat::CompleterRetry, "completer_retry_err"),
+    (Stat::SendErr, "send_err"),
+    (Stat::DuplicateReadDropped, "drop_duplicate_read"),
+    (Stat::ReadOverflowDropped, "drop_read_overflow"),
+    (Stat::ResponseQueueFull, "drop_resp_queue_full"),
+    (Stat::Retransmitted, "retransmitted_pkts"),
+    (Stat::CwndReduced, "cwnd_reductions"),
+    (Stat::EarlyRetransmit, "early_retransmits"),
+];
+
 /// Transport statistics the environment counts (the device counters of rxe).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stat {
@@ -277,6 +296,16 @@ pub enum Stat {
     /// The adaptive retransmission timeout expired: the requester resent from the first
     /// unacknowledged PSN without spending a retry (`early_retransmits`).
     EarlyRetransmit,
+}
+
+impl Stat {
+    /// Its rxe counter name (`duplicate_request`, …), from [`STAT_NAMES`].
+    pub fn rxe_name(self) -> &'static str {
+        STAT_NAMES
+            .iter()
+            .find(|(s, _)| *s == self)
+            .map_or("unknown", |(_, name)| name)
+    }
 }
 
 /// What the transport needs from its surroundings: memory, receive queues, completion
