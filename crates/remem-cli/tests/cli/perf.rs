@@ -355,11 +355,7 @@ fn server_and_client_in_two_processes() {
     use std::process::Stdio;
     // Free ports: UDP for the soft devices (the server's and the client's share it, on
     // two addresses), TCP for the control connection.
-    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let udp_port = udp.local_addr().unwrap().port();
-    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let tcp_port = tcp.local_addr().unwrap().port().to_string();
-    drop((udp, tcp));
+    let (udp_port, tcp_port) = free_ports();
     let mut server = Command::new(env!("CARGO_BIN_EXE_remem"))
         .args(["perf", "send_bw", "-p", &tcp_port, "-d"])
         .arg(format!("soft@127.0.0.1:{udp_port}"))
@@ -459,13 +455,23 @@ fn every_test_runs_over_perftests_exchange() {
 }
 
 /// Free ports: UDP for two soft devices (on 127.0.0.1 and 127.0.0.2), TCP for the
-/// out-of-band connection.
+/// out-of-band connection. Both are chosen below the kernel's ephemeral range (32768 and
+/// up), in a window of this process's own (`5000 + (pid % 250) * 20`): a `bind(0)` port
+/// is ephemeral, and another test's socket could take it before the server binds it.
 fn free_ports() -> (u16, String) {
-    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let udp_port = udp.local_addr().unwrap().port();
-    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let tcp_port = tcp.local_addr().unwrap().port().to_string();
-    (udp_port, tcp_port)
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 5_000 + (std::process::id() % 250) as u16 * 20;
+    for _ in 0..200 {
+        let port = base + NEXT.fetch_add(1, Ordering::Relaxed) % 20;
+        let free = std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok()
+            && std::net::UdpSocket::bind(("127.0.0.2", port)).is_ok()
+            && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+        if free {
+            return (port, port.to_string());
+        }
+    }
+    panic!("no free port in {base}..{}", base + 20)
 }
 
 #[test]

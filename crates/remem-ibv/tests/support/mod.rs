@@ -22,13 +22,23 @@ pub fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A TCP port on 127.0.0.1 free right now (the tools' out-of-band exchange).
+/// A TCP port on 127.0.0.1 for a tool's out-of-band exchange, free when chosen and out of
+/// the kernel's ephemeral range (`ip_local_port_range`, 32768–60999 by default): a port
+/// from `bind(0)` is in that range, so another test's `connect` could take it between the
+/// choice and the server's `listen` (CI saw "Couldn't listen to port"). Below 32768 only
+/// explicit binders compete; the window is `10000 + (pid % 1000) * 20`, 20 ports per
+/// process, so concurrent test processes stay apart.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 10_000 + (std::process::id() % 1000) as u16 * 20;
+    for _ in 0..200 {
+        let port = base + NEXT.fetch_add(1, Ordering::Relaxed) % 20;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free TCP port in {base}..{}", base + 20)
 }
 
 /// Whether coreutils' `timeout` is there (every program runs under it).
