@@ -106,7 +106,15 @@ pub fn facts(configs: &[DeviceConfig]) -> Result<Vec<DeviceFacts>, String> {
 
 fn device_facts(c: &DeviceConfig) -> Result<DeviceFacts, String> {
     let name = c.name.clone();
-    Ok(match &c.spec {
+    let host = std::net::SocketAddr::new(
+        std::net::Ipv4Addr::LOCALHOST.into(),
+        remem_soft::ROCEV2_UDP_PORT,
+    );
+    let spec = match &c.spec {
+        Spec::Loopback => Spec::Soft(host),
+        s => s.clone(),
+    };
+    Ok(match &spec {
         Spec::Soft(addr) => {
             let table = dropin::program_gid_table(addr.ip());
             DeviceFacts {
@@ -134,7 +142,7 @@ fn device_facts(c: &DeviceConfig) -> Result<DeviceFacts, String> {
                     .collect(),
             }
         }
-        Spec::Loopback => {
+        Spec::Loopback | Spec::PrivateLoopback => {
             // Two processes' tables: what they share is what every process has.
             let a = dropin::program_gid_table(IpAddr::V4(dropin::loopback_candidate(1000, 0)));
             let b = dropin::program_gid_table(IpAddr::V4(dropin::loopback_candidate(2000, 0)));

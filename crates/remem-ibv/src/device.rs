@@ -1,12 +1,14 @@
 //! Devices: the `REMEM_IBV_DEVICES` configuration, the device list, open and close.
 //!
-//! - `REMEM_IBV_DEVICES` unset: one device, `rxe0`, a soft device on a loopback address
-//!   of this process's own (`127.a.b.c` chosen from the pid, never `127.0.0.1`; the next
-//!   one if that is taken), UDP port 4791. Two programs on one host each get their own
-//!   address and reach each other with no configuration.
-//! - set: comma-separated `name=spec`, where spec is `soft@IP[:PORT]` (a soft device
-//!   bound to that address, port 4791 when omitted) or an interface name (`lo`, `eth0`:
-//!   the soft device on that interface's primary address, remem's `soft-<if>`). Empty:
+//! - `REMEM_IBV_DEVICES` unset: one device, `rxe0`, the host's soft device on
+//!   `127.0.0.1`, UDP port 4791, which every process of the user shares (remem-soft's
+//!   `io::host`), as every process shares a kernel rxe device: `rping -s` and
+//!   `rping -c -a 127.0.0.1` reach each other with no configuration.
+//! - set: comma-separated `name=spec`, where spec is `soft@IP[:PORT]` (the host's soft
+//!   device on that address, port 4791 when omitted, shared likewise), an interface name
+//!   (`lo`, `eth0`: the soft device on that interface's primary address, remem's
+//!   `soft-<if>`), or `private` (a soft device on a loopback address of this process's
+//!   own, `127.a.b.c` chosen from the pid: the default before the host's device). Empty:
 //!   no devices. A bad value makes `ibv_get_device_list` fail with EINVAL and one line on
 //!   stderr naming the variable.
 //!
@@ -80,6 +82,11 @@ impl Device {
         let mut state = DeviceState::default();
         match &config.spec {
             Spec::Loopback => {
+                let addr = SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), ROCE_PORT);
+                state.addr = Some(addr);
+                state.guid = guid_for_addr(addr);
+            }
+            Spec::PrivateLoopback => {
                 let (addr, attempt) = free_loopback(std::process::id(), 0);
                 state.addr = Some(addr);
                 state.attempt = attempt;
@@ -167,6 +174,12 @@ impl Device {
             }
             Spec::Soft(addr) => Arc::new(SoftContext::bind_with(*addr, &opts)?),
             Spec::Loopback => {
+                let addr = st.addr.unwrap_or_else(|| {
+                    SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), ROCE_PORT)
+                });
+                Arc::new(SoftContext::bind_with(addr, &opts)?)
+            }
+            Spec::PrivateLoopback => {
                 let mut addr = st.addr.unwrap_or_else(|| {
                     SocketAddr::new(loopback_candidate(std::process::id(), 0).into(), ROCE_PORT)
                 });

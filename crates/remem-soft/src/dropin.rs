@@ -21,8 +21,13 @@ pub const DEFAULT_NAME: &str = "rxe0";
 /// What a configured device is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Spec {
-    /// The default: a soft device on a loopback address of this process's own.
+    /// The default: the host's soft device on `127.0.0.1`, UDP port 4791, which every
+    /// process of the user shares (`io::host`), as every process shares a kernel rxe
+    /// device.
     Loopback,
+    /// `private`: a soft device on a loopback address of this process's own
+    /// (`127.a.b.c`, [`loopback_candidate`]): the default before the host's device.
+    PrivateLoopback,
     /// `soft@IP[:PORT]`: a soft device bound to that address.
     Soft(SocketAddr),
     /// An interface name: the soft device on that interface.
@@ -77,6 +82,7 @@ pub fn parse_devices(value: Option<&str>) -> Result<Vec<DeviceConfig>, String> {
                     "`{spec}` is neither soft@IP[:PORT] nor an interface name"
                 ));
             }
+            None if spec == "private" => Spec::PrivateLoopback,
             None => Spec::Netdev(spec.to_string()),
         };
         out.push(DeviceConfig {

@@ -423,6 +423,9 @@ pub struct ConnectArgs<'a> {
 pub struct Agent {
     cfg: CmConfig,
     rng: u64,
+    /// The top 8 bits of every communication ID handed out (a shared device's slot,
+    /// `io::host::steer`), or 0: any.
+    id_prefix: u8,
     conns: HashMap<u32, Conn>,
     /// (peer, the peer's communication ID or SIDR request ID, SIDR) → local ID.
     by_remote: HashMap<(IpAddr, u32, bool), u32>,
@@ -447,6 +450,7 @@ impl Agent {
         Agent {
             cfg,
             rng: seed ^ 0x6a09_e667_f3bc_c909,
+            id_prefix: 0,
             conns: HashMap::new(),
             by_remote: HashMap::new(),
             listeners: HashMap::new(),
@@ -490,9 +494,61 @@ impl Agent {
         z ^ (z >> 31)
     }
 
+    /// Makes every communication ID (and SIDR request ID) handed out from now on carry
+    /// `prefix` in its top 8 bits: on a shared device the host steers a CM MAD to its
+    /// process by the receiver's ID (`io::host::steer`). 0: no prefix.
+    pub fn set_id_prefix(&mut self, prefix: u8) {
+        self.id_prefix = prefix;
+    }
+
+    /// The connections a peer believes open or opening with this side (REP sent or
+    /// received, established, DREQ sent): what must be closed with a DREQ if this side's
+    /// process dies without closing them.
+    pub fn links(&self) -> Vec<(u32, u32, IpAddr, u32)> {
+        use ConnState::*;
+        let mut v: Vec<_> = (self.conns.iter())
+            .filter(|(_, c)| {
+                matches!(c.state, RepSent | MraRepRcvd | Established | DreqSent) && c.remote_id != 0
+            })
+            .map(|(&id, c)| {
+                let remote_qpn = if c.active {
+                    c.rep.as_ref().map_or(0, |r| r.local_qpn)
+                } else {
+                    c.req.as_ref().map_or(0, |r| r.local_qpn)
+                };
+                (id, c.remote_id, c.peer, remote_qpn)
+            })
+            .collect();
+        v.sort_unstable_by_key(|l| l.0);
+        v
+    }
+
+    /// Sends a DREQ for a connection this agent does not hold: one of a dead process on
+    /// the same shared device (`io::host`), closed for it as a NIC's CM would. Sent once;
+    /// the DREP that answers it is for an unknown connection and dropped.
+    pub fn send_orphan_dreq(
+        &mut self,
+        peer: IpAddr,
+        local_id: u32,
+        remote_id: u32,
+        remote_qpn: u32,
+    ) {
+        let tid = self.new_tid(local_id);
+        let dreq = CmDreq {
+            local_comm_id: local_id,
+            remote_comm_id: remote_id,
+            remote_qpn_eecn: remote_qpn,
+            private_data: Vec::new(),
+        };
+        self.emit(peer, tid, CmMessage::Dreq(dreq));
+    }
+
     fn new_comm_id(&mut self) -> u32 {
         loop {
-            let id = self.next_u64() as u32;
+            let mut id = self.next_u64() as u32;
+            if self.id_prefix != 0 {
+                id = u32::from(self.id_prefix) << 24 | (id & 0x00ff_ffff);
+            }
             if id != 0 && !self.conns.contains_key(&id) {
                 return id;
             }

@@ -81,6 +81,9 @@ pub struct DeviceShared {
     stats: [AtomicU64; STAT_NAMES.len()],
     pub(crate) qpns: Mutex<keys::QpnGen>,
     next_id: AtomicU32,
+    /// The membership of the host's shared device (`None`: a private device). Declared
+    /// after `driver`: the driver's socket closes first, then the membership leaves.
+    pub host: Option<Arc<crate::io::host::Host>>,
 }
 
 impl DeviceShared {
@@ -92,9 +95,19 @@ impl DeviceShared {
         addr: SocketAddr,
         opts: &crate::device::options::SoftOptions,
     ) -> Result<Arc<Self>> {
-        let socket = UdpSocket::bind(addr).map_err(|e| {
-            Error::DeviceUnavailable(format!("{}: cannot bind UDP {addr}: {e}", info.name))
-        })?;
+        // A device on a given port is the host's, shared with its other processes
+        // (`io::host`); on port 0, or asked to be private, it binds its own socket.
+        let (socket, host) = if addr.port() != 0 && !opts.private {
+            let (host, socket) = crate::io::host::Host::join(addr).map_err(|e| {
+                Error::DeviceUnavailable(format!("{}: cannot join UDP {addr}: {e}", info.name))
+            })?;
+            (socket, Some(host))
+        } else {
+            let socket = UdpSocket::bind(addr).map_err(|e| {
+                Error::DeviceUnavailable(format!("{}: cannot bind UDP {addr}: {e}", info.name))
+            })?;
+            (socket, None)
+        };
         let local = socket.local_addr()?;
         // Port 0 picked a port: the device's address and name tell which.
         if let Some(asked) = info.udp_addr.filter(|a| *a != local) {
@@ -109,9 +122,14 @@ impl DeviceShared {
             None => None,
         };
         // Capture outermost: it records what the driver built, before the faults.
-        let nic = Nic::new(socket)?
-            .with_faults(faults.unwrap_or_default())
-            .with_pcap(pcap);
+        let nic = match &host {
+            Some(h) => Nic::over(Box::new(crate::io::host::socket::HostSocket::new(
+                crate::io::socket::Udp::new(socket)?,
+                h.clone(),
+            )?)),
+            None => Nic::new(socket)?,
+        };
+        let nic = nic.with_faults(faults.unwrap_or_default()).with_pcap(pcap);
         tracing::debug!(
             device = %info.name,
             gso_segments = nic.max_gso_segments(),
@@ -157,8 +175,12 @@ impl DeviceShared {
             quotas,
             driver,
             stats: Default::default(),
-            qpns: Mutex::new(keys::QpnGen::new()),
+            qpns: Mutex::new(match &host {
+                Some(_) => keys::QpnGen::with_bits(16),
+                None => keys::QpnGen::new(),
+            }),
             next_id: AtomicU32::new(1),
+            host,
         }))
     }
 
@@ -170,11 +192,14 @@ impl DeviceShared {
     /// QPs) and never 0xFFFFFF (the multicast QPN), in the order of a secret permutation of
     /// the QPN space ([`keys::QpnGen`]): a peer who knows one of the device's QPNs cannot
     /// guess the others, and a destroyed QP's number is handed out again only after the
-    /// rest of the space.
+    /// rest of the space. On a shared device the space is the process's slot's 65 536
+    /// numbers (the slot in the top 8 bits: the host steers by it).
     pub(crate) fn alloc_qpn(&self) -> Result<u32> {
         let mut g = self.qpns.lock().unwrap_or_else(|p| p.into_inner());
+        // On a shared device the top 8 bits are the process's slot (`io::host::steer`).
+        let slot = self.host.as_ref().map_or(0, |h| u32::from(h.slot()) << 16);
         for _ in 0..=MAX_QPN {
-            let qpn = g.next_qpn();
+            let qpn = slot | g.next_qpn();
             if qpn >= FIRST_QPN && qpn != MULTICAST_QPN && !self.engine.has_qp(qpn) {
                 return Ok(qpn);
             }
@@ -226,6 +251,34 @@ impl DeviceShared {
             counter("fault_corrupted", &e.fault_corrupted),
             counter("fault_duplicated", &e.fault_duplicated),
             counter("fault_reordered", &e.fault_reordered),
+        ]);
+        // The host's shared device: packets forwarded between its members, dead members
+        // removed, members now (all 0 on a private device).
+        let h = self.host.as_deref();
+        let host = |f: fn(&crate::io::host::HostStats) -> &AtomicU64| {
+            h.map_or(0, |h| f(&h.stats).load(Ordering::Relaxed))
+        };
+        out.extend([
+            Counter {
+                name: "host_forwarded_out",
+                value: host(|s| &s.forwarded_out),
+            },
+            Counter {
+                name: "host_forwarded_in",
+                value: host(|s| &s.forwarded_in),
+            },
+            Counter {
+                name: "host_forward_failed",
+                value: host(|s| &s.forward_failed),
+            },
+            Counter {
+                name: "host_reaped",
+                value: host(|s| &s.reaped),
+            },
+            Counter {
+                name: "host_members",
+                value: h.map_or(0, |h| h.members() as u64),
+            },
         ]);
         // Wake-ups other threads wrote to a sleeping progress thread (an eventfd write
         // each, on the posting thread): none with busy polling or inline progress.

@@ -49,6 +49,11 @@ pub struct SoftOptions {
     /// may wait (`progress` with a timeout) still send at once; ignored with a progress
     /// thread, which sends on its next pass anyway.
     pub defer_responses: bool,
+    /// Own the address's UDP port alone instead of sharing the device with the host's
+    /// other processes (`REMEM_SOFT_PRIVATE=1`): the port is then this device's, and a
+    /// second device on it fails to open. A device on port 0 (any free port) is always
+    /// private. See [`crate::io::host`].
+    pub private: bool,
 }
 
 /// The environment variable that pins progress threads to a CPU.
@@ -57,6 +62,8 @@ pub const CPU_ENV: &str = "REMEM_SOFT_CPU";
 pub const BUSY_POLL_ENV: &str = "REMEM_SOFT_BUSY_POLL_US";
 /// The environment variable that sets [`SoftOptions::defer_responses`] (`1`).
 pub const DEFER_RESPONSES_ENV: &str = "REMEM_SOFT_DEFER_RESPONSES";
+/// The environment variable that sets [`SoftOptions::private`] (`1`).
+pub const PRIVATE_ENV: &str = "REMEM_SOFT_PRIVATE";
 
 /// [`SoftOptions::busy_poll`] from the value of [`BUSY_POLL_ENV`]: microseconds, or
 /// `always` (never sleep: [`Duration::MAX`]); unset or unreadable: 0.
@@ -70,7 +77,7 @@ pub(crate) fn busy_poll_from(value: Option<&str>) -> Duration {
 
 impl SoftOptions {
     /// Options from the environment: `REMEM_PCAP`, `REMEM_SOFT_CPU`,
-    /// `REMEM_SOFT_BUSY_POLL_US`, `REMEM_SOFT_DEFER_RESPONSES`.
+    /// `REMEM_SOFT_BUSY_POLL_US`, `REMEM_SOFT_DEFER_RESPONSES`, `REMEM_SOFT_PRIVATE`.
     pub fn from_env() -> Self {
         fn num<T: std::str::FromStr>(name: &str) -> Option<T> {
             std::env::var(name).ok().and_then(|s| s.trim().parse().ok())
@@ -85,6 +92,8 @@ impl SoftOptions {
             faults: None,
             cm: None,
             defer_responses: std::env::var(DEFER_RESPONSES_ENV)
+                .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes")),
+            private: std::env::var(PRIVATE_ENV)
                 .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes")),
         }
     }

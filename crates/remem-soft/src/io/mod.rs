@@ -4,12 +4,14 @@
 //! the inline driver), the system calls beneath it (`sys`: the scatter/gather `sendmsg`,
 //! the crate's one unsafe module), and two decorators of the socket trait: fault injection
 //! ([`faulty`], with the fates of [`faults`]) and packet capture ([`capture`], into a
-//! [`pcap`] file).
+//! [`pcap`] file); and the host's shared device ([`host`]: many processes on one address
+//! and port).
 
 pub mod capture;
 pub mod driver;
 pub mod faults;
 pub mod faulty;
+pub mod host;
 pub mod pcap;
 pub mod socket;
 pub(crate) mod sys;

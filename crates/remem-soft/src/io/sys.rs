@@ -283,6 +283,62 @@ pub fn quiet_receive(socket: &UdpSocket, v6: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// `SO_ATTACH_REUSEPORT_CBPF` (`asm-generic/socket.h`; the same on x86 and arm).
+const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
+
+/// One classic BPF instruction (`struct sock_filter`): what [`attach_reuseport_cbpf`] takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Insn {
+    /// Operation code (`BPF_LD | BPF_W | BPF_ABS`, …).
+    pub code: u16,
+    /// Jump offset when the condition holds.
+    pub jt: u8,
+    /// Jump offset when it does not.
+    pub jf: u8,
+    /// The constant (an offset, an immediate, a return value).
+    pub k: u32,
+}
+
+/// Attaches the classic BPF `program` to the `SO_REUSEPORT` group of `socket`
+/// (`SO_ATTACH_REUSEPORT_CBPF`, which needs no privilege): the kernel runs it on every
+/// datagram for the group, with the UDP header pulled off, and takes its return value as
+/// the index of the group's socket that receives it (an index at or past the group's size
+/// falls back to the kernel's hash). It replaces the group's program.
+pub fn attach_reuseport_cbpf(socket: &UdpSocket, program: &[Insn]) -> io::Result<()> {
+    let mut filters: Vec<libc::sock_filter> = program
+        .iter()
+        .map(|i| libc::sock_filter {
+            code: i.code,
+            jt: i.jt,
+            jf: i.jf,
+            k: i.k,
+        })
+        .collect();
+    let len = u16::try_from(filters.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "BPF program too long"))?;
+    let prog = libc::sock_fprog {
+        len,
+        filter: filters.as_mut_ptr(),
+    };
+    // SAFETY: `prog` points at `filters`, `len` instructions, both live for the whole call
+    // (the kernel copies the program); the length passed is `prog`'s size; the descriptor
+    // is the socket's, open while `socket` is borrowed.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_ATTACH_REUSEPORT_CBPF,
+            (&prog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

@@ -53,11 +53,12 @@ impl KeyGen {
 impl QpnGen {
     /// Makes `qpn` the next number of the sequence.
     pub(crate) fn seek(&mut self, qpn: u32) {
-        let (mut l, mut r) = ((qpn >> (QPN_BITS / 2)) & HALF_MASK, qpn & HALF_MASK);
+        let (h, mask) = (self.bits / 2, self.half());
+        let (mut l, mut r) = ((qpn >> h) & mask, qpn & mask);
         for k in self.round_keys.iter().rev() {
-            (l, r) = (r ^ Self::round(l, *k), l);
+            (l, r) = (r ^ Self::round(l, *k, mask), l);
         }
-        self.next = (l << (QPN_BITS / 2)) | r;
+        self.next = (l << h) | r;
     }
 }
 
@@ -77,8 +78,6 @@ impl Default for KeyGen {
 
 /// Width of a QP number.
 const QPN_BITS: u32 = 24;
-/// One Feistel half of a QP number.
-const HALF_MASK: u32 = (1 << (QPN_BITS / 2)) - 1;
 
 /// Generates QP numbers for one device: a secret permutation of the 24-bit space applied
 /// to a counter from a random start. The device skips numbers below its first QPN (0 and 1
@@ -87,35 +86,50 @@ const HALF_MASK: u32 = (1 << (QPN_BITS / 2)) - 1;
 pub struct QpnGen {
     round_keys: [u32; 4],
     next: u32,
+    /// The width of the numbers (24, or 16 on a shared device, whose slot is the top 8).
+    bits: u32,
 }
 
 impl QpnGen {
     /// A generator with fresh random round keys and start.
     pub fn new() -> Self {
+        Self::with_bits(QPN_BITS)
+    }
+
+    /// A generator of `bits`-bit numbers (an even width up to 24): a permutation of that
+    /// space, as [`QpnGen::new`]'s is of 24 bits.
+    pub fn with_bits(bits: u32) -> Self {
+        let bits = bits.clamp(2, QPN_BITS) & !1;
         let mut rng = rand::rng();
         QpnGen {
             round_keys: rng.random(),
-            next: rng.random::<u32>() & ((1 << QPN_BITS) - 1),
+            next: rng.random::<u32>() & ((1 << bits) - 1),
+            bits,
         }
     }
 
-    fn round(r: u32, k: u32) -> u32 {
+    fn half(&self) -> u32 {
+        (1 << (self.bits / 2)) - 1
+    }
+
+    fn round(r: u32, k: u32, mask: u32) -> u32 {
         let f = (r ^ k).wrapping_mul(0x9e37_79b1).rotate_left(11);
-        (f ^ (f >> 16)) & HALF_MASK
+        (f ^ (f >> 16)) & mask
     }
 
     fn permute(&self, x: u32) -> u32 {
-        let (mut l, mut r) = ((x >> (QPN_BITS / 2)) & HALF_MASK, x & HALF_MASK);
+        let (h, mask) = (self.bits / 2, self.half());
+        let (mut l, mut r) = ((x >> h) & mask, x & mask);
         for k in self.round_keys {
-            (l, r) = (r, l ^ Self::round(r, k));
+            (l, r) = (r, l ^ Self::round(r, k, mask));
         }
-        (l << (QPN_BITS / 2)) | r
+        (l << h) | r
     }
 
-    /// The next QP number of the sequence (any 24-bit value).
+    /// The next number of the sequence (any value of the generator's width).
     pub fn next_qpn(&mut self) -> u32 {
         let q = self.permute(self.next);
-        self.next = (self.next + 1) & ((1 << QPN_BITS) - 1);
+        self.next = (self.next + 1) & ((1 << self.bits) - 1);
         q
     }
 }
@@ -159,6 +173,14 @@ mod tests {
         let all: HashSet<u32> = (0..1u32 << 24).map(|_| g.next_qpn()).collect();
         assert_eq!(all.len(), 1 << 24, "every 24-bit value once per cycle");
         assert!(all.iter().all(|q| *q < 1 << 24));
+    }
+
+    #[test]
+    fn sixteen_bit_numbers_are_a_permutation_too() {
+        let mut g = QpnGen::with_bits(16);
+        let all: HashSet<u32> = (0..1u32 << 16).map(|_| g.next_qpn()).collect();
+        assert_eq!(all.len(), 1 << 16);
+        assert!(all.iter().all(|q| *q < 1 << 16));
     }
 
     #[test]

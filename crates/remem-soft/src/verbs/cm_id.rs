@@ -156,6 +156,9 @@ struct CmState {
 #[derive(Debug)]
 pub struct CmDevice {
     state: Mutex<CmState>,
+    /// The membership of the host's shared device, when the device is shared: the CM
+    /// publishes its connections there and closes dead members' (`io::host`).
+    host: Option<Arc<crate::io::host::Host>>,
 }
 
 /// What to do, outside the CM lock, about one agent event.
@@ -172,10 +175,22 @@ enum Work {
 
 impl CmDevice {
     /// The CM of a device, with settings `cfg`.
+    #[cfg(any(test, feature = "internals"))]
     pub fn new(cfg: CmConfig) -> Self {
+        Self::on_host(cfg, None)
+    }
+
+    /// The CM of a device that `host` shares with other processes: its communication IDs
+    /// carry the member's slot, and its connections are published for survivors.
+    pub fn on_host(cfg: CmConfig, host: Option<Arc<crate::io::host::Host>>) -> Self {
+        let mut agent = Agent::new(cfg, rand::random());
+        if let Some(h) = &host {
+            agent.set_id_prefix(h.slot());
+        }
         CmDevice {
+            host,
             state: Mutex::new(CmState {
-                agent: Agent::new(cfg, rand::random()),
+                agent,
                 conns: HashMap::new(),
                 listeners: HashMap::new(),
                 ports: HashMap::new(),
@@ -199,15 +214,44 @@ impl CmDevice {
         let work = {
             let mut st = self.lock();
             st.agent.handle_mad(now, from, mad);
+            self.publish(&st);
             Self::drain(&mut st, now)
         };
         self.deliver(now, work);
     }
 
-    /// The next MAD to send: its destination and bytes.
+    /// On a shared device: publishes the connections a survivor must close if this
+    /// process dies.
+    fn publish(&self, st: &CmState) {
+        if let Some(h) = &self.host {
+            let links: Vec<crate::io::host::Link> = (st.agent.links().into_iter())
+                .map(
+                    |(local_id, remote_id, peer, remote_qpn)| crate::io::host::Link {
+                        peer,
+                        local_id,
+                        remote_id,
+                        remote_qpn,
+                    },
+                )
+                .collect();
+            h.publish(&links);
+        }
+    }
+
+    /// The next MAD to send: its destination and bytes. On a shared device, the DREQs
+    /// for the connections of members that died come first.
     pub fn poll_transmit(&self) -> Option<(IpAddr, Box<[u8; MAD_LEN]>)> {
         let mut st = self.lock();
-        let t = st.agent.poll_transmit()?;
+        if let Some(h) = &self.host {
+            for l in h.take_orphans() {
+                st.agent
+                    .send_orphan_dreq(l.peer, l.local_id, l.remote_id, l.remote_qpn);
+            }
+        }
+        let Some(t) = st.agent.poll_transmit() else {
+            self.publish(&st);
+            return None;
+        };
         st.taken += 1;
         Some((t.dst, t.mad))
     }
@@ -902,6 +946,9 @@ impl Drop for SoftCmId {
             if phase == Phase::Listening {
                 s.listeners.remove(&self.handle);
                 s.agent.unlisten(self.handle);
+                if let (Some(h), Some(b)) = (&self.dev.host, bound) {
+                    let _ = h.listen(self.ps.service_id(b.port()), false);
+                }
             }
             if let Some(c) = conn {
                 if s.conns.get(&c).is_some_and(|w| w.strong_count() == 0) {
@@ -969,6 +1016,18 @@ impl CmId for SoftCmId {
         };
         let ip = (!bound.ip().is_unspecified()).then_some(bound.ip());
         let sid = self.ps.service_id(bound.port());
+        // On the host's shared device one process listens on a service: the others'
+        // requests for it are steered to it (`io::host`).
+        if st.phase == Phase::Idle
+            && let Some(h) = &self.dev.host
+        {
+            h.listen(sid, true).map_err(|e| {
+                errno_error(
+                    rustix::io::Errno::ADDRINUSE,
+                    format!("listen: another process on this device listens on {bound}: {e}"),
+                )
+            })?;
+        }
         let me = self.me.clone();
         let mut cm = self.cm().lock();
         cm.agent.listen(self.handle, sid, ip, backlog);

@@ -169,12 +169,23 @@ impl SoftContext {
         opts: &SoftOptions,
     ) -> Result<Self> {
         let dev = DeviceShared::open(info, attr, port, addr, opts)?;
-        let cm = Arc::new(CmDevice::new(
+        let cm = Arc::new(CmDevice::on_host(
             opts.cm
                 .clone()
                 .unwrap_or_else(crate::cm::CmConfig::from_env),
+            dev.host.clone(),
         ));
         dev.engine.attach_gsi(cm.clone());
+        if let Some(h) = &dev.host {
+            // The connections of members that die are closed by this CM: it is woken for
+            // their DREQs.
+            let weak = Arc::downgrade(&dev);
+            h.on_orphans(Box::new(move || {
+                if let Some(d) = weak.upgrade() {
+                    d.wake(crate::cm::GSI_QPN);
+                }
+            }));
+        }
         Ok(SoftContext {
             dev,
             cm,

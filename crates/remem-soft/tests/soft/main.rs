@@ -17,6 +17,7 @@ mod comp_channel;
 mod conformance;
 mod faults_gso;
 mod fuzz;
+mod host;
 mod hostile;
 mod inline;
 mod iova;
