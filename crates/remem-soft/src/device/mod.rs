@@ -162,6 +162,10 @@ impl DeviceShared {
             placement: attr.atomic_write,
         };
         let max_mr = attr.max_mr;
+        let mrs = MrTable::new(max_mr);
+        if let Some(h) = &host {
+            mrs.set_key_prefix(h.slot());
+        }
         let quotas = quota::Quotas::new(&attr);
         Ok(Arc::new(DeviceShared {
             id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed),
@@ -169,7 +173,7 @@ impl DeviceShared {
             attr,
             port,
             limits,
-            mrs: MrTable::new(max_mr),
+            mrs,
             events: Arc::new(AsyncEvents::new()?),
             engine,
             quotas,

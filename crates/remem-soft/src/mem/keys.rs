@@ -15,6 +15,9 @@ use rand::Rng;
 pub struct KeyGen {
     round_keys: [u32; 4],
     next: u32,
+    /// The top 8 bits of every key (a shared device's slot: keys are unique per host), 0:
+    /// none.
+    prefix: u8,
 }
 
 impl KeyGen {
@@ -24,6 +27,7 @@ impl KeyGen {
         KeyGen {
             round_keys: rng.random(),
             next: rng.random(),
+            prefix: 0,
         }
     }
 
@@ -37,10 +41,20 @@ impl KeyGen {
         (u32::from(l) << 16) | u32::from(r)
     }
 
+    /// Makes every key from now on carry `prefix` in its top 8 bits (0: none): a shared
+    /// device's slot, so that keys are unique on the host. The other 24 bits stay
+    /// unpredictable (the table the keys go to skips those in use).
+    pub fn set_prefix(&mut self, prefix: u8) {
+        self.prefix = prefix;
+    }
+
     /// The next key.
     pub fn next_key(&mut self) -> u32 {
         loop {
-            let k = self.permute(self.next);
+            let mut k = self.permute(self.next);
+            if self.prefix != 0 {
+                k = u32::from(self.prefix) << 24 | (k & 0x00ff_ffff);
+            }
             self.next = self.next.wrapping_add(1);
             if k != 0 {
                 return k;

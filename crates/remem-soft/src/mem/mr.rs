@@ -221,6 +221,13 @@ impl Default for MrTable {
 }
 
 impl MrTable {
+    /// Makes every key handed out from now on carry `prefix` in its top 8 bits (a shared
+    /// device's slot: keys unique on the host; see `io::host`).
+    pub fn set_key_prefix(&self, prefix: u8) {
+        let mut t = self.tables.write().unwrap_or_else(|p| p.into_inner());
+        t.keys.set_prefix(prefix);
+    }
+
     /// An empty table admitting at most `max_mr` registrations at a time.
     pub fn new(max_mr: u32) -> Self {
         MrTable {

@@ -31,7 +31,7 @@ fn pair(a_ip: &str, b_ip: &str, opts: &SoftOptions) -> (Arc<dyn Context>, Arc<dy
 }
 
 /// Waits (bounded) for the next event on `ch`.
-fn next_event(ch: &Arc<dyn CmChannel>, within: Duration) -> Option<CmEvent> {
+pub(crate) fn next_event(ch: &Arc<dyn CmChannel>, within: Duration) -> Option<CmEvent> {
     let deadline = Instant::now() + within;
     loop {
         if let Some(ev) = ch.get_event() {
@@ -55,14 +55,14 @@ fn next_event(ch: &Arc<dyn CmChannel>, within: Duration) -> Option<CmEvent> {
 }
 
 /// The next event, which must be of `kind`.
-fn expect(ch: &Arc<dyn CmChannel>, kind: CmEventKind) -> CmEvent {
+pub(crate) fn expect(ch: &Arc<dyn CmChannel>, kind: CmEventKind) -> CmEvent {
     let ev = next_event(ch, WAIT).unwrap_or_else(|| panic!("no {kind:?} event within {WAIT:?}"));
     assert_eq!(ev.kind, kind, "{ev:?}");
     ev
 }
 
 /// A listener on `ctx` at `port` (TCP port space unless `ps`).
-fn listener(
+pub(crate) fn listener(
     ctx: &Arc<dyn Context>,
     ps: PortSpace,
     port: u16,
@@ -76,7 +76,7 @@ fn listener(
 }
 
 /// An active id on `ctx` resolved to `dst`.
-fn resolved(
+pub(crate) fn resolved(
     ctx: &Arc<dyn Context>,
     ps: PortSpace,
     dst: SocketAddr,
@@ -90,7 +90,7 @@ fn resolved(
     (ch, id)
 }
 
-fn addr(ctx: &Arc<dyn Context>, port: u16) -> SocketAddr {
+pub(crate) fn addr(ctx: &Arc<dyn Context>, port: u16) -> SocketAddr {
     SocketAddr::new(ctx.info().udp_addr.unwrap().ip(), port)
 }
 

@@ -42,3 +42,115 @@ fn two_members_of_one_device_pass_every_conformance_case() {
         failed.join("\n")
     );
 }
+
+#[test]
+fn members_number_their_qps_and_keys_by_their_slots() {
+    use remem_conformance::{QpOptions, endpoint};
+    let addr = host_addr(1);
+    let ctxs: Vec<Arc<dyn Context>> = (0..2)
+        .map(|_| Arc::new(SoftContext::bind(addr).unwrap()) as Arc<dyn Context>)
+        .collect();
+    let mut slots = Vec::new();
+    for ctx in &ctxs {
+        let eps: Vec<_> = (0..4)
+            .map(|_| endpoint(ctx, &QpOptions::default(), remem_verbs::QpType::Rc, None).unwrap())
+            .collect();
+        let qp_slots: Vec<u32> = eps.iter().map(|e| e.qp.qp_num() >> 16).collect();
+        let (_, mr) = eps[0]
+            .reg(
+                64,
+                remem_verbs::AccessFlags::LOCAL_WRITE | remem_verbs::AccessFlags::REMOTE_WRITE,
+            )
+            .unwrap();
+        assert!(qp_slots.iter().all(|s| *s == qp_slots[0]), "{qp_slots:?}");
+        assert_eq!(mr.rkey() >> 24, qp_slots[0], "keys carry the slot too");
+        assert_eq!(mr.lkey() >> 24, qp_slots[0]);
+        // The low 16 bits are not a counter.
+        let low: Vec<u32> = eps.iter().map(|e| e.qp.qp_num() & 0xffff).collect();
+        assert!(low.windows(2).any(|w| w[1].abs_diff(w[0]) > 16), "{low:?}");
+        slots.push(qp_slots[0]);
+    }
+    assert_ne!(slots[0], slots[1], "each member has a slot of its own");
+}
+
+/// The environment variable that makes `child_member` run (the address to join and the
+/// port of the parent's listener).
+const CHILD_ENV: &str = "REMEM_HOST_CHILD";
+
+/// A member in another process: joins the device at the address `REMEM_HOST_CHILD` names,
+/// connects to the parent's listener on it, says `connected <qpn>` on stdout and waits to
+/// be killed (or for stdin to close).
+#[test]
+#[ignore = "runs in the child process of a_killed_members_peers_are_disconnected"]
+fn child_member() {
+    use remem_conformance::{QpOptions, endpoint};
+    use remem_verbs::cm::{CmEventKind, ConnParam, PortSpace};
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        eprintln!("child_member only runs as the child of a_killed_members_peers_are_disconnected");
+        return;
+    };
+    let server: SocketAddr = spec.parse().unwrap();
+    let ctx: Arc<dyn Context> =
+        Arc::new(SoftContext::bind(SocketAddr::new(server.ip(), 4791)).unwrap());
+    let (ch, id) = super::cm::resolved(&ctx, PortSpace::Tcp, server);
+    let ep = endpoint(&ctx, &QpOptions::default(), remem_verbs::QpType::Rc, None).unwrap();
+    id.set_qp(Some(ep.qp.clone())).unwrap();
+    id.connect(&ConnParam::default()).unwrap();
+    super::cm::expect(&ch, CmEventKind::Established);
+    println!("connected {}", ep.qp.qp_num());
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+}
+
+#[test]
+fn a_killed_members_peers_are_disconnected() {
+    use remem_conformance::{QpOptions, endpoint};
+    use remem_verbs::cm::{CmEventKind, ConnParam, PortSpace};
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let addr = host_addr(2);
+    let ctx: Arc<dyn Context> = Arc::new(SoftContext::bind(addr).unwrap());
+    let (sch, _lid) = super::cm::listener(&ctx, PortSpace::Tcp, 7000);
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "host::child_member", "--ignored", "--nocapture"])
+        .env(CHILD_ENV, SocketAddr::new(addr.ip(), 7000).to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The child's request reaches this process's listener on the shared device.
+    let req = super::cm::expect(&sch, CmEventKind::ConnectRequest);
+    let sep = endpoint(&ctx, &QpOptions::default(), remem_verbs::QpType::Rc, None).unwrap();
+    req.id.set_qp(Some(sep.qp.clone())).unwrap();
+    req.id.accept(&ConnParam::default()).unwrap();
+    super::cm::expect(&sch, CmEventKind::Established);
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let said = loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the child ended");
+        if line.starts_with("connected ") {
+            break line;
+        }
+    };
+    let child_qpn: u32 = said.trim()["connected ".len()..].parse().unwrap();
+    assert_ne!(
+        child_qpn >> 16,
+        sep.qp.qp_num() >> 16,
+        "two members, two slots"
+    );
+    assert_eq!(counter(&*ctx, "host_members"), 2);
+    // SIGKILL: nothing of the child runs any more; this process's watcher sees it go and
+    // sends the DREQ the child's NIC would have sent.
+    let killed = Instant::now();
+    child.kill().unwrap();
+    let ev = super::cm::next_event(&sch, Duration::from_secs(10));
+    let took = killed.elapsed();
+    let _ = child.wait();
+    let ev = ev.expect("no event within 10 s of the kill");
+    assert_eq!(ev.kind, CmEventKind::Disconnected, "{ev:?}");
+    println!("the killed member's peer was disconnected {took:?} after the kill");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert_eq!(counter(&*ctx, "host_members"), 1);
+    assert!(counter(&*ctx, "host_reaped") >= 1);
+}

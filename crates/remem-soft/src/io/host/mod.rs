@@ -237,13 +237,14 @@ impl Locked {
         std::fs::rename(tmp, self.dir.join("table"))
     }
 
-    /// Removes the members that are not alive; returns their connections.
-    fn reap(&mut self) -> Vec<Link> {
+    /// Removes the members that are not alive; returns how many, and their connections.
+    fn reap(&mut self) -> (usize, Vec<Link>) {
         let dead: Vec<u8> = (self.table.members.iter())
             .filter(|m| !alive(m))
             .map(|m| m.slot)
             .collect();
         let mut links = Vec::new();
+        let n = dead.len();
         for slot in dead {
             self.table.leave(slot, now_ms());
             let cm = self.dir.join(format!("{slot}.cm"));
@@ -253,7 +254,7 @@ impl Locked {
             let _ = std::fs::remove_file(cm);
             let _ = std::fs::remove_file(self.dir.join(format!("{slot}.sock")));
         }
-        links
+        (n, links)
     }
 }
 
@@ -284,7 +285,7 @@ impl Host {
     pub fn join(addr: SocketAddr) -> io::Result<(Arc<Host>, UdpSocket)> {
         let dir = registry_dir(addr)?;
         let mut locked = Locked::take(&dir)?;
-        let orphans = locked.reap();
+        let (_, orphans) = locked.reap();
         let slot = locked.table.pick_slot().ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::AddrInUse,
@@ -341,8 +342,9 @@ impl Host {
         self.slot
     }
 
-    /// How many processes hold the device (as last read).
+    /// How many processes hold the device (the table read now).
     pub fn members(&self) -> usize {
+        self.reload();
         self.view
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -431,9 +433,9 @@ impl Host {
     /// connections for DREQs.
     fn reap(&self) -> io::Result<()> {
         let mut locked = Locked::take(&self.dir)?;
-        let links = locked.reap();
-        if locked.table != *self.view.read().unwrap_or_else(|p| p.into_inner()) || !links.is_empty()
-        {
+        let (dead, links) = locked.reap();
+        if dead > 0 {
+            self.stats.reaped.fetch_add(dead as u64, Ordering::Relaxed);
             locked.save()?;
             if let Some(udp) = &*self.udp.lock().unwrap_or_else(|p| p.into_inner()) {
                 crate::io::sys::attach_reuseport_cbpf(
@@ -441,11 +443,10 @@ impl Host {
                     &steer::program(&locked.table.layout()),
                 )?;
             }
-            *self.view.write().unwrap_or_else(|p| p.into_inner()) = locked.table.clone();
         }
+        *self.view.write().unwrap_or_else(|p| p.into_inner()) = locked.table.clone();
         drop(locked);
         if !links.is_empty() {
-            self.stats.reaped.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(n = links.len(), "closing the connections of a dead member");
             self.orphans
                 .lock()
