@@ -409,7 +409,7 @@ mod tests {
     }
 
     #[test]
-    fn the_default_device_shows_only_what_every_process_shares() {
+    fn a_private_device_shows_only_what_every_process_shares() {
         // Two processes' tables: the address GID differs, the link-local one does not.
         let a = [
             entry("fe80::200:ff:fe00:0", GidType::RoceV2, Some("lo")),
@@ -425,8 +425,8 @@ mod tests {
         assert_eq!(c[1].gid, None);
         assert_eq!(c[1].gid_type, GidType::RoceV2);
         assert_eq!(c[1].netdev.as_deref(), Some("lo"));
-        // The default device as `remem run` describes it: no GUID, no address GID.
-        let f = facts(&dropin::parse_devices(None).unwrap()).unwrap();
+        // A private device as `remem run` describes it: no GUID, no address GID.
+        let f = facts(&dropin::parse_devices(Some("rxe0=private")).unwrap()).unwrap();
         assert_eq!(f[0].name, "rxe0");
         assert_eq!(f[0].guid, None);
         let t = tree(&f);
@@ -463,6 +463,25 @@ mod tests {
                 assert_eq!(content(&t.sys, &path), None, "{path}");
             }
         }
+    }
+
+    #[test]
+    fn the_default_device_is_the_hosts_on_127_0_0_1() {
+        // Every process shares it: its GUID and GIDs are the same in all of them.
+        let f = facts(&dropin::parse_devices(None).unwrap()).unwrap();
+        let host: std::net::SocketAddr = "127.0.0.1:4791".parse().unwrap();
+        assert_eq!(f[0].name, "rxe0");
+        assert_eq!(f[0].guid, Some(dropin::guid_for_addr(host)));
+        let t = tree(&f);
+        let table = dropin::program_gid_table(host.ip());
+        let v4 = table
+            .iter()
+            .position(|e| e.gid.0 == remem::verbs::Gid::from(host.ip()).0)
+            .expect("127.0.0.1's GID");
+        assert_eq!(
+            content(&t.sys, &format!("/sys/class/infiniband/rxe0/ports/1/gids/{v4}")),
+            Some(format!("{}\n", gid_text(&table[v4].gid.0)).as_str())
+        );
     }
 
     #[test]

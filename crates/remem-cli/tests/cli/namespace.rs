@@ -223,7 +223,7 @@ fn an_unprivileged_user_sees_the_devices_and_keeps_its_uid() {
 }
 
 #[test]
-fn the_default_device_shows_what_every_process_shares() {
+fn the_default_device_is_the_hosts_on_127_0_0_1() {
     let lab = Lab::new("default");
     let p = "/sys/class/infiniband/rxe0/ports/1";
     let out = lab.run(
@@ -244,9 +244,9 @@ fn the_default_device_shows_what_every_process_shares() {
     assert!(out.status.success(), "{:?}: {err}", out.status);
     let seen = text(&out.stdout);
     assert!(seen.starts_with("RoCE v2\n4: ACTIVE\nrxe0\n"), "{seen}");
-    // The node GUID and the GID of each process's own 127.a.b.c are not in the tree.
-    assert!(!seen.contains("guid"), "{seen}");
-    assert!(!seen.contains("ffff:7f"), "{seen}");
+    // Every process shares the device: its node GUID and 127.0.0.1's GID are there.
+    assert!(seen.contains("guid"), "{seen}");
+    assert!(seen.contains("0000:0000:0000:0000:0000:ffff:7f00:0001"), "{seen}");
 }
 
 #[test]
