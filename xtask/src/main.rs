@@ -1030,6 +1030,12 @@ fn conformance(img: &Image) -> Res<i32> {
         &cli.display().to_string(),
         &peer.display().to_string(),
     );
+    shared_steps(
+        &mut guest,
+        &mut host,
+        &host_bin.to_string(),
+        &cli.display().to_string(),
+    );
     api_steps(
         &mut guest,
         &mut host,
@@ -1465,6 +1471,48 @@ fn dropin_cm_steps(
         ));
     }
     host.push_str("unset REMEM_IBV_DEVICES\nrm -f /tmp/remem-cm-server.$$\n");
+}
+
+/// The host's shared device (issue 32) against kernel rxe: four host processes at once on
+/// `soft@TAP_HOST:4791` — an `rping` server and client and an `ib_write_bw` server (`-R`,
+/// RDMA CM) and client (out-of-band TCP) — each against its counterpart on kernel rxe in
+/// the guest, so the host device serves both directions for two processes of each kind
+/// while the kernel steers nothing: every packet the guest sends reaches the host process
+/// that owns its QP (or, for the CM, its communication ID or listened service).
+fn shared_steps(guest: &mut String, host: &mut String, conformance: &str, cli: &str) {
+    let sync = format!("{TAP_HOST}:7472");
+    guest.push_str(&format!(
+        "echo '== the host device shared: rping and ib_write_bw, server and client each, four host processes on {TAP_HOST}:4791 at once against kernel rxe'\n\
+         timeout 120 rping -s -a {TAP_GUEST} -C 10 -v -p 7487 < /dev/null > /tmp/sh-rs.log 2>&1 &\n\
+         gs1=$!\n\
+         timeout 120 ib_write_bw -d rxe0 -x \"$RXE_GID_INDEX\" -F -n 100 -p 7490 < /dev/null > /tmp/sh-bws.log 2>&1 &\n\
+         gs2=$!\n\
+         wait_cm_listen\n\
+         for i in $(seq 100); do netstat -ltn 2>/dev/null | grep -q ':7490 ' && break; sleep 0.1; done\n\
+         ./conformance sync connect {sync} < /dev/null || rc=1\n\
+         ok=0; for i in $(seq 50); do timeout 60 rping -c -a {TAP_HOST} -C 10 -v -p 7486 < /dev/null > /tmp/sh-rc.log 2>&1 && {{ ok=1; break; }}; sleep 0.2; done\n\
+         [ $ok = 1 ] || {{ rc=1; echo 'shared: rping (client, guest) failed'; cat /tmp/sh-rc.log; }}\n\
+         ok=0; for i in $(seq 50); do timeout 60 ib_write_bw -R -d rxe0 -x \"$RXE_GID_INDEX\" -F -n 100 -p 7488 {TAP_HOST} < /dev/null > /tmp/sh-bwc.log 2>&1 && {{ ok=1; break; }}; sleep 0.2; done\n\
+         [ $ok = 1 ] || {{ rc=1; echo 'shared: ib_write_bw -R (client, guest) failed'; cat /tmp/sh-bwc.log; }}\n\
+         wait $gs1 || {{ rc=1; echo 'shared: rping (server, guest) failed'; cat /tmp/sh-rs.log; }}\n\
+         wait $gs2 || {{ rc=1; echo 'shared: ib_write_bw (server, guest) failed'; cat /tmp/sh-bws.log; }}\n"
+    ));
+    host.push_str(&format!(
+        "export REMEM_IBV_DEVICES=rxe0=soft@{TAP_HOST}:4791\n\
+         timeout 120 {cli} run -- rping -s -a {TAP_HOST} -C 10 -v -p 7486 < /dev/null > /tmp/remem-sh1.$$ 2>&1 &\n\
+         hs1=$!\n\
+         timeout 120 {cli} run -- ib_write_bw -R -d rxe0 -x 1 -F -n 100 -p 7488 < /dev/null > /tmp/remem-sh2.$$ 2>&1 &\n\
+         hs2=$!\n\
+         {conformance} sync listen {sync} < /dev/null || rc=1\n\
+         timeout 90 {cli} run -- rping -c -a {TAP_GUEST} -C 10 -v -p 7487 < /dev/null > /tmp/remem-sh3.$$ 2>&1 &\n\
+         hc1=$!\n\
+         timeout 90 {cli} run -- ib_write_bw -d rxe0 -x 1 -F -n 100 -p 7490 {TAP_GUEST} < /dev/null > /tmp/remem-sh4.$$ 2>&1 &\n\
+         hc2=$!\n\
+         n=0; for p in $hs1 $hs2 $hc1 $hc2; do n=$((n+1)); wait $p || {{ rc=1; echo \"shared: host process $n failed\"; cat /tmp/remem-sh$n.$$; }}; done\n\
+         echo '== the host device shared: four host processes done'\n\
+         unset REMEM_IBV_DEVICES\n\
+         rm -f /tmp/remem-sh1.$$ /tmp/remem-sh2.$$ /tmp/remem-sh3.$$ /tmp/remem-sh4.$$\n"
+    ));
 }
 
 /// The async API between the host (soft provider) and the guest (rdma-core on kernel
