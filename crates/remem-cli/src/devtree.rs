@@ -479,7 +479,10 @@ mod tests {
             .position(|e| e.gid.0 == remem::verbs::Gid::from(host.ip()).0)
             .expect("127.0.0.1's GID");
         assert_eq!(
-            content(&t.sys, &format!("/sys/class/infiniband/rxe0/ports/1/gids/{v4}")),
+            content(
+                &t.sys,
+                &format!("/sys/class/infiniband/rxe0/ports/1/gids/{v4}")
+            ),
             Some(format!("{}\n", gid_text(&table[v4].gid.0)).as_str())
         );
     }

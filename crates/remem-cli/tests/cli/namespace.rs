@@ -246,7 +246,10 @@ fn the_default_device_is_the_hosts_on_127_0_0_1() {
     assert!(seen.starts_with("RoCE v2\n4: ACTIVE\nrxe0\n"), "{seen}");
     // Every process shares the device: its node GUID and 127.0.0.1's GID are there.
     assert!(seen.contains("guid"), "{seen}");
-    assert!(seen.contains("0000:0000:0000:0000:0000:ffff:7f00:0001"), "{seen}");
+    assert!(
+        seen.contains("0000:0000:0000:0000:0000:ffff:7f00:0001"),
+        "{seen}"
+    );
 }
 
 #[test]

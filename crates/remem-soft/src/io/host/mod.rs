@@ -537,13 +537,21 @@ impl Watcher {
     }
 }
 
+/// How often a watcher without pidfds (a kernel before 5.3, a seccomp profile that
+/// refuses `pidfd_open`) looks whether a member died.
+const DEATH_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
 fn watch(host: std::sync::Weak<Host>, ino: OwnedFd, stop: Arc<OwnedFd>) {
-    use rustix::event::{PollFd, PollFlags, poll};
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
     let mut pidfds: Vec<(u32, OwnedFd)> = Vec::new();
-    let refresh = |h: &Host, pidfds: &mut Vec<(u32, OwnedFd)>| {
+    // Whether some member could not be watched by pidfd: then the watcher looks every
+    // `DEATH_POLL`.
+    let mut blind = false;
+    let refresh = |h: &Host, pidfds: &mut Vec<(u32, OwnedFd)>, blind: &mut bool| {
         let table = h.table();
         let me = std::process::id();
         pidfds.retain(|(pid, _)| table.members.iter().any(|m| m.pid == *pid));
+        *blind = false;
         for m in &table.members {
             if m.pid != me && !pidfds.iter().any(|(p, _)| *p == m.pid) {
                 let Some(pid) = rustix::process::Pid::from_raw(m.pid as i32) else {
@@ -552,17 +560,22 @@ fn watch(host: std::sync::Weak<Host>, ino: OwnedFd, stop: Arc<OwnedFd>) {
                 match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) {
                     Ok(fd) => pidfds.push((m.pid, fd)),
                     // Gone already: reap now.
-                    Err(_) => {
+                    Err(rustix::io::Errno::SRCH) => {
                         let _ = h.reap();
                     }
+                    Err(_) => *blind = true,
                 }
             }
         }
     };
     if let Some(h) = host.upgrade() {
-        refresh(&h, &mut pidfds);
+        refresh(&h, &mut pidfds, &mut blind);
     }
     let mut buf = [0u8; 4096];
+    let tick = Timespec {
+        tv_sec: 0,
+        tv_nsec: DEATH_POLL.as_nanos() as i64,
+    };
     loop {
         let (stopped, changed, died) = {
             let mut fds = vec![
@@ -570,11 +583,16 @@ fn watch(host: std::sync::Weak<Host>, ino: OwnedFd, stop: Arc<OwnedFd>) {
                 PollFd::new(&ino, PollFlags::IN),
             ];
             fds.extend(pidfds.iter().map(|(_, fd)| PollFd::new(fd, PollFlags::IN)));
-            if poll(&mut fds, None).is_err() {
-                continue;
-            }
+            let n = match poll(&mut fds, blind.then_some(&tick)) {
+                Ok(n) => n,
+                Err(_) => continue,
+            };
             let ready = |i: usize| !fds[i].revents().is_empty();
-            (ready(0), ready(1), (2..fds.len()).any(ready))
+            (
+                ready(0),
+                ready(1),
+                (2..fds.len()).any(ready) || (blind && n == 0),
+            )
         };
         if stopped {
             return;
@@ -590,7 +608,7 @@ fn watch(host: std::sync::Weak<Host>, ino: OwnedFd, stop: Arc<OwnedFd>) {
             let _ = h.reap();
         }
         if changed || died {
-            refresh(&h, &mut pidfds);
+            refresh(&h, &mut pidfds, &mut blind);
         }
     }
 }

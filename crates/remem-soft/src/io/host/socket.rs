@@ -16,6 +16,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+/// How often, at most, a member whose own socket keeps delivering looks at its Unix socket.
+const FORWARD_CHECK: std::time::Duration = std::time::Duration::from_micros(100);
+
 /// The header of a forwarded datagram: its source address (16 bytes, IPv6 or IPv4-mapped)
 /// and port, and its destination address.
 const FWD_HEADER: usize = 16 + 2 + 16;
@@ -28,6 +31,10 @@ pub struct HostSocket<S> {
     epoll: OwnedFd,
     /// A buffer for one forwarded datagram.
     scratch: Vec<u8>,
+    /// When the Unix socket was last read.
+    unix_checked: std::time::Instant,
+    /// Whether that read found a forwarded datagram (then the next looks again at once).
+    unix_found: bool,
 }
 
 fn v6(ip: IpAddr) -> Ipv6Addr {
@@ -59,6 +66,8 @@ impl<S: Socket> HostSocket<S> {
             host,
             epoll,
             scratch: vec![0; FWD_HEADER + 65536],
+            unix_checked: std::time::Instant::now(),
+            unix_found: true,
         })
     }
 
@@ -172,21 +181,33 @@ impl<S: Socket> Socket for HostSocket<S> {
     }
 
     fn recv(&mut self, bufs: &mut [IoSliceMut<'_>], meta: &mut [RecvMeta]) -> io::Result<usize> {
-        let forwarded = self.recv_forwarded(bufs, meta);
-        let n = match self
-            .inner
-            .recv(&mut bufs[forwarded..], &mut meta[forwarded..])
-        {
-            Ok(n) => n,
-            Err(e) if forwarded == 0 => return Err(e),
-            Err(_) => 0,
+        // The member's own socket first: that is where its packets come. The Unix socket
+        // (forwarded packets: rare) costs a system call: made when the UDP socket is
+        // empty, and while packets keep coming (a short batch) at most every
+        // `FORWARD_CHECK` (a forwarded packet then waits that long at most).
+        let (n, udp_err) = match self.inner.recv(bufs, meta) {
+            Ok(n) => (n, None),
+            Err(e) => (0, Some(e)),
         };
-        for i in forwarded..forwarded + n {
+        for i in 0..n {
             let mut m = meta[i];
             self.steer(&mut bufs[i], &mut m);
             meta[i] = m;
         }
-        Ok(forwarded + n)
+        let mut forwarded = 0;
+        let now = std::time::Instant::now();
+        let look = udp_err.is_some()
+            || (n < bufs.len()
+                && (self.unix_found || now.duration_since(self.unix_checked) >= FORWARD_CHECK));
+        if look {
+            self.unix_checked = now;
+            forwarded = self.recv_forwarded(&mut bufs[n..], &mut meta[n..]);
+            self.unix_found = forwarded > 0;
+        }
+        match udp_err {
+            Some(e) if forwarded == 0 => Err(e),
+            _ => Ok(n + forwarded),
+        }
     }
 
     fn local_addr(&self) -> SocketAddr {
