@@ -1,9 +1,12 @@
 //! Devices: the `REMEM_IBV_DEVICES` configuration, the device list, open and close.
 //!
-//! - `REMEM_IBV_DEVICES` unset: one device, `rxe0`, the host's soft device on
+//! - `REMEM_IBV_DEVICES` unset: `rxe0`, the host's soft device on
 //!   `127.0.0.1`, UDP port 4791, which every process of the user shares (remem-soft's
 //!   `io::host`), as every process shares a kernel rxe device: `rping -s` and
-//!   `rping -c -a 127.0.0.1` reach each other with no configuration.
+//!   `rping -c -a 127.0.0.1` reach each other with no configuration; then `rxe1`, `rxe2`,
+//!   … the host's device on each interface that is up with an IPv4 address
+//!   (`remem_soft::dropin::default_devices`), so a server on the host's address is reached
+//!   there too.
 //! - set: comma-separated `name=spec`, where spec is `soft@IP[:PORT]` (the host's soft
 //!   device on that address, port 4791 when omitted, shared likewise), an interface name
 //!   (`lo`, `eth0`: the soft device on that interface's primary address, remem's

@@ -43,13 +43,33 @@ pub struct DeviceConfig {
     pub spec: Spec,
 }
 
-/// Parses the value of `REMEM_IBV_DEVICES` (`None`: unset, the default device).
+/// The devices when `REMEM_IBV_DEVICES` is unset: the host's NIC on each of its addresses,
+/// as a host with kernel rxe has a device per interface — `rxe0` on `127.0.0.1`, then
+/// `rxe1`, `rxe2`, … on each interface that is up and has an IPv4 address (its primary
+/// address; interface index order). Every process lists the same ones.
+pub fn default_devices() -> Vec<DeviceConfig> {
+    let mut out = vec![DeviceConfig {
+        name: DEFAULT_NAME.into(),
+        spec: Spec::Loopback,
+    }];
+    let mut netdevs = crate::device::netdev::list_netdevs().unwrap_or_default();
+    netdevs.sort_by_key(|n| n.index);
+    for n in netdevs {
+        let v4 = n.addrs.iter().any(|a| a.is_ipv4() && !a.is_loopback());
+        if n.up && v4 {
+            out.push(DeviceConfig {
+                name: format!("rxe{}", out.len()),
+                spec: Spec::Netdev(n.name),
+            });
+        }
+    }
+    out
+}
+
+/// Parses the value of `REMEM_IBV_DEVICES` (`None`: unset, [`default_devices`]).
 pub fn parse_devices(value: Option<&str>) -> Result<Vec<DeviceConfig>, String> {
     let Some(value) = value else {
-        return Ok(vec![DeviceConfig {
-            name: DEFAULT_NAME.into(),
-            spec: Spec::Loopback,
-        }]);
+        return Ok(default_devices());
     };
     let mut out: Vec<DeviceConfig> = Vec::new();
     for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -183,8 +203,23 @@ mod tests {
     }
 
     #[test]
-    fn unset_is_the_loopback_rxe0() {
-        assert_eq!(parse_devices(None).unwrap(), one("rxe0", Spec::Loopback));
+    fn unset_is_rxe0_on_127_0_0_1_then_each_interface() {
+        let d = parse_devices(None).unwrap();
+        assert_eq!(d[..1], one("rxe0", Spec::Loopback)[..]);
+        let netdevs = crate::device::netdev::list_netdevs().unwrap();
+        for (i, c) in d.iter().enumerate().skip(1) {
+            assert_eq!(c.name, format!("rxe{i}"));
+            let Spec::Netdev(name) = &c.spec else {
+                panic!("{c:?}")
+            };
+            let n = netdevs.iter().find(|n| &n.name == name).unwrap();
+            assert!(n.up && n.addrs.iter().any(|a| a.is_ipv4() && !a.is_loopback()));
+        }
+        // Every interface that is up with an IPv4 address has its device.
+        let with_v4 = (netdevs.iter())
+            .filter(|n| n.up && n.addrs.iter().any(|a| a.is_ipv4() && !a.is_loopback()))
+            .count();
+        assert_eq!(d.len(), 1 + with_v4);
     }
 
     #[test]

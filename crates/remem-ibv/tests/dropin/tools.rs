@@ -25,7 +25,15 @@ fn ibv_devices_lists_the_default_rxe0() {
     let guid = line.split_whitespace().nth(1).unwrap();
     assert_eq!(guid.len(), 16, "{line}");
     assert!(guid.starts_with("020012b77f"), "{line}");
-    assert_eq!(stdout.lines().filter(|l| l.contains("rxe")).count(), 1);
+    // Then one device per interface with an IPv4 address, named in order.
+    let names: Vec<&str> = (stdout.lines())
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with("rxe"))
+        .collect();
+    assert_eq!(names[0], "rxe0", "{stdout}");
+    for (i, n) in names.iter().enumerate() {
+        assert_eq!(*n, format!("rxe{i}"), "{stdout}");
+    }
 }
 
 #[test]

@@ -258,6 +258,51 @@ impl Locked {
     }
 }
 
+/// How many other registries one join looks at, at most.
+const SWEEP_MAX: usize = 64;
+
+/// Removes the registries under the user's directory `user` (other than `keep`) whose
+/// members are all dead: a process that exits without leaving (the drop-in keeps its
+/// devices open to the end) leaves its registry behind, and the last one on an address
+/// has no survivor to remove it. A registry whose lock is held is in use and left alone.
+fn sweep(user: &Path, keep: &Path) {
+    let dirs = (std::fs::read_dir(user).into_iter().flatten().flatten())
+        .filter(|net| net.file_name().to_string_lossy().starts_with("net"))
+        .flat_map(|net| {
+            std::fs::read_dir(net.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .map(|d| d.path())
+        .filter(|d| d != keep)
+        .take(SWEEP_MAX);
+    for dir in dirs {
+        let Ok(lock) = std::fs::File::open(dir.join("lock")) else {
+            continue;
+        };
+        let nb = rustix::fs::FlockOperation::NonBlockingLockExclusive;
+        if rustix::fs::flock(&lock, nb).is_err() {
+            continue;
+        }
+        let held = lock.metadata().map(|m| m.ino()).ok();
+        if std::fs::metadata(dir.join("lock")).map(|m| m.ino()).ok() != held {
+            continue;
+        }
+        let table = Table::parse(&std::fs::read_to_string(dir.join("table")).unwrap_or_default());
+        if table.members.iter().any(alive) {
+            continue;
+        }
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let _ = std::fs::remove_file(e.path());
+        }
+        let _ = std::fs::remove_dir(&dir);
+        if let Some(net) = dir.parent() {
+            let _ = std::fs::remove_dir(net);
+        }
+    }
+}
+
 /// A UDP socket bound to `addr` with `SO_REUSEPORT`.
 fn reuseport_socket(addr: SocketAddr) -> io::Result<UdpSocket> {
     use rustix::net::{AddressFamily, SocketType, sockopt};
@@ -284,6 +329,9 @@ impl Host {
     /// on the way are removed (their connections wait in [`Host::take_orphans`]).
     pub fn join(addr: SocketAddr) -> io::Result<(Arc<Host>, UdpSocket)> {
         let dir = registry_dir(addr)?;
+        if let Some(user) = dir.parent().and_then(Path::parent) {
+            sweep(user, &dir);
+        }
         let mut locked = Locked::take(&dir)?;
         let (_, orphans) = locked.reap();
         let slot = locked.table.pick_slot().ok_or_else(|| {
