@@ -80,6 +80,7 @@ pub struct DeviceShared {
     driver: Driver,
     stats: [AtomicU64; STAT_NAMES.len()],
     pub(crate) qpns: Mutex<keys::QpnGen>,
+    qpn_prefix: u8,
     next_id: AtomicU32,
     /// The membership of the host's shared device (`None`: a private device). Declared
     /// after `driver`: the driver's socket closes first, then the membership leaves.
@@ -179,10 +180,12 @@ impl DeviceShared {
             quotas,
             driver,
             stats: Default::default(),
-            qpns: Mutex::new(match &host {
-                Some(_) => keys::QpnGen::with_bits(16),
-                None => keys::QpnGen::new(),
-            }),
+            qpns: Mutex::new(keys::QpnGen::with_bits(16)),
+            // The top 8 bits of every QP number: a shared device's slot, a private
+            // device's own random value (1–254: never QPN 0, 1 or 0xFFFFFF).
+            qpn_prefix: host
+                .as_ref()
+                .map_or_else(|| rand::random_range(1..=254u8), |h| h.slot()),
             next_id: AtomicU32::new(1),
             host,
         }))
@@ -196,12 +199,14 @@ impl DeviceShared {
     /// QPs) and never 0xFFFFFF (the multicast QPN), in the order of a secret permutation of
     /// the QPN space ([`keys::QpnGen`]): a peer who knows one of the device's QPNs cannot
     /// guess the others, and a destroyed QP's number is handed out again only after the
-    /// rest of the space. On a shared device the space is the process's slot's 65 536
-    /// numbers (the slot in the top 8 bits: the host steers by it).
+    /// rest of the space. The top 8 bits are the device's (on a shared device the
+    /// process's slot: the host steers by it), the other 16 a permutation: 65 536 numbers.
     pub(crate) fn alloc_qpn(&self) -> Result<u32> {
         let mut g = self.qpns.lock().unwrap_or_else(|p| p.into_inner());
-        // On a shared device the top 8 bits are the process's slot (`io::host::steer`).
-        let slot = self.host.as_ref().map_or(0, |h| u32::from(h.slot()) << 16);
+        // The top 8 bits are the device's: on a shared device the process's slot
+        // (`io::host::steer`), so a sender's GSO batches, cut where that byte changes, each
+        // go to one process.
+        let slot = u32::from(self.qpn_prefix) << 16;
         for _ in 0..=MAX_QPN {
             let qpn = slot | g.next_qpn();
             if qpn >= FIRST_QPN && qpn != MULTICAST_QPN && !self.engine.has_qp(qpn) {

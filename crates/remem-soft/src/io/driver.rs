@@ -130,6 +130,10 @@ struct TxBatch {
     bytes: usize,
     zero_copy: usize,
     dst: SocketAddr,
+    /// The top byte of the open batch's destination QPN: a batch goes to one process of a
+    /// shared device (the kernel steers a GSO batch by its first packet), so it is cut
+    /// where that byte changes.
+    slot: u8,
     /// The open batch's last packet was shorter than `segment`: nothing more may join.
     closed: bool,
     /// The packet being built (see [`Stage`]).
@@ -471,6 +475,7 @@ impl Nic {
                 bytes: 0,
                 zero_copy: 0,
                 dst: local,
+                slot: 0,
                 closed: false,
                 stage: Stage {
                     copy_max: std::env::var(COPY_MAX_ENV)
@@ -611,15 +616,16 @@ impl Nic {
             };
             sent += 1;
             let staged = b.stage.finish(&mut b.buf[own..own + MAX_PACKET], len);
-            if b.count > 0
-                && (dst != b.dst || len > b.segment)
-                && b.room_for_another(b.stage.pieces.len())
+            // The BTH's destination QPN is bytes 5..8: its top byte names the process.
+            let slot = b.buf.get(own + 5).copied().unwrap_or(0);
+            let other = dst != b.dst || slot != b.slot;
+            if b.count > 0 && (other || len > b.segment) && b.room_for_another(b.stage.pieces.len())
             {
                 // It cannot join the open batch: it opens the next (sent in the same call).
                 b.seal();
             }
             if b.packets > 0
-                && ((b.count > 0 && (dst != b.dst || len > b.segment))
+                && ((b.count > 0 && (other || len > b.segment))
                     || b.pieces.len() + b.stage.pieces.len() > MAX_IOV)
             {
                 // It cannot join these batches: send them, and start the next with it.
@@ -672,6 +678,7 @@ impl Nic {
             }
             if b.count == 0 {
                 b.dst = dst;
+                b.slot = slot;
                 b.segment = len;
             }
             b.closed = len < b.segment;
