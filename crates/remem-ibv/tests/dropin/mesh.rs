@@ -78,10 +78,12 @@ fn a_member_killed_mid_run_is_seen_gone_and_the_others_finish() {
     mesh(Some(VICTIM));
 }
 
-/// The members' CM ports start here: per test process and test, below the ephemeral
-/// range, apart from other test processes on the same shared device.
+/// The members' CM ports start here: per test process and test, apart from other test
+/// processes on the same shared device, and from the ports `support::free_port` hands out
+/// (10000–29999, which other tests give their CM listeners on the same device): 30000 to
+/// the ephemeral range (32768).
 fn cm_base(victim: Option<u32>) -> u16 {
-    20_000 + (std::process::id() % 500) as u16 * 16 + if victim.is_some() { 8 } else { 0 }
+    30_000 + (std::process::id() % 170) as u16 * 16 + if victim.is_some() { 8 } else { 0 }
 }
 
 /// What a member printed (`None`: its output ended).
@@ -123,29 +125,45 @@ fn forward(id: u32, r: impl Read + Send + 'static, tx: mpsc::Sender<Line>) {
     });
 }
 
-/// The shared device's registry table (the host NIC's: `REMEM_HOST_DIR` or `/dev/shm`,
-/// the user, the network namespace, address and port), if it exists.
-fn registry_table() -> Option<String> {
+/// The shared device's registry (the host NIC's: under `REMEM_HOST_DIR` or `/dev/shm`,
+/// by user, network namespace, address and port).
+fn registry() -> Option<std::path::PathBuf> {
     let base = std::env::var_os("REMEM_HOST_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| "/dev/shm".into());
     let uid = std::fs::metadata("/proc/self").ok()?.uid();
     let netns = std::fs::metadata("/proc/self/ns/net").ok()?.ino();
-    let path = base
-        .join(format!("remem-{uid}"))
-        .join(format!("net{netns}"))
-        .join("127.0.0.1-4791")
-        .join("table");
-    std::fs::read_to_string(path).ok()
+    Some(
+        base.join(format!("remem-{uid}"))
+            .join(format!("net{netns}"))
+            .join("127.0.0.1-4791"),
+    )
+}
+
+/// The registry's table, if it exists.
+fn registry_table() -> Option<String> {
+    std::fs::read_to_string(registry()?.join("table")).ok()
+}
+
+/// The slot of the member with process id `pid`, if the registry lists one.
+fn slot_of(pid: u32) -> Option<String> {
+    registry_table()?.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.first() == Some(&"m") && f.get(2) == Some(&pid.to_string().as_str()))
+            .then(|| f[1].to_string())
+    })
 }
 
 /// Whether the registry lists a member with process id `pid`.
 fn registered(pid: u32) -> bool {
+    slot_of(pid).is_some()
+}
+
+/// Whether the registry lists a member in `slot`.
+fn slot_held(slot: &str) -> bool {
     registry_table().is_some_and(|t| {
-        t.lines().any(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            f.first() == Some(&"m") && f.get(2) == Some(&pid.to_string().as_str())
-        })
+        t.lines()
+            .any(|l| l.split_whitespace().take(2).eq(["m", slot]))
     })
 }
 
@@ -270,6 +288,7 @@ fn mesh(victim: Option<u32>) {
     // The victim: killed once its peers have its first messages.
     let mut killed_at = None;
     let mut victim_pid = 0;
+    let mut victim_slot = String::new();
     if let Some(v) = victim {
         let stalled = format!("mesh {v}: stalled");
         loop {
@@ -285,10 +304,7 @@ fn mesh(victim: Option<u32>) {
         }
         let mut child = members.0[v as usize].take().unwrap();
         victim_pid = child.id();
-        assert!(
-            registered(victim_pid),
-            "the victim is a member of 127.0.0.1:4791"
-        );
+        victim_slot = slot_of(victim_pid).expect("the victim is a member of 127.0.0.1:4791");
         killed_at = Some(SystemTime::now());
         child.kill().expect("SIGKILL the victim");
         let status = child.wait().unwrap();
@@ -397,6 +413,15 @@ fn mesh(victim: Option<u32>) {
             !registered(victim_pid),
             "the registry still lists the killed member"
         );
+        // Its Unix socket and its list of connections went with it (unless a newcomer
+        // holds its slot already).
+        let dir = registry().unwrap();
+        for file in [format!("{victim_slot}.sock"), format!("{victim_slot}.cm")] {
+            assert!(
+                !dir.join(&file).exists() || slot_held(&victim_slot),
+                "{file} is left in the registry"
+            );
+        }
     }
     let bytes: u64 = survivors
         .iter()
