@@ -12,14 +12,13 @@
  * done once the peer's FIN is in (every message of the peer's has been checked); a side
  * disconnects once the peer's BYE is in (the peer has everything), so that a disconnect
  * never overtakes a message the other side still waits for. Every byte received is
- * checked. With K, the member
- * sends only K messages on each connection, says "stalled" once the peers have them all
- * (their SENDs completed) and waits, receiving, to be killed.
+ * checked. With K, the member sends only K messages on each connection, says "stalled"
+ * once the peers have them all (their SENDs completed) and waits, receiving, to be killed.
  *
  * Prints, as a line each: "mesh ID: listening on ...", "mesh ID: connected to N-1
  * peers", per peer "mesh ID: peer j done, B bytes verified" or, when the peer disconnects
  * or its connection fails before it is done, "mesh ID: peer j gone at T us (D ms after its
- * last message), B bytes verified" (T: CLOCK_REALTIME in microseconds), then
+ * last message, WHY), B bytes verified" (T: CLOCK_REALTIME in microseconds), then
  * "mesh ID: ok B bytes verified from P peers, G gone" and exits 0 — or "mesh ID: FAIL ..."
  * lines and exits 1. Everything is bounded: an alarm ends the process after 60 s. */
 #define _GNU_SOURCE
