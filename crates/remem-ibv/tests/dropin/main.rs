@@ -6,6 +6,8 @@
 //! - C programs compiled against rdma-core's headers, linked with the drop-in:
 //!   [`c_api`], [`caps_c`], [`queues_c`], [`mw_c`], [`placement_c`], [`mcast_c`],
 //!   [`rdmacm_c`], [`teardown_c`] (their sources in `tests/c/`);
+//! - eight processes on the host's shared device in a full mesh, C programs on the
+//!   drop-in and the `remem` crate's async API mixed, one killed mid-run: [`mesh`];
 //! - unmodified Debian programs on it: [`tools`] (ibverbs-utils), [`queues_tools`]
 //!   (pingpong examples, perftest), [`rdmacm_tools`] (rdmacm-utils, perftest `-R`);
 //! - the library's versioned symbols: [`symbols`].
@@ -21,6 +23,7 @@ mod support;
 mod c_api;
 mod caps_c;
 mod mcast_c;
+mod mesh;
 mod mw_c;
 mod placement_c;
 mod queues_c;
