@@ -165,3 +165,60 @@ fn a_killed_members_peers_are_disconnected() {
     assert_eq!(counter(&*ctx, "host_members"), 1);
     assert!(counter(&*ctx, "host_reaped") >= 1);
 }
+
+/// The environment variable that makes `child_join` run: the address to try.
+const JOIN_ENV: &str = "REMEM_HOST_JOIN";
+
+/// Tries to open a device at the address `REMEM_HOST_JOIN` names; says `joined` or
+/// `refused: <error>`.
+#[test]
+#[ignore = "runs in the child process of another_users_process_cannot_join"]
+fn child_join() {
+    let Ok(addr) = std::env::var(JOIN_ENV) else {
+        eprintln!("child_join only runs as the child of another_users_process_cannot_join");
+        return;
+    };
+    match SoftContext::bind(addr.parse().unwrap()) {
+        Ok(_) => println!("joined"),
+        Err(e) => println!("refused: {e}"),
+    }
+}
+
+/// The kernel groups only one user's sockets: another user's process cannot bind the
+/// device's address and port, and is told why.
+#[test]
+fn another_users_process_cannot_join() {
+    use std::process::Command;
+    if !rustix::process::geteuid().is_root() {
+        println!("skipped: running a child as another user needs root");
+        return;
+    }
+    let addr = host_addr(3);
+    let _ctx = SoftContext::bind(addr).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let as_nobody = |what: &str| {
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&exe)
+            .args(["--exact", "host::child_join", "--ignored", "--nocapture"])
+            .env(JOIN_ENV, what)
+            .output();
+        match out {
+            Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+            Err(e) => format!("skipped: setpriv: {e}"),
+        }
+    };
+    let said = as_nobody(&addr.to_string());
+    if said.contains("skipped") || said.contains("Permission denied") {
+        println!("skipped: cannot run this test binary as nobody: {said}");
+        return;
+    }
+    println!("another user's process was told: {}", said.trim());
+    assert!(
+        said.contains("refused:") && said.contains("another user's"),
+        "{said}"
+    );
+    // The same user (nobody) on another address is a member of its own device.
+    let free = SocketAddr::new(host_addr(4).ip(), 4791);
+    assert!(as_nobody(&free.to_string()).contains("joined"));
+}
