@@ -20,7 +20,8 @@
 # 2. Open MPI over UCX, 4 ranks per host across both (mpirun in A; the ranks in B are
 #    started by its rsh launcher through an agent that enters B), UCX on rc_verbs and
 #    ud_verbs only (no tcp, no shared memory): mpi_check checks every byte; each rank's soft
-#    device (REMEM_IBV_STATS) received packets, and 4 ranks ran in each namespace.
+#    device (REMEM_IBV_STATS) received packets, 4 ranks ran in each namespace, and the
+#    device's host_members counter reached 4 on each host.
 #
 # Needs root (namespaces), iproute2, perftest, openmpi-bin + libopenmpi-dev, ucx.
 # Usage: bash .ci/hostnic-netns.sh [--release]   (builds what it runs: remem-ibv, remem-cli,
@@ -242,20 +243,30 @@ in_b=$(awk -v n="$ns_b" '$3 == n' "$ranks" 2>/dev/null | wc -l)
 [ "$in_a" = 4 ] && [ "$in_b" = 4 ] || mpi_ok=0
 counted=0
 summary=""
+# host_members as each rank last saw it (at its ibv_close_device in MPI_Finalize, after
+# Open MPI's closing fence: the first rank of a host to close still sees all four).
+most_a=0
+most_b=0
 while read -r pid rank ns; do
   line=$(grep "^pid=$pid device=rxe0 " "$stats" 2>/dev/null | head -n1 || true)
   rcvd=$(sed -n 's/.* rcvd_pkts=\([0-9]*\).*/\1/p' <<<"$line")
   members=$(sed -n 's/.* host_members=\([0-9]*\).*/\1/p' <<<"$line")
   host=A; [ "$ns" = "$ns_b" ] && host=B
-  summary="$summary rank $rank@$host rcvd_pkts=${rcvd:-none};"
+  summary="$summary rank $rank@$host rcvd_pkts=${rcvd:-none} host_members=${members:-none};"
+  if [ -n "$members" ]; then
+    if [ $host = A ] && [ "$members" -gt $most_a ]; then most_a=$members; fi
+    if [ $host = B ] && [ "$members" -gt $most_b ]; then most_b=$members; fi
+  fi
   # Rank 0's ping-pong alone sends each rank about 50 MiB: over 12,000 packets even at
   # the largest MTU (4096), about 50,000 at the default 1024.
   [ -n "$rcvd" ] && [ "$rcvd" -ge 10000 ] && counted=$((counted + 1))
 done < <(sort -k2 -n "$ranks" 2>/dev/null)
 [ "$counted" = 8 ] || mpi_ok=0
+[ $most_a = 4 ] && [ $most_b = 4 ] || mpi_ok=0
 echo "      ranks: $in_a on host A, $in_b on host B; soft-NIC counters:$summary"
+echo "      one device per host: at most $most_a members seen on host A's, $most_b on host B's"
 if [ $mpi_ok = 1 ]; then
-  pass "mpirun -np 8 (4 per host) mpi_check over UCX rc_verbs/ud_verbs across the hosts: all checks passed"
+  pass "mpirun -np 8 (4 per host, one device each) mpi_check over UCX rc_verbs/ud_verbs across the hosts: all checks passed"
 else
   fail "mpirun -np 8 (4 per host) mpi_check across the hosts" "$l"/mpi
 fi
