@@ -8,11 +8,12 @@
 # (uid 65534) through setpriv; `remem run` makes the soft device visible to it
 # (/dev/infiniband, /sys/class/infiniband) in a user and mount namespace of its own.
 #
-# Addresses: a program's default device is on a loopback address of its own (127.a.b.c,
-# crates/remem-ibv/src/device.rs). Programs that exchange their addresses out of band (UCX,
+# Addresses: every program's default device is the host's, rxe0 on 127.0.0.1, shared
+# (crates/remem-ibv/src/device.rs). Programs that exchange their addresses out of band (UCX,
 # Open MPI, perftest, libfabric's datagram endpoints) need nothing more. A server that
-# clients reach through the RDMA CM by an address (librpma, qperf -cm1, rdma_xserver) gets
-# one with REMEM_IBV_DEVICES=rxe0=soft@127.0.19.N, and its clients are told that address.
+# clients reach through the RDMA CM by an address (librpma, qperf -cm1, rdma_xserver) is at
+# 127.0.0.1, or, as some runs here still do, on a named device
+# (REMEM_IBV_DEVICES=rxe0=soft@127.0.19.N) whose address its clients are told.
 #
 # Every run is bounded by `timeout`; a server is ready once its TCP port listens or once the
 # drop-in's librdmacm wrote "listening" to $REMEM_RDMACM_NOTIFY.

@@ -21,13 +21,13 @@
 //! Not there: `device` (the PCI device of a hardware NIC; a soft device has none, as rxe on
 //! `lo`), `fw_ver`, `rate`, `cap_mask`, counters.
 //!
-//! The default device (`REMEM_IBV_DEVICES` unset: `rxe0` on a loopback address each
-//! process picks for itself, `127.a.b.c`) has what is the same in every process: its
-//! state, its GID types and interfaces, and the GIDs that do not depend on the address.
-//! The GID of the process's own address and the node GUID (made from the address) are
-//! left out, since one tree serves every process of the run: a program reading them gets
-//! ENOENT, and `ibv_query_gid` still answers. With explicit addresses
-//! (`REMEM_IBV_DEVICES=rxe0=soft@127.0.0.2`) every file is there.
+//! The default devices (`REMEM_IBV_DEVICES` unset: the host's, `rxe0` on `127.0.0.1`,
+//! then one per interface) and named ones have every file. A `private` device (a
+//! loopback address each process picks for itself, `127.a.b.c`) has what is the same in
+//! every process: its state, its GID types and interfaces, and the GIDs that do not depend
+//! on the address; the GID of the process's own address and the node GUID (made from the
+//! address) are left out, since one tree serves every process of the run: a program
+//! reading them gets ENOENT, and `ibv_query_gid` still answers.
 
 use remem::verbs::{GidEntry, GidType, PortState};
 use remem_soft::dropin::{self, DeviceConfig, Spec};

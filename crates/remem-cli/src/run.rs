@@ -61,10 +61,11 @@ device only when /dev/infiniband has it); the rest of /dev and /sys/class stays.
 As root: a mount namespace. As another user, where the kernel allows unprivileged
 user namespaces: a user namespace mapping the user to themselves (the program
 keeps its uid and gid and has no privilege; root's files show as nobody's).
-Otherwise one line on stderr says so and the program runs without them. With the
-default device (REMEM_IBV_DEVICES unset) each process has its own address: its
-GID and the node GUID are left out; REMEM_IBV_DEVICES=rxe0=soft@127.0.0.2 names
-it. --no-namespace or REMEM_RUN_NAMESPACE=0 turns the namespace off.
+Otherwise one line on stderr says so and the program runs without them. The
+default devices (REMEM_IBV_DEVICES unset) are the host's, shared by every
+process: rxe0 on 127.0.0.1, then one per interface with an IPv4 address. A
+`private` device's own address (its GID, the node GUID) is left out.
+--no-namespace or REMEM_RUN_NAMESPACE=0 turns the namespace off.
 
 Exit status: the program's; 125 if remem run itself failed, 126 if the
 program could not be run, 127 if it was not found."

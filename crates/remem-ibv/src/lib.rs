@@ -81,9 +81,9 @@
 //! - **GID table** ([`query`]): RoCE v2 entries only, index 0 the link-local default GID,
 //!   index 1 the IPv4-mapped address, then other IPv6 addresses; `ndev_ifindex` the
 //!   netdev's (lo: 1). Scripts hard-code index 1; UCX takes the first RoCE v2 IPv4 GID
-//!   (`remem_verbs::first_roce_v2_ipv4`). A loopback device's link-local GID carries its
-//!   own `127.a.b.c` (each process has its own device where rxe has one on lo), so index 0
-//!   connects too.
+//!   (`remem_verbs::first_roce_v2_ipv4`). A loopback device's link-local GID carries the
+//!   last three bytes of its address (`127.0.0.1`: the host's device), so index 0 connects
+//!   too.
 //! - **Limits that match rxe** (`ibv_query_device`): `max_cqe` 32767 (rxe's
 //!   `RXE_MAX_CQE`; CQ sizes are granted as rxe's `2^k - 1`, see [`cq`]), `max_qp_rd_atom`
 //!   128, `max_sge` and `max_inline_data` rxe's; they match so that a program that fits
