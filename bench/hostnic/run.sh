@@ -8,6 +8,7 @@
 #     processes on the same port/group/leader;
 #   - option 0 at a member's death (SIGKILL in a group of 4: index moves, stale and rewritten
 #     programs, the death seen through a pidfd);
+#   - multicast to a group: every member gets it, whatever the program;
 #   - privileges: the classic BPF attach and CM MAD steering as an unprivileged user; eBPF
 #     (REUSEPORT_SOCKARRAY map, SK_REUSEPORT and SOCKET_FILTER programs) as that user and as
 #     root; a second UID joining the group; process_vm_writev between two processes of a user.
@@ -36,6 +37,8 @@ else
   unpriv=()
 fi
 timeout 20 "${unpriv[@]}" "$steer" cbpf $port || echo '{"bench":"hostnic","test":"cbpf_steering","error":"failed"}'
+next
+timeout 20 "${unpriv[@]}" "$steer" mcast $port || echo '{"bench":"hostnic","test":"multicast_to_group","error":"failed"}'
 next
 timeout 20 "${unpriv[@]}" "$steer" ebpf || echo '{"bench":"hostnic","test":"ebpf","error":"failed"}'
 [ "$(id -u)" = 0 ] && { timeout 20 "$steer" ebpf || echo '{"bench":"hostnic","test":"ebpf","error":"failed"}'; }

@@ -16,6 +16,7 @@
 //           same port/group/leader as fast as they can while the pair is measured.
 //   steer death PORT     option 0 at a member's death (4 members, SIGKILL member 1)
 //   steer cbpf PORT      option 0 works for this user (run it unprivileged) and steers CM MADs
+//   steer mcast PORT     who in a group (bound to 0.0.0.0) gets a multicast datagram
 //   steer ebpf           BPF_MAP_CREATE(REUSEPORT_SOCKARRAY), BPF_PROG_LOAD(SK_REUSEPORT and
 //                        SOCKET_FILTER) as this user: errno of each
 //   steer uid PORT UID   (as root) can a socket of UID join root's reuseport group?
@@ -613,6 +614,42 @@ static int cbpf(int port) {
   return ok == n ? 0 : 1;
 }
 
+// ---- multicast to a reuseport group (3 members bound to 0.0.0.0:port, a program that sends
+// every unicast datagram to index 0): who gets a datagram sent to a group joined on loopback ----
+static int mcast(int port) {
+  int s[3], on = 1;
+  struct ip_mreq mr;
+  inet_pton(AF_INET, "239.1.2.3", &mr.imr_multiaddr);
+  inet_pton(AF_INET, IP, &mr.imr_interface);
+  for (int i = 0; i < 3; i++) {
+    s[i] = socket(AF_INET, SOCK_DGRAM, 0);
+    setsockopt(s[i], SOL_SOCKET, SO_REUSEPORT, &on, sizeof on);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    if (bind(s[i], (void *)&a, sizeof a)) die("bind 0.0.0.0");
+    if (setsockopt(s[i], IPPROTO_IP, IP_ADD_MEMBERSHIP, &mr, sizeof mr)) die("IP_ADD_MEMBERSHIP");
+  }
+  struct sock_filter p[] = {BPF_STMT(BPF_RET | BPF_K, 0)};
+  if (attach(s[1], p, 1)) die("attach");
+  int tx = socket(AF_INET, SOCK_DGRAM, 0);
+  setsockopt(tx, IPPROTO_IP, IP_MULTICAST_IF, &mr.imr_interface, sizeof mr.imr_interface);
+  setsockopt(tx, IPPROTO_IP, IP_MULTICAST_LOOP, &on, sizeof on);
+  struct sockaddr_in g = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr = mr.imr_multiaddr}, u = addr(port);
+  char b[SIZE];
+  bth(b, 0xff, 0);
+  b[5] = b[6] = b[7] = (char)0xff;  // multicast QPN 0xFFFFFF
+  for (int i = 0; i < 20; i++) { b[0] = 'm'; sendto(tx, b, SIZE, 0, (void *)&g, sizeof g); }
+  for (int i = 0; i < 20; i++) { b[0] = 'u'; sendto(tx, b, SIZE, 0, (void *)&u, sizeof u); }
+  usleep(100000);
+  printf("{\"bench\":\"hostnic\",\"test\":\"multicast_to_group\",\"sent_multicast\":20,\"sent_unicast\":20,\"members\":{");
+  for (int i = 0; i < 3; i++) {
+    int m = 0, n = 0;
+    while (recv(s[i], b, SIZE, MSG_DONTWAIT) > 0) { if (b[0] == 'm') m++; else n++; }
+    printf("%s\"index%d\":{\"multicast\":%d,\"unicast\":%d}", i ? "," : "", i, m, n);
+  }
+  printf("}}\n");
+  return 0;
+}
+
 // ---- eBPF as this user ----
 static long bpf(int cmd, union bpf_attr *a) { return syscall(SYS_bpf, cmd, a, sizeof *a); }
 static int ebpf(void) {
@@ -723,6 +760,7 @@ int main(int argc, char **argv) {
   }
   if (argc >= 3 && !strcmp(argv[1], "death")) return death(atoi(argv[2]));
   if (argc >= 3 && !strcmp(argv[1], "cbpf")) return cbpf(atoi(argv[2]));
+  if (argc >= 3 && !strcmp(argv[1], "mcast")) return mcast(atoi(argv[2]));
   if (argc >= 2 && !strcmp(argv[1], "ebpf")) return ebpf();
   if (argc >= 4 && !strcmp(argv[1], "uid")) return uidjoin(atoi(argv[2]), atoi(argv[3]));
   if (argc >= 2 && !strcmp(argv[1], "pvm")) return pvm();
