@@ -13,6 +13,7 @@
 #     (REUSEPORT_SOCKARRAY map, SK_REUSEPORT and SOCKET_FILTER programs) as that user and as
 #     root; a second UID joining the group; process_vm_writev between two processes of a user.
 # Prints one JSON object per line. Loopback only; every run is bounded (the whole < 3 minutes).
+# ROUNDS=n: rounds of the pair measurements (default 3, about 30 s each).
 # Needs a C compiler. Run as root to include the checks that need two UIDs (setpriv drops to
 # nobody for the unprivileged ones); as an ordinary user those run as that user.
 # Usage: bash bench/hostnic/run.sh
@@ -52,13 +53,19 @@ timeout 20 "${unpriv[@]}" "$steer" pvm || echo '{"bench":"hostnic","test":"proce
 timeout 30 "$steer" death $port || echo '{"bench":"hostnic","test":"death","error":"failed"}'
 next
 
-# the pair: options interleaved, so a drift of the machine's load spreads over all of them
-for load in 0 8; do
-  for test in lat rate; do
-    for opt in base reuseport unix ring; do
-      timeout 40 "$steer" $test $opt $load $port \
-        || echo "{\"bench\":\"hostnic\",\"test\":\"$test\",\"option\":\"$opt\",\"busy_procs\":$load,\"error\":\"failed or timed out\"}"
-      next
+# the pair: ROUNDS rounds (default 3), options interleaved within each, so a drift of the
+# machine's load spreads over all of them; each line says its round (compare medians)
+for round in $(seq 1 "${ROUNDS:-3}"); do
+  for load in 0 8; do
+    for test in lat rate; do
+      for opt in base reuseport unix ring; do
+        { timeout 40 "$steer" $test $opt $load $port \
+          || echo "{\"bench\":\"hostnic\",\"test\":\"$test\",\"option\":\"$opt\",\"busy_procs\":$load,\"error\":\"failed or timed out\"}"; } \
+          | sed "s/^{/{\"round\":$round,/"
+        next
+        [ $port -gt 64000 ] && port=$((20000 + RANDOM % 20000))
+      done
     done
   done
 done
+echo "{\"bench\":\"hostnic\",\"test\":\"host_after\",\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\",\"date\":\"$(date -u +%FT%TZ)\"}"
