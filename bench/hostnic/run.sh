@@ -68,4 +68,17 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
     done
   done
 done
+# the same latency with every process of the run on CPU 0 (taskset): the scheduler's choice of
+# one CPU or two for the pair (which alone moves the round trip between ~15 and ~50 us on this
+# VM) taken out; what is left is the path's own cost (syscalls, context switches)
+if command -v taskset >/dev/null; then
+  for round in $(seq 1 "${ROUNDS:-3}"); do
+    for opt in base reuseport unix ring; do
+      { timeout 40 taskset -c 0 "$steer" lat $opt 0 $port \
+        || echo "{\"bench\":\"hostnic\",\"test\":\"lat\",\"option\":\"$opt\",\"busy_procs\":0,\"error\":\"failed or timed out\"}"; } \
+        | sed "s/^{/{\"round\":$round,\"pinned\":\"cpu0\",/"
+      next
+    done
+  done
+fi
 echo "{\"bench\":\"hostnic\",\"test\":\"host_after\",\"loadavg\":\"$(cut -d' ' -f1-3 /proc/loadavg)\",\"date\":\"$(date -u +%FT%TZ)\"}"
