@@ -251,8 +251,10 @@ while read -r pid rank ns; do
   line=$(grep "^pid=$pid device=rxe0 " "$stats" 2>/dev/null | head -n1 || true)
   rcvd=$(sed -n 's/.* rcvd_pkts=\([0-9]*\).*/\1/p' <<<"$line")
   members=$(sed -n 's/.* host_members=\([0-9]*\).*/\1/p' <<<"$line")
+  fwd=$(sed -n 's/.* host_forwarded_out=\([0-9]*\).*/\1/p' <<<"$line")
+  lost=$(sed -n 's/.* host_forward_failed=\([0-9]*\).*/\1/p' <<<"$line")
   host=A; [ "$ns" = "$ns_b" ] && host=B
-  summary="$summary rank $rank@$host rcvd_pkts=${rcvd:-none} host_members=${members:-none};"
+  summary="$summary rank $rank@$host rcvd_pkts=${rcvd:-none} host_members=${members:-none} forwarded=${fwd:-none} forward_failed=${lost:-none};"
   if [ -n "$members" ]; then
     if [ $host = A ] && [ "$members" -gt $most_a ]; then most_a=$members; fi
     if [ $host = B ] && [ "$members" -gt $most_b ]; then most_b=$members; fi
