@@ -8,6 +8,9 @@
 //!   [`rdmacm_c`], [`teardown_c`] (their sources in `tests/c/`);
 //! - unmodified Debian programs on it: [`tools`] (ibverbs-utils), [`queues_tools`]
 //!   (pingpong examples, perftest), [`rdmacm_tools`] (rdmacm-utils, perftest `-R`);
+//! - unmodified programs on ONE host address, the default device shared by every process
+//!   (127.0.0.1): [`host_tools`] (rping, perftest, fi_pingpong, four pingpong pairs at
+//!   once, a client's death);
 //! - the library's versioned symbols: [`symbols`].
 //!
 //! Pairs of processes take `support::serial()`, so that at most one pair runs at a time
@@ -20,6 +23,7 @@ mod support;
 
 mod c_api;
 mod caps_c;
+mod host_tools;
 mod mcast_c;
 mod mw_c;
 mod placement_c;
