@@ -393,7 +393,10 @@ const OTHER_PINGS: usize = 2000;
 /// A client SIGKILLed mid-run: the host device's other members notice its death (pidfd)
 /// and one of them sends a DREQ for its connection, so its server (`rping -s`, waiting for
 /// the next ping) takes the DISCONNECTED event (rping's "state 10") and exits within 5 s
-/// of the kill (measured and printed; without the DREQ it waits for ever). Another rping
+/// of the kill (measured and printed). Without the DREQ (tried: the survivors' orphaned
+/// connections dropped instead of closed) a server that waits for the next ping waits for
+/// ever, and one whose RDMA READ is in flight sees it fail (`cq completion failed status
+/// 12`, retries exceeded: rping's state 11), which this test tells apart. Another rping
 /// pair on the device, connected before the kill and still mid-run after it (both its
 /// programs blocked on their full output pipes, unread until the server has exited),
 /// then finishes its 2000 pings, every one's data checked. Exactly one survivor reaped
