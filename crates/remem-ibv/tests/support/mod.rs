@@ -425,6 +425,22 @@ impl Running {
         self.ended.is_some()
     }
 
+    /// Whether the program's main thread sleeps writing to a pipe (`/proc/<pid>/wchan`
+    /// names `pipe_write`, or `anon_pipe_write` since Linux 6.14; Linux shows it to the
+    /// same user): a program whose standard output the test has stopped reading (see
+    /// [`Running::await_lines`]) then stays blocked in a `printf` until it is read again.
+    /// For a program run under `timeout` (its only child), the program is looked at.
+    pub fn blocked_writing(&self) -> bool {
+        let pid = self.pid();
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"));
+        let program = children
+            .ok()
+            .and_then(|c| c.split_whitespace().next().map(str::to_string))
+            .unwrap_or_else(|| pid.to_string());
+        std::fs::read_to_string(format!("/proc/{program}/wchan"))
+            .is_ok_and(|w| w.ends_with("pipe_write"))
+    }
+
     /// Whether the process has exited (reaping it if so).
     pub fn exited(&mut self) -> bool {
         self.child.try_wait().unwrap().is_some()
@@ -474,6 +490,20 @@ impl Drop for Running {
             let _ = self.child.wait();
         }
     }
+}
+
+/// Waits until one of `programs` is [`Running::blocked_writing`]: `false` if one exited
+/// first or `limit` passed.
+pub fn await_blocked_writing(programs: &mut [&mut Running], limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while !programs.iter().any(|p| p.blocked_writing()) {
+        if programs.iter_mut().any(|p| p.exited()) || Instant::now() > deadline {
+            return false;
+        }
+        // Polling: nothing tells when a writer has blocked on a full pipe.
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    true
 }
 
 /// Waits until some process listens on TCP `port` (the kernel's socket table says so):
