@@ -409,14 +409,17 @@ const OTHER_PINGS: usize = 2000;
 /// instead of closing them, the server waits for ever; a server whose RDMA READ was in
 /// flight would instead see it fail after its retries, `cq completion failed status 12`).
 /// Another rping pair on the device, connected before the kill and still mid-run after it
-/// (both its programs blocked on their full output pipes, unread until the server has
-/// exited), then finishes its 2000 pings, every one's data checked. Exactly one survivor
+/// (one of its programs blocked on its full output pipe, unread until the killed client's
+/// server has exited, the other waiting for it), then finishes its 2000 pings, every
+/// one's data checked. Exactly one survivor
 /// reaped the dead member (`host_reaped` in the survivors' `REMEM_IBV_STATS` lines).
 ///
 /// The time is mostly the dying process's own exit: the kernel makes a pidfd readable
 /// only once every descriptor of the process is released, and releasing the inotify
 /// descriptor of its `io::host` watcher waits for the kernel's fsnotify mark reaper (an
-/// SRCU grace period): from 1 ms to 0.75 s seen on a loaded 2-core machine.
+/// SRCU grace period). Here 2–6 ms; killing clients mid-ping in a loop on a loaded 2-core
+/// machine, the pidfd came from 1 ms to 0.75 s after the SIGKILL, the dying process seen
+/// in `__flush_work` ← `fsnotify_destroy_group` ← `inotify_release` meanwhile.
 #[test]
 fn a_killed_rping_client_is_disconnected_and_another_pair_finishes() {
     if !have_timeout() {
