@@ -162,10 +162,12 @@ fn assert_host_gids(prog: &str, out: &str) {
 /// (`rdmacm_tools::lost_listen_race`). On the host's shared device the race is lost far
 /// more often than between two private devices: 2 to 3 runs in 6 of each of ib_write_bw,
 /// ib_send_lat, ib_send_bw and ib_read_lat `-R` on 127.0.0.1 here, against none in 4
-/// ib_send_lat runs between two private addresses (a guess, not measured: the shared
-/// device's `rdma_listen` takes the registry's lock and rewrites its table, where the
-/// kernel's is a few instructions). 10 runs make a failure from the race alone unlikely
-/// (about 0.5^10).
+/// ib_send_lat runs between two addresses (`soft@127.0.50.1` and `.2`). Why is not known:
+/// `rdma_bind_addr` + `rdma_listen` cost the same (about 50 µs) on the shared device as on
+/// a private one; on one address the client's REQ reaches its own socket first and is
+/// forwarded to the listener (`host_forwarded_out`), or rejected there when the listener
+/// is not in the table yet. 10 runs make a failure from the race alone unlikely (about
+/// 0.5^10).
 const HOST_LISTEN_RACE_ATTEMPTS: u32 = 10;
 
 /// perftest `prog -R` (the RDMA CM) with `extra`, server bound to no address, client to
