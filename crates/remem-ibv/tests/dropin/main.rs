@@ -10,6 +10,9 @@
 //!   drop-in and the `remem` crate's async API mixed, one killed mid-run: [`mesh`];
 //! - unmodified Debian programs on it: [`tools`] (ibverbs-utils), [`queues_tools`]
 //!   (pingpong examples, perftest), [`rdmacm_tools`] (rdmacm-utils, perftest `-R`);
+//! - unmodified programs on ONE host address, the default device shared by every process
+//!   (127.0.0.1): [`host_tools`] (rping, perftest, fi_pingpong, four pingpong pairs at
+//!   once, a client's death);
 //! - the library's versioned symbols: [`symbols`].
 //!
 //! Pairs of processes take `support::serial()`, so that at most one pair runs at a time
@@ -22,6 +25,7 @@ mod support;
 
 mod c_api;
 mod caps_c;
+mod host_tools;
 mod mcast_c;
 mod mesh;
 mod mw_c;

@@ -86,7 +86,7 @@ const LISTEN_RACE_ATTEMPTS: u32 = 3;
 /// that release (it reuses the ids and address info it has just freed and typically dies
 /// of SIGSEGV), so the test runs the pair again instead. Nothing else counts: a client
 /// that failed any other way is a failure.
-fn lost_listen_race(client: &Ran) -> bool {
+pub(crate) fn lost_listen_race(client: &Ran) -> bool {
     const NO_LISTENER: [&str; 2] = [
         "Event: RDMA_CM_EVENT_UNREACHABLE; error: 1.",
         "Event: RDMA_CM_EVENT_REJECTED; error: 8.",

@@ -96,7 +96,7 @@ impl Ran {
 }
 
 /// Whether some process listens on TCP `port` (IPv4 or IPv6), from `/proc/net/tcp*`.
-fn listening(port: u16) -> bool {
+pub fn listening(port: u16) -> bool {
     let want = format!(":{port:04X}");
     ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
         std::fs::read_to_string(f).is_ok_and(|s| {
@@ -117,7 +117,22 @@ pub fn run_pair(
     client_args: &[&str],
     port: u16,
 ) -> (Ran, Ran) {
-    let mut server = dropin_command(d, prog, server_args).spawn().unwrap();
+    run_pair_env(d, prog, server_args, client_args, port, &[])
+}
+
+/// [`run_pair`] with `env` (name, value) set for both programs.
+pub fn run_pair_env(
+    d: &DropIn,
+    prog: &Path,
+    server_args: &[&str],
+    client_args: &[&str],
+    port: u16,
+    env: &[(&str, &str)],
+) -> (Ran, Ran) {
+    let mut server = dropin_command(d, prog, server_args)
+        .envs(env.iter().copied())
+        .spawn()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(RUN_LIMIT_S);
     while !listening(port) {
         if server.try_wait().unwrap().is_some() || Instant::now() > deadline {
@@ -131,7 +146,11 @@ pub fn run_pair(
         // Polling the socket table: nothing else tells when the server has listened.
         std::thread::sleep(Duration::from_millis(2));
     }
-    let client = Ran::collect(dropin_command(d, prog, client_args).spawn().unwrap());
+    let client = dropin_command(d, prog, client_args)
+        .envs(env.iter().copied())
+        .spawn()
+        .unwrap();
+    let client = Ran::collect(client);
     let server = Ran::collect(server);
     (server, client)
 }
@@ -232,4 +251,271 @@ pub fn run_cm_pair(
     }
     let server = Ran::collect(s);
     (server, client)
+}
+
+/// The index of the default device's RoCE v2 GID `gid` (as `ibv_devinfo -v` prints it:
+/// `::ffff:127.0.0.1` for the host's device on 127.0.0.1), read from `ibv_devinfo -v` on
+/// the drop-in; panics when the table has no such GID.
+pub fn gid_index_of(d: &DropIn, gid: &str) -> Option<String> {
+    let devinfo = tool("ibv_devinfo", "ibverbs-utils")?;
+    let out = super::common::run(d.command(devinfo).arg("-v"), Duration::from_secs(60));
+    let t = text(&out.stdout);
+    let idx = t
+        .lines()
+        .filter(|l| l.contains("GID[") && l.contains("RoCE v2"))
+        .find(|l| l.split_whitespace().any(|w| w.trim_end_matches(',') == gid))
+        .and_then(|l| {
+            let inner = l.split('[').nth(1)?.split(']').next()?;
+            Some(inner.trim().to_string())
+        });
+    assert!(
+        idx.is_some(),
+        "ibv_devinfo -v shows no RoCE v2 GID {gid}:\n{t}"
+    );
+    idx
+}
+
+/// A FIFO for `REMEM_RDMACM_NOTIFY`: the drop-in's librdmacm writes a line to it once a
+/// program's `rdma_listen` has returned (or its multicast join completed).
+pub struct Notify {
+    /// The FIFO's path (the value of `REMEM_RDMACM_NOTIFY`).
+    pub path: std::path::PathBuf,
+    rx: std::sync::mpsc::Receiver<String>,
+}
+
+impl Notify {
+    /// The name of the variable the library reads.
+    pub const ENV: &'static str = "REMEM_RDMACM_NOTIFY";
+
+    /// A fresh FIFO `name` in the drop-in directory, with a thread reading its first line.
+    pub fn new(d: &DropIn, name: &str) -> Notify {
+        use std::io::BufRead;
+        let path = d.dir.join(format!("notify-{name}"));
+        let _ = std::fs::remove_file(&path);
+        let made = Command::new("mkfifo").arg(&path).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo {}", path.display());
+        // Read and write: the open does not wait for a writer, and the library's
+        // non-blocking open for writing finds a reader.
+        let reader = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = std::io::BufReader::new(reader).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        Notify { path, rx }
+    }
+
+    /// Waits for the line: `true` once it came, `false` if `program` exited first or
+    /// [`RUN_LIMIT_S`] passed.
+    pub fn wait(&self, program: &mut Running) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(RUN_LIMIT_S);
+        loop {
+            // Woken by the line; the timeout only lets a program that died be noticed.
+            if self.rx.recv_timeout(Duration::from_millis(100)).is_ok() {
+                return true;
+            }
+            if program.exited() || Instant::now() > deadline {
+                return false;
+            }
+        }
+    }
+}
+
+/// A program running with its output piped: its standard output read line by line as the
+/// test asks (a line is taken from the pipe only when the test takes it, so a program the
+/// test stops reading blocks once the pipe is full), its standard error read to the end
+/// by a thread. Ended (SIGTERM, which `timeout` passes on) and reaped when dropped
+/// unfinished: a failed test leaves no process behind.
+pub struct Running {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    out: String,
+    err: Option<std::thread::JoinHandle<Vec<u8>>>,
+    /// When its standard output reached its end (the program exited, or closed it).
+    pub ended: Option<Instant>,
+    reaped: bool,
+}
+
+impl Running {
+    /// Spawns `cmd` with standard output and error piped.
+    pub fn spawn(cmd: &mut Command) -> Running {
+        use std::io::{BufRead, Read};
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+        let stdout = child.stdout.take().unwrap();
+        // Rendezvous: the thread takes the next line from the pipe only once the test
+        // has taken the previous one.
+        let (tx, lines) = std::sync::mpsc::sync_channel::<String>(0);
+        std::thread::spawn(move || {
+            let mut r = std::io::BufReader::new(stdout);
+            let mut buf = Vec::new();
+            while r.read_until(b'\n', &mut buf).is_ok_and(|n| n > 0) {
+                if tx.send(text(&buf)).is_err() {
+                    break;
+                }
+                buf.clear();
+            }
+        });
+        let mut stderr = child.stderr.take().unwrap();
+        let err = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = stderr.read_to_end(&mut buf);
+            buf
+        });
+        Running {
+            child,
+            lines,
+            out: String::new(),
+            err: Some(err),
+            ended: None,
+            reaped: false,
+        }
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The standard output read so far.
+    pub fn out(&self) -> &str {
+        &self.out
+    }
+
+    /// Reads standard output until `count` lines have satisfied `want`: `true` then,
+    /// `false` when the output ended or `limit` passed first.
+    pub fn await_lines(
+        &mut self,
+        want: impl Fn(&str) -> bool,
+        count: usize,
+        limit: Duration,
+    ) -> bool {
+        let deadline = Instant::now() + limit;
+        let mut seen = self.out.lines().filter(|l| want(l)).count();
+        while seen < count {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    if want(line.trim_end_matches('\n')) {
+                        seen += 1;
+                    }
+                    self.out.push_str(&line);
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    self.ended.get_or_insert_with(Instant::now);
+                    return false;
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return false,
+            }
+        }
+        true
+    }
+
+    /// Reads standard output to its end: `true` once there, `false` if `limit` passed.
+    pub fn await_end(&mut self, limit: Duration) -> bool {
+        self.await_lines(|_| false, 1, limit);
+        self.ended.is_some()
+    }
+
+    /// Whether the program's main thread sleeps writing to a pipe (`/proc/<pid>/wchan`
+    /// names `pipe_write`, or `anon_pipe_write` since Linux 6.14; Linux shows it to the
+    /// same user): a program whose standard output the test has stopped reading (see
+    /// [`Running::await_lines`]) then stays blocked in a `printf` until it is read again.
+    /// For a program run under `timeout` (its only child), the program is looked at.
+    pub fn blocked_writing(&self) -> bool {
+        let pid = self.pid();
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"));
+        let program = children
+            .ok()
+            .and_then(|c| c.split_whitespace().next().map(str::to_string))
+            .unwrap_or_else(|| pid.to_string());
+        std::fs::read_to_string(format!("/proc/{program}/wchan"))
+            .is_ok_and(|w| w.ends_with("pipe_write"))
+    }
+
+    /// Whether the process has exited (reaping it if so).
+    pub fn exited(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_some()
+    }
+
+    /// Sends it SIGKILL.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+    }
+
+    /// Sends it SIGTERM (`timeout` passes it on to the program it runs, and kills that one
+    /// 5 s later if it is still there).
+    pub fn terminate(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid().to_string())
+            .status();
+    }
+
+    /// Reads its output to the end and waits for it (ending it if that takes more than
+    /// [`RUN_LIMIT_S`] plus a margin: it runs under `timeout`, or should have ended).
+    pub fn finish(&mut self) -> Ran {
+        if !self.await_end(Duration::from_secs(RUN_LIMIT_S + 10)) {
+            self.terminate();
+            self.await_end(Duration::from_secs(10));
+        }
+        let status = self.child.wait().unwrap();
+        self.reaped = true;
+        let err = self
+            .err
+            .take()
+            .map(|h| h.join().unwrap())
+            .unwrap_or_default();
+        Ran {
+            code: status.code(),
+            out: self.out.clone() + &text(&err),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.reaped {
+            if !self.exited() {
+                self.terminate();
+            }
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Waits until one of `programs` is [`Running::blocked_writing`]: `false` if one exited
+/// first or `limit` passed.
+pub fn await_blocked_writing(programs: &mut [&mut Running], limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while !programs.iter().any(|p| p.blocked_writing()) {
+        if programs.iter_mut().any(|p| p.exited()) || Instant::now() > deadline {
+            return false;
+        }
+        // Polling: nothing tells when a writer has blocked on a full pipe.
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    true
+}
+
+/// Waits until some process listens on TCP `port` (the kernel's socket table says so):
+/// `false` if `server` exited first or [`RUN_LIMIT_S`] passed.
+pub fn await_listening(port: u16, server: &mut Running) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(RUN_LIMIT_S);
+    while !listening(port) {
+        if server.exited() || Instant::now() > deadline {
+            return false;
+        }
+        // Polling the socket table: nothing else tells when the server has listened.
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    true
 }
