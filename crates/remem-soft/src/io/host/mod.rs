@@ -230,11 +230,19 @@ impl Locked {
         })
     }
 
-    /// Writes the table (a new file renamed over the old: readers see one or the other).
+    /// Writes the table (a new file renamed over the old: readers see one or the other)
+    /// and rings every member's bell (its watcher reloads the table).
     fn save(&self) -> io::Result<()> {
         let tmp = self.dir.join(format!("table.{}", std::process::id()));
         std::fs::write(&tmp, self.table.format())?;
-        std::fs::rename(tmp, self.dir.join("table"))
+        std::fs::rename(tmp, self.dir.join("table"))?;
+        if let Ok(ringer) = UnixDatagram::unbound() {
+            let _ = ringer.set_nonblocking(true);
+            for m in &self.table.members {
+                let _ = ringer.send_to(b"t", self.dir.join(format!("{}.bell", m.slot)));
+            }
+        }
+        Ok(())
     }
 
     /// Removes the members that are not alive; returns how many, and their connections.
@@ -253,6 +261,7 @@ impl Locked {
             }
             let _ = std::fs::remove_file(cm);
             let _ = std::fs::remove_file(self.dir.join(format!("{slot}.sock")));
+            let _ = std::fs::remove_file(self.dir.join(format!("{slot}.bell")));
         }
         (n, links)
     }
@@ -358,6 +367,10 @@ impl Host {
         let _ = std::fs::remove_file(&path);
         let unix = UnixDatagram::bind(&path)?;
         unix.set_nonblocking(true)?;
+        let bell_path = dir.join(format!("{slot}.bell"));
+        let _ = std::fs::remove_file(&bell_path);
+        let bell = UnixDatagram::bind(&bell_path)?;
+        bell.set_nonblocking(true)?;
         let _ = std::fs::remove_file(dir.join(format!("{slot}.cm")));
         let start = proc_start(std::process::id()).map_or(0, |s| s.0);
         locked.table.join(slot, std::process::id(), start);
@@ -379,7 +392,7 @@ impl Host {
             left: AtomicBool::new(false),
             watcher: Mutex::new(None),
         });
-        let watcher = Watcher::start(&host)?;
+        let watcher = Watcher::start(&host, bell)?;
         *host.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(watcher);
         tracing::debug!(%local, slot, dir = %host.dir.display(), "joined the host NIC");
         Ok((host, socket))
@@ -532,6 +545,7 @@ impl Host {
         // as the table says.
         drop(udp);
         let _ = std::fs::remove_file(self.sock_path(self.slot));
+        let _ = std::fs::remove_file(self.dir.join(format!("{}.bell", self.slot)));
         let _ = std::fs::remove_file(self.dir.join(format!("{}.cm", self.slot)));
         if locked.table.members.is_empty() {
             // The last member: the registry goes (its freed slots rest with no one to
@@ -551,24 +565,24 @@ impl Drop for Host {
     }
 }
 
-/// The thread that watches the other members (a `pidfd` each) and the table (inotify).
+/// The thread that watches the other members (a `pidfd` each) and the table (its bell, a
+/// Unix socket every change of the table rings: not inotify, whose descriptor takes the
+/// kernel up to most of a second to close — a dying member's pidfd becomes readable only
+/// once all its descriptors are closed).
 struct Watcher {
     stop: Arc<OwnedFd>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Watcher {
-    fn start(host: &Arc<Host>) -> io::Result<Watcher> {
+    fn start(host: &Arc<Host>, bell: UnixDatagram) -> io::Result<Watcher> {
         use rustix::event::{EventfdFlags, eventfd};
-        use rustix::fs::inotify;
         let stop = Arc::new(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?);
-        let ino = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)?;
-        inotify::add_watch(&ino, &host.dir, inotify::WatchFlags::MOVED_TO)?;
         let weak = Arc::downgrade(host);
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("remem-host".into())
-            .spawn(move || watch(weak, ino, stop2))?;
+            .spawn(move || watch(weak, OwnedFd::from(bell), stop2))?;
         Ok(Watcher {
             stop,
             thread: Some(thread),
@@ -589,7 +603,7 @@ impl Watcher {
 /// refuses `pidfd_open`) looks whether a member died.
 const DEATH_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
-fn watch(host: std::sync::Weak<Host>, ino: OwnedFd, stop: Arc<OwnedFd>) {
+fn watch(host: std::sync::Weak<Host>, bell: OwnedFd, stop: Arc<OwnedFd>) {
     use rustix::event::{PollFd, PollFlags, Timespec, poll};
     let mut pidfds: Vec<(u32, OwnedFd)> = Vec::new();
     // Whether some member could not be watched by pidfd: then the watcher looks every
@@ -628,7 +642,7 @@ fn watch(host: std::sync::Weak<Host>, ino: OwnedFd, stop: Arc<OwnedFd>) {
         let (stopped, changed, died) = {
             let mut fds = vec![
                 PollFd::new(&*stop, PollFlags::IN),
-                PollFd::new(&ino, PollFlags::IN),
+                PollFd::new(&bell, PollFlags::IN),
             ];
             fds.extend(pidfds.iter().map(|(_, fd)| PollFd::new(fd, PollFlags::IN)));
             let n = match poll(&mut fds, blind.then_some(&tick)) {
@@ -649,7 +663,7 @@ fn watch(host: std::sync::Weak<Host>, ino: OwnedFd, stop: Arc<OwnedFd>) {
             return;
         };
         if changed {
-            while rustix::io::read(&ino, &mut buf).is_ok_and(|n| n > 0) {}
+            while rustix::io::read(&bell, &mut buf).is_ok_and(|n| n > 0) {}
             h.reload();
         }
         if died {
