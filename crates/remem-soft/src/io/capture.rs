@@ -78,6 +78,10 @@ impl<S: Socket> Socket for Capture<S> {
         self.inner.fd()
     }
 
+    fn extra_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.inner.extra_fd()
+    }
+
     fn max_gso_segments(&self) -> usize {
         self.inner.max_gso_segments()
     }

@@ -558,13 +558,20 @@ impl Nic {
             tv_nsec: i64::from(timeout.subsec_nanos()),
         };
         let socket = self.socket.fd();
+        let extra = self.socket.extra_fd();
+        let in_ = rustix::event::PollFlags::IN;
         let mut fds = [
-            rustix::event::PollFd::new(&socket, rustix::event::PollFlags::IN),
-            rustix::event::PollFd::new(wake, rustix::event::PollFlags::IN),
+            rustix::event::PollFd::new(wake, in_),
+            rustix::event::PollFd::new(&socket, in_),
+            rustix::event::PollFd::new(&socket, in_),
         ];
+        if let Some(extra) = &extra {
+            fds[2] = rustix::event::PollFd::new(extra, in_);
+        }
+        let n = if extra.is_some() { 3 } else { 2 };
         // An error (EINTR) just ends the wait early.
-        let _ = rustix::event::poll(&mut fds, Some(&ts));
-        !fds[1].revents().is_empty()
+        let _ = rustix::event::poll(&mut fds[..n], Some(&ts));
+        !fds[0].revents().is_empty()
     }
 
     /// Waits until the socket is readable or `timeout` has passed.
@@ -574,12 +581,18 @@ impl Nic {
             tv_nsec: i64::from(timeout.subsec_nanos()),
         };
         let socket = self.socket.fd();
-        let mut fds = [rustix::event::PollFd::new(
-            &socket,
-            rustix::event::PollFlags::IN,
-        )];
+        let extra = self.socket.extra_fd();
+        let in_ = rustix::event::PollFlags::IN;
+        let mut fds = [
+            rustix::event::PollFd::new(&socket, in_),
+            rustix::event::PollFd::new(&socket, in_),
+        ];
+        if let Some(extra) = &extra {
+            fds[1] = rustix::event::PollFd::new(extra, in_);
+        }
+        let n = if extra.is_some() { 2 } else { 1 };
         // An error (EINTR) just ends the wait early.
-        let _ = rustix::event::poll(&mut fds, Some(&ts));
+        let _ = rustix::event::poll(&mut fds[..n], Some(&ts));
     }
 
     fn transmit(&mut self, engine: &Engine, now: Instant) -> usize {

@@ -326,6 +326,10 @@ impl<S: Socket> Socket for Faulty<S> {
         self.inner.fd()
     }
 
+    fn extra_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.inner.extra_fd()
+    }
+
     fn max_gso_segments(&self) -> usize {
         self.inner.max_gso_segments()
     }

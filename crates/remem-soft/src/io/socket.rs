@@ -63,6 +63,14 @@ pub trait Socket: Send + std::fmt::Debug {
     /// can go).
     fn fd(&self) -> BorrowedFd<'_>;
 
+    /// A second descriptor the driver also waits on, readable when datagrams wait
+    /// elsewhere (a shared device's member: what other members forwarded). Polled beside
+    /// [`Socket::fd`] rather than joined to it in an epoll set, whose nested wake-up cost a
+    /// ping-pong about a microsecond per round trip.
+    fn extra_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+
     /// How many packets one GSO batch may carry (1 without GSO).
     fn max_gso_segments(&self) -> usize;
 
@@ -93,6 +101,9 @@ impl<S: Socket + ?Sized> Socket for Box<S> {
     }
     fn fd(&self) -> BorrowedFd<'_> {
         (**self).fd()
+    }
+    fn extra_fd(&self) -> Option<BorrowedFd<'_>> {
+        (**self).extra_fd()
     }
     fn max_gso_segments(&self) -> usize {
         (**self).max_gso_segments()

@@ -3,7 +3,7 @@
 //! for another member (see [`super::steer`]) it forwards to that member's Unix socket
 //! instead of handing it to the driver; what other members forward to it, it hands to the
 //! driver as if it had arrived on its own socket (with the original source and
-//! destination). The descriptor the driver waits on is an epoll set of both sockets.
+//! destination). The driver waits on both sockets (`Socket::extra_fd`).
 
 use super::Host;
 use super::steer::{self, Owner};
@@ -12,7 +12,7 @@ use crate::io::socket::{Outgoing, Socket};
 use quinn_udp::RecvMeta;
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -28,7 +28,6 @@ const FWD_HEADER: usize = 16 + 2 + 16;
 pub struct HostSocket<S> {
     inner: S,
     host: Arc<Host>,
-    epoll: OwnedFd,
     /// A buffer for one forwarded datagram.
     scratch: Vec<u8>,
     /// When the Unix socket was last read.
@@ -47,24 +46,9 @@ fn v6(ip: IpAddr) -> Ipv6Addr {
 impl<S: Socket> HostSocket<S> {
     /// Wraps `inner`, the member's socket of `host`.
     pub fn new(inner: S, host: Arc<Host>) -> io::Result<Self> {
-        use rustix::event::epoll;
-        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
-        epoll::add(
-            &epoll,
-            inner.fd(),
-            epoll::EventData::new_u64(0),
-            epoll::EventFlags::IN,
-        )?;
-        epoll::add(
-            &epoll,
-            host.unix.as_fd(),
-            epoll::EventData::new_u64(1),
-            epoll::EventFlags::IN,
-        )?;
         Ok(HostSocket {
             inner,
             host,
-            epoll,
             scratch: vec![0; FWD_HEADER + 65536],
             unix_checked: std::time::Instant::now(),
             unix_found: true,
@@ -182,9 +166,12 @@ impl<S: Socket> Socket for HostSocket<S> {
 
     fn recv(&mut self, bufs: &mut [IoSliceMut<'_>], meta: &mut [RecvMeta]) -> io::Result<usize> {
         // The member's own socket first: that is where its packets come. The Unix socket
-        // (forwarded packets: rare) costs a system call: made when the UDP socket is
-        // empty, and while packets keep coming (a short batch) at most every
-        // `FORWARD_CHECK` (a forwarded packet then waits that long at most).
+        // (forwarded packets: rare) costs a system call, made at most every
+        // `FORWARD_CHECK` when the UDP socket had less than asked for (a ping-pong finds it
+        // empty once per message: a read each time cost it a microsecond per round trip).
+        // A forwarded packet waits that long at most: a driver that sleeps is woken by it
+        // (it waits on both sockets) and reads it on waking, unless it looked less than
+        // `FORWARD_CHECK` ago — then it passes by until then.
         let (n, udp_err) = match self.inner.recv(bufs, meta) {
             Ok(n) => (n, None),
             Err(e) => (0, Some(e)),
@@ -196,9 +183,8 @@ impl<S: Socket> Socket for HostSocket<S> {
         }
         let mut forwarded = 0;
         let now = std::time::Instant::now();
-        let look = udp_err.is_some()
-            || (n < bufs.len()
-                && (self.unix_found || now.duration_since(self.unix_checked) >= FORWARD_CHECK));
+        let look = n < bufs.len()
+            && (self.unix_found || now.duration_since(self.unix_checked) >= FORWARD_CHECK);
         if look {
             self.unix_checked = now;
             forwarded = self.recv_forwarded(&mut bufs[n..], &mut meta[n..]);
@@ -215,7 +201,11 @@ impl<S: Socket> Socket for HostSocket<S> {
     }
 
     fn fd(&self) -> BorrowedFd<'_> {
-        self.epoll.as_fd()
+        self.inner.fd()
+    }
+
+    fn extra_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.host.unix.as_fd())
     }
 
     fn max_gso_segments(&self) -> usize {
