@@ -207,6 +207,17 @@ fi_pair() {
 }
 fi_pair "fi_pingpong -p verbs -e dgram -c (data checked)" -p verbs -e dgram -I 200 -S all -c
 fi_pair "fi_pingpong -p 'verbs;ofi_rxd' -e rdm -c (data checked)" -p "verbs;ofi_rxd" -e rdm -I 200 -c
+# Connected endpoints on the host's NIC (issue 32): the verbs provider's listener binds
+# 127.0.0.1 (rdma_bind_addr), the host device's address; the server names no address, the
+# client the server's; then with the domain (the device) named on both sides (-d rxe0).
+# ofi_rxm sizes its CQ by the universe size: FI_UNIVERSE_SIZE=16 keeps it within max_cqe
+# (32767, rxe's).
+fi_pair "fi_pingpong -p verbs -e msg -c (data checked)" -p verbs -e msg -I 200 -c
+fi_pair "fi_pingpong -d rxe0 -p verbs -e msg -c (data checked)" -d rxe0 -p verbs -e msg -I 200 -c
+export FI_UNIVERSE_SIZE=16
+fi_pair "fi_pingpong -p 'verbs;ofi_rxm' -e rdm -c (data checked)" -p "verbs;ofi_rxm" -e rdm -I 200 -c
+fi_pair "fi_pingpong -d rxe0 -p 'verbs;ofi_rxm' -e rdm -c (data checked)" -d rxe0 -p "verbs;ofi_rxm" -e rdm -I 200 -c
+unset FI_UNIVERSE_SIZE
 
 echo "== librpma: rpma_check (both sides judged)"
 for sc in connect read read-pmem write flush atomic messages conns srq rcq; do
