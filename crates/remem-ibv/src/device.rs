@@ -224,9 +224,10 @@ fn flush_at_exit(dev: &Arc<SoftContext>) {
     });
 }
 
-/// At exit: every device still open sends what it owes first — the ACKs of what the
-/// program saw complete, and what its connection manager owes (the DREP of a
-/// disconnection the program saw and answered by exiting, a REJ, a DREQ's retry). A NIC
+/// At exit: every device still open closes the CM connections the program left open (a
+/// DREQ each, as kernel rdma_cm does when a process exits) and sends what it owes — the
+/// ACKs of what the program saw complete, and what its connection manager owes (the DREP
+/// of a disconnection the program saw and answered by exiting, a REJ, a DREQ's retry). A NIC
 /// sends those whatever the process does next; the progress thread of a soft device dies
 /// with the process. As closing a device does (`SoftContext`'s drop), bounded by one
 /// second per device. Then each device's counters go to `REMEM_IBV_STATS` ([`crate::stats`]).
@@ -239,6 +240,9 @@ extern "C" fn flush_open_devices() {
             .filter_map(Weak::upgrade)
             .collect();
         for dev in &opened {
+            // The connections the program left open close, as kernel rdma_cm closes a
+            // dying process's ids (its peers get DISCONNECTED, not a hang).
+            dev.close_connections(EXIT_FLUSH_LIMIT);
             dev.flush(EXIT_FLUSH_LIMIT);
         }
         crate::stats::write_at_exit();

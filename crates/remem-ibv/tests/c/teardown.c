@@ -9,7 +9,9 @@
  *                             connects to IP:PORT; MODE "send": posts one SEND and
  *                             disconnects at once; MODE "quiet": disconnects at once.
  *                             Then rdma_destroy_qp, rdma_destroy_id and exit, as
- *                             librpma-style clients do.
+ *                             librpma-style clients do. MODE "exit": exits at once,
+ *                             connected, closing nothing (kernel rdma_cm then destroys
+ *                             its ids and sends the DREQ).
  *
  * On a NIC or kernel rxe the SEND reaches the server before the disconnection (the
  * server's receive completes with IBV_WC_SUCCESS), and the DREQ has left before
@@ -165,6 +167,11 @@ static int client(const char *ip, int port, const char *mode)
 				      .retry_count = 7, .rnr_retry_count = 7 };
 	REQUIRE(rdma_connect(id, &cp) == 0, "connect");
 	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ESTABLISHED));
+	if (strcmp(mode, "exit") == 0) {
+		printf("exiting connected\n");
+		fflush(stdout);
+		exit(0);
+	}
 	if (send) {
 		strcpy(buf, MESSAGE);
 		struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = sizeof MESSAGE,
@@ -200,6 +207,6 @@ int main(int argc, char **argv)
 		return server(argv[2], atoi(argv[3]), argv[4]);
 	if (argc == 5 && strcmp(argv[1], "client") == 0)
 		return client(argv[2], atoi(argv[3]), argv[4]);
-	fprintf(stderr, "usage: teardown server|client IP PORT send|quiet\n");
+	fprintf(stderr, "usage: teardown server|client IP PORT send|quiet|drep|exit\n");
 	return 2;
 }

@@ -99,6 +99,19 @@ fn a_client_that_disconnects_and_exits_at_once_has_sent_its_dreq() {
     );
 }
 
+/// A client that exits while connected, closing nothing: its connection is closed at exit
+/// (a DREQ, as kernel rdma_cm sends when it destroys a dying process's ids), so the server
+/// gets DISCONNECTED instead of waiting for ever. Each process is alone on its device, so
+/// no other member of the host's device could do it.
+#[test]
+fn a_client_that_exits_connected_has_its_connection_closed() {
+    runs(
+        "c-teardown-exit",
+        "exit",
+        &["event: RDMA_CM_EVENT_DISCONNECTED"],
+    );
+}
+
 #[test]
 fn a_server_that_exits_once_disconnected_has_sent_its_drep() {
     runs(

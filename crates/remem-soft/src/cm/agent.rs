@@ -523,6 +523,21 @@ impl Agent {
         v
     }
 
+    /// Closes every connection a peer believes open (established, or REP sent): a DREQ
+    /// each, as kernel rdma_cm does for the ids of a process that exits without closing
+    /// them. Returns how many.
+    pub fn disconnect_all(&mut self, now: Instant) -> usize {
+        use ConnState::*;
+        let open: Vec<u32> = (self.conns.iter())
+            .filter(|(_, c)| matches!(c.state, Established | RepSent | MraRepRcvd))
+            .map(|(&id, _)| id)
+            .collect();
+        for &conn in &open {
+            self.send_dreq(now, conn, &[]);
+        }
+        open.len()
+    }
+
     /// Sends a DREQ for a connection this agent does not hold: one of a dead process on
     /// the same shared device (`io::host`), closed for it as a NIC's CM would. Sent once;
     /// the DREP that answers it is for an unknown connection and dropped.

@@ -256,6 +256,14 @@ impl CmDevice {
         Some((t.dst, t.mad))
     }
 
+    /// Closes every open connection (a DREQ each, [`Agent::disconnect_all`]) and returns
+    /// the count of MADs queued in all once they are (for [`CmDevice::taken`]).
+    pub(crate) fn disconnect_all(&self) -> u64 {
+        let mut st = self.lock();
+        st.agent.disconnect_all(Instant::now());
+        Self::queued(&st)
+    }
+
     /// How many MADs the agent has queued so far (see [`CmState::taken`]).
     fn queued(st: &CmState) -> u64 {
         st.agent.stats().tx_mads
@@ -263,7 +271,7 @@ impl CmDevice {
 
     /// Whether the MADs queued before the agent had queued `n` in all have been taken
     /// for transmission.
-    fn taken(&self, n: u64) -> bool {
+    pub(crate) fn taken(&self, n: u64) -> bool {
         self.lock().taken >= n
     }
 

@@ -220,6 +220,16 @@ impl SoftContext {
         self.dev.flush(limit);
     }
 
+    /// Closes every CM connection still open on the device — a DREQ each, sent before
+    /// this returns (at most `limit`) — as the kernel's rdma_cm does for the ids of a
+    /// process that exits without closing them (the drop-in calls it at exit).
+    pub fn close_connections(&self, limit: Duration) {
+        let n = self.cm.disconnect_all();
+        self.dev.wake(crate::cm::GSI_QPN);
+        let cm = &self.cm;
+        self.dev.drive_until(limit, &|| cm.taken(n));
+    }
+
     /// The bound UDP address.
     pub fn local_addr(&self) -> SocketAddr {
         self.dev.engine.local()
