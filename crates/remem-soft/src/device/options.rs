@@ -52,7 +52,7 @@ pub struct SoftOptions {
     /// Own the address's UDP port alone instead of sharing the device with the host's
     /// other processes (`REMEM_SOFT_PRIVATE=1`): the port is then this device's, and a
     /// second device on it fails to open. A device on port 0 (any free port) is always
-    /// private. See [`crate::io::host`].
+    /// private (remem-soft's `io::host`: the host's NIC).
     pub private: bool,
 }
 

@@ -233,9 +233,7 @@ impl Locked {
     /// Writes the table (a new file renamed over the old: readers see one or the other)
     /// and rings every member's bell (its watcher reloads the table).
     fn save(&self) -> io::Result<()> {
-        let tmp = self.dir.join(format!("table.{}", std::process::id()));
-        std::fs::write(&tmp, self.table.format())?;
-        std::fs::rename(tmp, self.dir.join("table"))?;
+        self.write()?;
         if let Ok(ringer) = UnixDatagram::unbound() {
             let _ = ringer.set_nonblocking(true);
             for m in &self.table.members {
@@ -243,6 +241,15 @@ impl Locked {
             }
         }
         Ok(())
+    }
+
+    /// Writes the table without ringing: for changes only a connection request looks at
+    /// (who listens), which reads the table itself ([`socket::HostSocket`]); a listen then
+    /// wakes no other process.
+    fn write(&self) -> io::Result<()> {
+        let tmp = self.dir.join(format!("table.{}", std::process::id()));
+        std::fs::write(&tmp, self.table.format())?;
+        std::fs::rename(tmp, self.dir.join("table"))
     }
 
     /// Removes the members that are not alive; returns how many, and their connections.
@@ -434,7 +441,7 @@ impl Host {
         } else {
             listens.retain(|l| *l != (self.slot, sid));
         }
-        locked.save()?;
+        locked.write()?;
         *self.view.write().unwrap_or_else(|p| p.into_inner()) = locked.table.clone();
         Ok(())
     }
