@@ -381,8 +381,10 @@ impl Host {
         let _ = std::fs::remove_file(dir.join(format!("{slot}.cm")));
         let start = proc_start(std::process::id()).map_or(0, |s| s.0);
         locked.table.join(slot, std::process::id(), start);
-        locked.save()?;
+        // The program first: if the kernel refuses it, the table never lists this member
+        // (its socket closes with the error, and the group is as it was).
         crate::io::sys::attach_reuseport_cbpf(&socket, &steer::program(&locked.table.layout()))?;
+        locked.save()?;
         let view = locked.table.clone();
         drop(locked);
         let host = Arc::new(Host {
