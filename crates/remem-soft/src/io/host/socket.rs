@@ -66,8 +66,9 @@ impl<S: Socket> HostSocket<S> {
                 view.member(s).map(|m| m.slot)
             }
             Owner::Service(sid) => {
-                // A listener registered a moment ago may not be in the view yet (the
-                // watcher reloads it when told): a request reads the table itself.
+                // A listen changes the table without ringing the members (and a listener
+                // registered a moment ago may not be in the view): a request reads the
+                // table itself, once per request (a few microseconds from /dev/shm).
                 self.host.reload();
                 let view = self.host.view.read().unwrap_or_else(|p| p.into_inner());
                 view.listener(sid)
