@@ -30,10 +30,11 @@ int main(void)
 {
 	int n = -1;
 	struct ibv_device **list = ibv_get_device_list(&n);
-	CHECK(list != NULL && n == 1, "one device");
+	/* rxe0 on 127.0.0.1, then one device per interface with an IPv4 address. */
+	CHECK(list != NULL && n >= 1, "rxe0 and the host's other devices");
 	if (!list || n < 1)
 		return 1;
-	CHECK(list[1] == NULL, "NULL-terminated");
+	CHECK(list[n] == NULL, "NULL-terminated");
 	CHECK(strcmp(ibv_get_device_name(list[0]), "rxe0") == 0, "named rxe0");
 	CHECK(ibv_get_device_index(list[0]) == 0, "index 0");
 	CHECK(ibv_get_device_guid(list[0]) != 0, "a GUID");

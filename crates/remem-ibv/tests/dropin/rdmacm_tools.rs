@@ -75,7 +75,7 @@ fn pair2(server: (&str, &[&str]), client: (&str, &[&str]), package: &str) -> Opt
 }
 
 /// How many times a pair is run when its client loses perftest's listen race.
-const LISTEN_RACE_ATTEMPTS: u32 = 3;
+const LISTEN_RACE_ATTEMPTS: u32 = 10;
 
 /// Whether the client lost the race that perftest 4.5 (Debian's 4.5+0.17) has with `-R`:
 /// after the out-of-band handshake the server creates and binds its data listener while

@@ -81,7 +81,18 @@ pub struct CmConfig {
     /// The local ACK timeout (QP `timeout` exponent) this side asks for in its REQs.
     /// Default 14 (≈ 67 ms).
     pub local_ack_timeout: u8,
+    /// How long a REQ for a service nobody listens on waits for a listener before it is
+    /// rejected (REJ 8, invalid service ID). Kernel rdma_cm rejects at once; a moment's
+    /// grace lets a server that listens again for its next connection — as perftest's
+    /// `-R` servers do right after their exchange, while their client connects at once —
+    /// take the request instead of losing the race. Default 250 ms; zero: at once. At most
+    /// [`MAX_UNCLAIMED`] requests wait.
+    pub listen_grace: Duration,
 }
+
+/// REQs waiting for a listener at most ([`CmConfig::listen_grace`]); more are rejected at
+/// once.
+pub const MAX_UNCLAIMED: usize = 64;
 
 impl Default for CmConfig {
     fn default() -> Self {
@@ -96,6 +107,7 @@ impl Default for CmConfig {
             max_backlog: 1024,
             max_tx: 1024,
             local_ack_timeout: 14,
+            listen_grace: Duration::from_millis(250),
         }
     }
 }
@@ -437,6 +449,9 @@ pub struct Agent {
     tx: VecDeque<Transmit>,
     events: VecDeque<Event>,
     stats: AgentStats,
+    /// REQs for a service nobody listened on yet, waiting [`CmConfig::listen_grace`]:
+    /// (deadline, source, transaction ID, REQ).
+    unclaimed: VecDeque<(Instant, IpAddr, u64, Box<CmReq>)>,
 }
 
 fn consumer_data(pd: &[u8], skip: usize) -> Vec<u8> {
@@ -459,6 +474,7 @@ impl Agent {
             tx: VecDeque::new(),
             events: VecDeque::new(),
             stats: AgentStats::default(),
+            unclaimed: VecDeque::new(),
         }
     }
 
@@ -592,7 +608,12 @@ impl Agent {
 
     /// When [`Agent::handle_timeout`] must next run.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.first().map(|(t, _)| *t)
+        let timer = self.timers.first().map(|(t, _)| *t);
+        let unclaimed = self.unclaimed.front().map(|u| u.0);
+        match (timer, unclaimed) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn queue(&mut self, dst: IpAddr, mad: Box<[u8; MAD_LEN]>) {
@@ -739,6 +760,22 @@ impl Agent {
             backlog,
             pending: 0,
         });
+    }
+
+    /// Hands the requests that waited for a listener ([`CmConfig::listen_grace`]) to the
+    /// listeners there are now (a `listen` since they came): as if they arrived at `now`.
+    pub fn claim_unclaimed(&mut self, now: Instant) {
+        let waiting = std::mem::take(&mut self.unclaimed);
+        for (deadline, from, tid, req) in waiting {
+            let header = CmaIpHeader::parse(&req.private_data).ok();
+            let claimed =
+                header.is_some_and(|h| self.find_listener(req.service_id, h.dst).is_some());
+            if claimed {
+                self.on_req(now, from, tid, *req);
+            } else {
+                self.unclaimed.push_back((deadline, from, tid, req));
+            }
+        }
     }
 
     /// Stops every listen of `owner` (its pending requests stay, owned by their own ids).
@@ -1209,6 +1246,13 @@ impl Agent {
 
     /// Runs the timers due at `now`: retransmissions, give-ups, TimeWait exits.
     pub fn handle_timeout(&mut self, now: Instant) {
+        // Requests no listener took in their grace: rejected now.
+        while self.unclaimed.front().is_some_and(|u| u.0 <= now) {
+            if let Some((_, from, tid, req)) = self.unclaimed.pop_front() {
+                self.stats.rej_no_listener += 1;
+                self.stateless_rej(from, tid, req.local_comm_id, rej_reason::INVALID_SERVICE_ID);
+            }
+        }
         while let Some(&(t, conn)) = self.timers.first() {
             if t > now {
                 break;
@@ -1444,8 +1488,20 @@ impl Agent {
             .find_listener(req.service_id, header.dst)
             .map(|l| l.owner)
         else {
-            self.stats.rej_no_listener += 1;
-            self.stateless_rej(from, tid, req.local_comm_id, rej_reason::INVALID_SERVICE_ID);
+            // Nobody listens: the request waits its grace for a listener (a duplicate of a
+            // waiting one is dropped), then is rejected; at once without a grace or room.
+            let waiting = (self.unclaimed.iter())
+                .any(|u| u.1 == from && u.3.local_comm_id == req.local_comm_id);
+            if waiting {
+                self.stats.duplicates += 1;
+            } else if self.cfg.listen_grace.is_zero() || self.unclaimed.len() >= MAX_UNCLAIMED {
+                self.stats.rej_no_listener += 1;
+                self.stateless_rej(from, tid, req.local_comm_id, rej_reason::INVALID_SERVICE_ID);
+            } else {
+                let deadline = now + self.cfg.listen_grace;
+                self.unclaimed
+                    .push_back((deadline, from, tid, Box::new(req)));
+            }
             return;
         };
         if !matches!(

@@ -1037,10 +1037,22 @@ impl CmId for SoftCmId {
             })?;
         }
         let me = self.me.clone();
-        let mut cm = self.cm().lock();
-        cm.agent.listen(self.handle, sid, ip, backlog);
-        cm.listeners.insert(self.handle, me);
+        let now = Instant::now();
+        let work = {
+            let mut cm = self.cm().lock();
+            cm.agent.listen(self.handle, sid, ip, backlog);
+            cm.listeners.insert(self.handle, me);
+            // Requests that came a moment before this listen (`CmConfig::listen_grace`)
+            // are this listener's now.
+            cm.agent.claim_unclaimed(now);
+            CmDevice::drain(&mut cm, now)
+        };
         st.phase = Phase::Listening;
+        drop(st);
+        if !work.is_empty() {
+            self.cm().deliver(now, work);
+            self.dev.wake(GSI_QPN);
+        }
         Ok(())
     }
 

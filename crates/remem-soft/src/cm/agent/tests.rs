@@ -386,7 +386,12 @@ fn unreachable_event_reports_etimedout() {
 
 #[test]
 fn no_listener_is_rej_8_at_once() {
-    let mut n = Net::new();
+    // Without a grace (`CmConfig::listen_grace` zero), as kernel rdma_cm.
+    let at_once = CmConfig {
+        listen_grace: Duration::ZERO,
+        ..cfg()
+    };
+    let mut n = Net::with(at_once.clone(), at_once);
     n.b.listen(77, PortSpace::Tcp.service_id(PORT + 1), None, 4);
     let a = n.connect(b"x");
     let evs = Net::events(&mut n.a);
@@ -409,6 +414,38 @@ fn no_listener_is_rej_8_at_once() {
         Net::events(&mut n.b).as_slice(),
         [Event::ConnectRequest { listener: 79, .. }]
     ));
+}
+
+#[test]
+fn a_request_before_its_listener_is_taken_within_the_grace_and_rejected_after_it() {
+    // Nobody listens yet: the request waits (the default grace, 250 ms).
+    let mut n = Net::new();
+    n.connect(b"x");
+    assert!(Net::events(&mut n.a).is_empty(), "not rejected yet");
+    assert!(Net::events(&mut n.b).is_empty());
+    assert_eq!(n.b.conn_count(), 0, "a waiting request holds no connection");
+    // The server listens within the grace: the request is its listener's.
+    n.b.listen(7, PortSpace::Tcp.service_id(PORT), None, 4);
+    let now = n.now;
+    n.b.claim_unclaimed(now);
+    n.pump();
+    assert!(matches!(
+        Net::events(&mut n.b).as_slice(),
+        [Event::ConnectRequest { listener: 7, .. }]
+    ));
+    assert_eq!(n.b.stats().rej_no_listener, 0);
+    // Nobody listens, and nobody comes: rejected when the grace is over (not before the
+    // requester's own timer, which would resend the REQ).
+    let mut n = Net::new();
+    let start = n.now;
+    n.connect(b"x");
+    while Net::events(&mut n.a).is_empty() && n.step() {}
+    assert_eq!(n.b.stats().rej_no_listener, 1);
+    assert_eq!(
+        n.now - start,
+        cfg().listen_grace,
+        "rejected when the grace ended"
+    );
 }
 
 #[test]
