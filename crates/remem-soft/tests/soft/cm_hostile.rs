@@ -407,8 +407,9 @@ fn a_flood_beyond_the_backlog_is_rejected_and_counted() {
     }
     assert!(l.ch.get_event().is_none(), "the backlog holds 4");
     assert_eq!(counter(&*l.dev, "cm_rej_backlog"), u64::from(FLOOD) - 4);
-    let got = answers(&l, Duration::from_secs(5), Duration::from_millis(200));
-    // (Rejected once its grace for a listener, `CmConfig::listen_grace`, is over.)
+    // The quiet time outlasts the request's grace for a listener (`CmConfig::listen_grace`,
+    // 250 ms), after which it is rejected.
+    let got = answers(&l, Duration::from_secs(5), Duration::from_millis(600));
     assert_eq!(counter(&*l.dev, "cm_rej_no_listener"), 1);
     let rejs: Vec<u16> = got
         .iter()
