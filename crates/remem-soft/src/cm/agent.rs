@@ -86,7 +86,7 @@ pub struct CmConfig {
     /// grace lets a server that listens again for its next connection — as perftest's
     /// `-R` servers do right after their exchange, while their client connects at once —
     /// take the request instead of losing the race. Default 250 ms; zero: at once. At most
-    /// [`MAX_UNCLAIMED`] requests wait.
+    /// 64 requests wait (`MAX_UNCLAIMED`).
     pub listen_grace: Duration,
 }
 
