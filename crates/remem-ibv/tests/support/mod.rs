@@ -198,34 +198,17 @@ pub fn run_cm_pair(
     client: &CmSide,
     abandon: &dyn Fn(&Ran) -> bool,
 ) -> (Ran, Ran) {
-    use std::io::BufRead;
-    let fifo = d.dir.join(format!("listening-{}", server.ip));
-    let _ = std::fs::remove_file(&fifo);
-    let made = Command::new("mkfifo").arg(&fifo).status();
-    assert!(made.is_ok_and(|s| s.success()), "mkfifo {}", fifo.display());
-    // Read and write: the open does not wait for a writer, and the library's
-    // non-blocking open for writing finds a reader.
-    let reader = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&fifo)
-        .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = std::io::BufReader::new(reader).read_line(&mut line);
-        let _ = tx.send(line);
-    });
+    let notify = Notify::new(d, &format!("listening-{}", server.ip));
     let sargs: Vec<&str> = server.args.iter().map(String::as_str).collect();
     let mut s = dropin_command(d, server.prog, &sargs)
         .env("REMEM_IBV_DEVICES", format!("rxe0=soft@{}", server.ip))
-        .env("REMEM_RDMACM_NOTIFY", &fifo)
+        .env(Notify::ENV, &notify.path)
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(RUN_LIMIT_S);
     loop {
         // Woken by the line; the timeout only lets a server that died be noticed.
-        if rx.recv_timeout(Duration::from_millis(100)).is_ok() {
+        if notify.rx.recv_timeout(Duration::from_millis(100)).is_ok() {
             break;
         }
         if s.try_wait().unwrap().is_some() || Instant::now() > deadline {
