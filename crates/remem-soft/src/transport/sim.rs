@@ -1074,18 +1074,17 @@ fn a_read_whose_region_is_deregistered_mid_response_fails_with_remote_access_err
         rkey: 0xbbbb,
     };
     post_op(&mut nodes[0], 9, read, TARGET_LEN);
-    let now = Instant::now();
+    // The first packets move at the simulation's own clock: an `Instant` taken apart from
+    // it would leave the requester's timers armed that much before the run starts (on a
+    // loaded machine, past their deadline: a retry, not the refusal under test).
+    let net = Net::new(1, Faults::NONE);
+    let now = net.now;
     assert_eq!(hand_over(&mut nodes, 0, 10, now), 1, "the READ request");
     assert_eq!(hand_over(&mut nodes, 1, 10, now), 10, "10 of 64 responses");
     // The responder's application deregisters the region and reuses the memory.
     nodes[1].env.keys[&0xbbbb].0.revoke();
     nodes[1].env.target.fill(0, TARGET_LEN, 0x77).unwrap();
-    let out = run(
-        nodes,
-        Net::new(1, Faults::NONE),
-        Duration::from_secs(60),
-        |_, _| {},
-    );
+    let out = run(nodes, net, Duration::from_secs(60), |_, _| {});
     let (a, b) = (&out.nodes[0], &out.nodes[1]);
     assert_eq!(a.env.sent.len(), 1);
     assert_eq!(
