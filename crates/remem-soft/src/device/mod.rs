@@ -308,6 +308,13 @@ impl DeviceShared {
         }
     }
 
+    /// Whether the device's progress thread waits for work now (or is about to): a post
+    /// made now must wake it. False without a thread.
+    #[cfg(test)]
+    pub(crate) fn progress_waiting(&self) -> bool {
+        matches!(&self.driver, Driver::Thread(p) if p.waiting())
+    }
+
     /// Whether the device has no progress thread (its user moves packets).
     pub fn is_inline(&self) -> bool {
         matches!(self.driver, Driver::Inline(_))

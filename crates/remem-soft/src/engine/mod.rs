@@ -1899,12 +1899,19 @@ mod tests {
                         sg_list: &[peer.sge(4096, 8)],
                     }])
                     .unwrap();
+                // Each post finds this side's thread waiting (when it sleeps: waited for
+                // here, so a loaded machine's thread that has not gone to sleep yet does
+                // not leave the count at 0): the post must wake it to send.
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while busy_poll.is_zero()
+                    && !me.ctx.shared().progress_waiting()
+                    && Instant::now() < deadline
+                {
+                    std::thread::yield_now();
+                }
                 me.qp
                     .post_send(&[SendWr::new(round, SendOp::Send, &[me.sge(0, 8)])])
                     .unwrap();
-                // Each post finds this side's thread waiting (when it sleeps): the post
-                // must wake it to send.
-                let deadline = Instant::now() + Duration::from_secs(10);
                 loop {
                     let wcs = peer.poll();
                     assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");

@@ -986,6 +986,12 @@ impl Progress {
     pub fn wakeups(&self) -> u64 {
         self.waker.writes.load(Ordering::Relaxed)
     }
+
+    /// Whether the thread waits for work (or is about to): the next `wake` writes.
+    #[cfg(test)]
+    pub(crate) fn waiting(&self) -> bool {
+        self.waker.waiting.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for Progress {
