@@ -453,6 +453,35 @@ impl MemoryBuffer {
         Ok(())
     }
 
+    /// Copies `src` into the buffer at `offset` with plain stores (a `memcpy`): the copy
+    /// [`MemoryBuffer::write`] makes word by word with atomic stores, at the speed of the
+    /// widest stores the CPU has, for memory that nothing else touches meanwhile (a send
+    /// buffer being filled before it is posted).
+    ///
+    /// # Safety
+    ///
+    /// Nothing may access `[offset, offset + src.len())` concurrently with this call —
+    /// not this program, not a NIC, not a peer through a NIC: every access to those bytes
+    /// before it must happen-before it, and it must happen-before every access after it.
+    /// For registered memory that means: no work request that may read or write the range
+    /// is in flight (it was never posted, or its completion was taken from its completion
+    /// queue), and no registration of the range grants remote access (a peer's access
+    /// needs no work request of this program). A post made after this call, and a
+    /// completion taken before it, order the NIC's accesses so (the provider's post and
+    /// poll synchronise).
+    pub unsafe fn write_unshared(&self, offset: usize, src: &[u8]) -> Result<(), MemError> {
+        self.check(offset, src.len())?;
+        // SAFETY: `[offset, offset + len)` lies inside the allocation (checked above),
+        // which lives as long as `&self`, and `src` is a distinct borrow (the buffer hands
+        // out no references to its memory, so `src` cannot point into it). No access to
+        // these bytes is concurrent with this one (the caller's contract): the plain stores
+        // race with no atomic access of the module's grid.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(offset), src.len());
+        }
+        Ok(())
+    }
+
     /// Sets `len` bytes starting at `offset` to `value`.
     pub fn fill(&self, offset: usize, len: usize, value: u8) -> Result<(), MemError> {
         self.check(offset, len)?;
@@ -734,6 +763,20 @@ impl MemRegion {
         self.buf.write(at, src)
     }
 
+    /// [`MemoryBuffer::write_unshared`] (offset relative to the region): a plain copy into
+    /// memory nothing else touches meanwhile.
+    ///
+    /// # Safety
+    ///
+    /// As for [`MemoryBuffer::write_unshared`]: nothing accesses the bytes written
+    /// concurrently with this call (no work request on them in flight, no remote access
+    /// granted to them).
+    pub unsafe fn write_unshared(&self, offset: usize, src: &[u8]) -> Result<(), MemError> {
+        let at = self.check(offset, src.len())?;
+        // SAFETY: the caller's contract is the buffer's, for the same bytes.
+        unsafe { self.buf.write_unshared(at, src) }
+    }
+
     /// Reads `len` bytes at `offset` (relative to the region) in chunks, see
     /// [`MemoryBuffer::read_chunks`].
     pub fn read_chunks(
@@ -796,6 +839,36 @@ mod tests {
 
     fn pattern(n: usize) -> Vec<u8> {
         (0..n).map(|i| (i * 7 + 3) as u8).collect()
+    }
+
+    #[test]
+    fn an_unshared_write_is_the_atomic_writes_copy() {
+        // Unaligned ranges in a buffer with unaligned edges: every byte lands as
+        // `write` puts it, and nothing outside the range changes.
+        let buf = MemoryBuffer::from_vec(vec![0xee; 203]);
+        let region = MemRegion::new(Arc::new(buf), 3..200).unwrap();
+        let atomic = MemRegion::whole(Arc::new(MemoryBuffer::from_vec(vec![0xee; 197])));
+        for (offset, len) in [(0, 197), (5, 64), (1, 1), (190, 7), (0, 0)] {
+            let data = pattern(len);
+            // SAFETY: this test alone holds the buffer; nothing else accesses it.
+            unsafe { region.write_unshared(offset, &data) }.unwrap();
+            atomic.write(offset, &data).unwrap();
+            assert_eq!(
+                region.to_vec(0, 197).unwrap(),
+                atomic.to_vec(0, 197).unwrap()
+            );
+        }
+        let whole = region.buffer().to_vec(0, 203).unwrap();
+        assert_eq!(&whole[..3], &[0xee; 3]);
+        assert_eq!(&whole[200..], &[0xee; 3]);
+        // Out of bounds: an error, nothing written.
+        // SAFETY: as above.
+        let e = unsafe { region.write_unshared(190, &[1; 8]) };
+        assert!(matches!(e, Err(MemError::OutOfBounds { .. })), "{e:?}");
+        assert_eq!(
+            region.to_vec(0, 197).unwrap(),
+            atomic.to_vec(0, 197).unwrap()
+        );
     }
 
     #[test]

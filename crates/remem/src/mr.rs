@@ -84,7 +84,7 @@ impl MrInner {
         }
     }
 
-    fn region(&self) -> &MemRegion {
+    pub(crate) fn region(&self) -> &MemRegion {
         self.mr.region()
     }
 

@@ -73,8 +73,8 @@
 use crate::Connection;
 use crate::conn::{Arrived, OwnedCredit, SqEntries};
 use crate::error::{CloseReason, Error, LocalFailure};
-use crate::mr::{Local, LocalMr, Span};
 use remem_verbs::{WcStatus, WorkCompletion};
+use staging::{InFlight, Reclaimed, Staging};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
@@ -251,11 +251,11 @@ struct Writer {
     /// Staging buffers allowed, and allocated so far.
     max_chunks: usize,
     allocated: usize,
-    free: Vec<LocalMr>,
+    free: Vec<Staging>,
     /// Accepted, not yet posted, in order; only the last may be partly filled.
-    queued: VecDeque<(LocalMr, usize)>,
+    queued: VecDeque<(Staging, usize)>,
     /// Posted, not yet completed, in order.
-    in_flight: VecDeque<(LocalMr, usize, Completion)>,
+    in_flight: VecDeque<(InFlight, usize)>,
     /// Waiting for a credit and a send-queue entry (kept across polls).
     acquire: Option<Boxed<(OwnedCredit, SqEntries)>>,
     fin: Fin,
@@ -291,13 +291,17 @@ impl Writer {
     /// Takes back the staging buffers of chunks that completed (in order).
     fn reclaim(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
         let sh = self.conn.shared();
-        while let Some((_, _, rx)) = self.in_flight.front_mut() {
-            let Poll::Ready(done) = Pin::new(rx).poll(cx) else {
+        while let Some((chunk, _)) = self.in_flight.front_mut() {
+            let Poll::Ready(Reclaimed {
+                completion,
+                staging,
+            }) = chunk.poll_reclaim(cx)
+            else {
                 break;
             };
-            sh.completed(done).map_err(|e| io_error(e, false))?;
-            let (mr, _, _) = self.in_flight.pop_front().expect("front");
-            self.free.push(mr);
+            self.in_flight.pop_front();
+            self.free.extend(staging);
+            sh.completed(completion).map_err(|e| io_error(e, false))?;
         }
         Ok(())
     }
@@ -306,33 +310,28 @@ impl Writer {
     fn accept(&mut self, src: &[u8]) -> io::Result<usize> {
         let mut n = 0;
         while n < src.len() {
-            if let Some((mr, len)) = self.queued.back_mut()
+            if let Some((staging, len)) = self.queued.back_mut()
                 && *len < self.chunk
             {
                 let k = (self.chunk - *len).min(src.len() - n);
-                mr.write(*len, &src[n..n + k])
+                staging
+                    .write(*len, &src[n..n + k])
                     .map_err(|e| io_error(e, false))?;
                 *len += k;
                 n += k;
                 continue;
             }
-            let mr = match self.free.pop() {
-                Some(mr) => mr,
+            let staging = match self.free.pop() {
+                Some(staging) => staging,
                 None if self.allocated < self.max_chunks => {
-                    let layout = std::alloc::Layout::from_size_align(self.chunk, 64)
-                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-                    let mr = self
-                        .conn
-                        .shared()
-                        .rdma
-                        .alloc_local_mr_uninit(layout)
+                    let staging = Staging::alloc(&self.conn.shared().rdma, self.chunk)
                         .map_err(|e| io_error(e, false))?;
                     self.allocated += 1;
-                    mr
+                    staging
                 }
                 None => break,
             };
-            self.queued.push_back((mr, 0));
+            self.queued.push_back((staging, 0));
         }
         Ok(n)
     }
@@ -353,16 +352,12 @@ impl Writer {
     fn push(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while !self.queued.is_empty() {
             let (credit, sq) = ready!(self.poll_acquire(cx))?;
-            let (mr, len) = self.queued.pop_front().expect("not empty");
-            let span = Span {
-                len,
-                ..Local::span(&mr)
-            };
+            let (staging, len) = self.queued.pop_front().expect("not empty");
             let sh = self.conn.shared();
-            let rx = sh
-                .post_message(credit, sq, Some(span), None)
+            let chunk = staging
+                .post(len, |span| sh.post_message(credit, sq, Some(span), None))
                 .map_err(|e| io_error(e, false))?;
-            self.in_flight.push_back((mr, len, rx));
+            self.in_flight.push_back((chunk, len));
         }
         if self.fin == Fin::Queued {
             let (credit, sq) = ready!(self.poll_acquire(cx))?;
@@ -707,8 +702,12 @@ macro_rules! debug_half {
 debug_half!(OwnedReadHalf, OwnedWriteHalf, ReadHalf<'_>, WriteHalf<'_>);
 
 #[cfg(feature = "hyper")]
+#[forbid(unsafe_code)]
 pub mod hyper;
+mod staging;
 #[cfg(test)]
+#[forbid(unsafe_code)]
 mod tests;
 #[cfg(feature = "tonic")]
+#[forbid(unsafe_code)]
 pub mod tonic;
