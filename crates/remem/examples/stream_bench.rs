@@ -10,7 +10,9 @@
 //! `--polling busy` (the default), `event`, or `inline` (as `remem perf --api` runs on
 //! soft devices: no progress thread, manual polling, the waiting task drives the device); TCP on
 //! 127.0.0.1. `cargo run --release -p remem --example stream_bench [-- --bytes N --iters N
-//! --polling busy|event]`.
+//! --polling busy|event|inline]`; for experiments, `--chunks N` (the writer's staging
+//! chunks), `--recv-depth N` and `--max-message BYTES` (each side's receive ring), and
+//! `--only stream-bw|tcp-bw|stream-lat|messages-lat|tcp-lat` (one measurement alone).
 
 use remem::{Polling, RdmaBuilder, RdmaStream};
 use std::time::Instant;
@@ -45,7 +47,10 @@ fn polling() -> Polling {
 /// its completions — so each side goes on reading until the other's end, driving its
 /// device for the other's last acknowledgements).
 fn device(name: &str) -> remem::Rdma {
-    let b = RdmaBuilder::new().polling(polling());
+    let b = RdmaBuilder::new()
+        .polling(polling())
+        .recv_depth(arg("--recv-depth", 32) as u32)
+        .max_message(arg("--max-message", 64 * 1024));
     let b = if matches!(polling(), Polling::Manual) {
         let addr = name.trim_start_matches("soft@").parse().unwrap();
         let opts = remem_soft::SoftOptions {
@@ -59,6 +64,11 @@ fn device(name: &str) -> remem::Rdma {
         b.device(name)
     };
     b.build().unwrap()
+}
+
+/// The stream over `c`, staging `--chunks` chunks (default [`remem::stream::DEFAULT_SEND_CHUNKS`]).
+fn stream(c: remem::Connection) -> RdmaStream {
+    RdmaStream::with_send_chunks(c, arg("--chunks", remem::stream::DEFAULT_SEND_CHUNKS)).unwrap()
 }
 
 /// The tokio runtime of one side: one worker, as `remem perf`'s API path has; each side
@@ -87,7 +97,7 @@ where
                 let dev = device("soft@127.0.0.2:0");
                 let listener = dev.listen("127.0.0.1:0").await.unwrap();
                 tx.send(listener.local_addr().unwrap()).unwrap();
-                Box::new(RdmaStream::new(listener.accept().await.unwrap()).unwrap())
+                Box::new(stream(listener.accept().await.unwrap()))
             } else {
                 let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
                 tx.send(listener.local_addr().unwrap()).unwrap();
@@ -102,7 +112,7 @@ where
     let out = runtime().block_on(async move {
         let s: Box<dyn Stream> = if rdma {
             let dev = device("soft@127.0.0.1:0");
-            Box::new(RdmaStream::new(dev.connect(addr).await.unwrap()).unwrap())
+            Box::new(stream(dev.connect(addr).await.unwrap()))
         } else {
             let s = TcpStream::connect(addr).await.unwrap();
             s.set_nodelay(true).unwrap();
@@ -243,27 +253,38 @@ fn main() {
     let bytes = arg("--bytes", 2 << 30);
     let iters = arg("--iters", 20_000);
     let p = polling();
-    let mbs = bandwidth(true, bytes);
-    println!(
-        r#"{{"test":"bw","transport":"RdmaStream","polling":"{p:?}","write":65536,"bytes":{bytes},"MBps":{mbs:.0}}}"#
-    );
-    let mbs = bandwidth(false, bytes);
-    println!(
-        r#"{{"test":"bw","transport":"TcpStream","write":65536,"bytes":{bytes},"MBps":{mbs:.0}}}"#
-    );
-    let (median, p99) = latency(true, iters);
-    println!(
-        r#"{{"test":"lat","transport":"RdmaStream","polling":"{p:?}","size":64,"iters":{iters},"median_us":{median:.2},"p99_us":{p99:.2}}}"#
-    );
+    // `--only stream-bw` / `--only stream-lat`: that measurement alone (for profiling).
+    let only = std::env::args().skip_while(|a| a != "--only").nth(1);
+    let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    if run("stream-bw") {
+        let mbs = bandwidth(true, bytes);
+        println!(
+            r#"{{"test":"bw","transport":"RdmaStream","polling":"{p:?}","write":65536,"bytes":{bytes},"MBps":{mbs:.0}}}"#
+        );
+    }
+    if run("tcp-bw") {
+        let mbs = bandwidth(false, bytes);
+        println!(
+            r#"{{"test":"bw","transport":"TcpStream","write":65536,"bytes":{bytes},"MBps":{mbs:.0}}}"#
+        );
+    }
+    if run("stream-lat") {
+        let (median, p99) = latency(true, iters);
+        println!(
+            r#"{{"test":"lat","transport":"RdmaStream","polling":"{p:?}","size":64,"iters":{iters},"median_us":{median:.2},"p99_us":{p99:.2}}}"#
+        );
+    }
     // (Not with `inline`: `remem perf --api send_lat` is that figure.)
-    if !matches!(p, Polling::Manual) {
+    if run("messages-lat") && !matches!(p, Polling::Manual) {
         let (median, p99) = latency_messages(iters);
         println!(
             r#"{{"test":"lat","transport":"send/receive","polling":"{p:?}","size":64,"iters":{iters},"median_us":{median:.2},"p99_us":{p99:.2}}}"#
         );
     }
-    let (median, p99) = latency(false, iters);
-    println!(
-        r#"{{"test":"lat","transport":"TcpStream","size":64,"iters":{iters},"median_us":{median:.2},"p99_us":{p99:.2}}}"#
-    );
+    if run("tcp-lat") {
+        let (median, p99) = latency(false, iters);
+        println!(
+            r#"{{"test":"lat","transport":"TcpStream","size":64,"iters":{iters},"median_us":{median:.2},"p99_us":{p99:.2}}}"#
+        );
+    }
 }

@@ -8,7 +8,9 @@
 //! the peer's chunks; a chunk is one SEND of at most the peer's `max_message` bytes, and
 //! spends one credit. The writer copies the bytes of [`AsyncWrite::poll_write`] into a
 //! registered staging buffer of its own (up to `send_chunks` chunks of `max_message`
-//! bytes), and posts each chunk as soon as it has a credit and a send-queue entry —
+//! bytes, each a registration with no access rights, filled with a plain `memcpy` while it
+//! is not posted: `staging.rs`), and posts each chunk as soon as it has a credit and a
+//! send-queue entry —
 //! without waiting for the previous chunk's completion, so chunks are pipelined, and in
 //! the order they were written (one writer posts them, one after another; RC delivers
 //! them so). A chunk's staging buffer is reused once its completion says the peer has it.
