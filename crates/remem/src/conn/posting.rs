@@ -363,6 +363,21 @@ impl ConnShared {
         Ok((credit, sq))
     }
 
+    /// [`ConnShared::credited_entry_owned`] if both are free now, without waiting (and
+    /// without the allocation of a future); `None` if either is not (the credit goes back).
+    pub(crate) fn try_credited_entry_owned(self: &Arc<Self>) -> Option<(OwnedCredit, SqEntries)> {
+        if !self.is_open() || !lock(&self.msg.credits).try_spend() {
+            return None;
+        }
+        let credit = OwnedCredit {
+            conn: self.clone(),
+            armed: true,
+        };
+        // (Dropped without an entry, the credit is given back.)
+        let sq = self.post.sq.data.try_acquire()?;
+        Some((credit, sq))
+    }
+
     /// Waits for `n` free send-queue entries (fails once the connection is closed).
     pub(crate) async fn entries(&self, n: u32) -> Result<SqEntries> {
         self.post

@@ -357,6 +357,11 @@ impl Writer {
     /// Waits for a credit and an entry: `Pending` until both are there.
     fn poll_acquire(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<(OwnedCredit, SqEntries)>> {
         let sh = self.conn.shared();
+        if self.acquire.is_none()
+            && let Some(got) = sh.try_credited_entry_owned()
+        {
+            return Poll::Ready(Ok(got));
+        }
         let fut = self
             .acquire
             .get_or_insert_with(|| Box::pin(sh.clone().credited_entry_owned()));
