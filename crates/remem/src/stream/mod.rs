@@ -64,10 +64,12 @@
 //!   over TCP.)
 //!
 //! With [`Polling::Manual`](crate::Polling::Manual) the stream collects its connection's
-//! completions (and drives a device its user drives) at each poll, so reads and writes
-//! need nothing more; but a caller-driven device must also be driven while nobody polls the
-//! stream — after the last read or write, while the peer may still need an
-//! acknowledgement — as with any operation on such a device.
+//! completions (and drives a device its user drives) as it goes — a read at each poll, a
+//! writer every 4 chunks it posts (their packets leave in one batch) and whenever it waits,
+//! flushes or shuts down — so reads, writes and flushes need nothing more; but a
+//! caller-driven device must also be driven while nobody polls the stream — after the last
+//! read or write (a written chunk leaves at the next flush, read or drive), while the peer
+//! may still need an acknowledgement — as with any operation on such a device.
 //!
 //! The stream owns its connection's messages: use the connection through
 //! [`RdmaStream::connection`] for one-sided operations only, not for `send`/`receive`.
