@@ -23,6 +23,12 @@
 //! (which Rust's memory model does not allow). Remote atomics (compare-and-swap, fetch-add,
 //! atomic write) are 8-byte atomic operations on aligned words, as IBTA requires.
 //!
+//! One exception, `unsafe` to call: [`MemoryBuffer::write_unshared`] copies with plain
+//! stores (a `memcpy`) into bytes that nothing else accesses meanwhile — its caller
+//! guarantees that no work request on them is in flight and that no peer may reach them,
+//! so every other access is ordered before or after it (a byte stream's send buffer,
+//! filled before it is posted).
+//!
 //! A hardware NIC writes by DMA, which is outside the Rust memory model altogether; the
 //! rdma-core provider relies on the same rule: safe code reaches registered memory only
 //! through this module.
