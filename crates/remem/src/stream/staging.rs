@@ -3,9 +3,10 @@
 //!
 //! The copy is a plain `memcpy` ([`MemRegion::write_unshared`]) rather than the word-by-word
 //! atomic stores of [`LocalMr::write`]: the writer's thread makes it for every byte it
-//! sends, and on a soft device (whose NIC runs on the same thread) it is a sixth of that
-//! thread's work (BENCHMARKS.md, "The byte stream"). A plain copy is sound only while
-//! nothing else touches the bytes, and the types here keep it so:
+//! sends, and on a soft device (whose NIC runs on the same thread) the atomic copy was a
+//! sixth of that thread's work, the plain one about a twentieth (BENCHMARKS.md, "The byte
+//! stream"). A plain copy is sound only while nothing else touches the bytes, and the
+//! types here keep it so:
 //!
 //! - a [`Staging`] buffer is a registration of its own with no access rights (a local
 //!   send's source only: no peer can reach it, and no work request may write it);
