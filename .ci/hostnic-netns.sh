@@ -113,16 +113,9 @@ members() {
   ino=$(stat -L -c %i "/run/netns/$1")
   grep -c '^m ' "$REMEM_HOST_DIR/remem-0/net$ino/$2-4791/table" 2>/dev/null || true
 }
-# wait_for PID CHECK...: until CHECK succeeds (every 50 ms) or PID is gone, at most 60 s.
-wait_for() {
-  local pid=$1; shift
-  for _ in $(seq 1200); do
-    "$@" && return 0
-    kill -0 "$pid" 2>/dev/null || return 1
-    sleep 0.05
-  done
-  return 1
-}
+# wait_for PID CHECK... (.ci/lib.sh), at most 60 s here.
+WAIT_FOR_SECONDS=60
+. .ci/lib.sh
 listens() { ip netns exec "$1" ss -ltn | grep -q ":$2 "; }
 has() { grep -q "$2" "$1" 2>/dev/null; }
 # in NS LOG CMD...: CMD in namespace NS, bounded, output to LOG, in the background; $! is it.

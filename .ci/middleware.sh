@@ -103,16 +103,9 @@ fail() {
     [ -f "$f" ] && { echo "---- $(basename "$f")"; tail -n 30 "$f"; }
   done
 }
-# wait_for PID CHECK...: until CHECK succeeds or PID is gone (at most 20 s).
-wait_for() {
-  local pid=$1; shift
-  for _ in $(seq 400); do
-    "$@" && return 0
-    kill -0 "$pid" 2>/dev/null || return 1
-    sleep 0.05
-  done
-  return 1
-}
+# wait_for PID CHECK... (.ci/lib.sh), at most 20 s here.
+WAIT_FOR_SECONDS=20
+. .ci/lib.sh
 notified() { grep -q listening "$logs"/notify; }
 
 echo "== the device, as programs look for it"
