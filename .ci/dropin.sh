@@ -6,6 +6,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 quick=${1:-}
+# show_log FILE [LINES] (.ci/lib.sh): a failed program's panic, crash report and last lines.
+. .ci/lib.sh
 
 for tool in ibv_devices ibv_rc_pingpong ib_write_bw ss; do
   command -v $tool >/dev/null 2>&1 || { echo "dropin: $tool is missing (apt-get install ibverbs-utils perftest iproute2)"; exit 1; }
@@ -25,7 +27,7 @@ pass() { passed=$((passed + 1)); echo "ok    $1"; }
 fail() {
   failed=$((failed + 1)); echo "FAIL  $1"
   for f in "$logs"/server "$logs"/client; do
-    [ -f "$f" ] && { echo "---- $(basename "$f")"; tail -n 30 "$f"; }
+    show_log "$f" 30
   done
 }
 

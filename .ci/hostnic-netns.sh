@@ -104,7 +104,7 @@ pass() { passed=$((passed + 1)); echo "ok    $1"; }
 fail() {
   failed=$((failed + 1)); echo "FAIL  $1"
   shift
-  for f in "$@"; do [ -f "$f" ] && { echo "---- $(basename "$f")"; grep -m1 -A3 panicked "$f" || true; tail -n 20 "$f"; }; done
+  for f in "$@"; do show_log "$f"; done
   return 0
 }
 # The registry's table of the host device at ADDR in namespace NS: its members (lines `m`).

@@ -100,7 +100,7 @@ pass() { passed=$((passed + 1)); echo "ok    $1"; }
 fail() {
   failed=$((failed + 1)); echo "FAIL  $1"
   for f in "$logs"/server "$logs"/client "$logs"/server2; do
-    [ -f "$f" ] && { echo "---- $(basename "$f")"; tail -n 30 "$f"; }
+    show_log "$f" 30
   done
 }
 # wait_for PID CHECK... (.ci/lib.sh), at most 20 s here.

@@ -6,6 +6,8 @@
 //! a NIC's DMA does — always through `MemoryBuffer`'s atomic accessors. What this assumes
 //! of the program (as RDMA does): the range stays mapped, with the access it was
 //! registered for, until `ibv_dereg_mr` and until the work requests using it complete.
+//! (The one access that may come later, a READ response replayed for a duplicate request,
+//! reads through the kernel and is refused on unmapped memory: see docs/dropin.md.)
 //! Registration checks that the range is mapped now (readable, and writable when the NIC
 //! may write it): EFAULT otherwise, as the kernel's `ib_umem_get` answers.
 

@@ -201,4 +201,15 @@ pub enum MemError {
     /// Writing a range back to its backing store (`msync`) failed.
     #[error("persisting the range failed: {0}")]
     Persist(std::io::ErrorKind),
+    /// The memory behind `[offset, offset + len)` is no longer mapped (or no longer
+    /// readable): the program unmapped it, or truncated the file behind it, while the
+    /// buffer still names it. Only [`MemoryBuffer::read_careful`](crate::MemoryBuffer::read_careful)
+    /// reports it; every other access would fault.
+    #[error("the memory at [{offset}, +{len}) is no longer mapped")]
+    Unmapped {
+        /// Offset of the first byte that could not be read.
+        offset: u64,
+        /// Bytes that could not be read from there on.
+        len: u64,
+    },
 }

@@ -103,6 +103,51 @@ impl std::fmt::Debug for MemoryBuffer {
     }
 }
 
+/// What one kernel copy out of this process's memory did.
+enum Careful {
+    /// This many bytes (at least one) were copied.
+    Copied(usize),
+    /// The first byte is not mapped (or not readable).
+    Unmapped,
+    /// The system call is not available here.
+    Refused,
+}
+
+/// Copies up to `dst.len()` bytes (at least one) from `src` in this process's memory with
+/// `process_vm_readv`: the kernel's copy stops at the first page it cannot read and says
+/// so, where a load would fault.
+#[cfg(target_os = "linux")]
+fn careful_copy(src: *const u8, dst: &mut [u8]) -> Careful {
+    let local = libc::iovec {
+        iov_base: dst.as_mut_ptr().cast(),
+        iov_len: dst.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: src.cast_mut().cast(),
+        iov_len: dst.len(),
+    };
+    // SAFETY: `local` describes `dst`, which is ours to write for its length (the kernel
+    // writes at most `iov_len` bytes into it). `remote` is only read, and by the kernel,
+    // which checks every page of it and fails instead of faulting: no Rust reference to the
+    // source memory is made, and a concurrent writer there races on values only (the
+    // access model of `ptr_at`). Both arrays hold one element, as the counts say.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    match usize::try_from(n) {
+        Ok(0) => Careful::Unmapped,
+        Ok(n) => Careful::Copied(n.min(dst.len())),
+        Err(_) => match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::EFAULT) => Careful::Unmapped,
+            _ => Careful::Refused,
+        },
+    }
+}
+
+/// Elsewhere there is no such call: [`MemoryBuffer::read_careful`] reads as `read` does.
+#[cfg(not(target_os = "linux"))]
+fn careful_copy(_src: *const u8, _dst: &mut [u8]) -> Careful {
+    Careful::Refused
+}
+
 impl MemoryBuffer {
     fn new(ptr: NonNull<u8>, len: usize, owner: Owner) -> Self {
         let base = ptr.as_ptr() as usize;
@@ -353,6 +398,40 @@ impl MemoryBuffer {
             let n = (WORD - from).min(dst.len() - i);
             dst[i..i + n].copy_from_slice(&bytes[from..from + n]);
             i += n;
+        }
+        Ok(())
+    }
+
+    /// Copies `dst.len()` bytes starting at `offset` out of the buffer as
+    /// [`MemoryBuffer::read`] does, but has the kernel make the copy (`process_vm_readv` on
+    /// this very process), so that memory which is no longer mapped fails the copy with
+    /// [`MemError::Unmapped`] instead of faulting the process.
+    ///
+    /// For the accesses a program cannot foresee, which may come after it let the memory
+    /// go: a READ response replayed for a duplicate request may be built after the
+    /// requester completed the READ and the program that owns the memory freed it — UCX
+    /// unmaps a buffer before its registration cache deregisters it, which a NIC survives
+    /// (the registration pins the pages) and a NIC in the process would not. A file mapping
+    /// whose file was truncated fails the same way (`SIGBUS` for a plain access).
+    ///
+    /// The copy is outside Rust's memory model, as a NIC's DMA and the soft NIC's
+    /// `sendmsg` from registered memory are (see [`MemoryBuffer::ptr_at`]): a concurrent
+    /// writer is a race on values. Where the system call is refused (a seccomp filter
+    /// without it, a kernel without it) this falls back to [`MemoryBuffer::read`].
+    pub fn read_careful(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemError> {
+        let src = self.ptr_at(offset, dst.len())?;
+        let mut done = 0;
+        while done < dst.len() {
+            match careful_copy(src.wrapping_add(done), &mut dst[done..]) {
+                Careful::Copied(n) => done += n,
+                Careful::Unmapped => {
+                    return Err(MemError::Unmapped {
+                        offset: (offset + done) as u64,
+                        len: (dst.len() - done) as u64,
+                    });
+                }
+                Careful::Refused => return self.read(offset + done, &mut dst[done..]),
+            }
         }
         Ok(())
     }
@@ -763,6 +842,13 @@ impl MemRegion {
         self.buf.read(at, dst)
     }
 
+    /// Copies out of the region through the kernel, failing on memory that is no longer
+    /// mapped instead of faulting (see [`MemoryBuffer::read_careful`]).
+    pub fn read_careful(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemError> {
+        let at = self.check(offset, dst.len())?;
+        self.buf.read_careful(at, dst)
+    }
+
     /// Copies into the region (offset relative to the region).
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), MemError> {
         let at = self.check(offset, src.len())?;
@@ -845,6 +931,97 @@ mod tests {
 
     fn pattern(n: usize) -> Vec<u8> {
         (0..n).map(|i| (i * 7 + 3) as u8).collect()
+    }
+
+    #[test]
+    fn a_careful_read_is_the_atomic_reads_copy() {
+        let buf = MemoryBuffer::from_vec(pattern(203));
+        let region = MemRegion::new(Arc::new(buf), 3..200).unwrap();
+        for (at, n) in [(0, 197), (1, 9), (5, 64), (190, 7), (100, 0)] {
+            let mut careful = vec![0u8; n];
+            let mut plain = vec![1u8; n];
+            region.read_careful(at, &mut careful).unwrap();
+            region.read(at, &mut plain).unwrap();
+            assert_eq!(careful, plain, "[{at}, +{n})");
+        }
+        assert!(matches!(
+            region.read_careful(190, &mut [0u8; 8]),
+            Err(MemError::OutOfBounds { .. })
+        ));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_careful_read_of_unmapped_memory_fails_instead_of_faulting() {
+        // Two pages of someone else's memory; the second is unmapped while the buffer
+        // still names it (as a program frees memory its registration cache has not
+        // deregistered yet). A plain read of it would end the test with SIGSEGV.
+        const PAGE: usize = 4096;
+        // SAFETY: a fresh private anonymous mapping of two pages, no address hint.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                2 * PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        let ptr = NonNull::new(map.cast::<u8>()).unwrap();
+        // SAFETY: the mapping is ours and valid for 2 pages until unmapped below; nothing
+        // else touches it. (Unmapping under the buffer breaks this contract on purpose:
+        // only `read_careful`, which never faults, reads the unmapped page.)
+        let buf = unsafe { MemoryBuffer::from_raw_parts(ptr, 2 * PAGE, Box::new(())) };
+        buf.write(PAGE - 3, &[1, 2, 3, 4, 5, 6]).unwrap();
+        // SAFETY: the second page of the mapping made above, unmapped once.
+        let second = unsafe { libc::munmap(map.cast::<u8>().add(PAGE).cast(), PAGE) };
+        assert_eq!(second, 0);
+        let mut dst = [0u8; 3];
+        buf.read_careful(PAGE - 3, &mut dst).unwrap();
+        assert_eq!(dst, [1, 2, 3], "the mapped page reads");
+        let mut dst = [0u8; 16];
+        assert_eq!(
+            buf.read_careful(PAGE - 8, &mut dst),
+            Err(MemError::Unmapped {
+                offset: PAGE as u64,
+                len: 8
+            }),
+            "the copy stops at the unmapped page"
+        );
+        drop(buf);
+        // SAFETY: the first page, still mapped; the buffer that named it is gone.
+        let first = unsafe { libc::munmap(map, PAGE) };
+        assert_eq!(first, 0);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_careful_read_of_a_truncated_file_mapping_fails_instead_of_faulting() {
+        let dir = std::env::temp_dir().join(format!("remem-careful-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("map");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        let buf = MemoryBuffer::map_file(&file, 0, 8192).unwrap();
+        buf.write(0, &[7; 16]).unwrap();
+        let mut dst = [0u8; 16];
+        buf.read_careful(0, &mut dst).unwrap();
+        assert_eq!(dst, [7; 16]);
+        // The file shrinks under the mapping: a plain read would end the test with SIGBUS.
+        file.set_len(0).unwrap();
+        assert!(matches!(
+            buf.read_careful(0, &mut dst),
+            Err(MemError::Unmapped { offset: 0, .. })
+        ));
+        drop(buf);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

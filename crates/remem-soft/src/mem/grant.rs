@@ -264,6 +264,16 @@ impl Held {
         let g = &self.grant;
         g.key.region.read(g.at(offset, dst.len())?, dst)
     }
+
+    /// Copies from the range at `offset` into `dst` through the kernel: memory the program
+    /// unmapped under its registration fails the copy ([`MemError::Unmapped`]) instead of
+    /// faulting the process (`MemoryBuffer::read_careful`). For a duplicate READ's replay,
+    /// which may come after the requester completed the READ and the program let the
+    /// memory go.
+    pub fn read_careful(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemError> {
+        let g = &self.grant;
+        g.key.region.read_careful(g.at(offset, dst.len())?, dst)
+    }
 }
 
 impl Drop for Held {

@@ -295,8 +295,10 @@ impl RcTransport {
             return self.poll_transmit_ordered(now, env, requests_first, emit);
         }
         let sq = &self.req.sq;
+        let copied = &self.resp.replay_copy;
         let mut fill = |dst: &mut dyn PayloadSink| match &src {
             PayloadSrc::None => Ok(()),
+            PayloadSrc::Copied => dst.put_bytes(0, copied),
             PayloadSrc::Wqe { index, offset } => match sq.get(*index) {
                 Some(e) => e.wqe.gather_into(*offset, dst),
                 None => Err(AccessError::Mem(MemError::OutOfBounds {
@@ -338,4 +340,7 @@ enum PayloadSrc {
         held: crate::mem::grant::Held,
         offset: usize,
     },
+    /// A replayed READ response's payload, already copied out of its region into the
+    /// responder's `replay_copy` (exactly the packet's payload).
+    Copied,
 }

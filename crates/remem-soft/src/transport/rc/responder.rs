@@ -115,6 +115,9 @@ pub(super) struct Responder {
     pub(super) progress: InProgress,
     pub(super) resources: VecDeque<Resource>,
     pub(super) out: VecDeque<Out>,
+    /// The payload of the replayed READ response packet being built, copied out of the
+    /// region with the kernel's checked copy ([`PayloadSrc::Copied`]).
+    pub(super) replay_copy: Vec<u8>,
 }
 
 impl Responder {
@@ -126,6 +129,7 @@ impl Responder {
             progress: InProgress::Idle,
             resources: VecDeque::new(),
             out: VecDeque::new(),
+            replay_copy: Vec::new(),
         }
     }
 
@@ -222,8 +226,37 @@ impl RcTransport {
                 // grant until its payload is gathered, so a deregistration either comes
                 // first — the packet is replaced by a remote access error NAK with its
                 // PSN, and the QP goes to ERR — or waits for the copy.
+                //
+                // A replay answers a duplicate request, and may be built after the
+                // requester completed the READ and the program that owns the memory let it
+                // go: UCX frees a buffer once its peer has READ it and deregisters it only
+                // later (its registration cache's invalidation is lazy). A NIC reads the
+                // pages its registration pinned; the soft NIC reads the program's mappings,
+                // so a replay's payload is copied by the kernel, which fails on memory no
+                // longer mapped where a load would kill the process. Such a replay ends as
+                // a revoked key's does: a remote access error NAK, no data, the QP as it
+                // was (`refuse_replay`).
                 let src = match region {
                     Some(r) if payload_len > 0 => match r.clone().hold() {
+                        Some(held) if *replay => {
+                            let copy = &mut self.resp.replay_copy;
+                            copy.clear();
+                            copy.resize(payload_len as usize, 0);
+                            match held.read_careful(offset as usize, copy) {
+                                Ok(()) => PayloadSrc::Copied,
+                                Err(e) => {
+                                    tracing::debug!(
+                                        qpn = self.cfg.qpn,
+                                        psn = psn.value(),
+                                        error = %e,
+                                        "a duplicate READ's memory is gone"
+                                    );
+                                    self.resp.out.pop_front();
+                                    self.refuse_replay(psn, env);
+                                    return self.poll_response(env);
+                                }
+                            }
+                        }
                         Some(held) => PayloadSrc::Region {
                             held,
                             offset: offset as usize,

@@ -2,6 +2,8 @@
 
 use super::*;
 use crate::transport::fake::{FakeEnv as TestEnv, RKEY};
+use crate::mem::grant::KeyedRegion;
+use std::sync::Arc;
 use remem_verbs::MemRegion;
 use remem_verbs::{AsyncEvent, AsyncEventElement, AsyncEventType};
 
@@ -211,6 +213,49 @@ fn a_replay_revoked_before_it_is_sent_stops_without_ending_the_qp() {
         "data replayed: {sent:?}"
     );
     refused_revoked(&t, &env, &sent, EPSN.add(1), false);
+}
+
+#[test]
+fn a_replay_whose_memory_is_gone_is_refused_without_faulting() {
+    // The region is a file mapping: truncating the file takes its pages away while the
+    // key stands, as a program unmapping a buffer it registered does (UCX frees a buffer
+    // its peer has READ before its registration cache deregisters it). Reading such
+    // memory with a load ends the process (SIGBUS here, SIGSEGV for an unmapped buffer).
+    let dir = std::env::temp_dir().join(format!("remem-replay-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(dir.join("region"))
+        .unwrap();
+    let buf = Arc::new(remem_verbs::MemoryBuffer::map_file(&file, 0, 4 * MTU as usize).unwrap());
+    let key = KeyedRegion::new(MemRegion::whole(buf));
+    let mut env = TestEnv::with_key(RKEY, key.clone(), AccessFlags::REMOTE);
+    let mut t = responder(&mut env, 4);
+    let va = key.region().addr();
+    env.target.fill(0, 3 * MTU as usize, 0x5a).unwrap();
+    let now = Instant::now();
+    t.handle_packet(now, &read_pkt(EPSN, va, 3 * MTU), &mut env);
+    assert_eq!(transmit(&mut t, &mut env, 10).len(), 3);
+    // A duplicate while the memory is there: the replay carries its bytes.
+    t.handle_packet(now, &read_pkt(EPSN, va, 3 * MTU), &mut env);
+    let replay = transmit(&mut t, &mut env, 10);
+    assert_eq!(replay.len(), 3);
+    assert!(replay.iter().all(|p| p.0 == Kind::ReadResponse && p.4 == [0x5a; MTU as usize]));
+    // The memory goes, the key stays; another duplicate arrives.
+    file.set_len(0).unwrap();
+    t.handle_packet(now, &read_pkt(EPSN.add(1), va + u64::from(MTU), 2 * MTU), &mut env);
+    let sent = transmit(&mut t, &mut env, 10);
+    assert!(
+        sent.iter().all(|p| p.4.is_empty()),
+        "data replayed: {sent:?}"
+    );
+    refused_revoked(&t, &env, &sent, EPSN.add(1), false);
+    assert!(!key.is_revoked());
+    drop((t, env, key));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
