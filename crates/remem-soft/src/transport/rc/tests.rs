@@ -1,11 +1,11 @@
 //! Unit tests of the RC transport: the responder's refusals and bounds, the requester's window.
 
 use super::*;
-use crate::transport::fake::{FakeEnv as TestEnv, RKEY};
 use crate::mem::grant::KeyedRegion;
-use std::sync::Arc;
+use crate::transport::fake::{FakeEnv as TestEnv, RKEY};
 use remem_verbs::MemRegion;
 use remem_verbs::{AsyncEvent, AsyncEventElement, AsyncEventType};
+use std::sync::Arc;
 
 const MTU: u32 = 256;
 const EPSN: Psn = Psn::new(0x00ff_fffe); // the READs below wrap the 24-bit PSN space
@@ -243,10 +243,18 @@ fn a_replay_whose_memory_is_gone_is_refused_without_faulting() {
     t.handle_packet(now, &read_pkt(EPSN, va, 3 * MTU), &mut env);
     let replay = transmit(&mut t, &mut env, 10);
     assert_eq!(replay.len(), 3);
-    assert!(replay.iter().all(|p| p.0 == Kind::ReadResponse && p.4 == [0x5a; MTU as usize]));
+    assert!(
+        replay
+            .iter()
+            .all(|p| p.0 == Kind::ReadResponse && p.4 == [0x5a; MTU as usize])
+    );
     // The memory goes, the key stays; another duplicate arrives.
     file.set_len(0).unwrap();
-    t.handle_packet(now, &read_pkt(EPSN.add(1), va + u64::from(MTU), 2 * MTU), &mut env);
+    t.handle_packet(
+        now,
+        &read_pkt(EPSN.add(1), va + u64::from(MTU), 2 * MTU),
+        &mut env,
+    );
     let sent = transmit(&mut t, &mut env, 10);
     assert!(
         sent.iter().all(|p| p.4.is_empty()),
