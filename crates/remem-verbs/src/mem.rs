@@ -29,6 +29,11 @@
 //! so every other access is ordered before or after it (a byte stream's send buffer,
 //! filled before it is posted).
 //!
+//! Two reads are made by the kernel instead, outside the Rust memory model as DMA is: the
+//! soft NIC's `sendmsg` from [`MemoryBuffer::ptr_at`], and [`MemoryBuffer::read_careful`]
+//! (`process_vm_readv`), which fails where the memory is no longer mapped instead of
+//! faulting.
+//!
 //! A hardware NIC writes by DMA, which is outside the Rust memory model altogether; the
 //! rdma-core provider relies on the same rule: safe code reaches registered memory only
 //! through this module.
