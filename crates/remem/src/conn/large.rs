@@ -213,6 +213,9 @@ impl ConnShared {
             imm,
             place: place.clone(),
         };
+        // The place is queued inside the budget's lock (the inbox's lock inside it): the
+        // application's side takes them the other way round never — it gives a message's
+        // bytes back to the budget after it let go of the inbox (`Connection::receive`).
         let start = {
             let mut rdv = lock(&self.large.incoming);
             let r = rdv.announce(token.len, announced);

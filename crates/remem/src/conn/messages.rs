@@ -506,12 +506,19 @@ impl Connection {
             ));
         }
         // Copied out (and its buffer given back) before its credit goes back. (A large
-        // message's share of the budget goes back as it is dropped.)
-        self.shared
-            .take(&self.shared.msg.messages, |m| {
-                lock(m).take().map(Arrived::into_message)
-            })
-            .await
+        // message's share of the budget goes back as it is dropped.) Both happen after the
+        // inbox's lock is released: giving bytes back to the budget takes the budget's lock,
+        // which the dispatcher holds while it queues an announced message's place in the
+        // inbox (lock order: the budget, then the inbox; never the inbox, then the budget).
+        let sh = &self.shared;
+        let arrived = sh
+            .take_uncredited(&sh.msg.messages, |m| lock(m).take())
+            .await?;
+        let message = arrived.into_message();
+        if sh.msg.messages.credited {
+            sh.consumed();
+        }
+        Ok(message)
     }
 
     /// The next message the peer sent, without a copy: its bytes in the registered

@@ -399,6 +399,59 @@ async fn large_messages_go_by_rdma_read() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_messages_taken_while_others_are_announced_do_not_deadlock() {
+    // Taking a large message gives its bytes back to the budget (a lock of the budget) while
+    // the dispatcher, announcing the next ones, queues their places (a lock of the inbox):
+    // `receive` once did the first inside the inbox's lock, and the dispatcher the second
+    // inside the budget's, a deadlock the workspace's tests met once in CI. Four senders keep
+    // announcements coming (the rendezvous window) while the receiver takes them, thousands
+    // of times, each message checked; a deadlock fails the test at its deadline.
+    const SENDERS: usize = 4;
+    const EACH: usize = 300;
+    const LEN: usize = 70_000;
+    let (a, b) = common::pair_with(
+        |a| a.polling(Polling::Event),
+        |b| b.polling(Polling::Event).max_large_message(3 * LEN),
+    );
+    let (ca, cb) = connect(&a, &b).await;
+    let ca = std::sync::Arc::new(ca);
+    let a = std::sync::Arc::new(a);
+    let mut senders = Vec::new();
+    for s in 0..SENDERS {
+        let (a, ca) = (a.clone(), ca.clone());
+        senders.push(tokio::spawn(async move {
+            let src = a.alloc_local_mr(layout(LEN)).unwrap();
+            for k in 0..EACH {
+                src.write(0, &[(s * EACH + k) as u8; LEN]).unwrap();
+                ca.send_with_imm(&src, (s * EACH + k) as u32).await.unwrap();
+            }
+        }));
+    }
+    // A deadlock blocks the runtime's worker threads, and with them its timers: a thread of
+    // its own watches the deadline, and ends the test binary if it passes.
+    let (done, watched) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if watched.recv_timeout(std::time::Duration::from_secs(120))
+            == Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+        {
+            eprintln!(
+                "large_messages_taken_while_others_are_announced: no progress in 120 s (a deadlock)"
+            );
+            std::process::exit(101);
+        }
+    });
+    for _ in 0..SENDERS * EACH {
+        let m = cb.receive().await.unwrap();
+        let tag = m.imm.unwrap() as usize;
+        assert!(m.data.len() == LEN && m.data.iter().all(|&x| x == tag as u8));
+    }
+    for s in senders {
+        s.await.unwrap();
+    }
+    done.send(()).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_above_the_receivers_limit_is_refused_before_it_is_sent() {
     let (a, b) = common::soft_pair_with(|a| a, |b| b.max_large_message(100_000));
     let (ca, cb) = connect(&a, &b).await;
