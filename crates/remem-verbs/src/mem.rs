@@ -938,6 +938,20 @@ mod tests {
         (0..n).map(|i| (i * 7 + 3) as u8).collect()
     }
 
+    /// An empty file of this test process in the temporary directory, open for reading and
+    /// writing, and its path.
+    fn scratch_file(tag: &str) -> (std::path::PathBuf, std::fs::File) {
+        let path = std::env::temp_dir().join(format!("remem-verbs-{tag}-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        (path, file)
+    }
+
     #[test]
     fn a_careful_read_is_the_atomic_reads_copy() {
         let buf = MemoryBuffer::from_vec(pattern(203));
@@ -1004,16 +1018,8 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_careful_read_of_a_truncated_file_mapping_fails_instead_of_faulting() {
-        let dir = std::env::temp_dir().join(format!("remem-careful-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("map");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
+        let (path, file) = scratch_file("careful");
+        std::fs::remove_file(&path).unwrap(); // the open file is all the test needs
         let buf = MemoryBuffer::map_file(&file, 0, 8192).unwrap();
         buf.write(0, &[7; 16]).unwrap();
         let mut dst = [0u8; 16];
@@ -1025,8 +1031,6 @@ mod tests {
             buf.read_careful(0, &mut dst),
             Err(MemError::Unmapped { offset: 0, .. })
         ));
-        drop(buf);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -1061,14 +1065,7 @@ mod tests {
 
     #[test]
     fn file_maps_are_persistent_buffers() {
-        let path = std::env::temp_dir().join(format!("remem-verbs-map-{}", std::process::id()));
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
+        let (path, file) = scratch_file("map");
         // Maps at an offset, growing the file to hold it.
         let buf = MemoryBuffer::map_file(&file, 4096, 8192).unwrap();
         assert!(buf.is_persistent());

@@ -221,15 +221,15 @@ fn a_replay_whose_memory_is_gone_is_refused_without_faulting() {
     // key stands, as a program unmapping a buffer it registered does (UCX frees a buffer
     // its peer has READ before its registration cache deregisters it). Reading such
     // memory with a load ends the process (SIGBUS here, SIGSEGV for an unmapped buffer).
-    let dir = std::env::temp_dir().join(format!("remem-replay-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let path = std::env::temp_dir().join(format!("remem-replay-{}", std::process::id()));
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(true)
-        .open(dir.join("region"))
+        .open(&path)
         .unwrap();
+    std::fs::remove_file(&path).unwrap(); // the open file is all the test needs
     let buf = Arc::new(remem_verbs::MemoryBuffer::map_file(&file, 0, 4 * MTU as usize).unwrap());
     let key = KeyedRegion::new(MemRegion::whole(buf));
     let mut env = TestEnv::with_key(RKEY, key.clone(), AccessFlags::REMOTE);
@@ -262,8 +262,6 @@ fn a_replay_whose_memory_is_gone_is_refused_without_faulting() {
     );
     refused_revoked(&t, &env, &sent, EPSN.add(1), false);
     assert!(!key.is_revoked());
-    drop((t, env, key));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
